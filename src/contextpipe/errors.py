@@ -1,0 +1,184 @@
+"""Every error contextpipe raises, in one shallow tree.
+
+```
+ContextPipeError                 root: catch this to catch everything contextpipe raises
+├── UsageError                   the API was used wrongly (bad configuration, clashing names, bad ids)
+│   └── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
+├── CodecError                   stored or received JSON could not be decoded into messages or sessions
+├── ModelError                   a model call failed (provider, status code, body, retry hint)
+│   ├── ModelAuthError           401 / 403: the key or deployment is wrong
+│   ├── ModelRateLimited         429: wait `retry_after` seconds and try again
+│   ├── ContextWindowExceeded    the request is larger than the model's context window
+│   ├── ModelBadRequest          400 / 404 / 422: the provider rejected the request
+│   ├── ModelServerError         5xx: the provider failed
+│   ├── ModelTimeout             no answer within the timeout
+│   ├── ModelConnectionError     the endpoint could not be reached
+│   └── ModelResponseError       the answer was malformed or the stream was cut
+├── StoreError                   a session store failed (backend, tenant, session, sequence)
+│   ├── SessionBusy              another run holds the session's lease
+│   ├── LeaseLost                this run's lease was taken over; its writes are refused
+│   ├── ConcurrentUpdate         session state changed since it was read (compare-and-swap failed)
+│   └── CorruptRecord            a stored row could not be decoded
+└── ProviderError                one or more context providers failed in `after_run`
+```
+
+Each adapter (model client, store backend) translates its library's errors into these in one place,
+with ``raise ... from exc`` so the original stays attached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CodecError",
+    "ConcurrentUpdate",
+    "ContextPipeError",
+    "ContextWindowExceeded",
+    "CorruptRecord",
+    "LeaseLost",
+    "ModelAuthError",
+    "ModelBadRequest",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelRateLimited",
+    "ModelResponseError",
+    "ModelServerError",
+    "ModelTimeout",
+    "ProviderError",
+    "ScriptExhausted",
+    "SessionBusy",
+    "StoreError",
+    "UsageError",
+]
+
+
+class ContextPipeError(Exception):
+    """Root of every error contextpipe raises."""
+
+
+class UsageError(ContextPipeError):
+    """The API was used in a way that cannot work; the message says how to fix the call."""
+
+
+class ScriptExhausted(UsageError):
+    """A `ScriptedModel` was asked for more replies than it was given."""
+
+
+class CodecError(ContextPipeError):
+    """JSON could not be decoded into contextpipe objects (wrong shape, wrong version)."""
+
+
+class ModelError(ContextPipeError):
+    """A model call failed.
+
+    Attributes say which provider failed, with which HTTP status and body, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        status_code: int | None = None,
+        body: object | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status_code = status_code
+        self.body = body
+
+
+class ModelAuthError(ModelError):
+    """The provider refused the credentials (HTTP 401 / 403)."""
+
+
+class ModelRateLimited(ModelError):
+    """The provider is rate limiting (HTTP 429); `retry_after` is its hint in seconds, if it gave one."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        provider: str | None = None,
+        status_code: int | None = 429,
+        body: object | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status_code=status_code, body=body)
+        self.retry_after = retry_after
+
+
+class ContextWindowExceeded(ModelError):
+    """The request did not fit the model's context window; compact the context or use a larger model."""
+
+
+class ModelBadRequest(ModelError):
+    """The provider rejected the request as invalid (HTTP 400 / 404 / 422)."""
+
+
+class ModelServerError(ModelError):
+    """The provider failed on its side (HTTP 5xx)."""
+
+
+class ModelTimeout(ModelError):
+    """The model did not answer within the configured timeout."""
+
+
+class ModelConnectionError(ModelError):
+    """The model endpoint could not be reached."""
+
+
+class ModelResponseError(ModelError):
+    """The model's answer could not be understood: a malformed body or a stream cut short."""
+
+
+class StoreError(ContextPipeError):
+    """A session store operation failed; attributes name what it was working on."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend: str | None = None,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        sequence: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.tenant = tenant
+        self.session_id = session_id
+        self.sequence = sequence
+
+
+class SessionBusy(StoreError):
+    """Another run holds the lease on this session; wait for it or pass a lease timeout."""
+
+
+class LeaseLost(StoreError):
+    """This run's lease expired and was taken over; the store refused its write (fencing token)."""
+
+
+class ConcurrentUpdate(StoreError):
+    """The session changed since it was read; reload it and apply the change again."""
+
+
+class CorruptRecord(StoreError):
+    """A stored record could not be decoded; nothing is skipped silently."""
+
+
+class ProviderError(ContextPipeError):
+    """One or more context providers failed in `after_run`; all of them were still called.
+
+    `errors` holds ``(source_id, exception)`` pairs in the order they happened; `result` holds the
+    run's result when the run itself succeeded, so it is not lost.
+    """
+
+    def __init__(
+        self, errors: Sequence[tuple[str, BaseException]], result: object | None = None
+    ) -> None:
+        names = ", ".join(f"{sid!r} ({type(exc).__name__}: {exc})" for sid, exc in errors)
+        super().__init__(f"after_run failed in context provider(s): {names}")
+        self.errors = list(errors)
+        self.result = result

@@ -1,0 +1,365 @@
+"""Messages, their content parts, where they came from, and the JSON codec that stores them.
+
+Messages and parts are small frozen dataclasses, cheap to build: a run may touch thousands. They are
+never mutated; `Message.with_source` returns a copy. The codec (`message_to_dict` / `message_from_dict`,
+`dumps` / `loads`) is the one place where they become JSON. It is versioned and lossless, and keeps
+content parts of kinds it does not know (written by a newer contextpipe) as `UnknownPart`, so reading
+and writing them back never drops data.
+
+>>> m = Message.user("What should I wear in Suzhou today?")
+>>> m.role, m.text
+('user', 'What should I wear in Suzhou today?')
+>>> loads(dumps(m)) == m
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeAlias
+
+from .errors import CodecError
+
+__all__ = [
+    "CODEC_VERSION",
+    "DataPart",
+    "FunctionCall",
+    "FunctionResult",
+    "Message",
+    "Part",
+    "ReasoningPart",
+    "Role",
+    "Source",
+    "SourceKind",
+    "TextPart",
+    "UnknownPart",
+    "UriPart",
+    "dumps",
+    "loads",
+    "message_from_dict",
+    "message_to_dict",
+    "new_message_id",
+]
+
+CODEC_VERSION: Final = 1
+"""Version written into every encoded message (key ``"v"``)."""
+
+Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
+SourceKind: TypeAlias = Literal["input", "history", "context", "model", "tool"]
+
+_ROLES: Final = frozenset(("system", "user", "assistant", "tool"))
+_SOURCE_KINDS: Final = frozenset(("input", "history", "context", "model", "tool"))
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+def new_message_id() -> str:
+    """Return a fresh, globally unique message id."""
+    return f"msg_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a message in a run came from.
+
+    `kind` is ``input`` (the caller's), ``history`` (loaded by a history provider), ``context`` (added
+    by a context provider), ``model`` (a model's output) or ``tool`` (a tool's result); `source_id`
+    names the provider, model or tool, when there is one.
+    """
+
+    kind: SourceKind
+    """What contributed the message."""
+    source_id: str | None = None
+    """The contributing provider's `source_id`, model name or tool name."""
+
+
+INPUT: Final = Source("input")
+"""The source of messages passed to `Agent.run` by the caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """Plain text."""
+
+    text: str
+    """The text."""
+    kind: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """A model's request to call a tool."""
+
+    call_id: str
+    """Id the model gave this call; the result carries the same id."""
+    name: str
+    """Name of the tool to call."""
+    arguments: str
+    """Arguments as the JSON text the model produced (it may be malformed; tools validate it)."""
+    kind: Literal["function_call"] = "function_call"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionResult:
+    """The result of a tool call, sent back to the model."""
+
+    call_id: str
+    """Id of the call this answers."""
+    result: str
+    """What the model is shown: the tool's return value as text, or an error message."""
+    is_error: bool = False
+    """True when the tool failed or was never run; `result` then says why."""
+    kind: Literal["function_result"] = "function_result"
+
+
+@dataclass(frozen=True, slots=True)
+class DataPart:
+    """Inline binary content (an image, audio, a file) with its media type."""
+
+    data: bytes
+    """The raw bytes; stored as base64."""
+    media_type: str
+    """IANA media type, for example ``image/png``."""
+    kind: Literal["data"] = "data"
+
+
+@dataclass(frozen=True, slots=True)
+class UriPart:
+    """Content referenced by URI (``https:`` or ``data:``) with its media type."""
+
+    uri: str
+    """Where the content is."""
+    media_type: str
+    """IANA media type, for example ``image/jpeg``."""
+    kind: Literal["uri"] = "uri"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningPart:
+    """A model's reasoning text (or an opaque, provider-encrypted form of it)."""
+
+    text: str
+    """Readable reasoning, possibly empty when the provider only returns an encrypted form."""
+    encrypted: str | None = None
+    """Provider-specific opaque reasoning to send back on later calls."""
+    kind: Literal["reasoning"] = "reasoning"
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownPart:
+    """A content part of a kind this version does not know, kept verbatim so nothing is lost."""
+
+    kind: str
+    """The part's kind as written by the newer version."""
+    payload: Mapping[str, Any]
+    """Every other field of the part, as decoded from JSON."""
+
+
+Part: TypeAlias = TextPart | FunctionCall | FunctionResult | DataPart | UriPart | ReasoningPart | UnknownPart
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a conversation.
+
+    Build with the role helpers (`Message.user`, `Message.assistant`, ...) or directly. The id is
+    assigned at creation; stores use it to make appends idempotent.
+    """
+
+    role: Role
+    """``system``, ``user``, ``assistant`` or ``tool``."""
+    parts: tuple[Part, ...]
+    """Content parts in order."""
+    id: str = field(default_factory=new_message_id)
+    """Unique id, assigned when the message is created."""
+    author_name: str | None = None
+    """Optional name of the author (a user's name, an agent's name)."""
+    created_at: float = field(default_factory=time.time)
+    """Creation time, seconds since the epoch."""
+    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    """Free-form JSON-serialisable data that travels with the message."""
+    source: Source | None = None
+    """Where the message came from in the run that produced it (see `Source`)."""
+
+    @classmethod
+    def user(cls, text: str, **kwargs: Any) -> Message:
+        """Return a user message with one text part."""
+        return cls("user", (TextPart(text),), **kwargs)
+
+    @classmethod
+    def assistant(cls, text: str, **kwargs: Any) -> Message:
+        """Return an assistant message with one text part."""
+        return cls("assistant", (TextPart(text),), **kwargs)
+
+    @classmethod
+    def system(cls, text: str, **kwargs: Any) -> Message:
+        """Return a system message with one text part."""
+        return cls("system", (TextPart(text),), **kwargs)
+
+    @property
+    def text(self) -> str:
+        """The concatenated text parts (empty when there are none)."""
+        parts = self.parts
+        if len(parts) == 1:
+            only = parts[0]
+            return only.text if isinstance(only, TextPart) else ""
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
+
+    @property
+    def function_calls(self) -> list[FunctionCall]:
+        """The function calls in this message, in order."""
+        return [p for p in self.parts if isinstance(p, FunctionCall)]
+
+    @property
+    def function_results(self) -> list[FunctionResult]:
+        """The function results in this message, in order."""
+        return [p for p in self.parts if isinstance(p, FunctionResult)]
+
+    def with_source(self, source: Source) -> Message:
+        """Return a copy tagged with `source`; this message is left as it is."""
+        if self.source == source:
+            return self
+        return replace(self, source=source)
+
+
+def tag(messages: Iterable[Message], source: Source) -> list[Message]:
+    """Return `messages` tagged with `source` (copies; the originals are untouched)."""
+    return [m.with_source(source) for m in messages]
+
+
+# --- codec -------------------------------------------------------------------------------------------
+
+
+def _part_to_dict(part: Part) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"kind": "text", "text": part.text}
+    if isinstance(part, FunctionCall):
+        return {"kind": "function_call", "call_id": part.call_id, "name": part.name, "arguments": part.arguments}
+    if isinstance(part, FunctionResult):
+        d: dict[str, Any] = {"kind": "function_result", "call_id": part.call_id, "result": part.result}
+        if part.is_error:
+            d["is_error"] = True
+        return d
+    if isinstance(part, DataPart):
+        return {"kind": "data", "media_type": part.media_type, "data": base64.b64encode(part.data).decode()}
+    if isinstance(part, UriPart):
+        return {"kind": "uri", "media_type": part.media_type, "uri": part.uri}
+    if isinstance(part, ReasoningPart):
+        d = {"kind": "reasoning", "text": part.text}
+        if part.encrypted is not None:
+            d["encrypted"] = part.encrypted
+        return d
+    return {**part.payload, "kind": part.kind}
+
+
+def _part_from_dict(d: Mapping[str, Any]) -> Part:
+    kind = d["kind"]
+    if kind == "text":
+        return TextPart(_str(d, "text"))
+    if kind == "function_call":
+        return FunctionCall(_str(d, "call_id"), _str(d, "name"), _str(d, "arguments"))
+    if kind == "function_result":
+        return FunctionResult(_str(d, "call_id"), _str(d, "result"), bool(d.get("is_error", False)))
+    if kind == "data":
+        return DataPart(base64.b64decode(_str(d, "data"), validate=True), _str(d, "media_type"))
+    if kind == "uri":
+        return UriPart(_str(d, "uri"), _str(d, "media_type"))
+    if kind == "reasoning":
+        encrypted = d.get("encrypted")
+        return ReasoningPart(_str(d, "text"), None if encrypted is None else str(encrypted))
+    if not isinstance(kind, str):
+        raise CodecError(f"content part kind must be a string, got {kind!r}")
+    return UnknownPart(kind, MappingProxyType({k: v for k, v in d.items() if k != "kind"}))
+
+
+def _str(d: Mapping[str, Any], key: str) -> str:
+    value = d[key]
+    if not isinstance(value, str):
+        raise CodecError(f"field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """Encode `message` as a JSON-ready dict (codec version `CODEC_VERSION`)."""
+    d: dict[str, Any] = {
+        "v": CODEC_VERSION,
+        "id": message.id,
+        "role": message.role,
+        "parts": [_part_to_dict(p) for p in message.parts],
+        "created_at": message.created_at,
+    }
+    if message.author_name is not None:
+        d["author_name"] = message.author_name
+    if message.metadata:
+        d["metadata"] = dict(message.metadata)
+    if message.source is not None:
+        d["source"] = {"kind": message.source.kind, "source_id": message.source.source_id}
+    return d
+
+
+def message_from_dict(d: Mapping[str, Any]) -> Message:
+    """Decode a dict written by `message_to_dict` (this or a newer version).
+
+    Raises `CodecError` naming what is wrong when the dict is not a message.
+    """
+    try:
+        version = d.get("v", CODEC_VERSION)
+        if not isinstance(version, int) or version < 1:
+            raise CodecError(f"unsupported message codec version {version!r}")
+        role = d["role"]
+        if role not in _ROLES:
+            raise CodecError(f"unknown message role {role!r}; expected one of {sorted(_ROLES)}")
+        source = None
+        raw_source = d.get("source")
+        if raw_source is not None:
+            kind = raw_source["kind"]
+            if kind not in _SOURCE_KINDS:
+                raise CodecError(f"unknown source kind {kind!r}; expected one of {sorted(_SOURCE_KINDS)}")
+            source = Source(kind, raw_source.get("source_id"))
+        metadata = d.get("metadata")
+        created_at = d["created_at"]
+        if not isinstance(created_at, int | float) or isinstance(created_at, bool):
+            raise CodecError(f"created_at must be a number, got {created_at!r}")
+        return Message(
+            role=role,
+            parts=tuple(_part_from_dict(p) for p in d["parts"]),
+            id=_str(d, "id"),
+            author_name=d.get("author_name"),
+            created_at=float(created_at),
+            metadata=MappingProxyType(dict(metadata)) if metadata else _EMPTY,
+            source=source,
+        )
+    except CodecError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
+
+
+def dumps(message: Message) -> str:
+    """Encode `message` as compact JSON text."""
+    return json.dumps(message_to_dict(message), separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | bytes) -> Message:
+    """Decode JSON text written by `dumps`; raises `CodecError` on anything else."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CodecError(f"message is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CodecError(f"encoded message must be a JSON object, got {type(data).__name__}")
+    return message_from_dict(data)
+
+
+def as_messages(value: str | Message | Sequence[Message]) -> list[Message]:
+    """Normalise a run's input (text, one message or a list) into a list of messages."""
+    if isinstance(value, str):
+        return [Message.user(value)]
+    if isinstance(value, Message):
+        return [value]
+    return list(value)

@@ -1,0 +1,483 @@
+"""`OpenAIChatModel`: any OpenAI-compatible chat completions endpoint, through the official `openai` SDK.
+
+Works with OpenAI, Azure OpenAI (`OpenAIChatModel.azure`), and OpenAI-compatible servers such as
+Ollama, vLLM and llama.cpp's server (pass `base_url`). The OpenAI wire format lives only in this
+module; everything else speaks contextpipe `Message`s.
+
+Configuration comes from arguments or the usual environment variables: ``OPENAI_API_KEY``,
+``OPENAI_BASE_URL``, ``OPENAI_MODEL`` (and for Azure ``AZURE_OPENAI_ENDPOINT``,
+``AZURE_OPENAI_API_KEY``, ``OPENAI_API_VERSION``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    ContextWindowExceeded,
+    ModelAuthError,
+    ModelBadRequest,
+    ModelConnectionError,
+    ModelError,
+    ModelRateLimited,
+    ModelResponseError,
+    ModelServerError,
+    ModelTimeout,
+    UsageError,
+)
+from ..messages import (
+    DataPart,
+    FunctionCall,
+    FunctionResult,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    UriPart,
+)
+from .base import (
+    ModelRequest,
+    ModelResponse,
+    ModelSettings,
+    ModelStreamEvent,
+    ReasoningDelta,
+    ResponseComplete,
+    TextDelta,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = ["OpenAIChatModel"]
+
+_INSTALL_HINT = 'the OpenAI client needs the openai package: pip install "contextpipe[openai]"'
+
+
+def _import_openai() -> Any:
+    try:
+        import openai
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise UsageError(_INSTALL_HINT) from exc
+    return openai
+
+
+class OpenAIChatModel:
+    """A chat model served over the OpenAI chat completions API.
+
+    >>> model = OpenAIChatModel("llama3.2", base_url="http://127.0.0.1:11434/v1")  # Ollama
+    >>> model.name
+    'llama3.2'
+
+    `max_retries` is the SDK's own retry count for connection errors, 408/409/429 and 5xx answers;
+    `timeout` is seconds per request. Pass `client` to reuse a configured ``openai.AsyncOpenAI``.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        organization: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        settings: ModelSettings | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        max_tokens_field: str = "max_completion_tokens",
+    ) -> None:
+        self._model = model or os.environ.get("OPENAI_MODEL") or ""
+        if not self._model:
+            raise UsageError(
+                "no model name: pass OpenAIChatModel('gpt-4o-mini') (or your server's model name) "
+                "or set OPENAI_MODEL"
+            )
+        self.settings: ModelSettings = settings or ModelSettings()
+        """Default settings for every call; a request's settings override them."""
+        self._max_tokens_field = max_tokens_field
+        if client is not None:
+            self._client = client
+        else:
+            sdk = _import_openai()
+            base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            api_key = api_key or os.environ.get("OPENAI_API_KEY")
+            if not api_key:
+                if base_url is None:
+                    raise UsageError(
+                        "no API key: set OPENAI_API_KEY or pass api_key=...; for a local "
+                        "OpenAI-compatible server (Ollama, vLLM, llama.cpp) pass base_url=... instead"
+                    )
+                api_key = "unused"  # local servers accept any key
+            self._client = sdk.AsyncOpenAI(
+                api_key=api_key, base_url=base_url, organization=organization, timeout=timeout,
+                max_retries=max_retries,
+            )
+        self._provider = "azure-openai" if type(self._client).__name__ == "AsyncAzureOpenAI" else "openai"
+
+    @classmethod
+    def azure(
+        cls,
+        deployment: str,
+        *,
+        endpoint: str | None = None,
+        api_key: str | None = None,
+        api_version: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        settings: ModelSettings | None = None,
+    ) -> OpenAIChatModel:
+        """Return a model for an Azure OpenAI deployment.
+
+        Reads ``AZURE_OPENAI_ENDPOINT``, ``AZURE_OPENAI_API_KEY`` and ``OPENAI_API_VERSION`` when the
+        arguments are not given.
+        """
+        sdk = _import_openai()
+        endpoint = endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
+        api_key = api_key or os.environ.get("AZURE_OPENAI_API_KEY")
+        api_version = api_version or os.environ.get("OPENAI_API_VERSION")
+        missing = [n for n, v in (("endpoint / AZURE_OPENAI_ENDPOINT", endpoint),
+                                  ("api_key / AZURE_OPENAI_API_KEY", api_key),
+                                  ("api_version / OPENAI_API_VERSION", api_version)) if not v]
+        if missing:
+            raise UsageError("Azure OpenAI needs " + ", ".join(missing))
+        client = sdk.AsyncAzureOpenAI(
+            azure_endpoint=endpoint, api_key=api_key, api_version=api_version, timeout=timeout,
+            max_retries=max_retries,
+        )
+        return cls(deployment, client=client, settings=settings)
+
+    @property
+    def name(self) -> str:
+        """The model (or Azure deployment) name."""
+        return self._model
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        """The underlying SDK client."""
+        return self._client
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send `request` and return the whole response."""
+        kwargs = self._build(request)
+        try:
+            completion = await self._client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        return self._parse(completion)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
+        """Stream `request`: text and reasoning deltas, then the assembled response."""
+        kwargs = self._build(request)
+        kwargs["stream"] = True
+        kwargs["stream_options"] = {"include_usage": True}
+        assembly = _StreamAssembly()
+        try:
+            stream = await self._client.chat.completions.create(**kwargs)
+            async for chunk in stream:
+                for event in assembly.feed(chunk):
+                    yield event
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        yield ResponseComplete(assembly.finish(self._provider, self._model))
+
+    # --- request ------------------------------------------------------------------------------------
+
+    def _build(self, request: ModelRequest) -> dict[str, Any]:
+        settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
+        wire: list[dict[str, Any]] = []
+        if request.instructions:
+            wire.append({"role": "system", "content": request.instructions})
+        for message in request.messages:
+            _append_wire(wire, message)
+        kwargs: dict[str, Any] = {"model": self._model, "messages": wire}
+        if request.tools:
+            kwargs["tools"] = [
+                {"type": "function",
+                 "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                for t in request.tools
+            ]
+            if "parallel_tool_calls" in settings:
+                kwargs["parallel_tool_calls"] = settings["parallel_tool_calls"]
+            choice = settings.get("tool_choice")
+            if choice is not None:
+                kwargs["tool_choice"] = (
+                    choice if choice in ("auto", "none", "required")
+                    else {"type": "function", "function": {"name": choice}}
+                )
+        if "temperature" in settings:
+            kwargs["temperature"] = settings["temperature"]
+        if "max_output_tokens" in settings:
+            kwargs[self._max_tokens_field] = settings["max_output_tokens"]
+        if "response_format" in settings:
+            kwargs["response_format"] = settings["response_format"]
+        if "seed" in settings:
+            kwargs["seed"] = settings["seed"]
+        if "openai_extra_body" in settings:
+            kwargs["extra_body"] = settings["openai_extra_body"]
+        return kwargs
+
+    # --- response -----------------------------------------------------------------------------------
+
+    def _parse(self, completion: Any) -> ModelResponse:
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ModelResponseError(
+                f"{self._provider} returned a response without choices for model {self._model!r}: "
+                f"{str(completion)[:300]}",
+                provider=self._provider, body=completion,
+            )
+        choice = choices[0]
+        msg = choice.message
+        parts: list[Part] = []
+        extra = getattr(msg, "model_extra", None) or {}
+        reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            parts.append(ReasoningPart(reasoning))
+        if msg.content:
+            parts.append(TextPart(msg.content))
+        for call in msg.tool_calls or ():
+            function = getattr(call, "function", None)
+            if function is None:
+                continue
+            parts.append(FunctionCall(call.id, function.name, function.arguments or "{}"))
+        usage = None
+        if completion.usage is not None:
+            usage = Usage(completion.usage.prompt_tokens or 0, completion.usage.completion_tokens or 0)
+        return ModelResponse(
+            [Message("assistant", tuple(parts))], usage=usage, finish_reason=choice.finish_reason,
+            model=getattr(completion, "model", None) or self._model, raw=completion,
+        )
+
+    # --- errors -------------------------------------------------------------------------------------
+
+    def _translate(self, exc: Exception) -> ModelError:
+        """Map an SDK (or transport) exception to the most specific contextpipe `ModelError`."""
+        sdk = _import_openai()
+        provider, model = self._provider, self._model
+        where = f"{provider} ({self._client.base_url})"
+        if isinstance(exc, sdk.APITimeoutError):
+            return ModelTimeout(
+                f"{where} did not answer in time for model {model!r}; raise timeout=... or retry later",
+                provider=provider,
+            )
+        if isinstance(exc, sdk.APIConnectionError):
+            return ModelConnectionError(
+                f"could not reach {where}: {exc}; check base_url / OPENAI_BASE_URL and that the server runs",
+                provider=provider,
+            )
+        if isinstance(exc, sdk.APIResponseValidationError):
+            return ModelResponseError(
+                f"{where} sent a response that is not a valid chat completion: {exc}", provider=provider,
+                status_code=exc.status_code, body=exc.body,
+            )
+        if isinstance(exc, sdk.APIStatusError):
+            status, body = exc.status_code, exc.body
+            detail = _error_detail(exc)
+            if isinstance(exc, sdk.AuthenticationError | sdk.PermissionDeniedError):
+                return ModelAuthError(
+                    f"{where} refused the credentials (HTTP {status}): {detail}; check OPENAI_API_KEY / api_key "
+                    "and that the key may use this model",
+                    provider=provider, status_code=status, body=body,
+                )
+            if isinstance(exc, sdk.RateLimitError):
+                retry_after = _retry_after(exc.response.headers)
+                hint = f"retry after {retry_after:g} s" if retry_after is not None else "retry later"
+                return ModelRateLimited(
+                    f"{where} is rate limiting (HTTP 429): {detail}; {hint}",
+                    retry_after=retry_after, provider=provider, status_code=status, body=body,
+                )
+            if status >= 500:
+                return ModelServerError(
+                    f"{where} failed with HTTP {status}: {detail}; retry later", provider=provider,
+                    status_code=status, body=body,
+                )
+            if _is_context_overflow(exc, detail):
+                return ContextWindowExceeded(
+                    f"the request is larger than model {model!r}'s context window: {detail}; add "
+                    "Compaction(max_input_tokens=...) to the agent or use a model with a larger window",
+                    provider=provider, status_code=status, body=body,
+                )
+            if status == 404:
+                return ModelBadRequest(
+                    f"{where} answered 404 for model {model!r}: {detail}; check the model (or deployment) "
+                    "name and the base URL",
+                    provider=provider, status_code=status, body=body,
+                )
+            return ModelBadRequest(
+                f"{where} rejected the request (HTTP {status}): {detail}", provider=provider,
+                status_code=status, body=body,
+            )
+        if isinstance(exc, ValueError | TypeError | KeyError):
+            return ModelResponseError(f"{where} sent a response that could not be read: {exc}", provider=provider)
+        if isinstance(exc, sdk.OpenAIError):
+            return ModelError(f"{where}: {exc}", provider=provider)
+        # Transport errors the SDK did not wrap (a stream cut mid-way surfaces here).
+        return ModelConnectionError(
+            f"the connection to {where} failed while reading the response: {type(exc).__name__}: {exc}",
+            provider=provider,
+        )
+
+
+def _error_detail(exc: Any) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body["error"] if isinstance(body.get("error"), dict) else body
+        message = inner.get("message")
+        if message:
+            return str(message)
+    return str(getattr(exc, "message", exc))
+
+
+def _is_context_overflow(exc: Any, detail: str) -> bool:
+    code = getattr(exc, "code", None)
+    if code in ("context_length_exceeded", "string_above_max_length"):
+        return True
+    lowered = detail.lower()
+    return any(s in lowered for s in ("maximum context length", "context window", "context_length_exceeded",
+                                      "too many tokens", "prompt is too long"))
+
+
+def _retry_after(headers: Any) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return float(value) * scale
+        except ValueError:
+            continue
+    return None
+
+
+def _append_wire(wire: list[dict[str, Any]], message: Message) -> None:
+    role = message.role
+    if role == "tool" or (role != "assistant" and any(isinstance(p, FunctionResult) for p in message.parts)):
+        for part in message.parts:
+            if isinstance(part, FunctionResult):
+                wire.append({"role": "tool", "tool_call_id": part.call_id, "content": part.result})
+        return
+    if role == "assistant":
+        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+        calls = [
+            {"id": p.call_id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+            for p in message.parts if isinstance(p, FunctionCall)
+        ]
+        if calls:
+            entry["tool_calls"] = calls
+        if message.author_name:
+            entry["name"] = message.author_name
+        wire.append(entry)
+        return
+    parts = message.parts
+    entry = {"role": role}
+    if all(isinstance(p, TextPart) for p in parts):
+        entry["content"] = message.text
+    else:
+        entry["content"] = [c for p in parts if (c := _content_part(p, role)) is not None]
+    if message.author_name:
+        entry["name"] = message.author_name
+    wire.append(entry)
+
+
+def _content_part(part: Part, role: str) -> dict[str, Any] | None:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, UriPart | DataPart):
+        if isinstance(part, UriPart):
+            url = part.uri
+        else:
+            url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
+        if part.media_type.startswith("image/"):
+            return {"type": "image_url", "image_url": {"url": url}}
+        if isinstance(part, DataPart) and part.media_type in ("audio/wav", "audio/mpeg", "audio/mp3"):
+            fmt = "wav" if part.media_type == "audio/wav" else "mp3"
+            return {"type": "input_audio", "input_audio": {"data": base64.b64encode(part.data).decode(),
+                                                           "format": fmt}}
+        raise UsageError(
+            f"OpenAI chat completions cannot take {part.media_type!r} content in a {role} message; "
+            "send images (image/*) or audio (audio/wav, audio/mpeg), or convert the content to text"
+        )
+    # Reasoning and unknown parts stay in the session but are not sent back on this API.
+    return None
+
+
+@dataclass
+class _ToolCallDraft:
+    call_id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class _StreamAssembly:
+    """Assembles chat completion chunks into one response (text, reasoning and tool-call deltas)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, _ToolCallDraft] = {}
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.model: str | None = None
+
+    def feed(self, chunk: Any) -> list[ModelStreamEvent]:
+        events: list[ModelStreamEvent] = []
+        if getattr(chunk, "model", None):
+            self.model = chunk.model
+        if chunk.usage is not None:
+            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+        for choice in chunk.choices or ():
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                extra = getattr(delta, "model_extra", None) or {}
+                reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+                if isinstance(reasoning, str) and reasoning:
+                    self.reasoning.append(reasoning)
+                    events.append(ReasoningDelta(reasoning))
+                if delta.content:
+                    self.text.append(delta.content)
+                    events.append(TextDelta(delta.content))
+                for tc in delta.tool_calls or ():
+                    draft = self.calls.setdefault(tc.index, _ToolCallDraft())
+                    if tc.id:
+                        draft.call_id = tc.id
+                    if tc.function is not None:
+                        if tc.function.name:
+                            draft.name += tc.function.name
+                        if tc.function.arguments:
+                            draft.arguments.append(tc.function.arguments)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+        return events
+
+    def finish(self, provider: str, model: str) -> ModelResponse:
+        if self.finish_reason is None:
+            raise ModelResponseError(
+                f"the {provider} stream for model {model!r} ended before the model finished (no finish "
+                "reason); the connection was probably cut: retry the call",
+                provider=provider,
+            )
+        parts: list[Part] = []
+        if self.reasoning:
+            parts.append(ReasoningPart("".join(self.reasoning)))
+        if self.text:
+            parts.append(TextPart("".join(self.text)))
+        for index in sorted(self.calls):
+            draft = self.calls[index]
+            if not draft.call_id or not draft.name:
+                raise ModelResponseError(
+                    f"the {provider} stream sent tool call #{index} without an id or name", provider=provider
+                )
+            arguments = "".join(draft.arguments) or "{}"
+            parts.append(FunctionCall(draft.call_id, draft.name, arguments))
+        return ModelResponse(
+            [Message("assistant", tuple(parts))], usage=self.usage, finish_reason=self.finish_reason,
+            model=self.model or model,
+        )

@@ -1,0 +1,8 @@
+"""Context providers: the base classes and the built-ins."""
+
+from __future__ import annotations
+
+from .base import ContextProvider, HistoryProvider, MessageFilter
+from .history import History
+
+__all__ = ["ContextProvider", "History", "HistoryProvider", "MessageFilter"]

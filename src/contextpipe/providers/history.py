@@ -1,0 +1,74 @@
+"""`History`: the built-in history provider over any `SessionStore`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import UsageError
+from ..messages import Message
+from .base import HistoryProvider, MessageFilter
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from ..stores.base import Lease, SessionStore
+
+__all__ = ["History"]
+
+
+class History(HistoryProvider):
+    """Loads and stores a session's messages in `store`.
+
+    >>> from contextpipe.stores import MemoryStore
+    >>> store = MemoryStore()
+    >>> primary = History(store)
+    >>> audit = History(MemoryStore(), source_id="audit", load_messages=False, store_context_messages=True)
+
+    `max_messages` bounds how much of the log is loaded per run (the newest messages; a tool
+    exchange cut by the bound is dropped whole rather than sent half). None loads the whole log.
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        source_id: str = "history",
+        max_messages: int | None = None,
+        load_messages: bool = True,
+        store_inputs: bool = True,
+        store_outputs: bool = True,
+        store_context_messages: bool = False,
+        provide_filter: MessageFilter | None = None,
+        store_request_filter: MessageFilter | None = None,
+        store_response_filter: MessageFilter | None = None,
+    ) -> None:
+        super().__init__(
+            source_id, load_messages=load_messages, store_inputs=store_inputs, store_outputs=store_outputs,
+            store_context_messages=store_context_messages, provide_filter=provide_filter,
+            store_request_filter=store_request_filter, store_response_filter=store_response_filter,
+        )
+        if max_messages is not None and max_messages < 1:
+            raise UsageError(f"max_messages must be at least 1 (or None for all), got {max_messages}")
+        self.store = store
+        """Where the messages live."""
+        self.max_messages = max_messages
+
+    async def load(self, session: Session) -> Sequence[Message]:
+        """Return the session's stored messages (the newest `max_messages` when bounded)."""
+        page = await self.store.load(session.tenant, session.id, limit=self.max_messages)
+        messages = page.messages
+        if page.has_more:
+            messages = _drop_leading_orphans(messages)
+        return messages
+
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
+        """Append `messages` to the session's log (idempotent by message id)."""
+        await self.store.append(session.tenant, session.id, messages, lease=lease)
+
+
+def _drop_leading_orphans(messages: list[Message]) -> list[Message]:
+    """Drop tool results at the start of a bounded page whose calls were cut off by the bound."""
+    start = 0
+    while start < len(messages) and messages[start].role == "tool":
+        start += 1
+    return messages[start:] if start else messages

@@ -1,0 +1,179 @@
+"""Sessions and typed per-provider session state.
+
+A `Session` is the durable identity of a conversation: id, tenant, free-form JSON state and a version
+used for compare-and-swap. Its messages live in a session store, not in the object.
+
+Providers keep no per-session data in themselves; they use `ProviderState[T]`, a typed view of one
+key of ``session.state``:
+
+>>> from pydantic import BaseModel
+>>> class Prefs(BaseModel):
+...     favourite_food: str | None = None
+>>> prefs = ProviderState("prefs", Prefs)
+>>> session = Session("chat-1")
+>>> prefs.get(session).favourite_food is None
+True
+>>> prefs.set(session, Prefs(favourite_food="noodles"))
+>>> Session.from_dict(session.to_dict()).state["prefs"]
+{'favourite_food': 'noodles'}
+>>> prefs.get(Session.from_dict(session.to_dict())).favourite_food
+'noodles'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, TypeVar
+
+import pydantic
+
+from .errors import CodecError, UsageError
+
+__all__ = ["DEFAULT_TENANT", "ProviderState", "Session", "validate_session_id", "validate_tenant"]
+
+DEFAULT_TENANT: Final = "default"
+"""Tenant used when none is given."""
+
+_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$")
+_TENANT_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+T = TypeVar("T", bound=pydantic.BaseModel)
+
+
+def validate_session_id(session_id: str) -> str:
+    """Return `session_id` if it is valid, else raise `UsageError` saying what is allowed."""
+    if not isinstance(session_id, str) or not _ID_RE.match(session_id):
+        raise UsageError(
+            f"invalid session id {session_id!r}: use 1-200 characters, starting with a letter or digit, "
+            "made of letters, digits and . _ : @ / = + -"
+        )
+    return session_id
+
+
+def validate_tenant(tenant: str) -> str:
+    """Return `tenant` if it is valid, else raise `UsageError` saying what is allowed."""
+    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
+        raise UsageError(
+            f"invalid tenant {tenant!r}: use 1-64 characters, starting with a letter or digit, "
+            "made of letters, digits and . _ -"
+        )
+    return tenant
+
+
+@dataclass
+class Session:
+    """A conversation's identity and state; JSON serialisable with `to_dict` / `from_dict`."""
+
+    id: str
+    """Session id, unique within its tenant."""
+    tenant: str = DEFAULT_TENANT
+    """Tenant (isolation boundary): no store call crosses tenants."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Per-provider state, one key per provider (see `ProviderState`)."""
+    version: int = 0
+    """Version of the stored state; 0 before the first save. Saves compare-and-swap on it."""
+    created_at: float = field(default_factory=time.time)
+    """When the session was created (seconds since the epoch)."""
+    ttl: float | None = None
+    """Seconds of inactivity after which the store may delete the session; None keeps it."""
+
+    def __post_init__(self) -> None:
+        validate_session_id(self.id)
+        validate_tenant(self.tenant)
+
+    def state_to_json(self) -> dict[str, Any]:
+        """Return `state` as plain JSON data (pydantic models dumped)."""
+        out: dict[str, Any] = {}
+        for key, value in self.state.items():
+            out[key] = value.model_dump(mode="json") if isinstance(value, pydantic.BaseModel) else value
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict of the session."""
+        return {
+            "id": self.id, "tenant": self.tenant, "state": self.state_to_json(), "version": self.version,
+            "created_at": self.created_at, "ttl": self.ttl,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Session:
+        """Rebuild a session from `to_dict` output; raises `CodecError` on malformed data."""
+        try:
+            state = data.get("state") or {}
+            if not isinstance(state, dict):
+                raise CodecError(f"session state must be a JSON object, got {type(state).__name__}")
+            return cls(
+                id=data["id"], tenant=data.get("tenant", DEFAULT_TENANT), state=dict(state),
+                version=int(data.get("version", 0)), created_at=float(data.get("created_at", time.time())),
+                ttl=data.get("ttl"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CodecError(f"not a valid session: {type(exc).__name__}: {exc}") from exc
+
+    def to_json(self) -> str:
+        """Return the session as JSON text."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Session:
+        """Rebuild a session from `to_json` output."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CodecError(f"session is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise CodecError("session JSON must be an object")
+        return cls.from_dict(data)
+
+
+class ProviderState(Generic[T]):
+    """Typed access to one provider's entry in ``session.state``.
+
+    `key` must be unique among an agent's providers (checked when the agent is built); `default`
+    builds the initial value when the session has none (by default ``model()``).
+    """
+
+    __slots__ = ("default", "key", "model")
+
+    def __init__(self, key: str, model: type[T], default: Callable[[Session | None], T] | None = None) -> None:
+        self.key = key
+        """Key in ``session.state``."""
+        self.model = model
+        """The pydantic model of the state."""
+        self.default = default
+        """Builds the initial state; ``model()`` when None."""
+
+    def _initial(self, session: Session | None) -> T:
+        return self.default(session) if self.default is not None else self.model()
+
+    def get(self, session: Session | None) -> T:
+        """Return the state for `session`, creating (and storing) the initial value if absent.
+
+        With no session (a run without one) a fresh initial value is returned and not stored.
+        Stored JSON is validated into the model once and kept as the live object afterwards.
+        """
+        if session is None:
+            return self._initial(None)
+        raw = session.state.get(self.key)
+        if isinstance(raw, self.model):
+            return raw
+        if raw is None:
+            value = self._initial(session)
+        else:
+            try:
+                value = self.model.model_validate(raw)
+            except pydantic.ValidationError as exc:
+                raise CodecError(
+                    f"session {session.id!r}: state under key {self.key!r} does not match "
+                    f"{self.model.__name__}: {exc}"
+                ) from exc
+        session.state[self.key] = value
+        return value
+
+    def set(self, session: Session, value: T) -> None:
+        """Store `value` as the state for `session`."""
+        session.state[self.key] = value

@@ -1,0 +1,180 @@
+"""The `SessionStore` contract every backend implements.
+
+A store holds, per tenant and session:
+
+- an append-only message log with a strictly increasing sequence (appends of a batch are atomic and
+  idempotent by message id: a retried append never duplicates);
+- the session record (state and version; saves compare-and-swap on the version);
+- a lease with a fencing token, so runs on one session never interleave and a run whose lease was
+  taken over cannot write any more.
+
+Loads are bounded: `load` returns the tail (the last `limit` messages, or a page before a sequence)
+without reading the whole session.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ..errors import SessionBusy
+from ..messages import Message
+from ..session import Session
+
+__all__ = ["Lease", "MessagePage", "SessionInfo", "SessionListing", "SessionStore"]
+
+DEFAULT_LEASE_TTL: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to run on one session until `expires_at`; `token` fences writes."""
+
+    tenant: str
+    """Tenant of the leased session."""
+    session_id: str
+    """Id of the leased session."""
+    owner: str
+    """Who holds the lease (a random id per run)."""
+    token: int
+    """Fencing token: grows with every acquisition; writes carrying an older token are refused."""
+    expires_at: float
+    """Wall-clock time (seconds since the epoch) after which another run may take the lease over."""
+    ttl: float
+    """How long the lease lasts after each acquisition or renewal, in seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    """A contiguous slice of a session's log, oldest first."""
+
+    messages: list[Message]
+    """The messages, in sequence order."""
+    first_seq: int
+    """Sequence of ``messages[0]`` (when empty: the sequence the next message would get)."""
+    has_more: bool
+    """True when older messages exist before this page (load again with ``before=first_seq``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session as listed: identity, version, sizes and times."""
+
+    tenant: str
+    session_id: str
+    version: int
+    message_count: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionListing:
+    """One page of `SessionStore.list_sessions`, most recently updated first."""
+
+    sessions: list[SessionInfo]
+    next_cursor: str | None
+    """Pass to the next call to continue; None on the last page."""
+
+
+class SessionStore(abc.ABC):
+    """A durable (or in-memory) log of sessions; see the module docstring for the contract."""
+
+    backend: str = "abstract"
+    """Short backend name used in errors (``memory``, ``sqlite``, ...)."""
+
+    # --- session records -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get_session(self, tenant: str, session_id: str) -> Session | None:
+        """Return the stored session, or None if there is none (or it expired)."""
+
+    async def load_or_create(self, tenant: str, session_id: str, *, ttl: float | None = None) -> Session:
+        """Return the stored session, creating and storing an empty one if there is none."""
+        existing = await self.get_session(tenant, session_id)
+        if existing is not None:
+            return existing
+        session = Session(session_id, tenant, ttl=ttl)
+        try:
+            await self.save_session(session)
+        except Exception:
+            raced = await self.get_session(tenant, session_id)
+            if raced is None:
+                raise
+            return raced
+        return session
+
+    @abc.abstractmethod
+    async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
+        """Store `session`'s state if the stored version still equals ``session.version``.
+
+        On success ``session.version`` is incremented. Raises `ConcurrentUpdate` when the stored
+        version differs, `LeaseLost` when `lease` is stale and `SessionBusy` when another run holds
+        the lease and none is given.
+        """
+
+    @abc.abstractmethod
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
+        """Delete the session and everything stored for it; return whether it existed."""
+
+    @abc.abstractmethod
+    async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
+        """List the tenant's sessions, most recently updated first, `limit` per page."""
+
+    # --- message log -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def append(
+        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+    ) -> int:
+        """Append `messages` atomically and return the sequence of the last one.
+
+        Messages whose id is already in the log are skipped, so a retried append never duplicates.
+        """
+
+    @abc.abstractmethod
+    async def load(
+        self, tenant: str, session_id: str, *, limit: int | None = None, before: int | None = None
+    ) -> MessagePage:
+        """Return the last `limit` messages (all when None) with sequence below `before` (if given)."""
+
+    # --- leases ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """Take the session's lease if it is free or expired; None if another run holds it."""
+
+    @abc.abstractmethod
+    async def renew_lease(self, lease: Lease) -> Lease:
+        """Extend `lease` by its ttl; raises `LeaseLost` if it was taken over."""
+
+    @abc.abstractmethod
+    async def release_lease(self, lease: Lease) -> None:
+        """Give the lease up (a no-op if it was already taken over)."""
+
+    async def acquire_lease(
+        self, tenant: str, session_id: str, owner: str, *, ttl: float = DEFAULT_LEASE_TTL, wait: float = 0.0
+    ) -> Lease:
+        """Take the session's lease, waiting up to `wait` seconds; raises `SessionBusy` if it stays held."""
+        deadline = time.monotonic() + wait
+        delay = 0.005
+        while True:
+            lease = await self.try_acquire_lease(tenant, session_id, owner, ttl)
+            if lease is not None:
+                return lease
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SessionBusy(
+                    f"session {session_id!r} (tenant {tenant!r}) is busy: another run holds its lease; "
+                    "wait for it to finish, or pass lease_wait=<seconds> to wait for it",
+                    backend=self.backend, tenant=tenant, session_id=session_id,
+                )
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.1)
+
+    async def close(self) -> None:
+        """Release connections and other resources the store owns."""

@@ -1,0 +1,191 @@
+"""`MemoryStore`: the session store contract, in this process's memory.
+
+Fast and dependency-free, for tests, prototypes and short-lived sessions; everything is gone when the
+process exits. Messages are kept as the (immutable) `Message` objects themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
+from ..messages import Message
+from ..session import Session, validate_session_id, validate_tenant
+from .base import Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Entry:
+    created_at: float
+    updated_at: float
+    state_json: str = "{}"
+    version: int = 0
+    ttl: float | None = None
+    log: list[Message] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+    lease_owner: str | None = None
+    lease_token: int = 0
+    lease_expires: float = 0.0
+
+
+class MemoryStore(SessionStore):
+    """Sessions and their logs in a dict; same contract as the durable stores.
+
+    >>> import asyncio
+    >>> store = MemoryStore()
+    >>> asyncio.run(store.append("default", "chat-1", [Message.user("hi")]))
+    1
+    """
+
+    backend = "memory"
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], _Entry] = {}
+
+    def _entry(self, tenant: str, session_id: str, *, create: bool = False) -> _Entry | None:
+        key = (tenant, session_id)
+        entry = self._entries.get(key)
+        if entry is not None and entry.ttl is not None and entry.updated_at + entry.ttl < time.time():
+            del self._entries[key]
+            entry = None
+        if entry is None and create:
+            validate_tenant(tenant)
+            validate_session_id(session_id)
+            now = time.time()
+            entry = self._entries[key] = _Entry(now, now)
+        return entry
+
+    def _check_lease(self, entry: _Entry, tenant: str, session_id: str, lease: Lease | None) -> None:
+        if lease is not None:
+            if lease.token != entry.lease_token or lease.owner != entry.lease_owner:
+                raise LeaseLost(
+                    f"session {session_id!r}: this run's lease (token {lease.token}) was taken over "
+                    f"(current token {entry.lease_token}); the write was refused",
+                    backend=self.backend, tenant=tenant, session_id=session_id,
+                )
+        elif entry.lease_owner is not None and entry.lease_expires > time.time():
+            raise SessionBusy(
+                f"session {session_id!r}: a run holds its lease; write through that run or wait for it",
+                backend=self.backend, tenant=tenant, session_id=session_id,
+            )
+
+    # --- session records ---------------------------------------------------------------------------
+
+    async def get_session(self, tenant: str, session_id: str) -> Session | None:
+        entry = self._entry(tenant, session_id)
+        if entry is None or entry.version == 0:
+            return None
+        return Session(session_id, tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
+
+    async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
+        entry = self._entry(session.tenant, session.id, create=True)
+        assert entry is not None
+        self._check_lease(entry, session.tenant, session.id, lease)
+        if entry.version != session.version:
+            raise ConcurrentUpdate(
+                f"session {session.id!r} was changed elsewhere (stored version {entry.version}, this copy "
+                f"has {session.version}); reload it with agent.session(...) and apply the change again",
+                backend=self.backend, tenant=session.tenant, session_id=session.id,
+            )
+        entry.state_json = json.dumps(session.state_to_json(), separators=(",", ":"))
+        entry.version += 1
+        entry.ttl = session.ttl
+        if entry.version == 1:
+            entry.created_at = session.created_at
+        entry.updated_at = time.time()
+        session.version = entry.version
+
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
+        return self._entries.pop((tenant, session_id), None) is not None
+
+    async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
+        if limit < 1:
+            raise UsageError(f"limit must be at least 1, got {limit}")
+        now = time.time()
+        rows = sorted(
+            ((e.updated_at, sid, e) for (t, sid), e in self._entries.items()
+             if t == tenant and (e.ttl is None or e.updated_at + e.ttl >= now)),
+            key=lambda r: (-r[0], r[1]),
+        )
+        if cursor is not None:
+            after_time, after_id = _decode_cursor(cursor)
+            rows = [r for r in rows if (-r[0], r[1]) > (-after_time, after_id)]
+        page = rows[:limit]
+        infos = [SessionInfo(tenant, sid, e.version, len(e.log), e.created_at, e.updated_at) for _, sid, e in page]
+        next_cursor = _encode_cursor(page[-1][0], page[-1][1]) if len(rows) > limit else None
+        return SessionListing(infos, next_cursor)
+
+    # --- message log -------------------------------------------------------------------------------
+
+    async def append(
+        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+    ) -> int:
+        entry = self._entry(tenant, session_id, create=True)
+        assert entry is not None
+        self._check_lease(entry, tenant, session_id, lease)
+        ids = entry.ids
+        fresh = [m for m in messages if m.id not in ids]
+        if len({m.id for m in fresh}) != len(fresh):
+            raise UsageError(f"session {session_id!r}: the batch to append repeats a message id")
+        entry.log.extend(fresh)
+        ids.update(m.id for m in fresh)
+        entry.updated_at = time.time()
+        return len(entry.log)
+
+    async def load(
+        self, tenant: str, session_id: str, *, limit: int | None = None, before: int | None = None
+    ) -> MessagePage:
+        entry = self._entry(tenant, session_id)
+        log = entry.log if entry is not None else []
+        end = len(log) if before is None else max(0, min(before - 1, len(log)))
+        start = 0 if limit is None else max(0, end - limit)
+        return MessagePage(log[start:end], start + 1, start > 0)
+
+    # --- leases ------------------------------------------------------------------------------------
+
+    async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
+        entry = self._entry(tenant, session_id, create=True)
+        assert entry is not None
+        now = time.time()
+        if entry.lease_owner is not None and entry.lease_expires > now and entry.lease_owner != owner:
+            return None
+        entry.lease_owner = owner
+        entry.lease_token += 1
+        entry.lease_expires = now + ttl
+        return Lease(tenant, session_id, owner, entry.lease_token, entry.lease_expires, ttl)
+
+    async def renew_lease(self, lease: Lease) -> Lease:
+        entry = self._entry(lease.tenant, lease.session_id)
+        if entry is None or entry.lease_token != lease.token or entry.lease_owner != lease.owner:
+            raise LeaseLost(
+                f"session {lease.session_id!r}: the lease was taken over; this run can no longer write",
+                backend=self.backend, tenant=lease.tenant, session_id=lease.session_id,
+            )
+        entry.lease_expires = time.time() + lease.ttl
+        return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, entry.lease_expires, lease.ttl)
+
+    async def release_lease(self, lease: Lease) -> None:
+        entry = self._entry(lease.tenant, lease.session_id)
+        if entry is not None and entry.lease_token == lease.token and entry.lease_owner == lease.owner:
+            entry.lease_owner = None
+            entry.lease_expires = 0.0
+
+
+def _encode_cursor(updated_at: float, session_id: str) -> str:
+    raw = json.dumps([updated_at, session_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        value: Any = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return float(value[0]), str(value[1])
+    except (ValueError, TypeError, IndexError) as exc:
+        raise UsageError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc

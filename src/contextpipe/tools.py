@@ -1,0 +1,280 @@
+"""Tools the model can call.
+
+`@tool` turns a sync or async function into a `Tool`: the name is the function's, the description
+its docstring's first paragraph, and the JSON schema of the arguments comes from the signature's
+type hints (pydantic), with per-argument descriptions from an ``Args:`` docstring section or
+``Annotated[..., Field(description=...)]``.
+
+A tool never crashes a run: arguments are validated before the call, and invalid arguments, an
+exception inside the tool or a timeout all become an error result the model can read and act on.
+
+>>> @tool
+... def lookup_location_code(city: str) -> str:
+...     '''Return the location code for a city name.
+...
+...     Args:
+...         city: The city's name, for example "Suzhou".
+...     '''
+...     return {"Suzhou": "SZ"}.get(city, "unknown")
+>>> lookup_location_code.name
+'lookup_location_code'
+>>> lookup_location_code.parameters["properties"]["city"]["description"]
+'The city\\'s name, for example "Suzhou".'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal, overload
+
+import pydantic
+
+from .errors import UsageError
+
+__all__ = ["Tool", "ToolOutcome", "ToolSpec", "tool"]
+
+_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What a model is told about a tool: its name, description and JSON schema of arguments."""
+
+    name: str
+    """Name the model calls the tool by."""
+    description: str
+    """What the tool does, for the model."""
+    parameters: dict[str, Any]
+    """JSON schema (an object schema) of the arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What running a tool produced: the text shown to the model, and whether it is an error."""
+
+    result: str
+    """The tool's return value as text, or an error message that says what went wrong."""
+    is_error: bool = False
+    """True when the arguments were invalid, the tool raised, or it timed out."""
+
+
+class Tool:
+    """A function the model can call, with its schema, validation, timeout and idempotency flag.
+
+    Build tools with `@tool`; construct `Tool` directly only to wrap a function under another name.
+    """
+
+    __slots__ = ("_args_model", "_fn", "_is_async", "description", "idempotent",
+                 "name", "parameters", "run_in_thread", "spec", "timeout")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        idempotent: bool = False,
+        timeout: float | None = None,
+        run_in_thread: bool = True,
+    ) -> None:
+        self._fn = fn
+        self.name: str = name or fn.__name__
+        """Name the model calls the tool by."""
+        if not _NAME_RE.match(self.name):
+            raise UsageError(
+                f"tool name {self.name!r} is not allowed: use 1-64 letters, digits, '_' or '-' "
+                "(pass name=... to @tool)"
+            )
+        summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        self.description: str = description if description is not None else summary
+        """What the tool does, for the model."""
+        self.idempotent: bool = idempotent
+        """True when running the tool twice with the same arguments is safe (crash recovery re-runs it)."""
+        self.timeout: float | None = timeout
+        """Seconds the tool may run before its result becomes a timeout error; None for no limit."""
+        self.run_in_thread: bool = run_in_thread
+        """For sync functions: run in a worker thread (the default) so a slow tool never blocks the loop."""
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._args_model = _arguments_model(fn, self.name, arg_docs)
+        schema = self._args_model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        self.parameters: dict[str, Any] = schema
+        """JSON schema of the arguments."""
+        self.spec: ToolSpec = ToolSpec(self.name, self.description, schema)
+        """What a model is told about this tool."""
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        """Call the underlying function directly with keyword arguments (no validation)."""
+        if self._is_async:
+            return await self._fn(**kwargs)
+        return self._fn(**kwargs)
+
+    async def invoke(self, arguments: str) -> ToolOutcome:
+        """Validate `arguments` (JSON text from the model), run the tool, and return its outcome.
+
+        Never raises for the tool's own failures: they are returned as error outcomes.
+        """
+        try:
+            if arguments.strip() in ("", "null"):
+                arguments = "{}"
+            parsed = self._args_model.model_validate_json(arguments)
+        except pydantic.ValidationError as exc:
+            return ToolOutcome(_describe_validation_error(self.name, arguments, exc), is_error=True)
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        try:
+            if self.timeout is None:
+                value = await self._run(kwargs)
+            else:
+                async with asyncio.timeout(self.timeout):
+                    value = await self._run(kwargs)
+        except TimeoutError:
+            return ToolOutcome(
+                f"Error: tool {self.name!r} did not finish within {self.timeout:g} s and was abandoned.",
+                is_error=True,
+            )
+        except Exception as exc:
+            return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
+        return ToolOutcome(_to_text(value))
+
+    async def _run(self, kwargs: dict[str, Any]) -> Any:
+        if self._is_async:
+            return await self._fn(**kwargs)
+        if self.run_in_thread:
+            return await asyncio.to_thread(self._fn, **kwargs)
+        return self._fn(**kwargs)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = False,
+    timeout: float | None = None,
+    run_in_thread: bool = True,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = False,
+    timeout: float | None = None,
+    run_in_thread: bool = True,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a `Tool` from a sync or async function; use bare (``@tool``) or with options.
+
+    `idempotent=True` marks a tool that is safe to run again after a crash; `timeout` bounds its
+    run time in seconds; `run_in_thread=False` runs a sync function on the event loop (only for
+    functions that return at once).
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(
+            f, name=name, description=description, idempotent=idempotent, timeout=timeout,
+            run_in_thread=run_in_thread,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def as_tool(value: Tool | Callable[..., Any]) -> Tool:
+    """Return `value` if it is a `Tool`, else wrap the plain function with `@tool` defaults."""
+    return value if isinstance(value, Tool) else Tool(value)
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+_SECTION_RE: Final = re.compile(r"^(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$")
+_ARG_RE: Final = re.compile(r"^\s+(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its description and per-argument descriptions."""
+    lines = doc.splitlines()
+    description: list[str] = []
+    args: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for line in lines:
+        header = _SECTION_RE.match(line.strip() and line)
+        if header:
+            section = header.group(1)
+            current = None
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments", "Parameters"):
+            m = _ARG_RE.match(line)
+            if m:
+                current = m.group(1).lstrip("*")
+                args[current] = m.group(2).strip()
+            elif current and line.strip():
+                args[current] = f"{args[current]} {line.strip()}".strip()
+    text = "\n".join(description).strip()
+    return text, args
+
+
+def _arguments_model(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]) -> type[pydantic.BaseModel]:
+    sig = inspect.signature(fn)
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception as exc:
+        raise UsageError(f"tool {tool_name!r}: cannot resolve its type hints ({exc})") from exc
+    fields: dict[str, Any] = {}
+    for pname, param in sig.parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise UsageError(f"tool {tool_name!r}: *args / **kwargs are not supported; name each argument")
+        if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise UsageError(f"tool {tool_name!r}: positional-only argument {pname!r} is not supported")
+        annotation = hints.get(pname, Any)
+        default: Any = ... if param.default is inspect.Parameter.empty else param.default
+        info = pydantic.Field(default, description=arg_docs.get(pname))
+        fields[pname] = (annotation, info)
+    model_name = "".join(part.capitalize() for part in re.split(r"[_-]", tool_name)) + "Arguments"
+    return pydantic.create_model(
+        model_name, __config__=pydantic.ConfigDict(extra="forbid"), **fields
+    )
+
+
+def _describe_validation_error(name: str, arguments: str, exc: pydantic.ValidationError) -> str:
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err["loc"]) or "(arguments)"
+        kind: Literal["json_invalid"] | str = err["type"]
+        if kind == "json_invalid":
+            return (
+                f"Error: the arguments for tool {name!r} are not valid JSON ({err['msg']}). "
+                f"Received: {arguments[:200]!r}. Send a JSON object matching the tool's schema."
+            )
+        problems.append(f"{loc}: {err['msg']}")
+    return f"Error: invalid arguments for tool {name!r}: " + "; ".join(problems) + ". Fix them and call again."
+
+
+def _to_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
