@@ -246,8 +246,8 @@ def _arguments_model(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str,
             raise UsageError(f"tool {tool_name!r}: positional-only argument {pname!r} is not supported")
         annotation = hints.get(pname, Any)
         default: Any = ... if param.default is inspect.Parameter.empty else param.default
-        info = pydantic.Field(default, description=arg_docs.get(pname))
-        fields[pname] = (annotation, info)
+        doc = arg_docs.get(pname)
+        fields[pname] = (annotation, pydantic.Field(default, description=doc) if doc else default)
     model_name = "".join(part.capitalize() for part in re.split(r"[_-]", tool_name)) + "Arguments"
     return pydantic.create_model(
         model_name, __config__=pydantic.ConfigDict(extra="forbid"), **fields

@@ -116,6 +116,7 @@ class OpenAIChatModel:
                 api_key=api_key, base_url=base_url, organization=organization, timeout=timeout,
                 max_retries=max_retries,
             )
+        self._owns_client = client is None
         self._provider = "azure-openai" if type(self._client).__name__ == "AsyncAzureOpenAI" else "openai"
 
     @classmethod
@@ -148,7 +149,20 @@ class OpenAIChatModel:
             azure_endpoint=endpoint, api_key=api_key, api_version=api_version, timeout=timeout,
             max_retries=max_retries,
         )
-        return cls(deployment, client=client, settings=settings)
+        model = cls(deployment, client=client, settings=settings)
+        model._owns_client = True
+        return model
+
+    async def close(self) -> None:
+        """Close the HTTP client, unless it was passed in (then its owner closes it)."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> OpenAIChatModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     @property
     def name(self) -> str:
@@ -178,11 +192,16 @@ class OpenAIChatModel:
         try:
             stream = await self._client.chat.completions.create(**kwargs)
             async for chunk in stream:
+                assembly.chunks += 1
                 for event in assembly.feed(chunk):
                     yield event
-        except ModelError:
-            raise
         except Exception as exc:
+            if assembly.chunks:
+                raise ModelResponseError(
+                    f"the {self._provider} stream for model {self._model!r} was cut after {assembly.chunks} "
+                    f"chunk(s) ({type(exc).__name__}: {exc}); retry the call",
+                    provider=self._provider,
+                ) from exc
             raise self._translate(exc) from exc
         yield ResponseComplete(assembly.finish(self._provider, self._model))
 
@@ -299,8 +318,8 @@ class OpenAIChatModel:
                 )
             if _is_context_overflow(exc, detail):
                 return ContextWindowExceeded(
-                    f"the request is larger than model {model!r}'s context window: {detail}; add "
-                    "Compaction(max_input_tokens=...) to the agent or use a model with a larger window",
+                    f"the request is larger than model {model!r}'s context window: {detail}; bound "
+                    "what is sent (History(store, max_messages=...)) or use a model with a larger window",
                     provider=provider, status_code=status, body=body,
                 )
             if status == 404:
@@ -424,6 +443,7 @@ class _StreamAssembly:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.model: str | None = None
+        self.chunks = 0
 
     def feed(self, chunk: Any) -> list[ModelStreamEvent]:
         events: list[ModelStreamEvent] = []

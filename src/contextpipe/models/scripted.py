@@ -16,6 +16,7 @@ It answers with scripted turns, in order, and records every request it was sent.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections import deque
@@ -67,7 +68,7 @@ def tool_call(name: str, arguments: dict[str, Any] | str | None = None, /, *, ca
 
 ScriptStep: TypeAlias = "str | Turn | Message | ModelResponse | BaseException | Callable[[ModelRequest], Any]"
 """A scripted answer: text, a `Turn`, a message, a whole response, an exception to raise, or a
-function of the request returning any of these."""
+function (sync or async) of the request returning any of these."""
 
 _WORD_RE = re.compile(r"\S+\s*|\s+")
 
@@ -101,7 +102,7 @@ class ScriptedModel:
         """How many scripted steps have not been used yet."""
         return len(self._script)
 
-    def _next_turn(self, request: ModelRequest) -> tuple[ModelResponse, Turn | None]:
+    async def _next_turn(self, request: ModelRequest) -> tuple[ModelResponse, Turn | None]:
         self.requests.append(request)
         if not self._script:
             raise ScriptExhausted(
@@ -111,6 +112,8 @@ class ScriptedModel:
         step = self._script.popleft()
         if callable(step) and not isinstance(step, BaseException):
             step = step(request)
+            if inspect.isawaitable(step):
+                step = await step
         if isinstance(step, BaseException):
             raise step
         if isinstance(step, ModelResponse):
@@ -137,11 +140,11 @@ class ScriptedModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Return the next scripted response."""
-        return self._next_turn(request)[0]
+        return (await self._next_turn(request))[0]
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream the next scripted response: its text in chunks, then the whole response."""
-        response, turn = self._next_turn(request)
+        response, turn = await self._next_turn(request)
         if turn is not None and turn.chunks is not None:
             chunks: Iterable[str] = turn.chunks
         else:
