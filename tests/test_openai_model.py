@@ -32,7 +32,6 @@ from contextpipe import (
 from contextpipe.models import ModelRequest, OpenAIChatModel, ResponseComplete
 from contextpipe.testing import FakeError, FakeOpenAIServer, FakeRaw, FakeReply, FakeStreamCut
 
-
 _open: list[OpenAIChatModel] = []
 
 

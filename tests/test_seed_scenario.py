@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import RecordingHistory, describe, get_weather_forecast, lookup_location_code
 
 from contextpipe import Agent, ModelServerError, StepPersisted
 from contextpipe.models import ModelRequest, ScriptedModel, tool_call
 from contextpipe.stores import MemoryStore
+from helpers import RecordingHistory, describe, get_weather_forecast, lookup_location_code
 
 ANSWER = "Sunny and 25 C: a T-shirt and a light windbreaker."
 

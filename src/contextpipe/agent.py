@@ -251,17 +251,16 @@ class Agent:
                 store=store if session is not None else None, lease=lease,
             )
             loop = StepLoop(ctx, self.model, self.limits, stream=stream, want_events=want_events)
-            started = 0
             error: BaseException | None = None
             try:
-                started = await run_before(self.providers, ctx)
+                await run_before(self.providers, ctx)
                 async for event in loop.events():
                     yield event
             except BaseException as exc:
                 error = exc
                 raise
             finally:
-                failures = await self._finish(ctx, loop, started, error)
+                failures = await self._finish(ctx, loop, error)
             state = loop.state
             last = next((m for m in reversed(state.new_messages) if m.role == "assistant"), None)
             result = RunResult(
@@ -277,7 +276,7 @@ class Agent:
                 await store.release_lease(ctx.lease if ctx is not None and ctx.lease is not None else lease)
 
     async def _finish(
-        self, ctx: RunContext, loop: StepLoop, started: int, error: BaseException | None
+        self, ctx: RunContext, loop: StepLoop, error: BaseException | None
     ) -> list[tuple[str, BaseException]]:
         """Call `after_run` on the started providers and save the session state.
 
@@ -286,7 +285,7 @@ class Agent:
         """
         state = loop.state
         outcome = RunOutcome(ctx.messages, None if error is not None else state.new_messages, error)
-        failures = await run_after(self.providers[:started], ctx, outcome)
+        failures = await run_after(self.providers[:ctx.started], ctx, outcome)
         if ctx.session is not None:
             try:
                 await self.store.save_session(ctx.session, lease=ctx.lease)
@@ -295,8 +294,8 @@ class Agent:
                     raise
                 failures.append(("session state", exc))
         if error is not None:
-            for source_id, exc in failures:
-                error.add_note(f"also failed after the run: {source_id!r}: {type(exc).__name__}: {exc}")
+            for source_id, failure in failures:
+                error.add_note(f"also failed after the run: {source_id!r}: {type(failure).__name__}: {failure}")
             return []
         return failures
 

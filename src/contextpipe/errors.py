@@ -157,7 +157,7 @@ class SessionBusy(StoreError):
 
 
 class LeaseLost(StoreError):
-    """This run's lease expired and was taken over; the store refused its write (fencing token)."""
+    """The run's lease expired and was taken over; the store refused its write (fencing token)."""
 
 
 class ConcurrentUpdate(StoreError):
@@ -169,7 +169,7 @@ class CorruptRecord(StoreError):
 
 
 class ProviderError(ContextPipeError):
-    """One or more context providers failed in `after_run`; all of them were still called.
+    """Raised when context providers fail in `after_run`; all of them were still called.
 
     `errors` holds ``(source_id, exception)`` pairs in the order they happened; `result` holds the
     run's result when the run itself succeeded, so it is not lost.

@@ -226,11 +226,11 @@ class StepLoop:
                 assert response is not None
             elif self.stream:
                 response = None
-                async for event in self.model.stream(request):
-                    if isinstance(event, ResponseComplete):
-                        response = event.response
+                async for model_event in self.model.stream(request):
+                    if isinstance(model_event, ResponseComplete):
+                        response = model_event.response
                     else:
-                        yield event
+                        yield model_event
                 if response is None:
                     raise ModelResponseError(f"model {self.model.name!r} ended its stream without a response")
             else:

@@ -98,6 +98,8 @@ class RunContext:
         """Free space for providers to pass data from `before_run` to `after_run` within this run."""
         self.timings: list[ProviderTiming] = []
         """How long each provider hook took."""
+        self.started = 0
+        """How many providers' `before_run` has been called (they, and only they, get `after_run`)."""
         self.segments: list[Segment] = []
         """Messages contributed so far (history and context), in order, each with its source."""
         self._agent_instructions = instructions
@@ -213,7 +215,7 @@ class RunContext:
         return self._middleware
 
     def tagged_request_messages(self) -> list[Message]:
-        """The request messages, each a copy tagged with its source (for custom filters)."""
+        """Return the request messages, each a copy tagged with its source (for custom filters)."""
         out: list[Message] = []
         for segment in self.segments:
             out.extend(m.with_source(segment.source) for m in segment.messages)
@@ -234,16 +236,25 @@ class RunContext:
 
     # --- persistence (used by the loop) -------------------------------------------------------------
 
+    def lease_for(self, provider: HistoryProvider) -> Lease | None:
+        """Return the lease that fences `provider`'s writes.
+
+        That is the run's lease when the provider writes to the store holding it, and None for
+        providers writing elsewhere (an audit log in another store).
+        """
+        return self.lease if getattr(provider, "store", None) is self.store else None
+
     @property
     def persists(self) -> bool:
         """True when some history provider stores this run's messages."""
         return self.session is not None and any(p.stores_anything for p in self._history_providers)
 
     async def persist(self, response: Sequence[Message], *, with_request: bool = True) -> list[Message]:
-        """Save a step to every storing history provider: `response`, preceded on the first such
-        call by the request messages each provider stores (unless `with_request` is False).
+        """Save a step to every storing history provider.
 
-        Returns the messages handed to the first storing provider (for the `StepPersisted` event).
+        Each gets `response`, preceded on the first such call by the request messages it stores
+        (unless `with_request` is False). Returns the messages handed to the first storing provider
+        (for the `StepPersisted` event).
         """
         session = self.session
         if session is None:
@@ -260,7 +271,7 @@ class RunContext:
             batch = provider.select_request(self) if first else []
             batch.extend(provider.select_response(response))
             if batch:
-                await provider.save(session, batch, lease=self.lease)
+                await provider.save(session, batch, lease=self.lease_for(provider))
             if saved is None:
                 saved = batch
         return saved or []
@@ -269,15 +280,14 @@ class RunContext:
 _INPUT = Source("input")
 
 
-async def run_before(providers: Sequence[ContextProvider], ctx: RunContext) -> int:
-    """Call `before_run` on each provider in order; return how many were started.
+async def run_before(providers: Sequence[ContextProvider], ctx: RunContext) -> None:
+    """Call `before_run` on each provider in order.
 
-    A provider that raises stops the sequence (the run fails); the count includes it so it still
-    gets its `after_run`.
+    A provider that raises stops the sequence (the run fails); `ctx.started` counts it, so it
+    still gets its `after_run`.
     """
-    started = 0
     for provider in providers:
-        started += 1
+        ctx.started += 1
         ctx._current = provider
         t0 = time.perf_counter()
         try:
@@ -285,7 +295,6 @@ async def run_before(providers: Sequence[ContextProvider], ctx: RunContext) -> i
         finally:
             ctx._current = None
             ctx.timings.append(ProviderTiming(provider.source_id, "before_run", time.perf_counter() - t0))
-    return started
 
 
 async def run_after(

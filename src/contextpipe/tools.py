@@ -18,8 +18,8 @@ exception inside the tool or a timeout all become an error result the model can 
 ...     return {"Suzhou": "SZ"}.get(city, "unknown")
 >>> lookup_location_code.name
 'lookup_location_code'
->>> lookup_location_code.parameters["properties"]["city"]["description"]
-'The city\\'s name, for example "Suzhou".'
+>>> print(lookup_location_code.parameters["properties"]["city"]["description"])
+The city's name, for example "Suzhou".
 """
 
 from __future__ import annotations

@@ -59,10 +59,7 @@ def tool_call(name: str, arguments: dict[str, Any] | str | None = None, /, *, ca
     Arguments come as a dict, as raw JSON text (to test malformed arguments), or as keywords.
     Add turns (``tool_call(...) + tool_call(...)``) for parallel calls.
     """
-    if isinstance(arguments, str):
-        text = arguments
-    else:
-        text = json.dumps({**(arguments or {}), **kwargs}, ensure_ascii=False)
+    text = arguments if isinstance(arguments, str) else json.dumps({**(arguments or {}), **kwargs}, ensure_ascii=False)
     return Turn(calls=(FunctionCall(call_id or "", name, text),))
 
 

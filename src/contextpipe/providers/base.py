@@ -134,7 +134,7 @@ class HistoryProvider(ContextProvider):
             return
         messages = [*self.select_request(ctx), *self.select_response(outcome.response_messages or ())]
         if messages:
-            await self.save(ctx.session, messages, lease=ctx.lease)
+            await self.save(ctx.session, messages, lease=ctx.lease_for(self))
 
     def select_request(self, ctx: RunContext) -> list[Message]:
         """Return the request messages this provider stores (the first save of a run)."""

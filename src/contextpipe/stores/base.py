@@ -176,5 +176,5 @@ class SessionStore(abc.ABC):
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.1)
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores that own nothing
         """Release connections and other resources the store owns."""

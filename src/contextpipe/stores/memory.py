@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import override
+
 from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
 from ..messages import Message
 from ..session import Session, validate_session_id, validate_tenant
@@ -78,12 +80,14 @@ class MemoryStore(SessionStore):
 
     # --- session records ---------------------------------------------------------------------------
 
+    @override
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
         entry = self._entry(tenant, session_id)
         if entry is None or entry.version == 0:
             return None
         return Session(session_id, tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
 
+    @override
     async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
         entry = self._entry(session.tenant, session.id, create=True)
         assert entry is not None
@@ -102,9 +106,11 @@ class MemoryStore(SessionStore):
         entry.updated_at = time.time()
         session.version = entry.version
 
+    @override
     async def delete_session(self, tenant: str, session_id: str) -> bool:
         return self._entries.pop((tenant, session_id), None) is not None
 
+    @override
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
         if limit < 1:
             raise UsageError(f"limit must be at least 1, got {limit}")
@@ -124,6 +130,7 @@ class MemoryStore(SessionStore):
 
     # --- message log -------------------------------------------------------------------------------
 
+    @override
     async def append(
         self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
     ) -> int:
@@ -139,6 +146,7 @@ class MemoryStore(SessionStore):
         entry.updated_at = time.time()
         return len(entry.log)
 
+    @override
     async def load(
         self, tenant: str, session_id: str, *, limit: int | None = None, before: int | None = None
     ) -> MessagePage:
@@ -150,6 +158,7 @@ class MemoryStore(SessionStore):
 
     # --- leases ------------------------------------------------------------------------------------
 
+    @override
     async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
         entry = self._entry(tenant, session_id, create=True)
         assert entry is not None
@@ -161,6 +170,7 @@ class MemoryStore(SessionStore):
         entry.lease_expires = now + ttl
         return Lease(tenant, session_id, owner, entry.lease_token, entry.lease_expires, ttl)
 
+    @override
     async def renew_lease(self, lease: Lease) -> Lease:
         entry = self._entry(lease.tenant, lease.session_id)
         if entry is None or entry.lease_token != lease.token or entry.lease_owner != lease.owner:
@@ -171,6 +181,7 @@ class MemoryStore(SessionStore):
         entry.lease_expires = time.time() + lease.ttl
         return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, entry.lease_expires, lease.ttl)
 
+    @override
     async def release_lease(self, lease: Lease) -> None:
         entry = self._entry(lease.tenant, lease.session_id)
         if entry is not None and entry.lease_token == lease.token and entry.lease_owner == lease.owner:

@@ -1,0 +1,240 @@
+"""The step loop: tools, limits, streaming events, leases and repair of interrupted sessions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contextpipe import (
+    Agent,
+    FunctionCall,
+    FunctionResult,
+    Message,
+    RunDone,
+    RunLimits,
+    SessionBusy,
+    StepPersisted,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    tool,
+)
+from contextpipe.models import ModelRequest, ScriptedModel, Turn, tool_call
+from contextpipe.providers import History
+from contextpipe.stores import MemoryStore
+from helpers import describe
+
+
+async def test_parallel_tool_calls_run_concurrently() -> None:
+    arrived = 0
+    both_here = asyncio.Event()
+
+    @tool
+    async def meet(name: str) -> str:
+        """Waits until both calls are running at the same time."""
+        nonlocal arrived
+        arrived += 1
+        if arrived == 2:
+            both_here.set()
+        await asyncio.wait_for(both_here.wait(), timeout=2)
+        return f"met {name}"
+
+    model = ScriptedModel([tool_call("meet", name="a") + tool_call("meet", name="b"), "both met"])
+    result = await Agent(model, tools=[meet]).run("meet")
+    tool_message = result.messages[1]
+    assert [r.result for r in tool_message.function_results] == ["met a", "met b"]
+    assert not any(r.is_error for r in tool_message.function_results)
+    # Results answer their calls in order, in one tool message.
+    calls = result.messages[0].function_calls
+    assert [r.call_id for r in tool_message.function_results] == [c.call_id for c in calls]
+
+
+async def test_max_steps_then_one_final_call_without_tools() -> None:
+    @tool
+    def again() -> str:
+        """Always wants more."""
+        return "more"
+
+    model = ScriptedModel([tool_call("again"), tool_call("again"), "giving up with an answer"])
+    result = await Agent(model, tools=[again], limits=RunLimits(max_steps=2)).run("loop")
+    assert result.stop_reason == "max_steps"
+    assert result.text == "giving up with an answer"
+    assert [len(r.tools) for r in model.requests] == [1, 1, 0]
+
+
+async def test_calls_in_the_final_call_are_answered_not_left_dangling() -> None:
+    @tool
+    def again() -> str:
+        """Always wants more."""
+        return "more"
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("again"), tool_call("again")])
+    agent = Agent(model, tools=[again], providers=[History(store)], limits=RunLimits(max_steps=1))
+    session = await agent.session("s")
+    result = await agent.run("loop", session=session)
+    assert result.stop_reason == "max_steps"
+    log = await agent.history(session)
+    assert describe(log)[-2:] == [
+        "assistant:call:again", "tool:result:Error: not run; the run's step limit was reached."]
+
+
+async def test_consecutive_tool_errors_stop_the_loop() -> None:
+    @tool
+    def flaky() -> str:
+        """Always fails."""
+        raise ConnectionError("service down")
+
+    model = ScriptedModel([tool_call("flaky"), tool_call("flaky"), "I could not reach the service."])
+    agent = Agent(model, tools=[flaky], limits=RunLimits(max_consecutive_tool_errors=2))
+    result = await agent.run("try")
+    assert result.stop_reason == "tool_errors"
+    assert [len(r.tools) for r in model.requests] == [1, 1, 0]
+    errors = [r for m in result.messages for r in m.function_results]
+    assert all(r.is_error and "ConnectionError: service down" in r.result for r in errors)
+
+
+async def test_unknown_tool_and_bad_arguments_go_back_to_the_model() -> None:
+    @tool
+    def square(x: int) -> int:
+        """Square a number."""
+        return x * x
+
+    model = ScriptedModel([
+        tool_call("cube", x=2) + tool_call("square", '{"x": two}'), tool_call("square", x=3), "9"])
+    result = await Agent(model, tools=[square]).run("go")
+    first = result.messages[1].function_results
+    assert first[0].is_error and "no tool named 'cube'. Available tools: square." in first[0].result
+    assert first[1].is_error and "not valid JSON" in first[1].result
+    assert result.messages[3].function_results[0].result == "9"
+    assert result.text == "9"
+
+
+async def test_stream_events_and_same_persistence_as_run() -> None:
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"value-{key}"
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("lookup", key="k"), Turn(chunks=("The ", "value ", "is ", "value-k."))])
+    agent = Agent(model, tools=[lookup], providers=[History(store)])
+    session = await agent.session("s")
+    kinds: list[str] = []
+    text: list[str] = []
+    async for event in agent.stream("what is k?", session=session):
+        kinds.append(event.kind)
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+    assert kinds == ["step_persisted", "tool_call_started", "tool_call_finished", "step_persisted",
+                     "text_delta", "text_delta", "text_delta", "text_delta", "step_persisted", "run_done"]
+    assert "".join(text) == "The value is value-k."
+    assert describe(await agent.history(session)) == [
+        "user:what is k?", "assistant:call:lookup", "tool:result:value-k", "assistant:The value is value-k."]
+
+
+async def test_closing_a_stream_early_ends_the_run_cleanly() -> None:
+    seen_errors: list[str] = []
+    from contextpipe import ContextProvider, RunContext, RunOutcome
+
+    class Watch(ContextProvider):
+        async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
+            seen_errors.append(type(outcome.error).__name__)
+
+    store = MemoryStore()
+    model = ScriptedModel([Turn(chunks=("a", "b", "c")), "second run"])
+    agent = Agent(model, providers=[History(store), Watch("watch")])
+    session = await agent.session("s")
+    async with agent.stream("hi", session=session) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                break
+    assert seen_errors == ["GeneratorExit"]
+    # The lease was released: the next run on the session goes ahead.
+    assert (await agent.run("again", session=session)).text == "second run"
+
+
+async def test_concurrent_run_on_the_same_session_is_refused_or_waits() -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        await gate.wait()
+        return "slow done"
+
+    store = MemoryStore()
+    model = ScriptedModel([slow, "second"])
+    agent = Agent(model, providers=[History(store)])
+    session = await agent.session("s")
+    first = asyncio.create_task(agent.run("one", session=session))
+    await asyncio.sleep(0.01)
+    with pytest.raises(SessionBusy, match="busy"):
+        await agent.run("two", session=session)
+    waiting = asyncio.create_task(agent.run("two", session=session, lease_wait=5))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    gate.set()
+    assert (await first).text == "slow done"
+    assert (await waiting).text == "second"
+    # Runs never interleave: each run's messages are contiguous in the log.
+    assert describe(await agent.history(session)) == [
+        "user:one", "assistant:slow done", "user:two", "assistant:second"]
+
+
+async def test_interrupted_session_is_repaired_before_the_next_call() -> None:
+    runs: list[str] = []
+
+    @tool(idempotent=True)
+    def read_balance(account: str) -> str:
+        """Read-only: safe to run again."""
+        runs.append(account)
+        return "100 EUR"
+
+    @tool
+    def send_payment(amount: int) -> str:
+        """Not idempotent: must not run twice."""
+        runs.append(f"pay {amount}")
+        return "sent"
+
+    store = MemoryStore()
+    # The log a killed run leaves: a parallel call with one result recorded, two missing.
+    await store.append("default", "s", [
+        Message.user("Pay 5 if I have money."),
+        Message("assistant", (FunctionCall("c1", "read_balance", '{"account": "main"}'),
+                              FunctionCall("c2", "send_payment", '{"amount": 5}'),
+                              FunctionCall("c3", "read_balance", '{"account": "savings"}'))),
+        Message("tool", (FunctionResult("c1", "100 EUR"),)),
+    ])
+    model = ScriptedModel(["Done: the payment may not have gone through; please check."])
+    agent = Agent(model, tools=[read_balance, send_payment], providers=[History(store)])
+    session = await agent.session("s")
+    async with agent.stream(None, session=session) as events:
+        kinds = [e.kind async for e in events]
+    assert kinds[:3] == ["tool_call_started", "tool_call_finished", "step_persisted"]
+    assert runs == ["savings"]  # c1 reused, c2 not re-run, c3 re-run (idempotent)
+    sent = model.requests[0].messages
+    repair = sent[-1].function_results
+    assert [r.call_id for r in repair] == ["c2", "c3"]
+    assert repair[0].is_error and "interrupted" in repair[0].result
+    assert repair[1].result == "100 EUR" and not repair[1].is_error
+    # Every call the model sees has a result.
+    answered = {r.call_id for m in sent for r in m.function_results}
+    assert {c.call_id for m in sent for c in m.function_calls} <= answered
+    # The repair is stored, so the log is whole again.
+    assert describe(await agent.history(session))[3:] == [
+        "tool:result:" + repair[0].result + ",100 EUR",
+        "assistant:Done: the payment may not have gone through; please check.",
+    ]
+
+
+async def test_run_needs_input_or_session() -> None:
+    from contextpipe import UsageError
+
+    with pytest.raises(UsageError, match="nothing to run"):
+        await Agent(ScriptedModel(["x"])).run(None)
+
+
+async def test_run_done_is_the_last_stream_event() -> None:
+    events = [e async for e in Agent(ScriptedModel(["hi there"])).stream("hello")]
+    assert isinstance(events[-1], RunDone) and events[-1].result.text == "hi there"
+    assert not any(isinstance(e, StepPersisted | ToolCallStarted | ToolCallFinished) for e in events)
