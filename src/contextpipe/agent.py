@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeAlias
 
-from .errors import ProviderError, UsageError
+from .errors import ProviderError, StoreError, UsageError
 from .loop import CallTrace, RunEvent, RunLimits, StepLoop, StopReason
 from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings, ReasoningDelta, TextDelta, Usage
@@ -239,7 +240,7 @@ class Agent:
         ctx: RunContext | None = None
         store = self.store
         if session is not None:
-            lease = await store.acquire_lease(session.tenant, session.id, uuid.uuid4().hex, ttl=self.lease_ttl,
+            lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(), ttl=self.lease_ttl,
                                               wait=lease_wait)
         try:
             if session is not None:
@@ -284,7 +285,7 @@ class Agent:
         is what the caller sees); on success they are returned.
         """
         state = loop.state
-        outcome = RunOutcome(ctx.messages, None if error is not None else state.new_messages, error)
+        outcome = RunOutcome(ctx, None if error is not None else state.new_messages, error)
         failures = await run_after(self.providers[:ctx.started], ctx, outcome)
         if ctx.session is not None:
             try:
@@ -302,6 +303,12 @@ class Agent:
     async def _refresh(self, session: Session) -> None:
         """Bring a stale `Session` object up to date with the store (another worker may have run)."""
         stored = await self.store.get_session(session.tenant, session.id)
+        if stored is None and session.version > 0:
+            raise StoreError(
+                f"session {session.id!r} (tenant {session.tenant!r}) no longer exists: it was deleted or it "
+                "expired; start a new one with agent.session(...)",
+                backend=self.store.backend, tenant=session.tenant, session_id=session.id,
+            )
         if stored is not None and stored.version != session.version:
             session.state = stored.state
             session.version = stored.version

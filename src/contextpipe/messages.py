@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias
 
@@ -59,8 +59,8 @@ _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def new_message_id() -> str:
-    """Return a fresh, globally unique message id."""
-    return f"msg_{uuid.uuid4().hex}"
+    """Return a fresh, globally unique message id (128 random bits, like a UUID4)."""
+    return "msg_" + os.urandom(16).hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +224,7 @@ class Message:
         """Return a copy tagged with `source`; this message is left as it is."""
         if self.source == source:
             return self
-        return replace(self, source=source)
+        return Message(self.role, self.parts, self.id, self.author_name, self.created_at, self.metadata, source)
 
 
 def tag(messages: Iterable[Message], source: Source) -> list[Message]:
@@ -260,6 +260,9 @@ def _part_to_dict(part: Part) -> dict[str, Any]:
 def _part_from_dict(d: Mapping[str, Any]) -> Part:
     kind = d["kind"]
     if kind == "text":
+        text = d["text"]
+        if type(text) is str:
+            return TextPart(text)
         return TextPart(_str(d, "text"))
     if kind == "function_call":
         return FunctionCall(_str(d, "call_id"), _str(d, "name"), _str(d, "arguments"))
@@ -323,7 +326,7 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
             source = Source(kind, raw_source.get("source_id"))
         metadata = d.get("metadata")
         created_at = d["created_at"]
-        if not isinstance(created_at, int | float) or isinstance(created_at, bool):
+        if type(created_at) is not float and type(created_at) is not int:
             raise CodecError(f"created_at must be a number, got {created_at!r}")
         return Message(
             role=role,
@@ -340,15 +343,19 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
         raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
 
 
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_DECODER: Final = json.JSONDecoder()
+
+
 def dumps(message: Message) -> str:
     """Encode `message` as compact JSON text."""
-    return json.dumps(message_to_dict(message), separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(message_to_dict(message))
 
 
 def loads(text: str | bytes) -> Message:
     """Decode JSON text written by `dumps`; raises `CodecError` on anything else."""
     try:
-        data = json.loads(text)
+        data = _DECODER.decode(text if isinstance(text, str) else text.decode())
     except ValueError as exc:
         raise CodecError(f"message is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

@@ -37,16 +37,29 @@ class Segment:
     """The messages, oldest first."""
 
 
-@dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What `after_run` is told about the finished run."""
 
-    request_messages: Sequence[Message]
-    """The messages the run started from: context (history included) then the caller's input."""
-    response_messages: Sequence[Message] | None
-    """Messages the run produced (model output and tool results); None when the run failed."""
-    error: BaseException | None
-    """Why the run failed; None when it succeeded."""
+    __slots__ = ("_ctx", "_request", "error", "response_messages")
+
+    def __init__(self, ctx: RunContext, response_messages: Sequence[Message] | None,
+                 error: BaseException | None) -> None:
+        self._ctx = ctx
+        self._request: list[Message] | None = None
+        self.response_messages = response_messages
+        """Messages the run produced (model output and tool results); None when the run failed."""
+        self.error = error
+        """Why the run failed; None when it succeeded."""
+
+    @property
+    def request_messages(self) -> list[Message]:
+        """The messages the run started from: context (history included) then the caller's input.
+
+        Built on first access, so providers that never look at it cost nothing per history message.
+        """
+        if self._request is None:
+            self._request = self._ctx.messages
+        return self._request
 
 
 @dataclass(slots=True)
