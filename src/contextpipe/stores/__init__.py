@@ -1,11 +1,42 @@
 """Session stores: the durable log of sessions behind one `SessionStore` contract.
 
-``import contextpipe.stores`` loads no database driver; each backend loads its own on first use.
+`SQLiteStore` (embedded default), `PostgresStore` (many workers, many machines), `RedisStore`
+(low latency, TTL-heavy) and `MemoryStore` (in process). ``import contextpipe.stores`` loads no
+database driver: each backend is imported, with its driver, when first named.
 """
 
 from __future__ import annotations
 
-from .base import Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from typing import TYPE_CHECKING
+
+from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 from .memory import MemoryStore
 
-__all__ = ["Lease", "MemoryStore", "MessagePage", "SessionInfo", "SessionListing", "SessionStore"]
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+    from .redis import RedisStore
+    from .sqlite import SQLiteStore
+
+__all__ = [
+    "Checkpoint",
+    "Lease",
+    "MemoryStore",
+    "MessagePage",
+    "PostgresStore",
+    "RedisStore",
+    "SQLiteStore",
+    "SessionInfo",
+    "SessionListing",
+    "SessionStore",
+]
+
+_LAZY = {"SQLiteStore": ".sqlite", "PostgresStore": ".postgres", "RedisStore": ".redis"}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module, __name__), name)

@@ -6,10 +6,14 @@ A store holds, per tenant and session:
   idempotent by message id: a retried append never duplicates);
 - the session record (state and version; saves compare-and-swap on the version);
 - a lease with a fencing token, so runs on one session never interleave and a run whose lease was
-  taken over cannot write any more.
+  taken over cannot write any more;
+- summary checkpoints: a summary message covering the log up to a sequence, so later loads read the
+  latest checkpoint plus the messages after it.
 
-Loads are bounded: `load` returns the tail (the last `limit` messages, or a page before a sequence)
-without reading the whole session.
+Loads are bounded: `load` returns the tail (the last `limit` messages, or a page before a sequence,
+or everything after a checkpoint) without reading the whole session. Sessions may carry a TTL:
+every write pushes the expiry forward, an expired session reads as absent, and deleting a session
+removes its messages, state, lease and checkpoints together.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from ..errors import SessionBusy
 from ..messages import Message
 from ..session import Session
 
-__all__ = ["Lease", "MessagePage", "SessionInfo", "SessionListing", "SessionStore"]
+__all__ = ["Checkpoint", "Lease", "MessagePage", "SessionInfo", "SessionListing", "SessionStore"]
 
 DEFAULT_LEASE_TTL: Final = 60.0
 
@@ -55,9 +59,26 @@ class MessagePage:
     messages: list[Message]
     """The messages, in sequence order."""
     first_seq: int
-    """Sequence of ``messages[0]`` (when empty: the sequence the next message would get)."""
+    """Sequence of ``messages[0]`` (when empty: one past the end of the requested range)."""
     has_more: bool
     """True when older messages exist before this page (load again with ``before=first_seq``)."""
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence of the last message of the page (``first_seq - 1`` when empty)."""
+        return self.first_seq + len(self.messages) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A summary standing in for the log up to and including sequence `seq`."""
+
+    seq: int
+    """Last sequence the summary covers."""
+    summary: Message
+    """The summary, sent to the model in place of the messages it covers."""
+    created_at: float
+    """When the checkpoint was written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +159,30 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def load(
-        self, tenant: str, session_id: str, *, limit: int | None = None, before: int | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        before: int | None = None,
+        after: int | None = None,
     ) -> MessagePage:
-        """Return the last `limit` messages (all when None) with sequence below `before` (if given)."""
+        """Return the newest `limit` messages (all when None) with `after` < sequence < `before`.
+
+        Raises `CorruptRecord` naming the session and sequence of any message that cannot be read.
+        """
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def save_checkpoint(
+        self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
+    ) -> None:
+        """Store a summary checkpoint; its `seq` must not be past the end of the log."""
+
+    @abc.abstractmethod
+    async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
+        """Return the checkpoint with the highest sequence, or None."""
 
     # --- leases ----------------------------------------------------------------------------------
 
@@ -176,5 +218,15 @@ class SessionStore(abc.ABC):
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.1)
 
+    @abc.abstractmethod
+    async def purge_expired(self) -> int:
+        """Delete every session whose TTL has passed (all tenants); return how many were deleted."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores that own nothing
         """Release connections and other resources the store owns."""
+
+    async def __aenter__(self) -> SessionStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

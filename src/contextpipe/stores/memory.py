@@ -6,19 +6,27 @@ process exits. Messages are kept as the (immutable) `Message` objects themselves
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
 from ..messages import Message
-from ..session import Session, validate_session_id, validate_tenant
-from .base import Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from ..session import Session
+from ._common import (
+    busy,
+    check_key,
+    check_limit,
+    checkpoint_past_end,
+    concurrent_update,
+    decode_cursor,
+    duplicate_in_batch,
+    encode_cursor,
+    lease_lost,
+)
+from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 
 __all__ = ["MemoryStore"]
 
@@ -32,9 +40,13 @@ class _Entry:
     ttl: float | None = None
     log: list[Message] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
+
+    def expired(self, now: float) -> bool:
+        return self.ttl is not None and self.updated_at + self.ttl <= now
 
 
 class MemoryStore(SessionStore):
@@ -54,12 +66,12 @@ class MemoryStore(SessionStore):
     def _entry(self, tenant: str, session_id: str, *, create: bool = False) -> _Entry | None:
         key = (tenant, session_id)
         entry = self._entries.get(key)
-        if entry is not None and entry.ttl is not None and entry.updated_at + entry.ttl < time.time():
+        if entry is None:
+            check_key(tenant, session_id)
+        elif entry.ttl is not None and entry.expired(time.time()):
             del self._entries[key]
             entry = None
         if entry is None and create:
-            validate_tenant(tenant)
-            validate_session_id(session_id)
             now = time.time()
             entry = self._entries[key] = _Entry(now, now)
         return entry
@@ -67,23 +79,16 @@ class MemoryStore(SessionStore):
     def _check_lease(self, entry: _Entry, tenant: str, session_id: str, lease: Lease | None) -> None:
         if lease is not None:
             if lease.token != entry.lease_token or lease.owner != entry.lease_owner:
-                raise LeaseLost(
-                    f"session {session_id!r}: this run's lease (token {lease.token}) was taken over "
-                    f"(current token {entry.lease_token}); the write was refused",
-                    backend=self.backend, tenant=tenant, session_id=session_id,
-                )
+                raise lease_lost(self.backend, lease, entry.lease_token)
         elif entry.lease_owner is not None and entry.lease_expires > time.time():
-            raise SessionBusy(
-                f"session {session_id!r}: a run holds its lease; write through that run or wait for it",
-                backend=self.backend, tenant=tenant, session_id=session_id,
-            )
+            raise busy(self.backend, tenant, session_id)
 
     # --- session records ---------------------------------------------------------------------------
 
     @override
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
         entry = self._entry(tenant, session_id)
-        if entry is None or entry.version == 0:
+        if entry is None:
             return None
         return Session(session_id, tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
 
@@ -93,11 +98,7 @@ class MemoryStore(SessionStore):
         assert entry is not None
         self._check_lease(entry, session.tenant, session.id, lease)
         if entry.version != session.version:
-            raise ConcurrentUpdate(
-                f"session {session.id!r} was changed elsewhere (stored version {entry.version}, this copy "
-                f"has {session.version}); reload it with agent.session(...) and apply the change again",
-                backend=self.backend, tenant=session.tenant, session_id=session.id,
-            )
+            raise concurrent_update(self.backend, session.tenant, session.id, entry.version, session.version)
         entry.state_json = json.dumps(session.state_to_json(), separators=(",", ":"))
         entry.version += 1
         entry.ttl = session.ttl
@@ -108,25 +109,32 @@ class MemoryStore(SessionStore):
 
     @override
     async def delete_session(self, tenant: str, session_id: str) -> bool:
+        check_key(tenant, session_id)
         return self._entries.pop((tenant, session_id), None) is not None
 
     @override
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        if limit < 1:
-            raise UsageError(f"limit must be at least 1, got {limit}")
+        check_limit(limit)
         now = time.time()
         rows = sorted(
-            ((e.updated_at, sid, e) for (t, sid), e in self._entries.items()
-             if t == tenant and (e.ttl is None or e.updated_at + e.ttl >= now)),
+            ((e.updated_at, sid, e) for (t, sid), e in self._entries.items() if t == tenant and not e.expired(now)),
             key=lambda r: (-r[0], r[1]),
         )
         if cursor is not None:
-            after_time, after_id = _decode_cursor(cursor)
+            after_time, after_id = decode_cursor(cursor)
             rows = [r for r in rows if (-r[0], r[1]) > (-after_time, after_id)]
         page = rows[:limit]
         infos = [SessionInfo(tenant, sid, e.version, len(e.log), e.created_at, e.updated_at) for _, sid, e in page]
-        next_cursor = _encode_cursor(page[-1][0], page[-1][1]) if len(rows) > limit else None
+        next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(rows) > limit else None
         return SessionListing(infos, next_cursor)
+
+    @override
+    async def purge_expired(self) -> int:
+        now = time.time()
+        expired = [key for key, e in self._entries.items() if e.expired(now)]
+        for key in expired:
+            del self._entries[key]
+        return len(expired)
 
     # --- message log -------------------------------------------------------------------------------
 
@@ -137,10 +145,10 @@ class MemoryStore(SessionStore):
         entry = self._entry(tenant, session_id, create=True)
         assert entry is not None
         self._check_lease(entry, tenant, session_id, lease)
+        if len({m.id for m in messages}) != len(messages):
+            raise duplicate_in_batch(session_id)
         ids = entry.ids
         fresh = [m for m in messages if m.id not in ids]
-        if len({m.id for m in fresh}) != len(fresh):
-            raise UsageError(f"session {session_id!r}: the batch to append repeats a message id")
         entry.log.extend(fresh)
         ids.update(m.id for m in fresh)
         entry.updated_at = time.time()
@@ -148,13 +156,41 @@ class MemoryStore(SessionStore):
 
     @override
     async def load(
-        self, tenant: str, session_id: str, *, limit: int | None = None, before: int | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        before: int | None = None,
+        after: int | None = None,
     ) -> MessagePage:
+        check_limit(limit)
         entry = self._entry(tenant, session_id)
         log = entry.log if entry is not None else []
         end = len(log) if before is None else max(0, min(before - 1, len(log)))
-        start = 0 if limit is None else max(0, end - limit)
+        floor = 0 if after is None else max(0, min(after, end))
+        start = floor if limit is None else max(floor, end - limit)
         return MessagePage(log[start:end], start + 1, start > 0)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    @override
+    async def save_checkpoint(
+        self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
+    ) -> None:
+        entry = self._entry(tenant, session_id, create=True)
+        assert entry is not None
+        self._check_lease(entry, tenant, session_id, lease)
+        if checkpoint.seq > len(entry.log) or checkpoint.seq < 1:
+            raise checkpoint_past_end(self.backend, tenant, session_id, checkpoint.seq, len(entry.log))
+        entry.checkpoints = [c for c in entry.checkpoints if c.seq != checkpoint.seq] + [checkpoint]
+        entry.checkpoints.sort(key=lambda c: c.seq)
+        entry.updated_at = time.time()
+
+    @override
+    async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
+        entry = self._entry(tenant, session_id)
+        return entry.checkpoints[-1] if entry is not None and entry.checkpoints else None
 
     # --- leases ------------------------------------------------------------------------------------
 
@@ -174,10 +210,7 @@ class MemoryStore(SessionStore):
     async def renew_lease(self, lease: Lease) -> Lease:
         entry = self._entry(lease.tenant, lease.session_id)
         if entry is None or entry.lease_token != lease.token or entry.lease_owner != lease.owner:
-            raise LeaseLost(
-                f"session {lease.session_id!r}: the lease was taken over; this run can no longer write",
-                backend=self.backend, tenant=lease.tenant, session_id=lease.session_id,
-            )
+            raise lease_lost(self.backend, lease, entry.lease_token if entry else None)
         entry.lease_expires = time.time() + lease.ttl
         return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, entry.lease_expires, lease.ttl)
 
@@ -187,16 +220,3 @@ class MemoryStore(SessionStore):
         if entry is not None and entry.lease_token == lease.token and entry.lease_owner == lease.owner:
             entry.lease_owner = None
             entry.lease_expires = 0.0
-
-
-def _encode_cursor(updated_at: float, session_id: str) -> str:
-    raw = json.dumps([updated_at, session_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        value: Any = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return float(value[0]), str(value[1])
-    except (ValueError, TypeError, IndexError) as exc:
-        raise UsageError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc

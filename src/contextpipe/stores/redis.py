@@ -1,0 +1,401 @@
+"""`RedisStore`: sessions in Redis, for low-latency, TTL-heavy deployments.
+
+Each session is a handful of keys sharing one hash tag (``{tenant/session}``): a hash with the
+record, a list with the log (index = sequence - 1), a hash of message ids for idempotent appends, a
+sorted set of checkpoints and a lease key. Every write is one Lua script, so the checks (lease,
+version, known ids) and the write are atomic. TTLs are Redis's own key expiry, pushed forward on
+every write. Timestamps come from the Redis server's clock.
+
+A per-tenant sorted set indexes sessions by last update for listing; it lives outside the session's
+hash tag, so this store targets a single Redis (or a Sentinel-managed primary), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from typing_extensions import override
+
+from ..errors import UsageError
+from ..messages import Message, dumps
+from ..session import Session
+from ._common import (
+    busy,
+    check_key,
+    check_limit,
+    checkpoint_past_end,
+    concurrent_update,
+    decode_checkpoint,
+    decode_cursor,
+    decode_message,
+    decode_state,
+    duplicate_in_batch,
+    encode_checkpoint,
+    encode_cursor,
+    encode_state,
+    lease_lost,
+    translate_errors,
+)
+from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+
+if TYPE_CHECKING:
+    import redis.asyncio
+
+__all__ = ["RedisStore"]
+
+_translated = translate_errors("redis", "redis")
+
+# Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index; reads the clock and checks the lease.
+# ARGV[1] session id, ARGV[2] lease owner ('' for none), ARGV[3] lease token.
+_PROLOGUE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local function touch()
+  redis.call('HSET', KEYS[1], 'updated_at', tostring(now))
+  redis.call('HSETNX', KEYS[1], 'created_at', tostring(now))
+  redis.call('HSETNX', KEYS[1], 'version', '0')
+  redis.call('ZADD', KEYS[6], now, ARGV[1])
+  local ttl = redis.call('HGET', KEYS[1], 'ttl')
+  if ttl and ttl ~= '' then
+    local ms = math.floor(tonumber(ttl) * 1000)
+    for i = 1, 4 do
+      if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ms) end
+    end
+  else
+    for i = 1, 4 do redis.call('PERSIST', KEYS[i]) end
+  end
+end
+local function check_lease()
+  local holder = redis.call('GET', KEYS[5])
+  local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
+  if ARGV[2] ~= '' then
+    if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
+      return {'lost', token}
+    end
+  elseif holder then
+    return {'busy', holder}
+  end
+  return nil
+end
+"""
+
+_APPEND: Final = _PROLOGUE + """
+local bad = check_lease()
+if bad then return bad end
+local n = tonumber(ARGV[4])
+for i = 0, n - 1 do
+  local id = ARGV[5 + 2 * i]
+  if redis.call('HEXISTS', KEYS[3], id) == 0 then
+    local seq = redis.call('RPUSH', KEYS[2], ARGV[6 + 2 * i])
+    redis.call('HSET', KEYS[3], id, seq)
+  end
+end
+local last = redis.call('LLEN', KEYS[2])
+redis.call('HSET', KEYS[1], 'last_seq', last)
+touch()
+return {'ok', tostring(last)}
+"""
+
+# ARGV[4] expected version, ARGV[5] state, ARGV[6] ttl ('' for none), ARGV[7] created_at
+_SAVE: Final = _PROLOGUE + """
+local bad = check_lease()
+if bad then return bad end
+local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if version ~= tonumber(ARGV[4]) then return {'conflict', tostring(version)} end
+redis.call('HSET', KEYS[1], 'state', ARGV[5], 'version', version + 1, 'ttl', ARGV[6])
+if version == 0 then redis.call('HSET', KEYS[1], 'created_at', ARGV[7]) end
+touch()
+return {'ok', tostring(version + 1)}
+"""
+
+# ARGV[4] checkpoint seq, ARGV[5] body
+_CHECKPOINT: Final = _PROLOGUE + """
+local bad = check_lease()
+if bad then return bad end
+local seq = tonumber(ARGV[4])
+local last = redis.call('LLEN', KEYS[2])
+if seq < 1 or seq > last then return {'past_end', tostring(last)} end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], seq, seq)
+redis.call('ZADD', KEYS[4], seq, ARGV[5])
+touch()
+return {'ok', ''}
+"""
+
+# ARGV[2] owner, ARGV[3] ttl in ms
+_ACQUIRE: Final = _PROLOGUE + """
+local holder = redis.call('GET', KEYS[5])
+if holder and string.sub(holder, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. '|' then return {'busy', holder} end
+local token = redis.call('HINCRBY', KEYS[1], 'lease_token', 1)
+redis.call('SET', KEYS[5], ARGV[2] .. '|' .. token, 'PX', ARGV[3])
+touch()
+return {'ok', tostring(token), tostring(now + tonumber(ARGV[3]) / 1000)}
+"""
+
+# ARGV[2] owner, ARGV[3] token, ARGV[4] ttl in ms
+_RENEW: Final = _PROLOGUE + """
+local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
+local holder = redis.call('GET', KEYS[5])
+if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then return {'lost', token} end
+redis.call('SET', KEYS[5], ARGV[2] .. '|' .. ARGV[3], 'PX', ARGV[4])
+return {'ok', tostring(now + tonumber(ARGV[4]) / 1000)}
+"""
+
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+# ARGV[1] limit (-1 for all), ARGV[2] before (-1 for none), ARGV[3] after (0 for none)
+_LOAD: Final = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
+local last = redis.call('LLEN', KEYS[2])
+local stop = last
+local before = tonumber(ARGV[2])
+if before >= 0 then stop = math.max(0, math.min(before - 1, last)) end
+local floor = math.min(tonumber(ARGV[3]), stop)
+local start = floor
+local limit = tonumber(ARGV[1])
+if limit >= 0 then start = math.max(floor, stop - limit) end
+if stop <= start then return {stop, start} end
+return {stop, start, redis.call('LRANGE', KEYS[2], start, stop - 1)}
+"""
+
+_DELETE: Final = """
+local existed = redis.call('EXISTS', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[6], ARGV[1])
+return existed
+"""
+
+
+class RedisStore(SessionStore):
+    """Sessions in Redis.
+
+    Give a URL (``redis://127.0.0.1:6379/0``) or an existing ``redis.asyncio.Redis`` client (then
+    the store does not close it). Keys start with `prefix`.
+    """
+
+    backend = "redis"
+
+    def __init__(self, url: str | None = None, *, client: redis.asyncio.Redis | None = None,
+                 prefix: str = "cp") -> None:
+        if (url is None) == (client is None):
+            raise UsageError("RedisStore needs exactly one of url=... or client=...")
+        if client is None:
+            assert url is not None
+            try:
+                import redis.asyncio as redis_asyncio
+            except ImportError as exc:
+                raise UsageError('RedisStore needs redis: pip install "contextpipe[redis]"') from exc
+            client = redis_asyncio.Redis.from_url(url)
+        # redis-py's return types are wide unions (bytes | str | list ...); results are decoded here.
+        self._client: Any = client
+        self._owns_client = url is not None
+        self._prefix = prefix
+        c = client
+        self._append = c.register_script(_APPEND)
+        self._save = c.register_script(_SAVE)
+        self._checkpoint = c.register_script(_CHECKPOINT)
+        self._acquire = c.register_script(_ACQUIRE)
+        self._renew = c.register_script(_RENEW)
+        self._release = c.register_script(_RELEASE)
+        self._load = c.register_script(_LOAD)
+        self._delete = c.register_script(_DELETE)
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "cp") -> RedisStore:
+        """Return a store that connects to `url` and owns its client."""
+        return cls(url, prefix=prefix)
+
+    def _keys(self, tenant: str, session_id: str) -> list[str]:
+        tag = f"{self._prefix}:{{{tenant}/{session_id}}}"
+        return [f"{tag}:meta", f"{tag}:log", f"{tag}:ids", f"{tag}:ckpt", f"{tag}:lease",
+                f"{self._prefix}:index:{tenant}"]
+
+    def _raise(self, status: str, value: Any, tenant: str, session_id: str, lease: Lease | None) -> None:
+        if status == "busy":
+            raise busy(self.backend, tenant, session_id)
+        if status == "lost" and lease is not None:
+            raise lease_lost(self.backend, lease, int(value))
+
+    @staticmethod
+    def _lease_args(lease: Lease | None) -> list[str]:
+        return [lease.owner, str(lease.token)] if lease is not None else ["", "0"]
+
+    # --- session records ---------------------------------------------------------------------------
+
+    @override
+    @_translated
+    async def get_session(self, tenant: str, session_id: str) -> Session | None:
+        check_key(tenant, session_id)
+        raw = await self._client.hmget(self._keys(tenant, session_id)[0], ["state", "version", "created_at", "ttl"])
+        if raw[1] is None:
+            return None
+        state = decode_state(self.backend, tenant, session_id, raw[0] or b"{}")
+        ttl = float(raw[3]) if raw[3] else None
+        return Session(session_id, tenant, state, int(raw[1]), float(raw[2]), ttl)
+
+    @override
+    @_translated
+    async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
+        check_key(session.tenant, session.id)
+        keys = self._keys(session.tenant, session.id)
+        result = await self._save(keys=keys, args=[
+            session.id, *self._lease_args(lease), session.version, encode_state(session),
+            "" if session.ttl is None else repr(float(session.ttl)), repr(session.created_at)])
+        status, value = result[0].decode(), result[1].decode()
+        if status == "conflict":
+            raise concurrent_update(self.backend, session.tenant, session.id, int(value), session.version)
+        self._raise(status, value, session.tenant, session.id, lease)
+        session.version = int(value)
+
+    @override
+    @_translated
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
+        check_key(tenant, session_id)
+        return bool(await self._delete(keys=self._keys(tenant, session_id), args=[session_id]))
+
+    @override
+    @_translated
+    async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
+        check_limit(limit)
+        index = f"{self._prefix}:index:{tenant}"
+        after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
+        found: list[tuple[float, str, list[Any]]] = []
+        offset, batch = 0, limit + 1
+        max_score: str = "+inf" if after_time == float("inf") else repr(after_time)
+        while len(found) <= limit:
+            chunk = await self._client.zrevrangebyscore(index, max_score, "-inf", start=offset, num=batch,
+                                                        withscores=True)
+            if not chunk:
+                break
+            offset += len(chunk)
+            candidates = [(float(score), member.decode()) for member, score in chunk]
+            candidates = [c for c in candidates if c[0] < after_time or (c[0] == after_time and c[1] > after_id)]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for _, sid in candidates:
+                    pipe.hmget(self._keys(tenant, sid)[0], ["version", "last_seq", "created_at"])
+                metas = await pipe.execute()
+            stale = [sid for (_, sid), meta in zip(candidates, metas, strict=True) if meta[0] is None]
+            if stale:
+                await self._client.zrem(index, *stale)  # expired by Redis: drop from the index
+            found += [(t, sid, meta) for (t, sid), meta in zip(candidates, metas, strict=True) if meta[0] is not None]
+        found.sort(key=lambda r: (-r[0], r[1]))
+        page = found[:limit]
+        infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]
+        next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(found) > limit else None
+        return SessionListing(infos, next_cursor)
+
+    @override
+    @_translated
+    async def purge_expired(self) -> int:
+        """Redis deletes expired sessions itself; this drops their leftover entries from the indexes."""
+        removed = 0
+        async for index in self._client.scan_iter(match=f"{self._prefix}:index:*"):
+            tenant = index.decode().split(":index:", 1)[1]
+            members = [m.decode() for m in await self._client.zrange(index, 0, -1)]
+            for sid in members:
+                if not await self._client.exists(self._keys(tenant, sid)[0]):
+                    removed += await self._client.zrem(index, sid)
+        return removed
+
+    # --- message log -------------------------------------------------------------------------------
+
+    @override
+    @_translated
+    async def append(
+        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+    ) -> int:
+        check_key(tenant, session_id)
+        ids = [m.id for m in messages]
+        if len(set(ids)) != len(ids):
+            raise duplicate_in_batch(session_id)
+        flat: list[str] = []
+        for m in messages:
+            flat += [m.id, dumps(m)]
+        result = await self._append(keys=self._keys(tenant, session_id),
+                                    args=[session_id, *self._lease_args(lease), len(messages), *flat])
+        status, value = result[0].decode(), result[1].decode()
+        self._raise(status, value, tenant, session_id, lease)
+        return int(value)
+
+    @override
+    @_translated
+    async def load(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        before: int | None = None,
+        after: int | None = None,
+    ) -> MessagePage:
+        check_key(tenant, session_id)
+        check_limit(limit)
+        result = await self._load(keys=self._keys(tenant, session_id)[:2], args=[
+            -1 if limit is None else limit, -1 if before is None else before, after or 0])
+        if result[0] == -1:
+            return MessagePage([], 1, False)
+        start = int(result[1])
+        bodies = result[2] if len(result) > 2 else []
+        messages = [decode_message(self.backend, tenant, session_id, start + i + 1, body)
+                    for i, body in enumerate(bodies)]
+        first = start + 1
+        return MessagePage(messages, first, first > 1)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    @override
+    @_translated
+    async def save_checkpoint(
+        self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
+    ) -> None:
+        check_key(tenant, session_id)
+        result = await self._checkpoint(keys=self._keys(tenant, session_id), args=[
+            session_id, *self._lease_args(lease), checkpoint.seq, encode_checkpoint(checkpoint)])
+        status, value = result[0].decode(), result[1].decode()
+        if status == "past_end":
+            raise checkpoint_past_end(self.backend, tenant, session_id, checkpoint.seq, int(value))
+        self._raise(status, value, tenant, session_id, lease)
+
+    @override
+    @_translated
+    async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
+        check_key(tenant, session_id)
+        rows = await self._client.zrevrange(self._keys(tenant, session_id)[3], 0, 0)
+        return decode_checkpoint(self.backend, tenant, session_id, rows[0]) if rows else None
+
+    # --- leases ------------------------------------------------------------------------------------
+
+    @override
+    @_translated
+    async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
+        check_key(tenant, session_id)
+        if "|" in owner:
+            raise UsageError(f"lease owner {owner!r} must not contain '|'")
+        result = await self._acquire(keys=self._keys(tenant, session_id),
+                                     args=[session_id, owner, max(1, int(ttl * 1000))])
+        if result[0].decode() != "ok":
+            return None
+        return Lease(tenant, session_id, owner, int(result[1]), float(result[2]), ttl)
+
+    @override
+    @_translated
+    async def renew_lease(self, lease: Lease) -> Lease:
+        result = await self._renew(keys=self._keys(lease.tenant, lease.session_id), args=[
+            lease.session_id, lease.owner, str(lease.token), max(1, int(lease.ttl * 1000))])
+        if result[0].decode() != "ok":
+            raise lease_lost(self.backend, lease, int(result[1]))
+        return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, float(result[1]), lease.ttl)
+
+    @override
+    @_translated
+    async def release_lease(self, lease: Lease) -> None:
+        await self._release(keys=[self._keys(lease.tenant, lease.session_id)[4]],
+                            args=[f"{lease.owner}|{lease.token}"])
+
+    @override
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
