@@ -112,7 +112,11 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        """Return the stored session, or None if there is none (or it expired)."""
+        """Return the stored session, or None if there is none (or it expired).
+
+        A session exists once it has saved state or messages; taking its lease alone does not
+        create it.
+        """
 
     async def load_or_create(self, tenant: str, session_id: str, *, ttl: float | None = None) -> Session:
         """Return the stored session, creating and storing an empty one if there is none."""

@@ -45,6 +45,10 @@ class _Entry:
     lease_token: int = 0
     lease_expires: float = 0.0
 
+    def visible(self) -> bool:
+        """Whether the session exists for readers: it has state or messages (not just a lease)."""
+        return self.version > 0 or bool(self.log)
+
     def expired(self, now: float) -> bool:
         return self.ttl is not None and self.updated_at + self.ttl <= now
 
@@ -88,7 +92,7 @@ class MemoryStore(SessionStore):
     @override
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
         entry = self._entry(tenant, session_id)
-        if entry is None:
+        if entry is None or not entry.visible():
             return None
         return Session(session_id, tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
 
@@ -117,7 +121,8 @@ class MemoryStore(SessionStore):
         check_limit(limit)
         now = time.time()
         rows = sorted(
-            ((e.updated_at, sid, e) for (t, sid), e in self._entries.items() if t == tenant and not e.expired(now)),
+            ((e.updated_at, sid, e) for (t, sid), e in self._entries.items()
+             if t == tenant and e.visible() and not e.expired(now)),
             key=lambda r: (-r[0], r[1]),
         )
         if cursor is not None:

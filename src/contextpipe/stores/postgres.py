@@ -185,7 +185,8 @@ class PostgresStore(SessionStore):
         pool = await self._get_pool()
         row = await pool.fetchrow(
             f"SELECT state, version, created_at, ttl FROM {self._p}sessions WHERE tenant = $1 AND session_id = $2 "
-            f"AND (expires_at IS NULL OR expires_at > {_NOW})", tenant, session_id)
+            f"AND (expires_at IS NULL OR expires_at > {_NOW}) AND (version > 0 OR last_seq > 0)",
+            tenant, session_id)
         if row is None:
             return None
         state = decode_state(self.backend, tenant, session_id, row["state"])
@@ -225,6 +226,7 @@ class PostgresStore(SessionStore):
         rows = await pool.fetch(
             f"SELECT session_id, version, last_seq, created_at, updated_at FROM {self._p}sessions "
             f"WHERE tenant = $1 AND (expires_at IS NULL OR expires_at > {_NOW}) "
+            "AND (version > 0 OR last_seq > 0) "
             "AND (updated_at < $2 OR (updated_at = $2 AND session_id > $3)) "
             "ORDER BY updated_at DESC, session_id ASC LIMIT $4", tenant, after_time, after_id, limit + 1)
         page = rows[:limit]

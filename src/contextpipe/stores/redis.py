@@ -229,8 +229,9 @@ class RedisStore(SessionStore):
     @_translated
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
         check_key(tenant, session_id)
-        raw = await self._client.hmget(self._keys(tenant, session_id)[0], ["state", "version", "created_at", "ttl"])
-        if raw[1] is None:
+        raw = await self._client.hmget(self._keys(tenant, session_id)[0],
+                                       ["state", "version", "created_at", "ttl", "last_seq"])
+        if raw[1] is None or (int(raw[1]) == 0 and not int(raw[4] or 0)):  # only a lease: not a session yet
             return None
         state = decode_state(self.backend, tenant, session_id, raw[0] or b"{}")
         ttl = float(raw[3]) if raw[3] else None
@@ -280,7 +281,8 @@ class RedisStore(SessionStore):
             stale = [sid for (_, sid), meta in zip(candidates, metas, strict=True) if meta[0] is None]
             if stale:
                 await self._client.zrem(index, *stale)  # expired by Redis: drop from the index
-            found += [(t, sid, meta) for (t, sid), meta in zip(candidates, metas, strict=True) if meta[0] is not None]
+            found += [(t, sid, meta) for (t, sid), meta in zip(candidates, metas, strict=True)
+                      if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
         found.sort(key=lambda r: (-r[0], r[1]))
         page = found[:limit]
         infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]

@@ -219,7 +219,7 @@ class SQLiteStore(SessionStore):
             row = conn.execute(_ROW, (tenant, session_id)).fetchone()
             if row is not None and row[5] is not None and row[5] <= time.time():
                 row = self._tx(conn, lambda: self._row(conn, tenant, session_id, time.time()))
-            if row is None:
+            if row is None or (row[0] == 0 and row[1] == 0):  # only a lease: not a session yet
                 return None
             state = decode_state(self.backend, tenant, session_id, row[6])
             return Session(session_id, tenant, state, row[0], row[7], row[8])
@@ -263,6 +263,7 @@ class SQLiteStore(SessionStore):
             return conn.execute(
                 "SELECT s.session_id, s.version, s.last_seq, s.created_at, s.updated_at FROM cp_sessions s "
                 "WHERE s.tenant = ? AND (s.expires_at IS NULL OR s.expires_at > ?) "
+                "AND (s.version > 0 OR s.last_seq > 0) "
                 "AND (s.updated_at < ? OR (s.updated_at = ? AND s.session_id > ?)) "
                 "ORDER BY s.updated_at DESC, s.session_id ASC LIMIT ?",
                 (tenant, time.time(), after_time, after_time, after_id, limit + 1)).fetchall()

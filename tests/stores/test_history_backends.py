@@ -1,0 +1,125 @@
+"""History(store) with every backend: per-step persistence, failures, leases, state and repair."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from contextpipe import Agent, FunctionCall, FunctionResult, Message, ModelServerError, SessionBusy, StoreError, tool
+from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.providers import History
+from contextpipe.stores import SessionStore
+from helpers import describe, get_weather_forecast, lookup_location_code
+
+from .backends import BACKENDS, open_store
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s = open_store(request.param, tmp_path)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+def weather_agent(store: SessionStore, *, fail_third: bool = False) -> Agent:
+    third: object = ModelServerError("HTTP 500", status_code=500) if fail_third else "Wear a T-shirt."
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"),
+                           tool_call("get_weather_forecast", location_code="SZ"), third])
+    return Agent(model, tools=[lookup_location_code, get_weather_forecast], providers=[History(store)])
+
+
+async def test_per_step_persistence_on_every_backend(store: SessionStore, tenant: str) -> None:
+    agent = weather_agent(store, fail_third=True)
+    session = await agent.session("weather", tenant=tenant)
+    with pytest.raises(ModelServerError):
+        await agent.run("What should I wear in Suzhou today?", session=session)
+    assert describe(await agent.history(session)) == [
+        "user:What should I wear in Suzhou today?", "assistant:call:lookup_location_code", "tool:result:SZ",
+        "assistant:call:get_weather_forecast", "tool:result:Sunny, 25 C, NW wind 4."]
+    model = agent.model
+    assert isinstance(model, ScriptedModel)
+    model.enqueue("Wear a T-shirt.")
+    # A fresh Session object, as a new worker would have.
+    result = await agent.run(None, session=await agent.session("weather", tenant=tenant))
+    assert result.text == "Wear a T-shirt."
+    assert len(await agent.history(session)) == 6
+
+
+async def test_state_and_version_survive_the_store(store: SessionStore, tenant: str) -> None:
+    agent = Agent(ScriptedModel(["one", "two"]), providers=[History(store)])
+    session = await agent.session("s", tenant=tenant)
+    session.state["notes"] = {"k": [1, 2]}
+    await agent.run("hi", session=session)
+    again = await agent.session("s", tenant=tenant)
+    assert again.state == {"notes": {"k": [1, 2]}} and again.version == session.version
+    await agent.run("hello", session=again)
+    assert describe(await agent.history(again)) == ["user:hi", "assistant:one", "user:hello", "assistant:two"]
+
+
+async def test_second_concurrent_run_is_refused(store: SessionStore, tenant: str) -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        await gate.wait()
+        return "first"
+
+    agent = Agent(ScriptedModel([slow, "second"]), providers=[History(store)])
+    session = await agent.session("s", tenant=tenant)
+    running = asyncio.create_task(agent.run("one", session=session))
+    await asyncio.sleep(0.05)
+    with pytest.raises(SessionBusy):
+        await agent.run("two", session=await agent.session("s", tenant=tenant))
+    gate.set()
+    await running
+    assert (await agent.run("two", session=session, lease_wait=5)).text == "second"
+
+
+async def test_run_on_a_deleted_session_is_refused(store: SessionStore, tenant: str) -> None:
+    agent = Agent(ScriptedModel(["a", "b"]), providers=[History(store)])
+    session = await agent.session("s", tenant=tenant)
+    await agent.run("hi", session=session)
+    assert await store.delete_session(tenant, "s")
+    with pytest.raises(StoreError, match="no longer exists"):
+        await agent.run("again", session=session)
+
+
+async def test_repair_after_a_kill_on_every_backend(store: SessionStore, tenant: str) -> None:
+    runs: list[str] = []
+
+    @tool(idempotent=True)
+    def read(key: str) -> str:
+        """Read-only."""
+        runs.append(f"read {key}")
+        return f"value {key}"
+
+    @tool
+    def write(key: str) -> str:
+        """Has an effect."""
+        runs.append(f"write {key}")
+        return "written"
+
+    await store.append(tenant, "s", [
+        Message.user("go"),
+        Message("assistant", (FunctionCall("c1", "write", '{"key": "a"}'), FunctionCall("c2", "read", '{"key": "b"}'),
+                              FunctionCall("c3", "write", '{"key": "c"}'))),
+        Message("tool", (FunctionResult("c1", "written"),)),
+    ])
+    model = ScriptedModel(["resumed"])
+    agent = Agent(model, tools=[read, write], providers=[History(store)])
+    result = await agent.run(None, session=await agent.session("s", tenant=tenant))
+    assert result.text == "resumed"
+    assert runs == ["read b"]
+    log = await agent.history(await agent.session("s", tenant=tenant))
+    repair = log[3].function_results
+    assert [(r.call_id, r.is_error) for r in repair] == [("c2", False), ("c3", True)]
+    sent = model.requests[0].messages
+    assert {c.call_id for m in sent for c in m.function_calls} == {r.call_id for m in sent for r in m.function_results}
