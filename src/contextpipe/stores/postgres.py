@@ -257,23 +257,33 @@ class PostgresStore(SessionStore):
         if len(set(ids)) != len(ids):
             raise duplicate_in_batch(session_id)
         pool = await self._get_pool()
+        p = self._p
         async with pool.acquire() as conn, conn.transaction():
             row = await self._locked_row(conn, tenant, session_id, lease)
             last = int(row["last_seq"])
-            if last and ids:
-                known = {r[0] for r in await conn.fetch(
-                    f"SELECT message_id FROM {self._p}messages WHERE tenant = $1 AND session_id = $2 "
-                    "AND message_id = ANY($3::text[])", tenant, session_id, ids)}
-                if known:
-                    kept = [(i, b) for i, b in zip(ids, bodies, strict=True) if i not in known]
-                    ids, bodies = [i for i, _ in kept], [b for _, b in kept]
-            if ids:
+            # The unique index on message ids does the de-duplication (no query plan involved); the
+            # session's row stays locked, so nobody else appends in between.
+            done = await conn.fetchrow(
+                f"WITH ins AS (INSERT INTO {p}messages (tenant, session_id, seq, message_id, body) "
+                "SELECT $1, $2, $3 + n, i, b FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS t(i, b, n) "
+                "ON CONFLICT (tenant, session_id, message_id) DO NOTHING RETURNING message_id), "
+                f"upd AS (UPDATE {p}sessions SET last_seq = $3 + (SELECT count(*) FROM ins), updated_at = {_NOW}, "
+                f"expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE {_NOW} + ttl END "
+                "WHERE tenant = $1 AND session_id = $2 RETURNING last_seq) "
+                "SELECT (SELECT last_seq FROM upd) AS last_seq, (SELECT array_agg(message_id) FROM ins) AS fresh",
+                tenant, session_id, last, ids, bodies)
+            assert done is not None
+            fresh = set(done["fresh"] or ())
+            if len(fresh) != len(ids):
+                # A retry with some messages already stored left gaps in the new sequences: renumber.
+                await conn.execute(f"DELETE FROM {p}messages WHERE tenant = $1 AND session_id = $2 AND seq > $3",
+                                   tenant, session_id, last)
+                kept = [(i, b) for i, b in zip(ids, bodies, strict=True) if i in fresh]
                 await conn.execute(
-                    f"INSERT INTO {self._p}messages (tenant, session_id, seq, message_id, body) "
+                    f"INSERT INTO {p}messages (tenant, session_id, seq, message_id, body) "
                     "SELECT $1, $2, $3 + n, i, b FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS t(i, b, n)",
-                    tenant, session_id, last, ids, bodies)
-                last += len(ids)
-            await self._touch(conn, tenant, session_id, last)
+                    tenant, session_id, last, [i for i, _ in kept], [b for _, b in kept])
+            last = int(done["last_seq"])
         return last
 
     @override
