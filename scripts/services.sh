@@ -25,7 +25,7 @@ _cp_start_postgres() {
   local bin data as_user=()
   bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
   [ -n "$bin" ] || return 1
-  if "$bin/pg_isready" -q -h 127.0.0.1 -p "$_cp_pg_port"; then
+  if "$bin/pg_isready" -q -h 127.0.0.1 -p "$_cp_pg_port" -U postgres; then
     export CONTEXTPIPE_TEST_POSTGRES_DSN="postgresql://postgres@127.0.0.1:$_cp_pg_port/postgres"
     return 0
   fi

@@ -10,6 +10,8 @@ A weather agent (the seeds' scenario) runs on the deterministic `ScriptedModel`:
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from collections.abc import Callable
 
 from .agent import Agent, RunResult
@@ -19,7 +21,7 @@ from .messages import FunctionCall, FunctionResult, Message, TextPart
 from .models.scripted import ScriptedModel, tool_call
 from .providers.history import History
 from .session import Session
-from .stores.memory import MemoryStore
+from .stores.sqlite import SQLiteStore
 from .tools import tool
 
 __all__ = ["run_demo"]
@@ -78,9 +80,17 @@ async def _run_showing_steps(agent: Agent, text: str | None, session: Session,
     return events.result
 
 
-async def run_demo(say: Callable[[str], None] = print) -> None:
-    """Run the demonstration, writing its narration through `say`."""
-    store = MemoryStore()
+async def run_demo(say: Callable[[str], None] = print, *, db: str | None = None) -> None:
+    """Run the demonstration, writing its narration through `say`.
+
+    Sessions go to the SQLite file `db` (a temporary one by default).
+    """
+    with tempfile.TemporaryDirectory(prefix="contextpipe-demo-") as tmp:
+        async with SQLiteStore(db or os.path.join(tmp, "demo.db")) as store:
+            await _demo(store, say)
+
+
+async def _demo(store: SQLiteStore, say: Callable[[str], None]) -> None:
     question = "What should I wear in Suzhou today?"
     answer = "Sunny and 25 °C with some wind: a T-shirt or light shirt, plus a thin windbreaker."
     model = ScriptedModel([
@@ -95,6 +105,8 @@ async def run_demo(say: Callable[[str], None] = print) -> None:
         providers=[History(store)],
     )
 
+    say(f"Sessions are stored in SQLite ({store.path}).")
+    say("")
     say("1. A tool loop with per-step persistence: each step is stored as soon as it happens.")
     session = await agent.session("demo-1")
     say(f"   user: {question}")

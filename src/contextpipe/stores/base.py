@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Self
 
 from ..errors import SessionBusy
 from ..messages import Message
@@ -229,7 +229,7 @@ class SessionStore(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores that own nothing
         """Release connections and other resources the store owns."""
 
-    async def __aenter__(self) -> SessionStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
