@@ -316,3 +316,16 @@ async def test_corrupt_row_names_session_and_sequence(durable_store: SessionStor
     assert texts((await store.load(tenant, "s", limit=1)).messages) == ["d"]
     with pytest.raises(CorruptRecord):
         await store.load(tenant, "s", limit=2)
+
+
+async def test_load_context_is_latest_checkpoint_plus_tail(store: SessionStore, tenant: str) -> None:
+    assert await store.load_context(tenant, "nobody") == (None, (await store.load(tenant, "nobody")))
+    await store.append(tenant, "s", msgs(*(f"m{i}" for i in range(1, 9))))
+    checkpoint, page = await store.load_context(tenant, "s", limit=3)
+    assert checkpoint is None and texts(page.messages) == ["m6", "m7", "m8"] and page.has_more
+    await store.save_checkpoint(tenant, "s", Checkpoint(5, Message.system("m1..m5 in short"), 1.0))
+    checkpoint, page = await store.load_context(tenant, "s")
+    assert checkpoint is not None and checkpoint.summary.text == "m1..m5 in short"
+    assert texts(page.messages) == ["m6", "m7", "m8"] and page.first_seq == 6
+    _, page = await store.load_context(tenant, "s", limit=2)
+    assert texts(page.messages) == ["m7", "m8"]

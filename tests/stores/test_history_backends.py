@@ -123,3 +123,18 @@ async def test_repair_after_a_kill_on_every_backend(store: SessionStore, tenant:
     assert [(r.call_id, r.is_error) for r in repair] == [("c2", False), ("c3", True)]
     sent = model.requests[0].messages
     assert {c.call_id for m in sent for c in m.function_calls} == {r.call_id for m in sent for r in m.function_results}
+
+
+async def test_history_loads_checkpoint_then_tail(store: SessionStore, tenant: str) -> None:
+    from contextpipe.stores import Checkpoint
+
+    await store.append(tenant, "s", [Message.user("old question"), Message.assistant("old answer"),
+                                     Message.user("recent question"), Message.assistant("recent answer")])
+    await store.save_checkpoint(tenant, "s", Checkpoint(2, Message.system("Earlier: a question was answered."), 1.0))
+    model = ScriptedModel(["fine"])
+    agent = Agent(model, providers=[History(store)])
+    await agent.run("new question", session=await agent.session("s", tenant=tenant))
+    assert [m.text for m in model.requests[0].messages] == [
+        "Earlier: a question was answered.", "recent question", "recent answer", "new question"]
+    # The log itself is untouched: nothing stored is mutated or deleted by a checkpoint.
+    assert len(await agent.history(await agent.session("s", tenant=tenant))) == 6

@@ -54,11 +54,18 @@ class History(HistoryProvider):
         self.max_messages = max_messages
 
     async def load(self, session: Session) -> Sequence[Message]:
-        """Return the session's stored messages (the newest `max_messages` when bounded)."""
-        page = await self.store.load(session.tenant, session.id, limit=self.max_messages)
+        """Return what the model should see of the session's log.
+
+        That is the latest summary checkpoint (if compaction wrote one) followed by the messages
+        after it, the newest `max_messages` of them when bounded; never a scan of the whole log
+        when a checkpoint exists.
+        """
+        checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
         messages = page.messages
-        if page.has_more:
+        if checkpoint is not None or page.has_more:
             messages = _drop_leading_orphans(messages)
+        if checkpoint is not None:
+            messages = [checkpoint.summary, *messages]
         return messages
 
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:

@@ -176,6 +176,18 @@ class SessionStore(abc.ABC):
         Raises `CorruptRecord` naming the session and sequence of any message that cannot be read.
         """
 
+    async def load_context(
+        self, tenant: str, session_id: str, *, limit: int | None = None
+    ) -> tuple[Checkpoint | None, MessagePage]:
+        """Return what a run starts from: the latest checkpoint and the messages after it.
+
+        At most the newest `limit` messages after the checkpoint are returned. Backends may do
+        this in one round trip.
+        """
+        checkpoint = await self.latest_checkpoint(tenant, session_id)
+        page = await self.load(tenant, session_id, limit=limit, after=checkpoint.seq if checkpoint else None)
+        return checkpoint, page
+
     # --- checkpoints -----------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -314,6 +314,33 @@ class PostgresStore(SessionStore):
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
         return make_page(self.backend, tenant, session_id, end, after, ordered)
 
+    @override
+    @_translated
+    async def load_context(
+        self, tenant: str, session_id: str, *, limit: int | None = None
+    ) -> tuple[Checkpoint | None, MessagePage]:
+        check_key(tenant, session_id)
+        check_limit(limit)
+        p = self._p
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            head = await conn.fetchrow(
+                f"SELECT s.last_seq, c.seq AS ckpt_seq, c.body AS ckpt_body FROM {p}sessions s "
+                f"LEFT JOIN LATERAL (SELECT seq, body FROM {p}checkpoints c WHERE c.tenant = s.tenant "
+                "AND c.session_id = s.session_id ORDER BY seq DESC LIMIT 1) c ON true "
+                f"WHERE s.tenant = $1 AND s.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW})",
+                tenant, session_id)
+            if head is None:
+                return None, MessagePage([], 1, False)
+            floor = int(head["ckpt_seq"] or 0)
+            rows = await conn.fetch(
+                f"SELECT seq, message_id, body FROM {p}messages WHERE tenant = $1 AND session_id = $2 "
+                "AND seq > $3 ORDER BY seq DESC LIMIT $4", tenant, session_id, floor, limit)
+        checkpoint = (decode_checkpoint(self.backend, tenant, session_id, head["ckpt_body"])
+                      if head["ckpt_body"] is not None else None)
+        ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
+        return checkpoint, make_page(self.backend, tenant, session_id, int(head["last_seq"]), floor or None, ordered)
+
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override

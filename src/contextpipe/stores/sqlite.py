@@ -351,6 +351,37 @@ class SQLiteStore(SessionStore):
         end, rows = await self._run(op)
         return make_page(self.backend, tenant, session_id, end, after, rows)
 
+    @override
+    async def load_context(
+        self, tenant: str, session_id: str, *, limit: int | None = None
+    ) -> tuple[Checkpoint | None, MessagePage]:
+        check_key(tenant, session_id)
+        check_limit(limit)
+
+        def op(conn: sqlite3.Connection) -> tuple[str | None, int, int, list[tuple[int, str, str]]]:
+            conn.execute("BEGIN")  # one snapshot for the checkpoint and the messages
+            try:
+                row = conn.execute(
+                    "SELECT last_seq FROM cp_sessions WHERE tenant = ? AND session_id = ? "
+                    "AND (expires_at IS NULL OR expires_at > ?)", (tenant, session_id, time.time())).fetchone()
+                if row is None:
+                    return None, 0, 0, []
+                ckpt = conn.execute("SELECT seq, body FROM cp_checkpoints WHERE tenant = ? AND session_id = ? "
+                                    "ORDER BY seq DESC LIMIT 1", (tenant, session_id)).fetchone()
+                floor = int(ckpt[0]) if ckpt else 0
+                rows = conn.execute(
+                    "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
+                    "AND seq > ? ORDER BY seq DESC LIMIT ?",
+                    (tenant, session_id, floor, -1 if limit is None else limit)).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            rows.reverse()
+            return (str(ckpt[1]) if ckpt else None), floor, int(row[0]), rows
+
+        body, floor, end, rows = await self._run(op)
+        checkpoint = decode_checkpoint(self.backend, tenant, session_id, body) if body is not None else None
+        return checkpoint, make_page(self.backend, tenant, session_id, end, floor or None, rows)
+
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
