@@ -5,6 +5,7 @@ ContextPipeError                 root: catch this to catch everything contextpip
 ├── UsageError                   the API was used wrongly (bad configuration, clashing names, bad ids)
 │   └── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
 ├── CodecError                   stored or received JSON could not be decoded into messages or sessions
+├── RequestInvariantError        a request about to be sent to a model is broken (a bug upstream)
 ├── ModelError                   a model call failed (provider, status code, body, retry hint)
 │   ├── ModelAuthError           401 / 403: the key or deployment is wrong
 │   ├── ModelRateLimited         429: wait `retry_after` seconds and try again
@@ -46,6 +47,7 @@ __all__ = [
     "ModelServerError",
     "ModelTimeout",
     "ProviderError",
+    "RequestInvariantError",
     "ScriptExhausted",
     "SessionBusy",
     "StoreError",
@@ -67,6 +69,13 @@ class ScriptExhausted(UsageError):
 
 class CodecError(ContextPipeError):
     """JSON could not be decoded into contextpipe objects (wrong shape, wrong version)."""
+
+
+class RequestInvariantError(ContextPipeError):
+    """A request about to reach a model is broken; a provider, middleware or compaction strategy broke it.
+
+    Broken means: an unanswered call, an orphan result, no messages, or the caller's input missing.
+    """
 
 
 class ModelError(ContextPipeError):

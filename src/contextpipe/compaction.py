@@ -1,0 +1,494 @@
+"""Compaction: what of a long conversation is sent to the model, without losing or splitting anything.
+
+Compaction never deletes or changes stored messages: it computes the *view* sent to the model. It
+works on groups, never on loose messages:
+
+- ``system``: a system message (always kept);
+- ``user``: a user turn;
+- ``assistant``: assistant text;
+- ``tool_exchange``: an assistant message with function calls plus every result for those calls
+  (and anything between them), so a call is never separated from its result.
+
+The group holding the latest user message and the newest group are pinned: the latest input is
+never dropped and a request is never empty. Strategies, each run only when its trigger fires:
+
+- `SlidingWindow`: the newest messages or user turns;
+- `TokenBudget`: drop the oldest groups until the request fits ``max_input_tokens - output_reserve``;
+- `ClearToolResults`: replace large results of older tool exchanges with a short placeholder;
+- `Summarize`: replace older groups with a summary written by a `ChatModel`; if the model fails,
+  those groups are dropped instead (the run goes on);
+- `CompactionPipeline`: several strategies in order.
+
+Every change is recorded as a `CompactionDecision` (what, why, tokens before and after). Token
+counts are cached per message (`TokenCounter`), and each strategy is linear in the messages.
+
+>>> from contextpipe.tokens import EstimateTokenizer, TokenCounter
+>>> import asyncio
+>>> history = [Message.user("x" * 400), Message.assistant("y" * 400), Message.user("latest question")]
+>>> result = asyncio.run(compact(history, TokenBudget(150), TokenCounter(EstimateTokenizer())))
+>>> [m.text[:6] for m in result.messages]
+['yyyyyy', 'latest']
+>>> result.decisions[0].action, result.decisions[0].reason
+('dropped', 'over the token budget (216 > 150)')
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from .errors import UsageError
+from .messages import FunctionCall, FunctionResult, Message, TextPart
+from .models.base import ChatModel, ModelRequest
+from .tokens import REPLY_PRIMING, TokenCounter
+from .tools import ToolSpec
+
+__all__ = [
+    "ClearToolResults",
+    "CompactionDecision",
+    "CompactionPipeline",
+    "CompactionResult",
+    "CompactionStrategy",
+    "CompactionView",
+    "Group",
+    "SlidingWindow",
+    "Summarize",
+    "TokenBudget",
+    "Trigger",
+    "compact",
+    "group_messages",
+]
+
+GroupKind: TypeAlias = Literal["system", "user", "assistant", "tool_exchange", "orphan"]
+
+
+@dataclass(slots=True)
+class Group:
+    """Consecutive messages that are kept or dropped together: ``messages[start:end]``."""
+
+    kind: GroupKind
+    start: int
+    end: int
+    tokens: int = 0
+    call_ids: list[str] = field(default_factory=list)
+
+
+def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = None) -> list[Group]:
+    """Split `messages` into groups (see the module docstring); linear in the number of messages.
+
+    A result whose call is not in `messages` forms an ``orphan`` group (it may not be sent).
+    """
+    groups: list[Group] = []
+    open_by_call: dict[str, Group] = {}
+    for i, m in enumerate(messages):
+        tokens = counts[i] if counts is not None else 0
+        role = m.role
+        if role == "tool" or (role != "assistant" and any(type(p) is FunctionResult for p in m.parts)):
+            owners = [open_by_call.get(p.call_id) for p in m.parts if type(p) is FunctionResult]
+            known = [g for g in owners if g is not None]
+            if not known:
+                groups.append(Group("orphan", i, i + 1, tokens))
+                continue
+            first = min(known, key=lambda g: g.start)
+            # Merge everything from the call to this result into one group: never split an exchange.
+            while groups[-1] is not first:
+                absorbed = groups.pop()
+                first.tokens += absorbed.tokens
+                first.call_ids += absorbed.call_ids
+                for cid in absorbed.call_ids:
+                    open_by_call[cid] = first
+            first.end = i + 1
+            first.tokens += tokens
+            continue
+        if role == "assistant" and any(type(p) is FunctionCall for p in m.parts):
+            group = Group("tool_exchange", i, i + 1, tokens,
+                          [p.call_id for p in m.parts if type(p) is FunctionCall])
+            for cid in group.call_ids:
+                open_by_call[cid] = group
+            groups.append(group)
+            continue
+        kind: GroupKind = "system" if role == "system" else "user" if role == "user" else "assistant"
+        groups.append(Group(kind, i, i + 1, tokens))
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionDecision:
+    """One thing compaction did to the view, for the trace."""
+
+    strategy: str
+    """The strategy that decided."""
+    action: Literal["dropped", "summarised", "cleared", "over_budget"]
+    """What happened to the messages."""
+    message_ids: tuple[str, ...]
+    """The messages concerned."""
+    reason: str
+    """Why, in words."""
+    tokens_before: int
+    """Request tokens before this decision."""
+    tokens_after: int
+    """Request tokens after it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """When a strategy runs: when any given measure of the request exceeds its limit.
+
+    No limits at all means always.
+    """
+
+    tokens: int | None = None
+    messages: int | None = None
+    turns: int | None = None
+
+    def fires(self, view: CompactionView) -> bool:
+        """Whether the strategy should run on `view`."""
+        if self.tokens is None and self.messages is None and self.turns is None:
+            return True
+        return ((self.tokens is not None and view.total() > self.tokens)
+                or (self.messages is not None and len(view.messages) > self.messages)
+                or (self.turns is not None and view.turns() > self.turns))
+
+
+class CompactionView:
+    """The working state of one compaction: messages, their token counts, groups, pins and decisions.
+
+    Custom strategies read `messages`, `groups` and `pinned` (ids of `Group` objects that must stay),
+    and change the view with `drop`, `keep_groups` or `set` (recording a `CompactionDecision`).
+    """
+
+    def __init__(self, messages: list[Message], counter: TokenCounter, fixed: int) -> None:
+        self.counter = counter
+        self.fixed = fixed
+        self.decisions: list[CompactionDecision] = []
+        self.summarised: list[str] = []
+        self.set(messages)
+
+    def set(self, messages: list[Message]) -> None:
+        """Make `messages` the view (counted, grouped and pinned again)."""
+        self.messages = messages
+        self.counts = self.counter.messages(messages)
+        self.groups = group_messages(messages, self.counts)
+        self._raw_total = sum(self.counts)
+        last_user = next((g for g in reversed(self.groups) if g.kind == "user"), None)
+        self.pinned = {id(g) for g in self.groups if g.kind == "system"}
+        if last_user is not None:
+            self.pinned.add(id(last_user))
+        if self.groups:
+            self.pinned.add(id(self.groups[-1]))
+
+    def total(self) -> int:
+        """Calibrated tokens of the whole request: instructions, tools, messages, reply priming."""
+        return self.counter.scale(self.fixed + self._raw_total + REPLY_PRIMING)
+
+    def turns(self) -> int:
+        """Return the number of user turns in the view."""
+        return sum(1 for g in self.groups if g.kind == "user")
+
+    def keep_groups(self, keep: list[Group]) -> None:
+        """Keep only the messages of `keep` (no decision recorded: use `drop` for that)."""
+        out: list[Message] = []
+        for g in keep:
+            out.extend(self.messages[g.start:g.end])
+        self.set(out)
+
+    def ids(self, groups: Sequence[Group]) -> tuple[str, ...]:
+        """Return the ids of the messages of `groups`."""
+        return tuple(self.messages[i].id for g in groups for i in range(g.start, g.end))
+
+    def drop(self, strategy: str, dropped: list[Group], reason: str) -> None:
+        """Remove the messages of `dropped` from the view and record why."""
+        if not dropped:
+            return
+        before = self.total()
+        gone = {id(g) for g in dropped}
+        ids = self.ids(dropped)
+        self.keep_groups([g for g in self.groups if id(g) not in gone])
+        self.decisions.append(CompactionDecision(strategy, "dropped", ids, reason, before, self.total()))
+
+
+class CompactionStrategy(abc.ABC):
+    """A way to make the view smaller; `trigger` says when it runs (None: always)."""
+
+    name: str = "strategy"
+    trigger: Trigger | None = None
+
+    async def run(self, view: CompactionView) -> None:
+        """Apply the strategy if its trigger fires."""
+        if self.trigger is None or self.trigger.fires(view):
+            await self.apply(view)
+
+    @abc.abstractmethod
+    async def apply(self, view: CompactionView) -> None:
+        """Change `view` (through its helpers, which record decisions)."""
+
+
+class SlidingWindow(CompactionStrategy):
+    """Keep the newest `max_messages` messages and/or the newest `max_turns` user turns (by group)."""
+
+    name = "sliding_window"
+
+    def __init__(self, *, max_messages: int | None = None, max_turns: int | None = None,
+                 trigger: Trigger | None = None) -> None:
+        if max_messages is None and max_turns is None:
+            raise UsageError("SlidingWindow needs max_messages=... or max_turns=...")
+        self.max_messages = max_messages
+        self.max_turns = max_turns
+        self.trigger = trigger
+
+    async def apply(self, view: CompactionView) -> None:
+        """Drop the oldest unpinned groups beyond the window."""
+        if self.max_turns is not None:
+            user_groups = [g for g in view.groups if g.kind == "user"]
+            if len(user_groups) > self.max_turns:
+                cut = user_groups[-self.max_turns].start if self.max_turns > 0 else len(view.messages)
+                old = [g for g in view.groups if g.start < cut and id(g) not in view.pinned]
+                view.drop(self.name, old, f"older than the last {self.max_turns} turns")
+        if self.max_messages is not None and len(view.messages) > self.max_messages:
+            excess = len(view.messages) - self.max_messages
+            dropped: list[Group] = []
+            for g in view.groups:
+                if excess <= 0:
+                    break
+                if id(g) in view.pinned:
+                    continue
+                dropped.append(g)
+                excess -= g.end - g.start
+            view.drop(self.name, dropped, f"more than {self.max_messages} messages")
+
+
+class TokenBudget(CompactionStrategy):
+    """Drop the oldest groups until the request fits ``max_input_tokens - output_reserve``.
+
+    If pinned groups alone do not fit, they are kept and an ``over_budget`` decision is recorded.
+    """
+
+    name = "token_budget"
+
+    def __init__(self, max_input_tokens: int, *, output_reserve: int = 0, trigger: Trigger | None = None) -> None:
+        if max_input_tokens <= output_reserve:
+            raise UsageError("max_input_tokens must be larger than output_reserve")
+        self.budget = max_input_tokens - output_reserve
+        self.trigger = trigger
+
+    async def apply(self, view: CompactionView) -> None:
+        """Drop the oldest unpinned groups until the request fits."""
+        total = view.total()
+        if total <= self.budget:
+            return
+        scale = view.counter.scale
+        excess_raw = view.fixed + view._raw_total + REPLY_PRIMING
+        dropped: list[Group] = []
+        for g in view.groups:
+            if scale(excess_raw) <= self.budget:
+                break
+            if id(g) in view.pinned:
+                continue
+            dropped.append(g)
+            excess_raw -= g.tokens
+        view.drop(self.name, dropped, f"over the token budget ({total} > {self.budget})")
+        if view.total() > self.budget:
+            view.decisions.append(CompactionDecision(
+                self.name, "over_budget", (), f"the pinned messages alone need {view.total()} tokens, over the "
+                f"budget of {self.budget}: the latest input and the newest step are never dropped",
+                view.total(), view.total()))
+
+
+class ClearToolResults(CompactionStrategy):
+    """Replace large results of older tool exchanges with a placeholder saying what was removed.
+
+    The newest `keep_last` exchanges keep their results; results under `min_tokens` stay too.
+    """
+
+    name = "clear_tool_results"
+
+    def __init__(self, *, keep_last: int = 2, min_tokens: int = 100, trigger: Trigger | None = None) -> None:
+        self.keep_last = keep_last
+        self.min_tokens = min_tokens
+        self.trigger = trigger
+
+    async def apply(self, view: CompactionView) -> None:
+        """Replace large results of all but the newest exchanges with placeholders."""
+        exchanges = [g for g in view.groups if g.kind == "tool_exchange"]
+        old = exchanges[:-self.keep_last] if self.keep_last > 0 else exchanges
+        if not old:
+            return
+        before = view.total()
+        messages = list(view.messages)
+        cleared: list[str] = []
+        tokenizer = view.counter.tokenizer
+        for g in old:
+            names = {p.call_id: p.name for i in range(g.start, g.end) for p in messages[i].function_calls}
+            for i in range(g.start, g.end):
+                m = messages[i]
+                if m.role != "tool":
+                    continue
+                parts = []
+                changed = False
+                for p in m.parts:
+                    if type(p) is FunctionResult and not p.result.startswith("[cleared"):
+                        size = tokenizer.count_text(p.result)
+                        if size >= self.min_tokens:
+                            p = FunctionResult(p.call_id, f"[cleared to save context: {size} tokens of "
+                                               f"{names.get(p.call_id, 'tool')} output; call the tool again if "
+                                               "you need it]", p.is_error)
+                            changed = True
+                    parts.append(p)
+                if changed:
+                    messages[i] = Message(m.role, tuple(parts), author_name=m.author_name, created_at=m.created_at,
+                                          metadata={**m.metadata, "compacted_from": m.id}, source=m.source)
+                    cleared.append(m.id)
+        if cleared:
+            view.set(messages)
+            view.decisions.append(CompactionDecision(
+                self.name, "cleared", tuple(cleared),
+                f"tool results of {len(old)} older exchange(s) larger than {self.min_tokens} tokens",
+                before, view.total()))
+
+
+DEFAULT_SUMMARY_PROMPT = (
+    "You compress the earlier part of a conversation between a user and an assistant that uses tools. "
+    "Write a concise summary that keeps every fact, decision, name, number, preference and open "
+    "question needed to continue the conversation. Include what tools were called and what they "
+    "returned when it matters. Do not add anything that is not in the conversation."
+)
+
+
+class Summarize(CompactionStrategy):
+    """Replace groups older than the last `keep_last_turns` turns with a summary written by `model`.
+
+    At most `max_input_tokens` of the oldest part go to the summariser (the newest of it); anything
+    older is dropped. If the model fails, the groups are dropped instead and the run goes on.
+    """
+
+    name = "summarize"
+
+    def __init__(self, model: ChatModel, *, prompt: str = DEFAULT_SUMMARY_PROMPT, keep_last_turns: int = 2,
+                 max_input_tokens: int = 8_000, max_summary_tokens: int = 600,
+                 trigger: Trigger | None = None) -> None:
+        self.model = model
+        self.prompt = prompt
+        self.keep_last_turns = keep_last_turns
+        self.max_input_tokens = max_input_tokens
+        self.max_summary_tokens = max_summary_tokens
+        self.trigger = trigger
+
+    async def apply(self, view: CompactionView) -> None:
+        """Summarise the groups older than the kept turns (drop them if the model fails)."""
+        users = [g for g in view.groups if g.kind == "user"]
+        if len(users) <= self.keep_last_turns:
+            return
+        cut = users[-self.keep_last_turns].start if self.keep_last_turns > 0 else len(view.messages)
+        old = [g for g in view.groups if g.end <= cut and id(g) not in view.pinned and g.kind != "system"]
+        if not old:
+            return
+        # The newest old groups within the summariser's input cap; older ones are dropped outright.
+        budget = self.max_input_tokens
+        chosen: list[Group] = []
+        for g in reversed(old):
+            if g.tokens > budget and chosen:
+                break
+            chosen.append(g)
+            budget -= g.tokens
+        chosen.reverse()
+        too_old = old[:len(old) - len(chosen)]
+        chosen_messages = [view.messages[i] for g in chosen for i in range(g.start, g.end)]
+        before = view.total()
+        try:
+            text = await self._summarise(chosen_messages)
+        except Exception as exc:
+            view.drop(self.name, old, f"the summary failed ({type(exc).__name__}: {exc}); "
+                                      "dropped instead of summarised so the run can go on")
+            return
+        view.drop(self.name, too_old, f"beyond the summariser's input cap of {self.max_input_tokens} tokens")
+        chosen_ids = {m.id for m in chosen_messages}
+        summary = Message.user(f"[Summary of the earlier conversation]\n{text}", metadata={"summary": True})
+        keep: list[Message] = []
+        summarised: list[str] = []
+        for m in view.messages:
+            if m.id in chosen_ids:
+                if not summarised:
+                    keep.append(summary)
+                summarised.append(m.id)
+            else:
+                keep.append(m)
+        view.set(keep)
+        view.summarised.extend(summarised)
+        view.decisions.append(CompactionDecision(
+            self.name, "summarised", tuple(summarised), f"older than the last {self.keep_last_turns} turns",
+            before, view.total()))
+
+    async def _summarise(self, messages: list[Message]) -> str:
+        lines = []
+        for m in messages:
+            for p in m.parts:
+                if isinstance(p, TextPart) and p.text:
+                    lines.append(f"{m.role}: {p.text}")
+                elif isinstance(p, FunctionCall):
+                    lines.append(f"assistant called {p.name}({p.arguments})")
+                elif isinstance(p, FunctionResult):
+                    lines.append(f"tool result{' (error)' if p.is_error else ''}: {p.result}")
+        request = ModelRequest([Message.user("\n".join(lines))], self.prompt, (),
+                               {"max_output_tokens": self.max_summary_tokens})
+        response = await self.model.complete(request)
+        text = response.text.strip()
+        if not text:
+            raise ValueError("the summariser returned no text")
+        return text
+
+
+class CompactionPipeline(CompactionStrategy):
+    """Run several strategies in order (each with its own trigger)."""
+
+    name = "pipeline"
+
+    def __init__(self, strategies: Sequence[CompactionStrategy], *, trigger: Trigger | None = None) -> None:
+        self.strategies = list(strategies)
+        self.trigger = trigger
+
+    async def apply(self, view: CompactionView) -> None:
+        """Run each strategy in turn."""
+        for strategy in self.strategies:
+            await strategy.run(view)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """The compacted view and how it came about."""
+
+    messages: list[Message]
+    decisions: list[CompactionDecision]
+    tokens_before: int
+    tokens_after: int
+    summarised: list[str]
+    """Ids of the messages a summary now stands for, oldest first."""
+    seconds: float
+
+    @property
+    def changed(self) -> bool:
+        """True when the view differs from the input."""
+        return bool(self.decisions) and any(d.action != "over_budget" for d in self.decisions)
+
+
+async def compact(
+    messages: Sequence[Message],
+    strategy: CompactionStrategy,
+    counter: TokenCounter,
+    *,
+    instructions: str | None = None,
+    tools: Sequence[ToolSpec] = (),
+) -> CompactionResult:
+    """Compact `messages` (with `instructions` and `tools` counted toward the request) by `strategy`."""
+    started = time.perf_counter()
+    fixed = counter.text(instructions) + counter.tools(tools)
+    view = CompactionView(list(messages), counter, fixed)
+    before = view.total()
+    orphans = [g for g in view.groups if g.kind == "orphan"]
+    view.drop("grouping", orphans, "tool results without their call cannot be sent")
+    await strategy.run(view)
+    return CompactionResult(view.messages, view.decisions, before, view.total(), view.summarised,
+                            time.perf_counter() - started)
+
