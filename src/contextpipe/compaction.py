@@ -4,6 +4,7 @@ Compaction never deletes or changes stored messages: it computes the *view* sent
 works on groups, never on loose messages:
 
 - ``system``: a system message (always kept);
+- ``summary``: a summary compaction wrote earlier (not a user turn; summarised again when older);
 - ``user``: a user turn;
 - ``assistant``: assistant text;
 - ``tool_exchange``: an assistant message with function calls plus every result for those calls
@@ -62,7 +63,7 @@ __all__ = [
     "group_messages",
 ]
 
-GroupKind: TypeAlias = Literal["system", "user", "assistant", "tool_exchange", "orphan"]
+GroupKind: TypeAlias = Literal["system", "summary", "user", "assistant", "tool_exchange", "orphan"]
 
 
 @dataclass(slots=True)
@@ -110,7 +111,10 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
                 open_by_call[cid] = group
             groups.append(group)
             continue
-        kind: GroupKind = "system" if role == "system" else "user" if role == "user" else "assistant"
+        if m.metadata.get("summary"):
+            kind: GroupKind = "summary"
+        else:
+            kind = "system" if role == "system" else "user" if role == "user" else "assistant"
         groups.append(Group(kind, i, i + 1, tokens))
     return groups
 

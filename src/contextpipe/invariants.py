@@ -23,21 +23,26 @@ def tool_exchange_problem(messages: Sequence[Message]) -> str | None:
     """Describe the first unanswered call or orphan result in `messages`, or return None."""
     open_calls: dict[str, str] = {}
     for index, message in enumerate(messages):
-        role = message.role
-        if role == "assistant" or role == "user" or role == "system":
-            if open_calls:
-                names = ", ".join(f"{name} ({cid})" for cid, name in open_calls.items())
-                return f"message {index} ({role}) comes before the results of calls {names}"
-            if role == "assistant":
-                for part in message.parts:
-                    if type(part) is FunctionCall:
-                        open_calls[part.call_id] = part.name
+        flag = message._tool_flag
+        if flag < 0:
+            flag = message.tool_flag
+        if flag == 0 and not open_calls:
+            continue  # the common case: plain text with no exchange in progress
+        if message.role == "tool" or (flag == 2 and message.role != "assistant"):
+            for part in message.parts:
+                if type(part) is FunctionResult:
+                    if part.call_id not in open_calls:
+                        return f"message {index} holds a result for call {part.call_id!r}, which is not open"
+                    del open_calls[part.call_id]
             continue
+        if open_calls:
+            names = ", ".join(f"{name} ({cid})" for cid, name in open_calls.items())
+            return f"message {index} ({message.role}) comes before the results of calls {names}"
+        if flag & 2:
+            return f"message {index} ({message.role}) holds function results but is not a tool message"
         for part in message.parts:
-            if type(part) is FunctionResult:
-                if part.call_id not in open_calls:
-                    return f"message {index} holds a result for call {part.call_id!r}, which is not open"
-                del open_calls[part.call_id]
+            if type(part) is FunctionCall:
+                open_calls[part.call_id] = part.name
     if open_calls:
         names = ", ".join(f"{name} ({cid})" for cid, name in open_calls.items())
         return f"calls {names} have no result"

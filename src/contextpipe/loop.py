@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from .errors import ModelResponseError
+from .invariants import check_messages
 from .messages import FunctionCall, FunctionResult, Message, Source
 from .models.base import (
     CallModel,
@@ -35,6 +36,7 @@ from .models.base import (
 from .pipeline import RunContext, Segment
 
 if TYPE_CHECKING:
+    from .compaction import CompactionDecision
     from .tools import Tool
 
 __all__ = [
@@ -106,6 +108,8 @@ class CallTrace:
     """Wall time of the call, including middleware."""
     finish_reason: str | None
     """Why the model stopped."""
+    compaction: tuple[CompactionDecision, ...] = ()
+    """What compaction changed in the context for this call (dropped, summarised, cleared)."""
 
 
 RunEvent: TypeAlias = "TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted"
@@ -226,6 +230,7 @@ class StepLoop:
                 assert response is not None
             elif self.stream:
                 response = None
+                self._check(request)
                 async for model_event in self.model.stream(request):
                     if isinstance(model_event, ResponseComplete):
                         response = model_event.response
@@ -234,13 +239,15 @@ class StepLoop:
                 if response is None:
                     raise ModelResponseError(f"model {self.model.name!r} ended its stream without a response")
             else:
+                self._check(request)
                 response = await self.model.complete(request)
             latency = time.perf_counter() - started
             state.steps = step
             if response.usage is not None:
                 state.usage = state.usage + response.usage
             state.traces.append(CallTrace(step, self.model.name, len(working), tuple(s.name for s in request.tools),
-                                          response.usage, latency, response.finish_reason))
+                                          response.usage, latency, response.finish_reason,
+                                          tuple(ctx.take_compaction_decisions())))
             produced = [m.with_source(self._model_source) for m in response.messages]
             working.extend(produced)
             state.new_messages.extend(produced)
@@ -282,7 +289,12 @@ class StepLoop:
                     yield StepPersisted(step, saved)
             error_steps = error_steps + 1 if all(r.is_error for r in results) else 0
 
+    def _check(self, request: ModelRequest) -> None:
+        """Refuse to send a broken request (see `contextpipe.invariants`)."""
+        check_messages(request.messages, latest_input=self.ctx.input[-1] if self.ctx.input else None)
+
     async def _terminal(self, request: ModelRequest) -> ModelResponse:
+        self._check(request)
         return await self.model.complete(request)
 
     async def _stream_through(self, call: CallModel, request: ModelRequest) -> AsyncIterator[
@@ -291,6 +303,7 @@ class StepLoop:
         queue: asyncio.Queue[object] = asyncio.Queue()
 
         async def streaming_terminal(req: ModelRequest) -> ModelResponse:
+            self._check(req)
             final: ModelResponse | None = None
             async for event in self.model.stream(req):
                 if isinstance(event, ResponseComplete):

@@ -185,6 +185,8 @@ class Message:
     """Free-form JSON-serialisable data that travels with the message."""
     source: Source | None = None
     """Where the message came from in the run that produced it (see `Source`)."""
+    _tool_flag: int = field(default=-1, init=False, repr=False, compare=False)
+    # Lazily computed by `tool_flag`: 0 no function parts, 1 calls, 2 results, 3 both.
 
     @classmethod
     def user(cls, text: str, **kwargs: Any) -> Message:
@@ -219,6 +221,21 @@ class Message:
     def function_results(self) -> list[FunctionResult]:
         """The function results in this message, in order."""
         return [p for p in self.parts if isinstance(p, FunctionResult)]
+
+    @property
+    def tool_flag(self) -> int:
+        """0 without function parts, 1 with calls, 2 with results, 3 with both (computed once)."""
+        flag = self._tool_flag
+        if flag < 0:
+            flag = 0
+            for part in self.parts:
+                kind = type(part)
+                if kind is FunctionCall:
+                    flag |= 1
+                elif kind is FunctionResult:
+                    flag |= 2
+            object.__setattr__(self, "_tool_flag", flag)
+        return flag
 
     def with_source(self, source: Source) -> Message:
         """Return a copy tagged with `source`; this message is left as it is."""

@@ -35,6 +35,8 @@ class Segment:
     """Where these messages came from."""
     messages: Sequence[Message]
     """The messages, oldest first."""
+    first_seq: int | None = None
+    """For history read from a store: the log sequence of ``messages[0]`` (the rest follow on)."""
 
 
 class RunOutcome:
@@ -123,6 +125,7 @@ class RunContext:
         self._current: ContextProvider | None = None
         self._history_providers = history_providers
         self._persisted_request = False
+        self._compaction: list[Any] = []
         self._lease_renew_at = (time.time() + lease.ttl / 2) if lease is not None else 0.0
 
     # --- contributions (from before_run) ------------------------------------------------------------
@@ -144,10 +147,14 @@ class RunContext:
         if tagged:
             self.segments.append(Segment(source, tagged))
 
-    def add_history(self, messages: Sequence[Message]) -> None:
-        """Append messages loaded from history (attributed as one segment, not copied)."""
+    def add_history(self, messages: Sequence[Message], *, first_seq: int | None = None) -> None:
+        """Append messages loaded from history (attributed as one segment, not copied).
+
+        `first_seq` is the store sequence of the first message, when the messages are a contiguous
+        run of the session's log (compaction uses it to write summary checkpoints).
+        """
         if messages:
-            self.segments.append(Segment(Source("history", self._source_id()), messages))
+            self.segments.append(Segment(Source("history", self._source_id()), messages, first_seq))
 
     def replace_messages(self, messages: Iterable[Message]) -> None:
         """Drop every message contributed so far (history included) and put `messages` in its place.
@@ -246,6 +253,17 @@ class RunContext:
         if index < len(self.input):
             return _INPUT
         raise IndexError(index)
+
+    # --- compaction decisions (for the trace) -------------------------------------------------------
+
+    def record_compaction(self, decisions: Iterable[Any]) -> None:
+        """Note compaction decisions; they go into the trace of the next (or current) model call."""
+        self._compaction.extend(decisions)
+
+    def take_compaction_decisions(self) -> list[Any]:
+        """Return and clear the decisions noted since the last model call."""
+        taken, self._compaction = self._compaction, []
+        return taken
 
     # --- persistence (used by the loop) -------------------------------------------------------------
 

@@ -23,7 +23,6 @@ import hashlib
 import importlib.resources
 import json
 import math
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -226,13 +225,16 @@ class TokenCounter:
     """Counts messages once (cached by message id) and requests as a whole.
 
     For estimating tokenizers the counts are scaled by `calibration.ratio`; exact tokenizers are
-    used as they are. The cache holds at most `cache_size` messages (least recently used dropped).
+    used as they are. The cache (shareable between counters of one tokenizer) holds at most
+    `cache_size` messages, oldest dropped first.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, cache_size: int = 200_000) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, calibration: Calibration | None = None,
+                 cache: dict[str, int] | None = None, cache_size: int = 200_000) -> None:
         self.tokenizer = tokenizer
-        self.calibration = Calibration()
-        self._cache: OrderedDict[str, int] = OrderedDict()
+        self.calibration = calibration if calibration is not None else Calibration()
+        """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
+        self._cache: dict[str, int] = cache if cache is not None else {}
         self._cache_size = cache_size
         self.counted = 0
         """How many messages were actually counted (cache misses), for tests and traces."""
@@ -243,10 +245,10 @@ class TokenCounter:
         count = cache.get(message.id)
         if count is None:
             count = _message_text_tokens(self.tokenizer, message)
+            if len(cache) >= self._cache_size:
+                del cache[next(iter(cache))]  # drop the oldest entry
             cache[message.id] = count
             self.counted += 1
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
         return count
 
     def scale(self, raw: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import ContextProvider, HistoryProvider, MessageFilter
+from .compaction import Compaction
 from .history import History
 
-__all__ = ["ContextProvider", "History", "HistoryProvider", "MessageFilter"]
+__all__ = ["Compaction", "ContextProvider", "History", "HistoryProvider", "MessageFilter"]

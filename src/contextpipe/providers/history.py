@@ -10,6 +10,7 @@ from ..messages import Message
 from .base import HistoryProvider, MessageFilter
 
 if TYPE_CHECKING:
+    from ..pipeline import RunContext
     from ..session import Session
     from ..stores.base import Lease, SessionStore
 
@@ -60,13 +61,30 @@ class History(HistoryProvider):
         after it, the newest `max_messages` of them when bounded; never a scan of the whole log
         when a checkpoint exists.
         """
+        summary, messages, _ = await self._load_view(session)
+        return messages if summary is None else [summary, *messages]
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """Load the checkpoint summary and the log after it, keeping the log positions for compaction."""
+        if not self.load_messages or ctx.session is None:
+            return
+        summary, messages, first_seq = await self._load_view(ctx.session)
+        if self.provide_filter is not None:
+            loaded = self.provide_filter([summary, *messages] if summary is not None else messages)
+            ctx.add_history(loaded)
+            return
+        if summary is not None:
+            ctx.add_history([summary])
+        ctx.add_history(messages, first_seq=first_seq)
+
+    async def _load_view(self, session: Session) -> tuple[Message | None, list[Message], int]:
         checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
-        messages = page.messages
+        messages, first_seq = page.messages, page.first_seq
         if checkpoint is not None or page.has_more:
-            messages = _drop_leading_orphans(messages)
-        if checkpoint is not None:
-            messages = [checkpoint.summary, *messages]
-        return messages
+            kept = _drop_leading_orphans(messages)
+            first_seq += len(messages) - len(kept)
+            messages = kept
+        return (checkpoint.summary if checkpoint is not None else None), messages, first_seq
 
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
         """Append `messages` to the session's log (idempotent by message id)."""

@@ -1,0 +1,149 @@
+"""`Compaction`: keeps every model call of a run within a token budget, before the run and inside the loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..compaction import CompactionResult, CompactionStrategy, TokenBudget, compact
+from ..errors import UsageError
+from ..messages import Message
+from ..models.base import CallModel, ModelRequest, ModelResponse
+from ..session import ProviderState
+from ..stores.base import Checkpoint
+from ..tokens import Calibration, TokenCounter, Tokenizer, tokenizer_for_model
+from .base import ContextProvider
+
+if TYPE_CHECKING:
+    from ..pipeline import RunContext, RunOutcome, Segment
+
+__all__ = ["Compaction"]
+
+
+class Compaction(ContextProvider):
+    """Compacts the context with `strategy` (by default `TokenBudget(max_input_tokens, output_reserve)`).
+
+    Register it after the providers whose messages it should compact (history, memory, search):
+
+    - in `before_run` it compacts what those providers contributed (`replace_messages`); when a
+      summary replaces the oldest part of the stored history, it is saved as a checkpoint so later
+      runs load the summary plus the newer messages, never the whole log;
+    - with `in_loop` (the default) it also compacts every model call of the run, so a long tool
+      loop stays within budget; summaries made inside the loop are reused on later calls.
+
+    Stored messages are never changed. Token counts come from `tokenizer` (by default exact for
+    OpenAI-family model names, else an estimate calibrated against the usage models report; the
+    calibration is kept in session state). Every decision is recorded on the call's trace.
+
+    >>> Compaction(max_input_tokens=8_000, output_reserve=1_000).strategy.budget
+    7000
+    """
+
+    kind = "compaction"
+
+    def __init__(
+        self,
+        strategy: CompactionStrategy | None = None,
+        *,
+        max_input_tokens: int | None = None,
+        output_reserve: int = 0,
+        tokenizer: Tokenizer | None = None,
+        in_loop: bool = True,
+        checkpoints: bool = True,
+        source_id: str = "compaction",
+    ) -> None:
+        super().__init__(source_id)
+        if strategy is None:
+            if max_input_tokens is None:
+                raise UsageError("Compaction needs a strategy or max_input_tokens=...")
+            strategy = TokenBudget(max_input_tokens, output_reserve=output_reserve)
+        self.strategy = strategy
+        self.tokenizer = tokenizer
+        self.in_loop = in_loop
+        self.checkpoints = checkpoints
+        self.calibration = ProviderState(f"{source_id}.calibration", Calibration)
+        self._caches: dict[str, dict[str, int]] = {}
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """The session state key of the token calibration."""
+        return (self.calibration.key,)
+
+    def _counter(self, ctx: RunContext) -> TokenCounter:
+        tokenizer = self.tokenizer or tokenizer_for_model(getattr(ctx.agent.model, "name", ""))
+        cache = self._caches.setdefault(tokenizer.name, {})
+        return TokenCounter(tokenizer, calibration=self.calibration.get(ctx.session), cache=cache)
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """Compact the context contributed so far, and wrap each model call of the run."""
+        counter = self._counter(ctx)
+        input_ids = {m.id for m in ctx.input}
+        result = await compact(ctx.messages, self.strategy, counter, instructions=ctx.instructions,
+                               tools=[t.spec for t in ctx.tools.values()])
+        if result.changed:
+            history = next((s for s in ctx.segments if s.first_seq is not None), None)
+            ctx.replace_messages([m for m in result.messages if m.id not in input_ids])
+            ctx.record_compaction(result.decisions)
+            if self.checkpoints and result.summarised and history is not None:
+                await self._checkpoint(ctx, result, history)
+        if self.in_loop:
+            ctx.add_middleware(_LoopCompaction(self, ctx, counter).call)
+
+    async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
+        """Nothing to do: the calibration lives in session state, which the run saves."""
+
+    async def _checkpoint(self, ctx: RunContext, result: CompactionResult, history: Segment) -> None:
+        """Save the summary as a checkpoint when it stands for the oldest part of the stored log."""
+        summary = next((m for m in result.messages if m.metadata.get("summary")), None)
+        summarised = set(result.summarised)
+        if ctx.session is None or ctx.store is None or summary is None or history.first_seq is None:
+            return
+        # The summary may cover an earlier checkpoint's summary and then a prefix of the loaded log.
+        covered = [i for i, m in enumerate(history.messages) if m.id in summarised]
+        in_history = len(covered)
+        outside = len(summarised) - in_history
+        if not covered or covered != list(range(in_history)) or outside > 1:
+            return
+        seq = history.first_seq + in_history - 1
+        await ctx.store.save_checkpoint(ctx.session.tenant, ctx.session.id, Checkpoint(seq, summary, time.time()),
+                                        lease=ctx.lease)
+
+
+class _LoopCompaction:
+    """Model middleware: compacts each request of one run and learns the token calibration."""
+
+    def __init__(self, provider: Compaction, ctx: RunContext, counter: TokenCounter) -> None:
+        self.provider = provider
+        self.ctx = ctx
+        self.counter = counter
+        self.summaries: list[tuple[tuple[str, ...], Message]] = []
+
+    async def call(self, request: ModelRequest, call_next: CallModel) -> ModelResponse:
+        messages = self._reuse_summaries(request.messages)
+        result = await compact(messages, self.provider.strategy, self.counter, instructions=request.instructions,
+                               tools=request.tools)
+        if result.changed or messages is not request.messages:
+            request = ModelRequest(tuple(result.messages), request.instructions, request.tools, request.settings)
+            self.ctx.record_compaction(result.decisions)
+            if result.summarised:
+                summary = next(m for m in result.messages if m.metadata.get("summary"))
+                self.summaries.append((tuple(result.summarised), summary))
+        counter = self.counter
+        estimate = (counter.text(request.instructions) + counter.tools(request.tools)
+                    + sum(counter.messages(request.messages)))
+        response = await call_next(request)
+        if response.usage is not None and not counter.tokenizer.exact:
+            counter.calibration.observe(estimate, response.usage.input_tokens)
+        return response
+
+    def _reuse_summaries(self, messages: Sequence[Message]) -> Sequence[Message]:
+        """Put this run's earlier summaries back in place of the messages they stand for."""
+        for covered, summary in self.summaries:
+            ids = set(covered)
+            positions = [i for i, m in enumerate(messages) if m.id in ids]
+            if len(positions) != len(covered) or positions != list(range(positions[0], positions[0] + len(covered))):
+                continue
+            start = positions[0]
+            messages = [*messages[:start], summary, *messages[start + len(covered):]]
+        return messages
