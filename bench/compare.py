@@ -23,7 +23,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MAF_VERSION = "agent-framework-core==1.23.0"
-WORKLOADS = "W0,W1,W2,W3,W4,W6"
+WORKLOADS = "W0,W1,W2,W3,W4,W5,W6"
 
 
 def ensure_maf_python(path: Path | None) -> Path:

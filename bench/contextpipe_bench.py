@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Framework-overhead benchmark for contextpipe: workloads W0-W4 and W6 of the MAF baseline.
+"""Framework-overhead benchmark for contextpipe: workloads W0-W6 of the MAF baseline.
 
 No LLM, no network: a fake chat model answers instantly, so the time measured is contextpipe's own
 work plus the fake model's small, separately reported cost (W0). Timing, warm-up, iteration counts
@@ -44,6 +44,7 @@ W2_N = 100
 W2_KS = [0, 1, 5, 20]
 W3_TS = [1, 5, 20]
 W4_NS = [100, 1000, 10000]
+W5_NS = [100, 1000, 10000, 100000]
 MEM_N = 10000
 SESSION = "bench-session"
 TENANT = "default"
@@ -394,6 +395,44 @@ async def w4_serialization() -> None:
                       min_iters=10 if slow else 20, min_warmup=2)
 
 
+async def w5_compaction() -> None:
+    """TokenBudget at 50% of the estimated tokens of N history messages (the baseline's W5)."""
+    from contextpipe.compaction import TokenBudget, compact
+    from contextpipe.tokens import EstimateTokenizer, TokenCounter
+
+    tokenizer = EstimateTokenizer()
+    for n in W5_NS:
+        probe = await compact(make_history(n), TokenBudget(10**12), TokenCounter(tokenizer))
+        budget = int(probe.tokens_before * 0.5)
+        strategy = TokenBudget(budget)
+        holder: dict[str, Any] = {}
+
+        async def setup_cold(n: int = n, holder: dict[str, Any] = holder) -> None:
+            holder["msgs"] = make_history(n)
+            holder["counter"] = TokenCounter(tokenizer)
+
+        async def cold(strategy: TokenBudget = strategy, holder: dict[str, Any] = holder) -> None:
+            holder["out"] = await compact(holder["msgs"], strategy, holder["counter"])
+
+        async def check(n: int = n, budget: int = budget, holder: dict[str, Any] = holder) -> dict[str, Any]:
+            out = holder["out"]
+            expect(0 < len(out.messages) < n, "W5 did not compact")
+            expect(out.tokens_after <= budget, "W5 over budget")
+            return {"kept_messages": len(out.messages), "kept_tokens": out.tokens_after}
+
+        huge = n >= 10000
+        params = {"N": n, "strategy": "TokenBudget", "max_n": budget, "tokenizer": "EstimateTokenizer (chars/4)",
+                  "total_estimated_tokens": probe.tokens_before}
+        await measure("W5", f"N={n} cold (fresh list)", cold, setup=setup_cold, check=check,
+                      params={**params, "variant": "cold"}, min_iters=3 if huge else 20, target_s=2.0)
+
+        async def setup_warm(holder: dict[str, Any] = holder) -> None:
+            holder["msgs"] = holder["out"].messages
+
+        await measure("W5", f"N={n} warm (re-apply, no-op)", cold, setup=setup_warm, check=check,
+                      params={**params, "variant": "warm"}, min_iters=10 if huge else 20)
+
+
 async def w6_streaming() -> None:
     model = FakeModel()
     store = MemoryStore()
@@ -478,6 +517,9 @@ async def main_async(selected: set[str]) -> dict[str, Any]:
     if "W4" in selected:
         log("W4 message codec")
         await w4_serialization()
+    if "W5" in selected:
+        log("W5 compaction")
+        await w5_compaction()
     if "W6" in selected:
         log("W6 streaming")
         await w6_streaming()
@@ -487,7 +529,7 @@ async def main_async(selected: set[str]) -> dict[str, Any]:
 def main() -> None:
     global ARGS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="W0,W1,W2,W3,W4,W6", help="comma-separated workloads")
+    parser.add_argument("--only", default="W0,W1,W2,W3,W4,W5,W6", help="comma-separated workloads")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply per-case time targets")
     ARGS = parser.parse_args()
     selected = {w.strip().upper() for w in ARGS.only.split(",") if w.strip()}

@@ -36,10 +36,11 @@ counts are cached per message (`TokenCounter`), and each strategy is linear in t
 from __future__ import annotations
 
 import abc
+import operator
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from dataclasses import dataclass
+from typing import Final, Literal, TypeAlias
 
 from .errors import UsageError
 from .messages import FunctionCall, FunctionResult, Message, TextPart
@@ -63,6 +64,8 @@ __all__ = [
     "group_messages",
 ]
 
+_ID: Final = operator.attrgetter("id")
+
 GroupKind: TypeAlias = Literal["system", "summary", "user", "assistant", "tool_exchange", "orphan"]
 
 
@@ -74,7 +77,8 @@ class Group:
     start: int
     end: int
     tokens: int = 0
-    call_ids: list[str] = field(default_factory=list)
+    call_ids: list[str] | None = None
+    """For a tool exchange: the ids of its calls."""
 
 
 def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = None) -> list[Group]:
@@ -83,39 +87,48 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
     A result whose call is not in `messages` forms an ``orphan`` group (it may not be sent).
     """
     groups: list[Group] = []
+    append = groups.append
     open_by_call: dict[str, Group] = {}
     for i, m in enumerate(messages):
         tokens = counts[i] if counts is not None else 0
+        parts = m.parts
+        if len(parts) == 1 and type(parts[0]) is TextPart:
+            flag = 0  # plain text: the common case, decided without looking further
+        else:
+            flag = m._tool_flag
+            if flag < 0:
+                flag = m.tool_flag
         role = m.role
-        if role == "tool" or (role != "assistant" and any(type(p) is FunctionResult for p in m.parts)):
+        if flag == 0:
+            if m.metadata and m.metadata.get("summary"):
+                append(Group("summary", i, i + 1, tokens))
+            else:
+                append(Group("system" if role == "system" else "user" if role == "user" else "assistant",
+                             i, i + 1, tokens))
+            continue
+        if role == "tool" or (role != "assistant" and flag & 2):
             owners = [open_by_call.get(p.call_id) for p in m.parts if type(p) is FunctionResult]
             known = [g for g in owners if g is not None]
             if not known:
-                groups.append(Group("orphan", i, i + 1, tokens))
+                append(Group("orphan", i, i + 1, tokens))
                 continue
             first = min(known, key=lambda g: g.start)
             # Merge everything from the call to this result into one group: never split an exchange.
             while groups[-1] is not first:
                 absorbed = groups.pop()
                 first.tokens += absorbed.tokens
-                first.call_ids += absorbed.call_ids
-                for cid in absorbed.call_ids:
-                    open_by_call[cid] = first
+                if absorbed.call_ids:
+                    assert first.call_ids is not None
+                    first.call_ids += absorbed.call_ids
+                    for cid in absorbed.call_ids:
+                        open_by_call[cid] = first
             first.end = i + 1
             first.tokens += tokens
             continue
-        if role == "assistant" and any(type(p) is FunctionCall for p in m.parts):
-            group = Group("tool_exchange", i, i + 1, tokens,
-                          [p.call_id for p in m.parts if type(p) is FunctionCall])
-            for cid in group.call_ids:
-                open_by_call[cid] = group
-            groups.append(group)
-            continue
-        if m.metadata.get("summary"):
-            kind: GroupKind = "summary"
-        else:
-            kind = "system" if role == "system" else "user" if role == "user" else "assistant"
-        groups.append(Group(kind, i, i + 1, tokens))
+        group = Group("tool_exchange", i, i + 1, tokens, [p.call_id for p in m.parts if type(p) is FunctionCall])
+        for cid in group.call_ids or ():
+            open_by_call[cid] = group
+        append(group)
     return groups
 
 
@@ -193,15 +206,29 @@ class CompactionView:
         return sum(1 for g in self.groups if g.kind == "user")
 
     def keep_groups(self, keep: list[Group]) -> None:
-        """Keep only the messages of `keep` (no decision recorded: use `drop` for that)."""
-        out: list[Message] = []
+        """Keep only the messages of `keep` (no decision recorded: use `drop` for that).
+
+        Whole groups keep their boundaries, so the view is sliced, not counted or grouped again.
+        """
+        messages, counts = self.messages, self.counts
+        new_messages: list[Message] = []
+        new_counts: list[int] = []
         for g in keep:
-            out.extend(self.messages[g.start:g.end])
-        self.set(out)
+            size = g.end - g.start
+            new_messages += messages[g.start:g.end]
+            new_counts += counts[g.start:g.end]
+            g.start = len(new_messages) - size
+            g.end = len(new_messages)
+        self.messages, self.counts, self.groups = new_messages, new_counts, keep
+        self._raw_total = sum(new_counts)
 
     def ids(self, groups: Sequence[Group]) -> tuple[str, ...]:
         """Return the ids of the messages of `groups`."""
-        return tuple(self.messages[i].id for g in groups for i in range(g.start, g.end))
+        messages = self.messages
+        ids: list[str] = []
+        for g in groups:
+            ids += map(_ID, messages[g.start:g.end])
+        return tuple(ids)
 
     def drop(self, strategy: str, dropped: list[Group], reason: str) -> None:
         """Remove the messages of `dropped` from the view and record why."""
@@ -283,13 +310,17 @@ class TokenBudget(CompactionStrategy):
         total = view.total()
         if total <= self.budget:
             return
-        scale = view.counter.scale
+        ratio = 1.0 if view.counter.tokenizer.exact else view.counter.calibration.ratio
+        budget_raw = int(self.budget / ratio)  # compare raw counts: no scaling per group
+        while view.counter.scale(budget_raw) > self.budget:
+            budget_raw -= 1
         excess_raw = view.fixed + view._raw_total + REPLY_PRIMING
+        pinned = view.pinned
         dropped: list[Group] = []
         for g in view.groups:
-            if scale(excess_raw) <= self.budget:
+            if excess_raw <= budget_raw:
                 break
-            if id(g) in view.pinned:
+            if id(g) in pinned:
                 continue
             dropped.append(g)
             excess_raw -= g.tokens

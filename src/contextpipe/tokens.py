@@ -94,6 +94,9 @@ class Tokenizer(Protocol):
 
 
 def _message_text_tokens(tokenizer: Tokenizer, message: Message) -> int:
+    parts = message.parts
+    if len(parts) == 1 and type(parts[0]) is TextPart and not message.author_name:
+        return MESSAGE_OVERHEAD + tokenizer.count_text(parts[0].text)  # the common case, fast
     count = tokenizer.count_text
     total = MESSAGE_OVERHEAD + (NAME_OVERHEAD + count(message.author_name) if message.author_name else 0)
     for part in message.parts:
@@ -263,8 +266,25 @@ class TokenCounter:
 
     def messages(self, messages: Iterable[Message]) -> list[int]:
         """Raw (uncalibrated) counts of each message, in order."""
+        cache = self._cache
+        get = cache.get
         raw = self.raw_message
-        return [raw(m) for m in messages]
+        tokenizer = self.tokenizer
+        cpt = tokenizer.chars_per_token if type(tokenizer) is EstimateTokenizer else 0.0
+        out: list[int] = []
+        for m in messages:
+            count = get(m.id)
+            if count is None:
+                parts = m.parts
+                if cpt and len(parts) == 1 and type(parts[0]) is TextPart and not m.author_name \
+                        and len(cache) < self._cache_size:
+                    # Inline estimate of a plain text message: the cold path of long histories.
+                    count = cache[m.id] = MESSAGE_OVERHEAD + math.ceil(len(parts[0].text) / cpt)
+                    self.counted += 1
+                else:
+                    count = raw(m)
+            out.append(count)
+        return out
 
     def text(self, text: str | None) -> int:
         """Raw tokens of free text (instructions)."""

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,21 +12,6 @@ from hypothesis import strategies as st
 
 from contextpipe import ConcurrentUpdate, CorruptRecord, LeaseLost, Message, Session, SessionBusy, UsageError
 from contextpipe.stores import Checkpoint, SessionStore
-
-from .backends import BACKENDS, DURABLE, open_store
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = open_store(request.param, tmp_path)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-def tenant() -> str:
-    """A tenant of its own per test, so tests sharing a server never see each other's sessions."""
-    return f"t{uuid.uuid4().hex[:12]}"
 
 
 def msgs(*texts: str) -> list[Message]:
@@ -296,12 +279,6 @@ async def corrupt_message(store: SessionStore, tenant: str, session_id: str, seq
     else:
         raise AssertionError(f"no way to corrupt {store.backend}")
 
-
-@pytest.fixture(params=DURABLE)
-async def durable_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = open_store(request.param, tmp_path)
-    yield s
-    await s.close()
 
 
 async def test_corrupt_row_names_session_and_sequence(durable_store: SessionStore, tenant: str) -> None:

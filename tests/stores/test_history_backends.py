@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +11,6 @@ from contextpipe.models import ModelRequest, ScriptedModel, tool_call
 from contextpipe.providers import History
 from contextpipe.stores import SessionStore
 from helpers import describe, get_weather_forecast, lookup_location_code
-
-from .backends import BACKENDS, open_store
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = open_store(request.param, tmp_path)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-def tenant() -> str:
-    return f"t{uuid.uuid4().hex[:12]}"
 
 
 def weather_agent(store: SessionStore, *, fail_third: bool = False) -> Agent:
