@@ -34,11 +34,11 @@ def test_openai_model_loads_its_sdk_on_first_use() -> None:
 
 def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
-        "Agent", "AgentStream", "CallTrace", "CodecError", "ConcurrentUpdate", "ContextPipeError",
+        "Agent", "AgentStream", "CodecError", "ConcurrentUpdate", "ContextPipeError",
         "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "FunctionCall",
         "FunctionResult", "HistoryProvider", "LeaseLost", "Message", "ModelAuthError", "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",
-        "ModelSettings", "ModelTimeout", "ProviderError", "ProviderState", "ReasoningPart", "RequestInvariantError",
+        "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderError", "ProviderState", "ReasoningPart", "RequestInvariantError",
         "RunContext",
         "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Segment", "Session",
         "SessionBusy", "Source", "StepPersisted", "StoreError", "StreamEvent", "TextDelta", "TextPart", "Tool",

@@ -31,7 +31,7 @@ from .errors import (
     StoreError,
     UsageError,
 )
-from .loop import CallTrace, RunLimits, StepPersisted, ToolCallFinished, ToolCallStarted
+from .loop import RunLimits, StepPersisted, ToolCallFinished, ToolCallStarted
 from .messages import (
     DataPart,
     FunctionCall,
@@ -48,13 +48,13 @@ from .pipeline import RunContext, RunOutcome, Segment
 from .providers.base import ContextProvider, HistoryProvider
 from .session import ProviderState, Session
 from .tools import Tool, tool
+from .trace import PromptTrace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
     "AgentStream",
-    "CallTrace",
     "CodecError",
     "ConcurrentUpdate",
     "ContextPipeError",
@@ -77,6 +77,7 @@ __all__ = [
     "ModelSettings",
     "ModelTimeout",
     "ProviderError",
+    "PromptTrace",
     "ProviderState",
     "ReasoningPart",
     "RequestInvariantError",

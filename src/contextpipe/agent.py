@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeAlias
 
 from .errors import ProviderError, StoreError, UsageError
-from .loop import CallTrace, RunEvent, RunLimits, StepLoop, StopReason
+from .loop import RunEvent, RunLimits, StepLoop, StopReason
 from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings, ReasoningDelta, TextDelta, Usage
 from .pipeline import RunContext, RunOutcome, run_after, run_before
@@ -19,7 +19,10 @@ from .providers.base import ContextProvider, HistoryProvider
 from .session import DEFAULT_TENANT, Session, validate_session_id, validate_tenant
 from .stores.base import DEFAULT_LEASE_TTL, Lease, SessionStore
 from .stores.memory import MemoryStore
+from .telemetry import Spans, Telemetry
+from .tokens import TokenCounter, tokenizer_for_model
 from .tools import Tool, as_tool
+from .trace import PromptTrace
 
 __all__ = ["Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
 
@@ -38,8 +41,8 @@ class RunResult:
     """The caller's input messages, as tagged and stored."""
     usage: Usage
     """Tokens used over all model calls, as the model reported them."""
-    traces: list[CallTrace]
-    """One record per model call."""
+    traces: list[PromptTrace]
+    """One provenance record per model call: every instruction, message and tool, its source and tokens."""
     stop_reason: StopReason
     """``completed``, or why the tool loop was cut short (``max_steps``, ``tool_errors``)."""
     steps: int
@@ -98,6 +101,7 @@ class Agent:
         limits: RunLimits | None = None,
         persistence: Persistence = "per_step",
         lease_ttl: float = DEFAULT_LEASE_TTL,
+        telemetry: Telemetry | None = None,
         name: str | None = None,
     ) -> None:
         self.model = model
@@ -106,6 +110,8 @@ class Agent:
         """System instructions, first in every request."""
         self.name = name
         """Optional agent name."""
+        self.telemetry = telemetry or Telemetry()
+        """OpenTelemetry settings (spans only when a tracer provider is configured)."""
         self.settings: ModelSettings = settings or ModelSettings()
         """Default model settings; `run(settings=...)` overrides them per run."""
         self.limits = limits or RunLimits()
@@ -132,6 +138,7 @@ class Agent:
                           if isinstance(getattr(p, "store", None), SessionStore)), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
+        self._counter: TokenCounter | None = None
 
     def _check_providers(self) -> None:
         seen_ids: dict[str, ContextProvider] = {}
@@ -239,6 +246,10 @@ class Agent:
         lease: Lease | None = None
         ctx: RunContext | None = None
         store = self.store
+        spans = Spans(self.telemetry, self.name)
+        if spans.tracer is not None:
+            spans.start_run(session.id if session is not None else None, self.model.name)
+        run_error: BaseException | None = None
         if session is not None:
             lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(), ttl=self.lease_ttl,
                                               wait=lease_wait)
@@ -249,9 +260,10 @@ class Agent:
                 agent=self, session=session, input=input_messages, instructions=self.instructions,
                 tools=self.tools, settings=self.settings | settings if settings else self.settings,
                 per_step_persistence=self.persistence == "per_step", history_providers=self.history_providers,
-                store=store if session is not None else None, lease=lease,
+                store=store if session is not None else None, lease=lease, spans=spans,
             )
-            loop = StepLoop(ctx, self.model, self.limits, stream=stream, want_events=want_events)
+            loop = StepLoop(ctx, self.model, self.limits, stream=stream, want_events=want_events,
+                            counter=self._trace_counter)
             error: BaseException | None = None
             try:
                 await run_before(self.providers, ctx)
@@ -271,10 +283,17 @@ class Agent:
             )
             if failures:
                 raise ProviderError(failures, result)
+            if spans.root is not None:
+                spans.root.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
+                spans.root.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
             yield RunDone(result)
+        except BaseException as exc:
+            run_error = exc
+            raise
         finally:
             if lease is not None:
                 await store.release_lease(ctx.lease if ctx is not None and ctx.lease is not None else lease)
+            Spans.end(spans.root, run_error if not isinstance(run_error, GeneratorExit) else None)
 
     async def _finish(
         self, ctx: RunContext, loop: StepLoop, error: BaseException | None
@@ -286,7 +305,11 @@ class Agent:
         """
         state = loop.state
         outcome = RunOutcome(ctx, None if error is not None else state.new_messages, error)
+        before_after = len(ctx.timings)
         failures = await run_after(self.providers[:ctx.started], ctx, outcome)
+        if state.traces:
+            last = state.traces[-1]
+            last.provider_timings = (*last.provider_timings, *ctx.timings[before_after:])
         if ctx.session is not None:
             try:
                 await self.store.save_session(ctx.session, lease=ctx.lease)
@@ -299,6 +322,12 @@ class Agent:
                 error.add_note(f"also failed after the run: {source_id!r}: {type(failure).__name__}: {failure}")
             return []
         return failures
+
+    def _trace_counter(self) -> TokenCounter:
+        """Return the token counter behind traces (created on first use, its cache kept by the agent)."""
+        if self._counter is None:
+            self._counter = TokenCounter(tokenizer_for_model(self.model.name))
+        return self._counter
 
     async def _refresh(self, session: Session) -> None:
         """Bring a stale `Session` object up to date with the store (another worker may have run)."""

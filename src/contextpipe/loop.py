@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .errors import ModelResponseError
 from .invariants import check_messages
@@ -34,13 +34,14 @@ from .models.base import (
     Usage,
 )
 from .pipeline import RunContext, Segment
+from .telemetry import Spans
+from .trace import PromptTrace
 
 if TYPE_CHECKING:
-    from .compaction import CompactionDecision
+    from .tokens import TokenCounter
     from .tools import Tool
 
 __all__ = [
-    "CallTrace",
     "RunEvent",
     "RunLimits",
     "StepPersisted",
@@ -90,28 +91,6 @@ class StepPersisted:
     kind: Literal["step_persisted"] = "step_persisted"
 
 
-@dataclass(frozen=True, slots=True)
-class CallTrace:
-    """A short record of one model call (the full prompt trace builds on this)."""
-
-    step: int
-    """Model call number within the run, from 1."""
-    model: str
-    """The model called."""
-    message_count: int
-    """Messages sent."""
-    tool_names: tuple[str, ...]
-    """Tools offered."""
-    usage: Usage | None
-    """Tokens the model reported."""
-    latency_s: float
-    """Wall time of the call, including middleware."""
-    finish_reason: str | None
-    """Why the model stopped."""
-    compaction: tuple[CompactionDecision, ...] = ()
-    """What compaction changed in the context for this call (dropped, summarised, cleared)."""
-
-
 RunEvent: TypeAlias = "TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted"
 
 
@@ -121,7 +100,7 @@ class LoopState:
 
     new_messages: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
-    traces: list[CallTrace] = field(default_factory=list)
+    traces: list[PromptTrace] = field(default_factory=list)
     stop_reason: StopReason = "completed"
     steps: int = 0
 
@@ -154,15 +133,37 @@ def unanswered_calls(messages: Sequence[Message]) -> list[FunctionCall]:
     return [c for c in messages[i].function_calls if c.call_id not in answered]
 
 
-async def _execute(tools: dict[str, Tool], call: FunctionCall) -> FunctionResult:
+async def _execute(tools: dict[str, Tool], call: FunctionCall, spans: Spans | None = None) -> FunctionResult:
     tool = tools.get(call.name)
+    span = None
+    if spans is not None and spans.tracer is not None:
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                      "gen_ai.tool.call.id": call.call_id, "gen_ai.tool.type": "function"}
+        if spans.capture:
+            attributes["gen_ai.tool.call.arguments"] = call.arguments
+        span = spans.start(f"execute_tool {call.name}", attributes)
     if tool is None:
         names = ", ".join(sorted(tools)) or "none"
-        return FunctionResult(
+        result = FunctionResult(
             call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True
         )
-    outcome = await tool.invoke(call.arguments)
-    return FunctionResult(call.call_id, outcome.result, outcome.is_error)
+    else:
+        if span is not None and spans is not None:
+            with spans.current(span):
+                outcome = await tool.invoke(call.arguments)
+        else:
+            outcome = await tool.invoke(call.arguments)
+        result = FunctionResult(call.call_id, outcome.result, outcome.is_error)
+    if span is not None:
+        if spans is not None and spans.capture:
+            span.set_attribute("gen_ai.tool.call.result", result.result)
+        if result.is_error:
+            span.set_attribute("error.type", "tool_error")
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, result.result[:200]))
+        span.end()
+    return result
 
 
 def _tool_message(calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
@@ -189,7 +190,7 @@ class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
     def __init__(self, ctx: RunContext, model: ChatModel, limits: RunLimits, *, stream: bool,
-                 want_events: bool) -> None:
+                 want_events: bool, counter: Callable[[], TokenCounter] | None = None) -> None:
         self.ctx = ctx
         self.model = model
         self.limits = limits
@@ -197,6 +198,8 @@ class StepLoop:
         self.want_events = want_events
         self.state = LoopState()
         self._model_source = Source("model", model.name)
+        self._counter = counter
+        self._sent: ModelRequest | None = None
 
     async def events(self) -> AsyncIterator[RunEvent]:
         """Drive the loop, yielding events (only a few when `want_events` is False)."""
@@ -208,6 +211,9 @@ class StepLoop:
         specs = [t.spec for t in tools.values()]
         instructions = ctx.instructions
         call = _chain(ctx.middleware, self._terminal) if ctx.middleware else None
+        segments = list(ctx.segments)
+        instruction_sources = ctx.instruction_sources
+        spans = ctx.spans if ctx.spans.tracer is not None else None
         persists = ctx.persists and ctx.per_step_persistence
         error_steps = 0
         step = 0
@@ -217,37 +223,29 @@ class StepLoop:
             # Each request gets its own snapshot: middleware and models may keep the request.
             request = ModelRequest(tuple(working), instructions, () if final else specs, ctx.settings)
             started = time.perf_counter()
-            if call is not None:
+            chat_span = self._start_chat_span(request) if spans is not None else None
+            try:
                 response = None
-                if self.stream:
-                    async for item in self._stream_through(call, request):
-                        if isinstance(item, ModelResponse):
-                            response = item
-                        else:
-                            yield item
-                else:
-                    response = await call(request)
-                assert response is not None
-            elif self.stream:
-                response = None
-                self._check(request)
-                async for model_event in self.model.stream(request):
-                    if isinstance(model_event, ResponseComplete):
-                        response = model_event.response
+                async for item in self._call(call, request, chat_span):
+                    if isinstance(item, ModelResponse):
+                        response = item
                     else:
-                        yield model_event
-                if response is None:
-                    raise ModelResponseError(f"model {self.model.name!r} ended its stream without a response")
-            else:
-                self._check(request)
-                response = await self.model.complete(request)
+                        yield item
+            except BaseException as exc:
+                Spans.end(chat_span, exc)
+                raise
+            assert response is not None
+            self._end_chat_span(chat_span, response)
             latency = time.perf_counter() - started
             state.steps = step
             if response.usage is not None:
                 state.usage = state.usage + response.usage
-            state.traces.append(CallTrace(step, self.model.name, len(working), tuple(s.name for s in request.tools),
-                                          response.usage, latency, response.finish_reason,
-                                          tuple(ctx.take_compaction_decisions())))
+            state.traces.append(PromptTrace(
+                step, self.model.name, response.usage, latency, response.finish_reason,
+                tuple(ctx.take_compaction_decisions()), tuple(ctx.timings) if step == 1 else (),
+                _request=self._sent or request, _segments=segments, _instruction_sources=instruction_sources,
+                _tool_sources=ctx.tool_sources, _counter=self._counter))
+            self._sent = None
             produced = [m.with_source(self._model_source) for m in response.messages]
             working.extend(produced)
             state.new_messages.extend(produced)
@@ -274,9 +272,9 @@ class StepLoop:
                 for c in calls:
                     yield ToolCallStarted(c)
             if len(calls) == 1:
-                results = [await _execute(tools, calls[0])]
+                results = [await _execute(tools, calls[0], spans)]
             else:
-                results = list(await asyncio.gather(*(_execute(tools, c) for c in calls)))
+                results = list(await asyncio.gather(*(_execute(tools, c, spans) for c in calls)))
             tool_msg = _tool_message(calls, results)
             working.append(tool_msg)
             state.new_messages.append(tool_msg)
@@ -289,8 +287,70 @@ class StepLoop:
                     yield StepPersisted(step, saved)
             error_steps = error_steps + 1 if all(r.is_error for r in results) else 0
 
+    async def _call(self, call: CallModel | None, request: ModelRequest, span: Any) -> AsyncIterator[
+            TextDelta | ReasoningDelta | ModelResponse]:
+        """Make one model call (through the middleware chain, if any); yield deltas, then the response."""
+        if call is not None:
+            if self.stream:
+                async for item in self._stream_through(call, request):
+                    yield item
+            elif span is not None:
+                with self.ctx.spans.current(span):
+                    yield await call(request)
+            else:
+                yield await call(request)
+        elif self.stream:
+            self._check(request)
+            response = None
+            async for model_event in self.model.stream(request):
+                if isinstance(model_event, ResponseComplete):
+                    response = model_event.response
+                else:
+                    yield model_event
+            if response is None:
+                raise ModelResponseError(f"model {self.model.name!r} ended its stream without a response")
+            yield response
+        else:
+            self._check(request)
+            if span is not None:
+                with self.ctx.spans.current(span):
+                    yield await self.model.complete(request)
+            else:
+                yield await self.model.complete(request)
+
+    def _start_chat_span(self, request: ModelRequest) -> Any:
+        spans = self.ctx.spans
+        settings = request.settings
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": self.model.name,
+            "gen_ai.provider.name": getattr(self.model, "provider", None) or type(self.model).__name__,
+        }
+        for key, attr in (("temperature", "gen_ai.request.temperature"),
+                          ("max_output_tokens", "gen_ai.request.max_tokens"), ("seed", "gen_ai.request.seed")):
+            if key in settings:
+                attributes[attr] = settings[key]  # type: ignore[literal-required]
+        if spans.capture:
+            attributes["gen_ai.input.messages"] = spans.content(request.messages)
+            if request.instructions:
+                attributes["gen_ai.system_instructions"] = request.instructions
+        return spans.start(f"chat {self.model.name}", attributes, kind="CLIENT")
+
+    def _end_chat_span(self, span: Any, response: ModelResponse) -> None:
+        if span is None:
+            return
+        usage = response.usage
+        if self.ctx.spans.capture:
+            span.set_attribute("gen_ai.output.messages", self.ctx.spans.content(response.messages))
+        Spans.end(span, None, **{
+            "gen_ai.response.model": response.model,
+            "gen_ai.response.finish_reasons": [response.finish_reason] if response.finish_reason else None,
+            "gen_ai.usage.input_tokens": usage.input_tokens if usage else None,
+            "gen_ai.usage.output_tokens": usage.output_tokens if usage else None,
+        })
+
     def _check(self, request: ModelRequest) -> None:
-        """Refuse to send a broken request (see `contextpipe.invariants`)."""
+        """Refuse to send a broken request (see `contextpipe.invariants`); remember what was sent."""
+        self._sent = request
         check_messages(request.messages, latest_input=self.ctx.input[-1] if self.ctx.input else None)
 
     async def _terminal(self, request: ModelRequest) -> ModelResponse:
@@ -345,7 +405,7 @@ class StepLoop:
             if tool is not None and tool.idempotent:
                 if self.want_events:
                     yield ToolCallStarted(c)
-                result = await _execute(ctx.tools, c)
+                result = await _execute(ctx.tools, c, ctx.spans)
                 if self.want_events:
                     yield ToolCallFinished(c, result)
             else:

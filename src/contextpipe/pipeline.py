@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from .errors import UsageError
 from .messages import Message, Source
 from .models.base import ModelMiddleware, ModelSettings
+from .telemetry import Spans, Telemetry
 from .tools import Tool, as_tool
+from .trace import ProviderTiming
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,15 +66,6 @@ class RunOutcome:
         return self._request
 
 
-@dataclass(slots=True)
-class ProviderTiming:
-    """How long one provider hook took."""
-
-    source_id: str
-    hook: str
-    seconds: float
-
-
 class RunContext:
     """The shared workspace of one run.
 
@@ -94,6 +87,7 @@ class RunContext:
         history_providers: Sequence[HistoryProvider],
         store: SessionStore | None = None,
         lease: Lease | None = None,
+        spans: Spans | None = None,
     ) -> None:
         self.agent = agent
         """The agent running."""
@@ -109,6 +103,8 @@ class RunContext:
         """The run's lease on its session (fences every write), if the session is in a store."""
         self.store = store
         """The store holding the session, if any."""
+        self.spans: Spans = spans if spans is not None else Spans(Telemetry(), None)
+        """The run's OpenTelemetry spans (inactive unless a tracer provider is configured)."""
         self.scratch: dict[str, Any] = {}
         """Free space for providers to pass data from `before_run` to `after_run` within this run."""
         self.timings: list[ProviderTiming] = []
@@ -221,6 +217,11 @@ class RunContext:
         return head + list(self._instructions)
 
     @property
+    def tool_sources(self) -> dict[str, str]:
+        """Which provider (or ``agent``) offered each tool, by tool name."""
+        return self._tool_sources
+
+    @property
     def tools(self) -> dict[str, Tool]:
         """Tools available in this run by name: the agent's plus those providers added."""
         return self._tools
@@ -317,15 +318,22 @@ async def run_before(providers: Sequence[ContextProvider], ctx: RunContext) -> N
     A provider that raises stops the sequence (the run fails); `ctx.started` counts it, so it
     still gets its `after_run`.
     """
+    spans = ctx.spans if ctx.spans.tracer is not None else None
     for provider in providers:
         ctx.started += 1
         ctx._current = provider
+        span = _hook_span(spans, provider, "before_run")
         t0 = time.perf_counter()
         try:
             await provider.before_run(ctx)
+        except BaseException as exc:
+            Spans.end(span, exc)
+            span = None
+            raise
         finally:
             ctx._current = None
             ctx.timings.append(ProviderTiming(provider.source_id, "before_run", time.perf_counter() - t0))
+            Spans.end(span)
 
 
 async def run_after(
@@ -333,12 +341,24 @@ async def run_after(
 ) -> list[tuple[str, BaseException]]:
     """Call `after_run` on `providers` in reverse order; every one is called, failures are collected."""
     errors: list[tuple[str, BaseException]] = []
+    spans = ctx.spans if ctx.spans.tracer is not None else None
     for provider in reversed(providers):
+        span = _hook_span(spans, provider, "after_run")
         t0 = time.perf_counter()
+        failure: BaseException | None = None
         try:
             await provider.after_run(ctx, outcome)
         except Exception as exc:
             errors.append((provider.source_id, exc))
+            failure = exc
         finally:
             ctx.timings.append(ProviderTiming(provider.source_id, "after_run", time.perf_counter() - t0))
+            Spans.end(span, failure)
     return errors
+
+
+def _hook_span(spans: Spans | None, provider: ContextProvider, hook: str) -> Any:
+    if spans is None:
+        return None
+    return spans.start(f"contextpipe.{hook} {provider.source_id}", {
+        "contextpipe.provider.source_id": provider.source_id, "contextpipe.provider.kind": provider.kind})

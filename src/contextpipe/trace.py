@@ -1,0 +1,249 @@
+"""`PromptTrace`: where every token of every prompt came from, one record per model call.
+
+A trace lists the instructions split by source, every message with its source (input, history,
+context, model, tool), provider id, message id and token count, every tool with the provider that
+offered it, what compaction did, how long each provider hook took, and the model's reported usage
+and latency. Token counts per source add up to the request total.
+
+Building a trace costs almost nothing during the run: it keeps references to the request, and the
+per-message detail is computed (with cached token counts) the first time it is read.
+
+>>> import asyncio
+>>> from contextpipe import Agent
+>>> from contextpipe.models import ScriptedModel
+>>> result = asyncio.run(Agent(ScriptedModel(["Hi!"]), instructions="Be kind.").run("Hello"))
+>>> trace = result.traces[0]
+>>> [(m.role, m.source_kind) for m in trace.messages]
+[('user', 'input')]
+>>> trace.total_tokens == sum(trace.tokens_by_source().values())
+True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .messages import Message, Source
+from .models.base import ModelRequest, Usage
+from .tokens import REPLY_PRIMING, TokenCounter
+
+if TYPE_CHECKING:
+    from .pipeline import Segment
+
+__all__ = ["PromptTrace", "ProviderTiming", "TracedInstruction", "TracedMessage", "TracedTool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderTiming:
+    """How long one provider hook took."""
+
+    source_id: str
+    hook: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TracedInstruction:
+    """One block of the system instructions."""
+
+    source_id: str
+    """``agent`` or the provider that added it."""
+    tokens: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TracedMessage:
+    """One message of the request."""
+
+    index: int
+    message_id: str
+    role: str
+    source_kind: str
+    """``input``, ``history``, ``context``, ``model`` or ``tool``."""
+    source_id: str | None
+    tokens: int
+    preview: str
+
+
+@dataclass(frozen=True, slots=True)
+class TracedTool:
+    """One tool offered to the model."""
+
+    name: str
+    source_id: str
+    """``agent`` or the provider that added it."""
+    tokens: int
+
+
+def _preview(message: Message, width: int = 60) -> str:
+    text = message.text
+    if not text:
+        calls = message.function_calls
+        if calls:
+            text = "call " + ", ".join(f"{c.name}({c.arguments})" for c in calls)
+        else:
+            results = message.function_results
+            text = "result " + " | ".join(r.result for r in results) if results else ""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dataclass
+class PromptTrace:
+    """The provenance record of one model call (see the module docstring)."""
+
+    step: int
+    """Model call number within the run, from 1."""
+    model: str
+    """The model called."""
+    usage: Usage | None
+    """Tokens the model reported."""
+    latency_s: float
+    """Wall time of the call, middleware included."""
+    finish_reason: str | None
+    """Why the model stopped."""
+    compaction: tuple[Any, ...] = ()
+    """`CompactionDecision`s made for this call."""
+    provider_timings: tuple[ProviderTiming, ...] = ()
+    """Provider hooks that ran before this call (``before_run`` for the first call, ``after_run`` on the last)."""
+    _request: ModelRequest | None = field(default=None, repr=False)
+    _segments: Sequence[Segment] = field(default=(), repr=False)
+    _instruction_sources: Sequence[tuple[str, str]] = field(default=(), repr=False)
+    _tool_sources: dict[str, str] = field(default_factory=dict, repr=False)
+    _counter: Callable[[], TokenCounter] | None = field(default=None, repr=False)
+    _detail: tuple[list[TracedInstruction], list[TracedMessage], list[TracedTool]] | None = field(
+        default=None, repr=False)
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer behind the counts (an encoding name, or ``estimate``)."""
+        return self._counter().tokenizer.name if self._counter is not None else "none"
+
+    def _compute(self) -> tuple[list[TracedInstruction], list[TracedMessage], list[TracedTool]]:
+        if self._detail is not None:
+            return self._detail
+        request = self._request
+        if request is None or self._counter is None:
+            self._detail = ([], [], [])
+            return self._detail
+        counter = self._counter()
+        scale, text = counter.scale, counter.text
+        instructions = [TracedInstruction(sid, scale(text(block)), block) for sid, block in self._instruction_sources]
+        sources: dict[str, Source] = {}
+        for segment in self._segments:
+            for m in segment.messages:
+                sources[m.id] = segment.source
+        messages = []
+        for i, m in enumerate(request.messages):
+            source = sources.get(m.id) or m.source or Source("input")
+            messages.append(TracedMessage(i, m.id, m.role, source.kind, source.source_id, counter.message(m),
+                                          _preview(m)))
+        tools = [TracedTool(spec.name, self._tool_sources.get(spec.name, "agent"), scale(counter.tools([spec])))
+                 for spec in request.tools]
+        self._detail = (instructions, messages, tools)
+        return self._detail
+
+    @property
+    def instructions(self) -> list[TracedInstruction]:
+        """The system instructions, block by block, with their source."""
+        return self._compute()[0]
+
+    @property
+    def messages(self) -> list[TracedMessage]:
+        """Every message sent, in order, with its source and token count."""
+        return self._compute()[1]
+
+    @property
+    def tools(self) -> list[TracedTool]:
+        """Every tool offered, with the provider that offered it."""
+        return self._compute()[2]
+
+    @property
+    def total_tokens(self) -> int:
+        """Our count of the whole request: instructions, messages, tools and the reply priming."""
+        return sum(self.tokens_by_source().values())
+
+    def tokens_by_source(self) -> dict[str, int]:
+        """Tokens per source (``instructions:agent``, ``history:history``, ``tool:lookup``, ...).
+
+        The values add up to `total_tokens`; ``format`` is the chat format's fixed reply priming.
+        """
+        totals: dict[str, int] = {}
+        for block in self.instructions:
+            key = f"instructions:{block.source_id}"
+            totals[key] = totals.get(key, 0) + block.tokens
+        for m in self.messages:
+            key = f"{m.source_kind}:{m.source_id}" if m.source_id else m.source_kind
+            totals[key] = totals.get(key, 0) + m.tokens
+        for t in self.tools:
+            key = f"tools:{t.source_id}"
+            totals[key] = totals.get(key, 0) + t.tokens
+        if self._request is not None:
+            totals["format"] = REPLY_PRIMING
+        return totals
+
+    def table(self) -> str:
+        """Return a readable, plain-text account of this call."""
+        lines = [f"call {self.step} to {self.model}: {self.total_tokens} tokens by {self.tokenizer} count"
+                 + (f", model reported {self.usage.input_tokens} in / {self.usage.output_tokens} out"
+                    if self.usage else "")
+                 + f", {self.latency_s * 1000:.1f} ms" + (f", finished: {self.finish_reason}" if self.finish_reason
+                                                          else "")]
+        lines.append("  tokens by source:")
+        for key, tokens in sorted(self.tokens_by_source().items(), key=lambda kv: -kv[1]):
+            lines.append(f"    {key:<32} {tokens:>8}")
+        lines.append("  messages:")
+        for m in self.messages:
+            src = f"{m.source_kind}:{m.source_id}" if m.source_id else m.source_kind
+            lines.append(f"    {m.index:>4} {m.role:<9} {src:<24} {m.tokens:>6}  {m.preview}")
+        if self.tools:
+            lines.append("  tools: " + ", ".join(f"{t.name} ({t.source_id}, {t.tokens})" for t in self.tools))
+        for d in self.compaction:
+            lines.append(f"  compaction: {d.strategy} {d.action} {len(d.message_ids)} message(s): {d.reason} "
+                         f"({d.tokens_before} -> {d.tokens_after} tokens)")
+        for t in self.provider_timings:
+            lines.append(f"  provider {t.source_id}.{t.hook}: {t.seconds * 1000:.2f} ms")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self, *, compact_runs: bool = False) -> dict[str, Any]:
+        """Return a JSON-ready form of the trace.
+
+        With `compact_runs`, consecutive history messages are folded into one entry (first and last
+        message id, count, tokens): that is how traces are stored with a session, where the log
+        itself holds the messages.
+        """
+        messages: list[dict[str, Any]] = []
+        for m in self.messages:
+            entry = asdict(m)
+            if compact_runs and m.source_kind == "history" and messages and messages[-1].get("run") \
+                    and messages[-1]["source_id"] == m.source_id:
+                run = messages[-1]
+                run["last_message_id"], run["count"] = m.message_id, run["count"] + 1
+                run["tokens"] += m.tokens
+                continue
+            if compact_runs and m.source_kind == "history":
+                entry = {"run": True, "index": m.index, "source_kind": "history", "source_id": m.source_id,
+                         "message_id": m.message_id, "last_message_id": m.message_id, "count": 1,
+                         "tokens": m.tokens, "role": m.role, "preview": m.preview}
+            messages.append(entry)
+        return {
+            "step": self.step, "model": self.model, "tokenizer": self.tokenizer,
+            "usage": asdict(self.usage) if self.usage else None, "latency_s": self.latency_s,
+            "finish_reason": self.finish_reason, "total_tokens": self.total_tokens,
+            "tokens_by_source": self.tokens_by_source(),
+            "instructions": [asdict(i) for i in self.instructions], "messages": messages,
+            "tools": [asdict(t) for t in self.tools],
+            "compaction": [asdict(d) for d in self.compaction],
+            "provider_timings": [asdict(t) for t in self.provider_timings],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        """`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(**kwargs), ensure_ascii=False)
