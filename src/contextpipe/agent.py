@@ -102,6 +102,7 @@ class Agent:
         persistence: Persistence = "per_step",
         lease_ttl: float = DEFAULT_LEASE_TTL,
         telemetry: Telemetry | None = None,
+        store_traces: bool = False,
         name: str | None = None,
     ) -> None:
         self.model = model
@@ -112,6 +113,8 @@ class Agent:
         """Optional agent name."""
         self.telemetry = telemetry or Telemetry()
         """OpenTelemetry settings (spans only when a tracer provider is configured)."""
+        self.store_traces = store_traces
+        """Store each run's prompt traces with its session (for ``contextpipe inspect``)."""
         self.settings: ModelSettings = settings or ModelSettings()
         """Default model settings; `run(settings=...)` overrides them per run."""
         self.limits = limits or RunLimits()
@@ -311,8 +314,13 @@ class Agent:
             last = state.traces[-1]
             last.provider_timings = (*last.provider_timings, *ctx.timings[before_after:])
         if ctx.session is not None:
+            session = ctx.session
             try:
-                await self.store.save_session(ctx.session, lease=ctx.lease)
+                await self.store.save_session(session, lease=ctx.lease)
+                if self.store_traces and state.traces:
+                    await self.store.append_traces(session.tenant, session.id,
+                                                   [t.to_dict(compact_runs=True) for t in state.traces],
+                                                   lease=ctx.lease)
             except Exception as exc:
                 if error is None:
                     raise

@@ -306,3 +306,20 @@ async def test_load_context_is_latest_checkpoint_plus_tail(store: SessionStore, 
     assert texts(page.messages) == ["m6", "m7", "m8"] and page.first_seq == 6
     _, page = await store.load_context(tenant, "s", limit=2)
     assert texts(page.messages) == ["m7", "m8"]
+
+
+async def test_traces_are_stored_in_order_and_deleted_with_the_session(store: SessionStore, tenant: str) -> None:
+    assert await store.load_traces(tenant, "s") == []
+    await store.append(tenant, "s", msgs("a"))
+    await store.append_traces(tenant, "s", [{"step": 1, "tokens": {"input": 3}}, {"step": 2}])
+    await store.append_traces(tenant, "s", [{"step": 3, "text": "ünïcode"}])
+    assert [t["step"] for t in await store.load_traces(tenant, "s")] == [1, 2, 3]
+    assert (await store.load_traces(tenant, "s"))[0]["tokens"] == {"input": 3}
+    assert [t["step"] for t in await store.load_traces(tenant, "s", limit=2)] == [2, 3]
+    assert await store.load_traces(tenant + "x", "s") == []
+    lease = await store.acquire_lease(tenant, "s", "a", ttl=30)
+    with pytest.raises(SessionBusy):
+        await store.append_traces(tenant, "s", [{"step": 4}])
+    await store.append_traces(tenant, "s", [{"step": 4}], lease=lease)
+    await store.delete_session(tenant, "s")
+    assert await store.load_traces(tenant, "s") == []

@@ -121,3 +121,14 @@ async def test_history_loads_checkpoint_then_tail(store: SessionStore, tenant: s
         "Earlier: a question was answered.", "recent question", "recent answer", "new question"]
     # The log itself is untouched: nothing stored is mutated or deleted by a checkpoint.
     assert len(await agent.history(await agent.session("s", tenant=tenant))) == 6
+
+
+async def test_agent_stores_traces_with_the_session(store: SessionStore, tenant: str) -> None:
+    agent = Agent(ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "SZ it is."]),
+                  tools=[lookup_location_code], providers=[History(store)], store_traces=True)
+    session = await agent.session("traced", tenant=tenant)
+    await agent.run("Code for Suzhou?", session=session)
+    traces = await store.load_traces(tenant, "traced")
+    assert [t["step"] for t in traces] == [1, 2]
+    assert traces[1]["messages"][-1]["source_kind"] == "tool"
+    assert sum(traces[0]["tokens_by_source"].values()) == traces[0]["total_tokens"]

@@ -22,7 +22,7 @@ from ..messages import Message, dumps, loads
 from ..session import Session, validate_session_id, validate_tenant
 from .base import Checkpoint, Lease, MessagePage
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """Version of the durable layout (tables, keys) written by this release."""
 
 
@@ -177,3 +177,20 @@ def translate_errors(
         return wrapper
 
     return decorate
+
+
+def encode_trace(trace: dict[str, Any]) -> str:
+    return json.dumps(trace, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def decode_trace(backend: str, tenant: str, session_id: str, body: str | bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        value = exc
+    if not isinstance(value, dict):
+        raise CorruptRecord(
+            f"{backend} store: a trace of session {session_id!r} (tenant {tenant!r}) cannot be read: {value}",
+            backend=backend, tenant=tenant, session_id=session_id,
+        )
+    return value

@@ -8,7 +8,8 @@ A store holds, per tenant and session:
 - a lease with a fencing token, so runs on one session never interleave and a run whose lease was
   taken over cannot write any more;
 - summary checkpoints: a summary message covering the log up to a sequence, so later loads read the
-  latest checkpoint plus the messages after it.
+  latest checkpoint plus the messages after it;
+- prompt traces, when the agent is asked to store them, for inspecting runs later.
 
 Loads are bounded: `load` returns the tail (the last `limit` messages, or a page before a sequence,
 or everything after a checkpoint) without reading the whole session. Sessions may carry a TTL:
@@ -23,7 +24,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Self
+from typing import Any, Final, Self
 
 from ..errors import SessionBusy
 from ..messages import Message
@@ -233,6 +234,18 @@ class SessionStore(abc.ABC):
                 )
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.1)
+
+    # --- traces ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def append_traces(
+        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
+    ) -> None:
+        """Store prompt traces (``PromptTrace.to_dict`` output) with the session, after the earlier ones."""
+
+    @abc.abstractmethod
+    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """Return the session's stored traces, oldest first (the newest `limit` when given)."""
 
     @abc.abstractmethod
     async def purge_expired(self) -> int:

@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from typing_extensions import override
 
@@ -22,8 +23,10 @@ from ._common import (
     checkpoint_past_end,
     concurrent_update,
     decode_cursor,
+    decode_trace,
     duplicate_in_batch,
     encode_cursor,
+    encode_trace,
     lease_lost,
 )
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
@@ -41,6 +44,7 @@ class _Entry:
     log: list[Message] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    traces: list[str] = field(default_factory=list)
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
@@ -196,6 +200,26 @@ class MemoryStore(SessionStore):
     async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
         entry = self._entry(tenant, session_id)
         return entry.checkpoints[-1] if entry is not None and entry.checkpoints else None
+
+    # --- traces ------------------------------------------------------------------------------------
+
+    @override
+    async def append_traces(
+        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
+    ) -> None:
+        entry = self._entry(tenant, session_id, create=True)
+        assert entry is not None
+        self._check_lease(entry, tenant, session_id, lease)
+        entry.traces.extend(encode_trace(t) for t in traces)
+
+    @override
+    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        check_limit(limit)
+        entry = self._entry(tenant, session_id)
+        if entry is None:
+            return []
+        bodies = entry.traces if limit is None else entry.traces[-limit:]
+        return [decode_trace(self.backend, tenant, session_id, b) for b in bodies]
 
     # --- leases ------------------------------------------------------------------------------------
 

@@ -28,10 +28,12 @@ from ._common import (
     decode_checkpoint,
     decode_cursor,
     decode_state,
+    decode_trace,
     duplicate_in_batch,
     encode_checkpoint,
     encode_cursor,
     encode_state,
+    encode_trace,
     lease_lost,
     make_page,
     translate_errors,
@@ -67,6 +69,10 @@ def _migrations(p: str) -> list[list[str]]:
         f"""CREATE TABLE {p}checkpoints (
             tenant TEXT NOT NULL, session_id TEXT NOT NULL, seq BIGINT NOT NULL, body TEXT NOT NULL,
             PRIMARY KEY (tenant, session_id, seq))""",
+    ], [
+        f"""CREATE TABLE {p}traces (
+            tenant TEXT NOT NULL, session_id TEXT NOT NULL, n BIGINT NOT NULL, body TEXT NOT NULL,
+            PRIMARY KEY (tenant, session_id, n))""",
     ]]
 
 
@@ -160,6 +166,7 @@ class PostgresStore(SessionStore):
         p = self._p
         await conn.execute(f"DELETE FROM {p}messages WHERE tenant = $1 AND session_id = $2", tenant, session_id)
         await conn.execute(f"DELETE FROM {p}checkpoints WHERE tenant = $1 AND session_id = $2", tenant, session_id)
+        await conn.execute(f"DELETE FROM {p}traces WHERE tenant = $1 AND session_id = $2", tenant, session_id)
         if keep_row:
             status = await conn.execute(
                 f"UPDATE {p}sessions SET state = '{{}}', version = 0, ttl = NULL, expires_at = NULL, last_seq = 0, "
@@ -371,6 +378,36 @@ class PostgresStore(SessionStore):
             f"WHERE c.tenant = $1 AND c.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
             "ORDER BY c.seq DESC LIMIT 1", tenant, session_id)
         return None if body is None else decode_checkpoint(self.backend, tenant, session_id, body)
+
+    # --- traces ------------------------------------------------------------------------------------
+
+    @override
+    @_translated
+    async def append_traces(
+        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
+    ) -> None:
+        check_key(tenant, session_id)
+        bodies = [encode_trace(t) for t in traces]
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await self._locked_row(conn, tenant, session_id, lease)
+            await conn.execute(
+                f"INSERT INTO {self._p}traces (tenant, session_id, n, body) "
+                f"SELECT $1, $2, (SELECT COALESCE(MAX(n), 0) FROM {self._p}traces WHERE tenant = $1 "
+                "AND session_id = $2) + k, b FROM unnest($3::text[]) WITH ORDINALITY AS t(b, k)",
+                tenant, session_id, bodies)
+
+    @override
+    @_translated
+    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        check_key(tenant, session_id)
+        check_limit(limit)
+        pool = await self._get_pool()
+        rows = await pool.fetch(
+            f"SELECT t.body FROM {self._p}traces t JOIN {self._p}sessions s USING (tenant, session_id) "
+            f"WHERE t.tenant = $1 AND t.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
+            "ORDER BY t.n DESC LIMIT $3", tenant, session_id, limit)
+        return [decode_trace(self.backend, tenant, session_id, r["body"]) for r in reversed(rows)]
 
     # --- leases ------------------------------------------------------------------------------------
 

@@ -30,10 +30,12 @@ from ._common import (
     decode_cursor,
     decode_message,
     decode_state,
+    decode_trace,
     duplicate_in_batch,
     encode_checkpoint,
     encode_cursor,
     encode_state,
+    encode_trace,
     lease_lost,
     translate_errors,
 )
@@ -46,7 +48,8 @@ __all__ = ["RedisStore"]
 
 _translated = translate_errors("redis", "redis")
 
-# Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index; reads the clock and checks the lease.
+# Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index, traces; reads the clock and checks
+# the lease.
 # ARGV[1] session id, ARGV[2] lease owner ('' for none), ARGV[3] lease token.
 _PROLOGUE: Final = """
 local t = redis.call('TIME')
@@ -59,11 +62,13 @@ local function touch()
   local ttl = redis.call('HGET', KEYS[1], 'ttl')
   if ttl and ttl ~= '' then
     local ms = math.floor(tonumber(ttl) * 1000)
-    for i = 1, 4 do
-      if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ms) end
+    for _, i in ipairs({1, 2, 3, 4, 7}) do
+      if KEYS[i] and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ms) end
     end
   else
-    for i = 1, 4 do redis.call('PERSIST', KEYS[i]) end
+    for _, i in ipairs({1, 2, 3, 4, 7}) do
+      if KEYS[i] then redis.call('PERSIST', KEYS[i]) end
+    end
   end
 end
 local function check_lease()
@@ -161,9 +166,18 @@ if stop <= start then return {stop, start} end
 return {stop, start, redis.call('LRANGE', KEYS[2], start, stop - 1)}
 """
 
+# ARGV[4..] trace bodies
+_TRACES: Final = _PROLOGUE + """
+local bad = check_lease()
+if bad then return bad end
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[7], ARGV[i]) end
+touch()
+return {'ok', ''}
+"""
+
 _DELETE: Final = """
 local existed = redis.call('EXISTS', KEYS[1])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7])
 redis.call('ZREM', KEYS[6], ARGV[1])
 return existed
 """
@@ -202,6 +216,7 @@ class RedisStore(SessionStore):
         self._release = c.register_script(_RELEASE)
         self._load = c.register_script(_LOAD)
         self._delete = c.register_script(_DELETE)
+        self._traces = c.register_script(_TRACES)
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "cp") -> RedisStore:
@@ -211,7 +226,7 @@ class RedisStore(SessionStore):
     def _keys(self, tenant: str, session_id: str) -> list[str]:
         tag = f"{self._prefix}:{{{tenant}/{session_id}}}"
         return [f"{tag}:meta", f"{tag}:log", f"{tag}:ids", f"{tag}:ckpt", f"{tag}:lease",
-                f"{self._prefix}:index:{tenant}"]
+                f"{self._prefix}:index:{tenant}", f"{tag}:traces"]
 
     def _raise(self, status: str, value: Any, tenant: str, session_id: str, lease: Lease | None) -> None:
         if status == "busy":
@@ -367,6 +382,31 @@ class RedisStore(SessionStore):
         check_key(tenant, session_id)
         rows = await self._client.zrevrange(self._keys(tenant, session_id)[3], 0, 0)
         return decode_checkpoint(self.backend, tenant, session_id, rows[0]) if rows else None
+
+    # --- traces ------------------------------------------------------------------------------------
+
+    @override
+    @_translated
+    async def append_traces(
+        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
+    ) -> None:
+        check_key(tenant, session_id)
+        if not traces:
+            return
+        result = await self._traces(keys=self._keys(tenant, session_id), args=[
+            session_id, *self._lease_args(lease), *(encode_trace(t) for t in traces)])
+        self._raise(result[0].decode(), result[1].decode(), tenant, session_id, lease)
+
+    @override
+    @_translated
+    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        check_key(tenant, session_id)
+        check_limit(limit)
+        keys = self._keys(tenant, session_id)
+        if not await self._client.exists(keys[0]):
+            return []
+        bodies = await self._client.lrange(keys[6], 0 if limit is None else -limit, -1)
+        return [decode_trace(self.backend, tenant, session_id, b) for b in bodies]
 
     # --- leases ------------------------------------------------------------------------------------
 

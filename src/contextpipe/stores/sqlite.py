@@ -30,10 +30,12 @@ from ._common import (
     decode_checkpoint,
     decode_cursor,
     decode_state,
+    decode_trace,
     duplicate_in_batch,
     encode_checkpoint,
     encode_cursor,
     encode_state,
+    encode_trace,
     lease_lost,
     make_page,
 )
@@ -77,6 +79,13 @@ CREATE TABLE IF NOT EXISTS cp_checkpoints (
     seq INTEGER NOT NULL,
     body TEXT NOT NULL,
     PRIMARY KEY (tenant, session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cp_traces (
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (tenant, session_id, n)
 ) WITHOUT ROWID;
 """
 
@@ -147,8 +156,8 @@ class SQLiteStore(SessionStore):
                     if statement.strip():
                         conn.execute(statement)
                 row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
-                if row is None:
-                    conn.execute("INSERT INTO cp_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                if row is None or int(row[0]) < SCHEMA_VERSION:  # tables above are created as needed
+                    conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 elif int(row[0]) > SCHEMA_VERSION:
                     raise StoreError(
                         f"{self.path} was written by a newer contextpipe (schema {row[0]}, this release knows "
@@ -207,6 +216,7 @@ class SQLiteStore(SessionStore):
         key = (tenant, session_id)
         conn.execute("DELETE FROM cp_messages WHERE tenant = ? AND session_id = ?", key)
         conn.execute("DELETE FROM cp_checkpoints WHERE tenant = ? AND session_id = ?", key)
+        conn.execute("DELETE FROM cp_traces WHERE tenant = ? AND session_id = ?", key)
         return conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", key).rowcount > 0
 
     # --- session records ---------------------------------------------------------------------------
@@ -419,6 +429,41 @@ class SQLiteStore(SessionStore):
 
         text = await self._run(op)
         return None if text is None else decode_checkpoint(self.backend, tenant, session_id, text)
+
+    # --- traces ------------------------------------------------------------------------------------
+
+    @override
+    async def append_traces(
+        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
+    ) -> None:
+        check_key(tenant, session_id)
+        bodies = [encode_trace(t) for t in traces]
+
+        def op(conn: sqlite3.Connection) -> None:
+            def body() -> None:
+                self._row_for_write(conn, tenant, session_id, time.time(), lease)
+                last = conn.execute("SELECT COALESCE(MAX(n), 0) FROM cp_traces WHERE tenant = ? AND session_id = ?",
+                                    (tenant, session_id)).fetchone()[0]
+                conn.executemany("INSERT INTO cp_traces (tenant, session_id, n, body) VALUES (?, ?, ?, ?)",
+                                 [(tenant, session_id, last + i, b) for i, b in enumerate(bodies, 1)])
+
+            self._tx(conn, body)
+
+        await self._run(op)
+
+    @override
+    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        check_key(tenant, session_id)
+        check_limit(limit)
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT t.body FROM cp_traces t JOIN cp_sessions s USING (tenant, session_id) WHERE t.tenant = ? "
+                "AND t.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) ORDER BY t.n DESC LIMIT ?",
+                (tenant, session_id, time.time(), -1 if limit is None else limit)).fetchall()
+            return [str(r[0]) for r in reversed(rows)]
+
+        return [decode_trace(self.backend, tenant, session_id, b) for b in await self._run(op)]
 
     # --- leases ------------------------------------------------------------------------------------
 
