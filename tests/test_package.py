@@ -54,13 +54,3 @@ def test_every_error_is_a_contextpipe_error() -> None:
 
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.ContextPipeError), name
-
-
-def test_demo_command_runs_offline() -> None:
-    proc = subprocess.run([sys.executable, "-m", "contextpipe.cli", "demo"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert "step 3 stored" in out
-    assert "stored after the failure: 5 messages" in out
-    assert "tools run in this run: 0" in out

@@ -1,34 +1,347 @@
-"""The ``contextpipe`` command."""
+"""The ``contextpipe`` command: chat, sessions, inspect and the offline demo.
+
+Sessions live in a SQLite file (``--db``, or ``$CONTEXTPIPE_DB``, default ``contextpipe.db``). The
+model comes from flags or the usual environment variables (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
+``OPENAI_MODEL``); any OpenAI-compatible server works.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
+import os
 import sys
-from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from . import __version__
+from .agent import Agent
+from .errors import ContextPipeError
+from .loop import ToolCallFinished, ToolCallStarted
+from .messages import Message, message_to_dict
+from .models.base import ChatModel, ModelRequest, TextDelta
+from .providers.compaction import Compaction
+from .providers.history import History
+from .session import DEFAULT_TENANT
+from .stores.sqlite import SQLiteStore
 
-__all__ = ["main"]
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="contextpipe", help="LLM agents built around the context pipeline.", no_args_is_help=True,
+    add_completion=False, pretty_exceptions_enable=False,
+)
+sessions_app = typer.Typer(help="List, show, export and delete stored sessions.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+DbOption = Annotated[Path, typer.Option("--db", envvar="CONTEXTPIPE_DB", help="SQLite file holding the sessions.")]
+TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant of the sessions.")]
+DEFAULT_DB = Path("contextpipe.db")
+
+NO_MODEL = """No model is configured. Either:
+  - set OPENAI_API_KEY and OPENAI_MODEL (e.g. gpt-4o-mini) for OpenAI,
+  - or point at any OpenAI-compatible server:
+      contextpipe chat --base-url http://127.0.0.1:11434/v1 --model llama3.2      (Ollama)
+  - or chat with the offline demo model:  contextpipe chat --demo-model"""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``contextpipe`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="contextpipe", description="LLM agents built around the context pipeline."
-    )
-    parser.add_argument("--version", action="version", version=f"contextpipe {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("demo", help="run the offline demonstration (no network, no API key)")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import run_demo
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"contextpipe {__version__}")
+        raise typer.Exit()
 
-        asyncio.run(run_demo())
-        return 0
-    parser.print_help(sys.stderr)
-    return 2
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """LLM agents built around the context pipeline."""
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {escape(message)}")
+    return typer.Exit(code)
+
+
+# --- demo ------------------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    db: Annotated[Path | None, typer.Option("--db", help="Keep the demo's sessions in this file.")] = None,
+) -> None:
+    """Run the offline demonstration: no network, no API key."""
+    from .demo import run_demo
+
+    asyncio.run(run_demo(out.print, db=str(db) if db else None))
+
+
+# --- chat ------------------------------------------------------------------------------------------
+
+
+class DemoChatModel:
+    """The offline model `chat --demo-model` talks to: it answers from what the session holds."""
+
+    name = "demo"
+
+    async def complete(self, request: ModelRequest) -> Any:
+        from .models.base import ModelResponse
+
+        users = [m for m in request.messages if m.role == "user"]
+        last = users[-1].text if users else ""
+        reply = (f"(demo model) You said {last!r}. I can see {len(request.messages) - 1} earlier message(s) "
+                 "in this session. Configure a real model to get real answers.")
+        return ModelResponse([Message.assistant(reply)], finish_reason="stop", model="demo")
+
+    async def stream(self, request: ModelRequest) -> Any:
+        from .models.base import ResponseComplete
+
+        response = await self.complete(request)
+        for word in response.text.split(" "):
+            yield TextDelta(word + " ")
+        yield ResponseComplete(response)
+
+
+def _model(model: str | None, base_url: str | None, api_key: str | None, demo_model: bool) -> ChatModel:
+    if demo_model:
+        return DemoChatModel()
+    model = model or os.environ.get("OPENAI_MODEL")
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+    api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    if not model or not (api_key or base_url):
+        if sys.stdin.isatty() and typer.confirm(NO_MODEL + "\n\nUse the offline demo model now?", default=False,
+                                                err=True):
+            return DemoChatModel()
+        raise _fail(NO_MODEL, code=2)
+    from .models.openai import OpenAIChatModel
+
+    return OpenAIChatModel(model, base_url=base_url, api_key=api_key)
+
+
+@app.command()
+def chat(
+    session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).")] = "chat",
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = DEFAULT_TENANT,
+    model: Annotated[str | None, typer.Option(help="Model name (default: $OPENAI_MODEL).")] = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL).")]
+    = None,
+    api_key: Annotated[str | None, typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
+    demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
+    instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
+    max_input_tokens: Annotated[int | None, typer.Option(help="Compact the context to this many tokens.")] = None,
+) -> None:
+    """Chat with a model; every turn is stored in the session (type /exit or Ctrl-D to leave)."""
+    chat_model = _model(model, base_url, api_key, demo_model)
+    try:
+        asyncio.run(_chat(chat_model, session, db, tenant, instructions, max_input_tokens))
+    except ContextPipeError as exc:
+        raise _fail(str(exc)) from None
+
+
+async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, instructions: str,
+                max_input_tokens: int | None) -> None:
+    async with SQLiteStore(db) as store:
+        providers: list[Any] = [History(store)]
+        if max_input_tokens:
+            providers.append(Compaction(max_input_tokens=max_input_tokens))
+        agent = Agent(model, instructions=instructions, providers=providers, store_traces=True)
+        session = await agent.session(session_id, tenant=tenant)
+        earlier = len(await agent.history(session))
+        out.print(f"[dim]session {session_id!r} in {db} ({earlier} earlier message(s)); model {model.name}. "
+                  "Type /exit to leave.[/dim]")
+        while True:
+            try:
+                text = await asyncio.to_thread(input, "you> ")
+            except EOFError:
+                out.print()
+                return
+            text = text.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                return
+            out.print("[bold]assistant>[/bold] ", end="")
+            try:
+                async for event in agent.stream(text, session=session):
+                    if isinstance(event, TextDelta):
+                        out.print(escape(event.text), end="")
+                    elif isinstance(event, ToolCallStarted):
+                        out.print(f"\n[dim]  calling {event.call.name}({escape(event.call.arguments)})[/dim]")
+                    elif isinstance(event, ToolCallFinished):
+                        out.print(f"[dim]  -> {escape(event.result.result[:200])}[/dim]")
+            except ContextPipeError as exc:
+                out.print()
+                err.print(f"[red]error:[/red] {escape(str(exc))}")
+                continue
+            out.print()
+
+
+# --- sessions --------------------------------------------------------------------------------------
+
+
+def _open(db: Path) -> SQLiteStore:
+    if not db.exists():
+        raise _fail(f"no session database at {db}; pass --db or set CONTEXTPIPE_DB")
+    return SQLiteStore(db)
+
+
+def _describe(message: Message) -> str:
+    bits = []
+    if message.text:
+        bits.append(message.text)
+    bits += [f"call {c.name}({c.arguments})" for c in message.function_calls]
+    bits += [f"result{' (error)' if r.is_error else ''}: {r.result}" for r in message.function_results]
+    return " | ".join(bits)
+
+
+@sessions_app.command("list")
+def sessions_list(db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+                  limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50) -> None:
+    """List the tenant's sessions, most recently updated first."""
+
+    async def run() -> None:
+        from datetime import datetime
+
+        async with _open(db) as store:
+            listing = await store.list_sessions(tenant, limit=limit)
+        table = Table("session", "messages", "version", "updated")
+        for info in listing.sessions:
+            table.add_row(info.session_id, str(info.message_count), str(info.version),
+                          datetime.fromtimestamp(info.updated_at).strftime("%Y-%m-%d %H:%M:%S"))
+        out.print(table)
+        if listing.next_cursor:
+            out.print(f"[dim]more sessions exist; showing the {limit} most recent[/dim]")
+
+    asyncio.run(run())
+
+
+@sessions_app.command("show")
+def sessions_show(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+                  last: Annotated[int | None, typer.Option(help="Only the newest N messages.")] = None) -> None:
+    """Show a session's messages."""
+
+    async def run() -> None:
+        async with _open(db) as store:
+            if await store.get_session(tenant, session) is None:
+                raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+            page = await store.load(tenant, session, limit=last)
+        for seq, m in enumerate(page.messages, page.first_seq):
+            out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {escape(_describe(m))}")
+
+    asyncio.run(run())
+
+
+@sessions_app.command("export")
+def sessions_export(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+                    output: Annotated[Path | None, typer.Option("--output", "-o", help="File (default: stdout).")]
+                    = None) -> None:
+    """Export a session as JSON lines: the session record, every message, then the stored traces."""
+
+    async def run() -> list[str]:
+        async with _open(db) as store:
+            record = await store.get_session(tenant, session)
+            if record is None:
+                raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+            page = await store.load(tenant, session)
+            traces = await store.load_traces(tenant, session)
+        lines = [json.dumps({"type": "session", **record.to_dict()}, ensure_ascii=False)]
+        lines += [json.dumps({"type": "message", "seq": seq, "message": message_to_dict(m)}, ensure_ascii=False)
+                  for seq, m in enumerate(page.messages, page.first_seq)]
+        lines += [json.dumps({"type": "trace", **t}, ensure_ascii=False) for t in traces]
+        return lines
+
+    lines = asyncio.run(run())
+    text = "\n".join(lines) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        err.print(f"exported {len(lines)} line(s) to {output}")
+
+
+@sessions_app.command("delete")
+def sessions_delete(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+                    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False
+                    ) -> None:
+    """Delete a session with everything stored for it (messages, state, checkpoints, traces)."""
+    if not yes and not typer.confirm(f"Delete session {session!r} and everything stored for it?", err=True):
+        raise typer.Exit(1)
+
+    async def run() -> bool:
+        async with _open(db) as store:
+            return await store.delete_session(tenant, session)
+
+    if not asyncio.run(run()):
+        raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+    out.print(f"deleted session {session!r}")
+
+
+# --- inspect ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def inspect(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+            call: Annotated[int | None, typer.Option("--call", help="Only the Nth stored model call (from 1).")]
+            = None) -> None:
+    """Show where every token of a session's model calls came from, and what compaction did."""
+
+    async def run() -> list[dict[str, Any]]:
+        async with _open(db) as store:
+            return await store.load_traces(tenant, session)
+
+    traces = asyncio.run(run())
+    if not traces:
+        raise _fail(f"no stored traces for session {session!r} (tenant {tenant!r}); traces are stored by "
+                    "`contextpipe chat` and by agents made with Agent(store_traces=True)")
+    if call is not None:
+        if not 1 <= call <= len(traces):
+            raise _fail(f"--call must be between 1 and {len(traces)}")
+        selected = [(call, traces[call - 1])]
+    else:
+        selected = list(enumerate(traces, 1))
+    for number, trace in selected:
+        _render_trace(number, trace)
+
+
+def _render_trace(number: int, trace: dict[str, Any]) -> None:
+    usage = trace.get("usage") or {}
+    header = (f"[bold]call {number}[/bold] (step {trace['step']}) to {trace['model']}: "
+              f"{trace['total_tokens']} tokens ({trace['tokenizer']} count)")
+    if usage:
+        header += f", model reported {usage['input_tokens']} in / {usage['output_tokens']} out"
+    header += f", {trace['latency_s'] * 1000:.1f} ms"
+    out.print(header)
+    table = Table("source", "tokens", "share", title="tokens by source", title_justify="left")
+    total = max(1, trace["total_tokens"])
+    for source, tokens in sorted(trace["tokens_by_source"].items(), key=lambda kv: -kv[1]):
+        table.add_row(source, str(tokens), f"{100 * tokens / total:.0f}%")
+    out.print(table)
+    messages = Table("#", "role", "source", "tokens", "content", title="messages", title_justify="left")
+    for m in trace["messages"]:
+        source = f"{m['source_kind']}:{m['source_id']}" if m.get("source_id") else m["source_kind"]
+        role = m["role"] if not m.get("run") else f"{m['count']} messages"
+        messages.add_row(str(m["index"]), role, source, str(m["tokens"]), escape(m.get("preview", "")))
+    out.print(messages)
+    for d in trace.get("compaction", []):
+        out.print(f"  compaction: {d['strategy']} {d['action']} {len(d['message_ids'])} message(s): "
+                  f"{escape(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
+    out.print()
+
+
+def main() -> None:
+    """Entry point of the ``contextpipe`` command."""
+    app()
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -1,33 +1,41 @@
 """The offline demonstration behind ``contextpipe demo``: no network, no API key.
 
-A weather agent (the seeds' scenario) runs on the deterministic `ScriptedModel`:
+A weather agent (the seeds' scenario) runs on the deterministic `ScriptedModel`, with its sessions
+in SQLite:
 
-1. a tool loop with per-step persistence, showing what is stored after each model call;
-2. a model failure on the third call, showing that the completed steps survive it;
-3. a resume on the same session that carries on from what was stored.
+1. a tool loop with per-step persistence: what is stored after each step;
+2. a real crash: a worker process is killed with SIGKILL in the middle of a tool call, and a new
+   run repairs the session and finishes the job;
+3. compaction: a long session is cut to a token budget before each model call;
+4. the inspect view: where every token of the last prompt came from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 
 from .agent import Agent, RunResult
-from .errors import ModelServerError
+from .compaction import TokenBudget
 from .loop import StepPersisted
 from .messages import FunctionCall, FunctionResult, Message, TextPart
 from .models.scripted import ScriptedModel, tool_call
+from .providers.compaction import Compaction
 from .providers.history import History
 from .session import Session
 from .stores.sqlite import SQLiteStore
+from .tokens import EstimateTokenizer
 from .tools import tool
 
 __all__ = ["run_demo"]
 
 _CODES = {"suzhou": "SZ", "beijing": "BJ"}
 _FORECASTS = {"SZ": "Sunny, 25 °C, north-west wind force 4.", "BJ": "Cloudy, 22 °C, east wind force 3."}
+_SLOW_FORECAST = "CONTEXTPIPE_DEMO_SLOW_FORECAST"
 
 
 @tool(idempotent=True)
@@ -50,6 +58,9 @@ def get_weather_forecast(location_code: str) -> str:
     Args:
         location_code: A code returned by lookup_location_code.
     """
+    if os.environ.get(_SLOW_FORECAST):
+        print("forecast-started", flush=True)  # the demo kills this worker here
+        time.sleep(60)
     try:
         return _FORECASTS[location_code]
     except KeyError:
@@ -64,18 +75,25 @@ def _describe(message: Message) -> str:
         elif isinstance(part, FunctionCall):
             bits.append(f"call {part.name}({part.arguments})")
         elif isinstance(part, FunctionResult):
-            bits.append(f"result {part.result!r}")
+            bits.append(f"result {part.result[:70]!r}")
     return f"{message.role:<9} " + ", ".join(bits)
 
 
+def _weather_agent(store: SQLiteStore, model: ScriptedModel, **options: object) -> Agent:
+    return Agent(model, instructions="You are a helpful assistant. Use the tools to check the weather.",
+                 tools=[lookup_location_code, get_weather_forecast], providers=[History(store)],
+                 **options)  # type: ignore[arg-type]
+
+
 async def _run_showing_steps(agent: Agent, text: str | None, session: Session,
-                             say: Callable[[str], None]) -> RunResult:
+                             say: Callable[[str], None], *, lease_wait: float = 0.0) -> RunResult:
     """Stream one run, saying what is stored at each step."""
-    async with agent.stream(text, session=session) as events:
+    async with agent.stream(text, session=session, lease_wait=lease_wait) as events:
         async for event in events:
             if isinstance(event, StepPersisted):
+                step = f"step {event.step}" if event.step else "repair"
                 for message in event.messages:
-                    say(f"      step {event.step} stored  {_describe(message)}")
+                    say(f"      {step} stored  {_describe(message)}")
     assert events.result is not None
     return events.result
 
@@ -86,58 +104,97 @@ async def run_demo(say: Callable[[str], None] = print, *, db: str | None = None)
     Sessions go to the SQLite file `db` (a temporary one by default).
     """
     with tempfile.TemporaryDirectory(prefix="contextpipe-demo-") as tmp:
-        async with SQLiteStore(db or os.path.join(tmp, "demo.db")) as store:
-            await _demo(store, say)
+        path = db or os.path.join(tmp, "demo.db")
+        async with SQLiteStore(path) as store:
+            say(f"Sessions are stored in SQLite ({path}).")
+            await _tool_loop(store, say)
+            await _crash_and_resume(store, path, say)
+            await _compaction_and_inspect(store, say)
 
 
-async def _demo(store: SQLiteStore, say: Callable[[str], None]) -> None:
-    question = "What should I wear in Suzhou today?"
-    answer = "Sunny and 25 °C with some wind: a T-shirt or light shirt, plus a thin windbreaker."
+async def _tool_loop(store: SQLiteStore, say: Callable[[str], None]) -> None:
+    say("")
+    say("1. A tool loop with per-step persistence: each step is stored as soon as it happens.")
     model = ScriptedModel([
         tool_call("lookup_location_code", city="Suzhou"),
         tool_call("get_weather_forecast", location_code="SZ"),
-        answer,
+        "Sunny and 25 °C with some wind: a T-shirt or light shirt, plus a thin windbreaker.",
     ])
-    agent = Agent(
-        model,
-        instructions="You are a helpful assistant. Use the tools to check the weather.",
-        tools=[lookup_location_code, get_weather_forecast],
-        providers=[History(store)],
-    )
-
-    say(f"Sessions are stored in SQLite ({store.path}).")
-    say("")
-    say("1. A tool loop with per-step persistence: each step is stored as soon as it happens.")
-    session = await agent.session("demo-1")
-    say(f"   user: {question}")
-    result = await _run_showing_steps(agent, question, session, say)
+    agent = _weather_agent(store, model)
+    session = await agent.session("demo-weather")
+    say("   user: What should I wear in Suzhou today?")
+    result = await _run_showing_steps(agent, "What should I wear in Suzhou today?", session, say)
     say(f"   answer after {result.steps} model calls: {result.text}")
-    say(f"   the session log now holds {len(await agent.history(session))} messages.")
 
-    say("")
-    say("2. The model fails on its third call (HTTP 500): the two completed steps are already stored.")
-    model.enqueue(
-        tool_call("lookup_location_code", city="Beijing"),
-        tool_call("get_weather_forecast", location_code="BJ"),
-        ModelServerError("simulated outage: HTTP 500", provider="demo", status_code=500),
-    )
-    crashed = await agent.session("demo-2")
-    try:
-        await _run_showing_steps(agent, "And in Beijing?", crashed, say)
-    except ModelServerError as exc:
-        say(f"   the run failed: {exc}")
-    say(f"   stored after the failure: {len(await agent.history(crashed))} messages, nothing lost.")
 
+async def _crash_and_resume(store: SQLiteStore, path: str, say: Callable[[str], None]) -> None:
     say("")
-    say("3. Resume: a new run on the same session continues from the stored steps, without redoing them.")
-    model.enqueue("Beijing is cloudy at 22 °C: a long-sleeved shirt and a light jacket.")
-    resumed = await agent.run(None, session=crashed)
-    say(f"   answer: {resumed.text}")
-    sent = model.requests[-1].messages
-    say(f"   the model was sent the {len(sent)} stored messages; tools run in this run: "
-        f"{sum(1 for m in resumed.messages if m.role == 'tool')}.")
+    say("2. A crash: a worker process is killed (SIGKILL) while the forecast tool runs; nothing is lost.")
+    env = {**os.environ, _SLOW_FORECAST: "1"}
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "contextpipe.demo", "crash-worker", path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert worker.stdout is not None
+    line = await worker.stdout.readline()
+    worker.kill()  # SIGKILL: no cleanup, no final save
+    _, stderr = await worker.communicate()
+    if line.strip() != b"forecast-started":
+        raise RuntimeError(f"the demo worker did not start: {stderr.decode()[-2000:]}")
+    session = await store.load_or_create("default", "demo-crash")
+    log = (await store.load("default", "demo-crash")).messages
+    say(f"   killed the worker (exit {worker.returncode}) mid-call; the log holds {len(log)} messages:")
+    for message in log:
+        say(f"      {_describe(message)}")
+    say("   the last call has no result. A new run takes over the dead worker's lease once it lapses,")
+    say("   and repairs the session before calling the model:")
+    model = ScriptedModel(["Beijing is cloudy at 22 °C: a long-sleeved shirt and a light jacket."])
+    agent = _weather_agent(store, model)
+    result = await _run_showing_steps(agent, None, session, say, lease_wait=10)
+    say("   the forecast tool is idempotent, so it ran again; a non-idempotent tool would have been")
+    say("   recorded as 'interrupted' instead. The model never saw an unanswered call.")
+    say(f"   answer: {result.text}")
+
+
+async def _crash_worker(path: str) -> None:
+    async with SQLiteStore(path) as store:
+        model = ScriptedModel([tool_call("lookup_location_code", city="Beijing"),
+                               tool_call("get_weather_forecast", location_code="BJ"), "unreachable"])
+        agent = _weather_agent(store, model, lease_ttl=0.5)
+        session = await agent.session("demo-crash")
+        await agent.run("And what about Beijing?", session=session)
+
+
+async def _compaction_and_inspect(store: SQLiteStore, say: Callable[[str], None]) -> None:
+    say("")
+    say("3. Compaction: a 12-turn session is cut to a 400-token budget before each model call.")
+    chat = ScriptedModel([f"Noted, point {i}: " + "details " * 12 for i in range(12)])
+    writer = Agent(chat, providers=[History(store)])
+    session = await writer.session("demo-long")
+    for i in range(12):
+        await writer.run(f"Remember point {i}: " + "context " * 12, session=session)
+    budget = Compaction(TokenBudget(400), tokenizer=EstimateTokenizer())
+    model = ScriptedModel(["I can see points 6 to 11 here; the earlier ones are stored but not in view."])
+    agent = Agent(model, instructions="Answer from the conversation.", providers=[History(store), budget],
+                  store_traces=True)
+    result = await agent.run("What did I tell you?", session=session)
+    trace = result.traces[0]
+    for decision in trace.compaction:
+        say(f"   {decision.strategy}: {decision.action} {len(decision.message_ids)} of the oldest messages "
+            f"({decision.tokens_before} -> {decision.tokens_after} tokens); the log still holds them all "
+            f"({len(await agent.history(session))} messages).")
+    say("")
+    say("4. The inspect view of that call (also: contextpipe inspect SESSION --db FILE):")
+    for line in trace.table().splitlines():
+        say("   " + line)
 
 
 def main() -> None:
-    """Run the demonstration on stdout."""
+    """Run the demonstration on stdout (or, internally, the crash worker)."""
+    if len(sys.argv) == 3 and sys.argv[1] == "crash-worker":
+        asyncio.run(_crash_worker(sys.argv[2]))
+        return
     asyncio.run(run_demo())
+
+
+if __name__ == "__main__":
+    main()
