@@ -139,19 +139,25 @@ def chat(
     demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
     instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
     max_input_tokens: Annotated[int | None, typer.Option(help="Compact the context to this many tokens.")] = None,
+    skills: Annotated[list[Path] | None, typer.Option("--skills", help="Folder of Agent Skills (repeatable).")]
+    = None,
 ) -> None:
     """Chat with a model; every turn is stored in the session (type /exit or Ctrl-D to leave)."""
     chat_model = _model(model, base_url, api_key, demo_model)
     try:
-        asyncio.run(_chat(chat_model, session, db, tenant, instructions, max_input_tokens))
+        asyncio.run(_chat(chat_model, session, db, tenant, instructions, max_input_tokens, skills or []))
     except ContextPipeError as exc:
         raise _fail(str(exc)) from None
 
 
 async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, instructions: str,
-                max_input_tokens: int | None) -> None:
+                max_input_tokens: int | None, skill_dirs: list[Path]) -> None:
     async with SQLiteStore(db) as store:
         providers: list[Any] = [History(store)]
+        if skill_dirs:
+            from .providers.skills import Skills
+
+            providers.append(Skills(*skill_dirs))
         if max_input_tokens:
             providers.append(Compaction(max_input_tokens=max_input_tokens))
         agent = Agent(model, instructions=instructions, providers=providers, store_traces=True)

@@ -28,7 +28,7 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, overload
 
@@ -69,7 +69,7 @@ class Tool:
     Build tools with `@tool`; construct `Tool` directly only to wrap a function under another name.
     """
 
-    __slots__ = ("_args_model", "_fn", "_is_async", "description", "idempotent",
+    __slots__ = ("_args_model", "_fn", "_handler", "_is_async", "description", "idempotent",
                  "name", "parameters", "run_in_thread", "spec", "timeout")
 
     def __init__(
@@ -100,6 +100,7 @@ class Tool:
         self.run_in_thread: bool = run_in_thread
         """For sync functions: run in a worker thread (the default) so a slow tool never blocks the loop."""
         self._is_async = inspect.iscoroutinefunction(fn)
+        self._handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]] | None = None
         self._args_model = _arguments_model(fn, self.name, arg_docs)
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
@@ -109,6 +110,34 @@ class Tool:
         """JSON schema of the arguments."""
         self.spec: ToolSpec = ToolSpec(self.name, self.description, schema)
         """What a model is told about this tool."""
+
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]],
+        *,
+        idempotent: bool = False,
+        timeout: float | None = None,
+    ) -> Tool:
+        """Return a tool defined by a JSON schema and a handler taking the parsed arguments.
+
+        For tools that live elsewhere (an MCP server, a remote API): the arguments must be a JSON
+        object; checking them against the schema is the handler's (or the remote side's) job.
+        """
+        if not _NAME_RE.match(name):
+            raise UsageError(f"tool name {name!r} is not allowed: use 1-64 letters, digits, '_' or '-'")
+        self = cls.__new__(cls)
+        self._fn = handler
+        self._handler = handler
+        self._is_async = True
+        self._args_model = None  # type: ignore[assignment]
+        self.name, self.description, self.parameters = name, description, parameters
+        self.idempotent, self.timeout, self.run_in_thread = idempotent, timeout, False
+        self.spec = ToolSpec(name, description, parameters)
+        return self
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"
@@ -124,6 +153,8 @@ class Tool:
 
         Never raises for the tool's own failures: they are returned as error outcomes.
         """
+        if self._handler is not None:
+            return await self._invoke_handler(self._handler, arguments)
         try:
             if arguments.strip() in ("", "null"):
                 arguments = "{}"
@@ -145,6 +176,31 @@ class Tool:
         except Exception as exc:
             return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
         return ToolOutcome(_to_text(value))
+
+    async def _invoke_handler(self, handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]],
+                              arguments: str) -> ToolOutcome:
+        try:
+            parsed = json.loads(arguments) if arguments.strip() not in ("", "null") else {}
+        except ValueError as exc:
+            return ToolOutcome(
+                f"Error: the arguments for tool {self.name!r} are not valid JSON ({exc}). Received: "
+                f"{arguments[:200]!r}. Send a JSON object matching the tool's schema.", is_error=True)
+        if not isinstance(parsed, dict):
+            return ToolOutcome(f"Error: the arguments for tool {self.name!r} must be a JSON object, got "
+                               f"{type(parsed).__name__}.", is_error=True)
+        try:
+            if self.timeout is None:
+                outcome = await handler(parsed)
+            else:
+                async with asyncio.timeout(self.timeout):
+                    outcome = await handler(parsed)
+        except TimeoutError:
+            return ToolOutcome(
+                f"Error: tool {self.name!r} did not finish within {self.timeout:g} s and was abandoned.",
+                is_error=True)
+        except Exception as exc:
+            return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
+        return outcome if isinstance(outcome, ToolOutcome) else ToolOutcome(_to_text(outcome))
 
     async def _run(self, kwargs: dict[str, Any]) -> Any:
         if self._is_async:

@@ -2,8 +2,33 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import ContextProvider, HistoryProvider, MessageFilter
 from .compaction import Compaction
 from .history import History
+from .skills import Skill, Skills
 
-__all__ = ["Compaction", "ContextProvider", "History", "HistoryProvider", "MessageFilter"]
+if TYPE_CHECKING:
+    from .mcp import HttpServer, McpTools, StdioServer
+
+__all__ = [
+    "Compaction",
+    "ContextProvider",
+    "History",
+    "HistoryProvider",
+    "HttpServer",
+    "McpTools",
+    "MessageFilter",
+    "Skill",
+    "Skills",
+    "StdioServer",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name in ("McpTools", "StdioServer", "HttpServer"):
+        from . import mcp
+
+        return getattr(mcp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
