@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from .base import ContextProvider, HistoryProvider, MessageFilter
 from .compaction import Compaction
 from .history import History
+from .memory import SemanticMemory
+from .search import SearchResult, TextSearch
 from .skills import Skill, Skills
 
 if TYPE_CHECKING:
@@ -20,9 +22,12 @@ __all__ = [
     "HttpServer",
     "McpTools",
     "MessageFilter",
+    "SearchResult",
+    "SemanticMemory",
     "Skill",
     "Skills",
     "StdioServer",
+    "TextSearch",
 ]
 
 

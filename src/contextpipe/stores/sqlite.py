@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from typing_extensions import override
 
@@ -42,6 +42,9 @@ from ._common import (
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 
 __all__ = ["SQLiteStore"]
+
+if TYPE_CHECKING:
+    from ..vectors.stores import SQLiteVectorStore
 
 T = TypeVar("T")
 
@@ -217,6 +220,12 @@ class SQLiteStore(SessionStore):
         conn.execute("DELETE FROM cp_messages WHERE tenant = ? AND session_id = ?", key)
         conn.execute("DELETE FROM cp_checkpoints WHERE tenant = ? AND session_id = ?", key)
         conn.execute("DELETE FROM cp_traces WHERE tenant = ? AND session_id = ?", key)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'cp_vectors'").fetchone():
+            # Memories recorded for the session (SemanticMemory through SQLiteStore.vectors()) go too.
+            gone = conn.execute("DELETE FROM cp_vectors WHERE json_extract(metadata, '$.tenant') = ? "
+                                "AND json_extract(metadata, '$.session_id') = ?", key).rowcount
+            if gone:
+                conn.execute("UPDATE cp_vector_versions SET version = version + 1")
         return conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", key).rowcount > 0
 
     # --- session records ---------------------------------------------------------------------------
@@ -511,6 +520,12 @@ class SQLiteStore(SessionStore):
         await self._run(lambda conn: conn.execute(
             "UPDATE cp_sessions SET lease_owner = NULL, lease_expires = 0 WHERE tenant = ? AND session_id = ? "
             "AND lease_token = ? AND lease_owner = ?", (lease.tenant, lease.session_id, lease.token, lease.owner)))
+
+    def vectors(self) -> SQLiteVectorStore:
+        """Return a vector store in the same database file (deleting a session deletes its memories too)."""
+        from ..vectors.stores import SQLiteVectorStore
+
+        return SQLiteVectorStore(self.path)
 
     @override
     async def close(self) -> None:

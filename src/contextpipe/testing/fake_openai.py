@@ -1,7 +1,8 @@
 """`FakeOpenAIServer`: a small OpenAI-compatible HTTP server on 127.0.0.1 for tests and demos.
 
 It serves ``POST /v1/chat/completions`` (plain JSON and SSE streaming, with tool calls and usage)
-from a script of replies, and records every request body. Script steps can also be HTTP errors,
+from a script of replies, and ``POST /v1/embeddings`` (deterministic word-hashing vectors), and
+records every request body. Script steps can also be HTTP errors,
 malformed bodies and streams cut mid-way, to test how clients fail.
 
 >>> with FakeOpenAIServer() as server:
@@ -162,13 +163,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
-        if not self.path.rstrip("/").endswith("/chat/completions"):
-            self._json(404, {"error": {"message": f"unknown path {self.path}", "type": "not_found"}})
-            return
+        path = self.path.rstrip("/")
         try:
             body = json.loads(raw)
         except ValueError:
             self._json(400, {"error": {"message": "request body is not JSON", "type": "invalid_request_error"}})
+            return
+        if path.endswith("/embeddings"):
+            self._embeddings(body)
+            return
+        if not path.endswith("/chat/completions"):
+            self._json(404, {"error": {"message": f"unknown path {self.path}", "type": "not_found"}})
             return
         step = self.fake._next(body, dict(self.headers.items()))
         if isinstance(step, FakeError):
@@ -185,6 +190,22 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, self._completion(body, step))
         else:
             self._json(500, {"error": {"message": f"bad script step {step!r}", "type": "fake_error"}})
+
+    # --- embeddings ----------------------------------------------------------------------------------
+
+    def _embeddings(self, body: dict[str, Any]) -> None:
+        """Deterministic embeddings: the word-hashing vectors of `HashEmbedder` (dimension 64)."""
+        from ..vectors.embedders import HashEmbedder
+
+        with self.fake._lock:
+            self.fake.requests.append(body)
+        inputs = body.get("input")
+        texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        embedder = HashEmbedder(int(body.get("dimensions") or 64))
+        data = [{"object": "embedding", "index": i, "embedding": embedder._one(str(t))} for i, t in enumerate(texts)]
+        self._json(200, {"object": "list", "data": data, "model": body.get("model", "fake-embedding"),
+                         "usage": {"prompt_tokens": sum(len(str(t).split()) for t in texts),
+                                   "total_tokens": sum(len(str(t).split()) for t in texts)}})
 
     # --- plain ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,115 @@
+"""`TextSearch`: retrieval-augmented generation over any async search function (the seeds' TextSearchProvider)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import UsageError
+from ..messages import Message
+from ..tools import Tool, ToolOutcome
+from ..vectors.base import Embedder, VectorStore, Where
+from .base import ContextProvider
+
+if TYPE_CHECKING:
+    from ..pipeline import RunContext
+
+__all__ = ["SearchResult", "TextSearch"]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """One retrieved passage and where it comes from (for the citation)."""
+
+    text: str
+    source: str
+    """The source's name (a file, a page title)."""
+    link: str | None = None
+    score: float | None = None
+
+
+SearchFunction = Callable[[str], Awaitable[Sequence[SearchResult]]]
+
+
+def format_results(results: Sequence[SearchResult]) -> str:
+    """Format the results for citation: ``[1] text (source: name, link)``."""
+    lines = []
+    for n, r in enumerate(results, 1):
+        where = r.source + (f", {r.link}" if r.link else "")
+        lines.append(f"[{n}] {r.text}\n(source: {where})")
+    return "\n\n".join(lines)
+
+
+class TextSearch(ContextProvider):
+    """Searches with `search` and gives the model the results, with citations.
+
+    ``mode="before_run"`` searches with the new input (plus the last `recent_messages` messages)
+    before every run and adds the results as one context message; ``mode="tool"`` instead offers a
+    search tool the model calls when it needs to. `from_vector_store` adapts a `VectorStore` of
+    documents (see `contextpipe.vectors.ingest_folder`).
+    """
+
+    kind = "search"
+
+    def __init__(
+        self,
+        search: SearchFunction,
+        *,
+        mode: Literal["before_run", "tool"] = "before_run",
+        recent_messages: int = 0,
+        tool_name: str = "search_documents",
+        tool_description: str = "Search the documents for passages about a query; cite results as [n].",
+        source_id: str = "search",
+    ) -> None:
+        super().__init__(source_id)
+        if mode not in ("before_run", "tool"):
+            raise UsageError(f"mode must be 'before_run' or 'tool', got {mode!r}")
+        self.search = search
+        self.mode = mode
+        self.recent_messages = recent_messages
+        self.tool_name = tool_name
+        self.tool_description = tool_description
+
+    @classmethod
+    def from_vector_store(cls, vectors: VectorStore, embedder: Embedder, *, collection: str = "documents",
+                          k: int = 4, where: Where | None = None, min_score: float | None = None,
+                          **options: Any) -> TextSearch:
+        """Search a collection of document chunks (metadata ``source`` and optional ``link``)."""
+
+        async def search(query: str) -> list[SearchResult]:
+            [vector] = await embedder.embed([query])
+            hits = await vectors.search(collection, vector, k=k, where=where, min_score=min_score)
+            return [SearchResult(h.text, str(h.metadata.get("source", h.id)), h.metadata.get("link"), h.score)
+                    for h in hits]
+
+        return cls(search, **options)
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """Search now and add the results (``before_run`` mode), or offer the search tool (``tool`` mode)."""
+        if self.mode == "tool":
+            ctx.add_tools([self._tool()])
+            ctx.add_instructions(f"Use {self.tool_name} to look things up in the documents, and cite the "
+                                 "results you use as [n] with their source.")
+            return
+        context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
+        recent = context[-self.recent_messages:] if self.recent_messages else []
+        query = "\n".join(m.text for m in [*recent, *ctx.input] if m.text)
+        if not query.strip():
+            return
+        results = await self.search(query)
+        if results:
+            ctx.add_messages([Message.user("Search results (cite them as [n] with their source when you use "
+                                           "them):\n\n" + format_results(results), metadata={"search": True})])
+
+    def _tool(self) -> Tool:
+        async def run(args: dict[str, Any]) -> ToolOutcome:
+            query = args.get("query")
+            if not isinstance(query, str) or not query.strip():
+                return ToolOutcome("Error: 'query' must be a non-empty string.", is_error=True)
+            results = await self.search(query)
+            return ToolOutcome(format_results(results) if results else "No results.")
+
+        return Tool.from_schema(self.tool_name, self.tool_description, {
+            "type": "object", "properties": {"query": {"type": "string", "description": "What to look for."}},
+            "required": ["query"], "additionalProperties": False}, run, idempotent=True)

