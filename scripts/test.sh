@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+# torch is pinned to the CPU build this machine kind keeps on disk; the local embeddings need it.
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local]"
 # shellcheck source=scripts/services.sh
 source scripts/services.sh
 exec .venv/bin/python -m pytest "$@"

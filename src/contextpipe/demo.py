@@ -7,7 +7,8 @@ in SQLite:
 2. a real crash: a worker process is killed with SIGKILL in the middle of a tool call, and a new
    run repairs the session and finishes the job;
 3. compaction: a long session is cut to a token budget before each model call;
-4. the inspect view: where every token of the last prompt came from.
+4. the inspect view: where every token of the last prompt came from;
+5. memory: something said in one session is recalled in another session of the same user.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from .messages import FunctionCall, FunctionResult, Message, TextPart
 from .models.scripted import ScriptedModel, tool_call
 from .providers.compaction import Compaction
 from .providers.history import History
+from .providers.memory import SemanticMemory
 from .session import Session
 from .stores.sqlite import SQLiteStore
 from .tokens import EstimateTokenizer
 from .tools import tool
+from .vectors.embedders import HashEmbedder
 
 __all__ = ["run_demo"]
 
@@ -110,6 +113,7 @@ async def run_demo(say: Callable[[str], None] = print, *, db: str | None = None)
             await _tool_loop(store, say)
             await _crash_and_resume(store, path, say)
             await _compaction_and_inspect(store, say)
+            await _memory(store, say)
 
 
 async def _tool_loop(store: SQLiteStore, say: Callable[[str], None]) -> None:
@@ -186,6 +190,29 @@ async def _compaction_and_inspect(store: SQLiteStore, say: Callable[[str], None]
     say("4. The inspect view of that call (also: contextpipe inspect SESSION --db FILE):")
     for line in trace.table().splitlines():
         say("   " + line)
+
+
+async def _memory(store: SQLiteStore, say: Callable[[str], None]) -> None:
+    say("")
+    say("5. Memory across sessions: what alice said in one session is recalled in her next one.")
+    vectors = store.vectors()
+    try:
+        # HashEmbedder matches shared words offline; use LocalEmbedder or OpenAIEmbedder for meaning.
+        memory = SemanticMemory(vectors, HashEmbedder(), k=1, min_score=None)
+        model = ScriptedModel(["Noted: no meat for you.", "How about a vegetarian mapo tofu tonight?"])
+        agent = Agent(model, providers=[History(store), memory])
+        monday = await agent.session("alice-monday")
+        monday.state["user_id"] = "alice"
+        await agent.run("Please remember that I only eat vegetarian food.", session=monday)
+        friday = await agent.session("alice-friday")
+        friday.state["user_id"] = "alice"
+        result = await agent.run("Any vegetarian dinner ideas for tonight?", session=friday)
+        recalled = model.requests[-1].messages[0].text.splitlines()
+        say(f"   a new session, and the model is given: {recalled[0]}")
+        say(f"      {recalled[1]}")
+        say(f"   answer: {result.text}")
+    finally:
+        await vectors.close()
 
 
 def main() -> None:

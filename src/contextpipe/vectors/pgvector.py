@@ -1,0 +1,164 @@
+"""`PgVectorStore`: vectors in PostgreSQL with pgvector (HNSW, cosine), for many workers on many machines.
+
+Each collection is a table ``<table>_<collection>`` created on first use with the dimension of
+its first vectors and an HNSW index (``vector_cosine_ops``); metadata is JSONB. Filtered searches
+use pgvector's iterative index scans, so a selective filter still returns up to `k` matches.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from typing_extensions import override
+
+from ..errors import StoreError, UsageError
+from .base import SearchHit, VectorRecord, VectorStore, Where, check_where
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["PgVectorStore"]
+
+_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+def _vector(values: Sequence[float]) -> str:
+    return "[" + ",".join(repr(float(v)) for v in values) + "]"
+
+
+class PgVectorStore(VectorStore):
+    """Vectors in PostgreSQL + pgvector; give a DSN or an ``asyncpg`` pool."""
+
+    def __init__(self, dsn: str | None = None, *, pool: asyncpg.Pool | None = None, table: str = "contextpipe_vectors",
+                 ef_search: int = 100) -> None:
+        if (dsn is None) == (pool is None):
+            raise UsageError("PgVectorStore needs exactly one of dsn=... or pool=...")
+        if not _NAME_RE.match(table):
+            raise UsageError(f"invalid table name {table!r}: lowercase letters, digits and '_'")
+        self._dsn, self._pool, self._owns = dsn, pool, pool is None
+        self.table = table
+        self.ef_search = ef_search
+        self._ready: set[str] = set()
+
+    async def _get_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            try:
+                import asyncpg
+            except ImportError as exc:
+                raise UsageError('PgVectorStore needs asyncpg: pip install "contextpipe[postgres]"') from exc
+            try:
+                self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=8)
+                async with self._pool.acquire() as conn:
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            except (OSError, asyncpg.PostgresError) as exc:
+                raise StoreError(f"cannot use pgvector at the given DSN: {exc}", backend="pgvector") from exc
+        return self._pool
+
+    def _name(self, collection: str) -> str:
+        if not _NAME_RE.match(collection):
+            raise UsageError(f"invalid collection name {collection!r}: lowercase letters, digits and '_'")
+        return f"{self.table}_{collection}"
+
+    async def _exists(self, conn: asyncpg.Connection, name: str) -> bool:
+        if name in self._ready:
+            return True
+        found = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name)
+        if found:
+            self._ready.add(name)
+        return bool(found)
+
+    @override
+    async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
+        if not records:
+            return
+        name = self._name(collection)
+        dim = len(records[0].vector)
+        if any(len(r.vector) != dim for r in records):
+            raise UsageError("all vectors of one upsert must have the same dimension")
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            if not await self._exists(conn, name):
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)
+                await conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT PRIMARY KEY, embedding vector({dim}) "
+                                   "NOT NULL, text TEXT NOT NULL, metadata JSONB NOT NULL)")
+                await conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_hnsw ON {name} "
+                                   "USING hnsw (embedding vector_cosine_ops)")
+                await conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_meta ON {name} USING gin (metadata)")
+                self._ready.add(name)
+            await conn.executemany(
+                f"INSERT INTO {name} (id, embedding, text, metadata) VALUES ($1, $2::vector, $3, $4::jsonb) "
+                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, text = EXCLUDED.text, "
+                "metadata = EXCLUDED.metadata",
+                [(r.id, _vector(r.vector), r.text, json.dumps(dict(r.metadata), default=str)) for r in records])
+
+    @staticmethod
+    def _filter(where: Where | None, start: int) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for key, value in (where or {}).items():
+            if isinstance(value, list | tuple | set | frozenset):
+                marks = []
+                for v in value:
+                    params.append(json.dumps(v))
+                    marks.append(f"${start + len(params)}::jsonb")
+                clauses.append(f"metadata -> '{key}' IN ({', '.join(marks)})" if marks else "false")
+            else:
+                params.append(json.dumps({key: value}))
+                clauses.append(f"metadata @> ${start + len(params)}::jsonb")
+        return (" AND ".join(clauses) or "true"), params
+
+    @override
+    async def delete(self, collection: str, *, ids: Sequence[str] | None = None, where: Where | None = None) -> int:
+        check_where(where)
+        if (ids is None and where is None) or (ids is not None and not ids):
+            return 0
+        name = self._name(collection)
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            if not await self._exists(conn, name):
+                return 0
+            clause, params = self._filter(where, 1 if ids is not None else 0)
+            if ids is not None:
+                clause = f"id = ANY($1::text[]) AND {clause}"
+                params = [list(ids), *params]
+            status = await conn.execute(f"DELETE FROM {name} WHERE {clause}", *params)
+            return int(str(status).split()[-1])
+
+    @override
+    async def search(self, collection: str, vector: Sequence[float], *, k: int = 5, where: Where | None = None,
+                     min_score: float | None = None) -> list[SearchHit]:
+        check_where(where)
+        name = self._name(collection)
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            if not await self._exists(conn, name):
+                return []
+            await conn.execute(f"SET LOCAL hnsw.ef_search = {int(self.ef_search)}")
+            await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            clause, params = self._filter(where, 2)
+            rows = await conn.fetch(
+                f"SELECT id, text, metadata::text AS metadata, 1 - (embedding <=> $1::vector) AS score FROM {name} "
+                f"WHERE {clause} ORDER BY embedding <=> $1::vector LIMIT $2", _vector(vector), k, *params)
+        hits = [SearchHit(r["id"], float(r["score"]), r["text"], json.loads(r["metadata"])) for r in rows]
+        hits.sort(key=lambda h: -h.score)  # relaxed order: restore exact order of the returned rows
+        return [h for h in hits if min_score is None or h.score >= min_score]
+
+    @override
+    async def count(self, collection: str, *, where: Where | None = None) -> int:
+        check_where(where)
+        name = self._name(collection)
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            if not await self._exists(conn, name):
+                return 0
+            clause, params = self._filter(where, 0)
+            return int(await conn.fetchval(f"SELECT COUNT(*) FROM {name} WHERE {clause}", *params))
+
+    @override
+    async def close(self) -> None:
+        if self._pool is not None and self._owns:
+            await self._pool.close()
+            self._pool = None
