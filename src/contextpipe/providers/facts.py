@@ -1,0 +1,185 @@
+"""`FactMemory`: durable facts and preferences about a user, extracted by a model after each turn.
+
+It plays the role of the seeds' Mem0Provider / FoundryMemoryProvider, on contextpipe's own stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from ..messages import Message
+from ..models.base import ChatModel, ModelRequest
+from ..session import ProviderState, Session
+from ..vectors.base import Embedder, VectorRecord, VectorStore
+from .base import ContextProvider
+from .memory import _user_from_state
+
+if TYPE_CHECKING:
+    from ..pipeline import RunContext, RunOutcome
+
+__all__ = ["FactMemory"]
+
+DEFAULT_EXTRACTION_PROMPT = """You maintain a list of durable facts about a user: preferences, personal details,
+plans, constraints. You are given the facts already known (with ids) and new conversation turns. Reply with JSON only:
+{"add": ["new fact", ...], "update": [{"id": "...", "text": "corrected fact"}], "delete": ["id", ...]}
+- Add only facts that will still matter in later conversations; write each as a short sentence about the user.
+- If a turn contradicts a known fact, update that fact to the latest information (or delete it).
+- Never add a fact that is already known. Reply {"add": [], "update": [], "delete": []} when nothing changes."""
+
+
+class _Pending(pydantic.BaseModel):
+    turns: list[str] = []
+
+
+class FactMemory(ContextProvider):
+    """Extracts facts with `model` after each successful run and recalls the relevant ones before each run.
+
+    Facts are stored per user (``session.state["user_id"]`` unless `user` says otherwise) in
+    `vectors`; before a run the `k` facts most relevant to the input are added to the
+    instructions. Extraction merges with what is known: new facts are added, contradicted ones
+    updated or deleted, duplicates skipped. If extraction fails the turn is kept in session state
+    and extracted with the next run, so no turn is lost. With `background=True` extraction does not
+    delay the run's result; call `drain()` to wait for it.
+    """
+
+    kind = "memory"
+
+    def __init__(
+        self,
+        model: ChatModel,
+        vectors: VectorStore,
+        embedder: Embedder,
+        *,
+        collection: str = "facts",
+        k: int = 10,
+        background: bool = False,
+        prompt: str = DEFAULT_EXTRACTION_PROMPT,
+        user: Callable[[Session | None], str | None] = _user_from_state,
+        source_id: str = "facts",
+    ) -> None:
+        super().__init__(source_id)
+        self.model = model
+        self.vectors = vectors
+        self.embedder = embedder
+        self.collection = collection
+        self.k = k
+        self.background = background
+        self.prompt = prompt
+        self.user = user
+        self.pending = ProviderState(f"{source_id}.pending", _Pending)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._retry: dict[tuple[str, str], list[str]] = {}
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """The session state key of turns waiting for extraction."""
+        return (self.pending.key,)
+
+    def _scope(self, session: Session | None) -> dict[str, Any] | None:
+        user = self.user(session)
+        if session is None or user is None:
+            return None
+        return {"tenant": session.tenant, "user_id": user}
+
+    async def facts(self, session: Session, query: str | None = None, *, k: int | None = None) -> list[tuple[str, str]]:
+        """Return ``(id, text)`` of the user's facts, the most relevant to `query` first."""
+        where = self._scope(session)
+        if where is None:
+            return []
+        [vector] = await self.embedder.embed([query or "facts about the user"])
+        hits = await self.vectors.search(self.collection, vector, k=k or self.k, where=where)
+        return [(h.id, h.text) for h in hits]
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """Add the facts relevant to the new input to the instructions."""
+        session = ctx.session
+        if session is None or self._scope(session) is None:
+            return
+        retry = self._retry.pop((session.tenant, str(self.user(session))), [])
+        if retry:
+            self.pending.get(session).turns.extend(retry)
+        query = " ".join(m.text for m in ctx.input) or None
+        known = await self.facts(session, query)
+        if known:
+            ctx.add_instructions("Known facts about the user (may be outdated):\n"
+                                 + "\n".join(f"- {text}" for _, text in known))
+
+    async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
+        """Extract facts from this turn (and any turn whose extraction failed before)."""
+        session = ctx.session
+        if outcome.error is not None or session is None or self._scope(session) is None:
+            return
+        answer = next((m.text for m in reversed(outcome.response_messages or ()) if m.role == "assistant"), "")
+        turn = "\n".join([*(f"user: {m.text}" for m in ctx.input if m.text), f"assistant: {answer}"])
+        pending = self.pending.get(session)
+        turns = [*pending.turns, turn]
+        pending.turns = []
+        if self.background:
+            task = asyncio.create_task(self._extract_or_keep(session, turns, background=True))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            await self._extract_or_keep(session, turns, background=False)
+
+    async def drain(self) -> None:
+        """Wait for background extractions to finish."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _extract_or_keep(self, session: Session, turns: list[str], *, background: bool) -> None:
+        try:
+            await self._extract(session, turns)
+        except Exception:
+            if background:
+                self._retry.setdefault((session.tenant, str(self.user(session))), []).extend(turns)
+            else:
+                self.pending.get(session).turns = turns  # saved with the session; retried next run
+
+    async def _extract(self, session: Session, turns: list[str]) -> None:
+        where = self._scope(session)
+        assert where is not None
+        known = await self.facts(session, "\n".join(turns), k=30)
+        request = ModelRequest([Message.user(
+            "Known facts:\n" + ("\n".join(f"[{fid}] {text}" for fid, text in known) or "(none)")
+            + "\n\nNew turns:\n" + "\n\n".join(turns))], self.prompt, (), {"response_format": {"type": "json_object"}})
+        response = await self.model.complete(request)
+        changes = _parse(response.text)
+        known_ids = {fid for fid, _ in known}
+        known_texts = {_norm(text) for _, text in known}
+        deletes = [fid for fid in changes.get("delete", []) if fid in known_ids]
+        updates = [(u["id"], u["text"]) for u in changes.get("update", [])
+                   if isinstance(u, dict) and u.get("id") in known_ids and isinstance(u.get("text"), str)]
+        adds = []
+        for text in changes.get("add", []):
+            if isinstance(text, str) and text.strip() and _norm(text) not in known_texts:
+                known_texts.add(_norm(text))
+                adds.append(text.strip())
+        if deletes:
+            await self.vectors.delete(self.collection, ids=deletes)
+        records = [(fid, text) for fid, text in updates] + [(f"fact_{os.urandom(8).hex()}", t) for t in adds]
+        if records:
+            vectors = await self.embedder.embed([text for _, text in records])
+            await self.vectors.upsert(self.collection, [
+                VectorRecord(fid, v, text, {**where, "session_id": session.id, "updated_at": time.time()})
+                for (fid, text), v in zip(records, vectors, strict=True)])
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split()).rstrip(".")
+
+
+def _parse(text: str) -> dict[str, Any]:
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise ValueError(f"the extraction model did not answer with JSON: {text[:200]!r}")
+    data = json.loads(text[start:end + 1])
+    if not isinstance(data, dict):
+        raise ValueError("the extraction model's JSON is not an object")
+    return data
