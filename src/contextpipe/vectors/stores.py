@@ -102,6 +102,47 @@ CREATE TABLE IF NOT EXISTS cp_vector_versions (collection TEXT PRIMARY KEY, vers
 """
 
 
+class _Matrix:
+    """One collection held in memory: ids, normalised vectors, texts, metadata, and filter results."""
+
+    def __init__(self, version: int, ids: list[str], matrix: np.ndarray[Any, Any], texts: list[str],
+                 metas: list[dict[str, Any]]) -> None:
+        self.version, self.ids, self.matrix, self.texts, self.metas = version, ids, matrix, texts, metas
+        self.position = {i: n for n, i in enumerate(ids)}
+        self.filters: dict[str, np.ndarray[Any, Any]] = {}
+
+    def apply(self, version: int, rows: list[tuple[str, np.ndarray[Any, Any], str, dict[str, Any]]]) -> None:
+        """Bring the cache up to date with this process's own upsert."""
+        new = []
+        for id_, vector, text, meta in rows:
+            n = self.position.get(id_)
+            if n is None:
+                new.append((id_, vector, text, meta))
+            else:
+                self.matrix[n], self.texts[n], self.metas[n] = vector, text, meta
+        if new:
+            block = np.stack([r[1] for r in new])
+            self.matrix = block if self.matrix.size == 0 else np.vstack([self.matrix, block])
+            for id_, _, text, meta in new:
+                self.position[id_] = len(self.ids)
+                self.ids.append(id_)
+                self.texts.append(text)
+                self.metas.append(meta)
+        self.version = version
+        self.filters.clear()
+
+    def rows_matching(self, where: Where) -> np.ndarray[Any, Any]:
+        """Positions of the rows matching `where` (remembered until the collection changes)."""
+        key = json.dumps(where, sort_keys=True, default=str)
+        found = self.filters.get(key)
+        if found is None:
+            found = np.fromiter((n for n, m in enumerate(self.metas) if matches(m, where)), dtype=np.int64)
+            if len(self.filters) > 256:
+                self.filters.clear()
+            self.filters[key] = found
+        return found
+
+
 class SQLiteVectorStore(VectorStore):
     """Vectors in a SQLite file, searched exactly with numpy; made by `SQLiteStore.vectors()` or directly."""
 
@@ -110,7 +151,7 @@ class SQLiteVectorStore(VectorStore):
         self._busy_ms = int(busy_timeout * 1000)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-vectors")
         self._conn: sqlite3.Connection | None = None
-        self._cache: dict[str, tuple[int, list[str], np.ndarray[Any, Any], list[str], list[dict[str, Any]]]] = {}
+        self._cache: dict[str, _Matrix] = {}
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -127,27 +168,39 @@ class SQLiteVectorStore(VectorStore):
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(self._connection(), *args))
 
     @staticmethod
+    def _version(conn: sqlite3.Connection, collection: str) -> int:
+        row = conn.execute("SELECT version FROM cp_vector_versions WHERE collection = ?", (collection,)).fetchone()
+        return int(row[0]) if row else 0
+
+    @staticmethod
     def _bump(conn: sqlite3.Connection, collection: str) -> None:
         conn.execute("INSERT INTO cp_vector_versions VALUES (?, 1) ON CONFLICT (collection) "
-                      "DO UPDATE SET version = version + 1", (collection,))
+                     "DO UPDATE SET version = version + 1", (collection,))
 
     @override
     async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
-        rows = []
-        for r in records:
-            vector = _normalise(r.vector)
-            rows.append((collection, r.id, int(vector.shape[0]), vector.tobytes(), r.text,
-                         json.dumps(dict(r.metadata), ensure_ascii=False, default=str)))
+        prepared = [(r.id, _normalise(r.vector), r.text, dict(r.metadata)) for r in records]
+        rows = [(collection, id_, int(v.shape[0]), v.tobytes(), text, json.dumps(meta, ensure_ascii=False, default=str))
+                for id_, v, text, meta in prepared]
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                before = self._version(conn, collection)
                 conn.executemany("INSERT OR REPLACE INTO cp_vectors VALUES (?, ?, ?, ?, ?, ?)", rows)
                 self._bump(conn, collection)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            cached = self._cache.get(collection)
+            if cached is None:
+                return
+            same_shape = cached.matrix.size == 0 or (prepared and cached.matrix.shape[1] == prepared[0][1].shape[0])
+            if cached.version == before and same_shape:
+                cached.apply(before + 1, prepared)  # in step with the file: update in place, no reload
+            else:
+                del self._cache[collection]
 
         await self._run(op)
 
@@ -173,16 +226,15 @@ class SQLiteVectorStore(VectorStore):
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self._cache.pop(collection, None)
             return int(n)
 
         return int(await self._run(op))
 
-    def _load(self, conn: sqlite3.Connection, collection: str) -> tuple[int, list[str], np.ndarray[Any, Any],
-                                                                        list[str], list[dict[str, Any]]]:
-        row = conn.execute("SELECT version FROM cp_vector_versions WHERE collection = ?", (collection,)).fetchone()
-        version = int(row[0]) if row else 0
+    def _load(self, conn: sqlite3.Connection, collection: str) -> _Matrix:
+        version = self._version(conn, collection)
         cached = self._cache.get(collection)
-        if cached is not None and cached[0] == version:
+        if cached is not None and cached.version == version:
             return cached
         rows = conn.execute("SELECT id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ?",
                             (collection,)).fetchall()
@@ -192,9 +244,10 @@ class SQLiteVectorStore(VectorStore):
                 raise UsageError(f"collection {collection!r} mixes vector sizes {sorted(dims)}; use one embedder "
                                  "per collection")
             matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(len(rows), rows[0][1])
+            matrix = matrix.copy()  # writable: this process's upserts update it in place
         else:
             matrix = np.zeros((0, 0), dtype=np.float32)
-        loaded = (version, [r[0] for r in rows], matrix, [r[3] for r in rows], [json.loads(r[4]) for r in rows])
+        loaded = _Matrix(version, [r[0] for r in rows], matrix, [r[3] for r in rows], [json.loads(r[4]) for r in rows])
         self._cache[collection] = loaded
         return loaded
 
@@ -204,13 +257,14 @@ class SQLiteVectorStore(VectorStore):
         check_where(where)
 
         def op(conn: sqlite3.Connection) -> list[SearchHit]:
-            _, ids, matrix, texts, metas = self._load(conn, collection)
+            m = self._load(conn, collection)
             if where:
-                keep = [i for i, m in enumerate(metas) if matches(m, where)]
-                sub = matrix[keep] if keep else np.zeros((0, matrix.shape[1] if matrix.ndim == 2 else 0))
-                return [SearchHit(ids[keep[i]], s, texts[keep[i]], metas[keep[i]])
-                        for i, s in _top(sub, vector, k, min_score)]
-            return [SearchHit(ids[i], s, texts[i], metas[i]) for i, s in _top(matrix, vector, k, min_score)]
+                keep = m.rows_matching(where)
+                if keep.size == 0:
+                    return []
+                return [SearchHit(m.ids[int(keep[i])], s, m.texts[int(keep[i])], m.metas[int(keep[i])])
+                        for i, s in _top(m.matrix[keep], vector, k, min_score)]
+            return [SearchHit(m.ids[i], s, m.texts[i], m.metas[i]) for i, s in _top(m.matrix, vector, k, min_score)]
 
         hits: list[SearchHit] = await self._run(op)
         return hits
