@@ -185,3 +185,17 @@ def test_no_tracer_provider_means_no_opentelemetry_at_all() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+async def test_otel_run_span_ends_when_the_session_is_busy(spans: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    from contextpipe import SessionBusy
+
+    provider, exporter = spans
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([]), providers=[History(store)], telemetry=Telemetry(tracer_provider=provider))
+    session = await agent.session("busy")
+    await store.acquire_lease("default", "busy", "another-worker", ttl=30)
+    with pytest.raises(SessionBusy):
+        await agent.run("hi", session=session)
+    [root] = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert root.attributes["error.type"] == "SessionBusy"

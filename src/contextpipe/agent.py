@@ -253,11 +253,10 @@ class Agent:
         if spans.tracer is not None:
             spans.start_run(session.id if session is not None else None, self.model.name)
         run_error: BaseException | None = None
-        if session is not None:
-            lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(), ttl=self.lease_ttl,
-                                              wait=lease_wait)
         try:
             if session is not None:
+                lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
+                                                  ttl=self.lease_ttl, wait=lease_wait)
                 await self._refresh(session)
             ctx = RunContext(
                 agent=self, session=session, input=input_messages, instructions=self.instructions,
