@@ -72,17 +72,22 @@ def decode_checkpoint(backend: str, tenant: str, session_id: str, body: str | by
         ) from exc
 
 
-def decode_state(backend: str, tenant: str, session_id: str, body: str | bytes) -> dict[str, Any]:
+def decode_object(backend: str, tenant: str, session_id: str, body: str | bytes, what: str) -> dict[str, Any]:
+    """Decode a stored JSON object (`what`: "the state", "a trace"), or raise `CorruptRecord`."""
     try:
-        state = json.loads(body)
+        value = json.loads(body)
     except ValueError as exc:
-        state = exc
-    if not isinstance(state, dict):
+        value = exc
+    if not isinstance(value, dict):
         raise CorruptRecord(
-            f"{backend} store: the state of session {session_id!r} (tenant {tenant!r}) cannot be read: {state}",
+            f"{backend} store: {what} of session {session_id!r} (tenant {tenant!r}) cannot be read: {value}",
             backend=backend, tenant=tenant, session_id=session_id,
         )
-    return state
+    return value
+
+
+def decode_state(backend: str, tenant: str, session_id: str, body: str | bytes) -> dict[str, Any]:
+    return decode_object(backend, tenant, session_id, body, "the state")
 
 
 def encode_cursor(updated_at: float, session_id: str) -> str:
@@ -184,13 +189,4 @@ def encode_trace(trace: dict[str, Any]) -> str:
 
 
 def decode_trace(backend: str, tenant: str, session_id: str, body: str | bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except ValueError as exc:
-        value = exc
-    if not isinstance(value, dict):
-        raise CorruptRecord(
-            f"{backend} store: a trace of session {session_id!r} (tenant {tenant!r}) cannot be read: {value}",
-            backend=backend, tenant=tenant, session_id=session_id,
-        )
-    return value
+    return decode_object(backend, tenant, session_id, body, "a trace")
