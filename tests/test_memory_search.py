@@ -114,7 +114,7 @@ async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -
     sent = model.requests[-1].messages
     recalled = sent[0].text
     assert recalled.startswith("Relevant memories from earlier conversations")
-    assert "[session alice-1" in recalled and "I prefer vegetarian food." in recalled
+    assert "session alice-1]" in recalled and "I prefer vegetarian food." in recalled
     assert sent[0].source is not None and sent[0].source.source_id == "memory"
     # Deleting a session deletes its memories (same SQLite file).
     await store.delete_session("default", "alice-1")

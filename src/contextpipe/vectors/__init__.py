@@ -11,13 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where
+from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
-    from .embedders import HashEmbedder, LocalEmbedder, OpenAIEmbedder
-    from .stores import MemoryVectorStore, SQLiteVectorStore
+    from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+    from .memory import MemoryVectorStore
+    from .sqlite import SQLiteVectorStore
 
 __all__ = [
+    "E5SmallEmbedder",
     "Embedder",
     "HashEmbedder",
     "LocalEmbedder",
@@ -29,6 +31,7 @@ __all__ = [
     "VectorStore",
     "Where",
     "chunk_text",
+    "embed_query",
     "ingest_folder",
 ]
 
@@ -102,8 +105,8 @@ async def ingest_folder(
     return total
 
 
-_LAZY = {"HashEmbedder": ".embedders", "LocalEmbedder": ".embedders", "OpenAIEmbedder": ".embedders",
-         "MemoryVectorStore": ".stores", "SQLiteVectorStore": ".stores"}
+_LAZY = {"E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
+         "OpenAIEmbedder": ".embedders", "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite"}
 
 
 def __getattr__(name: str) -> object:
