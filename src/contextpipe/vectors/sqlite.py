@@ -26,7 +26,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from typing_extensions import override
@@ -71,7 +71,7 @@ END
 """
 
 # Search parameters: recall@10 >= 0.98 against exact search at 100,000 x 384 (bench/vector_bench.py).
-_CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH = 16, 128, 96
+_CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH = 16, 128, 128
 _SAVE_AFTER = 20_000  # changes applied at once (a rebuild, a long catch-up) worth saving the index for
 
 
@@ -85,12 +85,56 @@ def _hashable(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
+class _Rows:
+    """The vectors again, in fixed-size blocks (growing never copies them), for exact search of subsets."""
+
+    BLOCK = 8192
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.blocks: list[np.ndarray[Any, Any]] = []
+        self.position: dict[int, int] = {}
+        self.free: list[int] = []
+        self.used = 0
+
+    def put(self, keys: Sequence[int], matrix: np.ndarray[Any, Any]) -> None:
+        for key, vector in zip(keys, matrix, strict=True):
+            at = self.position.get(key)
+            if at is None:
+                if self.free:
+                    at = self.free.pop()
+                else:
+                    at = self.used
+                    self.used += 1
+                    if at // self.BLOCK == len(self.blocks):
+                        self.blocks.append(np.zeros((self.BLOCK, self.dim), dtype=np.float32))
+                self.position[key] = at
+            self.blocks[at // self.BLOCK][at % self.BLOCK] = vector
+
+    def forget(self, key: int) -> None:
+        at = self.position.pop(key, None)
+        if at is not None:
+            self.free.append(at)
+
+    def gather(self, keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        at = np.fromiter((self.position[int(k)] for k in keys), dtype=np.int64, count=len(keys))
+        if len(self.blocks) == 1:
+            return self.blocks[0][at]
+        out = np.empty((len(at), self.dim), dtype=np.float32)
+        block = at // self.BLOCK
+        for b in np.unique(block):
+            mask = block == b
+            out[mask] = self.blocks[int(b)][at[mask] % self.BLOCK]
+        return out
+
+
 class _Collection:
     """One collection's HNSW index, metadata and metadata postings, as of change `seq`."""
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.index: Any = None  # usearch.index.Index, made with the first vector
+        self.rows: _Rows | None = None
         self.dim = 0
         self.ids: dict[int, str] = {}
         self.metas: dict[int, dict[str, Any]] = {}
@@ -102,6 +146,7 @@ class _Collection:
         from usearch.index import Index
 
         self.dim = dim
+        self.rows = _Rows(dim)
         self.index = Index(ndim=dim, metric="cos", dtype="f32", connectivity=_CONNECTIVITY,
                            expansion_add=_EXPANSION_ADD, expansion_search=_EXPANSION_SEARCH)
 
@@ -125,6 +170,8 @@ class _Collection:
             return
         self.ids.pop(key, None)
         self._post(key, meta, add=False)
+        if self.rows is not None:
+            self.rows.forget(key)
         if self.index is not None and key in self.index:
             self.index.remove(key)
 
@@ -143,6 +190,8 @@ class _Collection:
         keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
+        assert self.rows is not None
+        self.rows.put([r[0] for r in rows], matrix)
         self.describe((key, id_, meta) for key, id_, _, _, meta in rows)
 
     def describe(self, rows: Iterable[tuple[int, str, str]]) -> None:
@@ -175,10 +224,15 @@ class SQLiteVectorStore(VectorStore):
     Made by `SQLiteStore.vectors()` (same file as the sessions) or directly. `exact_limit`: a metadata
     filter keeping at most this many records is searched exactly. `index_dir` is where the HNSW indexes
     are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
+    `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
+    process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
     """
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, exact_limit: int = 4096,
-                 index_dir: str | Path | None = None) -> None:
+                 index_dir: str | Path | None = None, synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        self.synchronous = synchronous
         self.path = str(path)
         self.exact_limit = exact_limit
         self._busy_ms = int(busy_timeout * 1000)
@@ -196,6 +250,7 @@ class SQLiteVectorStore(VectorStore):
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 columns = [r[1] for r in conn.execute("PRAGMA table_info(cp_vectors)")]
@@ -342,8 +397,14 @@ class SQLiteVectorStore(VectorStore):
         if loaded is not None:
             cached, seq = loaded
             self._cache[collection] = cached
-            cached.describe(conn.execute("SELECT key, id, metadata FROM cp_vectors WHERE collection = ?",
-                                         (collection,)))
+            assert cached.rows is not None
+            cursor = conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ?",
+                                  (collection,))
+            while chunk := cursor.fetchmany(8192):
+                usable = [r for r in chunk if r[2] == cached.dim]
+                cached.rows.put([r[0] for r in usable], np.frombuffer(b"".join(r[3] for r in usable),
+                                                                      dtype=np.float32).reshape(-1, cached.dim))
+                cached.describe((r[0], r[1], r[4]) for r in usable)
             stale = [r[0] for r in conn.execute(
                 "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
                 (collection, seq, latest))]
@@ -393,6 +454,7 @@ class SQLiteVectorStore(VectorStore):
                 continue
             cached = _Collection(seq)
             cached.index, cached.dim = index, int(index.ndim)
+            cached.rows = _Rows(cached.dim)
             return cached, seq
         return None
 
@@ -460,8 +522,8 @@ class SQLiteVectorStore(VectorStore):
             return []
         if total <= self.exact_limit or (subset is not None and len(subset) <= self.exact_limit):
             keys = np.fromiter(subset if subset is not None else c.metas, dtype=np.uint64)
-            matrix = np.stack(c.index.get(keys)) if len(keys) > 1 else c.index.get(keys)[0][None, :]
-            scores = matrix @ q
+            assert c.rows is not None
+            scores = c.rows.gather(keys) @ q
             top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
             top = top[np.argsort(-scores[top])]
             return [(int(keys[i]), float(scores[i])) for i in top]
