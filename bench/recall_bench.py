@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import sys
 import tempfile
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
 
 from conversations import Question, Turn, load
@@ -36,7 +39,7 @@ from contextpipe.messages import Message
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
 from contextpipe.vectors import Embedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
-from contextpipe.vectors.base import embed_query
+from contextpipe.vectors.base import embed_query, rrf
 
 KS = (1, 3, 5, 10)
 
@@ -116,11 +119,31 @@ class Result:
         return [statistics.fmean(self.found[kind][k]) for k in KS]
 
 
-async def measure(memory: SemanticMemory, questions: list[Question]) -> Result:
+NAME_RE = re.compile(r"(?<!^)(?<![.?!] )\b([A-Z][a-z]+(?: [A-Z][a-z]+)*)")
+
+
+async def measure(memory: SemanticMemory, questions: list[Question], *, entities: bool = False,
+                  rerank: bool = False) -> Result:
     found: dict[str, dict[int, list[float]]] = {}
     for q in questions:
-        hits = await memory.recall(q.question, scope(q.conversation), k=max(KS))
-        ids = [h.id for h in hits]
+        if rerank:
+            pool = await memory.recall(q.question, scope(q.conversation), k=3 * max(KS))
+            query = np.asarray(await embed_query(memory.embedder, q.question))
+            windows = await memory.embedder.embed([f"{h.metadata.get('before', '')}\n{h.metadata['author']}: {h.text}"
+                                                   for h in pool])
+            similarity = {h.id: float(np.asarray(w) @ query) for h, w in zip(pool, windows, strict=True)}
+            fused = rrf(pool, sorted(pool, key=lambda h: -similarity[h.id]), k=max(KS))
+            ids = [h.id for h in fused]
+        elif entities:
+            rankings = [await memory.recall(q.question, scope(q.conversation), k=max(KS) * 2)]
+            names = list(dict.fromkeys(NAME_RE.findall(q.question)))
+            if names:  # and once more for what is asked about, without the names
+                rest = re.sub("|".join(re.escape(n) + "(?:'s)?" for n in names), " ", q.question)
+                rankings.append(await memory.recall(rest, scope(q.conversation), k=max(KS) * 2))
+            ids = [h.id for h in rrf(*rankings, k=max(KS))]
+        else:
+            hits = await memory.recall(q.question, scope(q.conversation), k=max(KS))
+            ids = [h.id for h in hits]
         per = found.setdefault(q.kind, {k: [] for k in KS})
         for k in KS:
             per[k].append(len(set(q.evidence) & set(ids[:k])) / len(q.evidence))
@@ -158,6 +181,15 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
             vectors.candidates = depth
             rows.append((f"{label}: hybrid, {depth} candidates a side", await measure(memory, questions)))
         vectors.candidates = 50
+        for weights in ((1.0, 0.5), (1.0, 0.75), (0.75, 1.0)):
+            vectors.weights = weights
+            rows.append((f"{label}: hybrid, weights vector {weights[0]} keywords {weights[1]}",
+                         await measure(memory, questions)))
+        vectors.weights = (1.0, 1.0)
+        rows.append((f"{label}: hybrid + names in the question looked up alone (multi-hop)",
+                     await measure(memory, questions, entities=True)))
+        rows.append((f"{label}: hybrid, 3x candidates re-ranked by window similarity (multi-hop)",
+                     await measure(memory, questions, rerank=True)))
     return rows
 
 

@@ -101,6 +101,8 @@ class VectorStore(abc.ABC):
 
     candidates: int = 50
     """How many records each side of a hybrid search ranks before fusion."""
+    weights: tuple[float, float] = (1.0, 1.0)
+    """Weights of the vector and the keyword ranking in the fusion."""
 
     @abc.abstractmethod
     async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
@@ -136,7 +138,7 @@ class VectorStore(abc.ABC):
         by_vector, by_keywords = await asyncio.gather(
             self.vector_search(collection, vector, k=depth, where=where, min_score=min_score),
             self.keyword_search(collection, text, k=depth, where=where))
-        return rrf(by_vector, by_keywords, k=k)
+        return rrf(by_vector, by_keywords, k=k, weights=self.weights)
 
     @abc.abstractmethod
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
@@ -186,8 +188,9 @@ def keyword_terms(text: str) -> list[str]:
     return list(seen)[:64]
 
 
-def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60) -> list[SearchHit]:
-    """Reciprocal rank fusion: each record scores the sum of ``1 / (constant + rank)`` over the rankings.
+def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60,
+        weights: Sequence[float] | None = None) -> list[SearchHit]:
+    """Reciprocal rank fusion: each record scores the sum of ``weight / (constant + rank)`` over the rankings.
 
     The first ranking is the vector one and the second the keyword one (their scores are kept in
     `vector_score` / `keyword_score`).
@@ -196,8 +199,9 @@ def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60) -> list[
     first: dict[str, SearchHit] = {}
     sides: dict[str, dict[int, float]] = {}
     for side, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[side]
         for rank, hit in enumerate(ranking, 1):
-            fused[hit.id] = fused.get(hit.id, 0.0) + 1.0 / (constant + rank)
+            fused[hit.id] = fused.get(hit.id, 0.0) + weight / (constant + rank)
             first.setdefault(hit.id, hit)
             sides.setdefault(hit.id, {})[side] = hit.score
     order = sorted(fused, key=lambda i: -fused[i])[:k]
