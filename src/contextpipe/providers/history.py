@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from ..exchanges import drop_leading_orphans
 from ..messages import Message
 from .base import HistoryProvider, MessageFilter
 
@@ -81,7 +82,7 @@ class History(HistoryProvider):
         checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
         messages, first_seq = page.messages, page.first_seq
         if checkpoint is not None or page.has_more:
-            kept = _drop_leading_orphans(messages)
+            kept = drop_leading_orphans(messages)
             first_seq += len(messages) - len(kept)
             messages = kept
         return (checkpoint.summary if checkpoint is not None else None), messages, first_seq
@@ -89,11 +90,3 @@ class History(HistoryProvider):
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
         """Append `messages` to the session's log (idempotent by message id)."""
         await self.store.append(session.tenant, session.id, messages, lease=lease)
-
-
-def _drop_leading_orphans(messages: list[Message]) -> list[Message]:
-    """Drop tool results at the start of a bounded page whose calls were cut off by the bound."""
-    start = 0
-    while start < len(messages) and messages[start].role == "tool":
-        start += 1
-    return messages[start:] if start else messages
