@@ -372,7 +372,7 @@ async def test_calibration_is_learned_per_session_from_usage() -> None:
         await agent.run("hello", session=session)
     stored = await store.get_session("default", "cal")
     assert stored is not None
-    state = stored.state["compaction.calibration"]
+    state = stored.state["contextpipe.calibration"]  # the agent's, shared by traces and compaction
     assert state["samples"] == 3 and state["ratio"] > 1.5
 
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from . import __version__
 from .agent import Agent
 from .errors import ContextPipeError
-from .loop import ToolCallFinished, ToolCallStarted
+from .events import ToolCallFinished, ToolCallStarted
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction

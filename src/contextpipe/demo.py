@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from .agent import Agent, RunResult
 from .compaction import TokenBudget
-from .loop import StepPersisted
+from .events import StepPersisted
 from .messages import FunctionCall, FunctionResult, Message, TextPart
 from .models.scripted import ScriptedModel, tool_call
 from .providers.compaction import Compaction
