@@ -33,9 +33,10 @@ from contextpipe.compaction import (
     group_messages,
 )
 from contextpipe.invariants import check_messages, tool_exchange_problem
-from contextpipe.models import ModelRequest, ModelResponse, ScriptedModel, Turn, tool_call
+from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 from contextpipe.tokens import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,

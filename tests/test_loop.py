@@ -21,9 +21,10 @@ from contextpipe import (
     tool,
 )
 from contextpipe.exchanges import group_messages
-from contextpipe.models import ModelRequest, ScriptedModel, Turn, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 from helpers import describe
 
 

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from contextpipe import Agent, UsageError
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers.mcp import HttpServer, McpTools, StdioServer
 from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills
+from contextpipe.testing import ScriptedModel, tool_call
 
 SERVER = str(Path(__file__).parent / "fixtures" / "mcp_server.py")
 

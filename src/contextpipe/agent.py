@@ -45,7 +45,7 @@ class Agent:
 
     >>> import asyncio
     >>> from contextpipe import Agent, tool
-    >>> from contextpipe.models import ScriptedModel, tool_call
+    >>> from contextpipe.testing import ScriptedModel, tool_call
     >>> from contextpipe.providers import History
     >>> from contextpipe.stores import MemoryStore
     >>> @tool

@@ -10,7 +10,7 @@ per-message detail is computed (with cached token counts) the first time it is r
 
 >>> import asyncio
 >>> from contextpipe import Agent
->>> from contextpipe.models import ScriptedModel
+>>> from contextpipe.testing import ScriptedModel
 >>> result = asyncio.run(Agent(ScriptedModel(["Hi!"]), instructions="Be kind.").run("Hello"))
 >>> trace = result.traces[0]
 >>> [(m.role, m.source_kind) for m in trace.messages]
