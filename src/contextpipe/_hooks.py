@@ -7,7 +7,7 @@ Each hook runs inside its own span (when telemetry is on) and its time is writte
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .telemetry import Spans, hook_span
@@ -20,8 +20,17 @@ if TYPE_CHECKING:
 __all__ = ["run_after", "run_before"]
 
 
-async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, spans: Spans) -> None:
-    """Call `before_run` on each provider in order.
+Guard = Callable[[Awaitable[None]], Awaitable[None]]
+"""Awaits a hook, stopping it if the run must stop (the step writer's `guard`: a lost lease)."""
+
+
+async def _unguarded(hook: Awaitable[None]) -> None:
+    await hook
+
+
+async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, spans: Spans,
+                     guard: Guard = _unguarded) -> None:
+    """Call `before_run` on each provider in order, each through `guard`.
 
     A provider that raises stops the sequence (the run fails); ``ctx.journal.started`` counts it,
     so it still gets its `after_run`.
@@ -34,7 +43,7 @@ async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, span
         error: BaseException | None = None
         try:
             with ctx.contributing(provider.source_id):
-                await provider.before_run(ctx)
+                await guard(provider.before_run(ctx))
         except BaseException as exc:
             error = exc
             raise

@@ -7,14 +7,23 @@ releases the lease at the end. The writer saves:
   model output; then every model output and every tool result as soon as it exists;
 - per run: everything once, when the run has succeeded;
 - summary checkpoints (for compaction), the session's state and, when asked, the run's traces.
+
+While the run lives, a background *heartbeat* renews the lease every ``lease.ttl / 3`` seconds (by
+default), whatever the run is doing: a slow model call, a long tool, a provider hook. If a renewal
+fails with `LeaseLost` (another worker took the session over, or it was deleted), the writer
+refuses every further write and `guard` stops whatever the run is awaiting at once (in-flight
+tools are cancelled) with that error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import LeaseLost
 from .stores.base import Checkpoint
 
 if TYPE_CHECKING:
@@ -24,14 +33,31 @@ if TYPE_CHECKING:
     from .session import Session
     from .stores.base import Lease, SessionStore
 
-__all__ = ["StepWriter"]
+__all__ = ["Heartbeat", "StepWriter"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """How a run keeps its session's lease alive in the background.
+
+    The lease is renewed every `interval` seconds (None: a third of the lease's TTL), waiting with
+    `sleep`; tests pass a `sleep` that waits for an explicit signal instead of the clock.
+    """
+
+    interval: float | None = None
+    """Seconds between renewals; None renews every ``ttl / 3``, well inside the TTL."""
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+    """Waits between renewals (``asyncio.sleep`` unless a test drives the beats itself)."""
 
 
 class StepWriter:
     """Saves one run's messages, checkpoints and session state, fenced by the run's lease."""
 
     def __init__(self, *, store: SessionStore, session: Session | None, lease: Lease | None,
-                 history_providers: Sequence[HistoryProvider], per_step: bool) -> None:
+                 history_providers: Sequence[HistoryProvider], per_step: bool,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.store = store
         """The store holding the session (and the lease)."""
         self.session = session
@@ -43,7 +69,56 @@ class StepWriter:
         self._providers = [p for p in history_providers if p.stores_anything]
         self._loader = next((p for p in history_providers if p.load_messages), None)
         self._request_saved = False
-        self._lease_renew_at = (time.time() + lease.ttl / 2) if lease is not None else 0.0
+        self.lost: LeaseLost | None = None
+        """Set when a renewal failed: the run no longer holds the session and must stop."""
+        self._lost_event = asyncio.Event()
+        self._beating: asyncio.Task[None] | None = None
+        if lease is not None:
+            self._beating = asyncio.ensure_future(self._beat(heartbeat or Heartbeat()))
+
+    # --- the lease ----------------------------------------------------------------------------------
+
+    async def _beat(self, heartbeat: Heartbeat) -> None:
+        """Renew the lease until the run ends or a renewal fails (then stop the run)."""
+        while self.lease is not None:
+            await heartbeat.sleep(heartbeat.interval if heartbeat.interval is not None else self.lease.ttl / 3)
+            lease = self.lease
+            if lease is None:
+                return
+            try:
+                renewed = await self.store.renew_lease(lease)
+            except LeaseLost as exc:
+                exc.add_note("the run was stopped: another run took this session over (or it was deleted) "
+                             "while this one was still working; nothing more was saved")
+                self.lost = exc
+                self._lost_event.set()
+                return
+            except Exception:  # noqa: S112 - a failed renewal (a store blip) is retried at the next beat
+                continue
+            if self.lease is lease:
+                self.lease = renewed
+
+    def check(self) -> None:
+        """Raise the `LeaseLost` that stopped the run, if the lease was lost."""
+        if self.lost is not None:
+            raise self.lost
+
+    async def guard(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
+        self.check()
+        if self._beating is None:
+            return await awaitable
+        task = asyncio.ensure_future(awaitable)
+        lost = asyncio.ensure_future(self._lost_event.wait())
+        try:
+            await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self.check()
+        return task.result()
 
     @property
     def stores_messages(self) -> bool:
@@ -67,7 +142,6 @@ class StepWriter:
         """
         if not self.per_step or not self.stores_messages:
             return []
-        await self._renew_if_due()
         first = with_request and not self._request_saved
         self._request_saved = self._request_saved or with_request
         return await self._save(ctx, response, with_request=first)
@@ -81,6 +155,7 @@ class StepWriter:
     async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool) -> list[Message]:
         session = self.session
         assert session is not None
+        self.check()
         saved: list[Message] | None = None
         for provider in self._providers:
             batch = provider.select_request(ctx) if with_request else []
@@ -91,15 +166,11 @@ class StepWriter:
                 saved = batch
         return saved or []
 
-    async def _renew_if_due(self) -> None:
-        if self.lease is not None and time.time() >= self._lease_renew_at:
-            self.lease = await self.store.renew_lease(self.lease)
-            self._lease_renew_at = time.time() + self.lease.ttl / 2
-
     async def save_checkpoint(self, seq: int, summary: Message) -> bool:
         """Have the history provider that loaded the messages keep `summary` as standing for the log up to `seq`."""
         if self.session is None or self._loader is None:
             return False
+        self.check()
         checkpoint = Checkpoint(seq, summary, time.time())
         return await self._loader.save_checkpoint(self.session, checkpoint, lease=self.lease_for(self._loader))
 
@@ -108,12 +179,18 @@ class StepWriter:
         session = self.session
         if session is None:
             return
+        self.check()
         await self.store.save_session(session, lease=self.lease)
         if traces:
             await self.store.append_traces(session.tenant, session.id, list(traces), lease=self.lease)
 
     async def release(self) -> None:
-        """Give the session's lease back (the run is over)."""
+        """Stop the heartbeat and give the session's lease back (the run is over)."""
+        if self._beating is not None:
+            self._beating.cancel()
+            await asyncio.gather(self._beating, return_exceptions=True)
+            self._beating = None
         if self.lease is not None:
             lease, self.lease = self.lease, None
-            await self.store.release_lease(lease)
+            if self.lost is None:
+                await self.store.release_lease(lease)

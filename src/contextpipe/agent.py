@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeAlias
 
 from ._hooks import run_after, run_before
-from ._persistence import StepWriter
+from ._persistence import Heartbeat, StepWriter
 from .errors import AfterRunError, StoreError, UsageError
 from .events import RunDone, RunResult, StreamEvent
 from .loop import RunLimits, StepLoop
@@ -25,14 +25,21 @@ from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
 from .session import DEFAULT_TENANT, ProviderState, Session, validate_session_id, validate_tenant
-from .stores.base import DEFAULT_LEASE_TTL, SessionStore
+from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
 from .tokens import Calibration, TokenCounter, Tokenizer, tokenizer_for_model
 from .tools import Tool, as_tool
 from .trace import RunJournal
 
-__all__ = ["CALIBRATION", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+__all__ = ["CALIBRATION", "DEFAULT_RUN_LEASE_TTL", "Agent", "AgentStream", "Heartbeat", "RunDone", "RunResult",
+           "StreamEvent"]
+
+DEFAULT_RUN_LEASE_TTL = 15.0
+"""Seconds a run's lease lives without renewal: a killed worker's session is free again after this.
+
+A live run renews it in the background every ``ttl / 3`` seconds (see `Heartbeat`), however long
+its model calls and tools take."""
 
 Persistence: TypeAlias = Literal["per_step", "per_run"]
 
@@ -64,6 +71,13 @@ class Agent:
     Sessions live in `store`: given, or the store of the agent's `History` provider, or a private
     in-memory store. `persistence` is ``per_step`` (save after every model call and tool result; the
     default) or ``per_run`` (save once when the run succeeds).
+
+    A run on a session holds the session's lease, `lease_ttl` seconds (15 by default) renewed in the
+    background every ``lease_ttl / 3`` (`heartbeat`) for as long as the run lives, through model
+    calls and tools of any length. If the lease is lost anyway (the session was deleted, or a
+    paused process let it expire and another worker took over), the run stops at once with
+    `LeaseLost`: in-flight tools are cancelled and nothing more is written. A killed worker's
+    session is free for another worker after at most `lease_ttl` seconds.
     """
 
     def __init__(
@@ -77,7 +91,8 @@ class Agent:
         store: SessionStore | None = None,
         limits: RunLimits | None = None,
         persistence: Persistence = "per_step",
-        lease_ttl: float = DEFAULT_LEASE_TTL,
+        lease_ttl: float = DEFAULT_RUN_LEASE_TTL,
+        heartbeat: Heartbeat | None = None,
         telemetry: Telemetry | None = None,
         store_traces: bool = False,
         name: str | None = None,
@@ -99,7 +114,12 @@ class Agent:
         if persistence not in ("per_step", "per_run"):
             raise UsageError(f"persistence must be 'per_step' or 'per_run', got {persistence!r}")
         self.persistence: Persistence = persistence
+        if lease_ttl <= 0:
+            raise UsageError(f"lease_ttl must be positive seconds, got {lease_ttl!r}")
         self.lease_ttl = lease_ttl
+        """Seconds a run's lease on its session lives without renewal (the heartbeat renews it)."""
+        self.heartbeat = heartbeat or Heartbeat()
+        """How a run keeps its lease alive in the background."""
         self.tools: dict[str, Tool] = {}
         """The agent's own tools by name."""
         for item in tools:
@@ -239,7 +259,7 @@ class Agent:
                             instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if spans.active else None)
             error: BaseException | None = None
             try:
-                await run_before(self.providers, ctx, spans)
+                await run_before(self.providers, ctx, spans, writer.guard)
                 async for event in loop.events():
                     yield event
                 await writer.save_run(ctx, loop.state.new_messages)
@@ -270,7 +290,8 @@ class Agent:
             lease = await self.store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
                                                    ttl=self.lease_ttl, wait=lease_wait)
             writer = StepWriter(store=self.store, session=session, lease=lease,
-                                history_providers=self.history_providers, per_step=self.persistence == "per_step")
+                                history_providers=self.history_providers, per_step=self.persistence == "per_step",
+                                heartbeat=self.heartbeat)
             try:
                 await self._refresh(session)
             except BaseException:

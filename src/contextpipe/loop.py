@@ -233,7 +233,7 @@ class StepLoop:
             if tool is not None and tool.idempotent:
                 if self.want_events:
                     yield ToolCallStarted(call)
-                result = await self._execute(call)
+                result = await self.writer.guard(self._execute(call))
                 if self.want_events:
                     yield ToolCallFinished(call, result)
             else:
@@ -266,10 +266,10 @@ class StepLoop:
         state.steps = step
         if response.usage is not None:
             state.usage = state.usage + response.usage
-        self._trace(step, response.request or request, response, time.perf_counter() - started)
         produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages])
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
+        self._trace(step, response.request or request, response, time.perf_counter() - started)
         self._working.extend(produced)
         state.new_messages.extend(produced)
         yield ModelStep(step, final, produced, [c for m in produced for c in m.function_calls])
@@ -279,7 +279,7 @@ class StepLoop:
         journal = ctx.journal
         journal.traces.append(PromptTrace(
             step, self.model.name, response.usage, latency, response.finish_reason, journal.take_compaction(),
-            tuple(journal.changes) if step == 1 else (), _request=sent, _instruction_sources=ctx.instruction_sources,
+            journal.take_changes(), _request=sent, _instruction_sources=ctx.instruction_sources,
             _tool_sources=dict(ctx.tool_sources), _counter=ctx.tokens, _journal=journal))
 
     async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
@@ -287,12 +287,12 @@ class StepLoop:
         queue: asyncio.Queue[object] = asyncio.Queue()
         call = chain(self.ctx.middleware, self._terminal(queue.put_nowait))
         if not self.stream:
-            yield await call(request)
+            yield await self.writer.guard(call(request))
             return
         task = asyncio.ensure_future(call(request))
         task.add_done_callback(lambda _: queue.put_nowait(_DONE))
         try:
-            while (item := await queue.get()) is not _DONE:
+            while (item := await self.writer.guard(queue.get())) is not _DONE:
                 assert isinstance(item, TextDelta | ReasoningDelta)
                 yield item
             yield task.result()
@@ -353,7 +353,7 @@ class StepLoop:
         tasks = [self._execute(c) for c in calls]
         try:
             for next_done in asyncio.as_completed(tasks):
-                result = await next_done
+                result = await self.writer.guard(next_done)
                 call = by_id[result.call_id]
                 message = self._add_tool_message([call], [result])
                 yield ToolCallFinished(call, result)

@@ -84,6 +84,13 @@ class RunJournal:
     """Instructions and tools that providers replaced or removed, and repairs of the log's view."""
     started: int = 0
     """How many providers' `before_run` was called (they, and only they, get `after_run`)."""
+    _changes_taken: int = 0
+
+    def take_changes(self) -> tuple[ContextChange, ...]:
+        """Return the changes noted since the last call (they stay in `changes`)."""
+        taken = tuple(self.changes[self._changes_taken:])
+        self._changes_taken = len(self.changes)
+        return taken
 
     def take_compaction(self) -> tuple[CompactionDecision, ...]:
         """Return and clear the decisions noted since the last model call."""
@@ -164,7 +171,8 @@ class PromptTrace:
     compaction: tuple[CompactionDecision, ...] = ()
     """Compaction decisions made for this call."""
     changes: tuple[ContextChange, ...] = ()
-    """Instructions and tools providers replaced or removed, and repairs of the log's view (first call)."""
+    """What changed the context before this call or this call's output: instructions and tools providers
+    replaced or removed, repairs of the stored log's view, normalised model output."""
     _request: ModelRequest | None = field(default=None, repr=False)
     _instruction_sources: Sequence[tuple[str, str]] = field(default=(), repr=False)
     _tool_sources: dict[str, str] = field(default_factory=dict, repr=False)
