@@ -93,7 +93,7 @@ class StepWriter:
                 self.lost = exc
                 self._lost_event.set()
                 return
-            except Exception:  # noqa: S112 - a failed renewal (a store blip) is retried at the next beat
+            except Exception:
                 continue
             if self.lease is lease:
                 self.lease = renewed
