@@ -19,8 +19,8 @@ from parallel_worker import tools
 WORKER = str(Path(__file__).with_name("parallel_worker.py"))
 
 
-async def test_kill_after_a_fast_parallel_call_finished_keeps_its_result(tmp_path: Path) -> None:
-    db, effects = tmp_path / "agent.db", tmp_path / "effects.txt"
+def kill_once_the_charge_is_saved(db: Path, effects: Path) -> None:
+    """Start the worker and SIGKILL it as soon as it reports the charge's result saved."""
     proc = subprocess.Popen([sys.executable, WORKER, str(db), str(effects)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -34,6 +34,10 @@ async def test_kill_after_a_fast_parallel_call_finished_keeps_its_result(tmp_pat
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)  # reaps the process and closes its pipes
 
+
+async def test_kill_after_a_fast_parallel_call_finished_keeps_its_result(tmp_path: Path) -> None:
+    db, effects = tmp_path / "agent.db", tmp_path / "effects.txt"
+    kill_once_the_charge_is_saved(db, effects)
     async with SQLiteStore(db) as store:
         agent = Agent(ScriptedModel(["Charged; the audit did not finish."]), tools=tools(effects),
                       providers=[History(store)])
