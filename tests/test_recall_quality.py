@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from contextpipe import Agent, Message
-from contextpipe.models import ModelRequest, ScriptedModel
+from contextpipe.models import ModelRequest
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
+from contextpipe.testing import ScriptedModel
 from contextpipe.vectors import LocalEmbedder, SQLiteVectorStore, VectorRecord, VectorStore
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))

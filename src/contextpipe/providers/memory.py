@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import UsageError
 from ..messages import Message
-from ..session import Session
+from ..session import Session, user_id
 from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_query
 from .base import ContextProvider
 
@@ -32,10 +32,7 @@ _CONTEXT_CHARS = 600  # how much of the neighbouring turn a memory keeps
 
 
 def _user_from_state(session: Session | None) -> str | None:
-    if session is None:
-        return None
-    value = session.state.get("user_id")
-    return str(value) if value is not None else None
+    return user_id(session)
 
 
 def _user_name_from_state(session: Session | None) -> str | None:

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
     from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
     from .memory import MemoryVectorStore
+    from .pgvector import PgVectorStore
     from .sqlite import SQLiteVectorStore
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "LocalEmbedder",
     "MemoryVectorStore",
     "OpenAIEmbedder",
+    "PgVectorStore",
     "SQLiteVectorStore",
     "SearchHit",
     "VectorRecord",
@@ -105,14 +108,7 @@ async def ingest_folder(
     return total
 
 
-_LAZY = {"E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
-         "OpenAIEmbedder": ".embedders", "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite"}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module, __name__), name)
+__getattr__ = lazy_exports(__name__, {
+    "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
+    "OpenAIEmbedder": ".embedders", "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
+    "PgVectorStore": ".pgvector"})
