@@ -160,6 +160,12 @@ def print_table(title: str, rows: list[tuple[str, Result]], kinds: list[str]) ->
         per_kind = [result.row(kind)[KS.index(5)] for kind in kinds]
         print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in overall) + " | "
               + " | ".join(f"{v:.3f}" for v in per_kind) + " |", flush=True)
+    print(f"\n{title}, per kind: recall@1 / @3 / @5 / @10\n")
+    print("| variant | " + " | ".join(f"{kind} ({len(rows[0][1].found[kind][1])})" for kind in kinds) + " |")
+    print("|---|" + "---:|" * len(kinds))
+    for name, result in rows:
+        print(f"| {name} | " + " | ".join(" / ".join(f"{v:.2f}" for v in result.row(kind)) for kind in kinds)
+              + " |", flush=True)
 
 
 async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: list[Turn],

@@ -202,20 +202,33 @@ class _Collection:
             self.metas[key] = meta
             self._post(key, meta, add=True)
 
-    def keys_matching(self, where: Where) -> set[int]:
-        """Return the keys of the records matching `where` (postings; a scan for values that are not simple)."""
-        found: set[int] | None = None
-        for field, wanted in sorted(where.items(), key=lambda kv: isinstance(kv[1], list | tuple | set | frozenset)):
+    def keys_matching(self, where: Where) -> set[int] | None:
+        """Return the keys of the records matching `where`, or ``None`` when all records match.
+
+        From the postings (a scan for values that are not simple); the result may be a live posting
+        set: read it, never change it.
+        """
+        parts: list[set[int]] = []
+        for field, wanted in where.items():
             values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
             if not all(_hashable(v) for v in values):
-                keys = {k for k, m in self.metas.items() if matches(m, {field: wanted})}
-            else:
-                by_value = self.postings.get(field, {})
-                keys = set().union(*(by_value.get(v, set()) for v in values)) if values else set()
-            found = keys if found is None else found & keys
+                parts.append({k for k, m in self.metas.items() if matches(m, {field: wanted})})
+                continue
+            by_value = self.postings.get(field, {})
+            found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
             if not found:
                 return set()
-        return found if found is not None else set(self.metas)
+            parts.append(found[0] if len(found) == 1 else set().union(*found))
+        parts = [p for p in parts if len(p) < len(self.metas)]  # keeps every record: no constraint
+        if not parts:
+            return None
+        parts.sort(key=len)
+        result = parts[0]
+        for other in parts[1:]:
+            result = result & other
+            if not result:
+                break
+        return result
 
 
 class SQLiteVectorStore(VectorStore):
@@ -544,15 +557,42 @@ class SQLiteVectorStore(VectorStore):
         if not terms or k <= 0:
             return []
         query = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        sql_where, params = _json_where(where, "v.metadata")
-        clause = " AND ".join(["cp_vectors_fts MATCH ?", "v.collection = ?", *sql_where])
 
         def op(conn: sqlite3.Connection) -> list[SearchHit]:
-            rows = conn.execute(
+            # The FTS index ranks on its own (fast); the best few hundred are then checked against the
+            # collection and the filter, asking for more while too few pass.
+            limit = max(2 * k, 100)
+            while True:
+                ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
+                                      "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?",
+                                      (query, limit)).fetchall()
+                rows = {r[0]: r[1:] for r in conn.execute(
+                    f"SELECT key, collection, id, text, metadata FROM cp_vectors WHERE key IN "
+                    f"({','.join('?' * len(ranked))})", [r[0] for r in ranked])} if ranked else {}
+                hits = []
+                for key, score in ranked:
+                    row = rows.get(key)
+                    if row is None or row[0] != collection:
+                        continue
+                    meta = json.loads(row[3])
+                    if where and not matches(meta, where):
+                        continue
+                    hits.append(SearchHit(row[1], float(score), row[2], meta))
+                    if len(hits) == k:
+                        return hits
+                if len(ranked) < limit:
+                    return hits
+                if limit >= 12_800:
+                    break
+                limit *= 4
+            # A filter that keeps few of the matches: let SQLite filter them all.
+            sql_where, params = _json_where(where, "v.metadata")
+            clause = " AND ".join(["cp_vectors_fts MATCH ?", "v.collection = ?", *sql_where])
+            found = conn.execute(
                 f"SELECT v.id, v.text, v.metadata, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
                 f"JOIN cp_vectors v ON v.key = cp_vectors_fts.rowid WHERE {clause} ORDER BY score DESC LIMIT ?",
                 [query, collection, *params, k]).fetchall()
-            return [SearchHit(r[0], float(r[3]), r[1], json.loads(r[2])) for r in rows]
+            return [SearchHit(r[0], float(r[3]), r[1], json.loads(r[2])) for r in found]
 
         hits: list[SearchHit] = await self._run(op)
         return hits
