@@ -421,7 +421,8 @@ class SQLiteVectorStore(VectorStore):
             stale = [r[0] for r in conn.execute(
                 "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
                 (collection, seq, latest))]
-            indexed = {int(k) for k in cached.index.keys} if cached.index is not None else set()
+            # (np.asarray: iterating usearch's key view element by element is quadratic)
+            indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
             missing = [k for k in cached.metas if k not in indexed]  # rows the file does not hold (defensive)
             self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.metas))))
             cached.seq = latest
