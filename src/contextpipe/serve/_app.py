@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, message_from_dict, message_to_dict
+from ..messages import Message, message_from_dict, message_to_dict, new_message_id
 from ..session import validate_session_id
 from ..stores.base import SessionStore
 from ._keys import ApiKeys
@@ -403,7 +404,9 @@ def _input(raw: str | list[dict[str, Any]] | None) -> str | list[Message] | None
         raise _HTTPError(400, "BadRequest", "input is an empty list: send text, messages, or null to resume")
     messages = []
     for i, item in enumerate(raw):
-        message = message_from_dict({"v": 1, **item})
+        if not isinstance(item, dict):
+            raise _HTTPError(400, "BadRequest", f"input[{i}] must be a message object")
+        message = message_from_dict({"v": 1, "id": new_message_id(), "created_at": time.time(), **item})
         if message.role != "user":
             raise _HTTPError(400, "BadRequest", f"input[{i}] has role {message.role!r}; input messages must be "
                              "user messages (the session holds the rest)")

@@ -85,6 +85,8 @@ class LiveRun:
     task: asyncio.Task[None] | None = None
     listening: bool = True
     """False once the client went away (events are no longer queued)."""
+    detached: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the client went away."""
     result: RunResult | None = None
     error: BaseException | None = None
 
@@ -164,6 +166,7 @@ class RunManager:
     def detach(self, run: LiveRun) -> None:
         """Stop sending `run` events (its client went away); finish or cancel it, per `on_disconnect`."""
         run.listening = False
+        run.detached.set()
         if self.on_disconnect == "cancel" and run.task is not None and not run.task.done():
             run.task.cancel()
 
