@@ -68,7 +68,8 @@ class OfflineWeatherModel:
         step = len(results)
         usage = Usage(input_tokens=sum(len(m.text) // 4 + 4 for m in messages), output_tokens=12)
         if city is not None and step == 0:
-            call = FunctionCall(f"call_{os.urandom(4).hex()}", "lookup_location_code", json.dumps({"city": city.title()}))
+            call = FunctionCall(f"call_{os.urandom(4).hex()}", "lookup_location_code",
+                                json.dumps({"city": city.title()}))
             return ModelResponse([Message("assistant", (call,))], usage, "tool_calls", self.name)
         if city is not None and step == 1 and not results[0].is_error:
             call = FunctionCall(f"call_{os.urandom(4).hex()}", "get_weather_forecast",

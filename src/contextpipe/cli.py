@@ -435,6 +435,8 @@ def serve(
     drain_timeout: Annotated[float, typer.Option(help="On SIGTERM, seconds runs in flight get to finish.")] = 30.0,
     max_body: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 1 << 20,
     app_dir: Annotated[str, typer.Option(help="Folder to import the module from.")] = ".",
+    log_level: Annotated[str, typer.Option(help="uvicorn log level: debug, info (with access log), warning, "
+                                           "error.")] = "info",
     new_key: Annotated[str | None, typer.Option("--new-key", metavar="TENANT", help="Make an API key for TENANT "
                                                 "(appended to --keys FILE when given) and exit.")] = None,
 ) -> None:
@@ -449,7 +451,8 @@ def serve(
             raise _fail("give the agent to serve, as MODULE:ATTRIBUTE (like examples.weather:agent)", code=2)
         serve_cli.run_server(target, host=host, port=port, workers=workers, keys_file=keys, tenant=tenant,
                              on_disconnect=on_disconnect, drain_timeout=drain_timeout, max_body_bytes=max_body,
-                             app_dir=app_dir, say=lambda line: print(line, file=sys.stderr, flush=True))
+                             app_dir=app_dir, log_level=log_level,
+                             say=lambda line: print(line, file=sys.stderr, flush=True))
     except ContextPipeError as exc:
         raise _fail(str(exc)) from None
 

@@ -101,6 +101,8 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
 
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
+    if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        raise UsageError(f"--log-level must be one of critical, error, warning, info, debug, trace; got {log_level!r}")
     keys = ApiKeys.load(config.get("keys_file"))
     ephemeral = None
     if not len(keys):

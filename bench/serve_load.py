@@ -1,0 +1,167 @@
+"""Load test of ``contextpipe serve`` on 127.0.0.1: N concurrent sessions x M runs through uvicorn.
+
+The server is a real ``contextpipe serve`` process (uvicorn) serving an agent with an instant fake
+model, so the figures are the server's and the store's cost. Each session's runs are sequential;
+sessions run concurrently. Afterwards every session's log is read back: it must hold exactly its
+own turns, in order (nothing lost, nothing interleaved).
+
+    .venv/bin/python bench/serve_load.py                       # 200 sessions x 5 runs, SQLite
+    .venv/bin/python bench/serve_load.py --store postgresql://... --workers 2
+    .venv/bin/python bench/serve_load.py --stream               # server-sent events instead of JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from contextpipe import Agent, Message, Usage
+from contextpipe.models import ModelRequest, ModelResponse, ResponseComplete, TextDelta
+from contextpipe.providers import History
+from contextpipe.stores import SessionStore
+
+KEY = "cp_bench_key"
+TARGET = f"{Path(__file__).resolve()}:agent"
+
+
+class EchoModel:
+    """Answers at once: ``reply to <the last user text>``."""
+
+    name = "echo"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        last = next(m.text for m in reversed(request.messages) if m.role == "user")
+        return ModelResponse([Message.assistant(f"reply to {last}")], Usage(len(request.messages), 3), "stop", "echo")
+
+    async def stream(self, request: ModelRequest) -> Any:
+        response = await self.complete(request)
+        for word in response.text.split(" "):
+            yield TextDelta(word + " ")
+        yield ResponseComplete(response)
+
+
+def _store() -> SessionStore:
+    where = os.environ.get("BENCH_STORE", "bench-serve.db")
+    if where.startswith("postgresql://"):
+        from contextpipe.stores import PostgresStore
+
+        return PostgresStore(where)
+    if where.startswith("redis://"):
+        from contextpipe.stores import RedisStore
+
+        return RedisStore(where)
+    from contextpipe.stores import SQLiteStore
+
+    return SQLiteStore(where)
+
+
+def agent() -> Agent:
+    """The served agent (built in each worker)."""
+    return Agent(EchoModel(), instructions="Echo.", providers=[History(_store())])
+
+
+def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen[bytes]:
+    """Start ``contextpipe serve`` on the bench agent; its output goes to `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "contextpipe.cli", "serve", TARGET, "--port", str(port),
+                                 "--workers", str(workers), "--log-level", "warning"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--store", default=None, help="postgresql:// or redis:// URL (default: a new SQLite file)")
+    parser.add_argument("--stream", action="store_true", help="stream every run as server-sent events")
+    args = parser.parse_args()
+
+    import httpx2 as httpx
+
+    from contextpipe.serve import hash_key
+
+    with tempfile.TemporaryDirectory(prefix="cp-serve-bench-") as tmp:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        prefix = f"bench-{os.getpid()}-"
+        env = {**os.environ, "BENCH_STORE": args.store or str(Path(tmp) / "bench.db"),
+               "CONTEXTPIPE_API_KEYS": f"bench {hash_key(KEY)}"}
+        server = start_server(env, port, args.workers, Path(tmp) / "server.log")
+        headers = {"Authorization": f"Bearer {KEY}"}
+        limits = httpx.Limits(max_connections=args.sessions, max_keepalive_connections=args.sessions)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=120) as c:
+                for _ in range(600):
+                    try:
+                        if (await c.get("/healthz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.05)
+                else:
+                    raise RuntimeError("the server did not start")
+                ids = [f"{prefix}{i}" for i in range(args.sessions)]
+                for sid in ids:
+                    (await c.post("/v1/sessions", json={"id": sid}, headers=headers)).raise_for_status()
+                latencies: list[float] = []
+                failures: list[str] = []
+
+                async def session_runs(sid: str) -> None:
+                    for r in range(args.runs):
+                        start = time.perf_counter()
+                        body = {"input": f"{sid} turn {r}", "stream": args.stream}
+                        response = await c.post(f"/v1/sessions/{sid}/runs", json=body, headers=headers)
+                        if response.status_code != 200 or (args.stream and "event: done" not in response.text):
+                            failures.append(f"{sid} run {r}: {response.status_code} {response.text[:200]}")
+                        latencies.append(time.perf_counter() - start)
+
+                began = time.perf_counter()
+                await asyncio.gather(*(session_runs(sid) for sid in ids))
+                elapsed = time.perf_counter() - began
+
+                lost = interleaved = 0
+                for sid in ids:
+                    page = (await c.get(f"/v1/sessions/{sid}/messages?limit=1000", headers=headers)).json()
+                    texts = [m["parts"][0]["text"] for m in page["messages"]]
+                    want = [t for r in range(args.runs) for t in (f"{sid} turn {r}", f"reply to {sid} turn {r}")]
+                    if len(texts) < len(want):
+                        lost += 1
+                    elif texts != want:
+                        interleaved += 1
+                    await c.delete(f"/v1/sessions/{sid}", headers=headers)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+    latencies.sort()
+    runs = len(latencies)
+    store = "SQLite" if not args.store else args.store.split(":")[0]
+    print(f"{args.sessions} sessions x {args.runs} runs ({'SSE' if args.stream else 'JSON'}), {args.workers} "
+          f"worker(s), {store} store, on {os.cpu_count()} CPUs")
+    print(f"  runs: {runs} in {elapsed:.2f} s = {runs / elapsed:.0f} runs/s")
+    print(f"  latency per run: p50 {1000 * statistics.median(latencies):.1f} ms, "
+          f"p99 {1000 * latencies[min(runs - 1, int(runs * 0.99))]:.1f} ms, max {1000 * latencies[-1]:.1f} ms")
+    print(f"  failed requests: {len(failures)}; sessions with lost messages: {lost}; interleaved: {interleaved}")
+    for line in failures[:5]:
+        print("   ", line)
+    if failures or lost or interleaved:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
