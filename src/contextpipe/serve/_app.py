@@ -93,6 +93,7 @@ class _RunRequest(pydantic.BaseModel):
     input: str | list[dict[str, Any]] | None
     stream: bool = False
     wait: float = pydantic.Field(default=0.0, ge=0)
+    traces: bool = False
 
 
 Handler = Callable[["_Api", Request, str, list[str]], Awaitable[Response]]
@@ -311,12 +312,13 @@ class _Api:
         wait = min(body.wait, self.settings.max_wait)
         streaming = body.stream or "text/event-stream" in request.headers.get("accept", "")
         if not streaming:
-            return await self._await_run(request, runs, runs.start(session, input, lease_wait=wait, stream=False))
+            return await self._await_run(request, runs, runs.start(session, input, lease_wait=wait, stream=False,
+                                                                   traces=body.traces))
         # The status line goes out before the run's first event: see now whether the session is free
         # (a run that slips in between still cannot interleave; this one then ends with an error event).
         probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10, wait=wait)
         await self.store.release_lease(probe)
-        run = runs.start(session, input, lease_wait=max(wait, 1.0), stream=True)
+        run = runs.start(session, input, lease_wait=max(wait, 1.0), stream=True, traces=body.traces)
         return StreamingResponse(_sse(runs, run), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -344,7 +346,7 @@ class _Api:
             return JSONResponse(error_to_json(Exception()), 500)
         from ._runs import result_to_json
 
-        return JSONResponse(result_to_json(result))
+        return JSONResponse(result_to_json(result, traces=run.traces))
 
     async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
         from ._agui import agui_events, agui_input

@@ -120,7 +120,9 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
                       "oneOf": [{"type": "string"}, {"type": "array", "items": message}, {"type": "null"}]},
             "stream": {"type": "boolean", "default": False},
             "wait": {"type": "number", "default": 0,
-                     "description": "Seconds to wait for a busy session instead of getting 409."}}},
+                     "description": "Seconds to wait for a busy session instead of getting 409."},
+            "traces": {"type": "boolean", "default": False,
+                       "description": "Put the run's prompt traces (tokens by source per model call) in the result."}}},
         "RunResult": {"type": "object", "properties": {
             "text": {"type": "string"}, "stop_reason": {"type": "string"}, "steps": {"type": "integer"},
             "usage": {"type": "object"}, "messages": {"type": "array", "items": message},

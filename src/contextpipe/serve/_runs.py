@@ -34,9 +34,9 @@ def begin_drain_all(timeout: float) -> None:
         manager.begin_drain(timeout)
 
 
-def result_to_json(result: RunResult) -> dict[str, Any]:
-    """Return the JSON form of a run's result."""
-    return {
+def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]:
+    """Return the JSON form of a run's result (with its prompt traces when `traces`)."""
+    data = {
         "session_id": result.session.id if result.session is not None else None,
         "text": result.text,
         "stop_reason": result.stop_reason,
@@ -44,11 +44,13 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
         "usage": {"input_tokens": result.usage.input_tokens, "output_tokens": result.usage.output_tokens},
         "input": [message_to_dict(m) for m in result.input],
         "messages": [message_to_dict(m) for m in result.messages],
-        "traces": [t.to_dict(compact_runs=True) for t in result.traces],
     }
+    if traces:
+        data["traces"] = [t.to_dict(compact_runs=True) for t in result.traces]
+    return data
 
 
-def event_to_json(event: Any) -> tuple[str, dict[str, Any]] | None:
+def event_to_json(event: Any, *, traces: bool = False) -> tuple[str, dict[str, Any]] | None:
     """Return the SSE name and JSON payload of a stream event (None for events not sent).
 
     Events are told apart by their ``kind`` so this keeps working whichever module defines them.
@@ -66,7 +68,7 @@ def event_to_json(event: Any) -> tuple[str, dict[str, Any]] | None:
         messages: Sequence[Message] = event.messages
         return kind, {"step": event.step, "messages": [message_to_dict(m) for m in messages]}
     if kind == "run_done":
-        return "done", result_to_json(event.result)
+        return "done", result_to_json(event.result, traces=traces)
     return None
 
 
@@ -81,6 +83,8 @@ class LiveRun:
     """One run in flight: its task and the queue its events go to."""
 
     session: Session
+    traces: bool = False
+    """Whether the result sent to the client carries the prompt traces."""
     queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     listening: bool = True
@@ -128,9 +132,9 @@ class RunManager:
             self.deadline = time.monotonic() + timeout
 
     def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
-              stream: bool) -> LiveRun:
-        """Start a run on `session` in its own task and return it."""
-        run = LiveRun(session)
+              stream: bool, traces: bool = False) -> LiveRun:
+        """Start a run on `session` in its own task and return it (`traces`: put them in the result)."""
+        run = LiveRun(session, traces=traces)
         run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream),
                                        name=f"contextpipe-run:{session.tenant}/{session.id}")
         self.runs.add(run)
@@ -143,14 +147,14 @@ class RunManager:
             if stream:
                 async with self.agent.stream(input, session=run.session, lease_wait=lease_wait) as events:
                     async for event in events:
-                        item = event_to_json(event)
+                        item = event_to_json(event, traces=run.traces)
                         if item is not None and run.listening:
                             run.queue.put_nowait(item)
                     run.result = events.result
             else:
                 run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait)
                 if run.listening:
-                    run.queue.put_nowait(("done", result_to_json(run.result)))
+                    run.queue.put_nowait(("done", result_to_json(run.result, traces=run.traces)))
         except asyncio.CancelledError as exc:
             run.error = exc
             if run.listening:
