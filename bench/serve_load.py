@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -70,6 +71,46 @@ def agent() -> Agent:
     return Agent(EchoModel(), instructions="Echo.", providers=[History(_store())])
 
 
+class Connection:
+    """A minimal HTTP/1.1 keep-alive client (one per session), so the figures are the server's, not a client's."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+        self.writer.write(head.encode() + data)
+        status_line = await self.reader.readline()
+        status = int(status_line.split()[1])
+        length, chunked = 0, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "transfer-encoding" and "chunked" in value:
+                chunked = True
+        if not chunked:
+            return status, (await self.reader.readexactly(length)).decode()
+        parts = []
+        while (size := int((await self.reader.readline()).strip(), 16)) > 0:
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readline()
+        await self.reader.readline()
+        return status, b"".join(parts).decode()
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()
+
+
 def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen[bytes]:
     """Start ``contextpipe serve`` on the bench agent; its output goes to `log`."""
     with open(log, "wb") as out:
@@ -87,8 +128,6 @@ async def main() -> None:
     parser.add_argument("--stream", action="store_true", help="stream every run as server-sent events")
     args = parser.parse_args()
 
-    import httpx2 as httpx
-
     from contextpipe.serve import hash_key
 
     with tempfile.TemporaryDirectory(prefix="cp-serve-bench-") as tmp:
@@ -99,48 +138,49 @@ async def main() -> None:
         env = {**os.environ, "BENCH_STORE": args.store or str(Path(tmp) / "bench.db"),
                "CONTEXTPIPE_API_KEYS": f"bench {hash_key(KEY)}"}
         server = start_server(env, port, args.workers, Path(tmp) / "server.log")
-        headers = {"Authorization": f"Bearer {KEY}"}
-        limits = httpx.Limits(max_connections=args.sessions, max_keepalive_connections=args.sessions)
         try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=120) as c:
-                for _ in range(600):
-                    try:
-                        if (await c.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.05)
-                else:
-                    raise RuntimeError("the server did not start")
-                ids = [f"{prefix}{i}" for i in range(args.sessions)]
-                for sid in ids:
-                    (await c.post("/v1/sessions", json={"id": sid}, headers=headers)).raise_for_status()
-                latencies: list[float] = []
-                failures: list[str] = []
+            probe = Connection(port)
+            for _ in range(600):
+                try:
+                    if (await probe.request("GET", "/healthz"))[0] == 200:
+                        break
+                except OSError:
+                    probe = Connection(port)
+                await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError("the server did not start")
+            ids = [f"{prefix}{i}" for i in range(args.sessions)]
+            for sid in ids:
+                assert (await probe.request("POST", "/v1/sessions", {"id": sid}))[0] == 201
+            latencies: list[float] = []
+            failures: list[str] = []
 
-                async def session_runs(sid: str) -> None:
-                    for r in range(args.runs):
-                        start = time.perf_counter()
-                        body = {"input": f"{sid} turn {r}", "stream": args.stream}
-                        response = await c.post(f"/v1/sessions/{sid}/runs", json=body, headers=headers)
-                        if response.status_code != 200 or (args.stream and "event: done" not in response.text):
-                            failures.append(f"{sid} run {r}: {response.status_code} {response.text[:200]}")
-                        latencies.append(time.perf_counter() - start)
+            async def session_runs(sid: str) -> None:
+                conn = Connection(port)
+                for r in range(args.runs):
+                    start = time.perf_counter()
+                    body = {"input": f"{sid} turn {r}", "stream": args.stream}
+                    status, text = await conn.request("POST", f"/v1/sessions/{sid}/runs", body)
+                    latencies.append(time.perf_counter() - start)
+                    if status != 200 or (args.stream and "event: done" not in text):
+                        failures.append(f"{sid} run {r}: {status} {text[:200]}")
+                await conn.close()
 
-                began = time.perf_counter()
-                await asyncio.gather(*(session_runs(sid) for sid in ids))
-                elapsed = time.perf_counter() - began
+            began = time.perf_counter()
+            await asyncio.gather(*(session_runs(sid) for sid in ids))
+            elapsed = time.perf_counter() - began
 
-                lost = interleaved = 0
-                for sid in ids:
-                    page = (await c.get(f"/v1/sessions/{sid}/messages?limit=1000", headers=headers)).json()
-                    texts = [m["parts"][0]["text"] for m in page["messages"]]
-                    want = [t for r in range(args.runs) for t in (f"{sid} turn {r}", f"reply to {sid} turn {r}")]
-                    if len(texts) < len(want):
-                        lost += 1
-                    elif texts != want:
-                        interleaved += 1
-                    await c.delete(f"/v1/sessions/{sid}", headers=headers)
+            lost = interleaved = 0
+            for sid in ids:
+                page = json.loads((await probe.request("GET", f"/v1/sessions/{sid}/messages?limit=1000"))[1])
+                texts = [m["parts"][0]["text"] for m in page["messages"]]
+                want = [t for r in range(args.runs) for t in (f"{sid} turn {r}", f"reply to {sid} turn {r}")]
+                if len(texts) < len(want):
+                    lost += 1
+                elif texts != want:
+                    interleaved += 1
+                await probe.request("DELETE", f"/v1/sessions/{sid}")
+            await probe.close()
         finally:
             server.send_signal(signal.SIGTERM)
             try:
