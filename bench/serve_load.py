@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -80,6 +81,13 @@ class Connection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
+        try:
+            return await self._request(method, path, body)
+        except (ConnectionError, IndexError):  # the server closed an idle keep-alive connection: reconnect
+            await self.close()
+            return await self._request(method, path, body)
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, str]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
@@ -108,7 +116,9 @@ class Connection:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            await self.writer.wait_closed()
+            with contextlib.suppress(ConnectionError):
+                await self.writer.wait_closed()
+            self.reader = self.writer = None
 
 
 def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen[bytes]:

@@ -355,3 +355,18 @@ def test_keys_are_stored_hashed_and_bad_entries_say_what_to_do(tmp_path: Path) -
         ApiKeys.parse("bad/tenant sha256:" + "0" * 64)
     with pytest.raises(UsageError, match="cannot read"):
         ApiKeys.load(tmp_path / "missing.txt", environ={})
+
+
+def test_serving_stays_out_of_import_contextpipe_and_its_api_is_pinned() -> None:
+    import subprocess
+    import sys
+
+    import contextpipe.serve
+
+    code = ("import sys, contextpipe, contextpipe.cli\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'ag_ui') "
+            "or m.startswith('contextpipe.serve')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert sorted(contextpipe.serve.__all__) == ["ApiKeys", "OnDisconnect", "ServeSettings", "create_app",
+                                                 "hash_key", "new_key"]
