@@ -59,9 +59,13 @@ def _store() -> SessionStore:
 
         return PostgresStore(where)
     if where.startswith("redis://"):
+        import redis.asyncio as redis
+
         from contextpipe.stores import RedisStore
 
-        return RedisStore(where)
+        # A blocking pool: a burst of runs waits for a connection (redis-py's default pool fails past 100).
+        pool = redis.BlockingConnectionPool.from_url(where, max_connections=64, timeout=60)
+        return RedisStore(client=redis.Redis(connection_pool=pool))
     from contextpipe.stores import SQLiteStore
 
     return SQLiteStore(where)
@@ -164,6 +168,7 @@ async def main() -> None:
                 assert (await probe.request("POST", "/v1/sessions", {"id": sid}))[0] == 201
             latencies: list[float] = []
             failures: list[str] = []
+            succeeded: dict[str, list[int]] = {sid: [] for sid in ids}
 
             async def session_runs(sid: str) -> None:
                 conn = Connection(port)
@@ -174,6 +179,8 @@ async def main() -> None:
                     latencies.append(time.perf_counter() - start)
                     if status != 200 or (args.stream and "event: done" not in text):
                         failures.append(f"{sid} run {r}: {status} {text[:200]}")
+                    else:
+                        succeeded[sid].append(r)
                 await conn.close()
 
             began = time.perf_counter()
@@ -184,8 +191,8 @@ async def main() -> None:
             for sid in ids:
                 page = json.loads((await probe.request("GET", f"/v1/sessions/{sid}/messages?limit=1000"))[1])
                 texts = [m["parts"][0]["text"] for m in page["messages"]]
-                want = [t for r in range(args.runs) for t in (f"{sid} turn {r}", f"reply to {sid} turn {r}")]
-                if len(texts) < len(want):
+                want = [t for r in succeeded[sid] for t in (f"{sid} turn {r}", f"reply to {sid} turn {r}")]
+                if any(t not in texts for t in want):
                     lost += 1
                 elif texts != want:
                     interleaved += 1
@@ -197,6 +204,7 @@ async def main() -> None:
                 server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 server.kill()
+            server_log = (Path(tmp) / "server.log").read_text(encoding="utf-8", errors="replace")
 
     latencies.sort()
     runs = len(latencies)
@@ -206,9 +214,12 @@ async def main() -> None:
     print(f"  runs: {runs} in {elapsed:.2f} s = {runs / elapsed:.0f} runs/s")
     print(f"  latency per run: p50 {1000 * statistics.median(latencies):.1f} ms, "
           f"p99 {1000 * latencies[min(runs - 1, int(runs * 0.99))]:.1f} ms, max {1000 * latencies[-1]:.1f} ms")
-    print(f"  failed requests: {len(failures)}; sessions with lost messages: {lost}; interleaved: {interleaved}")
+    print(f"  failed requests: {len(failures)}; sessions missing a successful run's messages: {lost}; "
+          f"interleaved or extra: {interleaved}")
     for line in failures[:5]:
         print("   ", line)
+    if failures:
+        print("  server log (end):", *server_log.splitlines()[-30:], sep="\n    ")
     if failures or lost or interleaved:
         sys.exit(1)
 

@@ -108,9 +108,13 @@ def _store() -> SessionStore:
 
         return PostgresStore(where)
     if where.startswith(("redis://", "rediss://")):
+        import redis.asyncio as redis
+
         from contextpipe.stores import RedisStore
 
-        return RedisStore.from_url(where)
+        # A blocking pool, so a burst of requests waits for a connection instead of failing.
+        pool = redis.BlockingConnectionPool.from_url(where, max_connections=64, timeout=60)
+        return RedisStore(client=redis.Redis(connection_pool=pool))
     from contextpipe.stores import SQLiteStore
 
     return SQLiteStore(where)

@@ -436,10 +436,17 @@ async def _sse(runs: RunManager, run: LiveRun) -> AsyncIterator[str]:
                 yield ": keep-alive\n\n"  # holds proxies open during long model or tool calls
                 continue
             item, getter = getter.result(), None
+            chunk = []
+            while item is not None:  # send what is queued in one write
+                name, payload = item
+                chunk.append(f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n")
+                if run.queue.empty():
+                    break
+                item = run.queue.get_nowait()
+            if chunk:
+                yield "".join(chunk)
             if item is None:
                 break
-            name, payload = item
-            yield f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
         finished = True
     finally:
         if getter is not None:

@@ -112,7 +112,10 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
     _free(host, port)
     os.environ[_CONFIG_ENV] = json.dumps(config)
     if config["mode"] == "serve":
-        load_agent(config["target"], app_dir=config.get("app_dir"))  # fail here, clearly, not in every worker
+        agent = load_agent(config["target"], app_dir=config.get("app_dir"))  # fail here, not in every worker
+        if workers > 1 and agent.store.backend == "memory":
+            raise UsageError("--workers needs a store the workers share (SQLite file, PostgreSQL or Redis); "
+                             f"{config['target']} keeps its sessions in memory, in each worker apart")
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     say(f"contextpipe on {url}  (API docs: {url}/docs)")
