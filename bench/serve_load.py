@@ -125,6 +125,26 @@ class Connection:
             self.reader = self.writer = None
 
 
+async def in_process(sessions: int, runs: int, store_env: str) -> float:
+    """Run the same workload on the agent directly (no HTTP); return runs per second."""
+    os.environ["BENCH_STORE"] = store_env
+    bench_agent = agent()
+    prefix = f"direct-{os.getpid()}-"
+    handles = [await bench_agent.session(f"{prefix}{i}") for i in range(sessions)]
+
+    async def session_runs(handle: Any) -> None:
+        for r in range(runs):
+            await bench_agent.run(f"{handle.id} turn {r}", session=handle)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(session_runs(h) for h in handles))
+    elapsed = time.perf_counter() - began
+    for h in handles:
+        await bench_agent.store.delete_session(h.tenant, h.id)
+    await bench_agent.store.close()
+    return sessions * runs / elapsed
+
+
 def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen[bytes]:
     """Start ``contextpipe serve`` on the bench agent; its output goes to `log`."""
     with open(log, "wb") as out:
@@ -205,13 +225,15 @@ async def main() -> None:
             except subprocess.TimeoutExpired:
                 server.kill()
             server_log = (Path(tmp) / "server.log").read_text(encoding="utf-8", errors="replace")
+        direct = await in_process(args.sessions, args.runs, args.store or str(Path(tmp) / "direct.db"))
 
     latencies.sort()
     runs = len(latencies)
     store = "SQLite" if not args.store else args.store.split(":")[0]
     print(f"{args.sessions} sessions x {args.runs} runs ({'SSE' if args.stream else 'JSON'}), {args.workers} "
           f"worker(s), {store} store, on {os.cpu_count()} CPUs")
-    print(f"  runs: {runs} in {elapsed:.2f} s = {runs / elapsed:.0f} runs/s")
+    print(f"  runs: {runs} in {elapsed:.2f} s = {runs / elapsed:.0f} runs/s through HTTP; the same runs on the "
+          f"agent directly, in one process: {direct:.0f} runs/s")
     print(f"  latency per run: p50 {1000 * statistics.median(latencies):.1f} ms, "
           f"p99 {1000 * latencies[min(runs - 1, int(runs * 0.99))]:.1f} ms, max {1000 * latencies[-1]:.1f} ms")
     print(f"  failed requests: {len(failures)}; sessions missing a successful run's messages: {lost}; "

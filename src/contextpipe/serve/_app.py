@@ -46,7 +46,7 @@ from ..session import validate_session_id
 from ..stores.base import SessionStore
 from ._keys import ApiKeys
 from ._openapi import openapi_schema
-from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json
+from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json
 
 __all__ = ["ServeSettings", "create_app"]
 
@@ -344,8 +344,6 @@ class _Api:
         except Exception:
             log.exception("run failed")
             return JSONResponse(error_to_json(Exception()), 500)
-        from ._runs import result_to_json
-
         return JSONResponse(result_to_json(result, traces=run.traces))
 
     async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
