@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from contextpipe import Agent
+from contextpipe import Agent, FunctionCall, Message
 from contextpipe.models import ScriptedModel, tool_call
 from contextpipe.providers import History
 from contextpipe.serve import create_app
-from contextpipe.stores import SQLiteStore
+from contextpipe.stores import Checkpoint, SQLiteStore
 from helpers import get_weather_forecast, lookup_location_code
 
 from .conftest import KEYS, auth, keys, serving
@@ -46,6 +46,17 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
             await c.post("/v1/sessions", json={"id": "alice/trip"}, headers=auth())
             await c.post("/v1/sessions", json={"id": "bob/other"}, headers=auth())
             await c.post("/v1/sessions/alice%2Ftrip/runs", json={"input": "I am going to Suzhou."}, headers=auth())
+        # A session a crashed run left with an unanswered call, a summary checkpoint, then repaired.
+        crashed = await store.load_or_create("acme", "carol/crash")
+        await store.append("acme", "carol/crash", [
+            Message.user("Tell me a story."), Message.assistant("Once upon a time..."),
+            Message.user("Weather in Suzhou?"),
+            Message("assistant", (FunctionCall("c1", "lookup_location_code", '{"city": "Suzhou"}'),))])
+        await store.save_checkpoint("acme", "carol/crash", Checkpoint(2, Message.assistant(
+            "Summary: carol asked for a story and got one."), 0.0))
+        repairer = Agent(ScriptedModel(["Suzhou is SZ."]), providers=[History(store)], store_traces=True,
+                         tools=[lookup_location_code, get_weather_forecast])
+        await repairer.run(None, session=crashed)
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             page = await browser.new_page(viewport={"width": 1400, "height": 860})
@@ -53,7 +64,7 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             await page.goto(f"{base}/ui/#key={KEYS['acme']}")
             await page.wait_for_selector("#sessions li")
-            assert await page.locator("#sessions li").count() == 2
+            assert await page.locator("#sessions li").count() == 3
             await page.fill("#search", "alice")
             await page.wait_for_function("document.querySelectorAll('#sessions li').length === 1")
             await page.click("#sessions li")
@@ -90,6 +101,18 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
             await page.locator("#chart g.call").nth(0).click()
             assert "Model call 1" in await page.locator("#call-detail").inner_text()
             await page.screenshot(path=str(tmp_path / "inspector.png"))
+
+            await page.fill("#search", "crash")
+            await page.wait_for_function("document.querySelectorAll('#sessions li').length === 1 && "
+                                         "document.querySelector('#sessions li').dataset.session === 'carol/crash'")
+            await page.click("#sessions li")
+            await page.wait_for_selector("#transcript .badge.repair")
+            repaired = transcript.locator("li.msg", has=page.locator(".badge.repair"))
+            assert await repaired.count() == 1
+            assert "result of c1" in await repaired.inner_text()
+            checkpoint = transcript.locator(".marker.checkpoint")
+            assert "carol asked for a story" in await checkpoint.inner_text()
+            assert "up to #2" in await checkpoint.inner_text()
             assert errors == []
             await browser.close()
     await store.close()

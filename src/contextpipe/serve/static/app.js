@@ -245,8 +245,17 @@ function compactedIn() {
   return marks;
 }
 
-function isRepair(message) {
-  if (message.source && message.source.source_id === "repair") return true;
+function repairedIds() {
+  // The run that repairs an interrupted session sends the repair under the source "tool:repair".
+  const ids = new Set();
+  for (const trace of state.traces) {
+    for (const m of trace.messages) if (m.source_kind === "tool" && m.source_id === "repair") ids.add(m.message_id);
+  }
+  return ids;
+}
+
+function isRepair(message, repaired) {
+  if (repaired.has(message.id) || (message.source && message.source.source_id === "repair")) return true;
   return message.parts.some((p) => p.kind === "function_result" && /^Error: the call to .* was interrupted/.test(p.result));
 }
 
@@ -254,11 +263,11 @@ function prettyArgs(text) {
   try { return JSON.stringify(JSON.parse(text), null, 2); } catch (_) { return text; }
 }
 
-function renderMessage(message, marks) {
+function renderMessage(message, marks, repaired) {
   const source = message.source ? message.source.kind + (message.source.source_id ? `:${message.source.source_id}` : "") : "";
   const badges = [];
   if (source) badges.push(el("span", { class: "badge src", title: "where this message came from", text: source }));
-  if (isRepair(message)) badges.push(el("span", { class: "badge repair", title: "recorded by the repair of an interrupted run", text: "repair" }));
+  if (isRepair(message, repaired)) badges.push(el("span", { class: "badge repair", title: "recorded by the repair of an interrupted run", text: "repair" }));
   const compacted = marks.get(message.id) || [];
   if (compacted.length) {
     const calls = compacted.map((c) => `call ${c.call}`).join(", ");
@@ -289,6 +298,7 @@ function renderMessage(message, marks) {
 function renderTranscript(scroll) {
   const list = $("transcript");
   const marks = compactedIn();
+  const repaired = repairedIds();
   const after = new Map();
   state.traces.forEach((trace, i) => {
     const end = traceEnd(trace);
@@ -299,7 +309,7 @@ function renderTranscript(scroll) {
   const checkpoint = state.session.checkpoint;
   const items = [];
   for (const message of state.messages) {
-    items.push(renderMessage(message, marks));
+    items.push(renderMessage(message, marks, repaired));
     if (checkpoint && checkpoint.seq === message.seq) {
       const summary = checkpoint.summary.parts.filter((p) => p.kind === "text").map((p) => p.text).join("\n");
       items.push(el("li", { class: "marker checkpoint" },
