@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from contextpipe.serve import ApiKeys, ServeSettings, create_app, new_key
 from contextpipe.serve._openapi import openapi_schema
@@ -370,3 +372,18 @@ def test_serving_stays_out_of_import_contextpipe_and_its_api_is_pinned() -> None
     assert out.strip() == "[]"
     assert sorted(contextpipe.serve.__all__) == ["ApiKeys", "OnDisconnect", "ServeSettings", "create_app",
                                                  "hash_key", "new_key"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(session_id=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,40}\Z"))
+async def test_every_valid_session_id_has_a_url(session_id: str) -> None:
+    from urllib.parse import quote
+
+    app = make_app(MemoryStore(), GateModel())
+    path = "/v1/sessions/" + quote(session_id, safe="")
+    async with client(app) as c:
+        assert (await c.post("/v1/sessions", json={"id": session_id}, headers=auth())).status_code == 201
+        assert (await c.post(f"{path}/runs", json={"input": "hi"}, headers=auth())).status_code == 200
+        assert (await c.get(path, headers=auth())).json()["id"] == session_id
+        assert len((await c.get(f"{path}/messages", headers=auth())).json()["messages"]) == 2
+        assert (await c.delete(path, headers=auth())).status_code == 204

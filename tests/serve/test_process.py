@@ -201,7 +201,17 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
         (["ui", "--db", str(tmp_path)], "it is a directory"),
     ]
     (tmp_path / "notes.txt").write_text("not a database\n", encoding="utf-8")
+    memory_agent = tmp_path / "memory_agent.py"
+    memory_agent.write_text("from contextpipe import Agent\nfrom contextpipe.models import ScriptedModel\n"
+                            "agent = Agent(ScriptedModel([]))\nnot_an_agent = 42\n", encoding="utf-8")
+    cases.append((["serve", f"{memory_agent}:agent", "--workers", "2"], "--workers needs a store the workers share"))
+    cases.append((["serve", f"{memory_agent}:not_an_agent"], "it is of type int"))
+    cases.append((["serve", f"{memory_agent}:agent", "--log-level", "loud"], "--log-level must be one of"))
     cases.append((["ui", "--db", str(tmp_path / "notes.txt")], "not a contextpipe session database"))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    cases.append((["serve", f"{memory_agent}:agent", "--port", str(busy.getsockname()[1])], "cannot listen on"))
     from typer.testing import CliRunner
 
     from contextpipe.cli import app
@@ -212,6 +222,7 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
         assert done.exit_code != 0, args
         assert done.exception is None or isinstance(done.exception, SystemExit), (args, done.exception)
         assert needle in " ".join(done.stderr.split()), (args, done.stderr)
+    busy.close()
 
 
 def test_new_key_appends_a_hash_the_server_accepts(tmp_path: Path) -> None:

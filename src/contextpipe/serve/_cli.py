@@ -63,7 +63,8 @@ def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
     if not isinstance(obj, Agent) and callable(obj) and not inspect.iscoroutinefunction(obj):
         obj = obj()
     if not isinstance(obj, Agent):
-        raise UsageError(f"{target} is a {type(obj).__name__}, not a contextpipe Agent (or a function returning one)")
+        raise UsageError(f"{target} is not a contextpipe Agent (or a function returning one): it is of type "
+                         f"{type(obj).__name__}")
     return obj
 
 
