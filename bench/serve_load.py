@@ -125,7 +125,7 @@ class Connection:
             self.reader = self.writer = None
 
 
-async def in_process(sessions: int, runs: int, store_env: str) -> float:
+async def in_process(sessions: int, runs: int, store_env: str, stream: bool) -> float:
     """Run the same workload on the agent directly (no HTTP); return runs per second."""
     os.environ["BENCH_STORE"] = store_env
     bench_agent = agent()
@@ -134,7 +134,12 @@ async def in_process(sessions: int, runs: int, store_env: str) -> float:
 
     async def session_runs(handle: Any) -> None:
         for r in range(runs):
-            await bench_agent.run(f"{handle.id} turn {r}", session=handle)
+            if not stream:
+                await bench_agent.run(f"{handle.id} turn {r}", session=handle)
+                continue
+            async with bench_agent.stream(f"{handle.id} turn {r}", session=handle) as events:
+                async for _ in events:
+                    pass
 
     began = time.perf_counter()
     await asyncio.gather(*(session_runs(h) for h in handles))
@@ -225,7 +230,7 @@ async def main() -> None:
             except subprocess.TimeoutExpired:
                 server.kill()
             server_log = (Path(tmp) / "server.log").read_text(encoding="utf-8", errors="replace")
-        direct = await in_process(args.sessions, args.runs, args.store or str(Path(tmp) / "direct.db"))
+        direct = await in_process(args.sessions, args.runs, args.store or str(Path(tmp) / "direct.db"), args.stream)
 
     latencies.sort()
     runs = len(latencies)
