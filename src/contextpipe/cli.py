@@ -437,6 +437,8 @@ def serve(
     app_dir: Annotated[str, typer.Option(help="Folder to import the module from.")] = ".",
     log_level: Annotated[str, typer.Option(help="uvicorn log level: debug, info (with access log), warning, "
                                            "error.")] = "info",
+    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="Browser origin allowed to call "
+                                                          "the API (repeatable).")] = None,
     new_key: Annotated[str | None, typer.Option("--new-key", metavar="TENANT", help="Make an API key for TENANT "
                                                 "(appended to --keys FILE when given) and exit.")] = None,
 ) -> None:
@@ -451,7 +453,7 @@ def serve(
             raise _fail("give the agent to serve, as MODULE:ATTRIBUTE (like examples.weather:agent)", code=2)
         serve_cli.run_server(target, host=host, port=port, workers=workers, keys_file=keys, tenant=tenant,
                              on_disconnect=on_disconnect, drain_timeout=drain_timeout, max_body_bytes=max_body,
-                             app_dir=app_dir, log_level=log_level,
+                             app_dir=app_dir, log_level=log_level, cors_origins=tuple(cors_origin or ()),
                              say=lambda line: print(line, file=sys.stderr, flush=True))
     except ContextPipeError as exc:
         raise _fail(str(exc)) from None

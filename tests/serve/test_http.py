@@ -387,3 +387,20 @@ async def test_every_valid_session_id_has_a_url(session_id: str) -> None:
         assert (await c.get(path, headers=auth())).json()["id"] == session_id
         assert len((await c.get(f"{path}/messages", headers=auth())).json()["messages"]) == 2
         assert (await c.delete(path, headers=auth())).status_code == 204
+
+
+async def test_cors_lets_only_the_configured_origins_call_the_api() -> None:
+    app = make_app(MemoryStore(), GateModel(), cors_origins=("https://app.example.com",))
+    async with client(app) as c:
+        preflight = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization,content-type"}
+        allowed = await c.options("/v1/ag-ui", headers=preflight)
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example.com"
+        other = await c.options("/v1/ag-ui", headers={**preflight, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        listed = await c.get("/v1/sessions", headers={**auth(), "Origin": "https://app.example.com"})
+        assert listed.headers["access-control-allow-origin"] == "https://app.example.com"
+    plain = make_app(MemoryStore(), GateModel())
+    async with client(plain) as c:
+        response = await c.get("/v1/sessions", headers={**auth(), "Origin": "https://app.example.com"})
+        assert "access-control-allow-origin" not in response.headers

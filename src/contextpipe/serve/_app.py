@@ -23,6 +23,8 @@ from urllib.parse import unquote
 
 import pydantic
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -70,6 +72,8 @@ class ServeSettings:
     """Seconds suggested in ``Retry-After`` when a session is busy or the server is draining."""
     read_only: bool = False
     """Serve reading routes only (the ``contextpipe ui --db FILE`` mode)."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins (like ``https://app.example.com``) whose pages may call the API (CORS)."""
 
 
 class _HTTPError(Exception):
@@ -541,7 +545,10 @@ def create_app(
         Route("/docs", docs),
         Route("/v1/{rest:path}", v1, methods=methods),
         Mount("/ui", StaticFiles(directory=STATIC, html=True), name="ui"),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, middleware=[
+        Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
+                   allow_headers=["Authorization", "X-API-Key", "Content-Type", "Accept"], max_age=600),
+    ] if settings.cors_origins else None)
     app.state.api = api
     return app
 

@@ -78,7 +78,7 @@ def app_from_env() -> Any:
         keys._tenants[hashed] = tenant
     if not len(keys):
         raise UsageError("no API keys: pass --keys FILE or set CONTEXTPIPE_API_KEYS")
-    settings = ServeSettings(**config["settings"])
+    settings = ServeSettings(**{**config["settings"], "cors_origins": tuple(config["settings"]["cors_origins"])})
     if config["mode"] == "ui":
         from ._readonly import ReadOnlySQLiteStore
 
@@ -132,7 +132,8 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
 def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
                keys_file: str | None = None, tenant: str = "default", on_disconnect: str = "finish",
                drain_timeout: float = 30.0, max_body_bytes: int = 1 << 20, app_dir: str = ".",
-               log_level: str = "info", say: Callable[[str], None] = print) -> None:
+               log_level: str = "info", cors_origins: tuple[str, ...] = (),
+               say: Callable[[str], None] = print) -> None:
     """Serve the agent `target` (``module:attribute``) until SIGTERM or Ctrl-C."""
     from . import ServeSettings
 
@@ -140,8 +141,11 @@ def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, worker
         raise UsageError(f"--on-disconnect must be 'finish' or 'cancel', got {on_disconnect!r}")
     if max_body_bytes < 1024:
         raise UsageError("--max-body must be at least 1024 bytes")
+    for origin in cors_origins:
+        if not origin.startswith(("http://", "https://")) and origin != "*":
+            raise UsageError(f"--cors-origin must be an origin like https://app.example.com, got {origin!r}")
     settings = ServeSettings(max_body_bytes=max_body_bytes, on_disconnect=on_disconnect,  # type: ignore[arg-type]
-                             drain_timeout=drain_timeout)
+                             drain_timeout=drain_timeout, cors_origins=tuple(cors_origins))
     config = {"mode": "serve", "target": target, "app_dir": str(Path(app_dir).resolve()), "keys_file": keys_file,
               "settings": asdict(settings)}
     _run(config, host=host, port=port, workers=workers, say=say, tenant=tenant, drain_timeout=drain_timeout,
