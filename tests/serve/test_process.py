@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -208,6 +209,12 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     cases.append((["serve", f"{memory_agent}:not_an_agent"], "it is of type int"))
     cases.append((["serve", f"{memory_agent}:agent", "--log-level", "loud"], "--log-level must be one of"))
     cases.append((["ui", "--db", str(tmp_path / "notes.txt")], "not a contextpipe session database"))
+    newer = tmp_path / "newer.db"
+    with sqlite3.connect(newer) as db:
+        db.execute("CREATE TABLE cp_meta (key TEXT PRIMARY KEY, value TEXT)")
+        db.execute("INSERT INTO cp_meta VALUES ('schema_version', '999')")
+    db.close()
+    cases.append((["ui", "--db", str(newer)], "written by a newer contextpipe (schema 999"))
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()

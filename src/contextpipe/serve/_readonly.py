@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from ..errors import StoreError
+from ..stores._common import SCHEMA_VERSION
 from ..stores.sqlite import SQLiteStore
 
 __all__ = ["ReadOnlySQLiteStore"]
@@ -35,7 +36,12 @@ def _open(path: str) -> sqlite3.Connection:
             last = exc
             continue
         if row is None:
+            conn.close()
             raise StoreError(f"{path} is not a contextpipe session database", backend="sqlite")
+        if int(row[0]) > SCHEMA_VERSION:
+            conn.close()
+            raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release reads "
+                             f"{SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
         return conn
     message = "is not a contextpipe session database" if "no such table" in str(last) or \
         "not a database" in str(last) else f"cannot be read: {last}"
