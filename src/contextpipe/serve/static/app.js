@@ -3,6 +3,7 @@
 
 const API = new URL("../v1/", document.baseURI);
 const KEY_STORE = "contextpipe.key";
+const TRACE_LIMIT = 200;
 const CATEGORY_ORDER = ["instructions", "tools", "context", "history", "model", "tool", "input", "format"];
 const PALETTE = {
   instructions: ["#4f46e5", "#818cf8", "#3730a3"],
@@ -180,7 +181,7 @@ async function refreshSession() {
   let session, page, traces;
   try {
     [session, page, traces] = await Promise.all([
-      api(sessionPath(id)), api(`${sessionPath(id)}/messages?limit=200`), api(`${sessionPath(id)}/traces`),
+      api(sessionPath(id)), api(`${sessionPath(id)}/messages?limit=200`), api(`${sessionPath(id)}/traces?limit=${TRACE_LIMIT}`),
     ]);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
@@ -218,7 +219,7 @@ function render(scroll = true) {
   $("session-title").textContent = s.id;
   const calls = state.traces.length;
   $("session-meta").textContent = `${state.lastSeq} messages · version ${s.version} · ${calls} model call` +
-    `${calls === 1 ? "" : "s"} traced · created ${fmtTime(s.created_at)}`;
+    `${calls === 1 ? "" : "s"} traced${calls >= TRACE_LIMIT ? " (the newest)" : ""} · created ${fmtTime(s.created_at)}`;
   $("older").hidden = !state.hasOlder;
   renderTranscript(scroll);
   renderChart();
