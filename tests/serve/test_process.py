@@ -45,8 +45,14 @@ def start(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[s
                             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+HANG = 120.0
+"""Seconds after which a wait for a progress signal is taken to be a hang (never reached when things work)."""
+
+
 def wait_ready(process: subprocess.Popen[str], base: str) -> None:
+    give_up = time.monotonic() + HANG
     while True:  # progress signal: the health route answers (or the process died)
+        assert time.monotonic() < give_up, "the server never answered /healthz"
         if process.poll() is not None:
             raise AssertionError(f"the server exited: {process.stderr.read() if process.stderr else ''}")
         try:
@@ -113,7 +119,9 @@ def stream_in_thread(base: str, sid: str, out: list[str]) -> threading.Thread:
 
 
 def wait_for(path: Path, process: subprocess.Popen[str]) -> None:
+    give_up = time.monotonic() + HANG
     while not path.exists():  # progress signal from the server process
+        assert time.monotonic() < give_up, f"{path.name} never appeared"
         assert process.poll() is None, "the server exited"
         time.sleep(0.02)
 
