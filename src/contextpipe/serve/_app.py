@@ -30,8 +30,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import __version__
-from ..agent import Agent
+from .. import Agent, __version__
 from ..errors import (
     CodecError,
     ConcurrentUpdate,
@@ -45,7 +44,7 @@ from ..errors import (
 )
 from ..messages import Message, message_from_dict, message_to_dict, new_message_id
 from ..session import validate_session_id
-from ..stores.base import SessionStore
+from ..stores import SessionStore
 from ._keys import ApiKeys
 from ._openapi import openapi_schema
 from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json

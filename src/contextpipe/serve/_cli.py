@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
 
-from ..agent import Agent
+from .. import Agent
 from ..errors import UsageError
 from ..session import validate_tenant
 from ._keys import ApiKeys, hash_key, new_key

@@ -16,10 +16,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from ..agent import Agent, RunResult
+from .. import Agent, RunResult, Session
 from ..errors import ContextPipeError
 from ..messages import Message, message_to_dict
-from ..session import Session
 
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_json"]
 
