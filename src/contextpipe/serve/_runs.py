@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -23,15 +22,6 @@ from ..messages import Message, message_to_dict
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_json"]
 
 OnDisconnect: TypeAlias = Literal["finish", "cancel"]
-
-_MANAGERS: weakref.WeakSet[RunManager] = weakref.WeakSet()
-
-
-def begin_drain_all(timeout: float) -> None:
-    """Start draining every run manager of this process (called from the SIGTERM handler)."""
-    for manager in list(_MANAGERS):
-        manager.begin_drain(timeout)
-
 
 def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]:
     """Return the JSON form of a run's result (with its prompt traces when `traces`)."""
@@ -122,7 +112,6 @@ class RunManager:
         self.runs: set[LiveRun] = set()
         self.draining = False
         self.deadline: float | None = None
-        _MANAGERS.add(self)
 
     def begin_drain(self, timeout: float) -> None:
         """Refuse new runs from now on; runs in flight have `timeout` seconds to finish."""
