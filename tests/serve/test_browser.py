@@ -10,10 +10,10 @@ import httpx2 as httpx
 import pytest
 
 from contextpipe import Agent, FunctionCall, Message
-from contextpipe.models import ScriptedModel, tool_call
 from contextpipe.providers import History
 from contextpipe.serve import create_app
 from contextpipe.stores import Checkpoint, SQLiteStore
+from contextpipe.testing import ScriptedModel, tool_call
 from helpers import get_weather_forecast, lookup_location_code
 
 from .conftest import KEYS, auth, keys, serving

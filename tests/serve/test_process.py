@@ -211,7 +211,7 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     ]
     (tmp_path / "notes.txt").write_text("not a database\n", encoding="utf-8")
     memory_agent = tmp_path / "memory_agent.py"
-    memory_agent.write_text("from contextpipe import Agent\nfrom contextpipe.models import ScriptedModel\n"
+    memory_agent.write_text("from contextpipe import Agent\nfrom contextpipe.testing import ScriptedModel\n"
                             "agent = Agent(ScriptedModel([]))\nnot_an_agent = 42\n", encoding="utf-8")
     cases.append((["serve", f"{memory_agent}:agent", "--workers", "2"], "--workers needs a store the workers share"))
     cases.append((["serve", f"{memory_agent}:not_an_agent"], "it is of type int"))

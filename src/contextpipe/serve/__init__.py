@@ -7,7 +7,7 @@ From the command line, like ``uvicorn module:app``::
 or in code, as an ASGI app for any ASGI server:
 
 >>> from contextpipe import Agent
->>> from contextpipe.models import ScriptedModel
+>>> from contextpipe.testing import ScriptedModel
 >>> from contextpipe.serve import ApiKeys, create_app, new_key
 >>> key, line = new_key("acme")
 >>> app = create_app(Agent(ScriptedModel(["Hi!"])), keys=ApiKeys.parse(line))

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final
 
 from .. import Agent
@@ -29,6 +30,27 @@ __all__ = ["app_from_env", "load_agent", "run_server", "run_ui"]
 _CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
 
 
+def _import(module_name: str) -> ModuleType:
+    """Import a dotted module name, or a ``.py`` file by its path."""
+    try:
+        if not module_name.endswith(".py"):
+            return importlib.import_module(module_name)
+        path = Path(module_name)
+        if not path.is_file():
+            raise UsageError(f"no such file: {module_name}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UsageError(f"cannot import {module_name!r}: no module named {exc.name!r} (run from the folder "
+                             "that holds it, or pass --app-dir)") from None
+        raise
+
+
 def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
     """Import ``module:attribute`` (or ``path/to/file.py:attribute``) and return the `Agent` it names.
 
@@ -39,23 +61,7 @@ def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
         raise UsageError(f"expected MODULE:ATTRIBUTE (like examples.weather:agent), got {target!r}")
     if app_dir is not None and str(Path(app_dir).resolve()) not in sys.path:
         sys.path.insert(0, str(Path(app_dir).resolve()))
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise UsageError(f"no such file: {module_name}")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None
-            assert spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise UsageError(f"cannot import {module_name!r}: no module named {exc.name!r} (run from the folder "
-                             "that holds it, or pass --app-dir)") from None
-        raise
+    module = _import(module_name)
     try:
         obj = getattr(module, attribute)
     except AttributeError:
