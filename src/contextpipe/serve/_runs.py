@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from .. import Agent, RunResult, Session
@@ -23,6 +23,7 @@ __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_
 
 OnDisconnect: TypeAlias = Literal["finish", "cancel"]
 
+
 def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]:
     """Return the JSON form of a run's result (with its prompt traces when `traces`)."""
     data = {
@@ -30,7 +31,7 @@ def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]
         "text": result.text,
         "stop_reason": result.stop_reason,
         "steps": result.steps,
-        "usage": {"input_tokens": result.usage.input_tokens, "output_tokens": result.usage.output_tokens},
+        "usage": asdict(result.usage),
         "input": [message_to_dict(m) for m in result.input],
         "messages": [message_to_dict(m) for m in result.messages],
     }
