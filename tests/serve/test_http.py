@@ -404,3 +404,33 @@ async def test_cors_lets_only_the_configured_origins_call_the_api() -> None:
     async with client(plain) as c:
         response = await c.get("/v1/sessions", headers={**auth(), "Origin": "https://app.example.com"})
         assert "access-control-allow-origin" not in response.headers
+
+
+async def test_agui_events_are_valid_protocol_events_with_tool_calls() -> None:
+    import pydantic
+    from ag_ui import core
+
+    from contextpipe import Agent
+    from contextpipe.providers import History
+    from contextpipe.testing import ScriptedModel, tool_call
+    from helpers import lookup_location_code
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "Suzhou is SZ."]),
+                  providers=[History(store)], tools=[lookup_location_code])
+    app = create_app(agent, keys=make_app(store, GateModel()).state.api.keys)
+    body = {"threadId": "t-tools", "runId": "r-1", "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": [{"id": "u1", "role": "user", "content": "Code for Suzhou?"}]}
+    async with client(app) as c:
+        response = await c.post("/v1/ag-ui", json=body, headers=auth())
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(core.Event)
+    events = [adapter.validate_json(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    types = [e.type.value for e in events]
+    start = types.index("TOOL_CALL_START")
+    assert types[start:start + 4] == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
+    call_ids = {e.tool_call_id for e in events[start:start + 4]}
+    assert len(call_ids) == 1
+    assert events[start + 3].content == "SZ"
+    assert types[-1] == "RUN_FINISHED"
+    assert events[-1].thread_id == "t-tools"
+    assert events[-1].run_id == "r-1"
