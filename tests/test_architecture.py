@@ -30,8 +30,9 @@ SURFACES = {
         "SessionInfo", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
-        "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore", "OpenAIEmbedder", "PgVectorStore",
-        "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where", "chunk_text", "ingest_folder",
+        "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore", "OpenAIEmbedder",
+        "PgVectorStore", "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where", "chunk_text",
+        "embed_query", "ingest_folder",
     ],
     "contextpipe.testing": [
         "FakeError", "FakeOpenAIServer", "FakeRaw", "FakeReply", "FakeStreamCut", "ScriptedModel", "Turn",

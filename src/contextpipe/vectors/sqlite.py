@@ -202,23 +202,24 @@ class _Collection:
             self.metas[key] = meta
             self._post(key, meta, add=True)
 
+    def _field_keys(self, field: str, wanted: Any) -> set[int]:
+        """Return the keys whose `field` is `wanted` (or one of them); may be a live posting set."""
+        values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
+        if not all(_hashable(v) for v in values):
+            return {k for k, m in self.metas.items() if matches(m, {field: wanted})}
+        by_value = self.postings.get(field, {})
+        found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
+        if not found:
+            return set()
+        return found[0] if len(found) == 1 else set().union(*found)
+
     def keys_matching(self, where: Where) -> set[int] | None:
         """Return the keys of the records matching `where`, or ``None`` when all records match.
 
         From the postings (a scan for values that are not simple); the result may be a live posting
         set: read it, never change it.
         """
-        parts: list[set[int]] = []
-        for field, wanted in where.items():
-            values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
-            if not all(_hashable(v) for v in values):
-                parts.append({k for k, m in self.metas.items() if matches(m, {field: wanted})})
-                continue
-            by_value = self.postings.get(field, {})
-            found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
-            if not found:
-                return set()
-            parts.append(found[0] if len(found) == 1 else set().union(*found))
+        parts = [self._field_keys(field, wanted) for field, wanted in where.items()]
         parts = [p for p in parts if len(p) < len(self.metas)]  # keeps every record: no constraint
         if not parts:
             return None
@@ -410,22 +411,7 @@ class SQLiteVectorStore(VectorStore):
         if loaded is not None:
             cached, seq = loaded
             self._cache[collection] = cached
-            assert cached.rows is not None
-            cursor = conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ?",
-                                  (collection,))
-            while chunk := cursor.fetchmany(8192):
-                usable = [r for r in chunk if r[2] == cached.dim]
-                cached.rows.put([r[0] for r in usable], np.frombuffer(b"".join(r[3] for r in usable),
-                                                                      dtype=np.float32).reshape(-1, cached.dim))
-                cached.describe((r[0], r[1], r[4]) for r in usable)
-            stale = [r[0] for r in conn.execute(
-                "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
-                (collection, seq, latest))]
-            # (np.asarray: iterating usearch's key view element by element is quadratic)
-            indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
-            missing = [k for k in cached.metas if k not in indexed]  # rows the file does not hold (defensive)
-            self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.metas))))
-            cached.seq = latest
+            self._catch_up(conn, collection, cached, seq, latest)
             return cached
         cached = _Collection(latest)
         self._cache[collection] = cached
@@ -440,6 +426,26 @@ class SQLiteVectorStore(VectorStore):
         cached.changed = len(cached.metas) if len(cached.metas) >= _SAVE_AFTER else 0
         cached.dirty = True
         return cached
+
+    def _catch_up(self, conn: sqlite3.Connection, collection: str, cached: _Collection, seq: int,
+                  latest: int) -> None:
+        """Fill a loaded index's vectors and metadata from the rows, then apply the changes after `seq`."""
+        assert cached.rows is not None
+        cursor = conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ?",
+                              (collection,))
+        while chunk := cursor.fetchmany(8192):
+            usable = [r for r in chunk if r[2] == cached.dim]
+            cached.rows.put([r[0] for r in usable], np.frombuffer(b"".join(r[3] for r in usable),
+                                                                  dtype=np.float32).reshape(-1, cached.dim))
+            cached.describe((r[0], r[1], r[4]) for r in usable)
+        stale = [r[0] for r in conn.execute(
+            "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
+            (collection, seq, latest))]
+        # (np.asarray: iterating usearch's key view element by element is quadratic)
+        indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
+        missing = [k for k in cached.metas if k not in indexed]  # rows the file does not hold (defensive)
+        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.metas))))
+        cached.seq = latest
 
     # --- the saved index ---------------------------------------------------------------------------
 
@@ -531,16 +537,27 @@ class SQLiteVectorStore(VectorStore):
 
     def _nearest(self, c: _Collection, q: np.ndarray[Any, Any], k: int,
                  subset: set[int] | None) -> list[tuple[int, float]]:
-        total = len(c.metas)
         if subset is not None and not subset:
             return []
-        if total <= self.exact_limit or (subset is not None and len(subset) <= self.exact_limit):
-            keys = np.fromiter(subset if subset is not None else c.metas, dtype=np.uint64)
-            assert c.rows is not None
-            scores = c.rows.gather(keys) @ q
-            top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
-            top = top[np.argsort(-scores[top])]
-            return [(int(keys[i]), float(scores[i])) for i in top]
+        if len(c.metas) <= self.exact_limit or (subset is not None and len(subset) <= self.exact_limit):
+            return self._exact(c, q, k, subset)
+        return self._approximate(c, q, k, subset)
+
+    @staticmethod
+    def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int, subset: set[int] | None) -> list[tuple[int, float]]:
+        """Score every record (of `subset`) against `q`."""
+        keys = np.fromiter(subset if subset is not None else c.metas, dtype=np.uint64)
+        assert c.rows is not None
+        scores = c.rows.gather(keys) @ q
+        top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
+        top = top[np.argsort(-scores[top])]
+        return [(int(keys[i]), float(scores[i])) for i in top]
+
+    @staticmethod
+    def _approximate(c: _Collection, q: np.ndarray[Any, Any], k: int,
+                     subset: set[int] | None) -> list[tuple[int, float]]:
+        """Search the HNSW index, deeper while too few of the results are in `subset`."""
+        total = len(c.metas)
         want = k if subset is None else min(total, k * max(2, 2 * total // len(subset)) + 16)
         while True:
             matches_ = c.index.search(q, want, threads=1)
