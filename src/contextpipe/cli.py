@@ -396,6 +396,9 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
               f"{trace['total_tokens']} tokens ({trace['tokenizer']} count)")
     if usage:
         header += f", model reported {usage['input_tokens']} in / {usage['output_tokens']} out"
+        if usage.get("cache_read_tokens") or usage.get("cache_write_tokens"):
+            header += (f" (cache {usage.get('cache_read_tokens', 0)} read / "
+                       f"{usage.get('cache_write_tokens', 0)} written)")
     header += f", {trace['latency_s'] * 1000:.1f} ms"
     out.print(header)
     table = Table("source", "tokens", "share", title="tokens by source", title_justify="left")
@@ -412,6 +415,8 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
     for d in trace.get("compaction", []):
         out.print(f"  compaction: {d['strategy']} {d['action']} {len(d['message_ids'])} message(s): "
                   f"{escape(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
+    for note in trace.get("notes", []):
+        out.print(f"  note: {escape(note)}")
     out.print()
 
 

@@ -244,7 +244,7 @@ class StepLoop:
                 step, self.model.name, response.usage, latency, response.finish_reason,
                 tuple(ctx.take_compaction_decisions()), tuple(ctx.timings) if step == 1 else (),
                 _request=self._sent or request, _segments=segments, _instruction_sources=instruction_sources,
-                _tool_sources=ctx.tool_sources, _counter=self._counter))
+                _tool_sources=ctx.tool_sources, _counter=self._counter, notes=response.notes))
             self._sent = None
             produced = [m.with_source(self._model_source) for m in response.messages]
             working.extend(produced)

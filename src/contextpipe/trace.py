@@ -79,6 +79,13 @@ class TracedTool:
     tokens: int
 
 
+def _cache_text(usage: Usage | None) -> str:
+    """``, cache 1200 read / 80 written`` when the provider reported prompt-cache use, else nothing."""
+    if usage is None or not (usage.cache_read_tokens or usage.cache_write_tokens):
+        return ""
+    return f" (cache {usage.cache_read_tokens} read / {usage.cache_write_tokens} written)"
+
+
 def _preview(message: Message, width: int = 60) -> str:
     text = message.text
     if not text:
@@ -110,6 +117,8 @@ class PromptTrace:
     """`CompactionDecision`s made for this call."""
     provider_timings: tuple[ProviderTiming, ...] = ()
     """Provider hooks that ran before this call (``before_run`` for the first call, ``after_run`` on the last)."""
+    notes: tuple[str, ...] = ()
+    """What the model client changed to make the request valid for its provider (`ModelResponse.notes`)."""
     _request: ModelRequest | None = field(default=None, repr=False)
     _segments: Sequence[Segment] = field(default=(), repr=False)
     _instruction_sources: Sequence[tuple[str, str]] = field(default=(), repr=False)
@@ -191,6 +200,7 @@ class PromptTrace:
         lines = [f"call {self.step} to {self.model}: {self.total_tokens} tokens by {self.tokenizer} count"
                  + (f", model reported {self.usage.input_tokens} in / {self.usage.output_tokens} out"
                     if self.usage else "")
+                 + _cache_text(self.usage)
                  + f", {self.latency_s * 1000:.1f} ms" + (f", finished: {self.finish_reason}" if self.finish_reason
                                                           else "")]
         lines.append("  tokens by source:")
@@ -207,6 +217,7 @@ class PromptTrace:
                          f"({d.tokens_before} -> {d.tokens_after} tokens)")
         for t in self.provider_timings:
             lines.append(f"  provider {t.source_id}.{t.hook}: {t.seconds * 1000:.2f} ms")
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -242,6 +253,7 @@ class PromptTrace:
             "tools": [asdict(t) for t in self.tools],
             "compaction": [asdict(d) for d in self.compaction],
             "provider_timings": [asdict(t) for t in self.provider_timings],
+            "notes": list(self.notes),
         }
 
     def to_json(self, **kwargs: Any) -> str:

@@ -1,7 +1,9 @@
-"""Model clients: the `ChatModel` protocol, `ScriptedModel` and `OpenAIChatModel`.
+"""Model clients: the `ChatModel` protocol, `ScriptedModel` and the OpenAI and Anthropic clients.
 
-`OpenAIChatModel` is imported lazily: ``import contextpipe.models`` does not import the `openai`
-package until the class is first used.
+The clients are `OpenAIChatModel`, `OpenAIResponsesModel` and `AnthropicChatModel`.
+
+The vendor clients are imported lazily: ``import contextpipe.models`` imports neither the `openai`
+nor the `anthropic` package until a class is first used.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from .base import (
 from .scripted import ScriptedModel, Turn, tool_call
 
 if TYPE_CHECKING:
+    from .anthropic import AnthropicChatModel
     from .openai import OpenAIChatModel
+    from .openai_responses import OpenAIResponsesModel
 
 __all__ = [
+    "AnthropicChatModel",
     "CallModel",
     "ChatModel",
     "ModelMiddleware",
@@ -35,6 +40,7 @@ __all__ = [
     "ModelSettings",
     "ModelStreamEvent",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "ReasoningDelta",
     "ResponseComplete",
     "ScriptedModel",
@@ -50,4 +56,12 @@ def __getattr__(name: str) -> Any:
         from .openai import OpenAIChatModel
 
         return OpenAIChatModel
+    if name == "OpenAIResponsesModel":
+        from .openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel
+    if name == "AnthropicChatModel":
+        from .anthropic import AnthropicChatModel
+
+        return AnthropicChatModel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

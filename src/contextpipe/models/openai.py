@@ -117,7 +117,12 @@ class OpenAIChatModel:
                 max_retries=max_retries,
             )
         self._owns_client = client is None
-        self._provider = "azure-openai" if type(self._client).__name__ == "AsyncAzureOpenAI" else "openai"
+        self._provider = "azure.ai.openai" if type(self._client).__name__ == "AsyncAzureOpenAI" else "openai"
+
+    @property
+    def provider(self) -> str:
+        """The provider as OpenTelemetry's ``gen_ai.provider.name`` names it (``openai``, ``azure.ai.openai``)."""
+        return self._provider
 
     @classmethod
     def azure(
@@ -265,9 +270,7 @@ class OpenAIChatModel:
             if function is None:
                 continue
             parts.append(FunctionCall(call.id, function.name, function.arguments or "{}"))
-        usage = None
-        if completion.usage is not None:
-            usage = Usage(completion.usage.prompt_tokens or 0, completion.usage.completion_tokens or 0)
+        usage = _chat_usage(completion.usage)
         return ModelResponse(
             [Message("assistant", tuple(parts))], usage=usage, finish_reason=choice.finish_reason,
             model=getattr(completion, "model", None) or self._model, raw=completion,
@@ -341,6 +344,18 @@ class OpenAIChatModel:
             f"the connection to {where} failed while reading the response: {type(exc).__name__}: {exc}",
             provider=provider,
         )
+
+
+def _chat_usage(usage: Any) -> Usage | None:
+    """`Usage` from a chat completion's usage, with cached prompt and reasoning tokens when reported."""
+    if usage is None:
+        return None
+    prompt_details = getattr(usage, "prompt_tokens_details", None)
+    completion_details = getattr(usage, "completion_tokens_details", None)
+    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0,
+                 cache_read_tokens=(getattr(prompt_details, "cached_tokens", None) or 0) if prompt_details else 0,
+                 reasoning_tokens=(getattr(completion_details, "reasoning_tokens", None) or 0)
+                 if completion_details else 0)
 
 
 def _error_detail(exc: Any) -> str:
@@ -450,7 +465,7 @@ class _StreamAssembly:
         if getattr(chunk, "model", None):
             self.model = chunk.model
         if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+            self.usage = _chat_usage(chunk.usage)
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue

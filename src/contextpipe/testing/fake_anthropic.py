@@ -1,0 +1,389 @@
+"""`FakeAnthropicServer`: a small Anthropic Messages API server on 127.0.0.1 for tests and demos.
+
+It serves ``POST /v1/messages`` (plain JSON, and the SSE event stream exactly as the API sends it:
+``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``ping``, ``message_delta``,
+``message_stop``, and ``error`` events mid-stream) and ``POST /v1/messages/count_tokens``, from a script
+of replies, and records every request body. It checks what the real API checks and answers 400 with
+an ``invalid_request_error`` like the API does: roles alternating from ``user``, every ``tool_use``
+answered by a ``tool_result`` first in the next user turn, thinking blocks sent back unchanged (their
+signatures are verified), at most four cache breakpoints, ``max_tokens`` present. Prompt caching is
+simulated: prefixes ending at a ``cache_control`` breakpoint are remembered, and later requests that
+repeat them report ``cache_read_input_tokens`` (tokens are counted as 4 characters of canonical JSON).
+
+>>> with FakeAnthropicServer() as server:
+...     server.enqueue(AnthropicReply("Hello!"))
+...     server.base_url.startswith("http://127.0.0.1:")
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeStreamError, _Handler
+
+__all__ = ["AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeStreamError", "signature_for"]
+
+_SECRET = b"contextpipe-fake-anthropic"
+
+
+@dataclass(frozen=True)
+class AnthropicReply:
+    """A successful Messages API answer: thinking, text and/or tool calls ``(name, input_json)``."""
+
+    text: str = ""
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    thinking: str | None = None
+    """Thinking text, sent first as a ``thinking`` block with a signature the server later verifies."""
+    redacted_thinking: str | None = None
+    """Opaque data of a ``redacted_thinking`` block sent before the others."""
+    stop_reason: str | None = None
+    """Defaults to ``tool_use`` when there are tool calls, else ``end_turn``."""
+    output_tokens: int = 5
+    input_tokens: int | None = None
+    """Reported uncached input tokens; by default counted from the request (minus cached tokens)."""
+    chunk_size: int = 4
+    """Characters per streamed text, thinking or input-JSON delta."""
+    pings: int = 1
+    """``ping`` events sent after ``message_start``."""
+
+
+@dataclass(frozen=True)
+class FakeAnthropicCut:
+    """A streamed reply whose connection is dropped after `after_events` events."""
+
+    reply: AnthropicReply
+    after_events: int = 3
+
+
+def signature_for(thinking: str) -> str:
+    """Return the signature the fake server gives a thinking block (and expects back unchanged)."""
+    return "sig_" + hmac.new(_SECRET, thinking.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _tokens(obj: Any) -> int:
+    return max(1, len(json.dumps(obj, sort_keys=True, separators=(",", ":"))) // 4)
+
+
+class FakeAnthropicServer(FakeOpenAIServer):
+    """An Anthropic Messages API server in a background thread (see the module docstring).
+
+    `base_url` is what to give ``anthropic.AsyncAnthropic(base_url=...)``; `requests` holds the JSON
+    bodies received and `headers` their headers. When the script is empty a text reply ``"ok"`` is
+    served, unless `strict` is set. `min_cache_tokens` is the smallest prefix the simulated cache keeps.
+    """
+
+    def __init__(self, *, model: str = "claude-fake", strict: bool = False, min_cache_tokens: int = 0) -> None:
+        super().__init__(model=model, strict=strict)
+        self.min_cache_tokens = min_cache_tokens
+        self.redacted: set[str] = set()
+        self._cache: set[str] = set()
+        self._cache_lock = threading.Lock()
+
+    def _new_id(self) -> str:
+        with self._lock:
+            self._counter += 1
+            return f"{self._counter:024x}"
+
+    @property
+    def base_url(self) -> str:
+        """The URL to pass as an Anthropic client's ``base_url``."""
+        return super().base_url.removesuffix("/v1")
+
+    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append(headers)
+            self._counter += 1
+            if self._script:
+                step = self._script.popleft()
+            elif self.strict:
+                step = FakeError(500, "the fake server's script is empty")
+            else:
+                step = AnthropicReply("ok")
+        if callable(step):
+            step = step(body)
+        return step
+
+    # --- prompt cache ------------------------------------------------------------------------------
+
+    def cache_usage(self, body: dict[str, Any]) -> tuple[int, int, int]:
+        """Return ``(uncached input, cache read, cache write)`` tokens for `body`, updating the cache."""
+        blocks: list[Any] = []
+        marks: list[int] = []
+        for tool in body.get("tools") or ():
+            blocks.append({k: v for k, v in tool.items() if k != "cache_control"})
+            if tool.get("cache_control"):
+                marks.append(len(blocks))
+        system = body.get("system")
+        for block in ([{"type": "text", "text": system}] if isinstance(system, str) else system or ()):
+            blocks.append({k: v for k, v in block.items() if k != "cache_control"})
+            if block.get("cache_control"):
+                marks.append(len(blocks))
+        for message in body.get("messages") or ():
+            content = message.get("content")
+            for block in ([{"type": "text", "text": content}] if isinstance(content, str) else content or ()):
+                blocks.append([message.get("role"), {k: v for k, v in block.items() if k != "cache_control"}])
+                if isinstance(block, dict) and block.get("cache_control"):
+                    marks.append(len(blocks))
+        total = _tokens(blocks) if blocks else 0
+        keys = [(n, hashlib.sha256(json.dumps(blocks[:n], sort_keys=True).encode()).hexdigest()) for n in marks]
+        read = write = 0
+        with self._cache_lock:
+            hit = max((n for n, key in keys if key in self._cache), default=0)
+            if hit:
+                read = _tokens(blocks[:hit])
+            longest = max(marks, default=0)
+            if longest > hit:
+                size = _tokens(blocks[:longest])
+                if size >= self.min_cache_tokens:
+                    write = max(0, size - read)
+            for n, key in keys:
+                if _tokens(blocks[:n]) >= self.min_cache_tokens:
+                    self._cache.add(key)
+        return max(0, total - read - write), read, write
+
+
+def _error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}, "request_id": "req_fake"}
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                529: "overloaded_error"}
+
+
+def check_request(body: dict[str, Any], redacted: set[str]) -> str | None:
+    """Return what the real Messages API would reject in `body`, or None when it is valid."""
+    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+        return "max_tokens: Field required"
+    if not isinstance(body.get("model"), str):
+        return "model: Field required"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    breakpoints = 0
+    for tool in body.get("tools") or ():
+        if set(tool) - {"name", "description", "input_schema", "cache_control", "type", "strict"}:
+            return f"tools: unexpected field in tool {tool.get('name')!r}"
+        if not isinstance(tool.get("input_schema"), dict) or tool["input_schema"].get("type") != "object":
+            return f"tools.{tool.get('name')}.input_schema.type: Input should be 'object'"
+        breakpoints += bool(tool.get("cache_control"))
+    system = body.get("system")
+    if system is not None and not isinstance(system, str):
+        for block in system:
+            if block.get("type") != "text":
+                return "system: only text blocks are accepted"
+            breakpoints += bool(block.get("cache_control"))
+    thinking_on = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+    pending: set[str] = set()
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+        if i == 0 and role != "user":
+            return "messages: first message must use the \"user\" role"
+        if i and messages[i - 1].get("role") == role:
+            return f"messages.{i}: roles must alternate between \"user\" and \"assistant\""
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not blocks:
+            return f"messages.{i}.content: at least one content block is required"
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        if pending:
+            if role != "user" or set(results) != pending:
+                return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
+                        f"after: {sorted(pending)}")
+            if any(b.get("type") != "tool_result" for b in blocks[:len(results)]):
+                return f"messages.{i}: tool_result blocks must come first in the user message"
+        elif results:
+            return f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {results}"
+        pending = set()
+        for j, block in enumerate(blocks):
+            kind = block.get("type")
+            breakpoints += bool(block.get("cache_control"))
+            where = f"messages.{i}.content.{j}"
+            if kind == "text":
+                if not isinstance(block.get("text"), str) or not block["text"]:
+                    return f"{where}: text content blocks must be non-empty"
+            elif kind == "image":
+                if (block.get("source") or {}).get("type") not in ("base64", "url"):
+                    return f"{where}.source: unknown image source"
+            elif kind == "document":
+                if (block.get("source") or {}).get("type") not in ("base64", "url", "text"):
+                    return f"{where}.source: unknown document source"
+            elif kind == "tool_use":
+                if role != "assistant" or not isinstance(block.get("input"), dict):
+                    return f"{where}: tool_use needs an object input in an assistant message"
+                pending.add(block.get("id"))
+            elif kind == "tool_result":
+                if role != "user":
+                    return f"{where}: tool_result blocks belong in user messages"
+            elif kind == "thinking":
+                if role != "assistant":
+                    return f"{where}: thinking blocks belong in assistant messages"
+                if block.get("signature") != signature_for(block.get("thinking", "")):
+                    return f"{where}: Invalid `signature` in `thinking` block"
+            elif kind == "redacted_thinking":
+                if block.get("data") not in redacted:
+                    return f"{where}: Invalid `data` in `redacted_thinking` block"
+            else:
+                return f"{where}.type: unknown content block type {kind!r}"
+        if role == "assistant" and thinking_on and i == len(messages) - 2 and pending \
+                and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
+            return (f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                    f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` message must "
+                    "start with a thinking block")
+    if pending:
+        return "messages: the last message has tool_use blocks without tool_result"
+    if breakpoints > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
+    return None
+
+
+class _AnthropicHandler(_Handler):
+    fake: FakeAnthropicServer
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        path = self.path.split("?")[0].rstrip("/")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self._json(400, _error_body("invalid_request_error", "request body is not JSON"))
+            return
+        if path.endswith("/v1/messages/count_tokens"):
+            with self.fake._lock:
+                self.fake.requests.append(body)
+                self.fake.headers.append(dict(self.headers.items()))
+            counted = dict(body, max_tokens=1)
+            problem = check_request(counted, self.fake.redacted)
+            if problem:
+                self._json(400, _error_body("invalid_request_error", problem))
+                return
+            blocks = [body.get("tools") or [], body.get("system") or "", body.get("messages")]
+            self._json(200, {"input_tokens": _tokens(blocks)})
+            return
+        if not path.endswith("/v1/messages"):
+            self._json(404, _error_body("not_found_error", f"unknown path {self.path}"))
+            return
+        step = self.fake._next(body, dict(self.headers.items()))
+        if isinstance(step, FakeError):
+            self._json(step.status, _error_body(step.code or _ERROR_TYPES.get(step.status, "api_error"), step.message),
+                       {"request-id": "req_fake", **step.headers})
+            return
+        if isinstance(step, FakeRaw):
+            self._send(step.status, step.body, step.content_type)
+            return
+        problem = check_request(body, self.fake.redacted)
+        if problem:
+            self._json(400, _error_body("invalid_request_error", problem))
+            return
+        if isinstance(step, FakeStreamError | FakeAnthropicCut):
+            self._sse(body, step.reply, step)
+        elif isinstance(step, AnthropicReply):
+            if body.get("stream"):
+                self._sse(body, step, None)
+            else:
+                self._json(200, self._message(body, step))
+        else:
+            self._json(500, _error_body("api_error", f"bad script step {step!r}"))
+
+    # --- content ------------------------------------------------------------------------------------
+
+    def _blocks(self, reply: AnthropicReply) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = []
+        if reply.redacted_thinking is not None:
+            with self.fake._lock:
+                self.fake.redacted.add(reply.redacted_thinking)
+            blocks.append({"type": "redacted_thinking", "data": reply.redacted_thinking})
+        if reply.thinking is not None:
+            blocks.append({"type": "thinking", "thinking": reply.thinking, "signature": signature_for(reply.thinking)})
+        if reply.text:
+            blocks.append({"type": "text", "text": reply.text})
+        for name, arguments in reply.tool_calls:
+            blocks.append({"type": "tool_use", "id": f"toolu_{self.fake._new_id()}", "name": name,
+                           "input": json.loads(arguments)})
+        return blocks
+
+    def _usage(self, body: dict[str, Any], reply: AnthropicReply) -> dict[str, Any]:
+        uncached, read, write = self.fake.cache_usage(body)
+        return {"input_tokens": reply.input_tokens if reply.input_tokens is not None else uncached,
+                "cache_creation_input_tokens": write, "cache_read_input_tokens": read,
+                "output_tokens": reply.output_tokens}
+
+    def _message(self, body: dict[str, Any], reply: AnthropicReply) -> dict[str, Any]:
+        return {"id": f"msg_{self.fake._new_id()}", "type": "message", "role": "assistant",
+                "model": body.get("model", self.fake.model), "content": self._blocks(reply),
+                "stop_reason": reply.stop_reason or ("tool_use" if reply.tool_calls else "end_turn"),
+                "stop_sequence": None, "usage": self._usage(body, reply)}
+
+    def _sse(self, body: dict[str, Any], reply: AnthropicReply,
+                interrupt: FakeStreamError | FakeAnthropicCut | None) -> None:
+        message = self._message(body, reply)
+        size = max(1, reply.chunk_size)
+        events: list[tuple[str, dict[str, Any]]] = []
+        start_usage = dict(message["usage"], output_tokens=1)
+        events.append(("message_start", {"type": "message_start", "message": dict(
+            message, content=[], stop_reason=None, usage=start_usage)}))
+        events += [("ping", {"type": "ping"})] * reply.pings
+        for index, block in enumerate(message["content"]):
+            kind = block["type"]
+            if kind == "thinking":
+                start = {"type": "thinking", "thinking": "", "signature": ""}
+                deltas = [{"type": "thinking_delta", "thinking": block["thinking"][i:i + size]}
+                          for i in range(0, len(block["thinking"]), size)]
+                deltas.append({"type": "signature_delta", "signature": block["signature"]})
+            elif kind == "text":
+                start = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": block["text"][i:i + size]}
+                          for i in range(0, len(block["text"]), size)]
+            elif kind == "tool_use":
+                start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}  # type: ignore[dict-item]
+                arguments = json.dumps(block["input"])
+                deltas = [{"type": "input_json_delta", "partial_json": ""}]
+                deltas += [{"type": "input_json_delta", "partial_json": arguments[i:i + size]}
+                           for i in range(0, len(arguments), size)]
+            else:
+                start, deltas = block, []
+            events.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                                   "content_block": start}))
+            events += [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+                       for d in deltas]
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        usage = message["usage"]
+        events.append(("message_delta", {"type": "message_delta",
+                                         "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                                         "usage": {"output_tokens": usage["output_tokens"]}}))
+        events.append(("message_stop", {"type": "message_stop"}))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("request-id", "req_fake")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for n, (name, data) in enumerate(events):
+            if interrupt is not None and n >= interrupt.after_events:
+                if isinstance(interrupt, FakeStreamError):
+                    self._event("error", _error_body(interrupt.error_type or "overloaded_error", interrupt.message))
+                    self._write_chunk(b"")
+                else:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                return
+            self._event(name, data)
+        self._write_chunk(b"")
+
+    def _event(self, name: str, data: dict[str, Any]) -> None:
+        self._write_chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+
+
+FakeAnthropicServer._handler = _AnthropicHandler
+
