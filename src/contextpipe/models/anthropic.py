@@ -340,8 +340,10 @@ class AnthropicChatModel:
                 kwargs["tool_choice"] = tool_choice
         if control is not None:
             _place_breakpoints(wire, control)
+        extra: dict[str, Any] = {}
         if "temperature" in settings:
-            kwargs["temperature"] = settings["temperature"]
+            # Not a typed argument of every SDK version's create(); sent as a body field.
+            extra["temperature"] = settings["temperature"]
         thinking = settings.get("anthropic_thinking")
         if thinking:
             if thinking.get("type") in ("enabled", "adaptive") and not _thinking_can_continue(wire):
@@ -359,8 +361,9 @@ class AnthropicChatModel:
                              "API (only json_schema); sent without it")
         if "seed" in settings:
             notes.append("seed is not supported by the Messages API; sent without it")
-        if "anthropic_extra_body" in settings:
-            kwargs["extra_body"] = settings["anthropic_extra_body"]
+        extra.update(settings.get("anthropic_extra_body") or {})
+        if extra:
+            kwargs["extra_body"] = extra
         return kwargs, notes
 
     # --- errors -------------------------------------------------------------------------------------
