@@ -79,6 +79,13 @@ class TracedTool:
     tokens: int
 
 
+def _usage_dict(usage: Usage | None) -> dict[str, int] | None:
+    """Input and output tokens, plus the cache and reasoning counts the provider reported (when not zero)."""
+    if usage is None:
+        return None
+    return {k: v for k, v in asdict(usage).items() if v or k in ("input_tokens", "output_tokens")}
+
+
 def _cache_text(usage: Usage | None) -> str:
     """``, cache 1200 read / 80 written`` when the provider reported prompt-cache use, else nothing."""
     if usage is None or not (usage.cache_read_tokens or usage.cache_write_tokens):
@@ -246,7 +253,7 @@ class PromptTrace:
             messages.append(entry)
         return {
             "step": self.step, "model": self.model, "tokenizer": self.tokenizer,
-            "usage": asdict(self.usage) if self.usage else None, "latency_s": self.latency_s,
+            "usage": _usage_dict(self.usage), "latency_s": self.latency_s,
             "finish_reason": self.finish_reason, "total_tokens": self.total_tokens,
             "tokens_by_source": self.tokens_by_source(),
             "instructions": [asdict(i) for i in self.instructions], "messages": messages,
