@@ -209,3 +209,20 @@ async def test_a_session_started_on_openai_continues_on_claude(fake_openai: Fake
     kinds = [i.get("type", "message") for i in fake_openai.requests[-1]["input"]]
     assert kinds.count("reasoning") == 1
     openai.check()
+
+
+async def test_demo_shows_a_cached_token_column_only_when_the_model_reports_cache_use(tmp_path: Any) -> None:
+    from contextpipe.demo import _prompt_caching, usage_table
+    from contextpipe.models import ScriptedModel, Turn, Usage
+    from contextpipe.stores import SQLiteStore
+
+    lines: list[str] = []
+    async with SQLiteStore(str(tmp_path / "demo.db")) as store:
+        await _prompt_caching(store, lines.append)
+    table = [line.split() for line in lines if line.startswith("      ")]
+    assert table[0] == ["call", "input", "cached", "written", "output"]
+    rows = [[int(x) for x in row] for row in table[1:]]
+    assert [r[0] for r in rows] == [1, 2, 3]
+    assert rows[0][2] == 0 and all(r[2] > 0 for r in rows[1:])
+    plain = await Agent(ScriptedModel([Turn("hi", usage=Usage(12, 3))])).run("x")
+    assert [line.split() for line in usage_table(plain)] == [["call", "input", "output"], ["1", "12", "3"]]
