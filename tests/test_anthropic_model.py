@@ -349,7 +349,7 @@ def test_configuration_from_environment_and_clear_errors(monkeypatch: pytest.Mon
     with pytest.raises(UsageError, match="ANTHROPIC_MODEL"):
         AnthropicChatModel()
     with pytest.raises(UsageError, match="ANTHROPIC_API_KEY"):
-        AnthropicChatModel("claude-sonnet-4-5")
+        AnthropicChatModel("claude-sonnet-5")
     monkeypatch.setenv("ANTHROPIC_MODEL", "from-env")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-env")
     model = AnthropicChatModel()
@@ -358,11 +358,11 @@ def test_configuration_from_environment_and_clear_errors(monkeypatch: pytest.Mon
 
 def test_bedrock_and_vertex_clients_are_built_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CLOUD_ML_REGION", raising=False)
-    bedrock = AnthropicChatModel.bedrock("anthropic.claude-sonnet-4-5-v1:0", aws_region="us-east-1",
+    bedrock = AnthropicChatModel.bedrock("anthropic.claude-sonnet-5-v1:0", aws_region="us-east-1",
                                          api_key="bedrock-key")
     assert (bedrock.provider, type(bedrock.client).__name__) == ("aws.bedrock", "AsyncAnthropicBedrock")
     assert "bedrock-runtime.us-east-1" in str(bedrock.client.base_url)
-    vertex = AnthropicChatModel.vertex("claude-sonnet-4-5@20250929", region="us-east5", project_id="proj",
+    vertex = AnthropicChatModel.vertex("claude-sonnet-5", region="us-east5", project_id="proj",
                                        access_token="token")
     assert (vertex.provider, type(vertex.client).__name__) == ("gcp.vertex_ai", "AsyncAnthropicVertex")
     with pytest.raises(UsageError, match="CLOUD_ML_REGION"):

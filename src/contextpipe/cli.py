@@ -128,7 +128,7 @@ def _model(model: str | None, base_url: str | None, api_key: str | None, demo_mo
     api_key = api_key or os.environ.get(f"{env}_API_KEY")
     if not model or not (api_key or base_url):
         message = NO_MODEL if env == "OPENAI" else (
-            "No Claude model is configured: set ANTHROPIC_API_KEY and ANTHROPIC_MODEL (e.g. claude-sonnet-4-5), "
+            "No Claude model is configured: set ANTHROPIC_API_KEY and ANTHROPIC_MODEL (e.g. claude-sonnet-5), "
             "or pass --api-key and --model")
         if sys.stdin.isatty() and typer.confirm(message + "\n\nUse the offline demo model now?", default=False,
                                                 err=True):

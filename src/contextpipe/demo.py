@@ -249,7 +249,7 @@ async def _prompt_caching(store: SQLiteStore, say: Callable[[str], None]) -> Non
             AnthropicReply(thinking="Now the forecast for SZ.",
                            tool_calls=(("get_weather_forecast", '{"location_code": "SZ"}'),)),
             AnthropicReply("Sunny and 25 °C in Suzhou: a T-shirt and a light windbreaker.", thinking="Sunny."))
-        async with AnthropicChatModel("claude-sonnet-4-5", base_url=server.base_url, api_key="demo") as model:
+        async with AnthropicChatModel("claude-sonnet-5", base_url=server.base_url, api_key="demo") as model:
             agent = Agent(model, instructions="You are a helpful assistant. Use the tools to check the weather. "
                           + "Answer in one sentence, with what to wear. " * 20,
                           tools=[lookup_location_code, get_weather_forecast], providers=[History(store)],

@@ -85,9 +85,9 @@ def _import_anthropic() -> Any:
 class AnthropicChatModel:
     """Claude over the Anthropic Messages API (see the module docstring).
 
-    >>> model = AnthropicChatModel("claude-sonnet-4-5", api_key="sk-ant-example")
+    >>> model = AnthropicChatModel("claude-sonnet-5", api_key="sk-ant-example")
     >>> model.name, model.provider
-    ('claude-sonnet-4-5', 'anthropic')
+    ('claude-sonnet-5', 'anthropic')
 
     `max_tokens` is sent when a call's settings carry no ``max_output_tokens`` (the API requires one).
     `max_retries` is the SDK's own retry count (connection errors, 408/409/429, 5xx and 529
@@ -113,7 +113,7 @@ class AnthropicChatModel:
     ) -> None:
         self._model = model or os.environ.get("ANTHROPIC_MODEL") or ""
         if not self._model:
-            raise UsageError("no model name: pass AnthropicChatModel('claude-sonnet-4-5') or set ANTHROPIC_MODEL")
+            raise UsageError("no model name: pass AnthropicChatModel('claude-sonnet-5') or set ANTHROPIC_MODEL")
         if cache not in ("5m", "1h", None):
             raise UsageError(f"cache must be '5m', '1h' or None (off), got {cache!r}")
         if max_tokens < 1:
@@ -158,7 +158,7 @@ class AnthropicChatModel:
 
         Credentials follow the SDK (arguments, ``AWS_*`` variables, a profile, or a Bedrock API key
         in `api_key` / ``AWS_BEARER_TOKEN_BEDROCK``). `model` is a Bedrock model id such as
-        ``anthropic.claude-sonnet-4-5-20250929-v1:0``. Other options go to the constructor.
+        ``anthropic.claude-sonnet-5-v1:0``. Other options go to the constructor.
         """
         sdk = _import_anthropic()
         try:
