@@ -367,3 +367,16 @@ def test_bedrock_and_vertex_clients_are_built_without_network(monkeypatch: pytes
     assert (vertex.provider, type(vertex.client).__name__) == ("gcp.vertex_ai", "AsyncAnthropicVertex")
     with pytest.raises(UsageError, match="CLOUD_ML_REGION"):
         AnthropicChatModel.vertex("claude")
+
+
+async def test_claude_on_vertex_through_the_sdk_against_the_fake(fake: FakeAnthropicServer) -> None:
+    fake.enqueue(AnthropicReply("Hi from Vertex."), AnthropicReply("Streamed from Vertex."))
+    model = AnthropicChatModel.vertex("claude-sonnet-5", region="us-east5", project_id="proj", access_token="token",
+                                      base_url=fake.base_url + "/v1", max_retries=0)
+    _open.append(model)
+    assert (await model.complete(ModelRequest([Message.user("hi")]))).text == "Hi from Vertex."
+    _, final = await collect(model, ModelRequest([Message.user("hi")]))
+    assert final.text == "Streamed from Vertex."
+    assert [body["model"] for body in fake.requests] == ["claude-sonnet-5"] * 2
+    assert all("anthropic_version" in body for body in fake.requests)
+    assert await model.count_tokens(ModelRequest([Message.user("hi")])) > 0

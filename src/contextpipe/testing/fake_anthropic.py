@@ -3,7 +3,8 @@
 It serves ``POST /v1/messages`` (plain JSON, and the SSE event stream exactly as the API sends it:
 ``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``ping``, ``message_delta``,
 ``message_stop``, and ``error`` events mid-stream) and ``POST /v1/messages/count_tokens``, from a script
-of replies, and records every request body. It checks what the real API checks and answers 400 with
+of replies (also in the Vertex AI form, ``.../models/{model}:rawPredict``), and records every request
+body. It checks what the real API checks and answers 400 with
 an ``invalid_request_error`` like the API does: roles alternating from ``user``, every ``tool_use``
 answered by a ``tool_result`` first in the next user turn, thinking blocks sent back unchanged (their
 signatures are verified), at most four cache breakpoints, ``max_tokens`` present. Prompt caching is
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,7 @@ from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeStreamError, 
 __all__ = ["AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeStreamError", "signature_for"]
 
 _SECRET = b"contextpipe-fake-anthropic"
+_VERTEX = re.compile(r"/publishers/anthropic/models/(?P<model>[^/:]+):(?P<verb>rawPredict|streamRawPredict)$")
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,14 @@ class _AnthropicHandler(_Handler):
         except ValueError:
             self._json(400, _error_body("invalid_request_error", "request body is not JSON"))
             return
+        vertex = _VERTEX.search(path)
+        if vertex is not None:  # Claude on Vertex AI: the model and streaming are in the path
+            if vertex["model"] == "count-tokens":
+                path = "/v1/messages/count_tokens"
+            else:
+                body["model"] = vertex["model"]
+                body["stream"] = vertex["verb"] == "streamRawPredict"
+                path = "/v1/messages"
         if path.endswith("/v1/messages/count_tokens"):
             with self.fake._lock:
                 self.fake.requests.append(body)
