@@ -46,7 +46,8 @@ def conversations(draw: st.DrawFn) -> list[Message]:
         parts += [FunctionCall(i, "get_weather_forecast", '{"location_code": "SZ"}') for i in ids]
         messages.append(Message("assistant", tuple(parts)))
         if ids:
-            messages.append(Message("tool", tuple(FunctionResult(i, "Sunny", is_error=draw(st.booleans())) for i in ids)))
+            results = tuple(FunctionResult(i, "Sunny", is_error=draw(st.booleans())) for i in ids)
+            messages.append(Message("tool", results))
         if not ids or draw(st.booleans()):
             messages.append(Message.user(draw(st.text(min_size=1, max_size=20))))
     groups = group_messages(messages)
