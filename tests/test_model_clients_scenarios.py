@@ -18,7 +18,7 @@ from contextpipe.providers.compaction import Compaction
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeError, FakeOpenAIServer, FakeReply
 from helpers import RecordingHistory, describe, get_weather_forecast, lookup_location_code
-from wire_schema import check_anthropic, check_responses
+from wire_schema import check_anthropic, check_chat, check_responses
 
 ANSWER = "Sunny and 25 C: a T-shirt and a light windbreaker."
 QUESTION = "What should I wear in Suzhou today?"
@@ -61,6 +61,8 @@ class Vendor:
                 check_anthropic(body)
             elif self.kind == "openai-responses":
                 check_responses(body)
+            else:
+                check_chat(body)
 
     async def close(self) -> None:
         await self.model.close()  # type: ignore[attr-defined]

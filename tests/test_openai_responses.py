@@ -19,6 +19,7 @@ from contextpipe import (
     ModelServerError,
     ReasoningPart,
     TextDelta,
+    TextPart,
     tool,
 )
 from contextpipe.messages import dumps, loads
@@ -210,3 +211,17 @@ async def test_other_vendors_reasoning_is_left_out_with_a_note(fake_openai: Fake
     assert [i.get("type", "message") for i in body["input"]] == ["message", "function_call", "function_call_output"]
     assert response.notes == ("left out 1 reasoning part(s) of format 'anthropic.thinking': the Responses API "
                               "cannot accept them",)
+
+
+async def test_chat_completions_note_other_vendors_reasoning(fake_openai: FakeOpenAIServer) -> None:
+    history = [Message.user("q"), Message("assistant", (ReasoningPart("t", "sig", "anthropic.thinking"),
+                                                        ReasoningPart("s", "enc", "openai.reasoning", "rs_1"),
+                                                        ReasoningPart("plain"), TextPart("a"))),
+               Message.user("next")]
+    model = OpenAIChatModel("gpt-fake", base_url=fake_openai.base_url, max_retries=0)
+    _open.append(model)
+    response = await model.complete(ModelRequest(history))
+    assert response.notes == (
+        "left out 1 reasoning part(s) of format 'anthropic.thinking': chat completions cannot accept them",
+        "left out 1 reasoning part(s) of format 'openai.reasoning': chat completions cannot accept them")
+    assert fake_openai.requests[0]["messages"][1] == {"role": "assistant", "content": "a"}

@@ -41,3 +41,15 @@ def check_anthropic(body: dict[str, Any]) -> None:
 def check_responses(body: dict[str, Any]) -> None:
     """Raise when `body` is not a valid Responses API request."""
     _force(_responses().validate_python({k: v for k, v in body.items() if k != "stream"}))
+
+
+@cache
+def _chat() -> pydantic.TypeAdapter[Any]:
+    from openai.types.chat import completion_create_params
+
+    return pydantic.TypeAdapter(completion_create_params.CompletionCreateParamsNonStreaming)
+
+
+def check_chat(body: dict[str, Any]) -> None:
+    """Raise when `body` is not a valid chat completions request."""
+    _force(_chat().validate_python({k: v for k, v in body.items() if k not in ("stream", "stream_options")}))

@@ -12,6 +12,7 @@ Configuration comes from arguments or the usual environment variables: ``OPENAI_
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -186,7 +187,7 @@ class OpenAIChatModel:
             completion = await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
             raise self._translate(exc) from exc
-        return self._parse(completion)
+        return _noted(self._parse(completion), request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream `request`: text and reasoning deltas, then the assembled response."""
@@ -208,7 +209,7 @@ class OpenAIChatModel:
                     provider=self._provider,
                 ) from exc
             raise self._translate(exc) from exc
-        yield ResponseComplete(assembly.finish(self._provider, self._model))
+        yield ResponseComplete(_noted(assembly.finish(self._provider, self._model), request))
 
     # --- request ------------------------------------------------------------------------------------
 
@@ -344,6 +345,23 @@ class OpenAIChatModel:
             f"the connection to {where} failed while reading the response: {type(exc).__name__}: {exc}",
             provider=provider,
         )
+
+
+def _noted(response: ModelResponse, request: ModelRequest) -> ModelResponse:
+    """Note the other vendors' reasoning left out of a chat completions request.
+
+    Plain reasoning is never sent back on this API, so it needs no note.
+    """
+    counts: dict[str, int] = {}
+    for message in request.messages:
+        for part in message.parts:
+            if isinstance(part, ReasoningPart) and part.format is not None:
+                counts[part.format] = counts.get(part.format, 0) + 1
+    if not counts:
+        return response
+    notes = tuple(f"left out {n} reasoning part(s) of format {fmt!r}: chat completions cannot accept them"
+                  for fmt, n in sorted(counts.items()))
+    return dataclasses.replace(response, notes=response.notes + notes)
 
 
 def _chat_usage(usage: Any) -> Usage | None:
