@@ -380,3 +380,16 @@ async def test_claude_on_vertex_through_the_sdk_against_the_fake(fake: FakeAnthr
     assert [body["model"] for body in fake.requests] == ["claude-sonnet-5"] * 2
     assert all("anthropic_version" in body for body in fake.requests)
     assert await model.count_tokens(ModelRequest([Message.user("hi")])) > 0
+
+
+async def test_claude_on_bedrock_through_the_sdk_against_the_fake(fake: FakeAnthropicServer) -> None:
+    fake.enqueue(AnthropicReply("Hi from Bedrock.", thinking="hm"))
+    model = AnthropicChatModel.bedrock("anthropic.claude-sonnet-5-v1:0", aws_region="us-east-1", api_key="br-key",
+                                       base_url=fake.base_url, max_retries=0)
+    _open.append(model)
+    response = await model.complete(ModelRequest([Message.user("hi")], instructions="sys", settings=THINK))
+    assert response.text == "Hi from Bedrock."
+    assert response.messages[0].parts[0] == ReasoningPart("hm", signature_for("hm"), "anthropic.thinking")
+    body = fake.requests[0]
+    assert body["model"] == "anthropic.claude-sonnet-5-v1:0" and "anthropic_version" in body
+    assert body["system"][0]["cache_control"] == {"type": "ephemeral"}

@@ -3,7 +3,7 @@
 It serves ``POST /v1/messages`` (plain JSON, and the SSE event stream exactly as the API sends it:
 ``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``ping``, ``message_delta``,
 ``message_stop``, and ``error`` events mid-stream) and ``POST /v1/messages/count_tokens``, from a script
-of replies (also in the Vertex AI form, ``.../models/{model}:rawPredict``), and records every request
+of replies (also in the Vertex AI and the non-streaming Bedrock forms), and records every request
 body. It checks what the real API checks and answers 400 with
 an ``invalid_request_error`` like the API does: roles alternating from ``user``, every ``tool_use``
 answered by a ``tool_result`` first in the next user turn, thinking blocks sent back unchanged (their
@@ -24,6 +24,7 @@ import hmac
 import json
 import re
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeStreamError, 
 __all__ = ["AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeStreamError", "signature_for"]
 
 _SECRET = b"contextpipe-fake-anthropic"
+_BEDROCK = re.compile(r"/model/(?P<model>[^/]+)/invoke$")
 _VERTEX = re.compile(r"/publishers/anthropic/models/(?P<model>[^/:]+):(?P<verb>rawPredict|streamRawPredict)$")
 
 
@@ -261,6 +263,10 @@ class _AnthropicHandler(_Handler):
         except ValueError:
             self._json(400, _error_body("invalid_request_error", "request body is not JSON"))
             return
+        bedrock = _BEDROCK.search(path)
+        if bedrock is not None:  # Claude on Bedrock (non-streaming; its stream is AWS event-stream framed)
+            body["model"] = urllib.parse.unquote(bedrock["model"])
+            path = "/v1/messages"
         vertex = _VERTEX.search(path)
         if vertex is not None:  # Claude on Vertex AI: the model and streaming are in the path
             if vertex["model"] == "count-tokens":
