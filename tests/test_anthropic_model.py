@@ -393,3 +393,12 @@ async def test_claude_on_bedrock_through_the_sdk_against_the_fake(fake: FakeAnth
     body = fake.requests[0]
     assert body["model"] == "anthropic.claude-sonnet-5-v1:0" and "anthropic_version" in body
     assert body["system"][0]["cache_control"] == {"type": "ephemeral"}
+
+
+async def test_max_tokens_leaves_room_above_a_large_thinking_budget(fake: FakeAnthropicServer) -> None:
+    model = make_model(fake, max_tokens=2000)
+    await model.complete(ModelRequest([Message.user("x")],
+                                      settings={"anthropic_thinking": {"type": "enabled", "budget_tokens": 16000}}))
+    assert fake.requests[0]["max_tokens"] == 18000
+    await model.complete(ModelRequest([Message.user("x")], settings=THINK))
+    assert fake.requests[1]["max_tokens"] == 2000

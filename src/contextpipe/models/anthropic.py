@@ -351,6 +351,10 @@ class AnthropicChatModel:
                              "block (by another model), and the API rejects such a continuation with thinking on")
             else:
                 kwargs["thinking"] = thinking
+                budget = thinking.get("budget_tokens")
+                if isinstance(budget, int) and "max_output_tokens" not in settings and budget >= kwargs["max_tokens"]:
+                    # The API needs max_tokens above the thinking budget; leave the usual room for the answer.
+                    kwargs["max_tokens"] = budget + self.max_tokens
         response_format = settings.get("response_format")
         if response_format:
             schema = (response_format.get("json_schema") or {}).get("schema")
