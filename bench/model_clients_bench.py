@@ -54,13 +54,12 @@ def bench_build(sizes: list[int], repeats: int) -> None:
     for n in sizes:
         request = ModelRequest(session(n), instructions="Be brief.", tools=[lookup.spec])
         row = []
-        builders: list[Any] = [lambda: claude._build(request), lambda: responses._build_responses(request),
-                               lambda: chat._build(request)]
+        builders: list[Any] = [claude._build, responses._build_responses, chat._build]
         for build in builders:
             times = []
             for _ in range(repeats):
                 started = time.perf_counter()
-                build()
+                build(request)
                 times.append(time.perf_counter() - started)
             row.append(statistics.median(times) * 1e6)
         print(f"| {n} | {row[0]:.0f} | {row[1]:.0f} | {row[2]:.0f} |")
