@@ -402,3 +402,14 @@ async def test_max_tokens_leaves_room_above_a_large_thinking_budget(fake: FakeAn
     assert fake.requests[0]["max_tokens"] == 18000
     await model.complete(ModelRequest([Message.user("x")], settings=THINK))
     assert fake.requests[1]["max_tokens"] == 2000
+
+
+async def test_parts_it_cannot_send_are_noted_and_its_own_unknown_blocks_go_back(fake: FakeAnthropicServer) -> None:
+    from contextpipe.messages import UnknownPart
+
+    history = [Message("user", (TextPart("q"), UnknownPart("future_kind", {"x": 1}))),
+               Message("assistant", (UnknownPart("anthropic.text", {"type": "text", "text": "kept verbatim"}),)),
+               Message.user("more")]
+    response = await make_model(fake, cache=None).complete(ModelRequest(history))
+    assert response.notes == ("left out 1 part(s) of kind 'future_kind': Claude cannot accept them",)
+    assert fake.requests[0]["messages"][1]["content"] == [{"type": "text", "text": "kept verbatim"}]

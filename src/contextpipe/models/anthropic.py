@@ -306,7 +306,8 @@ class AnthropicChatModel:
                 continue
             _append(wire, message, dropped, notes)
         for fmt, count in sorted(dropped.items()):
-            notes.append(f"left out {count} reasoning part(s) of format {fmt!r}: Claude cannot accept them")
+            what = f"part(s) of kind {fmt[5:]!r}" if fmt.startswith("part:") else f"reasoning part(s) of format {fmt!r}"
+            notes.append(f"left out {count} {what}: Claude cannot accept them")
         if not wire or wire[0]["role"] != "user":
             wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
             notes.append("added a placeholder user turn: the Messages API needs the conversation to start with one")
@@ -470,6 +471,11 @@ def _append(wire: list[dict[str, Any]], message: Message, dropped: dict[str, int
                 blocks.append(result)
             elif isinstance(part, ReasoningPart | FunctionCall):
                 continue
+            elif isinstance(part, UnknownPart):
+                if part.kind.startswith("anthropic."):
+                    blocks.append(dict(part.payload))
+                else:
+                    dropped["part:" + part.kind] = dropped.get("part:" + part.kind, 0) + 1
             else:
                 content = _content_block(part, message.role)
                 if content is not None:
@@ -510,7 +516,7 @@ def _assistant_block(part: Part, dropped: dict[str, int], notes: list[str]) -> d
     if isinstance(part, UnknownPart) and part.kind.startswith("anthropic."):
         return dict(part.payload)
     if isinstance(part, UnknownPart):
-        dropped[part.kind] = dropped.get(part.kind, 0) + 1
+        dropped["part:" + part.kind] = dropped.get("part:" + part.kind, 0) + 1
         return None
     return _content_block(part, "assistant")
 

@@ -146,8 +146,8 @@ class OpenAIResponsesModel(OpenAIChatModel):
         for message in messages:
             _append_items(items, message, dropped, notes)
         for fmt, count in sorted(dropped.items()):
-            notes.append(f"left out {count} reasoning part(s) of format {fmt!r}: the Responses API cannot accept "
-                         "them")
+            what = f"part(s) of kind {fmt[5:]!r}" if fmt.startswith("part:") else f"reasoning part(s) of format {fmt!r}"
+            notes.append(f"left out {count} {what}: the Responses API cannot accept them")
         kwargs["input"] = items
         if request.instructions:
             kwargs["instructions"] = request.instructions
@@ -272,8 +272,9 @@ def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[s
                               "arguments": part.arguments})
             elif isinstance(part, UnknownPart) and part.kind.startswith("openai."):
                 items.append(dict(part.payload))
-            elif isinstance(part, UnknownPart):
-                dropped[part.kind] = dropped.get(part.kind, 0) + 1
+            else:
+                kind = "part:" + part.kind
+                dropped[kind] = dropped.get(kind, 0) + 1
         return
     content: list[dict[str, Any]] = []
     for part in message.parts:
@@ -284,6 +285,11 @@ def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[s
                 content.append({"type": "input_text", "text": part.text})
         elif isinstance(part, DataPart | UriPart):
             content.append(_media(part, role))
+        elif isinstance(part, UnknownPart) and part.kind.startswith("openai."):
+            items.append(dict(part.payload))
+        elif not isinstance(part, ReasoningPart | FunctionCall):
+            kind = "part:" + part.kind
+            dropped[kind] = dropped.get(kind, 0) + 1
     if content:
         wire_role = "developer" if role == "system" else "user"
         items.append({"role": wire_role, "content": content})
