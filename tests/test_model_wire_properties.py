@@ -8,6 +8,8 @@ each vendor can accept must be sent back unchanged.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 from hypothesis import given, settings
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from contextpipe import FunctionCall, FunctionResult, Message, ReasoningPart, TextPart
 from contextpipe.compaction import group_messages
 from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIResponsesModel
-from contextpipe.testing import FakeOpenAIServer
+from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
 from contextpipe.testing.fake_anthropic import check_request, signature_for
 from contextpipe.testing.fake_openai import _responses_input
 from helpers import get_weather_forecast
@@ -59,7 +61,7 @@ ANTHROPIC = AnthropicChatModel("claude-fake", api_key="k")
 RESPONSES = OpenAIResponsesModel("gpt-fake", api_key="k")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(conversations(), st.booleans(), st.sampled_from(["5m", None]))
 def test_every_session_becomes_a_valid_messages_api_request(messages: list[Message], thinking: bool,
                                                             cache: str | None) -> None:
@@ -79,7 +81,7 @@ def test_every_session_becomes_a_valid_messages_api_request(messages: list[Messa
     assert bool(others) == any("left out" in n for n in notes)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(conversations())
 def test_every_session_becomes_a_valid_responses_api_request(messages: list[Message]) -> None:
     body, notes = RESPONSES._build_responses(ModelRequest(messages, tools=[get_weather_forecast.spec]))
@@ -92,3 +94,50 @@ def test_every_session_becomes_a_valid_responses_api_request(messages: list[Mess
                 if isinstance(p, ReasoningPart) and p.format == "openai.reasoning"
                 and any(not isinstance(q, ReasoningPart) for q in m.parts[n + 1:])]
     assert sent == followed
+
+
+@st.composite
+def replies(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
+    args = draw(st.lists(st.dictionaries(st.text(min_size=1, max_size=5), st.integers() | st.text(max_size=8),
+                                         max_size=3), max_size=2))
+    fields = {"text": draw(st.text(max_size=30)), "thinking": draw(st.none() | st.text(max_size=30)),
+              "tool_calls": tuple(("get_weather_forecast", json.dumps(a)) for a in args)}
+    return fields, draw(st.integers(1, 7))
+
+
+@settings(max_examples=12, deadline=None)
+@given(replies())
+def test_streamed_answers_assemble_to_the_plain_answer(reply: tuple[dict[str, Any], int]) -> None:
+    fields, chunk = reply
+
+    async def both() -> tuple[Any, Any, Any, Any]:
+        with FakeAnthropicServer() as claude, FakeOpenAIServer() as openai:
+            claude.enqueue(AnthropicReply(**fields, chunk_size=chunk), AnthropicReply(**fields, chunk_size=chunk))
+            openai_fields = {"text": fields["text"], "tool_calls": fields["tool_calls"], "reasoning": fields["thinking"]}
+            openai.enqueue(FakeReply(**openai_fields, chunk_size=chunk), FakeReply(**openai_fields, chunk_size=chunk))
+            request = ModelRequest([Message.user("q")], tools=[get_weather_forecast.spec])
+            results = []
+            async with AnthropicChatModel("claude-fake", base_url=claude.base_url, api_key="k", max_retries=0) as a, \
+                    OpenAIResponsesModel("gpt-fake", base_url=openai.base_url, max_retries=0) as o:
+                for model in (a, o):
+                    plain = await model.complete(request)
+                    streamed = [e async for e in model.stream(request)][-1].response  # type: ignore[attr-defined]
+                    results += [plain, streamed]
+            return tuple(results)  # type: ignore[return-value]
+
+    claude_plain, claude_streamed, openai_plain, openai_streamed = asyncio.run(both())
+    for plain, streamed in ((claude_plain, claude_streamed), (openai_plain, openai_streamed)):
+        assert [_shape(p) for p in streamed.messages[0].parts] == [_shape(p) for p in plain.messages[0].parts]
+        assert streamed.finish_reason == plain.finish_reason
+    assert claude_streamed.text == fields["text"]
+    assert [json.loads(c.arguments) for c in claude_streamed.messages[0].function_calls] == [
+        json.loads(a) for _, a in fields["tool_calls"]]
+
+
+def _shape(part: Any) -> Any:
+    """A part without the ids each answer gets anew."""
+    if isinstance(part, FunctionCall):
+        return ("call", part.name, json.loads(part.arguments))
+    if isinstance(part, ReasoningPart) and part.format == "openai.reasoning":
+        return ("reasoning", part.text)
+    return part
