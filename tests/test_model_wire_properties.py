@@ -113,7 +113,8 @@ def test_streamed_answers_assemble_to_the_plain_answer(reply: tuple[dict[str, An
     async def both() -> tuple[Any, Any, Any, Any]:
         with FakeAnthropicServer() as claude, FakeOpenAIServer() as openai:
             claude.enqueue(AnthropicReply(**fields, chunk_size=chunk), AnthropicReply(**fields, chunk_size=chunk))
-            openai_fields = {"text": fields["text"], "tool_calls": fields["tool_calls"], "reasoning": fields["thinking"]}
+            openai_fields = {"text": fields["text"], "tool_calls": fields["tool_calls"],
+                             "reasoning": fields["thinking"]}
             openai.enqueue(FakeReply(**openai_fields, chunk_size=chunk), FakeReply(**openai_fields, chunk_size=chunk))
             request = ModelRequest([Message.user("q")], tools=[get_weather_forecast.spec])
             results = []
