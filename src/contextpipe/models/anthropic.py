@@ -256,10 +256,11 @@ class AnthropicChatModel:
             assembly = _StreamAssembly()
             try:
                 stream = await self._client.messages.create(**kwargs, stream=True)
-                async for event in stream:
-                    assembly.events += 1
-                    for out in assembly.feed(event):
-                        yield out
+                async with stream:  # closes the connection even when the caller stops early
+                    async for event in stream:
+                        assembly.events += 1
+                        for out in assembly.feed(event):
+                            yield out
             except Exception as exc:
                 raise self._translate(exc, streamed=assembly.events) from exc
             if not assembly.stopped:

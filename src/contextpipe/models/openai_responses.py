@@ -95,17 +95,19 @@ class OpenAIResponsesModel(OpenAIChatModel):
         final: Any = None
         try:
             stream = await self._client.responses.create(**kwargs, stream=True)
-            async for event in stream:
-                events += 1
-                kind = getattr(event, "type", None)
-                if kind == "response.output_text.delta":
-                    yield TextDelta(event.delta)
-                elif kind == "response.reasoning_summary_text.delta":
-                    yield ReasoningDelta(event.delta)
-                elif kind in ("response.completed", "response.incomplete", "response.failed"):
-                    final = event.response
-                elif kind == "error":
-                    raise self._stream_error(getattr(event, "code", None), getattr(event, "message", ""), events)
+            async with stream:  # closes the connection even when the caller stops early
+                async for event in stream:
+                    events += 1
+                    kind = getattr(event, "type", None)
+                    if kind == "response.output_text.delta":
+                        yield TextDelta(event.delta)
+                    elif kind == "response.reasoning_summary_text.delta":
+                        yield ReasoningDelta(event.delta)
+                    elif kind in ("response.completed", "response.incomplete", "response.failed"):
+                        final = event.response
+                    elif kind == "error":
+                        raise self._stream_error(getattr(event, "code", None), getattr(event, "message", ""),
+                                                 events)
         except ModelError:
             raise
         except Exception as exc:
