@@ -199,7 +199,7 @@ async def test_a_session_started_on_openai_continues_on_claude(fake_openai: Fake
     assert any("thinking turned off for this call" in n for n in notes)
     assert "thinking" not in fake_anthropic.requests[0]
     assert fake_anthropic.requests[1]["thinking"] == THINK["anthropic_thinking"]
-    assert "note: left out" in result.traces[0].table()
+    assert "claude-fake adapted request: left out" in result.traces[0].table()
     claude.check()
     # And back to OpenAI: Claude's thinking is left out there, the OpenAI reasoning item goes back.
     openai.server.enqueue(FakeReply("Yes, the T-shirt."))
@@ -215,8 +215,9 @@ async def test_a_session_started_on_openai_continues_on_claude(fake_openai: Fake
 
 async def test_demo_shows_a_cached_token_column_only_when_the_model_reports_cache_use(tmp_path: Any) -> None:
     from contextpipe.demo import _prompt_caching, usage_table
-    from contextpipe.models import ScriptedModel, Turn, Usage
+    from contextpipe.models import Usage
     from contextpipe.stores import SQLiteStore
+    from contextpipe.testing import ScriptedModel, Turn
 
     lines: list[str] = []
     async with SQLiteStore(str(tmp_path / "demo.db")) as store:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextpipe import FunctionCall, FunctionResult, Message, ReasoningPart, TextPart
-from contextpipe.compaction import group_messages
+from contextpipe.exchanges import group_messages
 from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIResponsesModel
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
 from contextpipe.testing.fake_anthropic import check_request, signature_for

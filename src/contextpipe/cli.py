@@ -23,7 +23,7 @@ from rich.table import Table
 from . import __version__
 from .agent import Agent
 from .errors import ContextPipeError
-from .loop import ToolCallFinished, ToolCallStarted
+from .events import ToolCallFinished, ToolCallStarted
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction
@@ -231,12 +231,12 @@ async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, option
                 text = await asyncio.to_thread(input, "you> ")
             except EOFError:
                 out.print()
-                return
+                break
             text = text.strip()
             if not text:
                 continue
             if text in ("/exit", "/quit"):
-                return
+                break
             out.print("[bold]assistant>[/bold] ", end="")
             try:
                 async for event in agent.stream(text, session=session):
@@ -436,8 +436,9 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
     for d in trace.get("compaction", []):
         out.print(f"  compaction: {d['strategy']} {d['action']} {len(d['message_ids'])} message(s): "
                   f"{escape(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
-    for note in trace.get("notes", []):
-        out.print(f"  note: {escape(note)}")
+    for change in trace.get("changes", []):
+        out.print(f"  {escape(change['source_id'])} {change['action'].replace('_', ' ')}: "
+                  f"{escape(', '.join(change['items']))}")
     out.print()
 
 

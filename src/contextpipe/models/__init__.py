@@ -1,4 +1,6 @@
-"""Model clients: the `ChatModel` protocol, `ScriptedModel` and the OpenAI and Anthropic clients.
+"""Model clients: the `ChatModel` protocol and the OpenAI and Anthropic clients.
+
+Test doubles are in `contextpipe.testing`.
 
 The clients are `OpenAIChatModel`, `OpenAIResponsesModel` and `AnthropicChatModel`.
 
@@ -8,8 +10,9 @@ nor the `anthropic` package until a class is first used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import (
     CallModel,
     ChatModel,
@@ -23,7 +26,6 @@ from .base import (
     TextDelta,
     Usage,
 )
-from .scripted import ScriptedModel, Turn, tool_call
 
 if TYPE_CHECKING:
     from .anthropic import AnthropicChatModel
@@ -43,25 +45,10 @@ __all__ = [
     "OpenAIResponsesModel",
     "ReasoningDelta",
     "ResponseComplete",
-    "ScriptedModel",
     "TextDelta",
-    "Turn",
     "Usage",
-    "tool_call",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "OpenAIChatModel":
-        from .openai import OpenAIChatModel
-
-        return OpenAIChatModel
-    if name == "OpenAIResponsesModel":
-        from .openai_responses import OpenAIResponsesModel
-
-        return OpenAIResponsesModel
-    if name == "AnthropicChatModel":
-        from .anthropic import AnthropicChatModel
-
-        return AnthropicChatModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"OpenAIChatModel": ".openai", "OpenAIResponsesModel": ".openai_responses",
+                                      "AnthropicChatModel": ".anthropic"})

@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from ..models.scripted import ScriptedModel, Turn, tool_call
 from .fake_anthropic import AnthropicReply, FakeAnthropicCut, FakeAnthropicServer
 from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeReply, FakeStreamCut, FakeStreamError
+from .scripted import ScriptedModel, Turn, tool_call
 
 __all__ = [
     "AnthropicReply",
