@@ -297,80 +297,36 @@ class AnthropicChatModel:
     def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         notes: list[str] = []
-        system_texts = [request.instructions] if request.instructions else []
-        wire: list[dict[str, Any]] = []
-        dropped: dict[str, int] = {}
-        for message in request.messages:
-            if message.role == "system":
-                if message.text:
-                    system_texts.append(message.text)
-                continue
-            _append(wire, message, dropped, notes)
-        for fmt, count in sorted(dropped.items()):
-            what = f"part(s) of kind {fmt[5:]!r}" if fmt.startswith("part:") else f"reasoning part(s) of format {fmt!r}"
-            notes.append(f"left out {count} {what}: Claude cannot accept them")
-        if not wire or wire[0]["role"] != "user":
-            wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
-            notes.append("added a placeholder user turn: the Messages API needs the conversation to start with one")
+        wire, system_texts = _conversation(request, notes)
         kwargs: dict[str, Any] = {"model": self._model, "messages": wire,
                                   "max_tokens": settings.get("max_output_tokens", self.max_tokens)}
-        ttl = self.cache
         control: dict[str, Any] | None = None
-        if ttl is not None:
-            control = {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+        if self.cache is not None:
+            control = {"type": "ephemeral"} if self.cache == "5m" else {"type": "ephemeral", "ttl": self.cache}
         if system_texts:
-            if control is None:
-                kwargs["system"] = "\n\n".join(system_texts)
-            else:
-                kwargs["system"] = [{"type": "text", "text": "\n\n".join(system_texts), "cache_control": control}]
+            text = "\n\n".join(system_texts)
+            kwargs["system"] = text if control is None else [{"type": "text", "text": text, "cache_control": control}]
         if request.tools:
-            tools = [{"name": t.name, "description": t.description, "input_schema": _schema(t.parameters)}
-                     for t in request.tools]
-            if control is not None:
-                tools[-1]["cache_control"] = control
-            kwargs["tools"] = tools
-            choice = settings.get("tool_choice")
-            tool_choice: dict[str, Any] | None = None
-            if choice is not None:
-                tool_choice = {"auto": {"type": "auto"}, "none": {"type": "none"},
-                               "required": {"type": "any"}}.get(choice, {"type": "tool", "name": choice})
-            if settings.get("parallel_tool_calls") is False:
-                tool_choice = tool_choice or {"type": "auto"}
-                if tool_choice["type"] != "none":
-                    tool_choice["disable_parallel_tool_use"] = True
-            if tool_choice is not None:
-                kwargs["tool_choice"] = tool_choice
+            kwargs.update(_tools(request, settings, control))
         if control is not None:
             _place_breakpoints(wire, control)
-        extra: dict[str, Any] = {}
-        if "temperature" in settings:
-            # Not a typed argument of every SDK version's create(); sent as a body field.
-            extra["temperature"] = settings["temperature"]
-        thinking = settings.get("anthropic_thinking")
-        if thinking:
-            if thinking.get("type") in ("enabled", "adaptive") and not _thinking_can_continue(wire):
-                notes.append("thinking turned off for this call: the last tool call was made without a thinking "
-                             "block (by another model), and the API rejects such a continuation with thinking on")
-            else:
-                kwargs["thinking"] = thinking
-                budget = thinking.get("budget_tokens")
-                if isinstance(budget, int) and "max_output_tokens" not in settings and budget >= kwargs["max_tokens"]:
-                    # The API needs max_tokens above the thinking budget; leave the usual room for the answer.
-                    kwargs["max_tokens"] = budget + self.max_tokens
-        response_format = settings.get("response_format")
-        if response_format:
-            schema = (response_format.get("json_schema") or {}).get("schema")
-            if response_format.get("type") == "json_schema" and isinstance(schema, dict):
-                kwargs["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
-            else:
-                notes.append(f"response_format {response_format.get('type')!r} is not supported by the Messages "
-                             "API (only json_schema); sent without it")
-        if "seed" in settings:
-            notes.append("seed is not supported by the Messages API; sent without it")
-        extra.update(settings.get("anthropic_extra_body") or {})
-        if extra:
-            kwargs["extra_body"] = extra
+        self._thinking(kwargs, settings, notes)
+        _output_options(kwargs, settings, notes)
         return kwargs, notes
+
+    def _thinking(self, kwargs: dict[str, Any], settings: ModelSettings, notes: list[str]) -> None:
+        thinking = settings.get("anthropic_thinking")
+        if not thinking:
+            return
+        if thinking.get("type") in ("enabled", "adaptive") and not _thinking_can_continue(kwargs["messages"]):
+            notes.append("thinking turned off for this call: the last tool call was made without a thinking "
+                         "block (by another model), and the API rejects such a continuation with thinking on")
+            return
+        kwargs["thinking"] = thinking
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and "max_output_tokens" not in settings and budget >= kwargs["max_tokens"]:
+            # The API needs max_tokens above the thinking budget; leave the usual room for the answer.
+            kwargs["max_tokens"] = budget + self.max_tokens
 
     # --- errors -------------------------------------------------------------------------------------
 
@@ -395,42 +351,7 @@ class AnthropicChatModel:
             return ModelResponseError(f"{where} sent a response that is not a valid message: {exc}",
                                       provider=provider, status_code=exc.status_code, body=exc.body)
         if isinstance(exc, sdk.APIStatusError):
-            status, body = exc.status_code, exc.body
-            error_type, detail = _error_detail(body, exc)
-            if status == 200:  # an `error` event in the middle of a stream
-                status = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
-                          "invalid_request_error": 400}.get(error_type or "", 500)
-                detail = f"{detail} (sent in the stream after {streamed} event(s))"
-            if status in (401, 403) or error_type in ("authentication_error", "permission_error"):
-                return ModelAuthError(
-                    f"{where} refused the credentials (HTTP {status}): {detail}; check ANTHROPIC_API_KEY / api_key "
-                    "and that the key may use this model", provider=provider, status_code=status, body=body)
-            if status == 429:
-                retry_after = _retry_after(exc.response.headers)
-                hint = f"retry after {retry_after:g} s" if retry_after is not None else "retry later"
-                return ModelRateLimited(f"{where} is rate limiting (HTTP 429): {detail}; {hint}",
-                                        retry_after=retry_after, provider=provider, status_code=status, body=body)
-            if status == 529 or error_type == "overloaded_error":
-                return ModelServerError(f"{where} is overloaded (HTTP 529): {detail}; retry in a little while",
-                                        provider=provider, status_code=status, body=body)
-            if status >= 500:
-                return ModelServerError(f"{where} failed with HTTP {status}: {detail}; retry later",
-                                        provider=provider, status_code=status, body=body)
-            if status == 413:
-                return ModelBadRequest(
-                    f"the request is larger than {where} accepts (HTTP 413): {detail}; send fewer or smaller "
-                    "images and documents", provider=provider, status_code=status, body=body)
-            lowered = detail.lower()
-            if "prompt is too long" in lowered or "context window" in lowered or "too many tokens" in lowered:
-                return ContextWindowExceeded(
-                    f"the request is larger than model {model!r}'s context window: {detail}; bound what is sent "
-                    "(History(store, max_messages=...), Compaction) or use a model with a larger window",
-                    provider=provider, status_code=status, body=body)
-            if status == 404:
-                return ModelBadRequest(f"{where} answered 404 for model {model!r}: {detail}; check the model name "
-                                       "and the base URL", provider=provider, status_code=status, body=body)
-            return ModelBadRequest(f"{where} rejected the request (HTTP {status}): {detail}", provider=provider,
-                                   status_code=status, body=body)
+            return self._status_error(exc, where, streamed)
         if isinstance(exc, ValueError | TypeError | KeyError):
             return ModelResponseError(f"{where} sent a response that could not be read: {exc}", provider=provider)
         if isinstance(exc, sdk.AnthropicError):
@@ -442,7 +363,112 @@ class AnthropicChatModel:
                                     provider=provider)
 
 
+    def _status_error(self, exc: Any, where: str, streamed: int) -> ModelError:
+        """Map an HTTP error answer (or an ``error`` event in a stream) to a `ModelError` with a hint."""
+        provider, model = self.provider, self._model
+        status, body = exc.status_code, exc.body
+        error_type, detail = _error_detail(body, exc)
+        if status == 200:  # an `error` event in the middle of a stream
+            status = _STREAM_ERROR_STATUS.get(error_type or "", 500)
+            detail = f"{detail} (sent in the stream after {streamed} event(s))"
+        info: dict[str, Any] = {"provider": provider, "status_code": status, "body": body}
+        if status in (401, 403):
+            return ModelAuthError(f"{where} refused the credentials (HTTP {status}): {detail}; check "
+                                  "ANTHROPIC_API_KEY / api_key and that the key may use this model", **info)
+        if status == 429:
+            retry_after = _retry_after(exc.response.headers)
+            hint = f"retry after {retry_after:g} s" if retry_after is not None else "retry later"
+            return ModelRateLimited(f"{where} is rate limiting (HTTP 429): {detail}; {hint}", retry_after=retry_after,
+                                    **info)
+        if status == 529:
+            return ModelServerError(f"{where} is overloaded (HTTP 529): {detail}; retry in a little while", **info)
+        if status >= 500:
+            return ModelServerError(f"{where} failed with HTTP {status}: {detail}; retry later", **info)
+        if status == 413:
+            return ModelBadRequest(f"the request is larger than {where} accepts (HTTP 413): {detail}; send fewer or "
+                                   "smaller images and documents", **info)
+        if any(s in detail.lower() for s in ("prompt is too long", "context window", "too many tokens")):
+            return ContextWindowExceeded(
+                f"the request is larger than model {model!r}'s context window: {detail}; bound what is sent "
+                "(History(store, max_messages=...), Compaction) or use a model with a larger window", **info)
+        if status == 404:
+            return ModelBadRequest(f"{where} answered 404 for model {model!r}: {detail}; check the model name and "
+                                   "the base URL", **info)
+        return ModelBadRequest(f"{where} rejected the request (HTTP {status}): {detail}", **info)
+
+
+_STREAM_ERROR_STATUS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
+                        "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403}
+
+
 # --- wire format -------------------------------------------------------------------------------------
+
+
+def _conversation(request: ModelRequest, notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Return the wire messages and the system texts (instructions, then system messages) of `request`."""
+    system_texts = [request.instructions] if request.instructions else []
+    wire: list[dict[str, Any]] = []
+    dropped: dict[str, int] = {}
+    for message in request.messages:
+        if message.role == "system":
+            if message.text:
+                system_texts.append(message.text)
+            continue
+        _append(wire, message, dropped, notes)
+    notes.extend(_dropped_notes(dropped, "Claude"))
+    if not wire or wire[0]["role"] != "user":
+        wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
+        notes.append("added a placeholder user turn: the Messages API needs the conversation to start with one")
+    return wire, system_texts
+
+
+def _dropped_notes(dropped: dict[str, int], who: str) -> list[str]:
+    """One note per kind of part left out (keys ``part:KIND`` for content parts, else reasoning formats)."""
+    notes = []
+    for key, count in sorted(dropped.items()):
+        what = f"part(s) of kind {key[5:]!r}" if key.startswith("part:") else f"reasoning part(s) of format {key!r}"
+        notes.append(f"left out {count} {what}: {who} cannot accept them")
+    return notes
+
+
+def _tools(request: ModelRequest, settings: ModelSettings, control: dict[str, Any] | None) -> dict[str, Any]:
+    tools = [{"name": t.name, "description": t.description, "input_schema": _schema(t.parameters)}
+             for t in request.tools]
+    if control is not None:
+        tools[-1]["cache_control"] = control
+    out: dict[str, Any] = {"tools": tools}
+    choice = settings.get("tool_choice")
+    tool_choice: dict[str, Any] | None = None
+    if choice is not None:
+        tool_choice = {"auto": {"type": "auto"}, "none": {"type": "none"},
+                       "required": {"type": "any"}}.get(choice, {"type": "tool", "name": choice})
+    if settings.get("parallel_tool_calls") is False:
+        tool_choice = tool_choice or {"type": "auto"}
+        if tool_choice["type"] != "none":
+            tool_choice["disable_parallel_tool_use"] = True
+    if tool_choice is not None:
+        out["tool_choice"] = tool_choice
+    return out
+
+
+def _output_options(kwargs: dict[str, Any], settings: ModelSettings, notes: list[str]) -> None:
+    extra: dict[str, Any] = {}
+    if "temperature" in settings:
+        # Not a typed argument of every SDK version's create(); sent as a body field.
+        extra["temperature"] = settings["temperature"]
+    response_format = settings.get("response_format")
+    if response_format:
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if response_format.get("type") == "json_schema" and isinstance(schema, dict):
+            kwargs["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+        else:
+            notes.append(f"response_format {response_format.get('type')!r} is not supported by the Messages "
+                         "API (only json_schema); sent without it")
+    if "seed" in settings:
+        notes.append("seed is not supported by the Messages API; sent without it")
+    extra.update(settings.get("anthropic_extra_body") or {})
+    if extra:
+        kwargs["extra_body"] = extra
 
 
 def _schema(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -453,34 +479,11 @@ def _schema(parameters: dict[str, Any]) -> dict[str, Any]:
 
 def _append(wire: list[dict[str, Any]], message: Message, dropped: dict[str, int], notes: list[str]) -> None:
     """Add `message` to `wire`, merging into the previous turn when the role repeats."""
-    blocks: list[dict[str, Any]] = []
-    if message.role == "assistant":
-        role = "assistant"
-        for part in message.parts:
-            block = _assistant_block(part, dropped, notes)
-            if block is not None:
-                blocks.append(block)
+    role = "assistant" if message.role == "assistant" else "user"
+    if role == "assistant":
+        blocks = [b for p in message.parts if (b := _assistant_block(p, dropped, notes)) is not None]
     else:
-        role = "user"
-        for part in message.parts:
-            if isinstance(part, FunctionResult):
-                result: dict[str, Any] = {"type": "tool_result", "tool_use_id": part.call_id}
-                if part.result:
-                    result["content"] = part.result
-                if part.is_error:
-                    result["is_error"] = True
-                blocks.append(result)
-            elif isinstance(part, ReasoningPart | FunctionCall):
-                continue
-            elif isinstance(part, UnknownPart):
-                if part.kind.startswith("anthropic."):
-                    blocks.append(dict(part.payload))
-                else:
-                    dropped["part:" + part.kind] = dropped.get("part:" + part.kind, 0) + 1
-            else:
-                content = _content_block(part, message.role)
-                if content is not None:
-                    blocks.append(content)
+        blocks = [b for p in message.parts if (b := _user_block(p, message.role, dropped)) is not None]
     if not blocks:
         return
     if wire and wire[-1]["role"] == role:
@@ -489,23 +492,35 @@ def _append(wire: list[dict[str, Any]], message: Message, dropped: dict[str, int
         wire.append({"role": role, "content": blocks})
     if role == "user":
         # Tool results must open the user turn that answers the calls.
-        content = wire[-1]["content"]
-        content.sort(key=lambda b: b.get("type") != "tool_result")
+        wire[-1]["content"].sort(key=lambda b: b.get("type") != "tool_result")
+
+
+def _user_block(part: Part, role: str, dropped: dict[str, int]) -> dict[str, Any] | None:
+    if isinstance(part, FunctionResult):
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": part.call_id}
+        if part.result:
+            result["content"] = part.result
+        if part.is_error:
+            result["is_error"] = True
+        return result
+    if isinstance(part, ReasoningPart | FunctionCall):
+        return None
+    if isinstance(part, UnknownPart):
+        return _unknown_block(part, dropped)
+    return _content_block(part, role)
+
+
+def _unknown_block(part: UnknownPart, dropped: dict[str, int]) -> dict[str, Any] | None:
+    """Return a block kept from an earlier Claude answer verbatim; leave out other unknown kinds."""
+    if part.kind.startswith("anthropic."):
+        return dict(part.payload)
+    dropped["part:" + part.kind] = dropped.get("part:" + part.kind, 0) + 1
+    return None
 
 
 def _assistant_block(part: Part, dropped: dict[str, int], notes: list[str]) -> dict[str, Any] | None:
-    if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text} if part.text else None
     if isinstance(part, FunctionCall):
-        try:
-            arguments = json.loads(part.arguments) if part.arguments.strip() else {}
-        except ValueError:
-            arguments = None
-        if not isinstance(arguments, dict):
-            notes.append(f"tool call {part.call_id} had arguments that are not a JSON object; sent as "
-                         "{'arguments': <text>}")
-            arguments = {"arguments": part.arguments}
-        return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": arguments}
+        return _tool_use(part, notes)
     if isinstance(part, ReasoningPart):
         if part.format == THINKING and part.encrypted is not None:
             return {"type": "thinking", "thinking": part.text, "signature": part.encrypted}
@@ -514,12 +529,21 @@ def _assistant_block(part: Part, dropped: dict[str, int], notes: list[str]) -> d
         fmt = part.format or "plain"
         dropped[fmt] = dropped.get(fmt, 0) + 1
         return None
-    if isinstance(part, UnknownPart) and part.kind.startswith("anthropic."):
-        return dict(part.payload)
     if isinstance(part, UnknownPart):
-        dropped["part:" + part.kind] = dropped.get("part:" + part.kind, 0) + 1
-        return None
+        return _unknown_block(part, dropped)
     return _content_block(part, "assistant")
+
+
+def _tool_use(part: FunctionCall, notes: list[str]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(part.arguments) if part.arguments.strip() else {}
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        notes.append(f"tool call {part.call_id} had arguments that are not a JSON object; sent as "
+                     "{'arguments': <text>}")
+        arguments = {"arguments": part.arguments}
+    return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": arguments}
 
 
 def _content_block(part: Part, role: str) -> dict[str, Any] | None:
