@@ -18,7 +18,7 @@ The Responses wire format lives only in this module.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..errors import (
@@ -128,58 +128,36 @@ class OpenAIResponsesModel(OpenAIChatModel):
     def _build_responses(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         notes: list[str] = []
-        messages = list(request.messages)
         kwargs: dict[str, Any] = {"model": self._model}
-        if self.previous_response:
-            kwargs["store"] = True
-            for index in range(len(messages) - 1, -1, -1):
-                response_id = messages[index].metadata.get(RESPONSE_ID) if messages[index].role == "assistant" \
-                    else None
-                if isinstance(response_id, str):
-                    kwargs["previous_response_id"] = response_id
-                    messages = messages[index + 1:]
-                    break
-        else:
-            kwargs["store"] = False
-            if self.encrypted_reasoning:
-                kwargs["include"] = ["reasoning.encrypted_content"]
+        messages = self._continuation(request.messages, kwargs)
         dropped: dict[str, int] = {}
         items: list[dict[str, Any]] = []
         for message in messages:
             _append_items(items, message, dropped, notes)
-        for fmt, count in sorted(dropped.items()):
-            what = f"part(s) of kind {fmt[5:]!r}" if fmt.startswith("part:") else f"reasoning part(s) of format {fmt!r}"
-            notes.append(f"left out {count} {what}: the Responses API cannot accept them")
+        notes.extend(_dropped_notes(dropped, "the Responses API"))
         kwargs["input"] = items
         if request.instructions:
             kwargs["instructions"] = request.instructions
         if request.tools:
-            kwargs["tools"] = [{"type": "function", "name": t.name, "description": t.description,
-                                "parameters": t.parameters, "strict": False} for t in request.tools]
-            if "parallel_tool_calls" in settings:
-                kwargs["parallel_tool_calls"] = settings["parallel_tool_calls"]
-            choice = settings.get("tool_choice")
-            if choice is not None:
-                kwargs["tool_choice"] = (choice if choice in ("auto", "none", "required")
-                                         else {"type": "function", "name": choice})
-        if "temperature" in settings:
-            kwargs["temperature"] = settings["temperature"]
-        if "max_output_tokens" in settings:
-            kwargs["max_output_tokens"] = settings["max_output_tokens"]
-        if "reasoning_effort" in settings:
-            kwargs["reasoning"] = {"effort": settings["reasoning_effort"], "summary": "auto"}
-        response_format = settings.get("response_format")
-        if response_format:
-            if response_format.get("type") == "json_schema":
-                spec = dict(response_format.get("json_schema") or {})
-                kwargs["text"] = {"format": {"type": "json_schema", **spec}}
-            else:
-                kwargs["text"] = {"format": dict(response_format)}
-        if "seed" in settings:
-            notes.append("seed is not supported by the Responses API; sent without it")
-        if "openai_extra_body" in settings:
-            kwargs["extra_body"] = settings["openai_extra_body"]
+            kwargs.update(_tools(request, settings))
+        _options(kwargs, settings, notes)
         return kwargs, notes
+
+    def _continuation(self, messages: Sequence[Message], kwargs: dict[str, Any]) -> Sequence[Message]:
+        """Set ``store`` (and ``previous_response_id``); return the messages the request must carry."""
+        if not self.previous_response:
+            kwargs["store"] = False
+            if self.encrypted_reasoning:
+                kwargs["include"] = ["reasoning.encrypted_content"]
+            return messages
+        kwargs["store"] = True
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            response_id = message.metadata.get(RESPONSE_ID) if message.role == "assistant" else None
+            if isinstance(response_id, str):
+                kwargs["previous_response_id"] = response_id
+                return messages[index + 1:]
+        return messages
 
     # --- response -----------------------------------------------------------------------------------
 
@@ -196,29 +174,12 @@ class OpenAIResponsesModel(OpenAIChatModel):
         parts: list[Part] = []
         refused = False
         for item in output:
-            kind = getattr(item, "type", None)
-            if kind == "reasoning":
-                summary = "\n\n".join(s.text for s in (item.summary or ()) if getattr(s, "text", None))
-                parts.append(ReasoningPart(summary, getattr(item, "encrypted_content", None), REASONING, item.id))
-            elif kind == "message":
-                for content in item.content or ():
-                    if content.type == "output_text" and content.text:
-                        parts.append(TextPart(content.text))
-                    elif content.type == "refusal":
-                        refused = True
-                        parts.append(TextPart(content.refusal))
-            elif kind == "function_call":
-                parts.append(FunctionCall(item.call_id, item.name, item.arguments or "{}"))
-            else:
-                parts.append(UnknownPart(f"openai.{kind}", item.model_dump(exclude_none=True)))
-        calls = any(isinstance(p, FunctionCall) for p in parts)
-        finish = "tool_calls" if calls else "stop"
-        if refused:
-            finish = "content_filter"
+            refused = _output_parts(item, parts) or refused
+        finish = "content_filter" if refused else (
+            "tool_calls" if any(isinstance(p, FunctionCall) for p in parts) else "stop")
         if status == "incomplete":
-            reason = getattr(getattr(response, "incomplete_details", None), "reason", None)
-            finish = {"max_output_tokens": "length", "content_filter": "content_filter"}.get(reason or "",
-                                                                                            reason or "length")
+            reason = getattr(getattr(response, "incomplete_details", None), "reason", None) or "length"
+            finish = {"max_output_tokens": "length"}.get(reason, reason)
         response_id = getattr(response, "id", None)
         metadata = {RESPONSE_ID: response_id} if isinstance(response_id, str) else {}
         return ModelResponse([Message("assistant", tuple(parts), metadata=metadata)],
@@ -246,37 +207,73 @@ def _usage(usage: Any) -> Usage | None:
                  (getattr(outputs, "reasoning_tokens", 0) or 0) if outputs is not None else 0)
 
 
+def _output_parts(item: Any, parts: list[Part]) -> bool:
+    """Add the parts of one output item to `parts`; return True when it is a refusal."""
+    kind = getattr(item, "type", None)
+    if kind == "reasoning":
+        summary = "\n\n".join(s.text for s in (item.summary or ()) if getattr(s, "text", None))
+        parts.append(ReasoningPart(summary, getattr(item, "encrypted_content", None), REASONING, item.id))
+    elif kind == "message":
+        refused = False
+        for content in item.content or ():
+            if content.type == "output_text" and content.text:
+                parts.append(TextPart(content.text))
+            elif content.type == "refusal":
+                refused = True
+                parts.append(TextPart(content.refusal))
+        return refused
+    elif kind == "function_call":
+        parts.append(FunctionCall(item.call_id, item.name, item.arguments or "{}"))
+    else:
+        parts.append(UnknownPart(f"openai.{kind}", item.model_dump(exclude_none=True)))
+    return False
+
+
+def _dropped_notes(dropped: dict[str, int], who: str) -> list[str]:
+    """One note per kind of part left out (keys ``part:KIND`` for content parts, else reasoning formats)."""
+    notes = []
+    for key, count in sorted(dropped.items()):
+        what = f"part(s) of kind {key[5:]!r}" if key.startswith("part:") else f"reasoning part(s) of format {key!r}"
+        notes.append(f"left out {count} {what}: {who} cannot accept them")
+    return notes
+
+
+def _tools(request: ModelRequest, settings: ModelSettings) -> dict[str, Any]:
+    out: dict[str, Any] = {"tools": [{"type": "function", "name": t.name, "description": t.description,
+                                      "parameters": t.parameters, "strict": False} for t in request.tools]}
+    if "parallel_tool_calls" in settings:
+        out["parallel_tool_calls"] = settings["parallel_tool_calls"]
+    choice = settings.get("tool_choice")
+    if choice is not None:
+        out["tool_choice"] = choice if choice in ("auto", "none", "required") else {"type": "function", "name": choice}
+    return out
+
+
+def _options(kwargs: dict[str, Any], settings: ModelSettings, notes: list[str]) -> None:
+    for key in ("temperature", "max_output_tokens"):
+        if key in settings:
+            kwargs[key] = settings[key]
+    if "reasoning_effort" in settings:
+        kwargs["reasoning"] = {"effort": settings["reasoning_effort"], "summary": "auto"}
+    response_format = settings.get("response_format")
+    if response_format:
+        if response_format.get("type") == "json_schema":
+            kwargs["text"] = {"format": {"type": "json_schema", **dict(response_format.get("json_schema") or {})}}
+        else:
+            kwargs["text"] = {"format": dict(response_format)}
+    if "seed" in settings:
+        notes.append("seed is not supported by the Responses API; sent without it")
+    if "openai_extra_body" in settings:
+        kwargs["extra_body"] = settings["openai_extra_body"]
+
+
 def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[str, int], notes: list[str]) -> None:
-    role = message.role
-    if role == "assistant":
+    if message.role == "assistant":
         parts = message.parts
         for index, part in enumerate(parts):
-            if isinstance(part, ReasoningPart):
-                if part.format != REASONING or not part.id:
-                    fmt = part.format or "plain"
-                    dropped[fmt] = dropped.get(fmt, 0) + 1
-                    continue
-                follows = any(not isinstance(p, ReasoningPart) for p in parts[index + 1:])
-                if not follows:
-                    notes.append(f"left out reasoning item {part.id}: nothing it led to was kept, and the API "
-                                 "rejects a reasoning item without its following item")
-                    continue
-                item: dict[str, Any] = {"type": "reasoning", "id": part.id,
-                                        "summary": [{"type": "summary_text", "text": part.text}] if part.text else []}
-                if part.encrypted is not None:
-                    item["encrypted_content"] = part.encrypted
+            item = _assistant_item(part, parts[index + 1:], dropped, notes)
+            if item is not None:
                 items.append(item)
-            elif isinstance(part, TextPart):
-                if part.text:
-                    items.append({"role": "assistant", "content": part.text})
-            elif isinstance(part, FunctionCall):
-                items.append({"type": "function_call", "call_id": part.call_id, "name": part.name,
-                              "arguments": part.arguments})
-            elif isinstance(part, UnknownPart) and part.kind.startswith("openai."):
-                items.append(dict(part.payload))
-            else:
-                kind = "part:" + part.kind
-                dropped[kind] = dropped.get(kind, 0) + 1
         return
     content: list[dict[str, Any]] = []
     for part in message.parts:
@@ -286,15 +283,43 @@ def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[s
             if part.text:
                 content.append({"type": "input_text", "text": part.text})
         elif isinstance(part, DataPart | UriPart):
-            content.append(_media(part, role))
-        elif isinstance(part, UnknownPart) and part.kind.startswith("openai."):
-            items.append(dict(part.payload))
-        elif not isinstance(part, ReasoningPart | FunctionCall):
-            kind = "part:" + part.kind
-            dropped[kind] = dropped.get(kind, 0) + 1
+            content.append(_media(part, message.role))
+        elif not isinstance(part, ReasoningPart | FunctionCall) and (kept := _unknown_item(part, dropped)):
+            items.append(kept)
     if content:
-        wire_role = "developer" if role == "system" else "user"
-        items.append({"role": wire_role, "content": content})
+        items.append({"role": "developer" if message.role == "system" else "user", "content": content})
+
+
+def _unknown_item(part: Part, dropped: dict[str, int]) -> dict[str, Any] | None:
+    """Return an item kept from an earlier OpenAI answer verbatim; leave out other parts it cannot send."""
+    if isinstance(part, UnknownPart) and part.kind.startswith("openai."):
+        return dict(part.payload)
+    key = "part:" + part.kind
+    dropped[key] = dropped.get(key, 0) + 1
+    return None
+
+
+def _assistant_item(part: Part, after: Sequence[Part], dropped: dict[str, int],
+                    notes: list[str]) -> dict[str, Any] | None:
+    if isinstance(part, TextPart):
+        return {"role": "assistant", "content": part.text} if part.text else None
+    if isinstance(part, FunctionCall):
+        return {"type": "function_call", "call_id": part.call_id, "name": part.name, "arguments": part.arguments}
+    if not isinstance(part, ReasoningPart):
+        return _unknown_item(part, dropped)
+    if part.format != REASONING or not part.id:
+        fmt = part.format or "plain"
+        dropped[fmt] = dropped.get(fmt, 0) + 1
+        return None
+    if all(isinstance(p, ReasoningPart) for p in after):
+        notes.append(f"left out reasoning item {part.id}: nothing it led to was kept, and the API rejects a "
+                     "reasoning item without its following item")
+        return None
+    item: dict[str, Any] = {"type": "reasoning", "id": part.id,
+                            "summary": [{"type": "summary_text", "text": part.text}] if part.text else []}
+    if part.encrypted is not None:
+        item["encrypted_content"] = part.encrypted
+    return item
 
 
 def _media(part: DataPart | UriPart, role: str) -> dict[str, Any]:
