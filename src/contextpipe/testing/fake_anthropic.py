@@ -172,83 +172,107 @@ def check_request(body: dict[str, Any], redacted: set[str]) -> str | None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "messages: at least one message is required"
-    breakpoints = 0
-    for tool in body.get("tools") or ():
-        if set(tool) - {"name", "description", "input_schema", "cache_control", "type", "strict"}:
-            return f"tools: unexpected field in tool {tool.get('name')!r}"
-        if not isinstance(tool.get("input_schema"), dict) or tool["input_schema"].get("type") != "object":
-            return f"tools.{tool.get('name')}.input_schema.type: Input should be 'object'"
-        breakpoints += bool(tool.get("cache_control"))
-    system = body.get("system")
-    if system is not None and not isinstance(system, str):
-        for block in system:
-            if block.get("type") != "text":
-                return "system: only text blocks are accepted"
-            breakpoints += bool(block.get("cache_control"))
+    problem = _check_tools_and_system(body)
+    if problem:
+        return problem
     thinking_on = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
     pending: set[str] = set()
     for i, message in enumerate(messages):
-        role = message.get("role")
-        if role not in ("user", "assistant"):
-            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
-        if i == 0 and role != "user":
-            return "messages: first message must use the \"user\" role"
-        if i and messages[i - 1].get("role") == role:
-            return f"messages.{i}: roles must alternate between \"user\" and \"assistant\""
-        content = message.get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        if not isinstance(blocks, list) or not blocks:
-            return f"messages.{i}.content: at least one content block is required"
-        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
-        if pending:
-            if role != "user" or set(results) != pending:
-                return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
-                        f"after: {sorted(pending)}")
-            if any(b.get("type") != "tool_result" for b in blocks[:len(results)]):
-                return f"messages.{i}: tool_result blocks must come first in the user message"
-        elif results:
-            return f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {results}"
-        pending = set()
-        for j, block in enumerate(blocks):
-            kind = block.get("type")
-            breakpoints += bool(block.get("cache_control"))
-            where = f"messages.{i}.content.{j}"
-            if kind == "text":
-                if not isinstance(block.get("text"), str) or not block["text"]:
-                    return f"{where}: text content blocks must be non-empty"
-            elif kind == "image":
-                if (block.get("source") or {}).get("type") not in ("base64", "url"):
-                    return f"{where}.source: unknown image source"
-            elif kind == "document":
-                if (block.get("source") or {}).get("type") not in ("base64", "url", "text"):
-                    return f"{where}.source: unknown document source"
-            elif kind == "tool_use":
-                if role != "assistant" or not isinstance(block.get("input"), dict):
-                    return f"{where}: tool_use needs an object input in an assistant message"
-                pending.add(block.get("id"))
-            elif kind == "tool_result":
-                if role != "user":
-                    return f"{where}: tool_result blocks belong in user messages"
-            elif kind == "thinking":
-                if role != "assistant":
-                    return f"{where}: thinking blocks belong in assistant messages"
-                if block.get("signature") != signature_for(block.get("thinking", "")):
-                    return f"{where}: Invalid `signature` in `thinking` block"
-            elif kind == "redacted_thinking":
-                if block.get("data") not in redacted:
-                    return f"{where}: Invalid `data` in `redacted_thinking` block"
-            else:
-                return f"{where}.type: unknown content block type {kind!r}"
-        if role == "assistant" and thinking_on and i == len(messages) - 2 and pending \
+        problem, pending = _check_message(i, messages, pending, redacted)
+        if problem:
+            return problem
+        blocks = _blocks_of(message)
+        if message.get("role") == "assistant" and thinking_on and i == len(messages) - 2 and pending \
                 and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
             return (f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
                     f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` message must "
                     "start with a thinking block")
     if pending:
         return "messages: the last message has tool_use blocks without tool_result"
+    system = body.get("system")
+    marked = [*(body.get("tools") or ()), *(system if isinstance(system, list) else ()),
+              *(b for m in messages for b in _blocks_of(m))]
+    breakpoints = sum(1 for b in marked if isinstance(b, dict) and b.get("cache_control"))
     if breakpoints > 4:
         return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
     return None
+
+
+def _blocks_of(message: dict[str, Any]) -> Any:
+    content = message.get("content")
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def _check_tools_and_system(body: dict[str, Any]) -> str | None:
+    for tool in body.get("tools") or ():
+        if set(tool) - {"name", "description", "input_schema", "cache_control", "type", "strict"}:
+            return f"tools: unexpected field in tool {tool.get('name')!r}"
+        if not isinstance(tool.get("input_schema"), dict) or tool["input_schema"].get("type") != "object":
+            return f"tools.{tool.get('name')}.input_schema.type: Input should be 'object'"
+    system = body.get("system")
+    if system is not None and not isinstance(system, str) and any(b.get("type") != "text" for b in system):
+        return "system: only text blocks are accepted"
+    return None
+
+
+def _check_message(i: int, messages: list[dict[str, Any]], pending: set[str],
+                   redacted: set[str]) -> tuple[str | None, set[str]]:
+    """Check message `i` given the tool calls left open before it; return a problem and the calls it opens."""
+    message = messages[i]
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        return f"messages.{i}.role: Input should be 'user' or 'assistant'", pending
+    if (i == 0 and role != "user") or (i and messages[i - 1].get("role") == role):
+        return f"messages.{i}: roles must alternate between \"user\" and \"assistant\", starting with \"user\"", pending
+    blocks = _blocks_of(message)
+    if not isinstance(blocks, list) or not blocks:
+        return f"messages.{i}.content: at least one content block is required", pending
+    results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+    if pending and (role != "user" or set(results) != pending):
+        return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                f"{sorted(pending)}"), pending
+    if pending and any(b.get("type") != "tool_result" for b in blocks[:len(results)]):
+        return f"messages.{i}: tool_result blocks must come first in the user message", pending
+    if results and not pending:
+        return f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {results}", pending
+    opened: set[str] = set()
+    for j, block in enumerate(blocks):
+        problem = _check_block(f"messages.{i}.content.{j}", role, block, redacted)
+        if problem:
+            return problem, opened
+        if block.get("type") == "tool_use":
+            opened.add(block.get("id"))
+    return None, opened
+
+
+_BLOCK_ROLES = {"text": ("user", "assistant"), "image": ("user", "assistant"), "document": ("user", "assistant"),
+                "tool_use": ("assistant",), "tool_result": ("user",), "thinking": ("assistant",),
+                "redacted_thinking": ("assistant",)}
+
+
+def _check_block(where: str, role: str, block: dict[str, Any], redacted: set[str]) -> str | None:
+    kind = block.get("type")
+    if kind not in _BLOCK_ROLES:
+        return f"{where}.type: unknown content block type {kind!r}"
+    if role not in _BLOCK_ROLES[kind]:
+        return f"{where}: {kind} blocks do not belong in {role} messages"
+    source = (block.get("source") or {}).get("type")
+    problems = {
+        "text": not isinstance(block.get("text"), str) or not block["text"],
+        "image": source not in ("base64", "url"),
+        "document": source not in ("base64", "url", "text"),
+        "tool_use": not isinstance(block.get("input"), dict),
+        "tool_result": False,
+        "thinking": block.get("signature") != signature_for(block.get("thinking", "")),
+        "redacted_thinking": block.get("data") not in redacted,
+    }
+    if not problems[kind]:
+        return None
+    return {"text": f"{where}: text content blocks must be non-empty",
+            "image": f"{where}.source: unknown image source", "document": f"{where}.source: unknown document source",
+            "tool_use": f"{where}: tool_use needs an object input",
+            "thinking": f"{where}: Invalid `signature` in `thinking` block",
+            "redacted_thinking": f"{where}: Invalid `data` in `redacted_thinking` block"}[kind]
 
 
 class _AnthropicHandler(_Handler):
