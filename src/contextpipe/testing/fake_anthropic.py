@@ -119,23 +119,7 @@ class FakeAnthropicServer(FakeOpenAIServer):
 
     def cache_usage(self, body: dict[str, Any]) -> tuple[int, int, int]:
         """Return ``(uncached input, cache read, cache write)`` tokens for `body`, updating the cache."""
-        blocks: list[Any] = []
-        marks: list[int] = []
-        for tool in body.get("tools") or ():
-            blocks.append({k: v for k, v in tool.items() if k != "cache_control"})
-            if tool.get("cache_control"):
-                marks.append(len(blocks))
-        system = body.get("system")
-        for block in ([{"type": "text", "text": system}] if isinstance(system, str) else system or ()):
-            blocks.append({k: v for k, v in block.items() if k != "cache_control"})
-            if block.get("cache_control"):
-                marks.append(len(blocks))
-        for message in body.get("messages") or ():
-            content = message.get("content")
-            for block in ([{"type": "text", "text": content}] if isinstance(content, str) else content or ()):
-                blocks.append([message.get("role"), {k: v for k, v in block.items() if k != "cache_control"}])
-                if isinstance(block, dict) and block.get("cache_control"):
-                    marks.append(len(blocks))
+        blocks, marks = _prefix_blocks(body)
         total = _tokens(blocks) if blocks else 0
         keys = [(n, hashlib.sha256(json.dumps(blocks[:n], sort_keys=True).encode()).hexdigest()) for n in marks]
         read = write = 0
@@ -144,14 +128,27 @@ class FakeAnthropicServer(FakeOpenAIServer):
             if hit:
                 read = _tokens(blocks[:hit])
             longest = max(marks, default=0)
-            if longest > hit:
-                size = _tokens(blocks[:longest])
-                if size >= self.min_cache_tokens:
-                    write = max(0, size - read)
-            for n, key in keys:
-                if _tokens(blocks[:n]) >= self.min_cache_tokens:
-                    self._cache.add(key)
+            size = _tokens(blocks[:longest]) if longest > hit else 0
+            if size >= max(1, self.min_cache_tokens):
+                write = max(0, size - read)
+            self._cache.update(key for n, key in keys if _tokens(blocks[:n]) >= self.min_cache_tokens)
         return max(0, total - read - write), read, write
+
+
+def _prefix_blocks(body: dict[str, Any]) -> tuple[list[Any], list[int]]:
+    """Return the request as the cache sees it (tools, system, messages, unmarked) and where breakpoints end."""
+    blocks: list[Any] = []
+    marks: list[int] = []
+    system = body.get("system")
+    sections: list[tuple[str | None, Any]] = [(None, t) for t in body.get("tools") or ()]
+    sections += [(None, b) for b in ([{"type": "text", "text": system}] if isinstance(system, str) else system or ())]
+    sections += [(m.get("role"), b) for m in body.get("messages") or () for b in _blocks_of(m) or ()]
+    for role, block in sections:
+        bare = {k: v for k, v in block.items() if k != "cache_control"}
+        blocks.append(bare if role is None else [role, bare])
+        if block.get("cache_control"):
+            marks.append(len(blocks))
+    return blocks, marks
 
 
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
@@ -275,45 +272,53 @@ def _check_block(where: str, role: str, block: dict[str, Any], redacted: set[str
             "redacted_thinking": f"{where}: Invalid `data` in `redacted_thinking` block"}[kind]
 
 
+def _route(path: str, body: dict[str, Any]) -> str:
+    """Map the Bedrock and Vertex AI forms of a request to the first-party path (moving the model into `body`)."""
+    bedrock = _BEDROCK.search(path)
+    if bedrock is not None:  # Claude on Bedrock (non-streaming; its stream is AWS event-stream framed)
+        body["model"] = urllib.parse.unquote(bedrock["model"])
+        return "/v1/messages"
+    vertex = _VERTEX.search(path)
+    if vertex is None:
+        return path
+    if vertex["model"] == "count-tokens":
+        return "/v1/messages/count_tokens"
+    body["model"] = vertex["model"]
+    body["stream"] = vertex["verb"] == "streamRawPredict"
+    return "/v1/messages"
+
+
 class _AnthropicHandler(_Handler):
     fake: FakeAnthropicServer
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
-        path = self.path.split("?")[0].rstrip("/")
         try:
             body = json.loads(raw)
         except ValueError:
             self._json(400, _error_body("invalid_request_error", "request body is not JSON"))
             return
-        bedrock = _BEDROCK.search(path)
-        if bedrock is not None:  # Claude on Bedrock (non-streaming; its stream is AWS event-stream framed)
-            body["model"] = urllib.parse.unquote(bedrock["model"])
-            path = "/v1/messages"
-        vertex = _VERTEX.search(path)
-        if vertex is not None:  # Claude on Vertex AI: the model and streaming are in the path
-            if vertex["model"] == "count-tokens":
-                path = "/v1/messages/count_tokens"
-            else:
-                body["model"] = vertex["model"]
-                body["stream"] = vertex["verb"] == "streamRawPredict"
-                path = "/v1/messages"
+        path = _route(self.path.split("?")[0].rstrip("/"), body)
         if path.endswith("/v1/messages/count_tokens"):
-            with self.fake._lock:
-                self.fake.requests.append(body)
-                self.fake.headers.append(dict(self.headers.items()))
-            counted = dict(body, max_tokens=1)
-            problem = check_request(counted, self.fake.redacted)
-            if problem:
-                self._json(400, _error_body("invalid_request_error", problem))
-                return
-            blocks = [body.get("tools") or [], body.get("system") or "", body.get("messages")]
-            self._json(200, {"input_tokens": _tokens(blocks)})
-            return
-        if not path.endswith("/v1/messages"):
+            self._count_tokens(body)
+        elif path.endswith("/v1/messages"):
+            self._messages(body)
+        else:
             self._json(404, _error_body("not_found_error", f"unknown path {self.path}"))
+
+    def _count_tokens(self, body: dict[str, Any]) -> None:
+        with self.fake._lock:
+            self.fake.requests.append(body)
+            self.fake.headers.append(dict(self.headers.items()))
+        problem = check_request(dict(body, max_tokens=1), self.fake.redacted)
+        if problem:
+            self._json(400, _error_body("invalid_request_error", problem))
             return
+        self._json(200, {"input_tokens": _tokens([body.get("tools") or [], body.get("system") or "",
+                                                  body.get("messages")])})
+
+    def _messages(self, body: dict[str, Any]) -> None:
         step = self.fake._next(body, dict(self.headers.items()))
         if isinstance(step, FakeError):
             self._json(step.status, _error_body(step.code or _ERROR_TYPES.get(step.status, "api_error"), step.message),
