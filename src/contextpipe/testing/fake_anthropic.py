@@ -162,33 +162,48 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 
 def check_request(body: dict[str, Any], redacted: set[str]) -> str | None:
     """Return what the real Messages API would reject in `body`, or None when it is valid."""
+    problem = _check_top(body) or _check_tools_and_system(body)
+    if problem:
+        return problem
+    messages = body["messages"]
+    thinking_on = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+    pending: set[str] = set()
+    for i in range(len(messages)):
+        problem, pending = _check_message(i, messages, pending, redacted)
+        if problem:
+            return problem
+        if thinking_on and i == len(messages) - 2 and pending:
+            problem = _thinking_first(i, messages[i])
+            if problem:
+                return problem
+    if pending:
+        return "messages: the last message has tool_use blocks without tool_result"
+    return _check_breakpoints(body)
+
+
+def _check_top(body: dict[str, Any]) -> str | None:
     if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
         return "max_tokens: Field required"
     if not isinstance(body.get("model"), str):
         return "model: Field required"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
         return "messages: at least one message is required"
-    problem = _check_tools_and_system(body)
-    if problem:
-        return problem
-    thinking_on = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
-    pending: set[str] = set()
-    for i, message in enumerate(messages):
-        problem, pending = _check_message(i, messages, pending, redacted)
-        if problem:
-            return problem
-        blocks = _blocks_of(message)
-        if message.get("role") == "assistant" and thinking_on and i == len(messages) - 2 and pending \
-                and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
-            return (f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
-                    f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` message must "
-                    "start with a thinking block")
-    if pending:
-        return "messages: the last message has tool_use blocks without tool_result"
+    return None
+
+
+def _thinking_first(i: int, message: dict[str, Any]) -> str | None:
+    """With thinking on, the assistant turn whose calls the request answers must open with its thinking."""
+    first = _blocks_of(message)[0].get("type")
+    if first in ("thinking", "redacted_thinking"):
+        return None
+    return (f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. When "
+            "`thinking` is enabled, a final `assistant` message must start with a thinking block")
+
+
+def _check_breakpoints(body: dict[str, Any]) -> str | None:
     system = body.get("system")
     marked = [*(body.get("tools") or ()), *(system if isinstance(system, list) else ()),
-              *(b for m in messages for b in _blocks_of(m))]
+              *(b for m in body["messages"] for b in _blocks_of(m))]
     breakpoints = sum(1 for b in marked if isinstance(b, dict) and b.get("cache_control"))
     if breakpoints > 4:
         return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
@@ -224,14 +239,9 @@ def _check_message(i: int, messages: list[dict[str, Any]], pending: set[str],
     blocks = _blocks_of(message)
     if not isinstance(blocks, list) or not blocks:
         return f"messages.{i}.content: at least one content block is required", pending
-    results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
-    if pending and (role != "user" or set(results) != pending):
-        return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-                f"{sorted(pending)}"), pending
-    if pending and any(b.get("type") != "tool_result" for b in blocks[:len(results)]):
-        return f"messages.{i}: tool_result blocks must come first in the user message", pending
-    if results and not pending:
-        return f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {results}", pending
+    problem = _check_pairing(i, role, blocks, pending)
+    if problem:
+        return problem, pending
     opened: set[str] = set()
     for j, block in enumerate(blocks):
         problem = _check_block(f"messages.{i}.content.{j}", role, block, redacted)
@@ -240,6 +250,19 @@ def _check_message(i: int, messages: list[dict[str, Any]], pending: set[str],
         if block.get("type") == "tool_use":
             opened.add(block.get("id"))
     return None, opened
+
+
+def _check_pairing(i: int, role: str, blocks: list[dict[str, Any]], pending: set[str]) -> str | None:
+    """Every open call is answered, first thing, in the next user turn; no result answers nothing."""
+    results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+    if pending and (role != "user" or set(results) != pending):
+        return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                f"{sorted(pending)}")
+    if pending and any(b.get("type") != "tool_result" for b in blocks[:len(results)]):
+        return f"messages.{i}: tool_result blocks must come first in the user message"
+    if results and not pending:
+        return f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {results}"
+    return None
 
 
 _BLOCK_ROLES = {"text": ("user", "assistant"), "image": ("user", "assistant"), "document": ("user", "assistant"),

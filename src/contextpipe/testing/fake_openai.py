@@ -403,46 +403,7 @@ class _Handler(BaseHTTPRequestHandler):
         events.append({"type": "response.created", "response": pending})
         events.append({"type": "response.in_progress", "response": pending})
         for index, item in enumerate(response["output"]):
-            kind = item["type"]
-            if kind == "reasoning":
-                added = dict(item, summary=[])
-                added.pop("encrypted_content", None)
-                events.append({"type": "response.output_item.added", "output_index": index, "item": added})
-                for s_index, summary in enumerate(item["summary"]):
-                    events.append({"type": "response.reasoning_summary_part.added", "item_id": item["id"],
-                                   "output_index": index, "summary_index": s_index,
-                                   "part": {"type": "summary_text", "text": ""}})
-                    text = summary["text"]
-                    events += [{"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
-                                "output_index": index, "summary_index": s_index, "delta": text[i:i + size]}
-                               for i in range(0, len(text), size)]
-                    events.append({"type": "response.reasoning_summary_text.done", "item_id": item["id"],
-                                   "output_index": index, "summary_index": s_index, "text": text})
-                    events.append({"type": "response.reasoning_summary_part.done", "item_id": item["id"],
-                                   "output_index": index, "summary_index": s_index, "part": summary})
-            elif kind == "message":
-                text = item["content"][0]["text"]
-                events.append({"type": "response.output_item.added", "output_index": index,
-                               "item": dict(item, content=[], status="in_progress")})
-                events.append({"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
-                               "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
-                events += [{"type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
-                            "content_index": 0, "delta": text[i:i + size], "logprobs": []}
-                           for i in range(0, len(text), size)]
-                events.append({"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
-                               "content_index": 0, "text": text, "logprobs": []})
-                events.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
-                               "content_index": 0, "part": item["content"][0]})
-            else:
-                arguments = item["arguments"]
-                events.append({"type": "response.output_item.added", "output_index": index,
-                               "item": dict(item, arguments="", status="in_progress")})
-                events += [{"type": "response.function_call_arguments.delta", "item_id": item["id"],
-                            "output_index": index, "delta": arguments[i:i + size]}
-                           for i in range(0, len(arguments), size)]
-                events.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
-                               "output_index": index, "arguments": arguments, "name": item["name"]})
-            events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+            events += _item_events(index, item, size)
         final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         events.append({"type": final, "response": response})
         self.send_response(200)
@@ -464,6 +425,52 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._write_chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
         self._write_chunk(b"")
+
+
+def _item_events(index: int, item: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """Return the Responses stream events of one output item, ``output_item.added`` to ``output_item.done``."""
+    events: list[dict[str, Any]] = []
+    kind = item["type"]
+    if kind == "reasoning":
+        added = dict(item, summary=[])
+        added.pop("encrypted_content", None)
+        events.append({"type": "response.output_item.added", "output_index": index, "item": added})
+        for s_index, summary in enumerate(item["summary"]):
+            events.append({"type": "response.reasoning_summary_part.added", "item_id": item["id"],
+                           "output_index": index, "summary_index": s_index,
+                           "part": {"type": "summary_text", "text": ""}})
+            text = summary["text"]
+            events += [{"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
+                        "output_index": index, "summary_index": s_index, "delta": text[i:i + size]}
+                       for i in range(0, len(text), size)]
+            events.append({"type": "response.reasoning_summary_text.done", "item_id": item["id"],
+                           "output_index": index, "summary_index": s_index, "text": text})
+            events.append({"type": "response.reasoning_summary_part.done", "item_id": item["id"],
+                           "output_index": index, "summary_index": s_index, "part": summary})
+    elif kind == "message":
+        text = item["content"][0]["text"]
+        events.append({"type": "response.output_item.added", "output_index": index,
+                       "item": dict(item, content=[], status="in_progress")})
+        events.append({"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
+                       "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
+        events += [{"type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
+                    "content_index": 0, "delta": text[i:i + size], "logprobs": []}
+                   for i in range(0, len(text), size)]
+        events.append({"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
+                       "content_index": 0, "text": text, "logprobs": []})
+        events.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
+                       "content_index": 0, "part": item["content"][0]})
+    else:
+        arguments = item["arguments"]
+        events.append({"type": "response.output_item.added", "output_index": index,
+                       "item": dict(item, arguments="", status="in_progress")})
+        events += [{"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                    "output_index": index, "delta": arguments[i:i + size]}
+                   for i in range(0, len(arguments), size)]
+        events.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
+                       "output_index": index, "arguments": arguments, "name": item["name"]})
+    events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    return events
 
 
 def _chat_usage(reply: FakeReply) -> dict[str, Any]:
@@ -495,44 +502,68 @@ def _responses_input(fake: FakeOpenAIServer, body: dict[str, Any]) -> tuple[list
             return [], "Invalid tool: Responses API function tools are {type: 'function', name, parameters}."
     calls = {i.get("call_id") for i in history if i.get("type") == "function_call"}
     for n, item in enumerate(items):
-        kind = item.get("type", "message")
-        where = f"input[{n}]"
-        if kind == "message":
-            if item.get("role") not in ("user", "assistant", "system", "developer"):
-                return [], f"Invalid value for '{where}.role'."
-            content = item.get("content")
-            if isinstance(content, list):
-                allowed = ("output_text", "refusal") if item["role"] == "assistant" else ("input_text",
-                                                                                          "input_image", "input_file")
-                for part in content:
-                    if part.get("type") not in allowed:
-                        return [], f"Invalid value: '{part.get('type')}'. Supported values are: {allowed}."
-            elif not isinstance(content, str):
-                return [], f"Missing required parameter: '{where}.content'."
-        elif kind == "function_call":
-            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
-                return [], f"Missing required parameter in '{where}' (call_id, name, arguments)."
-            calls.add(item["call_id"])
-        elif kind == "function_call_output":
-            if item.get("call_id") not in calls:
-                return [], f"No tool call found for function call output with call_id {item.get('call_id')}."
-            if not isinstance(item.get("output"), str | list):
-                return [], f"Missing required parameter: '{where}.output'."
-        elif kind == "reasoning":
-            with fake._lock:
-                issued = fake.issued_reasoning.get(str(item.get("id")))
-            if issued is None or (item.get("encrypted_content") != issued and not body.get("store", True)):
-                return [], (f"Item with id '{item.get('id')}' not found. Items are not persisted when `store` is "
-                            "set to false; send the reasoning item with its encrypted_content.")
-            if not isinstance(item.get("summary"), list):
-                return [], f"Missing required parameter: '{where}.summary'."
-            following = items[n + 1] if n + 1 < len(items) else None
-            if following is None or following.get("type") == "reasoning" or following.get("role") == "user":
-                return [], (f"Item '{item.get('id')}' of type 'reasoning' was provided without its required "
-                            "following item.")
-        else:
-            return [], f"Invalid value: '{kind}' for '{where}.type'."
+        check = _ITEM_CHECKS.get(item.get("type", "message"))
+        problem = check(fake, body, items, n, calls) if check is not None else \
+            f"Invalid value: '{item.get('type')}' for 'input[{n}].type'."
+        if problem:
+            return [], problem
     return history + items, None
+
+
+_Items: TypeAlias = list[dict[str, Any]]
+
+
+def _check_message(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, n: int, calls: set[Any]) -> str | None:
+    item = items[n]
+    if item.get("role") not in ("user", "assistant", "system", "developer"):
+        return f"Invalid value for 'input[{n}].role'."
+    content = item.get("content")
+    if isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return f"Missing required parameter: 'input[{n}].content'."
+    allowed = ("output_text", "refusal") if item["role"] == "assistant" else ("input_text", "input_image", "input_file")
+    bad = [part.get("type") for part in content if part.get("type") not in allowed]
+    return f"Invalid value: '{bad[0]}'. Supported values are: {allowed}." if bad else None
+
+
+def _check_call(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, n: int, calls: set[Any]) -> str | None:
+    item = items[n]
+    if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+        return f"Missing required parameter in 'input[{n}]' (call_id, name, arguments)."
+    calls.add(item["call_id"])
+    return None
+
+
+def _check_output(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, n: int, calls: set[Any]) -> str | None:
+    item = items[n]
+    if item.get("call_id") not in calls:
+        return f"No tool call found for function call output with call_id {item.get('call_id')}."
+    if not isinstance(item.get("output"), str | list):
+        return f"Missing required parameter: 'input[{n}].output'."
+    return None
+
+
+def _check_reasoning(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, n: int,
+                     calls: set[Any]) -> str | None:
+    item = items[n]
+    with fake._lock:
+        issued = fake.issued_reasoning.get(str(item.get("id")))
+    if issued is None or (item.get("encrypted_content") != issued and not body.get("store", True)):
+        return (f"Item with id '{item.get('id')}' not found. Items are not persisted when `store` is set to false; "
+                "send the reasoning item with its encrypted_content.")
+    if not isinstance(item.get("summary"), list):
+        return f"Missing required parameter: 'input[{n}].summary'."
+    following = items[n + 1] if n + 1 < len(items) else None
+    if following is None or following.get("type") == "reasoning" or following.get("role") == "user":
+        return f"Item '{item.get('id')}' of type 'reasoning' was provided without its required following item."
+    return None
+
+
+_ITEM_CHECKS: dict[str, Callable[[FakeOpenAIServer, dict[str, Any], _Items, int, set[Any]], str | None]] = {
+    "message": _check_message, "function_call": _check_call, "function_call_output": _check_output,
+    "reasoning": _check_reasoning,
+}
 
 
 FakeOpenAIServer._handler = _Handler
