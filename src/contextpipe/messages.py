@@ -26,6 +26,11 @@ from typing import Any, Final, Literal, TypeAlias
 
 from .errors import CodecError
 
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a dependency; the standard library still works
+    _fast_loads = json.loads  # type: ignore[assignment]
+
 __all__ = [
     "CODEC_VERSION",
     "DataPart",
@@ -329,7 +334,7 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
     """
     try:
         version = d.get("v", CODEC_VERSION)
-        if not isinstance(version, int) or version < 1:
+        if version is not CODEC_VERSION and (not isinstance(version, int) or version < 1):
             raise CodecError(f"unsupported message codec version {version!r}")
         role = d["role"]
         if role not in _ROLES:
@@ -345,15 +350,21 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
         created_at = d["created_at"]
         if type(created_at) is not float and type(created_at) is not int:
             raise CodecError(f"created_at must be a number, got {created_at!r}")
-        return Message(
-            role=role,
-            parts=tuple(_part_from_dict(p) for p in d["parts"]),
-            id=_str(d, "id"),
-            author_name=d.get("author_name"),
-            created_at=float(created_at),
-            metadata=MappingProxyType(dict(metadata)) if metadata else _EMPTY,
-            source=source,
-        )
+        raw_parts = d["parts"]
+        if type(raw_parts) is list and len(raw_parts) == 1:
+            only = raw_parts[0]
+            # The common case, a single text part, built without the general dispatch.
+            if type(only) is dict and len(only) == 2 and only.get("kind") == "text" and type(only["text"]) is str:
+                parts: tuple[Part, ...] = (TextPart(only["text"]),)
+            else:
+                parts = (_part_from_dict(only),)
+        else:
+            parts = tuple([_part_from_dict(p) for p in raw_parts])
+        message_id = d["id"]
+        if type(message_id) is not str:
+            message_id = _str(d, "id")
+        return Message(role, parts, message_id, d.get("author_name"), float(created_at),
+                       MappingProxyType(dict(metadata)) if metadata else _EMPTY, source)
     except CodecError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -369,13 +380,25 @@ def dumps(message: Message) -> str:
     return _ENCODER.encode(message_to_dict(message))
 
 
+def _parse(text: str | bytes) -> Any:
+    """Parse JSON text: with orjson (several times faster) when it can, else with the standard library.
+
+    The standard library reads what orjson refuses but `dumps` may write (NaN and infinities,
+    integers beyond 64 bits), so every encoded message still decodes.
+    """
+    try:
+        return _fast_loads(text)
+    except ValueError:
+        return _DECODER.decode(text if isinstance(text, str) else text.decode())
+
+
 def loads(text: str | bytes) -> Message:
     """Decode JSON text written by `dumps`; raises `CodecError` on anything else."""
     try:
-        data = _DECODER.decode(text if isinstance(text, str) else text.decode())
+        data = _parse(text)
     except ValueError as exc:
         raise CodecError(f"message is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
+    if type(data) is not dict:
         raise CodecError(f"encoded message must be a JSON object, got {type(data).__name__}")
     return message_from_dict(data)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
@@ -12,7 +14,7 @@ from .base import HistoryProvider, MessageFilter
 if TYPE_CHECKING:
     from ..pipeline import RunContext
     from ..session import Session
-    from ..stores.base import Lease, SessionStore
+    from ..stores.base import Checkpoint, Lease, SessionStore
 
 __all__ = ["History"]
 
@@ -27,6 +29,13 @@ class History(HistoryProvider):
 
     `max_messages` bounds how much of the log is loaded per run (the newest messages; a tool
     exchange cut by the bound is dropped whole rather than sent half). None loads the whole log.
+
+    A session run again by the same process is not decoded again: the messages loaded by its last
+    run are kept (at most `cache_messages` over all sessions, least recently run dropped first) and
+    only the messages appended since are read. The kept copy is used only when the run's lease token
+    directly follows the one of the run that loaded it (no other worker held the session in between)
+    and the store still has the last kept message at its sequence; otherwise the log is read again.
+    ``cache_messages=0`` turns this off.
     """
 
     def __init__(
@@ -42,6 +51,7 @@ class History(HistoryProvider):
         provide_filter: MessageFilter | None = None,
         store_request_filter: MessageFilter | None = None,
         store_response_filter: MessageFilter | None = None,
+        cache_messages: int = 200_000,
     ) -> None:
         super().__init__(
             source_id, load_messages=load_messages, store_inputs=store_inputs, store_outputs=store_outputs,
@@ -53,6 +63,11 @@ class History(HistoryProvider):
         self.store = store
         """Where the messages live."""
         self.max_messages = max_messages
+        if cache_messages < 0:
+            raise UsageError(f"cache_messages must be 0 (no cache) or more, got {cache_messages}")
+        self.cache_messages = cache_messages
+        self._tails: OrderedDict[tuple[str, str], _Tail] = OrderedDict()
+        self._cached = 0
 
     async def load(self, session: Session) -> Sequence[Message]:
         """Return what the model should see of the session's log.
@@ -68,7 +83,7 @@ class History(HistoryProvider):
         """Load the checkpoint summary and the log after it, keeping the log positions for compaction."""
         if not self.load_messages or ctx.session is None:
             return
-        summary, messages, first_seq = await self._load_view(ctx.session)
+        summary, messages, first_seq = await self._load_view(ctx.session, ctx.lease)
         if self.provide_filter is not None:
             loaded = self.provide_filter([summary, *messages] if summary is not None else messages)
             ctx.add_history(loaded)
@@ -77,14 +92,69 @@ class History(HistoryProvider):
             ctx.add_history([summary])
         ctx.add_history(messages, first_seq=first_seq)
 
-    async def _load_view(self, session: Session) -> tuple[Message | None, list[Message], int]:
-        checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
-        messages, first_seq = page.messages, page.first_seq
-        if checkpoint is not None or page.has_more:
+    async def _load_view(
+        self, session: Session, lease: Lease | None = None
+    ) -> tuple[Message | None, list[Message], int]:
+        tail = None
+        if lease is not None and self.cache_messages:
+            tail = await self._cached_tail(session, lease.token)
+        if tail is None:
+            checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
+            tail = _Tail(0, checkpoint, page.messages, page.first_seq, page.has_more)
+        if lease is not None and self.cache_messages:
+            self._keep(session, lease.token, tail)
+        messages, first_seq, checkpoint = tail.messages, tail.first_seq, tail.checkpoint
+        if checkpoint is not None or tail.has_more:
             kept = _drop_leading_orphans(messages)
             first_seq += len(messages) - len(kept)
             messages = kept
+        if messages is tail.messages and lease is not None and self.cache_messages:
+            messages = list(messages)  # the kept list is never handed out
         return (checkpoint.summary if checkpoint is not None else None), messages, first_seq
+
+    async def _cached_tail(self, session: Session, token: int) -> _Tail | None:
+        """Return the tail kept from the session's previous run, brought up to date (None: read it all)."""
+        key = (session.tenant, session.id)
+        tail = self._tails.pop(key, None)
+        if tail is None:
+            return None
+        self._cached -= len(tail.messages)
+        if token != tail.token + 1:
+            return None  # another run (here or in another process) held the session in between
+        checkpoint = await self.store.latest_checkpoint(session.tenant, session.id)
+        old_floor = tail.checkpoint.seq if tail.checkpoint is not None else 0
+        floor = checkpoint.seq if checkpoint is not None else 0
+        last = tail.first_seq + len(tail.messages) - 1
+        if floor < old_floor or floor > last or not tail.messages:
+            return None
+        # Read from the last kept message on: the same id at the same sequence shows the log is the one
+        # that was kept (not a session deleted and created again), and the rest is what was appended.
+        page = await self.store.load(session.tenant, session.id, after=last - 1)
+        if not page.messages or page.first_seq != last or page.messages[0].id != tail.messages[-1].id:
+            return None
+        messages = tail.messages
+        if len(page.messages) > 1:
+            messages += page.messages[1:]
+        first_seq = tail.first_seq
+        if floor >= first_seq:  # a newer checkpoint now stands for the oldest kept messages
+            del messages[:floor + 1 - first_seq]
+            first_seq = floor + 1
+        if self.max_messages is not None and len(messages) > self.max_messages:
+            cut = len(messages) - self.max_messages
+            del messages[:cut]
+            first_seq += cut
+        return _Tail(token, checkpoint, messages, first_seq, first_seq > floor + 1)
+
+    def _keep(self, session: Session, token: int, tail: _Tail) -> None:
+        size = len(tail.messages)
+        if size > self.cache_messages:
+            return
+        tail.token = token
+        self._tails[(session.tenant, session.id)] = tail
+        self._cached += size
+        while self._cached > self.cache_messages:
+            _, dropped = self._tails.popitem(last=False)
+            self._cached -= len(dropped.messages)
 
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
         """Append `messages` to the session's log (idempotent by message id)."""
@@ -97,3 +167,16 @@ def _drop_leading_orphans(messages: list[Message]) -> list[Message]:
     while start < len(messages) and messages[start].role == "tool":
         start += 1
     return messages[start:] if start else messages
+
+
+@dataclass(slots=True)
+class _Tail:
+    """The part of a session's log a run loaded: messages after `checkpoint`, from `first_seq` on."""
+
+    token: int
+    """Lease token of the run that loaded it (or last brought it up to date)."""
+    checkpoint: Checkpoint | None
+    messages: list[Message]
+    first_seq: int
+    has_more: bool
+    """True when older messages (after the checkpoint) were left out by `max_messages`."""
