@@ -12,7 +12,7 @@ from ..messages import Message
 from ..models.base import CallModel, ModelRequest, ModelResponse
 from ..session import ProviderState
 from ..stores.base import Checkpoint
-from ..tokens import Calibration, TokenCounter, Tokenizer, tokenizer_for_model
+from ..tokens import Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Compaction(ContextProvider):
         self.in_loop = in_loop
         self.checkpoints = checkpoints
         self.calibration = ProviderState(f"{source_id}.calibration", Calibration)
-        self._caches: dict[str, dict[str, int]] = {}
+        self._caches: dict[str, TokenCache] = {}
 
     @property
     def state_keys(self) -> tuple[str, ...]:
@@ -72,8 +72,13 @@ class Compaction(ContextProvider):
 
     def _counter(self, ctx: RunContext) -> TokenCounter:
         tokenizer = self.tokenizer or tokenizer_for_model(getattr(ctx.agent.model, "name", ""))
-        cache = self._caches.setdefault(tokenizer.name, {})
-        return TokenCounter(tokenizer, calibration=self.calibration.get(ctx.session), cache=cache)
+        caches = self._caches.get(tokenizer.name)
+        if caches is None:
+            caches = self._caches[tokenizer.name] = TokenCache()
+        # Each session counts into its own bounded part: a busy one cannot evict the others' counts.
+        scope = (ctx.session.tenant, ctx.session.id) if ctx.session is not None else None
+        return TokenCounter(tokenizer, calibration=self.calibration.get(ctx.session), cache=caches.scope(scope),
+                            cache_size=caches.max_per_session)
 
     async def before_run(self, ctx: RunContext) -> None:
         """Compact the context contributed so far, and wrap each model call of the run."""
