@@ -28,13 +28,24 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final, Protocol, runtime_checkable
-
-import pydantic
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from .tools import ToolSpec
+
+if TYPE_CHECKING:
+    from ._calibration import Calibration
+
+
+def __getattr__(name: str) -> Any:
+    # `Calibration` is a pydantic model: it is defined in a module of its own, imported on first use,
+    # so that importing contextpipe does not import pydantic.
+    if name == "Calibration":
+        from ._calibration import Calibration
+
+        return Calibration
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Calibration",
@@ -208,25 +219,6 @@ def tokenizer_for_model(model: str) -> Tokenizer:
     return EstimateTokenizer()
 
 
-class Calibration(pydantic.BaseModel):
-    """How far estimates are off, learned from the input tokens models report (kept in session state).
-
-    `ratio` multiplies estimates; it moves toward each observed ``reported / estimated`` by `weight`.
-    """
-
-    ratio: float = 1.0
-    samples: int = 0
-    weight: float = 0.3
-
-    def observe(self, estimated: int, reported: int) -> None:
-        """Learn from one model call: `estimated` tokens by us, `reported` by the model."""
-        if estimated <= 0 or reported <= 0:
-            return
-        observed = reported / estimated
-        self.ratio = observed if self.samples == 0 else self.ratio + self.weight * (observed - self.ratio)
-        self.samples += 1
-
-
 class TokenCache:
     """Token counts by message id for many sessions, bounded overall and per session.
 
@@ -282,7 +274,11 @@ class TokenCounter:
         if cache_size < 1:
             raise UsageError(f"cache_size must be at least 1, got {cache_size}")
         self.tokenizer = tokenizer
-        self.calibration = calibration if calibration is not None else Calibration()
+        if calibration is None:
+            from ._calibration import Calibration
+
+            calibration = Calibration()
+        self.calibration = calibration
         """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
         self._cache: MutableMapping[str, int] = cache if cache is not None else OrderedDict()
         self._cache_size = cache_size

@@ -12,7 +12,7 @@ from ..messages import Message
 from ..models.base import CallModel, ModelRequest, ModelResponse
 from ..session import ProviderState
 from ..stores.base import Checkpoint
-from ..tokens import Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
+from ..tokens import TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ class Compaction(ContextProvider):
         self.tokenizer = tokenizer
         self.in_loop = in_loop
         self.checkpoints = checkpoints
+        from .._calibration import Calibration  # pydantic is loaded once a Compaction is made
+
         self.calibration = ProviderState(f"{source_id}.calibration", Calibration)
         self._caches: dict[str, TokenCache] = {}
 
