@@ -52,6 +52,15 @@ def run(cmd: list[str], label: str) -> dict[str, Any]:
     return data
 
 
+def default_maf_bench() -> Path:
+    """The shared folder's harness, beside the checkout or beside the folder of worktrees holding it."""
+    for base in (REPO.parent, REPO.parent.parent):
+        candidate = base / "shared" / "bench" / "maf_bench.py"
+        if candidate.exists():
+            return candidate
+    return REPO.parent / "shared" / "bench" / "maf_bench.py"
+
+
 def medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     """Median over rounds of each case's median."""
     per_case: dict[tuple[str, str], list[float]] = {}
@@ -64,7 +73,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--maf-python", type=Path, default=None, help="python of a venv with the reference")
-    parser.add_argument("--maf-bench", type=Path, default=REPO.parent / "shared" / "bench" / "maf_bench.py")
+    parser.add_argument("--maf-bench", type=Path, default=default_maf_bench(),
+                        help="the shared baseline harness (default: shared/bench/maf_bench.py beside the checkout)")
     parser.add_argument("--only", default=WORKLOADS, help="comma-separated workloads")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply per-case time targets (both sides)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (each runs every workload twice)")

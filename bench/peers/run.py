@@ -11,8 +11,10 @@ side has a fake model that answers at once.
 
 Workloads (see ``common.py``): ``run N`` (a run over N stored messages, the process running the
 session again), ``loop`` (20 tool calls, every step persisted), ``cold`` (a new process: imports,
-opening the store and one run over 1,000 stored messages). Every round runs every case on every
-side, the order of the sides rotating from round to round, so background load falls on all of them.
+opening the store and one run over 1,000 stored messages), ``import`` (a new interpreter importing the
+library and exiting: ``contextpipe``, ``agents``, ``langgraph.graph``, ``agent_framework``). Every round
+runs every case on every side, the order of the sides rotating from round to round, so background load
+falls on all of them.
 
     python bench/peers/run.py                      # 5 rounds, N = 1,000 and 10,000
     python bench/peers/run.py --rounds 3 --sizes 1000 --json peers.json
@@ -41,6 +43,8 @@ PEERS = {
     "MAF": (BENCH / ".venv-peer-maf" / "bin" / "python", "peer_maf.py"),
 }
 COLD_N = 1000
+MODULES = {"contextpipe": "contextpipe", "contextpipe NORMAL": "contextpipe", "OpenAI Agents SDK": "agents",
+           "LangGraph": "langgraph.graph", "MAF": "agent_framework"}
 
 
 def versions() -> dict[str, str]:
@@ -55,7 +59,17 @@ def versions() -> dict[str, str]:
     return out
 
 
+def import_time(peer: str) -> tuple[dict[str, Any], float]:
+    """Wall time of a new interpreter importing the peer's main module (and exiting)."""
+    python = PEERS[peer][0]
+    t0 = time.perf_counter()
+    subprocess.run([str(python), "-c", f"import {MODULES[peer]}"], check=True)
+    return {"samples_ms": [], "check": {"module": MODULES[peer]}}, (time.perf_counter() - t0) * 1000
+
+
 def worker(peer: str, workload: str, n: int, samples: int, workdir: str) -> tuple[dict[str, Any], float]:
+    if workload == "import":
+        return import_time(peer)
     python, script = PEERS[peer]
     env = dict(os.environ, CONTEXTPIPE_BENCH_SYNCHRONOUS="NORMAL" if peer.endswith("NORMAL") else "FULL")
     t0 = time.perf_counter()
@@ -84,7 +98,7 @@ def main() -> None:
         subprocess.run(["bash", str(HERE / "setup.sh")], check=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     names = list(PEERS)
-    cases = [("run", n) for n in sizes] + [("loop", 0), ("cold", COLD_N)]
+    cases = [("run", n) for n in sizes] + [("loop", 0), ("cold", COLD_N), ("import", 0)]
     workdirs = {}
     for peer in names:  # fixtures are built once per side, untimed
         workdirs[peer] = os.path.join(args.workdir, peer.replace(" ", "-"))
@@ -101,7 +115,7 @@ def main() -> None:
             for peer in order:
                 data, wall = worker(peer, workload, n, args.samples, workdirs[peer])
                 key = (peer, workload, n)
-                samples.setdefault(key, []).extend([wall] if workload == "cold" else data["samples_ms"])
+                samples.setdefault(key, []).extend([wall] if workload in ("cold", "import") else data["samples_ms"])
                 checks[key] = data["check"]
     vers = versions()
     lines = ["Sides: " + ", ".join(f"{p} {vers[p]}" for p in names) + f"; Python {sys.version.split()[0]}, "
@@ -109,7 +123,7 @@ def main() -> None:
              "", "| workload | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     titles = {"run": "run over {n:,} stored messages (same process again)",
               "loop": "20-step tool loop, every step persisted", "cold": "cold start: new process to first answer "
-              "over {n:,} stored messages"}
+              "over {n:,} stored messages", "import": "import the library in a new interpreter (process wall time)"}
     out: dict[str, Any] = {"versions": vers, "rounds": args.rounds, "results": []}
     for workload, n in cases:
         base = statistics.median(samples[("contextpipe", workload, n)])
