@@ -8,9 +8,9 @@ import pytest
 
 from contextpipe import Agent, Message
 from contextpipe.compaction import Summarize, TokenBudget, Trigger, compact
-from contextpipe.models import ScriptedModel
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import SQLiteStore
+from contextpipe.testing import ScriptedModel
 from contextpipe.tokens import EstimateTokenizer, TokenCounter
 
 ANSWER = "Here is what I found about that order: " + "the parcel left the warehouse and is on its way. " * 8

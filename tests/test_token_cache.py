@@ -9,9 +9,9 @@ import pytest
 from contextpipe import Agent, Message
 from contextpipe.compaction import TokenBudget
 from contextpipe.errors import UsageError
-from contextpipe.models import ScriptedModel
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel
 from contextpipe.tokens import EstimateTokenizer, TiktokenTokenizer, TokenCache, TokenCounter
 
 
@@ -59,14 +59,18 @@ def test_a_busy_session_cannot_evict_the_others_counts() -> None:
         TokenCache(max_messages=10, max_per_session=20)
 
 
-async def test_compaction_counts_each_session_in_its_own_part() -> None:
+async def test_the_agent_and_compaction_count_each_session_in_its_own_part() -> None:
     store = MemoryStore()
     compaction = Compaction(TokenBudget(100_000), tokenizer=EstimateTokenizer())
     agent = Agent(ScriptedModel(["ok"] * 4), providers=[History(store), compaction])
     for name in ("one", "two"):
         await store.append("default", name, [Message.user(f"{name} {i}") for i in range(30)])
         await agent.run("hi", session=await agent.session(name))
-    cache = compaction._caches["estimate"]
-    one, two = cache.scope(("default", "one")), cache.scope(("default", "two"))
-    assert isinstance(one, OrderedDict) and len(one) >= 31 and len(two) >= 31
-    assert not set(one) & set(two)
+    # The counter a run gets from the agent (traces, and compaction without its own tokenizer):
+    for name in ("one", "two"):
+        session = await agent.session(name)
+        agent.token_counter(session).messages(await agent.history(session))
+    for cache in (compaction._cache, agent._token_cache):
+        one, two = cache.scope(("default", "one")), cache.scope(("default", "two"))
+        assert isinstance(one, OrderedDict) and len(one) >= 31 and len(two) >= 31
+        assert not set(one) & set(two)

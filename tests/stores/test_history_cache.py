@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import Agent, Message
-from contextpipe.models import ScriptedModel
 from contextpipe.providers import History
 from contextpipe.stores import Checkpoint, MemoryStore, SessionStore
+from contextpipe.testing import ScriptedModel
 
 from .backends import DURABLE, open_spec, store_spec
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from ..exchanges import drop_leading_orphans
 from ..messages import Message
-from .base import HistoryProvider, MessageFilter
+from .base import HistoryProvider, LoadedHistory, MessageFilter
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext
@@ -76,41 +77,49 @@ class History(HistoryProvider):
         after it, the newest `max_messages` of them when bounded; never a scan of the whole log
         when a checkpoint exists.
         """
-        summary, messages, _ = await self._load_view(session)
-        return messages if summary is None else [summary, *messages]
+        view = await self.load_view(session)
+        return view.messages if view.summary is None else [view.summary, *view.messages]
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Load the checkpoint summary and the log after it, keeping the log positions for compaction."""
+        """Load the checkpoint summary and the log after it (the session's kept tail when the lease allows)."""
         if not self.load_messages or ctx.session is None:
             return
-        summary, messages, first_seq = await self._load_view(ctx.session, ctx.lease)
+        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
         if self.provide_filter is not None:
-            loaded = self.provide_filter([summary, *messages] if summary is not None else messages)
-            ctx.add_history(loaded)
+            loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
+            ctx.add_history(self.provide_filter(loaded))
             return
-        if summary is not None:
-            ctx.add_history([summary])
-        ctx.add_history(messages, first_seq=first_seq)
+        if view.summary is not None:
+            ctx.add_history([view.summary])
+        ctx.add_history(view.messages, first_seq=view.first_seq)
 
-    async def _load_view(
-        self, session: Session, lease: Lease | None = None
-    ) -> tuple[Message | None, list[Message], int]:
+    async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
+        """Load the checkpoint summary and the log after it, with the log positions (for compaction).
+
+        Given the fencing token of a run's lease, the tail kept from the session's previous run is
+        brought up to date instead of reading the whole log again (see the class docstring).
+        """
         tail = None
-        if lease is not None and self.cache_messages:
-            tail = await self._cached_tail(session, lease.token)
+        if lease_token is not None and self.cache_messages:
+            tail = await self._cached_tail(session, lease_token)
         if tail is None:
             checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
             tail = _Tail(0, checkpoint, page.messages, page.first_seq, page.has_more)
-        if lease is not None and self.cache_messages:
-            self._keep(session, lease.token, tail)
+        if lease_token is not None and self.cache_messages:
+            self._keep(session, lease_token, tail)
         messages, first_seq, checkpoint = tail.messages, tail.first_seq, tail.checkpoint
         if checkpoint is not None or tail.has_more:
-            kept = _drop_leading_orphans(messages)
+            kept = drop_leading_orphans(messages)
             first_seq += len(messages) - len(kept)
             messages = kept
-        if messages is tail.messages and lease is not None and self.cache_messages:
+        if messages is tail.messages and lease_token is not None and self.cache_messages:
             messages = list(messages)  # the kept list is never handed out
-        return (checkpoint.summary if checkpoint is not None else None), messages, first_seq
+        return LoadedHistory(messages, first_seq, checkpoint.summary if checkpoint is not None else None)
+
+    async def save_checkpoint(self, session: Session, checkpoint: Checkpoint, *, lease: Lease | None = None) -> bool:
+        """Keep `checkpoint` in the store, so later runs load the summary plus the newer messages."""
+        await self.store.save_checkpoint(session.tenant, session.id, checkpoint, lease=lease)
+        return True
 
     async def _cached_tail(self, session: Session, token: int) -> _Tail | None:
         """Return the tail kept from the session's previous run, brought up to date (None: read it all)."""
@@ -159,14 +168,6 @@ class History(HistoryProvider):
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
         """Append `messages` to the session's log (idempotent by message id)."""
         await self.store.append(session.tenant, session.id, messages, lease=lease)
-
-
-def _drop_leading_orphans(messages: list[Message]) -> list[Message]:
-    """Drop tool results at the start of a bounded page whose calls were cut off by the bound."""
-    start = 0
-    while start < len(messages) and messages[start].role == "tool":
-        start += 1
-    return messages[start:] if start else messages
 
 
 @dataclass(slots=True)
