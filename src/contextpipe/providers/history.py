@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..exchanges import drop_leading_orphans
-from ..messages import Message
+from ..messages import Message, Source
 from .base import HistoryProvider, LoadedHistory, MessageFilter
 
 if TYPE_CHECKING:
@@ -104,7 +104,10 @@ class History(HistoryProvider):
             tail = await self._cached_tail(session, lease_token)
         if tail is None:
             checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
-            tail = _Tail(0, checkpoint, page.messages, page.first_seq, page.has_more)
+            messages = page.messages
+            if lease_token is not None and self.cache_messages:
+                messages = self._tag(messages)
+            tail = _Tail(0, checkpoint, messages, page.first_seq, page.has_more)
         if lease_token is not None and self.cache_messages:
             self._keep(session, lease_token, tail)
         messages, first_seq, checkpoint = tail.messages, tail.first_seq, tail.checkpoint
@@ -143,7 +146,7 @@ class History(HistoryProvider):
             return None
         messages = tail.messages
         if len(page.messages) > 1:
-            messages += page.messages[1:]
+            messages += self._tag(page.messages[1:])
         first_seq = tail.first_seq
         if floor >= first_seq:  # a newer checkpoint now stands for the oldest kept messages
             del messages[:floor + 1 - first_seq]
@@ -153,6 +156,11 @@ class History(HistoryProvider):
             del messages[:cut]
             first_seq += cut
         return _Tail(token, checkpoint, messages, first_seq, first_seq > floor + 1)
+
+    def _tag(self, messages: list[Message]) -> list[Message]:
+        """Tag kept messages as this provider's history once, so later runs need no tagged copies."""
+        source = Source("history", self.source_id)
+        return [m.with_source(source) for m in messages]
 
     def _keep(self, session: Session, token: int, tail: _Tail) -> None:
         size = len(tail.messages)
