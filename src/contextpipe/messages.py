@@ -375,36 +375,38 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
         role = d["role"]
         if role not in _ROLES:
             raise CodecError(f"unknown message role {role!r}; expected one of {sorted(_ROLES)}")
-        source = None
         raw_source = d.get("source")
-        if raw_source is not None:
-            kind = raw_source["kind"]
-            if kind not in _SOURCE_KINDS:
-                raise CodecError(f"unknown source kind {kind!r}; expected one of {sorted(_SOURCE_KINDS)}")
-            source = Source(kind, raw_source.get("source_id"))
+        source = None if raw_source is None else _source_from_dict(raw_source)
         metadata = d.get("metadata")
         created_at = d["created_at"]
         if type(created_at) is not float and type(created_at) is not int:
             raise CodecError(f"created_at must be a number, got {created_at!r}")
-        raw_parts = d["parts"]
-        if type(raw_parts) is list and len(raw_parts) == 1:
-            only = raw_parts[0]
-            # The common case, a single text part, built without the general dispatch.
-            if type(only) is dict and len(only) == 2 and only.get("kind") == "text" and type(only["text"]) is str:
-                parts: tuple[Part, ...] = (_new_text(only["text"]),)
-            else:
-                parts = (_part_from_dict(only),)
-        else:
-            parts = tuple([_part_from_dict(p) for p in raw_parts])
         message_id = d["id"]
         if type(message_id) is not str:
             message_id = _str(d, "id")
-        return _new_message(role, parts, message_id, d.get("author_name"), float(created_at),
+        return _new_message(role, _parts_from_list(d["parts"]), message_id, d.get("author_name"), float(created_at),
                             MappingProxyType(dict(metadata)) if metadata else _EMPTY, source)
     except CodecError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
+
+
+def _parts_from_list(raw_parts: Any) -> tuple[Part, ...]:
+    if type(raw_parts) is list and len(raw_parts) == 1:
+        only = raw_parts[0]
+        # The common case, a single text part, built without the general dispatch.
+        if type(only) is dict and len(only) == 2 and only.get("kind") == "text" and type(only["text"]) is str:
+            return (_new_text(only["text"]),)
+        return (_part_from_dict(only),)
+    return tuple([_part_from_dict(p) for p in raw_parts])
+
+
+def _source_from_dict(raw: Mapping[str, Any]) -> Source:
+    kind = raw["kind"]
+    if kind not in _SOURCE_KINDS:
+        raise CodecError(f"unknown source kind {kind!r}; expected one of {sorted(_SOURCE_KINDS)}")
+    return Source(kind, raw.get("source_id"))
 
 
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
