@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import ConcurrentUpdate, CorruptRecord, LeaseLost, Message, Session, SessionBusy, UsageError
-from contextpipe.stores import Checkpoint, SessionStore
+from contextpipe.stores import Checkpoint, SessionKey, SessionStore
 
 
 def msgs(*texts: str) -> list[Message]:
@@ -275,7 +275,7 @@ async def corrupt_message(store: SessionStore, tenant: str, session_id: str, seq
         from contextpipe.stores import RedisStore
 
         assert isinstance(store, RedisStore)
-        await store._client.lset(store._keys(tenant, session_id)[1], seq - 1, b"\xff\xfe garbage")
+        await store._client.lset(store._keys(SessionKey(tenant, session_id))[1], seq - 1, b"\xff\xfe garbage")
     else:
         raise AssertionError(f"no way to corrupt {store.backend}")
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from .base import (
+    Checkpoint,
+    Lease,
+    MessagePage,
+    SessionDeletedHook,
+    SessionInfo,
+    SessionKey,
+    SessionListing,
+    SessionStore,
+)
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -25,7 +34,9 @@ __all__ = [
     "PostgresStore",
     "RedisStore",
     "SQLiteStore",
+    "SessionDeletedHook",
     "SessionInfo",
+    "SessionKey",
     "SessionListing",
     "SessionStore",
 ]

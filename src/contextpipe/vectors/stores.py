@@ -15,13 +15,17 @@ import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from typing_extensions import override
 
 from ..errors import UsageError
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, matches
+
+if TYPE_CHECKING:
+    from ..session import SessionKey
+    from ..stores.base import SessionStore
 
 __all__ = ["MemoryVectorStore", "SQLiteVectorStore"]
 
@@ -276,6 +280,39 @@ class SQLiteVectorStore(VectorStore):
         clause = " AND ".join(["collection = ?", *sql_where])
         return int(await self._run(lambda conn: conn.execute(f"SELECT COUNT(*) FROM cp_vectors WHERE {clause}",
                                                               [collection, *params]).fetchone()[0]))
+
+    def forget_sessions_deleted_by(self, sessions: SessionStore) -> None:
+        """Delete a session's records whenever `sessions` deletes or expires it.
+
+        Records whose metadata names the session (``tenant`` and ``session_id``), in any collection, go
+        through `sessions`' `on_session_deleted` hook.
+        """
+        path, busy_ms = self.path, self._busy_ms
+
+        def forget(key: SessionKey) -> None:
+            if not Path(path).exists():
+                return
+            conn = sqlite3.connect(path, isolation_level=None)  # its own: this store may be closed by then
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'cp_vectors'").fetchone():
+                    return
+                conn.execute("BEGIN IMMEDIATE")
+                where = ("json_extract(metadata, '$.tenant') = ? AND json_extract(metadata, '$.session_id') = ?",
+                         (key.tenant, key.id))
+                gone = [r[0] for r in conn.execute(f"SELECT DISTINCT collection FROM cp_vectors WHERE {where[0]}",
+                                                   where[1])]
+                conn.execute(f"DELETE FROM cp_vectors WHERE {where[0]}", where[1])
+                for collection in gone:
+                    self._bump(conn, collection)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+        async def hook(key: SessionKey) -> None:
+            await asyncio.to_thread(forget, key)
+
+        sessions.on_session_deleted(hook)
 
     @override
     async def close(self) -> None:
