@@ -184,7 +184,11 @@ class StoreError(ContextPipeError):
     @classmethod
     def from_driver(cls, backend: str, server: str, exc: BaseException) -> Self:
         """Wrap a driver or network error, naming the server it came from."""
-        return cls(f"{backend} store ({server}): {type(exc).__name__}: {exc}", backend=backend, server=server)
+        try:
+            detail = str(exc)
+        except Exception:  # a driver error whose own __str__ fails must still be reported
+            detail = repr(exc.args)
+        return cls(f"{backend} store ({server}): {type(exc).__name__}: {detail}", backend=backend, server=server)
 
 
 class SessionBusy(StoreError):

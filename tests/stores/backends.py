@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -30,14 +32,42 @@ def server_address(backend: str) -> str | None:
     return address
 
 
+class FakeClock:
+    """A clock for the stores that take one: it moves only when told to (plus 1 µs per reading, so that
+    successive writes still get distinct times)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+CLOCKS: dict[int, FakeClock] = {}
+
+
 def open_store(backend: str, tmp_path: Path) -> SessionStore:
-    """A fresh store of `backend` (a new file for SQLite; shared servers otherwise)."""
+    """A fresh store of `backend` (a new file for SQLite; shared servers otherwise).
+
+    The memory and SQLite stores run on a `FakeClock` (see `elapse`); the servers use real time.
+    """
+    store: SessionStore
     if backend == "memory":
-        return MemoryStore()
+        clock = FakeClock()
+        store = MemoryStore(clock=clock)
+        CLOCKS[id(store)] = clock
+        return store
     if backend == "sqlite":
         from contextpipe.stores import SQLiteStore
 
-        return SQLiteStore(tmp_path / f"{uuid.uuid4().hex}.db")
+        clock = FakeClock()
+        store = SQLiteStore(tmp_path / f"{uuid.uuid4().hex}.db", clock=clock)
+        CLOCKS[id(store)] = clock
+        return store
     address = server_address(backend)
     assert address is not None
     if backend == "postgres":
@@ -47,6 +77,15 @@ def open_store(backend: str, tmp_path: Path) -> SessionStore:
     from contextpipe.stores import RedisStore
 
     return RedisStore(address)
+
+
+async def elapse(store: SessionStore, seconds: float) -> None:
+    """Let `seconds` pass for `store`: at once on a fake clock, really (one real-time test per server)."""
+    clock = CLOCKS.get(id(store))
+    if clock is not None:
+        clock.advance(seconds)
+    else:
+        await asyncio.sleep(seconds)
 
 
 def store_spec(backend: str, tmp_path: Path) -> str:

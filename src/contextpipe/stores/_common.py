@@ -186,9 +186,9 @@ def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str
     if isinstance(exc, ContextPipeError) or not isinstance(exc, Exception):
         return None
     from_driver = type(exc).__module__.split(".")[0] == driver
-    if isinstance(exc, TimeoutError) or (from_driver and "Timeout" in type(exc).__name__):
+    if isinstance(exc, TimeoutError) or (from_driver and type(exc).__name__ == "TimeoutError"):
         if timeout is not None:
-            return StoreError.unreachable(backend, server, timeout, f"waiting for an answer ({exc or 'timed out'})")
+            return StoreError.unreachable(backend, server, timeout, "waiting for an answer")
         return StoreError.from_driver(backend, server, exc)
     if from_driver or isinstance(exc, OSError | UnicodeError | EOFError):
         return StoreError.from_driver(backend, server, exc)
