@@ -260,3 +260,24 @@ async def test_fake_clock_expires_leases_and_sessions_at_once(tmp_path: Path) ->
     assert await store.get_session("default", "t") is None
     assert lease.token == 1
     await store.close()
+
+
+async def test_a_tool_result_with_a_lone_surrogate_never_breaks_the_session(store: SessionStore, tenant: str) -> None:
+    """Once a raw UnicodeEncodeError on SQLite and Redis; repair then re-ran the tool on every later run."""
+    from contextpipe import Agent, tool
+    from contextpipe.models import ScriptedModel, tool_call
+    from contextpipe.providers import History
+
+    @tool(idempotent=True)
+    def read_file(name: str) -> str:
+        """Return a file's bytes decoded with surrogateescape, as Python does for undecodable names."""
+        return b"caf\xe9".decode("utf-8", "surrogateescape")
+
+    model = ScriptedModel([tool_call("read_file", name="menu.txt"), "It says caf\udce9.", "Still fine."])
+    agent = Agent(model, tools=[read_file], providers=[History(store)])
+    session = await agent.session("s", tenant=tenant)
+    await agent.run("What does menu.txt say?", session=session)
+    await agent.run("And now?", session=session)
+    log = (await store.load(tenant, "s")).messages
+    assert [r.result for m in log for r in m.function_results] == ["caf\udce9"]
+    assert log[-1].text == "Still fine." and "caf\udce9" in log[-3].text

@@ -169,7 +169,7 @@ class SQLiteStore(SessionStore):
 
     # --- plumbing ----------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args,
+    async def _run(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:
         """Run ``fn(conn, ...)`` on the store's thread, then the hooks of the sessions it deleted."""
         if self._closed:
@@ -180,7 +180,7 @@ class SQLiteStore(SessionStore):
             await self._notify_deleted(dropped)
         return result
 
-    def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args,
+    def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
               **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
         self._dropped = []
         return fn(self._connection(), *args, **kwargs), self._dropped
@@ -262,17 +262,28 @@ class SQLiteStore(SessionStore):
         key: SessionKey,
         lease: Lease | None,
         fn: Callable[Concatenate[sqlite3.Connection, SessionKey, sqlite3.Row, float, P], T],
+        /,
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> T:
         """Run ``fn(conn, key, row, now, ...)`` in one durable write transaction, after the lease check."""
+        return await self._run(self._write_now, key, lease, True, fn, *args, **kwargs)
 
-        def op(conn: sqlite3.Connection) -> T:
-            with self._transaction(conn, durable=True):
-                now = self._clock()
-                return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
-
-        return await self._run(op)
+    def _write_now(
+        self,
+        conn: sqlite3.Connection,
+        key: SessionKey,
+        lease: Lease | None,
+        durable: bool,
+        fn: Callable[Concatenate[sqlite3.Connection, SessionKey, sqlite3.Row, float, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Do ``fn(conn, key, row, now, ...)`` in one write transaction (on the store's thread)."""
+        with self._transaction(conn, durable=durable):
+            now = self._clock()
+            return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
 
     @staticmethod
     def _touch(conn: sqlite3.Connection, key: SessionKey, now: float) -> None:
@@ -379,26 +390,25 @@ class SQLiteStore(SessionStore):
     ) -> int:
         key = key_of(tenant, session_id)
         encoded = check_batch(key, messages)
-        return await self._run(self._append, key, lease, encoded, durable)
+        return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded)
 
-    def _append(self, conn: sqlite3.Connection, key: SessionKey, lease: Lease | None,
-                encoded: list[tuple[str, str]], durable: bool) -> int:
-        with self._transaction(conn, durable=durable):
-            now = self._clock()
-            last = int(self._row_for_write(conn, key, now, lease)["last_seq"])
-            fresh = encoded
-            if last and encoded:
-                known = _existing_ids(conn, key, [mid for mid, _ in encoded])
-                fresh = [e for e in encoded if e[0] not in known]
-            if fresh:
-                conn.executemany(
-                    "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) VALUES (?, ?, ?, ?, ?)",
-                    [(key.tenant, key.id, last + i, mid, body) for i, (mid, body) in enumerate(fresh, 1)])
-                last += len(fresh)
-                conn.execute("UPDATE cp_sessions SET last_seq = ? WHERE tenant = ? AND session_id = ?",
-                             (last, key.tenant, key.id))
-            self._touch(conn, key, now)
-            return last
+    @staticmethod
+    def _append_rows(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
+                     encoded: list[tuple[str, str]]) -> int:
+        last = int(row["last_seq"])
+        fresh = encoded
+        if last and encoded:
+            known = _existing_ids(conn, key, [mid for mid, _ in encoded])
+            fresh = [e for e in encoded if e[0] not in known]
+        if fresh:
+            conn.executemany(
+                "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) VALUES (?, ?, ?, ?, ?)",
+                [(key.tenant, key.id, last + i, mid, body) for i, (mid, body) in enumerate(fresh, 1)])
+            last += len(fresh)
+            conn.execute("UPDATE cp_sessions SET last_seq = ? WHERE tenant = ? AND session_id = ?",
+                         (last, key.tenant, key.id))
+        SQLiteStore._touch(conn, key, now)
+        return last
 
     @override
     @translated
