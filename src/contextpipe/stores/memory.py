@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, LeaseLost
 from ..messages import Message
-from ..session import Session, SessionKey
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
     check_lease,
     check_limit,
@@ -128,7 +128,7 @@ class MemoryStore(SessionStore):
 
     @override
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        key_of(tenant, "listing")  # validates the tenant
+        validate_tenant(tenant)
         check_limit(limit)
         now = self._clock()
         rows = sorted(

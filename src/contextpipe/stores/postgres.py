@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, ContextPipeError, LeaseLost, StoreError, UsageError
 from ..messages import Message
-from ..session import Session, SessionKey
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
     SCHEMA_VERSION,
     check_batch,
@@ -306,7 +306,7 @@ class PostgresStore(SessionStore):
     @override
     @translated
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        key_of(tenant, "listing")  # validates the tenant
+        validate_tenant(tenant)
         check_limit(limit)
         after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
         async with self._connection() as conn:

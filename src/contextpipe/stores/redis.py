@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
 from ..messages import Message
-from ..session import Session, SessionKey
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
     check_batch,
     check_limit,
@@ -323,7 +323,7 @@ class RedisStore(SessionStore):
     @override
     @translated
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        key_of(tenant, "listing")  # validates the tenant
+        validate_tenant(tenant)
         check_limit(limit)
         index = self._index(tenant)
         after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")

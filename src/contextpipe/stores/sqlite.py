@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, LeaseLost, StoreError, UsageError
 from ..messages import Message
-from ..session import Session, SessionKey
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
     SCHEMA_VERSION,
     check_batch,
@@ -349,7 +349,7 @@ class SQLiteStore(SessionStore):
     @override
     @translated
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        key_of(tenant, "listing")  # validates the tenant
+        validate_tenant(tenant)
         check_limit(limit)
         after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
         rows = await self._run(lambda conn: conn.execute(

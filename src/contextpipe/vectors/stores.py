@@ -284,33 +284,22 @@ class SQLiteVectorStore(VectorStore):
     def forget_sessions_deleted_by(self, sessions: SessionStore) -> None:
         """Delete a session's records whenever `sessions` deletes or expires it.
 
-        Records whose metadata names the session (``tenant`` and ``session_id``), in any collection, go
-        through `sessions`' `on_session_deleted` hook.
+        Records whose metadata names the session (``tenant`` and ``session_id``), in any collection, are
+        deleted through `delete`, from `sessions`' `on_session_deleted` hook. The hook opens the file
+        itself, so it works after this instance is closed.
         """
-        path, busy_ms = self.path, self._busy_ms
-
-        def forget(key: SessionKey) -> None:
-            if not Path(path).exists():
-                return
-            conn = sqlite3.connect(path, isolation_level=None)  # its own: this store may be closed by then
-            try:
-                conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-                if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'cp_vectors'").fetchone():
-                    return
-                conn.execute("BEGIN IMMEDIATE")
-                where = ("json_extract(metadata, '$.tenant') = ? AND json_extract(metadata, '$.session_id') = ?",
-                         (key.tenant, key.id))
-                gone = [r[0] for r in conn.execute(f"SELECT DISTINCT collection FROM cp_vectors WHERE {where[0]}",
-                                                   where[1])]
-                conn.execute(f"DELETE FROM cp_vectors WHERE {where[0]}", where[1])
-                for collection in gone:
-                    self._bump(conn, collection)
-                conn.execute("COMMIT")
-            finally:
-                conn.close()
+        path = self.path
 
         async def hook(key: SessionKey) -> None:
-            await asyncio.to_thread(forget, key)
+            vectors = SQLiteVectorStore(path)
+            try:
+                collections = await vectors._run(lambda conn: [r[0] for r in conn.execute(
+                    "SELECT DISTINCT collection FROM cp_vectors WHERE json_extract(metadata, '$.tenant') = ? "
+                    "AND json_extract(metadata, '$.session_id') = ?", (key.tenant, key.id))])
+                for collection in collections:
+                    await vectors.delete(collection, where={"tenant": key.tenant, "session_id": key.id})
+            finally:
+                await vectors.close()
 
         sessions.on_session_deleted(hook)
 
