@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from contextpipe import Agent, Message, RunLimits, tool
-from contextpipe.models import ScriptedModel, tool_call
 from contextpipe.providers import History
 from contextpipe.session import Session
 from contextpipe.stores import Lease, SQLiteStore
+from contextpipe.testing import ScriptedModel, tool_call
 
 HERE = Path(__file__).resolve().parent
 PEER_VERSION = "openai-agents==0.24.0"

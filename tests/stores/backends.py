@@ -33,18 +33,19 @@ def server_address(backend: str) -> str | None:
 
 
 class FakeClock:
-    """A clock for the stores that take one: it moves only when told to (plus 1 µs per reading, so that
-    successive writes still get distinct times)."""
+    """The stores' clock in the tests: real time plus whatever `advance` added (TTL and lease tests jump
+    ahead instead of sleeping); strictly increasing, so successive writes get distinct times."""
 
     def __init__(self) -> None:
-        self.now = time.time()
+        self.offset = 0.0
+        self.last = 0.0
 
     def __call__(self) -> float:
-        self.now += 1e-6
-        return self.now
+        self.last = max(time.time() + self.offset, self.last + 1e-6)
+        return self.last
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self.offset += seconds
 
 
 CLOCKS: dict[int, FakeClock] = {}

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from contextpipe import Agent, Message, StoreError
-from contextpipe.models import ScriptedModel
 from contextpipe.providers import History
 from contextpipe.stores import SessionStore
+from contextpipe.testing import ScriptedModel
 
 from .backends import server_address
 

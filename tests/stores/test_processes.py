@@ -84,27 +84,11 @@ def test_concurrent_runs_from_processes_never_interleave(backend: str, tmp_path:
 KILLS = int(os.environ.get("CONTEXTPIPE_CRASH_KILLS", "8"))
 
 
-class FalselyInterrupted(AssertionError):
-    """The only problem found: completed calls were reported as interrupted (their result was saved late)."""
-
-
 def check(report: StormReport) -> None:
     print(f"\n{report.summary()}")
-    others = [p for p in report.problems if "reported as interrupted" not in p]
-    assert not others, "\n".join(report.problems)
-    if report.problems:
-        raise FalselyInterrupted("\n".join(report.problems))
+    assert not report.problems, "\n".join(report.problems)
 
 
-# Until parallel tool results are saved one by one as they finish (#12 item 2, in the run core), a
-# call that returned while its sibling still ran is lost by a kill and resumed as "interrupted": the
-# check below finds it. The marker tolerates exactly that finding, and turns into a failure as soon
-# as the run core saves each result at once (then remove it).
-PER_CALL_SAVING_PENDING = pytest.mark.xfail(strict=True, raises=FalselyInterrupted,
-                                            reason="parallel results are saved together (#12 item 2)")
-
-
-@PER_CALL_SAVING_PENDING
 @pytest.mark.parametrize("backend", DURABLE)
 def test_sigkill_at_progress_points_then_resume(backend: str, tmp_path: Path) -> None:
     """One worker at a time, killed at its n-th progress report (n from the seed), resumed by the next."""
@@ -116,7 +100,6 @@ def test_sigkill_at_progress_points_then_resume(backend: str, tmp_path: Path) ->
     check(report)
 
 
-@PER_CALL_SAVING_PENDING
 @pytest.mark.parametrize("backend", DURABLE)
 def test_crash_storm_on_shared_sessions(backend: str, tmp_path: Path) -> None:
     """Three workers, two of them sharing a session, parallel calls with a non-idempotent tool, SIGKILLs."""

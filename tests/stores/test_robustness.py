@@ -265,8 +265,8 @@ async def test_fake_clock_expires_leases_and_sessions_at_once(tmp_path: Path) ->
 async def test_a_tool_result_with_a_lone_surrogate_never_breaks_the_session(store: SessionStore, tenant: str) -> None:
     """Once a raw UnicodeEncodeError on SQLite and Redis; repair then re-ran the tool on every later run."""
     from contextpipe import Agent, tool
-    from contextpipe.models import ScriptedModel, tool_call
     from contextpipe.providers import History
+    from contextpipe.testing import ScriptedModel, tool_call
 
     @tool(idempotent=True)
     def read_file(name: str) -> str:
