@@ -28,7 +28,7 @@ SURFACES = {
     ],
     "contextpipe.stores": [
         "Checkpoint", "Lease", "MemoryStore", "MessagePage", "PostgresStore", "RedisStore", "SQLiteStore",
-        "SessionInfo", "SessionListing", "SessionStore",
+        "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
         "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore", "OpenAIEmbedder",

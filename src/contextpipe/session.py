@@ -40,6 +40,7 @@ __all__ = [
     "USER_ID_KEY",
     "ProviderState",
     "Session",
+    "SessionKey",
     "set_user_id",
     "user_id",
     "validate_session_id",
@@ -49,15 +50,15 @@ __all__ = [
 DEFAULT_TENANT: Final = "default"
 """Tenant used when none is given."""
 
-_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$")
-_TENANT_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}")
+_TENANT_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 T = TypeVar("T", bound="pydantic.BaseModel")
 
 
 def validate_session_id(session_id: str) -> str:
     """Return `session_id` if it is valid, else raise `UsageError` saying what is allowed."""
-    if not isinstance(session_id, str) or not _ID_RE.match(session_id):
+    if not isinstance(session_id, str) or not _ID_RE.fullmatch(session_id):
         raise UsageError(
             f"invalid session id {session_id!r}: use 1-200 characters, starting with a letter or digit, "
             "made of letters, digits and . _ : @ / = + -"
@@ -67,12 +68,37 @@ def validate_session_id(session_id: str) -> str:
 
 def validate_tenant(tenant: str) -> str:
     """Return `tenant` if it is valid, else raise `UsageError` saying what is allowed."""
-    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
+    if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
         raise UsageError(
             f"invalid tenant {tenant!r}: use 1-64 characters, starting with a letter or digit, "
             "made of letters, digits and . _ -"
         )
     return tenant
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    r"""Where a session lives: its tenant and its id, validated when the key is made.
+
+    >>> SessionKey("acme", "chat-1")
+    SessionKey(tenant='acme', id='chat-1')
+    >>> SessionKey("acme", "chat-1\n")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    contextpipe.errors.UsageError: invalid session id 'chat-1\n': use 1-200 characters, ...
+    """
+
+    tenant: str
+    """Tenant (isolation boundary)."""
+    id: str
+    """Session id, unique within its tenant."""
+
+    def __post_init__(self) -> None:
+        validate_tenant(self.tenant)
+        validate_session_id(self.id)
+
+    def __str__(self) -> str:
+        return f"session {self.id!r} (tenant {self.tenant!r})"
 
 
 @dataclass
@@ -95,6 +121,11 @@ class Session:
     def __post_init__(self) -> None:
         validate_session_id(self.id)
         validate_tenant(self.tenant)
+
+    @property
+    def key(self) -> SessionKey:
+        """The session's `SessionKey` (tenant and id)."""
+        return SessionKey(self.tenant, self.id)
 
     def state_to_json(self) -> dict[str, Any]:
         """Return `state` as plain JSON data (pydantic models dumped)."""

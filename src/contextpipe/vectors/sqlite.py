@@ -26,13 +26,17 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from typing_extensions import override
 
 from ..errors import UsageError
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
+
+if TYPE_CHECKING:
+    from ..session import SessionKey
+    from ..stores.base import SessionStore
 
 __all__ = ["SQLiteVectorStore"]
 
@@ -631,6 +635,28 @@ class SQLiteVectorStore(VectorStore):
                     self._save(conn, name, cached)
 
         await self._run(op)
+
+    def forget_sessions_deleted_by(self, sessions: SessionStore) -> None:
+        """Delete a session's records whenever `sessions` deletes or expires it.
+
+        Records whose metadata names the session (``tenant`` and ``session_id``), in any collection, are
+        deleted through `delete` (so the HNSW and keyword indexes stay in step), from `sessions`'
+        `on_session_deleted` hook. The hook opens the file itself, so it works after this instance is closed.
+        """
+        path, index_dir, synchronous = self.path, self.index_dir, self.synchronous
+
+        async def hook(key: SessionKey) -> None:
+            vectors = SQLiteVectorStore(path, index_dir=index_dir, synchronous=synchronous)
+            try:
+                collections = await vectors._run(lambda conn: [r[0] for r in conn.execute(
+                    "SELECT DISTINCT collection FROM cp_vectors WHERE json_extract(metadata, '$.tenant') = ? "
+                    "AND json_extract(metadata, '$.session_id') = ?", (key.tenant, key.id))])
+                for collection in collections:
+                    await vectors.delete(collection, where={"tenant": key.tenant, "session_id": key.id})
+            finally:
+                await vectors.close()
+
+        sessions.on_session_deleted(hook)
 
     @override
     async def close(self) -> None:
