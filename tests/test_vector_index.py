@@ -234,6 +234,7 @@ async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp
             conn.execute("INSERT INTO cp_vectors VALUES ('memory', ?, 4, ?, ?, ?)",
                          (f"n{i}", np.asarray(vector, dtype=np.float32).tobytes(), text, json.dumps(meta)))
     store = SQLiteStore(db)
+    await store.load_or_create("default", "s0")  # the memories' session (deletion cascades from a real one)
     vectors = store.vectors()
     assert {h.id for h in await vectors.search("memory", text="pottery", k=5)} == {"n0", "n1"}
     assert await vectors.count("memory") == 4
