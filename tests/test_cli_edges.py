@@ -90,6 +90,8 @@ def _not_a_database(db: Path) -> None:
     db.write_text("name,email\nann,ann@example.com\n")
 
 
+NEWER = _sql("UPDATE cp_meta SET value = '99' WHERE key = 'schema_version'")
+
 # (command after `--db DB`, change to the copy of the seeded database, expected fragment of the error)
 USER_ERRORS: dict[str, tuple[list[str], Callable[[Path], None] | None, str]] = {
     "invalid session id": (["sessions", "show", "bad id!"], None, "invalid session id 'bad id!'"),
@@ -99,8 +101,8 @@ USER_ERRORS: dict[str, tuple[list[str], Callable[[Path], None] | None, str]] = {
     "missing session for delete": (["sessions", "delete", "nope"], None, "no session 'nope'"),
     "not a database": (["sessions", "list"], _not_a_database, "file is not a database"),
     "truncated database": (["sessions", "list"], _truncate, "malformed"),
-    "newer schema": (["inspect", "s1"], _sql("UPDATE cp_meta SET value = '99' WHERE key = 'schema_version'"),
-                     "written by a newer contextpipe (schema 99"),
+    "newer schema": (["inspect", "s1"], NEWER, "written by a newer contextpipe (schema 99"),
+    "newer schema for chat": (["chat", "--demo-model"], NEWER, "upgrade contextpipe"),
     "garbage message": (["sessions", "show", "s1"], _sql("UPDATE cp_messages SET body = 'garbage{' WHERE seq = 2"),
                         "message 2 of session 's1' (tenant 'default') cannot be read"),
     "garbage state": (["sessions", "show", "s1"], _sql("UPDATE cp_sessions SET state = '[1, 2'"),
@@ -274,6 +276,37 @@ def test_ctrl_c_during_the_first_model_call_keeps_the_message(fake_openai: FakeO
     assert texts == ["Remember the blue door.", "Did you get it?", "Noted, the blue door."]
 
 
+def test_ctrl_c_after_a_tool_ran_keeps_the_stored_steps(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    received, release = threading.Event(), threading.Event()
+
+    def hold(body: dict[str, Any]) -> FakeReply:
+        received.set()
+        release.wait(60)
+        return FakeReply("too late")
+
+    fake_openai.enqueue(FakeReply(tool_calls=(("add", '{"a": 20, "b": 22}'),)), hold)
+    db = tmp_path / "t.db"
+    child = spawn(["chat", "--db", str(db), "--session", "t1", "--mcp", f"{sys.executable} {MCP_SERVER}"], tmp_path,
+                  model_env(fake_openai))
+    try:
+        child.expect("you> ")
+        child.sendline("Add 20 and 22.")
+        assert received.wait(60)  # the second model call, after the tool's result
+        child.sendintr()
+        child.expect("interrupted; your message is kept in the session")
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        release.set()
+        child.close()
+    assert child.exitstatus == 0
+    # Per-step persistence stored the first step (input, call, result); the message is not stored twice.
+    shown = json.loads(run("sessions", "show", "t1", "--db", str(db), "--json").stdout)
+    assert [m["message"]["role"] for m in shown["messages"]] == ["user", "assistant", "tool"]
+    assert shown["messages"][2]["message"]["parts"][0]["result"] == "42"
+
+
 def test_a_failed_first_call_keeps_the_message(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
     fake_openai.enqueue(FakeError(400, "model 'fake-model' does not exist"))
     db = tmp_path / "f.db"
@@ -386,4 +419,23 @@ def test_chat_with_an_mcp_server(fake_openai: FakeOpenAIServer, tmp_path: Path) 
 def test_bad_mcp_specs_are_one_line_errors(tmp_path: Path) -> None:
     unclosed = run("chat", "--demo-model", "--db", str(tmp_path / "m.db"), "--mcp", "'unclosed", input="hi\n")
     assert_one_line_error(unclosed, "--mcp \"'unclosed\" is not a command line")
+    unreachable = run("chat", "--demo-model", "--db", str(tmp_path / "m.db"), "--mcp", "http://127.0.0.1:9/mcp",
+                      input="hi\n")
+    assert unreachable.returncode == 0 and "Traceback" not in unreachable.stderr
+    assert "error: MCP server http://127.0.0.1:9/mcp" in unreachable.stderr
 
+
+
+async def test_sqlite_read_only_mode_reads_refuses_writes_and_creates_nothing(seeded: Path, tmp_path: Path) -> None:
+    from contextpipe.errors import StoreError
+
+    async with SQLiteStore(seeded, read_only=True) as store:
+        assert [i.session_id for i in (await store.list_sessions("default")).sessions] == ["s1"]
+        assert len((await store.load("default", "s1")).messages) == 4
+        with pytest.raises(StoreError, match="readonly database"):
+            await store.append("default", "s1", [Message.user("more")])
+    missing = tmp_path / "sub" / "missing.db"
+    async with SQLiteStore(missing, read_only=True) as store:
+        with pytest.raises(StoreError, match="unable to open database file"):
+            await store.list_sessions("default")
+    assert not missing.parent.exists()

@@ -50,7 +50,7 @@ sessions_app = typer.Typer(help="List, show, export and delete stored sessions."
 app.add_typer(sessions_app, name="sessions")
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DbOption = Annotated[Path, typer.Option("--db", envvar="CONTEXTPIPE_DB", help="SQLite file holding the sessions.")]
 TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant of the sessions.")]
@@ -99,7 +99,7 @@ def _root(
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -523,7 +523,7 @@ def main() -> None:
     try:
         app(prog_name="contextpipe")
     except ContextPipeError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise SystemExit(1) from None
 
 
