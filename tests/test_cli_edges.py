@@ -95,9 +95,7 @@ NEWER = _sql("UPDATE cp_meta SET value = '99' WHERE key = 'schema_version'")
 # (command after `--db DB`, change to the copy of the seeded database, expected fragment of the error)
 USER_ERRORS: dict[str, tuple[list[str], Callable[[Path], None] | None, str]] = {
     "invalid session id": (["sessions", "show", "bad id!"], None, "invalid session id 'bad id!'"),
-    "invalid id for inspect": (["inspect", "../etc"], None, "invalid session id"),
     "missing session for inspect": (["inspect", "nope"], None, "no session 'nope' (tenant 'default')"),
-    "missing session for show": (["sessions", "show", "nope"], None, "no session 'nope'"),
     "missing session for delete": (["sessions", "delete", "nope"], None, "no session 'nope'"),
     "not a database": (["sessions", "list"], _not_a_database, "file is not a database"),
     "truncated database": (["sessions", "list"], _truncate, "malformed"),
@@ -388,6 +386,13 @@ def test_slash_commands(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
     assert "unknown command /nope" in proc.stderr
     # Only real messages reached the model; '//' sends a line starting with '/'.
     assert [r["messages"][-1]["content"] for r in fake_openai.requests] == ["Hello", "/help is a slash command"]
+
+
+def test_inspect_in_chat_reports_a_damaged_trace_and_goes_on(db: Path) -> None:
+    _sql("""UPDATE cp_traces SET body = '{"step": 1}'""")(db)
+    proc = run("chat", "--demo-model", "--db", str(db), "--session", "s1", input="/inspect\n/session\n")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert "error: stored trace 2 of session 's1'" in proc.stderr and "4 message(s)" in proc.stdout
 
 
 def test_the_local_embedder_hint_is_printed_whole(tmp_path: Path) -> None:

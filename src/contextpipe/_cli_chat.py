@@ -191,6 +191,11 @@ class ChatRepl:
             self.out.print()
             self.err.print(f"[red]error:[/red] {escape(str(exc))}")
             problem = "the run failed"
+        except Exception:  # a bug: keep the message, then let the traceback show
+            wrap.finish()
+            self.out.print()
+            self._keep_input(message, "the run crashed")
+            raise
         self._keep_input(message, problem)
 
     async def _stream(self, message: Message, wrap: WordWrap) -> None:

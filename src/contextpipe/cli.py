@@ -27,13 +27,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from ._cli_chat import ChatRepl
 from .agent import Agent
 from .errors import ContextPipeError, CorruptRecord, UsageError
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction
 from .providers.history import History
-from .session import DEFAULT_TENANT
+from .session import DEFAULT_TENANT, Session
+from .stores.base import MessagePage, SessionListing
 from .stores.sqlite import SQLiteStore
 from .vectors.base import Embedder
 
@@ -186,8 +188,6 @@ def chat(
     chat_model = _model(model, base_url, api_key, demo_model)
     options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [])
     _check_new_db(db)
-    from ._cli_chat import ChatRepl
-
     with asyncio.Runner() as runner:
         stack = AsyncExitStack()
         try:
@@ -196,7 +196,7 @@ def chat(
             out.print(f"[dim]session {escape(repr(session))} in {escape(str(db))} ({len(earlier)} earlier "
                       f"message(s)); model {escape(chat_model.name)}. Type /help for commands, /exit to leave.[/dim]")
             code = ChatRepl(runner, agent, chat_session, str(db), out, err, describe=_describe,
-                            render_trace=_render_trace).run()
+                            render_trace=lambda n, trace: _show_trace(n, trace, session, tenant, db)).run()
         finally:
             runner.run(stack.aclose())
     if code:
@@ -228,7 +228,7 @@ def _embedder() -> Embedder:
 
 
 async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, db: Path, tenant: str,
-                     options: _ChatOptions) -> tuple[Agent, Any]:
+                     options: _ChatOptions) -> tuple[Agent, Session]:
     """Build the chat's agent; everything opened is closed by `stack` (store, vectors, MCP servers)."""
     store = await stack.enter_async_context(SQLiteStore(db))
     providers: list[Any] = [History(store)]
@@ -349,7 +349,7 @@ def _describe(message: Message) -> str:
     return " | ".join(bits)
 
 
-async def _existing(store: SQLiteStore, db: Path, tenant: str, session: str) -> Any:
+async def _existing(store: SQLiteStore, db: Path, tenant: str, session: str) -> Session:
     """Return the stored session record, or stop with a clear error when there is no such session."""
     record = await store.get_session(tenant, session)
     if record is None:
@@ -365,7 +365,7 @@ def sessions_list(db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENA
                   as_json: JsonOption = False) -> None:
     """List the tenant's sessions, most recently updated first."""
 
-    async def run() -> Any:
+    async def run() -> SessionListing:
         async with _open(db) as store:
             return await store.list_sessions(tenant, limit=limit, cursor=cursor)
 
@@ -390,7 +390,7 @@ def sessions_show(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: T
                   as_json: JsonOption = False) -> None:
     """Show a session's messages."""
 
-    async def run() -> tuple[Any, Any]:
+    async def run() -> tuple[Session, MessagePage]:
         async with _open(db) as store:
             record = await _existing(store, db, tenant, session)
             return record, await store.load(tenant, session, limit=last)
@@ -485,12 +485,17 @@ def inspect(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantO
                      "calls": [{"call": number, **trace} for number, trace in selected]})
         return
     for number, trace in selected:
-        try:
-            _render_trace(number, trace)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptRecord(f"stored trace {number} of session {session!r} (tenant {tenant!r}) in {db} has an "
-                                f"unexpected shape ({type(exc).__name__}: {exc}); `contextpipe sessions export` "
-                                "shows it as stored", backend="sqlite", tenant=tenant, session_id=session) from exc
+        _show_trace(number, trace, session, tenant, db)
+
+
+def _show_trace(number: int, trace: dict[str, Any], session: str, tenant: str, db: Path) -> None:
+    """Render a stored trace; one whose shape is not a trace's is a `CorruptRecord`, not a traceback."""
+    try:
+        _render_trace(number, trace)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptRecord(f"stored trace {number} of session {session!r} (tenant {tenant!r}) in {db} has an "
+                            f"unexpected shape ({type(exc).__name__}: {exc}); `contextpipe sessions export` "
+                            "shows it as stored", backend="sqlite", tenant=tenant, session_id=session) from exc
 
 
 def _render_trace(number: int, trace: dict[str, Any]) -> None:
