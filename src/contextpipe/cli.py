@@ -173,7 +173,8 @@ def chat(
     api_key: Annotated[str | None, typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
     demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
     instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
-    max_input_tokens: Annotated[int | None, typer.Option(help="Compact the context to this many tokens.")] = None,
+    max_input_tokens: Annotated[int | None, typer.Option(min=1, help="Compact the context to this many tokens.")]
+    = None,
     skills: Annotated[list[Path] | None, typer.Option("--skills", help="Folder of Agent Skills (repeatable).")]
     = None,
     memory: Annotated[bool, typer.Option("--memory", help="Recall what this user said in other sessions.")] = False,
