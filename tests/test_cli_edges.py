@@ -162,6 +162,19 @@ def test_a_read_only_database_can_be_read_and_refuses_writes(seeded: Path) -> No
         assert_one_line_error(refused, "readonly database")
         chat = run("chat", "--demo-model", "--db", str(db), "--session", "s1", input="more\n", cwd="/", **as_other)
         assert "Traceback" not in chat.stderr and "readonly database" in chat.stderr
+        # A pending write-ahead log cannot be read without write access to the folder: said plainly.
+        folder.chmod(0o755)
+        pending = folder / "pending.db"
+        shutil.copyfile(seeded, folder / "source.db")
+        writer = sqlite3.connect(folder / "source.db", isolation_level=None)
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("UPDATE cp_sessions SET updated_at = updated_at + 1")
+        shutil.copyfile(folder / "source.db", pending)
+        shutil.copyfile(folder / "source.db-wal", f"{pending}-wal")
+        writer.close()
+        folder.chmod(0o555)
+        assert_one_line_error(run("sessions", "list", "--db", str(pending), cwd="/", **as_other),
+                              "its write-ahead log holds recent writes")
     finally:
         folder.chmod(0o755)
         shutil.rmtree(folder)

@@ -571,15 +571,18 @@ def _open_read_only(path: str, busy_ms: int) -> sqlite3.Connection:
     conn = sqlite3.connect(f"{target}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
     try:
         conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        conn.row_factory = sqlite3.Row  # rows read by name or position, like the writer's
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as exc:
             wal = Path(f"{path}-wal")
             if wal.exists() and wal.stat().st_size > 0:
-                raise
+                raise StoreError(f"{path} cannot be read: its write-ahead log holds recent writes, which SQLite can "
+                                 f"only read with write access to the folder ({exc})", backend="sqlite") from exc
             conn.close()
             conn = sqlite3.connect(f"{target}?mode=ro&immutable=1", uri=True, isolation_level=None,
                                    check_same_thread=False)
+            conn.row_factory = sqlite3.Row
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "cp_meta" not in tables:
             raise StoreError(f"{path} is not a contextpipe session database", backend="sqlite")
