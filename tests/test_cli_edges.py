@@ -224,6 +224,19 @@ def test_list_pages_with_a_cursor(tmp_path: Path) -> None:
     assert f"--cursor {first['next_cursor']}" in table
 
 
+def test_stored_text_cannot_send_escape_sequences_to_the_terminal(tmp_path: Path) -> None:
+    db = tmp_path / "esc.db"
+
+    async def fill() -> None:
+        async with SQLiteStore(db) as store:
+            await store.append("default", "e", [Message.user("hi \x1b]0;owned\x07 [bold]there[/bold] \x1b[2J")])
+
+    asyncio.run(fill())
+    shown = run("sessions", "show", "e", "--db", str(db))
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "[bold]there[/bold]" in shown.stdout  # markup in stored text is shown, not interpreted
+
+
 def test_shell_completion_of_commands_and_session_ids(db: Path) -> None:
     def complete(words: str) -> list[str]:
         env = {"_CONTEXTPIPE_COMPLETE": "complete_bash", "COMP_WORDS": words,
@@ -365,7 +378,8 @@ def test_line_editing_and_history_at_the_prompt(fake_openai: FakeOpenAIServer, t
 def test_streamed_text_wraps_between_words(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
     reply = ("Contextpipe keeps every session durable, traces where each prompt token came from, and "
              "compacts long conversations before they overflow the context window of the model.")
-    fake_openai.enqueue(FakeReply(reply, chunk_size=3))
+    hostile = "\x1b]0;owned\x07\x1b[2J"  # set the window title, clear the screen: never reaches the terminal
+    fake_openai.enqueue(FakeReply(reply.replace("durable,", f"durable,{hostile}"), chunk_size=3))
     width = 32
     child = spawn(["chat", "--db", str(tmp_path / "w.db")], tmp_path, model_env(fake_openai), dimensions=(24, width))
     try:
@@ -377,11 +391,12 @@ def test_streamed_text_wraps_between_words(fake_openai: FakeOpenAIServer, tmp_pa
         child.expect(pexpect.EOF)
     finally:
         child.close()
+    assert "\x1b]" not in streamed and "\x07" not in streamed and "\x1b[2J" not in streamed
     text = ANSI.sub("", streamed)
     lines = [line for line in text.split("\r\n") if line.strip()]
     assert len(lines) >= 5
     assert all(len(line) <= width for line in lines), lines
-    assert " ".join(" ".join(lines).split()) == "Tell me assistant> " + reply
+    assert " ".join(" ".join(lines).split()) == "Tell me assistant> " + reply.replace("durable,", "durable,]0;owned[2J")
 
 
 def test_slash_commands(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:

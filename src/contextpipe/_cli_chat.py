@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -28,7 +29,7 @@ from .messages import Message, Source
 from .models.base import TextDelta
 from .session import Session
 
-__all__ = ["COMMANDS", "ChatRepl", "WordWrap"]
+__all__ = ["COMMANDS", "ChatRepl", "WordWrap", "shown"]
 
 T = TypeVar("T")
 
@@ -43,6 +44,17 @@ COMMANDS: dict[str, str] = {
 send a line that begins with /)."""
 
 _INPUT = Source("input")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters (escape sequences included) a model's text must not send to the terminal."""
+
+
+def shown(text: str) -> str:
+    r"""Return text from a model, a store or an error, safe to print as Rich markup on a terminal.
+
+    >>> shown("[b]bold?[/b] \x1b[2Jcleared")
+    '\\[b]bold?\\[/b] [2Jcleared'
+    """
+    return escape(_CONTROL.sub("", text))
 
 
 class WordWrap:
@@ -58,7 +70,8 @@ class WordWrap:
 
     A word is written once it is complete (the next space or line break arrives, or `finish`); a
     word wider than the terminal is written on a line of its own and the terminal breaks it.
-    `width=None` writes the text as it comes (output that is not a terminal).
+    `width=None` writes the text as it comes (output that is not a terminal). Control characters
+    are dropped either way, so a model cannot send escape sequences to the user's terminal.
     """
 
     def __init__(self, write: Callable[[str], None], width: int | None, column: int = 0) -> None:
@@ -70,6 +83,7 @@ class WordWrap:
 
     def feed(self, text: str) -> None:
         """Take the next piece of the stream."""
+        text = _CONTROL.sub("", text)
         if self.width is None:
             self._write(text)
             return
@@ -189,7 +203,7 @@ class ChatRepl:
         except ContextPipeError as exc:
             wrap.finish()
             self.out.print()
-            self.err.print(f"[red]error:[/red] {escape(str(exc))}")
+            self.err.print(f"[red]error:[/red] {shown(str(exc))}")
             problem = "the run failed"
         except Exception:  # a bug: keep the message, then let the traceback show
             wrap.finish()
@@ -204,10 +218,10 @@ class ChatRepl:
                 wrap.feed(event.text)
             elif isinstance(event, ToolCallStarted):
                 wrap.finish()
-                self.out.print(f"\n[dim]  calling {escape(event.call.name)}({escape(event.call.arguments)})[/dim]")
+                self.out.print(f"\n[dim]  calling {shown(event.call.name)}({shown(event.call.arguments)})[/dim]")
                 wrap.column = 0
             elif isinstance(event, ToolCallFinished):
-                self.out.print(f"[dim]  -> {escape(event.result.result[:200])}[/dim]")
+                self.out.print(f"[dim]  -> {shown(event.result.result[:200])}[/dim]")
                 wrap.column = 0
 
     def _keep_input(self, message: Message, problem: str) -> None:
@@ -221,7 +235,7 @@ class ChatRepl:
             self._call(store.append(session.tenant, session.id, [message.with_source(_INPUT)]))
         except (ContextPipeError, KeyboardInterrupt) as exc:
             self.err.print(f"[yellow]{problem}; your message could not be kept in the session: "
-                           f"{escape(str(exc))}[/yellow]")
+                           f"{shown(str(exc))}[/yellow]")
             return
         self.err.print(f"[dim]{problem}; your message is kept in the session[/dim]")
 
@@ -248,7 +262,7 @@ class ChatRepl:
         except KeyboardInterrupt:
             self.out.print()
         except ContextPipeError as exc:
-            self.err.print(f"[red]error:[/red] {escape(str(exc))}")
+            self.err.print(f"[red]error:[/red] {shown(str(exc))}")
         return True
 
     def _help(self) -> None:
@@ -282,7 +296,7 @@ class ChatRepl:
         if not page.messages:
             self.out.print("[dim]no messages yet[/dim]")
         for seq, m in enumerate(page.messages, page.first_seq):
-            self.out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {escape(self._describe(m))}")
+            self.out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {shown(self._describe(m))}")
 
     async def _inspect(self, number: int | None) -> None:
         traces = await self.agent.store.load_traces(self.session.tenant, self.session.id)

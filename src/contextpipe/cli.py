@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from ._cli_chat import ChatRepl
+from ._cli_chat import ChatRepl, shown
 from .agent import Agent
 from .errors import ContextPipeError, CorruptRecord, UsageError
 from .messages import Message, message_to_dict
@@ -101,7 +101,7 @@ def _root(
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}")
+    err.print(f"[red]error:[/red] {shown(message)}")
     return typer.Exit(code)
 
 
@@ -402,7 +402,7 @@ def sessions_show(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: T
             {"seq": seq, "message": message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)]})
         return
     for seq, m in enumerate(page.messages, page.first_seq):
-        out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {escape(_describe(m))}")
+        out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {shown(_describe(m))}")
 
 
 @sessions_app.command("export")
@@ -516,11 +516,11 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
     for m in trace["messages"]:
         source = f"{m['source_kind']}:{m['source_id']}" if m.get("source_id") else m["source_kind"]
         role = m["role"] if not m.get("run") else f"{m['count']} messages"
-        messages.add_row(str(m["index"]), role, source, str(m["tokens"]), escape(m.get("preview", "")))
+        messages.add_row(str(m["index"]), role, source, str(m["tokens"]), shown(m.get("preview", "")))
     out.print(messages)
     for d in trace.get("compaction", []):
         out.print(f"  compaction: {d['strategy']} {d['action']} {len(d['message_ids'])} message(s): "
-                  f"{escape(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
+                  f"{shown(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
     out.print()
 
 
@@ -529,7 +529,7 @@ def main() -> None:
     try:
         app(prog_name="contextpipe")
     except ContextPipeError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        err.print(f"[red]error:[/red] {shown(str(exc))}")
         raise SystemExit(1) from None
 
 
