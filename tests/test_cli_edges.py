@@ -109,6 +109,8 @@ USER_ERRORS: dict[str, tuple[list[str], Callable[[Path], None] | None, str]] = {
                       "a trace of session 's1'"),
     "trace of the wrong shape": (["inspect", "s1"], _sql("""UPDATE cp_traces SET body = '{"step": 1}'"""),
                                  "stored trace 1 of session 's1'"),
+    "index into a file that is not a database": (["index", str(Path(__file__).parent / "fixtures")], _not_a_database,
+                                                 "file is not a database"),
     "empty file": (["sessions", "list"], lambda db: db.write_bytes(b""), "is not a contextpipe session database"),
 }
 

@@ -301,6 +301,7 @@ def index(
 
     async def run() -> int:
         async with SQLiteStore(db) as store:
+            await store.list_sessions(DEFAULT_TENANT, limit=1)  # a clear error for a file that is not ours
             vectors = store.vectors()
             try:
                 with Progress(console=err) as progress:
