@@ -250,6 +250,7 @@ def test_shell_completion_of_commands_and_session_ids(db: Path) -> None:
     assert complete("contextpipe sessions sh") == ["show"]
     assert complete(f"contextpipe inspect --db {db} ") == ["s1"]
     assert complete(f"contextpipe sessions show --db {db} x") == []
+    assert complete(f"contextpipe chat --db {db} --session ") == ["s1"]
     script = run("--show-completion", "bash", env={"SHELL": "/bin/bash"})
     assert "_CONTEXTPIPE_COMPLETE" in script.stdout
 

@@ -164,7 +164,8 @@ def _model(model: str | None, base_url: str | None, api_key: str | None, demo_mo
 
 @app.command()
 def chat(
-    session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).")] = "chat",
+    session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).",
+                                         autocompletion=_complete_sessions)] = "chat",
     db: DbOption = DEFAULT_DB,
     tenant: TenantOption = DEFAULT_TENANT,
     model: Annotated[str | None, typer.Option(help="Model name (default: $OPENAI_MODEL).")] = None,
