@@ -261,6 +261,7 @@ def test_ctrl_c_at_the_prompt_exits_at_once(tmp_path: Path) -> None:
     try:
         child.expect("you> ")
         child.send("half a line")
+        child.expect_exact("half a line")  # echoed: readline took the keys and waits for more
         child.sendintr()  # no Enter
         child.expect(pexpect.EOF)
     finally:
