@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -47,7 +48,12 @@ def spawn(args: list[str], home: Path, env: dict[str, str] | None = None,
           dimensions: tuple[int, int] = (24, 200)) -> pexpect.spawn:
     return pexpect.spawn(CLI[0], [*CLI[1:], *args], encoding="utf-8", timeout=30, dimensions=dimensions,
                          env={**os.environ, "HOME": str(home), "CONTEXTPIPE_HISTORY": str(home / "history"),
-                              **(env or {})})
+                              **(env or {})}, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """Let Ctrl-C reach the child even when the tests run where SIGINT is ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
