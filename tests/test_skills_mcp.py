@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from contextpipe import Agent, UsageError
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers.mcp import HttpServer, McpTools, StdioServer
 from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills
+from contextpipe.testing import ScriptedModel, tool_call
 
 SERVER = str(Path(__file__).parent / "fixtures" / "mcp_server.py")
 
@@ -188,10 +189,11 @@ async def test_mcp_tools_over_stdio_end_to_end() -> None:
         result = await agent.run("What is 20 + 22?")
     assert result.text == "42 it is."
     assert sorted(t.name for t in model.requests[0].tools) == ["math_add", "math_explode", "math_shout"]
-    add, explode = result.messages[1].function_results
+    by_call = {r.call_id: r for m in result.messages[1:3] for r in m.function_results}  # one message per result
+    add, explode = (by_call[c.call_id] for c in result.messages[0].function_calls)
     assert (add.result, add.is_error) == ("42", False)
     assert explode.is_error and "explode" in explode.result
-    shout = result.messages[3].function_results[0]
+    shout = result.messages[4].function_results[0]
     assert shout.is_error and "valid string" in shout.result  # the server's own validation error
     assert {t.source_id for t in result.traces[0].tools} == {"math"}
 

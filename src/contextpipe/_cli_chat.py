@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from .agent import Agent
 from .errors import ContextPipeError
-from .loop import ToolCallFinished, ToolCallStarted
+from .events import ToolCallFinished, ToolCallStarted
 from .messages import Message, Source
 from .models.base import TextDelta
 from .session import Session

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import McpError, UsageError
 from ..tools import Tool, ToolOutcome
 from .base import ContextProvider
 
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
 
 __all__ = ["HttpServer", "McpError", "McpTools", "StdioServer"]
-
-
-class McpError(UsageError):
-    """The MCP server could not be started, reached or understood."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import SkillError, UsageError
 from ..tools import Tool, ToolOutcome
 from .base import ContextProvider
 
@@ -36,10 +36,6 @@ __all__ = ["ScriptRequest", "Skill", "SkillError", "Skills"]
 
 MAX_NAME = 64
 MAX_DESCRIPTION = 1024
-
-
-class SkillError(UsageError):
-    """A skill could not be loaded (the message names the file and what is wrong with it)."""
 
 
 @dataclass(frozen=True)

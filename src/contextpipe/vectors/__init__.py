@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where
 
 if TYPE_CHECKING:
     from .embedders import HashEmbedder, LocalEmbedder, OpenAIEmbedder
+    from .pgvector import PgVectorStore
     from .stores import MemoryVectorStore, SQLiteVectorStore
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "LocalEmbedder",
     "MemoryVectorStore",
     "OpenAIEmbedder",
+    "PgVectorStore",
     "SQLiteVectorStore",
     "SearchHit",
     "VectorRecord",
@@ -102,14 +105,6 @@ async def ingest_folder(
     return total
 
 
-_LAZY = {"HashEmbedder": ".embedders", "LocalEmbedder": ".embedders", "OpenAIEmbedder": ".embedders",
-         "MemoryVectorStore": ".stores", "SQLiteVectorStore": ".stores"}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module, __name__), name)
+__getattr__ = lazy_exports(__name__, {
+    "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders", "OpenAIEmbedder": ".embedders",
+    "MemoryVectorStore": ".stores", "SQLiteVectorStore": ".stores", "PgVectorStore": ".pgvector"})
