@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, TypeVar
-
-import pydantic
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from .errors import CodecError, UsageError
+
+if TYPE_CHECKING:
+    import pydantic
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -50,7 +52,7 @@ DEFAULT_TENANT: Final = "default"
 _ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$")
 _TENANT_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-T = TypeVar("T", bound=pydantic.BaseModel)
+T = TypeVar("T", bound="pydantic.BaseModel")
 
 
 def validate_session_id(session_id: str) -> str:
@@ -97,8 +99,11 @@ class Session:
     def state_to_json(self) -> dict[str, Any]:
         """Return `state` as plain JSON data (pydantic models dumped)."""
         out: dict[str, Any] = {}
+        # A pydantic model can be in the state only once pydantic is imported (it is loaded lazily).
+        model_type = getattr(sys.modules.get("pydantic"), "BaseModel", None)
         for key, value in self.state.items():
-            out[key] = value.model_dump(mode="json") if isinstance(value, pydantic.BaseModel) else value
+            out[key] = value.model_dump(mode="json") if model_type is not None and isinstance(value, model_type) \
+                else value
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,6 +178,8 @@ class ProviderState(Generic[T]):
         if raw is None:
             value = self._initial(session)
         else:
+            import pydantic  # already imported: `model` is a pydantic model
+
             try:
                 value = self.model.model_validate(raw)
             except pydantic.ValidationError as exc:

@@ -150,7 +150,14 @@ def make_page(backend: str, tenant: str, session_id: str, end: int, after: int |
     past it. Sequences are contiguous from 1, so older messages exist exactly when the page does
     not start at 1.
     """
-    messages = [decode_message(backend, tenant, session_id, int(seq), body, mid) for seq, mid, body in rows]
+    try:
+        decoded = [loads(body) for _, _, body in rows]
+    except CodecError:
+        decoded = None
+    if decoded is None or any(mid is not None and m.id != mid for m, (_, mid, _) in zip(decoded, rows, strict=True)):
+        # Name the first record that cannot be read (the fast path above does not say which).
+        decoded = [decode_message(backend, tenant, session_id, int(seq), body, mid) for seq, mid, body in rows]
+    messages = decoded
     first = int(rows[0][0]) if rows else max(end, after or 0) + 1
     return MessagePage(messages, first, first > 1)
 

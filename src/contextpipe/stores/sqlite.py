@@ -533,7 +533,7 @@ class SQLiteStore(SessionStore):
         """Return a vector store in the same database file (deleting a session deletes its memories too)."""
         from ..vectors.stores import SQLiteVectorStore
 
-        return SQLiteVectorStore(self.path)
+        return SQLiteVectorStore(self.path, synchronous=self._synchronous)
 
     @override
     async def close(self) -> None:
