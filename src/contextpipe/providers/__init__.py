@@ -10,7 +10,7 @@ from .facts import FactMemory
 from .history import History
 from .memory import SemanticMemory
 from .search import SearchResult, TextSearch
-from .skills import Skill, Skills
+from .skills import ScriptRequest, Skill, SkillProblem, Skills
 
 if TYPE_CHECKING:
     from .mcp import HttpServer, McpTools, StdioServer
@@ -24,9 +24,11 @@ __all__ = [
     "HttpServer",
     "McpTools",
     "MessageFilter",
+    "ScriptRequest",
     "SearchResult",
     "SemanticMemory",
     "Skill",
+    "SkillProblem",
     "Skills",
     "StdioServer",
     "TextSearch",
