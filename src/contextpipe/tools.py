@@ -36,6 +36,7 @@ from typing import Any, Final, Literal, overload
 import pydantic
 
 from .errors import UsageError
+from .messages import DataPart, UriPart
 
 __all__ = ["Tool", "ToolOutcome", "ToolSpec", "tool"]
 
@@ -62,6 +63,8 @@ class ToolOutcome:
     """The tool's return value as text, or an error message that says what went wrong."""
     is_error: bool = False
     """True when the arguments were invalid, the tool raised, or it timed out."""
+    parts: tuple[DataPart | UriPart, ...] = ()
+    """Images, audio or files the tool returned besides its text (an MCP tool's image, for example)."""
 
 
 class Tool:
