@@ -251,7 +251,7 @@ class Agent:
         store = self.store
         spans = Spans(self.telemetry, self.name)
         if spans.tracer is not None:
-            spans.start_run(session.id if session is not None else None, self.model.name)
+            spans.start_run(session.id if session is not None else None, self.model)
         run_error: BaseException | None = None
         try:
             if session is not None:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from . import _semconv
 from .errors import ModelResponseError
 from .invariants import check_messages
 from .messages import FunctionCall, FunctionResult, Message, Source
@@ -320,33 +321,13 @@ class StepLoop:
 
     def _start_chat_span(self, request: ModelRequest) -> Any:
         spans = self.ctx.spans
-        settings = request.settings
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat", "gen_ai.request.model": self.model.name,
-            "gen_ai.provider.name": getattr(self.model, "provider", None) or type(self.model).__name__,
-        }
-        for key, attr in (("temperature", "gen_ai.request.temperature"),
-                          ("max_output_tokens", "gen_ai.request.max_tokens"), ("seed", "gen_ai.request.seed")):
-            if key in settings:
-                attributes[attr] = settings[key]  # type: ignore[literal-required]
-        if spans.capture:
-            attributes["gen_ai.input.messages"] = spans.content(request.messages)
-            if request.instructions:
-                attributes["gen_ai.system_instructions"] = request.instructions
+        attributes = _semconv.chat_request_attributes(self.model, self.model.name, request.settings, request.messages,
+                                                      request.instructions, spans.capture)
         return spans.start(f"chat {self.model.name}", attributes, kind="CLIENT")
 
     def _end_chat_span(self, span: Any, response: ModelResponse) -> None:
-        if span is None:
-            return
-        usage = response.usage
-        if self.ctx.spans.capture:
-            span.set_attribute("gen_ai.output.messages", self.ctx.spans.content(response.messages))
-        Spans.end(span, None, **{
-            "gen_ai.response.model": response.model,
-            "gen_ai.response.finish_reasons": [response.finish_reason] if response.finish_reason else None,
-            "gen_ai.usage.input_tokens": usage.input_tokens if usage else None,
-            "gen_ai.usage.output_tokens": usage.output_tokens if usage else None,
-        })
+        if span is not None:
+            Spans.end(span, None, **_semconv.chat_response_attributes(response, self.ctx.spans.capture))
 
     def _check(self, request: ModelRequest) -> None:
         """Refuse to send a broken request (see `contextpipe.invariants`); remember what was sent."""

@@ -16,14 +16,13 @@ are ``contextpipe.before_run {source_id}`` and ``contextpipe.after_run {source_i
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .messages import Message, message_to_dict
+from . import _semconv
 
 __all__ = ["Telemetry"]
 
@@ -74,9 +73,9 @@ class Spans:
         return self.tracer.start_span(name, context=self._context(parent if parent is not None else self.root),
                                       kind=getattr(SpanKind, kind), attributes=attributes)
 
-    def start_run(self, session_id: str | None, model: str) -> None:
+    def start_run(self, session_id: str | None, model: Any) -> None:
         attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.agent_name,
-                                      "gen_ai.request.model": model}
+                                      "gen_ai.request.model": model.name, **_semconv.agent_attributes(model)}
         if session_id is not None:
             attributes["gen_ai.conversation.id"] = session_id
         self.root = self.start(f"invoke_agent {self.agent_name}", attributes)
@@ -91,7 +90,7 @@ class Spans:
         if error is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_attribute("error.type", _semconv.error_type(error))
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         span.end()
@@ -111,4 +110,4 @@ class Spans:
             context.detach(token)
 
     def content(self, messages: Any) -> str:
-        return json.dumps([message_to_dict(m) for m in messages if isinstance(m, Message)], ensure_ascii=False)
+        return _semconv.input_messages(messages)
