@@ -141,15 +141,27 @@ def _split_span(text: str, start: int, end: int, limit: int, count: Callable[[st
         return _split_span(text, start, end, limit, count, rest)
     out: list[tuple[int, int]] = []
     current: tuple[int, int] | None = None
-    for piece in pieces:
-        if current is not None and count(text[current[0]:piece[1]].strip()) <= limit:
-            current = (current[0], piece[1])
-            continue
-        if current is not None:
+    current_tokens = 0
+
+    def flush() -> None:
+        if current is None:
+            return
+        # Pieces were counted one by one; the joined text is checked once (and cut finer if merging tokens
+        # across a boundary made it longer).
+        first, last = _trim(text, *current)
+        if first < last and count(text[first:last]) <= limit:
+            out.append((first, last))
+        else:
             out.extend(_split_span(text, *current, limit, count, rest))
-        current = piece
-    if current is not None:
-        out.extend(_split_span(text, *current, limit, count, rest))
+
+    for piece in pieces:
+        tokens = count(text[piece[0]:piece[1]])
+        if current is not None and current_tokens + tokens <= limit:
+            current, current_tokens = (current[0], piece[1]), current_tokens + tokens
+            continue
+        flush()
+        current, current_tokens = piece, tokens
+    flush()
     return out
 
 
@@ -175,16 +187,22 @@ def chunk_markdown(text: str, *, max_tokens: int = 256, tokenizer: Tokenizer | N
             chunks.append(Chunk(text[start:end], heading, start, end))
         group.clear()
 
+    group_tokens = 0
     for block in _blocks(text, markdown):
+        tokens = count(text[block.start:block.end])
         if block.is_heading and any(not b.is_heading for b in group):
             flush()  # a heading starts a new section: chunks never mix two sections
-        if group and count(text[group[0].start:block.end].strip()) > max_tokens:
+            group_tokens = 0
+        if group and group_tokens + tokens > max_tokens:
             if all(b.is_heading for b in group) and not block.is_heading:
                 group.append(block)  # keep the headings with the first part of their section
                 flush()
+                group_tokens = 0
                 continue
             flush()
+            group_tokens = 0
         group.append(block)
+        group_tokens += tokens
     flush()
     return chunks
 
