@@ -142,7 +142,7 @@ async def test_images_and_audio_become_data_parts() -> None:
         sound = await tools["sound"].invoke("{}")
     [png] = picture.parts
     assert isinstance(png, DataPart) and png.media_type == "image/png" and png.data.startswith(b"\x89PNG")
-    assert picture.result.startswith("A red pixel.\n[image: image/png, ") and "bytes, attached]" in picture.result
+    assert picture.result.startswith("A red pixel.\n[image: image/png, ") and picture.result.endswith(" bytes]")
     [wav] = sound.parts
     assert isinstance(wav, DataPart) and wav.media_type == "audio/wav" and wav.data.startswith(b"RIFF")
 
@@ -241,3 +241,14 @@ async def test_real_mcp_server_git(repo: Path) -> None:
     assert not log.is_error and "Add the release notes" in log.result and "Ada" in log.result
     assert not status.is_error and "draft.md" in status.result
     assert tools["git_git_status"].idempotent and not tools["git_git_commit"].idempotent
+
+
+async def test_tool_names_that_clash_or_are_too_long_are_mapped_apart() -> None:
+    odd = str(Path(__file__).parent / "fixtures" / "mcp_odd_server.py")
+    async with McpTools(StdioServer(sys.executable, [odd])) as mcp:
+        tools = {t.name: t for t in await mcp.tools()}
+        outcomes = {name: await t.invoke('{"text": "hi"}') for name, t in tools.items()}
+    assert len(tools) == 3 and "weird_name_v2" in tools and all(len(n) <= 64 for n in tools)
+    assert sorted(o.result for o in outcomes.values()) == sorted(
+        ["weird.name/v2: hi", "weird_name_v2: hi", f"{'x' * 80}: hi"])  # each called by its server name
+    assert mcp.problems == []

@@ -507,7 +507,7 @@ def _content(item: Any, texts: list[str], parts: list[DataPart | UriPart]) -> No
         parts.append(DataPart(raw, media))
         label = kind if kind in ("image", "audio") else "file"
         where = f" {item.uri}" if getattr(item, "uri", None) else ""
-        texts.append(f"[{label}{where}: {media}, {len(raw)} bytes, attached]")
+        texts.append(f"[{label}{where}: {media}, {len(raw)} bytes]")
         return
     if kind == "resource":
         _content(item.resource, texts, parts)
