@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contextpipe import Agent, ContextPipeError
 from contextpipe.messages import DataPart
@@ -252,3 +255,8 @@ async def test_tool_names_that_clash_or_are_too_long_are_mapped_apart() -> None:
     assert sorted(o.result for o in outcomes.values()) == sorted(
         ["weird.name/v2: hi", "weird_name_v2: hi", f"{'x' * 80}: hi"])  # each called by its server name
     assert mcp.problems == []
+
+
+@given(st.text(max_size=20), st.text(min_size=1, max_size=120))
+def test_every_mapped_tool_name_is_accepted_by_model_apis(prefix: str, remote: str) -> None:
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", model_tool_name(prefix, remote))

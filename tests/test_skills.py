@@ -459,3 +459,16 @@ def test_a_file_growing_after_the_check_is_never_served_over_the_limit(
     outcomes = [skills._read_file(skill, "log.txt") for _ in range(2000)]
     assert all(len(o.result) <= 10_000 for o in outcomes if not o.is_error)
     assert any(o.is_error and "over the 10000-byte limit" in o.result for o in outcomes) or sys.platform != "linux"
+
+
+async def test_executable_scripts_run_from_their_handle_and_long_listings_say_so(tmp_path: Path) -> None:
+    folder = write_skill(tmp_path, "tools", "name: tools\ndescription: Many files.",
+                         files={f"data/{i:03}.txt": "x" for i in range(205)})
+    (folder / "scripts").mkdir()
+    (folder / "scripts" / "hello").write_text("#!/bin/sh\necho \"hello $1\"\n")
+    (folder / "scripts" / "hello").chmod(0o755)
+    skills = Skills(tmp_path, allow_scripts=True, approve=lambda r: True, script_timeout=20)
+    ran = await invoke(skills, "run_skill_script", skill="tools", path="scripts/hello", args=["there"])
+    assert ran.result == "exit code 0\nhello there\n"
+    listing = (await invoke(skills, "load_skill", name="tools")).result
+    assert listing.count("\n- data/") == 200 and "(more files not listed: only the first 200 are shown)" in listing

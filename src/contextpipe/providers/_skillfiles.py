@@ -174,24 +174,32 @@ def media_type(name: str, is_text: bool) -> str:
     return guessed or ("text/plain" if is_text else "application/octet-stream")
 
 
-def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> list[FileInfo]:
-    """List the regular files under `dir_fd` (symlinks and ``SKILL.md`` left out), sniffing text or binary."""
+def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> tuple[list[FileInfo], bool]:
+    """List the regular files under `dir_fd` (symlinks and ``SKILL.md`` left out), sniffing text or binary.
+
+    Returns the files and whether there were more than `max_files` (or folders deeper than `max_depth`).
+    """
     found: list[FileInfo] = []
+    more = False
 
     def walk(fd: int, prefix: str, depth: int) -> None:
+        nonlocal more
         try:
             entries = sorted(os.listdir(fd))
         except OSError:
             return
         for name in entries:
             if len(found) >= max_files:
+                more = True
                 return
             rel = f"{prefix}{name}"
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISDIR(st.st_mode) and depth < max_depth:
+            if stat.S_ISDIR(st.st_mode) and depth >= max_depth:
+                more = True
+            elif stat.S_ISDIR(st.st_mode):
                 try:
                     sub = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
                 except OSError:
@@ -209,4 +217,4 @@ def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> list
                 found.append(FileInfo(rel, size, media_type(name, text), text))
 
     walk(dir_fd, "", 0)
-    return found
+    return found, more

@@ -483,10 +483,12 @@ class Skills(ContextProvider):
         except OSError:
             return ""
         with files.opened(dir_fd):
-            found = files.list_files(dir_fd)
+            found, more = files.list_files(dir_fd)
         if not found:
             return ""
         lines = [f"- {f.describe(self.max_resource_bytes)}" for f in found]
+        if more:
+            lines.append(f"- (more files not listed: only the first {len(found)} are shown)")
         return "\n\nFiles of this skill (read the text ones with read_skill_resource):\n" + "\n".join(lines)
 
     def _read_file(self, skill: Skill, rel: str) -> ToolOutcome:
