@@ -33,6 +33,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,7 @@ class Skills(ContextProvider):
         self._parsed: dict[Path, tuple[tuple[int, int, int], Skill | None, list[SkillProblem]]] = {}
         self._problems: list[SkillProblem] = []
         self._logged: set[str] = set()
+        self._lock = threading.Lock()  # runs in parallel scan from worker threads
         self.catalog()
 
     @property
@@ -300,6 +302,10 @@ class Skills(ContextProvider):
 
         Skills that cannot be loaded are left out and reported in `problems` (and logged once).
         """
+        with self._lock:
+            return self._scan()
+
+    def _scan(self) -> list[Skill]:
         found: list[Skill] = list(self._code_skills)
         seen: dict[str, object] = {s.name: "a skill defined in code" for s in found}
         problems: list[SkillProblem] = []
