@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import UsageError
@@ -102,6 +102,7 @@ markdown_lines = st.one_of(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(markdown_lines, max_size=40), st.integers(8, 200))
+@example(["0:0:\x1f\U00010000"], 8)  # a cut inside a word ending in a whitespace control character
 def test_chunks_cover_the_text_and_none_is_over_the_limit(lines: list[str], limit: int) -> None:
     text = "\n".join(lines)
     check_invariants(text, chunk_markdown(text, max_tokens=limit, tokenizer=TOKENIZER), limit)

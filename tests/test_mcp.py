@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from contextpipe import Agent, ContextPipeError
 from contextpipe.messages import DataPart
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers.mcp import HttpServer, McpError, McpTools, StdioServer, model_tool_name
+from contextpipe.testing import ScriptedModel, tool_call
 
 SERVER = str(Path(__file__).parent / "fixtures" / "mcp_server.py")
 

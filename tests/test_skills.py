@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from contextpipe import Agent, UsageError
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills
+from contextpipe.testing import ScriptedModel, tool_call
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
 

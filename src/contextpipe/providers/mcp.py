@@ -275,30 +275,19 @@ class McpTools(ContextProvider):
         except ImportError:
             ready.set_exception(UsageError('McpTools needs the mcp package: pip install "contextpipe[mcp]"'))
             return
-        error: McpError | None = None
+        error = McpError(f"MCP server {self._describe()} was closed")
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
                 session = await stack.enter_async_context(ClientSession(read, write,
                                                                         message_handler=self._on_message))
-                initialized = await session.initialize()
-                capabilities = initialized.capabilities
-                listener = None
-                tools_cap = getattr(capabilities, "tools", None)
-                if tools_cap is not None and getattr(tools_cap, "list_changed", getattr(tools_cap, "listChanged",
-                                                                                         None)):
-                    listener = asyncio.create_task(self._listen(session))
+                capabilities = (await session.initialize()).capabilities
+                tools = getattr(capabilities, "tools", None)
+                changes = _field(tools, "list_changed", "listChanged")
+                listener = asyncio.create_task(self._listen(session)) if changes else None
                 ready.set_result(capabilities)
                 try:
-                    while (op := await queue.get()) is not None:
-                        try:
-                            result = await asyncio.wait_for(op.run(session), timeout=self.call_timeout)
-                        except Exception as exc:
-                            if not op.done.done():
-                                op.done.set_exception(exc)
-                        else:
-                            if not op.done.done():
-                                op.done.set_result(result)
+                    await self._answer(session, queue)
                 finally:
                     if listener is not None:
                         listener.cancel()
@@ -309,14 +298,24 @@ class McpTools(ContextProvider):
                 await asyncio.to_thread(self._stderr_thread.join, 2.0)
             error = McpError(f"MCP server {self._describe()} failed: {_cause(exc)}{self._stderr_tail()}")
             error.__cause__ = exc
-        if error is None:
-            error = McpError(f"MCP server {self._describe()} was closed")
         if not ready.done():
             ready.set_exception(error)
         while not queue.empty():
             pending = queue.get_nowait()
             if pending is not None and not pending.done.done():
                 pending.done.set_exception(error)
+
+    async def _answer(self, session: Any, queue: asyncio.Queue[_Op | None]) -> None:
+        """Run queued requests on the session, one at a time, until `None` arrives."""
+        while (op := await queue.get()) is not None:
+            try:
+                result = await asyncio.wait_for(op.run(session), timeout=self.call_timeout)
+            except Exception as exc:
+                if not op.done.done():
+                    op.done.set_exception(exc)
+            else:
+                if not op.done.done():
+                    op.done.set_result(result)
 
     async def _on_message(self, message: Any) -> None:
         """Session notifications: a changed tool list makes the next run list the tools again."""

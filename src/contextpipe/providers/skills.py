@@ -154,9 +154,25 @@ def parse_skill(text: str, path: Path, folder: str | None = None) -> tuple[Skill
 
 
 def _parse(text: str, path: Path, folder: str | None, problems: list[SkillProblem]) -> Skill:
+    front, body = _front_matter(text.removeprefix("\ufeff"))
+    name, description = _identity(front, folder)
+
+    def note(message: str) -> None:
+        problems.append(SkillProblem(path, message, skipped=False))
+
+    description = _limited(description, "the description", MAX_DESCRIPTION, note)
+    compatibility = _optional_text(front, "compatibility", note)
+    if compatibility is not None:
+        compatibility = _limited(compatibility, "'compatibility'", MAX_COMPATIBILITY, note)
+    extra = {k: v for k, v in front.items() if k not in SPEC_FIELDS}
+    return Skill(name, description, body, path.parent, {}, _optional_text(front, "license", note), compatibility,
+                 _allowed_tools(front.get("allowed-tools"), note), _metadata(front.get("metadata"), note), extra)
+
+
+def _front_matter(text: str) -> tuple[dict[Any, Any], str]:
+    """Split ``SKILL.md`` into its YAML front matter (a mapping) and its body."""
     import yaml
 
-    text = text.removeprefix("\ufeff")
     match = _FRONT_RE.match(text)
     if match is None:
         if not text.startswith("---"):
@@ -168,55 +184,58 @@ def _parse(text: str, path: Path, folder: str | None, problems: list[SkillProble
         raise _Skip(f"the YAML front matter is invalid: {exc}") from None
     if not isinstance(front, dict):
         raise _Skip("the front matter must be a YAML mapping with 'name' and 'description'")
+    return front, text[match.end():].lstrip("\r\n")
+
+
+def _identity(front: dict[Any, Any], folder: str | None) -> tuple[str, str]:
+    """Return the required ``name`` (valid, and the folder's name) and ``description``."""
     name, description = front.get("name"), front.get("description")
-    missing = [k for k, v in (("name", name), ("description", description)) if not isinstance(v, str) or not v.strip()]
-    if missing:
+    if not isinstance(name, str) or not name.strip() or not isinstance(description, str) or not description.strip():
+        missing = [k for k, v in (("name", name), ("description", description))
+                   if not isinstance(v, str) or not v.strip()]
         raise _Skip(f"front matter needs a non-empty {' and '.join(repr(m) for m in missing)} (text)")
-    assert isinstance(name, str)
-    assert isinstance(description, str)
     if (why := name_problem(name)) is not None:
         raise _Skip(why)
     if folder is not None and name != folder:
         raise _Skip(f"the name {name!r} must be the name of the skill's folder ({folder!r}): rename one of them")
+    return name, description.strip()
 
-    def note(message: str) -> None:
-        problems.append(SkillProblem(path, message, skipped=False))
 
-    description = description.strip()
-    if len(description) > MAX_DESCRIPTION:
-        note(f"the description is {len(description)} characters, over the {MAX_DESCRIPTION} allowed; "
-             f"it was cut to {MAX_DESCRIPTION}")
-        description = _cut(description, MAX_DESCRIPTION)
-    license_ = _optional_text(front, "license", note)
-    compatibility = _optional_text(front, "compatibility", note)
-    if compatibility is not None and len(compatibility) > MAX_COMPATIBILITY:
-        note(f"'compatibility' is {len(compatibility)} characters, over the {MAX_COMPATIBILITY} allowed; "
-             f"it was cut to {MAX_COMPATIBILITY}")
-        compatibility = _cut(compatibility, MAX_COMPATIBILITY)
+def _limited(text: str, what: str, limit: int, note: Callable[[str], None]) -> str:
+    if len(text) <= limit:
+        return text
+    note(f"{what} is {len(text)} characters, over the {limit} allowed; it was cut to {limit}")
+    return _cut(text, limit)
+
+
+def _metadata(raw: Any, note: Callable[[str], None]) -> dict[str, str]:
+    """Return the spec's ``metadata``: a map of strings (numbers and booleans as text; anything else left out)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        note(f"'metadata' must be a map of strings to strings, not a {type(raw).__name__}; it was left out")
+        return {}
     metadata: dict[str, str] = {}
-    raw_metadata = front.get("metadata")
-    if isinstance(raw_metadata, dict):
-        for key, value in raw_metadata.items():
-            if isinstance(value, bool):
-                metadata[str(key)] = "true" if value else "false"
-            elif isinstance(value, str | int | float):
-                metadata[str(key)] = str(value)
-            else:
-                note(f"'metadata.{key}' must be a string, not a {type(value).__name__}; it was left out")
-    elif raw_metadata is not None:
-        note(f"'metadata' must be a map of strings to strings, not a {type(raw_metadata).__name__}; it was left out")
-    allowed: tuple[str, ...] = ()
-    raw_allowed = front.get("allowed-tools")
-    if isinstance(raw_allowed, str):
-        allowed = tuple(raw_allowed.split())
-    elif isinstance(raw_allowed, list) and all(isinstance(t, str) for t in raw_allowed):
-        allowed = tuple(raw_allowed)
-    elif raw_allowed is not None:
-        note(f"'allowed-tools' must be a space-separated string of tool names, not a {type(raw_allowed).__name__}; "
+    for key, value in raw.items():
+        if isinstance(value, bool):
+            metadata[str(key)] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            metadata[str(key)] = str(value)
+        else:
+            note(f"'metadata.{key}' must be a string, not a {type(value).__name__}; it was left out")
+    return metadata
+
+
+def _allowed_tools(raw: Any, note: Callable[[str], None]) -> tuple[str, ...]:
+    """Return the spec's ``allowed-tools``: a space-separated string (a YAML list of strings is accepted too)."""
+    if isinstance(raw, str):
+        return tuple(raw.split())
+    if isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+        return tuple(raw)
+    if raw is not None:
+        note(f"'allowed-tools' must be a space-separated string of tool names, not a {type(raw).__name__}; "
              "it was left out")
-    body = text[match.end():].lstrip("\r\n")
-    extra = {k: v for k, v in front.items() if k not in SPEC_FIELDS}
-    return Skill(name, description, body, path.parent, {}, license_, compatibility, allowed, metadata, extra)
+    return ()
 
 
 def _optional_text(front: dict[Any, Any], key: str, note: Callable[[str], None]) -> str | None:
@@ -317,27 +336,14 @@ class Skills(ContextProvider):
                 problems.append(SkillProblem(root, f"the skills folder cannot be read ({exc.strerror})", True))
                 continue
             for entry in entries:
-                folder = root / entry.name
-                if entry.is_symlink() and not self.follow_symlinks:
-                    if entry.is_dir():
-                        problems.append(SkillProblem(folder, "the skill folder is a symbolic link, which is not "
-                                                     "followed (pass follow_symlinks=True to allow it)", True))
-                    continue
-                if not entry.is_dir():
-                    continue
-                skill_md = folder / "SKILL.md"
-                skill, found_problems = self._load(root, entry.name)
-                if skill is None and not found_problems:
-                    continue  # a folder without SKILL.md is not a skill
-                live.add(skill_md)
-                problems.extend(found_problems)
+                skill = self._entry(root, entry, problems, live)
                 if skill is None:
                     continue
                 if skill.name in seen:
-                    problems.append(SkillProblem(skill_md, f"the name {skill.name!r} is already used by "
-                                                 f"{seen[skill.name]}", True))
+                    problems.append(SkillProblem(root / entry.name / "SKILL.md", f"the name {skill.name!r} is "
+                                                 f"already used by {seen[skill.name]}", True))
                     continue
-                seen[skill.name] = skill_md
+                seen[skill.name] = root / entry.name / "SKILL.md"
                 found.append(skill)
         for gone in set(self._parsed) - live:
             del self._parsed[gone]
@@ -347,6 +353,22 @@ class Skills(ContextProvider):
                 logger.warning("%s", problem)
         self._logged = {str(p) for p in problems}
         return found
+
+    def _entry(self, root: Path, entry: os.DirEntry[str], problems: list[SkillProblem],
+               live: set[Path]) -> Skill | None:
+        """Load the skill in one entry of a skills folder (None: not a skill, or reported in `problems`)."""
+        if entry.is_symlink() and not self.follow_symlinks:
+            if entry.is_dir():
+                problems.append(SkillProblem(root / entry.name, "the skill folder is a symbolic link, which is not "
+                                             "followed (pass follow_symlinks=True to allow it)", True))
+            return None
+        if not entry.is_dir():
+            return None
+        skill, found_problems = self._load(root, entry.name)
+        if skill is not None or found_problems:  # a folder without SKILL.md is not a skill
+            live.add(root / entry.name / "SKILL.md")
+        problems.extend(found_problems)
+        return skill
 
     def _load(self, root: Path, name: str) -> tuple[Skill | None, list[SkillProblem]]:
         """Read and parse ``root/name/SKILL.md`` (cached by inode, size and mtime)."""

@@ -54,54 +54,67 @@ class _Block:
     is_heading: bool
 
 
+class _Scanner:
+    """Cuts a document into headings, fenced code blocks and paragraphs (runs of non-blank lines)."""
+
+    def __init__(self, markdown: bool) -> None:
+        self.markdown = markdown
+        self.blocks: list[_Block] = []
+        self.path: list[tuple[int, str]] = []
+        self.paragraph: int | None = None
+        self.fence: str | None = None
+        self.fence_start = 0
+
+    def heading(self) -> tuple[str, ...]:
+        return tuple(title for _, title in self.path)
+
+    def close_paragraph(self, end: int) -> None:
+        if self.paragraph is not None:
+            self.blocks.append(_Block(self.paragraph, end, self.heading(), False))
+            self.paragraph = None
+
+    def line(self, stripped: str, start: int, end: int) -> None:
+        if self.fence is not None:
+            marker = _FENCE_RE.match(stripped)
+            if marker and _closes(marker.group(1), self.fence, stripped):
+                self.blocks.append(_Block(self.fence_start, end, self.heading(), False))
+                self.fence = None
+            return
+        if self.markdown and (marker := _FENCE_RE.match(stripped)):
+            self.close_paragraph(start)
+            self.fence, self.fence_start = marker.group(1), start
+        elif self.markdown and (match := _HEADING_RE.fullmatch(stripped)):
+            self.close_paragraph(start)
+            level, title = len(match.group(1)), (match.group(2) or "").strip()
+            while self.path and self.path[-1][0] >= level:
+                self.path.pop()
+            self.path.append((level, title))
+            self.blocks.append(_Block(start, end, self.heading(), True))
+        elif not stripped.strip():
+            self.close_paragraph(start)
+        elif self.paragraph is None:
+            self.paragraph = start
+
+    def finish(self, end: int) -> list[_Block]:
+        if self.fence is not None:  # an unclosed fence runs to the end of the document
+            self.blocks.append(_Block(self.fence_start, end, self.heading(), False))
+        self.close_paragraph(end)
+        return self.blocks
+
+
+def _closes(marker: str, fence: str, line: str) -> bool:
+    """Whether a fence `marker` line closes the block opened by `fence` (same character, at least as long)."""
+    return marker[0] == fence[0] and len(marker) >= len(fence) and not line.strip()[len(marker):].strip()
+
+
 def _blocks(text: str, markdown: bool) -> list[_Block]:
-    """Cut `text` into headings, fenced code blocks and paragraphs (runs of non-blank lines)."""
-    blocks: list[_Block] = []
-    path: list[tuple[int, str]] = []
-    para_start: int | None = None
-    fence: str | None = None
-    fence_start = 0
+    """Cut `text` into headings, fenced code blocks and paragraphs, with the heading path of each."""
+    scanner = _Scanner(markdown)
     pos = 0
-
-    def heading() -> tuple[str, ...]:
-        return tuple(title for _, title in path)
-
-    def close_paragraph(end: int) -> None:
-        nonlocal para_start
-        if para_start is not None:
-            blocks.append(_Block(para_start, end, heading(), False))
-            para_start = None
-
     for line in text.splitlines(keepends=True):
         start, pos = pos, pos + len(line)
-        stripped = line.rstrip("\r\n")
-        if fence is not None:
-            marker = _FENCE_RE.match(stripped)
-            if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence) \
-                    and not stripped.strip()[len(marker.group(1)):].strip():
-                blocks.append(_Block(fence_start, pos, heading(), False))
-                fence = None
-            continue
-        if markdown and (marker := _FENCE_RE.match(stripped)):
-            close_paragraph(start)
-            fence, fence_start = marker.group(1), start
-            continue
-        if markdown and (match := _HEADING_RE.fullmatch(stripped)):
-            close_paragraph(start)
-            level, title = len(match.group(1)), (match.group(2) or "").strip()
-            while path and path[-1][0] >= level:
-                path.pop()
-            path.append((level, title))
-            blocks.append(_Block(start, pos, heading(), True))
-            continue
-        if not stripped.strip():
-            close_paragraph(start)
-        elif para_start is None:
-            para_start = start
-    if fence is not None:
-        blocks.append(_Block(fence_start, pos, heading(), False))
-    close_paragraph(pos)
-    return blocks
+        scanner.line(line.rstrip("\r\n"), start, pos)
+    return scanner.finish(pos)
 
 
 def _trim(text: str, start: int, end: int) -> tuple[int, int]:
@@ -128,7 +141,8 @@ def _split_span(text: str, start: int, end: int, limit: int, count: Callable[[st
                 low = mid
             else:
                 high = mid - 1
-        return [(start, low), *_split_span(text, low, end, limit, count, ())]
+        first, last = _trim(text, start, low)
+        return [(first, last), *_split_span(text, low, end, limit, count, ())]
     sep, rest = separators[0], separators[1:]
     pieces: list[tuple[int, int]] = []
     cursor = start
