@@ -35,6 +35,7 @@ INFERENCE = COMMON | {
     "gen_ai.request.top_k", "gen_ai.request.top_p", "gen_ai.response.finish_reasons", "gen_ai.response.id",
     "gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
     "gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.reasoning.output_tokens",
     "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions", "gen_ai.tool.definitions",
 }
 ALLOWED = {

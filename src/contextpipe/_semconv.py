@@ -186,6 +186,11 @@ def chat_response_attributes(response: Any, capture: bool) -> dict[str, Any]:
         "gen_ai.usage.input_tokens": usage.input_tokens if usage else None,
         "gen_ai.usage.output_tokens": usage.output_tokens if usage else None,
     }
+    for field, attr in (("cache_read_tokens", "gen_ai.usage.cache_read.input_tokens"),
+                        ("cache_write_tokens", "gen_ai.usage.cache_creation.input_tokens"),
+                        ("reasoning_tokens", "gen_ai.usage.reasoning.output_tokens")):
+        if getattr(usage, field, 0):  # reported only when the provider says (clients that know them set them)
+            attributes[attr] = getattr(usage, field)
     if capture:
         attributes["gen_ai.output.messages"] = output_messages(response.messages, response.finish_reason)
     return attributes
