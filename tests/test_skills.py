@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -13,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contextpipe import Agent, UsageError
 from contextpipe.models import ModelRequest
-from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills
+from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills, name_problem
 from contextpipe.testing import ScriptedModel, tool_call
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skills"
@@ -471,3 +474,9 @@ async def test_executable_scripts_run_from_their_handle_and_long_listings_say_so
     assert ran.result == "exit code 0\nhello there\n"
     listing = (await invoke(skills, "load_skill", name="tools")).result
     assert listing.count("\n- data/") == 200 and "(more files not listed: only the first 200 are shown)" in listing
+
+
+@given(st.text(alphabet="abcXYZ019-_ .", max_size=70))
+def test_ascii_names_are_valid_exactly_when_the_spec_pattern_matches(name: str) -> None:
+    valid = re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name) is not None and len(name) <= 64
+    assert (name_problem(name) is None) == valid
