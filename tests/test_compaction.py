@@ -33,9 +33,10 @@ from contextpipe.compaction import (
     group_messages,
 )
 from contextpipe.invariants import check_messages, tool_exchange_problem
-from contextpipe.models import ModelRequest, ModelResponse, ScriptedModel, Turn, tool_call
+from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 from contextpipe.tokens import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
@@ -372,7 +373,7 @@ async def test_calibration_is_learned_per_session_from_usage() -> None:
         await agent.run("hello", session=session)
     stored = await store.get_session("default", "cal")
     assert stored is not None
-    state = stored.state["compaction.calibration"]
+    state = stored.state["contextpipe.calibration"]  # the agent's, shared by traces and compaction
     assert state["samples"] == 3 and state["ratio"] > 1.5
 
 

@@ -20,9 +20,11 @@ from contextpipe import (
     ToolCallStarted,
     tool,
 )
-from contextpipe.models import ModelRequest, ScriptedModel, Turn, tool_call
+from contextpipe.exchanges import group_messages
+from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 from helpers import describe
 
 
@@ -42,12 +44,16 @@ async def test_parallel_tool_calls_run_concurrently() -> None:
 
     model = ScriptedModel([tool_call("meet", name="a") + tool_call("meet", name="b"), "both met"])
     result = await Agent(model, tools=[meet]).run("meet")
-    tool_message = result.messages[1]
-    assert [r.result for r in tool_message.function_results] == ["met a", "met b"]
-    assert not any(r.is_error for r in tool_message.function_results)
-    # Results answer their calls in order, in one tool message.
+    # Each result is its own tool message, saved as soon as it is produced; together they answer
+    # every call exactly once and form one tool exchange.
+    tool_messages = result.messages[1:3]
+    assert [m.role for m in tool_messages] == ["tool", "tool"]
+    results = [r for m in tool_messages for r in m.function_results]
+    assert sorted(r.result for r in results) == ["met a", "met b"]
+    assert not any(r.is_error for r in results)
     calls = result.messages[0].function_calls
-    assert [r.call_id for r in tool_message.function_results] == [c.call_id for c in calls]
+    assert sorted(r.call_id for r in results) == sorted(c.call_id for c in calls)
+    assert [g.kind for g in group_messages(result.messages)] == ["tool_exchange", "assistant"]
 
 
 async def test_max_steps_then_one_final_call_without_tools() -> None:
@@ -104,10 +110,12 @@ async def test_unknown_tool_and_bad_arguments_go_back_to_the_model() -> None:
     model = ScriptedModel([
         tool_call("cube", x=2) + tool_call("square", '{"x": two}'), tool_call("square", x=3), "9"])
     result = await Agent(model, tools=[square]).run("go")
-    first = result.messages[1].function_results
+    calls = result.messages[0].function_calls
+    by_call = {r.call_id: r for m in result.messages[1:3] for r in m.function_results}
+    first = [by_call[c.call_id] for c in calls]
     assert first[0].is_error and "no tool named 'cube'. Available tools: square." in first[0].result
     assert first[1].is_error and "not valid JSON" in first[1].result
-    assert result.messages[3].function_results[0].result == "9"
+    assert result.messages[4].function_results[0].result == "9"
     assert result.text == "9"
 
 

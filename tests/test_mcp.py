@@ -34,10 +34,11 @@ async def test_mcp_tools_over_stdio_end_to_end() -> None:
         result = await agent.run("What is 20 + 22?")
     assert result.text == "42 it is."
     assert sorted(t.name for t in model.requests[0].tools) == ["math_add", "math_explode", "math_shout"]
-    add, explode = result.messages[1].function_results
+    by_call = {r.call_id: r for m in result.messages[1:3] for r in m.function_results}  # one message per result
+    add, explode = (by_call[c.call_id] for c in result.messages[0].function_calls)
     assert (add.result, add.is_error) == ("42", False)
     assert explode.is_error and "explode" in explode.result
-    shout = result.messages[3].function_results[0]
+    shout = result.messages[4].function_results[0]
     assert shout.is_error and "valid string" in shout.result  # the server's own validation error
     assert {t.source_id for t in result.traces[0].tools} == {"math"}
 
@@ -241,7 +242,8 @@ async def test_real_mcp_server_git(repo: Path) -> None:
     async with McpTools(server, prefix="git.") as mcp:
         result = await Agent(model, providers=[mcp]).run("What happened in the repo?")
         tools = {t.name: t for t in await mcp.tools()}
-    log, status = result.messages[1].function_results
+    by_call = {r.call_id: r for m in result.messages[1:3] for r in m.function_results}  # one message per result
+    log, status = (by_call[c.call_id] for c in result.messages[0].function_calls)
     assert not log.is_error and "Add the release notes" in log.result and "Ada" in log.result
     assert not status.is_error and "draft.md" in status.result
     assert tools["git_git_status"].idempotent and not tools["git_git_commit"].idempotent

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from contextpipe import Agent, UsageError
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers import History, SearchResult, SemanticMemory, TextSearch
 from contextpipe.stores import SQLiteStore
-from contextpipe.testing import FakeOpenAIServer
+from contextpipe.testing import FakeOpenAIServer, ScriptedModel, tool_call
 from contextpipe.vectors import (
     HashEmbedder,
     MemoryVectorStore,

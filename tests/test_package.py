@@ -34,15 +34,16 @@ def test_openai_model_loads_its_sdk_on_first_use() -> None:
 
 def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
-        "Agent", "AgentStream", "CodecError", "ConcurrentUpdate", "ContextPipeError",
+        "AfterRunError", "Agent", "AgentStream", "CodecError", "ConcurrentUpdate", "ContextPipeError",
         "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "FunctionCall",
         "FunctionResult", "HistoryProvider", "LeaseLost", "Message", "ModelAuthError", "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",
         "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderError", "ProviderState", "ReasoningPart",
         "RequestInvariantError", "RunContext",
-        "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Segment", "Session",
+        "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Session",
         "SessionBusy", "Source", "StepPersisted", "StoreError", "StreamEvent", "TextDelta", "TextPart", "Tool",
-        "ToolCallFinished", "ToolCallStarted", "UnknownPart", "UriPart", "Usage", "UsageError", "__version__",
+        "ToolCallFinished", "ToolCallStarted", "UnknownPart", "McpError", "SkillError", "ReasoningDelta",
+        "StopReason", "Telemetry", "ToolOutcome", "UriPart", "Usage", "UsageError", "__version__",
         "tool",
     ])
     for name in contextpipe.__all__:

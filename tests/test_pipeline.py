@@ -20,10 +20,11 @@ from contextpipe import (
     UsageError,
     tool,
 )
-from contextpipe.models import CallModel, ModelRequest, ModelResponse, ScriptedModel
+from contextpipe.models import CallModel, ModelRequest, ModelResponse
 from contextpipe.providers import History
 from contextpipe.session import Session
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel
 from helpers import RecordingHistory, describe
 
 
@@ -218,7 +219,7 @@ async def test_before_run_failure_still_calls_after_run_of_started_providers() -
 
 
 async def test_provider_middleware_wraps_each_model_call() -> None:
-    from contextpipe.models import tool_call
+    from contextpipe.testing import tool_call
 
     calls: list[int] = []
 

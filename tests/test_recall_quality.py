@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from contextpipe import Agent
-from contextpipe.models import ModelRequest, ScriptedModel
+from contextpipe.models import ModelRequest
 from contextpipe.providers import SemanticMemory
+from contextpipe.testing import ScriptedModel
 from contextpipe.vectors import LocalEmbedder, SQLiteVectorStore, VectorRecord, VectorStore
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "recall.json").read_text(encoding="utf-8"))

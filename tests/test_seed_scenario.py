@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from contextpipe import Agent, ModelServerError, StepPersisted
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, tool_call
 from helpers import RecordingHistory, describe, get_weather_forecast, lookup_location_code
 
 ANSWER = "Sunny and 25 C: a T-shirt and a light windbreaker."

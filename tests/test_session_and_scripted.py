@@ -4,8 +4,9 @@ import pytest
 from pydantic import BaseModel
 
 from contextpipe import CodecError, Message, ProviderState, ScriptExhausted, Session, UsageError
-from contextpipe.models import ModelRequest, ScriptedModel, TextDelta, Turn, tool_call
+from contextpipe.models import ModelRequest, TextDelta
 from contextpipe.models.base import ResponseComplete
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 
 
 @pytest.mark.parametrize("bad", ["", " lead", "a" * 201, "semi;colon", "new\nline", "../etc"])

@@ -16,10 +16,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from contextpipe import Agent, ContextProvider, Message, ModelServerError, RunContext, Usage, tool
 from contextpipe.compaction import TokenBudget
-from contextpipe.models import ModelResponse, ScriptedModel, Turn, tool_call
+from contextpipe.models import ModelResponse
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import MemoryStore
 from contextpipe.telemetry import Telemetry
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 from contextpipe.tokens import REPLY_PRIMING, TiktokenTokenizer, TokenCounter
 
 
@@ -179,7 +180,7 @@ async def test_otel_marks_failures(spans: tuple[TracerProvider, InMemorySpanExpo
 
 def test_no_tracer_provider_means_no_opentelemetry_at_all() -> None:
     code = (
-        "import asyncio, sys\nfrom contextpipe import Agent\nfrom contextpipe.models import ScriptedModel\n"
+        "import asyncio, sys\nfrom contextpipe import Agent\nfrom contextpipe.testing import ScriptedModel\n"
         "asyncio.run(Agent(ScriptedModel(['hi'])).run('hello'))\n"
         "print(any(m.startswith('opentelemetry') for m in sys.modules))"
     )

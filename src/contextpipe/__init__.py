@@ -8,14 +8,16 @@ that persists every step, and a record of where each part of every prompt came f
 
 from __future__ import annotations
 
-from .agent import Agent, AgentStream, RunDone, RunResult, StreamEvent
+from .agent import Agent, AgentStream
 from .errors import (
+    AfterRunError,
     CodecError,
     ConcurrentUpdate,
     ContextPipeError,
     ContextWindowExceeded,
     CorruptRecord,
     LeaseLost,
+    McpError,
     ModelAuthError,
     ModelBadRequest,
     ModelConnectionError,
@@ -28,10 +30,22 @@ from .errors import (
     RequestInvariantError,
     ScriptExhausted,
     SessionBusy,
+    SkillError,
     StoreError,
     UsageError,
 )
-from .loop import RunLimits, StepPersisted, ToolCallFinished, ToolCallStarted
+from .events import (
+    ReasoningDelta,
+    RunDone,
+    RunResult,
+    StepPersisted,
+    StopReason,
+    StreamEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from .loop import RunLimits
 from .messages import (
     DataPart,
     FunctionCall,
@@ -43,16 +57,18 @@ from .messages import (
     UnknownPart,
     UriPart,
 )
-from .models.base import ModelSettings, TextDelta, Usage
-from .pipeline import RunContext, RunOutcome, Segment
+from .models.base import ModelSettings, Usage
+from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
 from .session import ProviderState, Session
-from .tools import Tool, tool
+from .telemetry import Telemetry
+from .tools import Tool, ToolOutcome, tool
 from .trace import PromptTrace
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AfterRunError",
     "Agent",
     "AgentStream",
     "CodecError",
@@ -66,6 +82,7 @@ __all__ = [
     "FunctionResult",
     "HistoryProvider",
     "LeaseLost",
+    "McpError",
     "Message",
     "ModelAuthError",
     "ModelBadRequest",
@@ -79,6 +96,7 @@ __all__ = [
     "ProviderError",
     "PromptTrace",
     "ProviderState",
+    "ReasoningDelta",
     "ReasoningPart",
     "RequestInvariantError",
     "RunContext",
@@ -87,18 +105,21 @@ __all__ = [
     "RunOutcome",
     "RunResult",
     "ScriptExhausted",
-    "Segment",
     "Session",
     "SessionBusy",
+    "SkillError",
     "Source",
     "StepPersisted",
+    "StopReason",
     "StoreError",
     "StreamEvent",
+    "Telemetry",
     "TextDelta",
     "TextPart",
     "Tool",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolOutcome",
     "UnknownPart",
     "UriPart",
     "Usage",

@@ -1,4 +1,9 @@
-"""`Agent`: the public face of contextpipe (`run`, `stream`, `session`)."""
+"""`Agent`: the public face of contextpipe (`run`, `stream`, `session`).
+
+A run, in order: take the session's lease (`StepWriter` then owns it), call the providers'
+`before_run` (`_hooks`), drive the `StepLoop`, call `after_run` in reverse, save the session's
+state, and give the lease back. Everything the run records goes into one `RunJournal`.
+"""
 
 from __future__ import annotations
 
@@ -10,57 +15,36 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeAlias
 
-from .errors import ProviderError, StoreError, UsageError
-from .loop import RunEvent, RunLimits, StepLoop, StopReason
+from ._hooks import run_after, run_before
+from ._persistence import Heartbeat, StepWriter
+from .errors import AfterRunError, StoreError, UsageError
+from .events import RunDone, RunResult, StreamEvent
+from .loop import RunLimits, StepLoop
 from .messages import Message, as_messages
-from .models.base import ChatModel, ModelSettings, ReasoningDelta, TextDelta, Usage
-from .pipeline import RunContext, RunOutcome, run_after, run_before
+from .models.base import ChatModel, ModelSettings
+from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
-from .session import DEFAULT_TENANT, Session, validate_session_id, validate_tenant
-from .stores.base import DEFAULT_LEASE_TTL, Lease, SessionStore
+from .session import DEFAULT_TENANT, ProviderState, Session, validate_session_id, validate_tenant
+from .stores.base import SessionStore
 from .stores.memory import MemoryStore
-from .telemetry import Spans, Telemetry
-from .tokens import TokenCounter, tokenizer_for_model
+from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
+from .tokens import Calibration, TokenCounter, Tokenizer, tokenizer_for_model
 from .tools import Tool, as_tool
-from .trace import PromptTrace
+from .trace import RunJournal
 
-__all__ = ["Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+__all__ = ["CALIBRATION", "DEFAULT_RUN_LEASE_TTL", "Agent", "AgentStream", "Heartbeat", "RunDone", "RunResult",
+           "StreamEvent"]
+
+DEFAULT_RUN_LEASE_TTL = 15.0
+"""Seconds a run's lease lives without renewal: a killed worker's session is free again after this.
+
+A live run renews it in the background every ``ttl / 3`` seconds (see `Heartbeat`), however long
+its model calls and tools take."""
 
 Persistence: TypeAlias = Literal["per_step", "per_run"]
 
-
-@dataclass(slots=True)
-class RunResult:
-    """What a run produced."""
-
-    text: str
-    """The final answer: text of the last assistant message."""
-    messages: list[Message]
-    """Messages the run produced, in order: model output and tool results."""
-    input: list[Message]
-    """The caller's input messages, as tagged and stored."""
-    usage: Usage
-    """Tokens used over all model calls, as the model reported them."""
-    traces: list[PromptTrace]
-    """One provenance record per model call: every instruction, message and tool, its source and tokens."""
-    stop_reason: StopReason
-    """``completed``, or why the tool loop was cut short (``max_steps``, ``tool_errors``)."""
-    steps: int
-    """Model calls made."""
-    session: Session | None = None
-    """The session the run used, with its updated state and version."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunDone:
-    """The last event of a stream: the run's result."""
-
-    result: RunResult
-    kind: Literal["run_done"] = "run_done"
-
-
-StreamEvent: TypeAlias = "TextDelta | ReasoningDelta | RunEvent | RunDone"
-"""Events `Agent.stream` yields; the last is always `RunDone`."""
+CALIBRATION: ProviderState[Calibration] = ProviderState("contextpipe.calibration", Calibration)
+"""Session state holding how far token estimates are off for this session's model (the agent's)."""
 
 
 class Agent:
@@ -68,7 +52,7 @@ class Agent:
 
     >>> import asyncio
     >>> from contextpipe import Agent, tool
-    >>> from contextpipe.models import ScriptedModel, tool_call
+    >>> from contextpipe.testing import ScriptedModel, tool_call
     >>> from contextpipe.providers import History
     >>> from contextpipe.stores import MemoryStore
     >>> @tool
@@ -87,6 +71,13 @@ class Agent:
     Sessions live in `store`: given, or the store of the agent's `History` provider, or a private
     in-memory store. `persistence` is ``per_step`` (save after every model call and tool result; the
     default) or ``per_run`` (save once when the run succeeds).
+
+    A run on a session holds the session's lease, `lease_ttl` seconds (15 by default) renewed in the
+    background every ``lease_ttl / 3`` (`heartbeat`) for as long as the run lives, through model
+    calls and tools of any length. If the lease is lost anyway (the session was deleted, or a
+    paused process let it expire and another worker took over), the run stops at once with
+    `LeaseLost`: in-flight tools are cancelled and nothing more is written. A killed worker's
+    session is free for another worker after at most `lease_ttl` seconds.
     """
 
     def __init__(
@@ -100,7 +91,8 @@ class Agent:
         store: SessionStore | None = None,
         limits: RunLimits | None = None,
         persistence: Persistence = "per_step",
-        lease_ttl: float = DEFAULT_LEASE_TTL,
+        lease_ttl: float = DEFAULT_RUN_LEASE_TTL,
+        heartbeat: Heartbeat | None = None,
         telemetry: Telemetry | None = None,
         store_traces: bool = False,
         name: str | None = None,
@@ -122,7 +114,12 @@ class Agent:
         if persistence not in ("per_step", "per_run"):
             raise UsageError(f"persistence must be 'per_step' or 'per_run', got {persistence!r}")
         self.persistence: Persistence = persistence
+        if lease_ttl <= 0:
+            raise UsageError(f"lease_ttl must be positive seconds, got {lease_ttl!r}")
         self.lease_ttl = lease_ttl
+        """Seconds a run's lease on its session lives without renewal (the heartbeat renews it)."""
+        self.heartbeat = heartbeat or Heartbeat()
+        """How a run keeps its lease alive in the background."""
         self.tools: dict[str, Tool] = {}
         """The agent's own tools by name."""
         for item in tools:
@@ -141,7 +138,8 @@ class Agent:
                           if isinstance(getattr(p, "store", None), SessionStore)), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
-        self._counter: TokenCounter | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._token_cache: dict[str, int] = {}
 
     def _check_providers(self) -> None:
         seen_ids: dict[str, ContextProvider] = {}
@@ -157,6 +155,8 @@ class Agent:
                 )
             seen_ids[p.source_id] = p
             for key in p.state_keys:
+                if key == CALIBRATION.key:
+                    raise UsageError(f"{p!r} uses session state key {key!r}, which the agent keeps for itself")
                 if key in seen_keys:
                     raise UsageError(
                         f"context providers {seen_keys[key]!r} and {p!r} both use session state key {key!r}; "
@@ -246,45 +246,31 @@ class Agent:
         input_messages = [] if input is None else as_messages(input)
         if not input_messages and session is None:
             raise UsageError("nothing to run: pass input, or a session to resume")
-        lease: Lease | None = None
-        ctx: RunContext | None = None
-        store = self.store
         spans = Spans(self.telemetry, self.name)
         if spans.tracer is not None:
             spans.start_run(session.id if session is not None else None, self.model)
+        writer: StepWriter | None = None
         run_error: BaseException | None = None
         try:
-            if session is not None:
-                lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
-                                                  ttl=self.lease_ttl, wait=lease_wait)
-                await self._refresh(session)
-            ctx = RunContext(
-                agent=self, session=session, input=input_messages, instructions=self.instructions,
-                tools=self.tools, settings=self.settings | settings if settings else self.settings,
-                per_step_persistence=self.persistence == "per_step", history_providers=self.history_providers,
-                store=store if session is not None else None, lease=lease, spans=spans,
-            )
-            loop = StepLoop(ctx, self.model, self.limits, stream=stream, want_events=want_events,
-                            counter=self._trace_counter)
+            writer = await self._writer(session, lease_wait)
+            ctx = self._context(session, input_messages, settings, writer)
+            loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if spans.active else self.model, self.limits,
+                            writer, stream=stream, want_events=want_events,
+                            instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if spans.active else None)
             error: BaseException | None = None
             try:
-                await run_before(self.providers, ctx)
+                await run_before(self.providers, ctx, spans, writer.guard)
                 async for event in loop.events():
                     yield event
+                await writer.save_run(ctx, loop.state.new_messages)
             except BaseException as exc:
                 error = exc
                 raise
             finally:
-                failures = await self._finish(ctx, loop, error)
-            state = loop.state
-            last = next((m for m in reversed(state.new_messages) if m.role == "assistant"), None)
-            result = RunResult(
-                text=last.text if last is not None else "", messages=state.new_messages, input=ctx.input,
-                usage=state.usage, traces=state.traces, stop_reason=state.stop_reason, steps=state.steps,
-                session=session,
-            )
+                failures = await self._finish(ctx, loop, writer, spans, error)
+            result = self._result(ctx, loop, session)
             if failures:
-                raise ProviderError(failures, result)
+                raise AfterRunError(failures, result)
             if spans.root is not None:
                 spans.root.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
                 spans.root.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
@@ -293,48 +279,81 @@ class Agent:
             run_error = exc
             raise
         finally:
-            if lease is not None:
-                await store.release_lease(ctx.lease if ctx is not None and ctx.lease is not None else lease)
+            if writer is not None:
+                await writer.release()
             Spans.end(spans.root, run_error if not isinstance(run_error, GeneratorExit) else None)
 
+    async def _writer(self, session: Session | None, lease_wait: float) -> StepWriter:
+        """Take the session's lease (if there is a session) and make the run's step writer own it."""
+        lease = None
+        if session is not None:
+            lease = await self.store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
+                                                   ttl=self.lease_ttl, wait=lease_wait)
+            writer = StepWriter(store=self.store, session=session, lease=lease,
+                                history_providers=self.history_providers, per_step=self.persistence == "per_step",
+                                heartbeat=self.heartbeat)
+            try:
+                await self._refresh(session)
+            except BaseException:
+                await writer.release()
+                raise
+            return writer
+        return StepWriter(store=self.store, session=None, lease=None, history_providers=self.history_providers,
+                          per_step=self.persistence == "per_step")
+
+    def _context(self, session: Session | None, input_messages: list[Message], settings: ModelSettings | None,
+                 writer: StepWriter) -> RunContext:
+        return RunContext(
+            session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
+            settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
+            tokens=self.token_counter(session), journal=RunJournal(), checkpoints=writer.save_checkpoint,
+        )
+
+    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
+        state = loop.state
+        last = next((m for m in reversed(state.new_messages) if m.role == "assistant"), None)
+        return RunResult(
+            text=last.text if last is not None else "", messages=state.new_messages, input=ctx.input,
+            usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
+            session=session,
+        )
+
     async def _finish(
-        self, ctx: RunContext, loop: StepLoop, error: BaseException | None
+        self, ctx: RunContext, loop: StepLoop, writer: StepWriter, spans: Spans, error: BaseException | None
     ) -> list[tuple[str, BaseException]]:
         """Call `after_run` on the started providers and save the session state.
 
         On a failed run, later failures are attached to the run's error as notes (the run's error
         is what the caller sees); on success they are returned.
         """
-        state = loop.state
-        outcome = RunOutcome(ctx, None if error is not None else state.new_messages, error)
-        before_after = len(ctx.timings)
-        failures = await run_after(self.providers[:ctx.started], ctx, outcome)
-        if state.traces:
-            last = state.traces[-1]
-            last.provider_timings = (*last.provider_timings, *ctx.timings[before_after:])
-        if ctx.session is not None:
-            session = ctx.session
-            try:
-                await self.store.save_session(session, lease=ctx.lease)
-                if self.store_traces and state.traces:
-                    await self.store.append_traces(session.tenant, session.id,
-                                                   [t.to_dict(compact_runs=True) for t in state.traces],
-                                                   lease=ctx.lease)
-            except Exception as exc:
-                if error is None:
-                    raise
-                failures.append(("session state", exc))
+        outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
+        failures = await run_after(self.providers, ctx, outcome, spans)
+        traces = ctx.journal.traces
+        if ctx.session is not None and ctx.tokens.calibration.samples:
+            ctx.session.state[CALIBRATION.key] = ctx.tokens.calibration
+        try:
+            await writer.save_session([t.to_dict(compact_runs=True) for t in traces] if self.store_traces else ())
+        except Exception as exc:
+            if error is None:
+                raise
+            failures.append(("session state", exc))
         if error is not None:
             for source_id, failure in failures:
                 error.add_note(f"also failed after the run: {source_id!r}: {type(failure).__name__}: {failure}")
             return []
         return failures
 
-    def _trace_counter(self) -> TokenCounter:
-        """Return the token counter behind traces (created on first use, its cache kept by the agent)."""
-        if self._counter is None:
-            self._counter = TokenCounter(tokenizer_for_model(self.model.name))
-        return self._counter
+    def token_counter(self, session: Session | None = None) -> TokenCounter:
+        """Return a token counter for a run on `session`.
+
+        It has the model's tokenizer, the agent's cache and the session's calibration; a run's
+        traces and its compaction both count with it.
+        """
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_for_model(self.model.name)
+        known = session is not None and CALIBRATION.key in session.state
+        calibration = CALIBRATION.get(session) if known else Calibration()
+        return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache)
 
     async def _refresh(self, session: Session) -> None:
         """Bring a stale `Session` object up to date with the store (another worker may have run)."""

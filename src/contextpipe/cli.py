@@ -23,7 +23,7 @@ from rich.table import Table
 from . import __version__
 from .agent import Agent
 from .errors import ContextPipeError
-from .loop import ToolCallFinished, ToolCallStarted
+from .events import ToolCallFinished, ToolCallStarted
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction
@@ -210,12 +210,12 @@ async def _chat(model: ChatModel, session_id: str, db: Path, tenant: str, option
                 text = await asyncio.to_thread(input, "you> ")
             except EOFError:
                 out.print()
-                return
+                break
             text = text.strip()
             if not text:
                 continue
             if text in ("/exit", "/quit"):
-                return
+                break
             out.print("[bold]assistant>[/bold] ", end="")
             try:
                 async for event in agent.stream(text, session=session):

@@ -40,9 +40,11 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal
 
 from .errors import UsageError
+from .exchanges import Group, GroupKind
+from .exchanges import group_messages as _group
 from .messages import FunctionCall, FunctionResult, Message, TextPart
 from .models.base import ChatModel, ModelRequest
 from .tokens import REPLY_PRIMING, TokenCounter
@@ -56,80 +58,39 @@ __all__ = [
     "CompactionStrategy",
     "CompactionView",
     "Group",
+    "GroupKind",
+    "SUMMARY_KEY",
     "SlidingWindow",
     "Summarize",
     "TokenBudget",
     "Trigger",
     "compact",
     "group_messages",
+    "is_summary",
+    "summary_message",
 ]
 
 _ID: Final = operator.attrgetter("id")
 
-GroupKind: TypeAlias = Literal["system", "summary", "user", "assistant", "tool_exchange", "orphan"]
 
 
-@dataclass(slots=True)
-class Group:
-    """Consecutive messages that are kept or dropped together: ``messages[start:end]``."""
+SUMMARY_KEY: Final = "summary"
+"""Metadata key marking a summary message written by compaction (``metadata={"summary": True}``)."""
 
-    kind: GroupKind
-    start: int
-    end: int
-    tokens: int = 0
-    call_ids: list[str] | None = None
-    """For a tool exchange: the ids of its calls."""
+
+def is_summary(message: Message) -> bool:
+    """Tell whether `message` is a summary that compaction wrote (it stands for older messages)."""
+    return bool(message.metadata.get(SUMMARY_KEY))
+
+
+def summary_message(text: str) -> Message:
+    """Return a summary message standing for older messages, marked so compaction recognises it."""
+    return Message.user(f"[Summary of the earlier conversation]\n{text}", metadata={SUMMARY_KEY: True})
 
 
 def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = None) -> list[Group]:
-    """Split `messages` into groups (see the module docstring); linear in the number of messages.
-
-    A result whose call is not in `messages` forms an ``orphan`` group (it may not be sent).
-    """
-    groups: list[Group] = []
-    append = groups.append
-    open_by_call: dict[str, Group] = {}
-    for i, m in enumerate(messages):
-        tokens = counts[i] if counts is not None else 0
-        parts = m.parts
-        if len(parts) == 1 and type(parts[0]) is TextPart:
-            flag = 0  # plain text: the common case, decided without looking further
-        else:
-            flag = m._tool_flag
-            if flag < 0:
-                flag = m.tool_flag
-        role = m.role
-        if flag == 0:
-            if m.metadata and m.metadata.get("summary"):
-                append(Group("summary", i, i + 1, tokens))
-            else:
-                append(Group("system" if role == "system" else "user" if role == "user" else "assistant",
-                             i, i + 1, tokens))
-            continue
-        if role == "tool" or (role != "assistant" and flag & 2):
-            owners = [open_by_call.get(p.call_id) for p in m.parts if type(p) is FunctionResult]
-            known = [g for g in owners if g is not None]
-            if not known:
-                append(Group("orphan", i, i + 1, tokens))
-                continue
-            first = min(known, key=lambda g: g.start)
-            # Merge everything from the call to this result into one group: never split an exchange.
-            while groups[-1] is not first:
-                absorbed = groups.pop()
-                first.tokens += absorbed.tokens
-                if absorbed.call_ids:
-                    assert first.call_ids is not None
-                    first.call_ids += absorbed.call_ids
-                    for cid in absorbed.call_ids:
-                        open_by_call[cid] = first
-            first.end = i + 1
-            first.tokens += tokens
-            continue
-        group = Group("tool_exchange", i, i + 1, tokens, [p.call_id for p in m.parts if type(p) is FunctionCall])
-        for cid in group.call_ids or ():
-            open_by_call[cid] = group
-        append(group)
-    return groups
+    """Split `messages` into groups (see the module docstring and `contextpipe.exchanges`)."""
+    return _group(messages, counts, is_summary=is_summary)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +401,7 @@ class Summarize(CompactionStrategy):
             return
         view.drop(self.name, too_old, f"beyond the summariser's input cap of {self.max_input_tokens} tokens")
         chosen_ids = {m.id for m in chosen_messages}
-        summary = Message.user(f"[Summary of the earlier conversation]\n{text}", metadata={"summary": True})
+        summary = summary_message(text)
         keep: list[Message] = []
         summarised: list[str] = []
         for m in view.messages:

@@ -22,14 +22,14 @@ from collections.abc import Callable
 
 from .agent import Agent, RunResult
 from .compaction import TokenBudget
-from .loop import StepPersisted
+from .events import StepPersisted
 from .messages import FunctionCall, FunctionResult, Message, TextPart
-from .models.scripted import ScriptedModel, tool_call
 from .providers.compaction import Compaction
 from .providers.history import History
 from .providers.memory import SemanticMemory
-from .session import Session
+from .session import Session, set_user_id
 from .stores.sqlite import SQLiteStore
+from .testing.scripted import ScriptedModel, tool_call
 from .tokens import EstimateTokenizer
 from .tools import tool
 from .vectors.embedders import HashEmbedder
@@ -202,10 +202,10 @@ async def _memory(store: SQLiteStore, say: Callable[[str], None]) -> None:
         model = ScriptedModel(["Noted: no meat for you.", "How about a vegetarian mapo tofu tonight?"])
         agent = Agent(model, providers=[History(store), memory])
         monday = await agent.session("alice-monday")
-        monday.state["user_id"] = "alice"
+        set_user_id(monday, "alice")
         await agent.run("Please remember that I only eat vegetarian food.", session=monday)
         friday = await agent.session("alice-friday")
-        friday.state["user_id"] = "alice"
+        set_user_id(friday, "alice")
         result = await agent.run("Any vegetarian dinner ideas for tonight?", session=friday)
         recalled = model.requests[-1].messages[0].text.splitlines()
         say(f"   a new session, and the model is given: {recalled[0]}")

@@ -3,7 +3,9 @@
 ```
 ContextPipeError                 root: catch this to catch everything contextpipe raises
 ├── UsageError                   the API was used wrongly (bad configuration, clashing names, bad ids)
-│   └── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
+│   ├── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
+│   └── SkillError               a skill folder or SKILL.md is malformed (the message names the file)
+├── McpError                     an MCP server could not be started or reached (names the server and the cause)
 ├── CodecError                   stored or received JSON could not be decoded into messages or sessions
 ├── RequestInvariantError        a request about to be sent to a model is broken (a bug upstream)
 ├── ModelError                   a model call failed (provider, status code, body, retry hint)
@@ -20,7 +22,8 @@ ContextPipeError                 root: catch this to catch everything contextpip
 │   ├── LeaseLost                this run's lease was taken over; its writes are refused
 │   ├── ConcurrentUpdate         session state changed since it was read (compare-and-swap failed)
 │   └── CorruptRecord            a stored row could not be decoded
-└── ProviderError                one or more context providers failed in `after_run`
+└── AfterRunError                one or more context providers failed in `after_run` (the run's
+                                 result is kept on the error); ``ProviderError`` is its old name
 ```
 
 Each adapter (model client, store backend) translates its library's errors into these in one place,
@@ -32,12 +35,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "AfterRunError",
     "CodecError",
     "ConcurrentUpdate",
     "ContextPipeError",
     "ContextWindowExceeded",
     "CorruptRecord",
     "LeaseLost",
+    "McpError",
     "ModelAuthError",
     "ModelBadRequest",
     "ModelConnectionError",
@@ -47,6 +52,7 @@ __all__ = [
     "ModelServerError",
     "ModelTimeout",
     "ProviderError",
+    "SkillError",
     "RequestInvariantError",
     "ScriptExhausted",
     "SessionBusy",
@@ -177,7 +183,7 @@ class CorruptRecord(StoreError):
     """A stored record could not be decoded; nothing is skipped silently."""
 
 
-class ProviderError(ContextPipeError):
+class AfterRunError(ContextPipeError):
     """Raised when context providers fail in `after_run`; all of them were still called.
 
     `errors` holds ``(source_id, exception)`` pairs in the order they happened; `result` holds the
@@ -191,3 +197,15 @@ class ProviderError(ContextPipeError):
         super().__init__(f"after_run failed in context provider(s): {names}")
         self.errors = list(errors)
         self.result = result
+
+
+ProviderError = AfterRunError
+"""Deprecated alias of `AfterRunError` (kept so existing ``except ProviderError`` code still works)."""
+
+
+class SkillError(UsageError):
+    """A skill could not be loaded (the message names the file and what is wrong with it)."""
+
+
+class McpError(ContextPipeError):
+    """An MCP server could not be started, reached or understood (the message names the server and the cause)."""

@@ -14,39 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import RequestInvariantError
-from .messages import FunctionCall, FunctionResult, Message
+from .exchanges import exchange_problem
+from .messages import Message
 
 __all__ = ["check_messages", "tool_exchange_problem"]
 
 
 def tool_exchange_problem(messages: Sequence[Message]) -> str | None:
-    """Describe the first unanswered call or orphan result in `messages`, or return None."""
-    open_calls: dict[str, str] = {}
-    for index, message in enumerate(messages):
-        flag = message._tool_flag
-        if flag < 0:
-            flag = message.tool_flag
-        if flag == 0 and not open_calls:
-            continue  # the common case: plain text with no exchange in progress
-        if message.role == "tool" or (flag == 2 and message.role != "assistant"):
-            for part in message.parts:
-                if type(part) is FunctionResult:
-                    if part.call_id not in open_calls:
-                        return f"message {index} holds a result for call {part.call_id!r}, which is not open"
-                    del open_calls[part.call_id]
-            continue
-        if open_calls:
-            names = ", ".join(f"{name} ({cid})" for cid, name in open_calls.items())
-            return f"message {index} ({message.role}) comes before the results of calls {names}"
-        if flag & 2:
-            return f"message {index} ({message.role}) holds function results but is not a tool message"
-        for part in message.parts:
-            if type(part) is FunctionCall:
-                open_calls[part.call_id] = part.name
-    if open_calls:
-        names = ", ".join(f"{name} ({cid})" for cid, name in open_calls.items())
-        return f"calls {names} have no result"
-    return None
+    """Describe the first unanswered call or orphan result in `messages`, or return None.
+
+    The rules live in `contextpipe.exchanges` (`exchange_problem`).
+    """
+    return exchange_problem(messages)
 
 
 def check_messages(messages: Sequence[Message], *, latest_input: Message | None) -> None:

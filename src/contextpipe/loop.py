@@ -1,12 +1,22 @@
-"""The step loop: model call, then tool calls, then the next model call, persisting every step.
+"""The step loop: model step, then tool step, then continue or stop; every step saved as it happens.
 
-One step is a model call and the tool calls it asked for. With per-step persistence (the default)
-the model's new messages are saved right after the call and the tool results right after they are
-produced, so a crash at step k loses nothing before it. The loop keeps its working set in memory and
+One step is a model call and the tool calls it asked for. `StepLoop.events` reads like the
+algorithm: a model step (`ModelStep`), then a tool step whose outcome is `Continue` or `Stop`.
+The model is always called through one chain: the providers' middleware, then the innermost call,
+which checks the request (`contextpipe.invariants`), streams or completes, and returns the
+response with the request it actually sent, so the trace shows what the model saw.
+
+With per-step persistence (the default) the model's new messages are saved right after the call
+and each tool result right after it is produced (parallel calls too, one ``tool`` message per
+result), so a crash at step k loses nothing before it. The loop keeps its working set in memory and
 saves deltas: a step costs O(new messages), never a re-read of the history.
 
-Before the first call the loop repairs a session whose log ends in tool calls without results (a
-crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
+Model output is normalised before it is stored (empty or repeated call ids renamed, nameless
+calls answered with an error), and a stored log that breaks the tool-exchange rules anyway is
+repaired in the run's view, with a note on the trace, so no content can make a session unusable.
+
+Before the first call the loop also repairs a session whose log ends in tool calls without results
+(a crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
 again, and every other call gets an explicit "interrupted" result, so no model ever sees an
 unanswered call.
 """
@@ -16,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from . import _semconv
 from .errors import ModelResponseError
+from .events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
+from .exchanges import normalise_calls, repair_exchanges, tool_message, unanswered_calls
 from .invariants import check_messages
 from .messages import FunctionCall, FunctionResult, Message, Source
 from .models.base import (
@@ -29,29 +40,21 @@ from .models.base import (
     ModelMiddleware,
     ModelRequest,
     ModelResponse,
+    ModelStreamEvent,
     ReasoningDelta,
     ResponseComplete,
     TextDelta,
     Usage,
 )
-from .pipeline import RunContext, Segment
-from .telemetry import Spans
-from .trace import PromptTrace
+from .trace import ContextChange, PromptTrace
 
 if TYPE_CHECKING:
-    from .tokens import TokenCounter
-    from .tools import Tool
+    from ._persistence import StepWriter
+    from .pipeline import RunContext
+    from .telemetry import ExecuteTool
+    from .tools import Tool, ToolSpec
 
-__all__ = [
-    "RunEvent",
-    "RunLimits",
-    "StepPersisted",
-    "StopReason",
-    "ToolCallFinished",
-    "ToolCallStarted",
-]
-
-StopReason: TypeAlias = Literal["completed", "max_steps", "tool_errors"]
+__all__ = ["Continue", "ModelStep", "RunLimits", "StepLoop", "Stop", "execute_tool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,34 +68,30 @@ class RunLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallStarted:
-    """A tool call is about to run."""
-
-    call: FunctionCall
-    kind: Literal["tool_call_started"] = "tool_call_started"
+class Continue:
+    """The tool step ran tools: call the model again."""
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallFinished:
-    """A tool call finished (successfully or with an error result)."""
+class Stop:
+    """The run is over."""
 
-    call: FunctionCall
-    result: FunctionResult
-    kind: Literal["tool_call_finished"] = "tool_call_finished"
+    reason: StopReason
+    """Why."""
 
 
-@dataclass(frozen=True, slots=True)
-class StepPersisted:
-    """Messages were saved to the session's history."""
+@dataclass(slots=True)
+class ModelStep:
+    """What one model call produced."""
 
     step: int
-    """The step (model call number, from 1) the messages belong to."""
-    messages: Sequence[Message]
-    """What was saved."""
-    kind: Literal["step_persisted"] = "step_persisted"
-
-
-RunEvent: TypeAlias = "TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted"
+    """Model call number, from 1."""
+    final: bool
+    """True when tools were withdrawn for this call (a limit was reached)."""
+    produced: list[Message]
+    """The model's new messages, tagged with the model as source and normalised."""
+    calls: list[FunctionCall]
+    """The function calls among them, in order."""
 
 
 @dataclass(slots=True)
@@ -101,13 +100,9 @@ class LoopState:
 
     new_messages: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
-    traces: list[PromptTrace] = field(default_factory=list)
     stop_reason: StopReason = "completed"
     steps: int = 0
-
-
-_MODEL = "model"
-_DONE = object()
+    error_steps: int = 0
 
 
 def _interrupted(call: FunctionCall) -> FunctionResult:
@@ -119,61 +114,19 @@ def _interrupted(call: FunctionCall) -> FunctionResult:
     )
 
 
-def unanswered_calls(messages: Sequence[Message]) -> list[FunctionCall]:
-    """Return the calls of the last assistant message in `messages` that have no result after it.
-
-    Only the tail is read: trailing tool messages and the assistant message before them.
-    """
-    answered: set[str] = set()
-    i = len(messages) - 1
-    while i >= 0 and messages[i].role == "tool":
-        answered.update(r.call_id for r in messages[i].function_results)
-        i -= 1
-    if i < 0 or messages[i].role != "assistant":
-        return []
-    return [c for c in messages[i].function_calls if c.call_id not in answered]
-
-
-async def _execute(tools: dict[str, Tool], call: FunctionCall, spans: Spans | None = None) -> FunctionResult:
+async def execute_tool(tools: dict[str, Tool], call: FunctionCall) -> FunctionResult:
+    """Run one call with the tool it names; an unknown name becomes an error result for the model."""
     tool = tools.get(call.name)
-    span = None
-    if spans is not None and spans.tracer is not None:
-        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
-                      "gen_ai.tool.call.id": call.call_id, "gen_ai.tool.type": "function"}
-        if spans.capture:
-            attributes["gen_ai.tool.call.arguments"] = call.arguments
-        span = spans.start(f"execute_tool {call.name}", attributes)
     if tool is None:
         names = ", ".join(sorted(tools)) or "none"
-        result = FunctionResult(
-            call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True
-        )
-    else:
-        if span is not None and spans is not None:
-            with spans.current(span):
-                outcome = await tool.invoke(call.arguments)
-        else:
-            outcome = await tool.invoke(call.arguments)
-        result = FunctionResult(call.call_id, outcome.result, outcome.is_error)
-    if span is not None:
-        if spans is not None and spans.capture:
-            span.set_attribute("gen_ai.tool.call.result", result.result)
-        if result.is_error:
-            span.set_attribute("error.type", "tool_error")
-            from opentelemetry.trace import Status, StatusCode
-
-            span.set_status(Status(StatusCode.ERROR, result.result[:200]))
-        span.end()
-    return result
+        return FunctionResult(
+            call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
+    outcome = await tool.invoke(call.arguments)
+    return FunctionResult(call.call_id, outcome.result, outcome.is_error)
 
 
-def _tool_message(calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
-    names = {c.name for c in calls}
-    source = Source("tool", names.pop() if len(names) == 1 else None)
-    return Message("tool", tuple(results), source=source)
-
-
-def _chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
+def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
+    """Return a call that goes through `middleware` (first outermost) and then `terminal`."""
     call = terminal
     for mw in reversed(middleware):
         call = _bind(mw, call)
@@ -187,182 +140,159 @@ def _bind(mw: ModelMiddleware, call_next: CallModel) -> CallModel:
     return bound
 
 
+async def consume(stream: AsyncIterator[ModelStreamEvent], on_delta: Callable[[TextDelta | ReasoningDelta], None],
+                  model_name: str) -> ModelResponse:
+    """Read a model stream to its end, handing each delta to `on_delta`; return the whole response."""
+    final: ModelResponse | None = None
+    async for event in stream:
+        if isinstance(event, ResponseComplete):
+            final = event.response
+        else:
+            on_delta(event)
+    if final is None:
+        raise ModelResponseError(f"model {model_name!r} ended its stream without a response")
+    return final
+
+
+_DONE = object()
+
+
 class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
-    def __init__(self, ctx: RunContext, model: ChatModel, limits: RunLimits, *, stream: bool,
-                 want_events: bool, counter: Callable[[], TokenCounter] | None = None) -> None:
+    def __init__(self, ctx: RunContext, model: ChatModel, limits: RunLimits, writer: StepWriter, *,
+                 stream: bool, want_events: bool,
+                 instrument_tools: Callable[[ExecuteTool], ExecuteTool] | None = None) -> None:
         self.ctx = ctx
         self.model = model
         self.limits = limits
+        self.writer = writer
         self.stream = stream
         self.want_events = want_events
         self.state = LoopState()
+        self._instrument_tools = instrument_tools
         self._model_source = Source("model", model.name)
-        self._counter = counter
-        self._sent: ModelRequest | None = None
+        self._working: list[Message] = []
+        self._specs: list[ToolSpec] = []
+
+    def _execute(self, call: FunctionCall) -> asyncio.Future[FunctionResult]:
+        async def run(c: FunctionCall) -> FunctionResult:
+            return await execute_tool(self.ctx.tools, c)
+
+        execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
+        return asyncio.ensure_future(execute(call))
 
     async def events(self) -> AsyncIterator[RunEvent]:
-        """Drive the loop, yielding events (only a few when `want_events` is False)."""
-        ctx, limits, state = self.ctx, self.limits, self.state
-        async for event in self._repair():
+        """Drive the loop: model step, tool step, until a `Stop`; yield events on the way."""
+        async for event in self._prepare():
             yield event
-        working = ctx.messages
-        tools = ctx.tools
-        specs = [t.spec for t in tools.values()]
-        instructions = ctx.instructions
-        call = _chain(ctx.middleware, self._terminal) if ctx.middleware else None
-        segments = list(ctx.segments)
-        instruction_sources = ctx.instruction_sources
-        spans = ctx.spans if ctx.spans.tracer is not None else None
-        persists = ctx.persists and ctx.per_step_persistence
-        error_steps = 0
-        step = 0
         while True:
-            step += 1
-            final = step > limits.max_steps or error_steps >= limits.max_consecutive_tool_errors
-            # Each request gets its own snapshot: middleware and models may keep the request.
-            request = ModelRequest(tuple(working), instructions, () if final else specs, ctx.settings)
-            started = time.perf_counter()
-            chat_span = self._start_chat_span(request) if spans is not None else None
-            try:
-                response = None
-                async for item in self._call(call, request, chat_span):
-                    if isinstance(item, ModelResponse):
-                        response = item
-                    else:
-                        yield item
-            except BaseException as exc:
-                Spans.end(chat_span, exc)
-                raise
-            assert response is not None
-            self._end_chat_span(chat_span, response)
-            latency = time.perf_counter() - started
-            state.steps = step
-            if response.usage is not None:
-                state.usage = state.usage + response.usage
-            state.traces.append(PromptTrace(
-                step, self.model.name, response.usage, latency, response.finish_reason,
-                tuple(ctx.take_compaction_decisions()), tuple(ctx.timings) if step == 1 else (),
-                _request=self._sent or request, _segments=segments, _instruction_sources=instruction_sources,
-                _tool_sources=ctx.tool_sources, _counter=self._counter))
-            self._sent = None
-            produced = [m.with_source(self._model_source) for m in response.messages]
-            working.extend(produced)
-            state.new_messages.extend(produced)
-            calls = [c for m in produced for c in m.function_calls]
-            if final and calls:
-                # The model called tools after they were withdrawn: answer every call so the log
-                # never holds an unanswered call, and stop.
-                results = [FunctionResult(c.call_id, "Error: not run; the run's step limit was reached.",
-                                          is_error=True) for c in calls]
-                tool_msg = _tool_message(calls, results)
-                working.append(tool_msg)
-                state.new_messages.append(tool_msg)
-                produced = [*produced, tool_msg]
-                calls = []
-            if persists:
-                saved = await ctx.persist(produced)
-                if self.want_events and saved:
-                    yield StepPersisted(step, saved)
-            if not calls:
-                if final:
-                    state.stop_reason = "max_steps" if step > limits.max_steps else "tool_errors"
-                return
-            if self.want_events:
-                for c in calls:
-                    yield ToolCallStarted(c)
-            if len(calls) == 1:
-                results = [await _execute(tools, calls[0], spans)]
-            else:
-                results = list(await asyncio.gather(*(_execute(tools, c, spans) for c in calls)))
-            tool_msg = _tool_message(calls, results)
-            working.append(tool_msg)
-            state.new_messages.append(tool_msg)
-            if self.want_events:
-                for c, r in zip(calls, results, strict=True):
-                    yield ToolCallFinished(c, r)
-            if persists:
-                saved = await ctx.persist([tool_msg])
-                if self.want_events and saved:
-                    yield StepPersisted(step, saved)
-            error_steps = error_steps + 1 if all(r.is_error for r in results) else 0
-
-    async def _call(self, call: CallModel | None, request: ModelRequest, span: Any) -> AsyncIterator[
-            TextDelta | ReasoningDelta | ModelResponse]:
-        """Make one model call (through the middleware chain, if any); yield deltas, then the response."""
-        if call is not None:
-            if self.stream:
-                async for item in self._stream_through(call, request):
+            step: ModelStep | None = None
+            async for item in self._model_step():
+                if isinstance(item, ModelStep):
+                    step = item
+                else:
                     yield item
-            elif span is not None:
-                with self.ctx.spans.current(span):
-                    yield await call(request)
+            assert step is not None
+            async for outcome in self._tool_step(step):
+                if isinstance(outcome, Stop):
+                    self.state.stop_reason = outcome.reason
+                    return
+                if not isinstance(outcome, Continue):
+                    yield outcome
+
+    # --- before the first call ----------------------------------------------------------------------
+
+    async def _prepare(self) -> AsyncIterator[RunEvent]:
+        """Build the working set: the context, repaired where the stored log needs it, then the input."""
+        ctx = self.ctx
+        self._specs = [t.spec for t in ctx.tools.values()]
+        history_end = 0
+        offset = 0
+        for segment in ctx.segments:
+            offset += len(segment.messages)
+            if segment.source.kind == "history":
+                history_end = offset
+        working = list(ctx.messages)
+        context, repair_notes = repair_exchanges(working[:history_end])
+        if repair_notes:
+            ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
+        self._working = context
+        async for event in self._answer_interrupted(context):
+            yield event
+        self._working.extend(working[history_end:])
+
+    async def _answer_interrupted(self, history: list[Message]) -> AsyncIterator[RunEvent]:
+        """Answer the calls a previous, interrupted run left without results (see module docstring)."""
+        pending = unanswered_calls(history)
+        if not pending:
+            return
+        results: list[FunctionResult] = []
+        for call in pending:
+            tool = self.ctx.tools.get(call.name)
+            if tool is not None and tool.idempotent:
+                if self.want_events:
+                    yield ToolCallStarted(call)
+                result = await self.writer.guard(self._execute(call))
+                if self.want_events:
+                    yield ToolCallFinished(call, result)
             else:
-                yield await call(request)
-        elif self.stream:
-            self._check(request)
-            response = None
-            async for model_event in self.model.stream(request):
-                if isinstance(model_event, ResponseComplete):
-                    response = model_event.response
-                else:
-                    yield model_event
-            if response is None:
-                raise ModelResponseError(f"model {self.model.name!r} ended its stream without a response")
-            yield response
-        else:
-            self._check(request)
-            if span is not None:
-                with self.ctx.spans.current(span):
-                    yield await self.model.complete(request)
+                result = _interrupted(call)
+            results.append(result)
+        message = tool_message(pending, results).with_source(Source("tool", "repair"))
+        self._working.append(message)
+        self.state.new_messages.append(message)
+        saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+        if self.want_events and saved:
+            yield StepPersisted(0, saved)
+
+    # --- model step ---------------------------------------------------------------------------------
+
+    async def _model_step(self) -> AsyncIterator[RunEvent | ModelStep]:
+        """Call the model once (through the middleware chain); yield its deltas, then the `ModelStep`."""
+        ctx, state, limits = self.ctx, self.state, self.limits
+        step = state.steps + 1
+        final = step > limits.max_steps or state.error_steps >= limits.max_consecutive_tool_errors
+        # Each request gets its own snapshot: middleware and models may keep the request.
+        request = ModelRequest(tuple(self._working), ctx.instructions, () if final else self._specs, ctx.settings)
+        started = time.perf_counter()
+        response: ModelResponse | None = None
+        async for item in self._call_model(request):
+            if isinstance(item, ModelResponse):
+                response = item
             else:
-                yield await self.model.complete(request)
+                yield item
+        assert response is not None
+        state.steps = step
+        if response.usage is not None:
+            state.usage = state.usage + response.usage
+        produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages])
+        if notes:
+            ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
+        self._trace(step, response.request or request, response, time.perf_counter() - started)
+        self._working.extend(produced)
+        state.new_messages.extend(produced)
+        yield ModelStep(step, final, produced, [c for m in produced for c in m.function_calls])
 
-    def _start_chat_span(self, request: ModelRequest) -> Any:
-        spans = self.ctx.spans
-        attributes = _semconv.chat_request_attributes(self.model, self.model.name, request.settings, request.messages,
-                                                      request.instructions, spans.capture)
-        return spans.start(f"chat {self.model.name}", attributes, kind="CLIENT")
+    def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float) -> None:
+        ctx = self.ctx
+        journal = ctx.journal
+        journal.traces.append(PromptTrace(
+            step, self.model.name, response.usage, latency, response.finish_reason, journal.take_compaction(),
+            journal.take_changes(), _request=sent, _instruction_sources=ctx.instruction_sources,
+            _tool_sources=dict(ctx.tool_sources), _counter=ctx.tokens, _journal=journal))
 
-    def _end_chat_span(self, span: Any, response: ModelResponse) -> None:
-        if span is not None:
-            Spans.end(span, None, **_semconv.chat_response_attributes(response, self.ctx.spans.capture))
-
-    def _check(self, request: ModelRequest) -> None:
-        """Refuse to send a broken request (see `contextpipe.invariants`); remember what was sent."""
-        self._sent = request
-        check_messages(request.messages, latest_input=self.ctx.input[-1] if self.ctx.input else None)
-
-    async def _terminal(self, request: ModelRequest) -> ModelResponse:
-        self._check(request)
-        return await self.model.complete(request)
-
-    async def _stream_through(self, call: CallModel, request: ModelRequest) -> AsyncIterator[
-            TextDelta | ReasoningDelta | ModelResponse]:
-        """Run a middleware chain whose innermost call streams, forwarding deltas as they arrive."""
+    async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
+        """Send `request` through the chain; yield the deltas as they arrive, then the response."""
         queue: asyncio.Queue[object] = asyncio.Queue()
-
-        async def streaming_terminal(req: ModelRequest) -> ModelResponse:
-            self._check(req)
-            final: ModelResponse | None = None
-            async for event in self.model.stream(req):
-                if isinstance(event, ResponseComplete):
-                    final = event.response
-                else:
-                    queue.put_nowait(event)
-            if final is None:
-                raise ModelResponseError(f"model {self.model.name!r} ended its stream without a response")
-            return final
-
-        chain = _chain(self.ctx.middleware, streaming_terminal)
-        task = asyncio.ensure_future(chain(request))
+        call = chain(self.ctx.middleware, self._terminal(queue.put_nowait))
+        if not self.stream:
+            yield await self.writer.guard(call(request))
+            return
+        task = asyncio.ensure_future(call(request))
         task.add_done_callback(lambda _: queue.put_nowait(_DONE))
         try:
-            while True:
-                item = await queue.get()
-                if item is _DONE:
-                    break
+            while (item := await self.writer.guard(queue.get())) is not _DONE:
                 assert isinstance(item, TextDelta | ReasoningDelta)
                 yield item
             yield task.result()
@@ -370,32 +300,76 @@ class StepLoop:
             if not task.done():
                 task.cancel()
 
-    async def _repair(self) -> AsyncIterator[RunEvent]:
-        """Answer the calls a previous, interrupted run left without results (see module docstring)."""
-        ctx = self.ctx
-        history_index = next((i for i in range(len(ctx.segments) - 1, -1, -1)
-                              if ctx.segments[i].source.kind == "history"), None)
-        if history_index is None:
-            return
-        pending = unanswered_calls(ctx.segments[history_index].messages)
-        if not pending:
-            return
-        results: list[FunctionResult] = []
-        for c in pending:
-            tool = ctx.tools.get(c.name)
-            if tool is not None and tool.idempotent:
-                if self.want_events:
-                    yield ToolCallStarted(c)
-                result = await _execute(ctx.tools, c, ctx.spans)
-                if self.want_events:
-                    yield ToolCallFinished(c, result)
+    def _terminal(self, on_delta: Callable[[TextDelta | ReasoningDelta], None]) -> CallModel:
+        """Return the innermost call: it checks the request, sends it, returns the response and what was sent."""
+        latest_input = self.ctx.input[-1] if self.ctx.input else None
+
+        async def send(request: ModelRequest) -> ModelResponse:
+            check_messages(request.messages, latest_input=latest_input)
+            if self.stream:
+                response = await consume(self.model.stream(request), on_delta, self.model.name)
             else:
-                result = _interrupted(c)
-            results.append(result)
-        tool_msg = _tool_message(pending, results)
-        ctx.segments.insert(history_index + 1, Segment(Source("tool", "repair"), [tool_msg]))
-        self.state.new_messages.append(tool_msg)
-        if ctx.persists:
-            saved = await ctx.persist([tool_msg], with_request=False)
-            if self.want_events and saved:
-                yield StepPersisted(0, saved)
+                response = await self.model.complete(request)
+            return replace(response, request=request)
+
+        return send
+
+    # --- tool step ----------------------------------------------------------------------------------
+
+    async def _tool_step(self, step: ModelStep) -> AsyncIterator[RunEvent | Continue | Stop]:
+        """Save the model's output, run the calls it made (saving each result at once), decide what next."""
+        produced, calls = step.produced, step.calls
+        if step.final and calls:
+            # The model called tools after they were withdrawn: answer every call so the log
+            # never holds an unanswered call, and stop.
+            withdrawn = self._add_tool_message(calls, [FunctionResult(
+                c.call_id, "Error: not run; the run's step limit was reached.", is_error=True) for c in calls])
+            produced, calls = [*produced, withdrawn], []
+        async for event in self._save(step.step, produced):
+            yield event
+        if not calls:
+            yield Stop(self._stop_reason(step))
+            return
+        errors = 0
+        async for tool_event in self._run_tools(step.step, calls):
+            if isinstance(tool_event, ToolCallFinished):
+                errors += tool_event.result.is_error
+            if self.want_events or isinstance(tool_event, StepPersisted):
+                yield tool_event
+        self.state.error_steps = self.state.error_steps + 1 if errors == len(calls) else 0
+        yield Continue()
+
+    def _stop_reason(self, step: ModelStep) -> StopReason:
+        if not step.final:
+            return "completed"
+        return "max_steps" if step.step > self.limits.max_steps else "tool_errors"
+
+    async def _run_tools(self, step: int, calls: list[FunctionCall]) -> AsyncIterator[RunEvent]:
+        """Run `calls` concurrently; save each result as soon as it is produced (its own tool message)."""
+        by_id = {c.call_id: c for c in calls}
+        if self.want_events:
+            for c in calls:
+                yield ToolCallStarted(c)
+        tasks = [self._execute(c) for c in calls]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                result = await self.writer.guard(next_done)
+                call = by_id[result.call_id]
+                message = self._add_tool_message([call], [result])
+                yield ToolCallFinished(call, result)
+                async for event in self._save(step, [message]):
+                    yield event
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
+        message = tool_message(calls, results)
+        self._working.append(message)
+        self.state.new_messages.append(message)
+        return message
+
+    async def _save(self, step: int, messages: Sequence[Message]) -> AsyncIterator[StepPersisted]:
+        saved = await self.writer.save_step(self.ctx, messages)
+        if self.want_events and saved:
+            yield StepPersisted(step, saved)

@@ -1,32 +1,39 @@
-"""One run's context: what providers contribute, where each piece came from, and the provider hooks.
+"""The provider-facing context of one run: what providers read and contribute, and where it came from.
 
-`RunContext` is what a provider's `before_run` writes into and `after_run` reads. Messages are kept
-as *segments*, each a list of messages plus the `Source` they came from, so a 10,000-message
-history is attributed in O(1) instead of by copying every message.
+`RunContext` is what a provider's `before_run` writes into and `after_run` reads; it holds nothing
+else (no store, lease, spans or timings: saving is `_persistence.StepWriter`'s, the hooks and
+their timings are `_hooks`', and the record of the run is `trace.RunJournal`).
+
+Messages are kept as *segments*, each a list of messages plus the `Source` they came from, so a
+10,000-message history is attributed in O(1) instead of by copying every message. What providers
+read (`RunContext.messages`, `RunOutcome.request_messages`) and what the model is sent show each
+message with the source it has *in this run*: loaded history as ``history``, provider messages as
+``context``, the caller's input as ``input``. The tagged copies are made lazily, once per segment,
+and only if someone reads them.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
 
 from .errors import UsageError
-from .messages import Message, Source
+from .messages import INPUT, Message, Source
 from .models.base import ModelMiddleware, ModelSettings
-from .telemetry import Spans, Telemetry
 from .tools import Tool, as_tool
-from .trace import ProviderTiming
+from .trace import ContextChange, RunJournal
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from .providers.base import ContextProvider, HistoryProvider
+    from .compaction import CompactionDecision
     from .session import Session
-    from .stores.base import Lease, SessionStore
+    from .tokens import TokenCounter
 
-__all__ = ["RunContext", "RunOutcome", "Segment"]
+__all__ = ["CheckpointSink", "MessageView", "RunContext", "RunOutcome", "Segment"]
+
+CheckpointSink = Callable[[int, Message], Awaitable[bool]]
+"""Saves a summary standing for the session's log up to a sequence; True when it was saved."""
 
 
 @dataclass(slots=True)
@@ -36,40 +43,89 @@ class Segment:
     source: Source
     """Where these messages came from."""
     messages: Sequence[Message]
-    """The messages, oldest first."""
+    """The messages, oldest first, as they were contributed (not tagged)."""
     first_seq: int | None = None
     """For history read from a store: the log sequence of ``messages[0]`` (the rest follow on)."""
+    _tagged: list[Message] | None = field(default=None, repr=False)
+
+    @property
+    def tagged(self) -> list[Message]:
+        """The messages tagged with `source` (copies made on first access, then kept)."""
+        if self._tagged is None:
+            source = self.source
+            self._tagged = [m.with_source(source) for m in self.messages]
+        return self._tagged
+
+
+class MessageView(Sequence[Message]):
+    """A read-only sequence of segments' messages, each tagged with its source in this run.
+
+    Creating a view costs O(segments); a segment's tagged copies are made when first read.
+    """
+
+    __slots__ = ("_len", "_parts")
+
+    def __init__(self, segments: Sequence[Segment], tail: Sequence[Message] = ()) -> None:
+        self._parts: list[Segment | Sequence[Message]] = [*segments, tail]
+        self._len = sum(len(s.messages) for s in segments) + len(tail)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _items(self, part: Segment | Sequence[Message]) -> Sequence[Message]:
+        return part.tagged if isinstance(part, Segment) else part
+
+    def __iter__(self) -> Iterator[Message]:
+        for part in self._parts:
+            yield from self._items(part)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | list[Message]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(index)
+        for part in self._parts:
+            items = self._items(part)
+            if index < len(items):
+                return items[index]
+            index -= len(items)
+        raise IndexError(index)  # pragma: no cover - the bounds were checked above
+
+    def __repr__(self) -> str:
+        return f"MessageView({self._len} messages)"
 
 
 class RunOutcome:
     """What `after_run` is told about the finished run."""
 
-    __slots__ = ("_ctx", "_request", "error", "response_messages")
+    __slots__ = ("_ctx", "error", "response_messages")
 
     def __init__(self, ctx: RunContext, response_messages: Sequence[Message] | None,
                  error: BaseException | None) -> None:
         self._ctx = ctx
-        self._request: list[Message] | None = None
         self.response_messages = response_messages
         """Messages the run produced (model output and tool results); None when the run failed."""
         self.error = error
         """Why the run failed; None when it succeeded."""
 
     @property
-    def request_messages(self) -> list[Message]:
-        """The messages the run started from: context (history included) then the caller's input.
-
-        Built on first access, so providers that never look at it cost nothing per history message.
-        """
-        if self._request is None:
-            self._request = self._ctx.messages
-        return self._request
+    def request_messages(self) -> Sequence[Message]:
+        """The messages the run started from, tagged as in this run: context (history included), then input."""
+        return self._ctx.messages
 
 
 class RunContext:
-    """The shared workspace of one run.
+    """The shared workspace of one run, as context providers see it.
 
-    Providers call the ``add_*`` methods and `replace_messages` from `before_run`; contributions are
+    Providers call the ``add_*`` and ``replace_*`` methods from `before_run`; contributions are
     attributed to the provider being called. `messages`, `instructions` and `tools` show what has
     been contributed so far.
     """
@@ -77,71 +133,79 @@ class RunContext:
     def __init__(
         self,
         *,
-        agent: Any,
         session: Session | None,
         input: Sequence[Message],
         instructions: str | None,
         tools: dict[str, Tool],
         settings: ModelSettings,
-        per_step_persistence: bool,
-        history_providers: Sequence[HistoryProvider],
-        store: SessionStore | None = None,
-        lease: Lease | None = None,
-        spans: Spans | None = None,
+        model_name: str,
+        tokens: TokenCounter,
+        journal: RunJournal | None = None,
+        checkpoints: CheckpointSink | None = None,
     ) -> None:
-        self.agent = agent
-        """The agent running."""
         self.session = session
         """The session, or None for a run without one."""
-        self.input: list[Message] = [m.with_source(_INPUT) for m in input]
+        self.input: list[Message] = [m.with_source(INPUT) for m in input]
         """The caller's messages, tagged ``input``; always sent last and never dropped."""
         self.settings: ModelSettings = settings
         """Model settings for this run (providers may change them)."""
-        self.per_step_persistence = per_step_persistence
-        """True when history is saved after every model call and tool result."""
-        self.lease = lease
-        """The run's lease on its session (fences every write), if the session is in a store."""
-        self.store = store
-        """The store holding the session, if any."""
-        self.spans: Spans = spans if spans is not None else Spans(Telemetry(), None)
-        """The run's OpenTelemetry spans (inactive unless a tracer provider is configured)."""
-        self.scratch: dict[str, Any] = {}
-        """Free space for providers to pass data from `before_run` to `after_run` within this run."""
-        self.timings: list[ProviderTiming] = []
-        """How long each provider hook took."""
-        self.started = 0
-        """How many providers' `before_run` has been called (they, and only they, get `after_run`)."""
+        self.model_name = model_name
+        """Name of the model this run calls."""
+        self.tokens = tokens
+        """The run's token counter (the agent's tokenizer, cache and the session's calibration).
+
+        Traces count with it too, so what a provider budgets with is what the trace shows."""
+        self.journal = journal if journal is not None else RunJournal()
+        """The record of this run (traces, provider timings, compaction decisions, context changes)."""
         self.segments: list[Segment] = []
         """Messages contributed so far (history and context), in order, each with its source."""
-        self._agent_instructions = instructions
-        self._instructions: list[tuple[str, str]] = []
+        self._instructions: list[tuple[str, str]] = [("agent", instructions)] if instructions else []
         self._tools: dict[str, Tool] = dict(tools)
         self._tool_sources: dict[str, str] = dict.fromkeys(tools, "agent")
         self._middleware: list[ModelMiddleware] = []
-        self._current: ContextProvider | None = None
-        self._history_providers = history_providers
-        self._persisted_request = False
-        self._compaction: list[Any] = []
-        self._lease_renew_at = (time.time() + lease.ttl / 2) if lease is not None else 0.0
+        self._current: str | None = None
+        self._checkpoints = checkpoints
 
-    # --- contributions (from before_run) ------------------------------------------------------------
+    @contextmanager
+    def contributing(self, source_id: str) -> Iterator[None]:
+        """Attribute contributions made inside the block to provider `source_id` (used by the run)."""
+        self._current = source_id
+        try:
+            yield
+        finally:
+            self._current = None
 
     def _source_id(self) -> str:
         if self._current is None:
             raise UsageError("RunContext contributions must be made from a provider's before_run")
-        return self._current.source_id
+        return self._current
+
+    # --- instructions -------------------------------------------------------------------------------
 
     def add_instructions(self, text: str) -> None:
         """Append instructions; they follow the agent's, in provider order, separated by blank lines."""
         if text:
             self._instructions.append((self._source_id(), text))
 
+    def replace_instructions(self, text: str | None) -> None:
+        """Drop every instruction contributed so far (the agent's included) and use `text` instead.
+
+        None or empty removes them all. The trace records what was replaced and by whom.
+        """
+        source_id = self._source_id()
+        dropped = [sid for sid, _ in self._instructions]
+        self._instructions = [(source_id, text)] if text else []
+        if dropped:
+            self.journal.changes.append(ContextChange(source_id, "replaced_instructions", tuple(dropped)))
+
+    # --- messages -----------------------------------------------------------------------------------
+
     def add_messages(self, messages: Iterable[Message]) -> None:
         """Append context messages (tagged with this provider's source; the originals are untouched)."""
         source = Source("context", self._source_id())
         tagged = [m.with_source(source) for m in messages]
         if tagged:
-            self.segments.append(Segment(source, tagged))
+            self.segments.append(Segment(source, tagged, _tagged=tagged))
 
     def add_history(self, messages: Sequence[Message], *, first_seq: int | None = None) -> None:
         """Append messages loaded from history (attributed as one segment, not copied).
@@ -158,21 +222,22 @@ class RunContext:
         Messages taken from what was there keep their source; new ones are attributed to this
         provider. The caller's input is kept and still goes last. Later providers append after these.
         """
-        origin = {id(m): seg.source for seg in self.segments for m in seg.messages}
+        origin = {m.id: seg.source for seg in self.segments for m in seg.messages}
         own = Source("context", self._source_id())
         new_segments: list[Segment] = []
         for message in messages:
-            source = origin.get(id(message))
-            if source is None:
-                source = own
-                message = message.with_source(own)
-            if new_segments and new_segments[-1].source == source:
-                segment_messages = new_segments[-1].messages
-                assert isinstance(segment_messages, list)
-                segment_messages.append(message)
+            source = origin.get(message.id, own)
+            tagged = message.with_source(source)
+            last = new_segments[-1] if new_segments else None
+            if last is not None and last.source == source:
+                assert last._tagged is not None
+                last._tagged.append(tagged)
             else:
-                new_segments.append(Segment(source, [message]))
+                items = [tagged]
+                new_segments.append(Segment(source, items, _tagged=items))
         self.segments = new_segments
+
+    # --- tools and middleware -----------------------------------------------------------------------
 
     def add_tools(self, tools: Iterable[Tool | Callable[..., Any]]) -> None:
         """Offer more tools for this run; a name already taken is an error, never an override."""
@@ -182,10 +247,31 @@ class RunContext:
             if t.name in self._tools:
                 raise UsageError(
                     f"context provider {source_id!r} adds tool {t.name!r}, but "
-                    f"{self._tool_sources[t.name]!r} already provides a tool of that name; rename one"
+                    f"{self._tool_sources[t.name]!r} already provides a tool of that name; rename one "
+                    "(or remove it first with ctx.remove_tools)"
                 )
             self._tools[t.name] = t
             self._tool_sources[t.name] = source_id
+
+    def remove_tools(self, names: Iterable[str]) -> None:
+        """Withdraw tools added before this provider (the agent's or other providers'), by name.
+
+        An unknown name is an error. The trace records which tools were removed, from whom, by whom.
+        """
+        source_id = self._source_id()
+        wanted = list(names)
+        unknown = [n for n in wanted if n not in self._tools]
+        if unknown:
+            raise UsageError(f"context provider {source_id!r} removes tools {unknown!r}, which this run does "
+                             f"not offer (it offers {sorted(self._tools)!r})")
+        removed = tuple(f"{n} ({self._tool_sources.pop(n)})" for n in wanted if self._tools.pop(n, None))
+        if removed:
+            self.journal.changes.append(ContextChange(source_id, "removed_tools", removed))
+
+    def replace_tools(self, tools: Iterable[Tool | Callable[..., Any]]) -> None:
+        """Withdraw every tool offered so far and offer `tools` instead (attributed to this provider)."""
+        self.remove_tools(list(self._tools))
+        self.add_tools(tools)
 
     def add_middleware(self, middleware: ModelMiddleware) -> None:
         """Wrap every model call of this run; the first provider's middleware is outermost."""
@@ -195,26 +281,22 @@ class RunContext:
     # --- views --------------------------------------------------------------------------------------
 
     @property
-    def messages(self) -> list[Message]:
-        """Context messages so far followed by the caller's input (a new list)."""
-        out: list[Message] = []
-        for segment in self.segments:
-            out.extend(segment.messages)
-        out.extend(self.input)
-        return out
+    def messages(self) -> MessageView:
+        """Context messages so far, then the caller's input, each tagged with its source in this run.
+
+        A view: O(1) to take; iterate it or index it (``list(ctx.messages)`` for a list).
+        """
+        return MessageView(self.segments, self.input)
 
     @property
     def instructions(self) -> str | None:
         """The agent's instructions, then each provider's, joined by blank lines (None when empty)."""
-        parts = [self._agent_instructions] if self._agent_instructions else []
-        parts.extend(text for _, text in self._instructions)
-        return "\n\n".join(parts) if parts else None
+        return "\n\n".join(text for _, text in self._instructions) if self._instructions else None
 
     @property
     def instruction_sources(self) -> list[tuple[str, str]]:
         """``(source_id, text)`` pairs of the instructions, the agent's (source ``agent``) first."""
-        head = [("agent", self._agent_instructions)] if self._agent_instructions else []
-        return head + list(self._instructions)
+        return list(self._instructions)
 
     @property
     def tool_sources(self) -> dict[str, str]:
@@ -226,139 +308,27 @@ class RunContext:
         """Tools available in this run by name: the agent's plus those providers added."""
         return self._tools
 
-    def tool_source(self, name: str) -> str | None:
-        """Which provider (or ``agent``) offered tool `name`."""
-        return self._tool_sources.get(name)
-
     @property
     def middleware(self) -> list[ModelMiddleware]:
         """Model middleware added by providers, outermost first."""
         return self._middleware
 
     def tagged_request_messages(self) -> list[Message]:
-        """Return the request messages, each a copy tagged with its source (for custom filters)."""
-        out: list[Message] = []
-        for segment in self.segments:
-            out.extend(m.with_source(segment.source) for m in segment.messages)
-        out.extend(self.input)
-        return out
+        """Return the request messages, each tagged with its source (a new list, for custom filters)."""
+        return list(self.messages)
 
-    def source_of(self, index: int) -> Source:
-        """Source of the request message at position `index` of `messages`."""
-        if index < 0:
-            raise IndexError(index)
-        for segment in self.segments:
-            if index < len(segment.messages):
-                return segment.source
-            index -= len(segment.messages)
-        if index < len(self.input):
-            return _INPUT
-        raise IndexError(index)
+    # --- compaction ---------------------------------------------------------------------------------
 
-    # --- compaction decisions (for the trace) -------------------------------------------------------
-
-    def record_compaction(self, decisions: Iterable[Any]) -> None:
+    def record_compaction(self, decisions: Iterable[CompactionDecision]) -> None:
         """Note compaction decisions; they go into the trace of the next (or current) model call."""
-        self._compaction.extend(decisions)
+        self.journal.compaction.extend(decisions)
 
-    def take_compaction_decisions(self) -> list[Any]:
-        """Return and clear the decisions noted since the last model call."""
-        taken, self._compaction = self._compaction, []
-        return taken
+    async def save_checkpoint(self, seq: int, summary: Message) -> bool:
+        """Save `summary` as standing for the session's log up to sequence `seq` (compaction does this).
 
-    # --- persistence (used by the loop) -------------------------------------------------------------
-
-    def lease_for(self, provider: HistoryProvider) -> Lease | None:
-        """Return the lease that fences `provider`'s writes.
-
-        That is the run's lease when the provider writes to the store holding it, and None for
-        providers writing elsewhere (an audit log in another store).
+        The history provider that loaded the messages stores it, fenced by the run's lease; returns
+        False when there is no session or that provider keeps no checkpoints.
         """
-        return self.lease if getattr(provider, "store", None) is self.store else None
-
-    @property
-    def persists(self) -> bool:
-        """True when some history provider stores this run's messages."""
-        return self.session is not None and any(p.stores_anything for p in self._history_providers)
-
-    async def persist(self, response: Sequence[Message], *, with_request: bool = True) -> list[Message]:
-        """Save a step to every storing history provider.
-
-        Each gets `response`, preceded on the first such call by the request messages it stores
-        (unless `with_request` is False). Returns the messages handed to the first storing provider
-        (for the `StepPersisted` event).
-        """
-        session = self.session
-        if session is None:
-            return []
-        if self.lease is not None and self.store is not None and time.time() >= self._lease_renew_at:
-            self.lease = await self.store.renew_lease(self.lease)
-            self._lease_renew_at = time.time() + self.lease.ttl / 2
-        first = with_request and not self._persisted_request
-        self._persisted_request = self._persisted_request or with_request
-        saved: list[Message] | None = None
-        for provider in self._history_providers:
-            if not provider.stores_anything:
-                continue
-            batch = provider.select_request(self) if first else []
-            batch.extend(provider.select_response(response))
-            if batch:
-                await provider.save(session, batch, lease=self.lease_for(provider))
-            if saved is None:
-                saved = batch
-        return saved or []
-
-
-_INPUT = Source("input")
-
-
-async def run_before(providers: Sequence[ContextProvider], ctx: RunContext) -> None:
-    """Call `before_run` on each provider in order.
-
-    A provider that raises stops the sequence (the run fails); `ctx.started` counts it, so it
-    still gets its `after_run`.
-    """
-    spans = ctx.spans if ctx.spans.tracer is not None else None
-    for provider in providers:
-        ctx.started += 1
-        ctx._current = provider
-        span = _hook_span(spans, provider, "before_run")
-        t0 = time.perf_counter()
-        try:
-            await provider.before_run(ctx)
-        except BaseException as exc:
-            Spans.end(span, exc)
-            span = None
-            raise
-        finally:
-            ctx._current = None
-            ctx.timings.append(ProviderTiming(provider.source_id, "before_run", time.perf_counter() - t0))
-            Spans.end(span)
-
-
-async def run_after(
-    providers: Sequence[ContextProvider], ctx: RunContext, outcome: RunOutcome
-) -> list[tuple[str, BaseException]]:
-    """Call `after_run` on `providers` in reverse order; every one is called, failures are collected."""
-    errors: list[tuple[str, BaseException]] = []
-    spans = ctx.spans if ctx.spans.tracer is not None else None
-    for provider in reversed(providers):
-        span = _hook_span(spans, provider, "after_run")
-        t0 = time.perf_counter()
-        failure: BaseException | None = None
-        try:
-            await provider.after_run(ctx, outcome)
-        except Exception as exc:
-            errors.append((provider.source_id, exc))
-            failure = exc
-        finally:
-            ctx.timings.append(ProviderTiming(provider.source_id, "after_run", time.perf_counter() - t0))
-            Spans.end(span, failure)
-    return errors
-
-
-def _hook_span(spans: Spans | None, provider: ContextProvider, hook: str) -> Any:
-    if spans is None:
-        return None
-    return spans.start(f"contextpipe.{hook} {provider.source_id}", {
-        "contextpipe.provider.source_id": provider.source_id, "contextpipe.provider.kind": provider.kind})
+        if self._checkpoints is None or self.session is None:
+            return False
+        return await self._checkpoints(seq, summary)

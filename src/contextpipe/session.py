@@ -33,7 +33,16 @@ import pydantic
 
 from .errors import CodecError, UsageError
 
-__all__ = ["DEFAULT_TENANT", "ProviderState", "Session", "validate_session_id", "validate_tenant"]
+__all__ = [
+    "DEFAULT_TENANT",
+    "USER_ID_KEY",
+    "ProviderState",
+    "Session",
+    "set_user_id",
+    "user_id",
+    "validate_session_id",
+    "validate_tenant",
+]
 
 DEFAULT_TENANT: Final = "default"
 """Tenant used when none is given."""
@@ -177,3 +186,25 @@ class ProviderState(Generic[T]):
     def set(self, session: Session, value: T) -> None:
         """Store `value` as the state for `session`."""
         session.state[self.key] = value
+
+
+USER_ID_KEY: Final = "user_id"
+"""Session state key naming the user a session belongs to (memories and facts are kept per user)."""
+
+
+def user_id(session: Session | None) -> str | None:
+    """Return the user a session belongs to (``session.state["user_id"]``), or None when unknown."""
+    if session is None:
+        return None
+    value = session.state.get(USER_ID_KEY)
+    return str(value) if value is not None else None
+
+
+def set_user_id(session: Session, user: str) -> None:
+    """Record that `session` belongs to `user`; `SemanticMemory` and `FactMemory` scope by it.
+
+    It is saved with the session's state at the end of the next run (or with ``store.save_session``).
+    """
+    if not user or not isinstance(user, str):
+        raise UsageError(f"a user id must be a non-empty string, got {user!r}")
+    session.state[USER_ID_KEY] = user

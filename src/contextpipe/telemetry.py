@@ -17,14 +17,19 @@ are ``contextpipe.before_run {source_id}`` and ``contextpipe.after_run {source_i
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from . import _semconv
+from .messages import FunctionCall, FunctionResult
+from .models.base import ChatModel, ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete
 
-__all__ = ["Telemetry"]
+__all__ = ["InstrumentedModel", "Spans", "Telemetry", "instrument_tool_calls"]
+
+ExecuteTool = Callable[[FunctionCall], Awaitable[FunctionResult]]
+"""Runs one tool call and returns its result (never raises for a tool's own failure)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Spans:
 
     @property
     def active(self) -> bool:
+        """True when spans are recorded (a tracer provider is configured)."""
         return self.tracer is not None
 
     def _context(self, parent: Any) -> Any:
@@ -73,7 +79,8 @@ class Spans:
         return self.tracer.start_span(name, context=self._context(parent if parent is not None else self.root),
                                       kind=getattr(SpanKind, kind), attributes=attributes)
 
-    def start_run(self, session_id: str | None, model: Any) -> None:
+    def start_run(self, session_id: str | None, model: ChatModel) -> None:
+        """Start the run's root ``invoke_agent`` span."""
         attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.agent_name,
                                       "gen_ai.request.model": model.name, **_semconv.agent_attributes(model)}
         if session_id is not None:
@@ -82,6 +89,7 @@ class Spans:
 
     @staticmethod
     def end(span: Any, error: BaseException | None = None, **attributes: Any) -> None:
+        """Set `attributes` (None values left out), record `error` if any, and end `span` (None: no-op)."""
         if span is None:
             return
         for key, value in attributes.items():
@@ -110,4 +118,120 @@ class Spans:
             context.detach(token)
 
     def content(self, messages: Any) -> str:
+        """Return `messages` as the JSON text recorded on spans when content capture is on."""
         return _semconv.input_messages(messages)
+
+
+# --- attributes (the GenAI semantic conventions live in these functions) ------------------------------
+
+
+def chat_request_attributes(model: ChatModel, request: ModelRequest, spans: Spans) -> dict[str, Any]:
+    """Attributes of a ``chat`` span when the request is sent."""
+    return _semconv.chat_request_attributes(model, model.name, request.settings, request.messages,
+                                            request.instructions, spans.capture)
+
+
+def chat_response_attributes(response: ModelResponse, spans: Spans) -> dict[str, Any]:
+    """Attributes of a ``chat`` span when the response is complete (None values are left out)."""
+    return _semconv.chat_response_attributes(response, spans.capture)
+
+
+def tool_call_attributes(call: FunctionCall, spans: Spans) -> dict[str, Any]:
+    """Attributes of an ``execute_tool`` span when the call starts."""
+    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                                  "gen_ai.tool.call.id": call.call_id, "gen_ai.tool.type": "function"}
+    if spans.capture:
+        attributes["gen_ai.tool.call.arguments"] = call.arguments
+    return attributes
+
+
+def tool_result_attributes(result: FunctionResult, spans: Spans) -> dict[str, Any]:
+    """Attributes of an ``execute_tool`` span when the call has finished."""
+    attributes: dict[str, Any] = {}
+    if spans.capture:
+        attributes["gen_ai.tool.call.result"] = result.result
+    if result.is_error:
+        attributes["error.type"] = "tool_error"
+    return attributes
+
+
+# --- wrappers ------------------------------------------------------------------------------------------
+
+
+class InstrumentedModel:
+    """A `ChatModel` that records each call as a ``chat {model}`` span, then calls `model`."""
+
+    def __init__(self, model: ChatModel, spans: Spans) -> None:
+        self.model = model
+        """The wrapped model."""
+        self.spans = spans
+        """The run's spans."""
+
+    @property
+    def name(self) -> str:
+        """The wrapped model's name."""
+        return self.model.name
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Call the model inside a ``chat`` span."""
+        span = self.spans.start(f"chat {self.model.name}", chat_request_attributes(self.model, request, self.spans),
+                                kind="CLIENT")
+        try:
+            with self.spans.current(span):
+                response = await self.model.complete(request)
+        except BaseException as exc:
+            Spans.end(span, exc)
+            raise
+        Spans.end(span, None, **chat_response_attributes(response, self.spans))
+        return response
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
+        """Stream from the model inside a ``chat`` span."""
+        span = self.spans.start(f"chat {self.model.name}", chat_request_attributes(self.model, request, self.spans),
+                                kind="CLIENT")
+        error: BaseException | None = None
+        complete: ModelResponse | None = None
+        try:
+            async for event in self.model.stream(request):
+                if isinstance(event, ResponseComplete):
+                    complete = event.response
+                yield event
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            Spans.end(span, error, **(chat_response_attributes(complete, self.spans) if complete else {}))
+
+
+def instrument_tool_calls(execute: ExecuteTool, spans: Spans) -> ExecuteTool:
+    """Wrap a tool executor so each call is an ``execute_tool {name}`` span."""
+
+    async def instrumented(call: FunctionCall) -> FunctionResult:
+        span = spans.start(f"execute_tool {call.name}", tool_call_attributes(call, spans))
+        try:
+            with spans.current(span):
+                result = await execute(call)
+        except BaseException as exc:
+            Spans.end(span, exc)
+            raise
+        attributes = tool_result_attributes(result, spans)
+        if result.is_error:
+            _set_error_status(span, result.result)
+        Spans.end(span, None, **attributes)
+        return result
+
+    return instrumented
+
+
+def _set_error_status(span: Any, message: str) -> None:
+    if span is None:
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, message[:200]))
+
+
+def hook_span(spans: Spans, source_id: str, kind: str, hook: str) -> Any:
+    """Start the span of one provider hook (None when telemetry is off)."""
+    return spans.start(f"contextpipe.{hook} {source_id}", {
+        "contextpipe.provider.source_id": source_id, "contextpipe.provider.kind": kind})

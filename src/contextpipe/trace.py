@@ -10,7 +10,7 @@ per-message detail is computed (with cached token counts) the first time it is r
 
 >>> import asyncio
 >>> from contextpipe import Agent
->>> from contextpipe.models import ScriptedModel
+>>> from contextpipe.testing import ScriptedModel
 >>> result = asyncio.run(Agent(ScriptedModel(["Hi!"]), instructions="Be kind.").run("Hello"))
 >>> trace = result.traces[0]
 >>> [(m.role, m.source_kind) for m in trace.messages]
@@ -22,18 +22,24 @@ True
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
+from .compaction import CompactionDecision
 from .messages import Message, Source
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
 
-if TYPE_CHECKING:
-    from .pipeline import Segment
-
-__all__ = ["PromptTrace", "ProviderTiming", "TracedInstruction", "TracedMessage", "TracedTool"]
+__all__ = [
+    "ContextChange",
+    "PromptTrace",
+    "ProviderTiming",
+    "RunJournal",
+    "TracedInstruction",
+    "TracedMessage",
+    "TracedTool",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +47,61 @@ class ProviderTiming:
     """How long one provider hook took."""
 
     source_id: str
-    hook: str
+    """The provider."""
+    hook: Literal["before_run", "after_run"]
+    """Which hook."""
     seconds: float
+    """Wall time of the hook."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextChange:
+    """A provider took away what earlier ones contributed (instructions or tools), or the run fixed its view."""
+
+    source_id: str
+    """The provider that made the change (``repair`` for the run's own repairs)."""
+    action: Literal["replaced_instructions", "removed_tools", "repaired_log", "normalised_output"]
+    """What it did."""
+    items: tuple[str, ...]
+    """What was affected: the sources of replaced instructions, ``tool (source)`` of removed tools,
+    or one note per repair."""
+
+
+@dataclass(slots=True)
+class RunJournal:
+    """The typed record of one run that hooks, the loop and the context write and traces read.
+
+    Nothing is patched afterwards: a trace asks the journal for its provider timings when read.
+    """
+
+    traces: list[PromptTrace] = field(default_factory=list)
+    """One per model call, in order."""
+    timings: list[ProviderTiming] = field(default_factory=list)
+    """Every provider hook that ran, in order."""
+    compaction: list[CompactionDecision] = field(default_factory=list)
+    """Compaction decisions not yet attached to a model call."""
+    changes: list[ContextChange] = field(default_factory=list)
+    """Instructions and tools that providers replaced or removed, and repairs of the log's view."""
+    started: int = 0
+    """How many providers' `before_run` was called (they, and only they, get `after_run`)."""
+    _changes_taken: int = 0
+
+    def take_changes(self) -> tuple[ContextChange, ...]:
+        """Return the changes noted since the last call (they stay in `changes`)."""
+        taken = tuple(self.changes[self._changes_taken:])
+        self._changes_taken = len(self.changes)
+        return taken
+
+    def take_compaction(self) -> tuple[CompactionDecision, ...]:
+        """Return and clear the decisions noted since the last model call."""
+        taken, self.compaction = tuple(self.compaction), []
+        return taken
+
+    def timings_for(self, trace: PromptTrace) -> tuple[ProviderTiming, ...]:
+        """Hooks shown on `trace`: ``before_run`` ones on the first call, ``after_run`` on the last."""
+        first = trace.step == 1
+        last = bool(self.traces) and self.traces[-1] is trace
+        return tuple(t for t in self.timings if (first and t.hook == "before_run") or (last and t.hook == "after_run"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +138,9 @@ class TracedTool:
     tokens: int
 
 
+_UNTAGGED = Source("context")  # a message a middleware made up without a source
+
+
 def _preview(message: Message, width: int = 60) -> str:
     text = message.text
     if not text:
@@ -106,22 +168,28 @@ class PromptTrace:
     """Wall time of the call, middleware included."""
     finish_reason: str | None
     """Why the model stopped."""
-    compaction: tuple[Any, ...] = ()
-    """`CompactionDecision`s made for this call."""
-    provider_timings: tuple[ProviderTiming, ...] = ()
-    """Provider hooks that ran before this call (``before_run`` for the first call, ``after_run`` on the last)."""
+    compaction: tuple[CompactionDecision, ...] = ()
+    """Compaction decisions made for this call."""
+    changes: tuple[ContextChange, ...] = ()
+    """What changed the context before this call or this call's output: instructions and tools providers
+    replaced or removed, repairs of the stored log's view, normalised model output."""
     _request: ModelRequest | None = field(default=None, repr=False)
-    _segments: Sequence[Segment] = field(default=(), repr=False)
     _instruction_sources: Sequence[tuple[str, str]] = field(default=(), repr=False)
     _tool_sources: dict[str, str] = field(default_factory=dict, repr=False)
-    _counter: Callable[[], TokenCounter] | None = field(default=None, repr=False)
+    _counter: TokenCounter | None = field(default=None, repr=False)
+    _journal: RunJournal | None = field(default=None, repr=False)
     _detail: tuple[list[TracedInstruction], list[TracedMessage], list[TracedTool]] | None = field(
         default=None, repr=False)
 
     @property
+    def provider_timings(self) -> tuple[ProviderTiming, ...]:
+        """Provider hooks around this call (``before_run`` on the first call, ``after_run`` on the last)."""
+        return self._journal.timings_for(self) if self._journal is not None else ()
+
+    @property
     def tokenizer(self) -> str:
         """The tokenizer behind the counts (an encoding name, or ``estimate``)."""
-        return self._counter().tokenizer.name if self._counter is not None else "none"
+        return self._counter.tokenizer.name if self._counter is not None else "none"
 
     def _compute(self) -> tuple[list[TracedInstruction], list[TracedMessage], list[TracedTool]]:
         if self._detail is not None:
@@ -130,16 +198,12 @@ class PromptTrace:
         if request is None or self._counter is None:
             self._detail = ([], [], [])
             return self._detail
-        counter = self._counter()
+        counter = self._counter
         scale, text = counter.scale, counter.text
         instructions = [TracedInstruction(sid, scale(text(block)), block) for sid, block in self._instruction_sources]
-        sources: dict[str, Source] = {}
-        for segment in self._segments:
-            for m in segment.messages:
-                sources[m.id] = segment.source
         messages = []
         for i, m in enumerate(request.messages):
-            source = sources.get(m.id) or m.source or Source("input")
+            source = m.source or _UNTAGGED
             messages.append(TracedMessage(i, m.id, m.role, source.kind, source.source_id, counter.message(m),
                                           _preview(m)))
         tools = [TracedTool(spec.name, self._tool_sources.get(spec.name, "agent"), scale(counter.tools([spec])))
@@ -205,6 +269,8 @@ class PromptTrace:
         for d in self.compaction:
             lines.append(f"  compaction: {d.strategy} {d.action} {len(d.message_ids)} message(s): {d.reason} "
                          f"({d.tokens_before} -> {d.tokens_after} tokens)")
+        for c in self.changes:
+            lines.append(f"  {c.source_id} {c.action.replace('_', ' ')}: {', '.join(c.items)}")
         for t in self.provider_timings:
             lines.append(f"  provider {t.source_id}.{t.hook}: {t.seconds * 1000:.2f} ms")
         return "\n".join(lines)
@@ -241,6 +307,7 @@ class PromptTrace:
             "instructions": [asdict(i) for i in self.instructions], "messages": messages,
             "tools": [asdict(t) for t in self.tools],
             "compaction": [asdict(d) for d in self.compaction],
+            "changes": [asdict(c) for c in self.changes],
             "provider_timings": [asdict(t) for t in self.provider_timings],
         }
 

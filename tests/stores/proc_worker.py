@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backends import open_spec
 
 from contextpipe import Agent, Message, RunLimits, tool
-from contextpipe.models import ModelRequest, ScriptedModel, Turn, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers import History
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 
 
 async def append_worker(spec: str, tenant: str, worker: int, sessions: int, batches: int) -> None:

@@ -7,9 +7,10 @@ import asyncio
 import pytest
 
 from contextpipe import Agent, FunctionCall, FunctionResult, Message, ModelServerError, SessionBusy, StoreError, tool
-from contextpipe.models import ModelRequest, ScriptedModel, tool_call
+from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.stores import SessionStore
+from contextpipe.testing import ScriptedModel, tool_call
 from helpers import describe, get_weather_forecast, lookup_location_code
 
 

@@ -1,4 +1,4 @@
-"""Model clients: the `ChatModel` protocol, `ScriptedModel` and `OpenAIChatModel`.
+"""Model clients: the `ChatModel` protocol and `OpenAIChatModel` (test doubles are in `contextpipe.testing`).
 
 `OpenAIChatModel` is imported lazily: ``import contextpipe.models`` does not import the `openai`
 package until the class is first used.
@@ -6,8 +6,9 @@ package until the class is first used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import (
     CallModel,
     ChatModel,
@@ -21,7 +22,6 @@ from .base import (
     TextDelta,
     Usage,
 )
-from .scripted import ScriptedModel, Turn, tool_call
 
 if TYPE_CHECKING:
     from .openai import OpenAIChatModel
@@ -37,17 +37,9 @@ __all__ = [
     "OpenAIChatModel",
     "ReasoningDelta",
     "ResponseComplete",
-    "ScriptedModel",
     "TextDelta",
-    "Turn",
     "Usage",
-    "tool_call",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "OpenAIChatModel":
-        from .openai import OpenAIChatModel
-
-        return OpenAIChatModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"OpenAIChatModel": ".openai"})

@@ -92,6 +92,8 @@ class ModelResponse:
     """The model that answered, as the provider named it."""
     raw: Any = None
     """The provider's own response object, for debugging."""
+    request: ModelRequest | None = field(default=None, repr=False, compare=False)
+    """The request as it reached the model, after every middleware (set by the run's innermost call)."""
 
     @property
     def text(self) -> str:

@@ -29,6 +29,7 @@ from ..errors import (
     ModelTimeout,
     UsageError,
 )
+from ..exchanges import carries_results
 from ..messages import (
     DataPart,
     FunctionCall,
@@ -376,7 +377,7 @@ def _retry_after(headers: Any) -> float | None:
 
 def _append_wire(wire: list[dict[str, Any]], message: Message) -> None:
     role = message.role
-    if role == "tool" or (role != "assistant" and any(isinstance(p, FunctionResult) for p in message.parts)):
+    if carries_results(message):
         for part in message.parts:
             if isinstance(part, FunctionResult):
                 wire.append({"role": "tool", "tool_call_id": part.call_id, "content": part.result})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import ContextProvider, HistoryProvider, MessageFilter
+from .._lazy import lazy_exports
+from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter, external_input
 from .compaction import Compaction
 from .facts import FactMemory
 from .history import History
@@ -22,6 +23,7 @@ __all__ = [
     "History",
     "HistoryProvider",
     "HttpServer",
+    "LoadedHistory",
     "McpTools",
     "MessageFilter",
     "ScriptRequest",
@@ -32,12 +34,8 @@ __all__ = [
     "Skills",
     "StdioServer",
     "TextSearch",
+    "external_input",
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in ("McpTools", "StdioServer", "HttpServer"):
-        from . import mcp
-
-        return getattr(mcp, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"))

@@ -20,6 +20,7 @@ tool result right after it is produced), or once at the end in per-run mode.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
@@ -28,12 +29,34 @@ from ..messages import Message
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
     from ..session import Session
-    from ..stores.base import Lease
+    from ..stores.base import Checkpoint, Lease
 
-__all__ = ["ContextProvider", "HistoryProvider", "MessageFilter"]
+__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "external_input"]
 
 MessageFilter = Callable[[Sequence[Message]], Sequence[Message]]
-"""Takes messages (tagged with their `Source`) and returns the ones to keep, in order."""
+"""Takes messages (tagged with their `Source` in this run) and returns the ones to keep, in order."""
+
+
+def external_input(messages: Sequence[Message]) -> list[Message]:
+    """Keep only the caller's input of this run (source ``input``): the default of the provider filters.
+
+    Loaded history, other providers' messages, model output and tool results are left out, so a
+    provider that learns from what it is given never learns the same turn twice.
+    """
+    return [m for m in messages if m.source is not None and m.source.kind == "input"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedHistory:
+    """What a history provider loaded for a run."""
+
+    messages: Sequence[Message]
+    """The messages to put into the context, oldest first."""
+    first_seq: int | None = None
+    """The log sequence of ``messages[0]`` when they are a contiguous run of the stored log (then
+    compaction can save summaries as checkpoints through `HistoryProvider.save_checkpoint`)."""
+    summary: Message | None = None
+    """A summary checkpoint standing for the log before ``messages``, if there is one."""
 
 
 class ContextProvider:
@@ -47,11 +70,47 @@ class ContextProvider:
     kind: str = "custom"
     """What sort of provider this is, for traces."""
 
-    def __init__(self, source_id: str) -> None:
+    def __init__(
+        self,
+        source_id: str,
+        *,
+        input_filter: MessageFilter | None = None,
+        store_request_filter: MessageFilter | None = None,
+        store_response_filter: MessageFilter | None = None,
+    ) -> None:
         if not source_id or not isinstance(source_id, str):
             raise UsageError(f"a context provider needs a non-empty source_id, got {source_id!r}")
         self.source_id = source_id
         """Unique (per agent) name of this provider; messages it adds carry it in their `Source`."""
+        self.input_filter = input_filter
+        """Which request messages `given_messages` returns; None: the caller's input only (`external_input`)."""
+        self.store_request_filter = store_request_filter
+        """Which request messages `messages_to_learn` returns; None: the caller's input only."""
+        self.store_response_filter = store_response_filter
+        """Which response messages `messages_to_learn` returns; None: all of them."""
+
+    def given_messages(self, ctx: RunContext) -> Sequence[Message]:
+        """Return the request messages this provider works from in `before_run` (its `input_filter` applied).
+
+        By default only the caller's input of this run, as the seeds' providers do: no loaded
+        history, no other provider's messages, so nothing feeds back on itself.
+        """
+        messages = ctx.messages
+        return (self.input_filter or external_input)(messages)
+
+    def messages_to_learn(self, outcome: RunOutcome) -> list[Message]:
+        """Return the messages this provider stores or learns from in `after_run`; empty when the run failed.
+
+        The request messages pass `store_request_filter` (default: the caller's input only), the
+        response messages `store_response_filter` (default: all).
+        """
+        if outcome.error is not None or outcome.response_messages is None:
+            return []
+        request = (self.store_request_filter or external_input)(outcome.request_messages)
+        response = outcome.response_messages
+        if self.store_response_filter is not None:
+            response = self.store_response_filter(response)
+        return [*request, *response]
 
     @property
     def state_keys(self) -> tuple[str, ...]:
@@ -97,14 +156,13 @@ class HistoryProvider(ContextProvider):
         store_request_filter: MessageFilter | None = None,
         store_response_filter: MessageFilter | None = None,
     ) -> None:
-        super().__init__(source_id)
+        super().__init__(source_id, store_request_filter=store_request_filter,
+                         store_response_filter=store_response_filter)
         self.load_messages = load_messages
         self.store_inputs = store_inputs
         self.store_outputs = store_outputs
         self.store_context_messages = store_context_messages
         self.provide_filter = provide_filter
-        self.store_request_filter = store_request_filter
-        self.store_response_filter = store_response_filter
 
     @property
     def stores_anything(self) -> bool:
@@ -119,27 +177,38 @@ class HistoryProvider(ContextProvider):
         """Append `messages` to the session's history; `lease` fences the write when given."""
         raise NotImplementedError(f"{type(self).__name__} must implement save()")
 
+    async def load_view(self, session: Session) -> LoadedHistory:
+        """Return what to load for a run; by default `load`'s messages, with no log positions.
+
+        Override it (instead of `load`) to report where the messages sit in the log and a summary
+        checkpoint, so compaction can save summaries through `save_checkpoint`.
+        """
+        return LoadedHistory(await self.load(session))
+
+    async def save_checkpoint(self, session: Session, checkpoint: Checkpoint, *, lease: Lease | None = None) -> bool:
+        """Keep `checkpoint` (a summary of the log up to a sequence); return False if not supported."""
+        return False
+
     async def before_run(self, ctx: RunContext) -> None:
         """Load the session's history into the context (when `load_messages` is set)."""
         if not self.load_messages or ctx.session is None:
             return
-        messages = await self.load(ctx.session)
+        view = await self.load_view(ctx.session)
         if self.provide_filter is not None:
-            messages = self.provide_filter(messages)
-        ctx.add_history(messages)
+            loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
+            ctx.add_history(self.provide_filter(loaded))
+            return
+        if view.summary is not None:
+            ctx.add_history([view.summary])
+        ctx.add_history(view.messages, first_seq=view.first_seq)
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
-        """In per-run mode, store the whole run now; in per-step mode every step is stored already."""
-        if ctx.per_step_persistence or outcome.error is not None or ctx.session is None:
-            return
-        messages = [*self.select_request(ctx), *self.select_response(outcome.response_messages or ())]
-        if messages:
-            await self.save(ctx.session, messages, lease=ctx.lease_for(self))
+        """Nothing to do: the run's step writer saves through `save` (per step, or once per run)."""
 
     def select_request(self, ctx: RunContext) -> list[Message]:
         """Return the request messages this provider stores (the first save of a run)."""
         if self.store_request_filter is not None:
-            return list(self.store_request_filter(ctx.tagged_request_messages()))
+            return list(self.store_request_filter(ctx.messages))
         selected: list[Message] = []
         if self.store_context_messages:
             for segment in ctx.segments:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..compaction import CompactionResult, CompactionStrategy, TokenBudget, compact
+from ..compaction import CompactionResult, CompactionStrategy, TokenBudget, compact, is_summary
 from ..errors import UsageError
-from ..messages import Message
+from ..messages import Message, Source
 from ..models.base import CallModel, ModelRequest, ModelResponse
-from ..session import ProviderState
-from ..stores.base import Checkpoint
-from ..tokens import Calibration, TokenCounter, Tokenizer, tokenizer_for_model
+from ..tokens import TokenCounter, Tokenizer
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -32,9 +29,11 @@ class Compaction(ContextProvider):
     - with `in_loop` (the default) it also compacts every model call of the run, so a long tool
       loop stays within budget; summaries made inside the loop are reused on later calls.
 
-    Stored messages are never changed. Token counts come from `tokenizer` (by default exact for
-    OpenAI-family model names, else an estimate calibrated against the usage models report; the
-    calibration is kept in session state). Every decision is recorded on the call's trace.
+    Stored messages are never changed. Token counts are the run's (``ctx.tokens``: exact for
+    OpenAI-family model names, else an estimate calibrated against the usage models report, the
+    calibration kept in session state), the same numbers the run's traces show; a `tokenizer`
+    given here replaces the tokenizer but keeps that calibration. Every decision is recorded on the
+    call's trace.
 
     >>> Compaction(max_input_tokens=8_000, output_reserve=1_000).strategy.budget
     7000
@@ -62,42 +61,41 @@ class Compaction(ContextProvider):
         self.tokenizer = tokenizer
         self.in_loop = in_loop
         self.checkpoints = checkpoints
-        self.calibration = ProviderState(f"{source_id}.calibration", Calibration)
-        self._caches: dict[str, dict[str, int]] = {}
-
-    @property
-    def state_keys(self) -> tuple[str, ...]:
-        """The session state key of the token calibration."""
-        return (self.calibration.key,)
+        self._cache: dict[str, int] = {}
 
     def _counter(self, ctx: RunContext) -> TokenCounter:
-        tokenizer = self.tokenizer or tokenizer_for_model(getattr(ctx.agent.model, "name", ""))
-        cache = self._caches.setdefault(tokenizer.name, {})
-        return TokenCounter(tokenizer, calibration=self.calibration.get(ctx.session), cache=cache)
+        if self.tokenizer is None:
+            return ctx.tokens
+        return TokenCounter(self.tokenizer, calibration=ctx.tokens.calibration, cache=self._cache)
 
     async def before_run(self, ctx: RunContext) -> None:
         """Compact the context contributed so far, and wrap each model call of the run."""
         counter = self._counter(ctx)
         input_ids = {m.id for m in ctx.input}
-        result = await compact(ctx.messages, self.strategy, counter, instructions=ctx.instructions,
+        result = await compact(list(ctx.messages), self.strategy, counter, instructions=ctx.instructions,
                                tools=[t.spec for t in ctx.tools.values()])
         if result.changed:
             history = next((s for s in ctx.segments if s.first_seq is not None), None)
-            ctx.replace_messages([m for m in result.messages if m.id not in input_ids])
+            ctx.replace_messages([self._tagged(m) for m in result.messages if m.id not in input_ids])
             ctx.record_compaction(result.decisions)
             if self.checkpoints and result.summarised and history is not None:
                 await self._checkpoint(ctx, result, history)
         if self.in_loop:
             ctx.add_middleware(_LoopCompaction(self, ctx, counter).call)
 
+    def _tagged(self, message: Message) -> Message:
+        """Attribute a summary this provider wrote to it (other messages keep their source)."""
+        return message.with_source(Source("context", self.source_id)) if is_summary(message) and (
+            message.source is None) else message
+
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
         """Nothing to do: the calibration lives in session state, which the run saves."""
 
     async def _checkpoint(self, ctx: RunContext, result: CompactionResult, history: Segment) -> None:
         """Save the summary as a checkpoint when it stands for the oldest part of the stored log."""
-        summary = next((m for m in result.messages if m.metadata.get("summary")), None)
+        summary = next((m for m in result.messages if is_summary(m)), None)
         summarised = set(result.summarised)
-        if ctx.session is None or ctx.store is None or summary is None or history.first_seq is None:
+        if summary is None or history.first_seq is None:
             return
         # The summary may cover an earlier checkpoint's summary and then a prefix of the loaded log.
         covered = [i for i, m in enumerate(history.messages) if m.id in summarised]
@@ -105,9 +103,7 @@ class Compaction(ContextProvider):
         outside = len(summarised) - in_history
         if not covered or covered != list(range(in_history)) or outside > 1:
             return
-        seq = history.first_seq + in_history - 1
-        await ctx.store.save_checkpoint(ctx.session.tenant, ctx.session.id, Checkpoint(seq, summary, time.time()),
-                                        lease=ctx.lease)
+        await ctx.save_checkpoint(history.first_seq + in_history - 1, summary)
 
 
 class _LoopCompaction:
@@ -124,10 +120,11 @@ class _LoopCompaction:
         result = await compact(messages, self.provider.strategy, self.counter, instructions=request.instructions,
                                tools=request.tools)
         if result.changed or messages is not request.messages:
-            request = ModelRequest(tuple(result.messages), request.instructions, request.tools, request.settings)
+            request = ModelRequest(tuple(self.provider._tagged(m) for m in result.messages), request.instructions,
+                                   request.tools, request.settings)
             self.ctx.record_compaction(result.decisions)
             if result.summarised:
-                summary = next(m for m in result.messages if m.metadata.get("summary"))
+                summary = next(m for m in request.messages if is_summary(m))
                 self.summaries.append((tuple(result.summarised), summary))
         counter = self.counter
         estimate = (counter.text(request.instructions) + counter.tools(request.tools)

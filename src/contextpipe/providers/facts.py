@@ -16,10 +16,9 @@ import pydantic
 
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
-from ..session import ProviderState, Session
+from ..session import ProviderState, Session, user_id
 from ..vectors.base import Embedder, VectorRecord, VectorStore
 from .base import ContextProvider
-from .memory import _user_from_state
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
@@ -61,7 +60,7 @@ class FactMemory(ContextProvider):
         k: int = 10,
         background: bool = False,
         prompt: str = DEFAULT_EXTRACTION_PROMPT,
-        user: Callable[[Session | None], str | None] = _user_from_state,
+        user: Callable[[Session | None], str | None] = user_id,
         source_id: str = "facts",
     ) -> None:
         super().__init__(source_id)

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from ..exchanges import drop_leading_orphans
 from ..messages import Message
-from .base import HistoryProvider, MessageFilter
+from .base import HistoryProvider, LoadedHistory, MessageFilter
 
 if TYPE_CHECKING:
-    from ..pipeline import RunContext
     from ..session import Session
-    from ..stores.base import Lease, SessionStore
+    from ..stores.base import Checkpoint, Lease, SessionStore
 
 __all__ = ["History"]
 
@@ -61,39 +61,24 @@ class History(HistoryProvider):
         after it, the newest `max_messages` of them when bounded; never a scan of the whole log
         when a checkpoint exists.
         """
-        summary, messages, _ = await self._load_view(session)
-        return messages if summary is None else [summary, *messages]
+        view = await self.load_view(session)
+        return view.messages if view.summary is None else [view.summary, *view.messages]
 
-    async def before_run(self, ctx: RunContext) -> None:
-        """Load the checkpoint summary and the log after it, keeping the log positions for compaction."""
-        if not self.load_messages or ctx.session is None:
-            return
-        summary, messages, first_seq = await self._load_view(ctx.session)
-        if self.provide_filter is not None:
-            loaded = self.provide_filter([summary, *messages] if summary is not None else messages)
-            ctx.add_history(loaded)
-            return
-        if summary is not None:
-            ctx.add_history([summary])
-        ctx.add_history(messages, first_seq=first_seq)
-
-    async def _load_view(self, session: Session) -> tuple[Message | None, list[Message], int]:
+    async def load_view(self, session: Session) -> LoadedHistory:
+        """Load the checkpoint summary and the log after it, with the log positions (for compaction)."""
         checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
         messages, first_seq = page.messages, page.first_seq
         if checkpoint is not None or page.has_more:
-            kept = _drop_leading_orphans(messages)
+            kept = drop_leading_orphans(messages)
             first_seq += len(messages) - len(kept)
             messages = kept
-        return (checkpoint.summary if checkpoint is not None else None), messages, first_seq
+        return LoadedHistory(messages, first_seq, checkpoint.summary if checkpoint is not None else None)
+
+    async def save_checkpoint(self, session: Session, checkpoint: Checkpoint, *, lease: Lease | None = None) -> bool:
+        """Keep `checkpoint` in the store, so later runs load the summary plus the newer messages."""
+        await self.store.save_checkpoint(session.tenant, session.id, checkpoint, lease=lease)
+        return True
 
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
         """Append `messages` to the session's log (idempotent by message id)."""
         await self.store.append(session.tenant, session.id, messages, lease=lease)
-
-
-def _drop_leading_orphans(messages: list[Message]) -> list[Message]:
-    """Drop tool results at the start of a bounded page whose calls were cut off by the bound."""
-    start = 0
-    while start < len(messages) and messages[start].role == "tool":
-        start += 1
-    return messages[start:] if start else messages

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ContextPipeError, UsageError
+from ..errors import McpError, UsageError
 from ..messages import DataPart, Message, TextPart, UriPart
 from ..tools import Tool, ToolOutcome
 from .base import ContextProvider
@@ -53,10 +53,6 @@ __all__ = ["HttpServer", "McpError", "McpTools", "StdioServer", "model_tool_name
 logger = logging.getLogger("contextpipe.mcp")
 
 _BAD_CHARS: Final = re.compile(r"[^A-Za-z0-9_-]")
-
-
-class McpError(ContextPipeError):
-    """The MCP server could not be started, reached or understood (the message names the server and the cause)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import UsageError
 from ..messages import Message
-from ..session import Session
+from ..session import Session, user_id
 from ..vectors.base import Embedder, VectorRecord, VectorStore
 from .base import ContextProvider
 
@@ -22,10 +22,7 @@ Scope = Literal["tenant", "user", "agent", "session"]
 
 
 def _user_from_state(session: Session | None) -> str | None:
-    if session is None:
-        return None
-    value = session.state.get("user_id")
-    return str(value) if value is not None else None
+    return user_id(session)
 
 
 class SemanticMemory(ContextProvider):

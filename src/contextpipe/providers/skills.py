@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import UsageError
+from ..errors import SkillError, UsageError
 from ..tools import Tool, ToolOutcome
 from . import _skillfiles as files
 from .base import ContextProvider
@@ -57,10 +57,6 @@ SPEC_FIELDS: Final = frozenset(("name", "description", "license", "compatibility
 logger = logging.getLogger("contextpipe.skills")
 
 _FRONT_RE: Final = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
-
-
-class SkillError(UsageError):
-    """A skill could not be loaded (the message names the file and what is wrong with it)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 from .memory import MemoryStore
 
@@ -30,13 +31,4 @@ __all__ = [
     "SessionStore",
 ]
 
-_LAZY = {"SQLiteStore": ".sqlite", "PostgresStore": ".postgres", "RedisStore": ".redis"}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module, __name__), name)
+__getattr__ = lazy_exports(__name__, {"SQLiteStore": ".sqlite", "PostgresStore": ".postgres", "RedisStore": ".redis"})

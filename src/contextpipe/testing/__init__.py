@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from ..models.scripted import ScriptedModel, Turn, tool_call
 from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeReply, FakeStreamCut
+from .scripted import ScriptedModel, Turn, tool_call
 
 __all__ = [
     "FakeError",

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where
 
 if TYPE_CHECKING:
     from .embedders import HashEmbedder, LocalEmbedder, OpenAIEmbedder
     from .ingest import Chunk, chunk_markdown, chunk_text, ingest_folder
+    from .pgvector import PgVectorStore
     from .stores import MemoryVectorStore, SQLiteVectorStore
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "LocalEmbedder",
     "MemoryVectorStore",
     "OpenAIEmbedder",
+    "PgVectorStore",
     "SQLiteVectorStore",
     "SearchHit",
     "VectorRecord",
@@ -33,15 +36,7 @@ __all__ = [
 ]
 
 
-_LAZY = {"HashEmbedder": ".embedders", "LocalEmbedder": ".embedders", "OpenAIEmbedder": ".embedders",
-         "MemoryVectorStore": ".stores", "SQLiteVectorStore": ".stores",
-         "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module, __name__), name)
+__getattr__ = lazy_exports(__name__, {
+    "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders", "OpenAIEmbedder": ".embedders",
+    "MemoryVectorStore": ".stores", "SQLiteVectorStore": ".stores", "PgVectorStore": ".pgvector",
+    "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})

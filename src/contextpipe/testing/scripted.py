@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 from ..errors import ScriptExhausted
 from ..messages import FunctionCall, Message, Part, ReasoningPart, TextPart
-from .base import ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete, TextDelta, Usage
+from ..models.base import ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete, TextDelta, Usage
 
 __all__ = ["ScriptStep", "ScriptedModel", "Turn", "tool_call"]
 

@@ -1,0 +1,73 @@
+"""Calling the context providers' hooks: `before_run` in order, `after_run` always and in reverse.
+
+Each hook runs inside its own span (when telemetry is on) and its time is written to the run's
+`RunJournal`, which the traces read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+from .telemetry import Spans, hook_span
+from .trace import ProviderTiming
+
+if TYPE_CHECKING:
+    from .pipeline import RunContext, RunOutcome
+    from .providers.base import ContextProvider
+
+__all__ = ["run_after", "run_before"]
+
+
+Guard = Callable[[Awaitable[None]], Awaitable[None]]
+"""Awaits a hook, stopping it if the run must stop (the step writer's `guard`: a lost lease)."""
+
+
+async def _unguarded(hook: Awaitable[None]) -> None:
+    await hook
+
+
+async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, spans: Spans,
+                     guard: Guard = _unguarded) -> None:
+    """Call `before_run` on each provider in order, each through `guard`.
+
+    A provider that raises stops the sequence (the run fails); ``ctx.journal.started`` counts it,
+    so it still gets its `after_run`.
+    """
+    journal = ctx.journal
+    for provider in providers:
+        journal.started += 1
+        span = hook_span(spans, provider.source_id, provider.kind, "before_run")
+        t0 = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            with ctx.contributing(provider.source_id):
+                await guard(provider.before_run(ctx))
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            journal.timings.append(ProviderTiming(provider.source_id, "before_run", time.perf_counter() - t0))
+            Spans.end(span, error)
+
+
+async def run_after(
+    providers: Sequence[ContextProvider], ctx: RunContext, outcome: RunOutcome, spans: Spans
+) -> list[tuple[str, BaseException]]:
+    """Call `after_run` on the started providers in reverse order; every one is called, failures collected."""
+    errors: list[tuple[str, BaseException]] = []
+    journal = ctx.journal
+    for provider in reversed(providers[:journal.started]):
+        span = hook_span(spans, provider.source_id, provider.kind, "after_run")
+        t0 = time.perf_counter()
+        failure: BaseException | None = None
+        try:
+            await provider.after_run(ctx, outcome)
+        except Exception as exc:
+            errors.append((provider.source_id, exc))
+            failure = exc
+        finally:
+            journal.timings.append(ProviderTiming(provider.source_id, "after_run", time.perf_counter() - t0))
+            Spans.end(span, failure)
+    return errors

@@ -1,0 +1,196 @@
+"""`StepWriter`: everything a run saves, fenced by the one lease the run holds.
+
+The agent acquires the lease and creates the writer; the loop hands it each step; the agent alone
+releases the lease at the end. The writer saves:
+
+- per step (the default): the request messages each storing history provider keeps, with the first
+  model output; then every model output and every tool result as soon as it exists;
+- per run: everything once, when the run has succeeded;
+- summary checkpoints (for compaction), the session's state and, when asked, the run's traces.
+
+While the run lives, a background *heartbeat* renews the lease every ``lease.ttl / 3`` seconds (by
+default), whatever the run is doing: a slow model call, a long tool, a provider hook. If a renewal
+fails with `LeaseLost` (another worker took the session over, or it was deleted), the writer
+refuses every further write and `guard` stops whatever the run is awaiting at once (in-flight
+tools are cancelled) with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import LeaseLost
+from .stores.base import Checkpoint
+
+if TYPE_CHECKING:
+    from .messages import Message
+    from .pipeline import RunContext
+    from .providers.base import HistoryProvider
+    from .session import Session
+    from .stores.base import Lease, SessionStore
+
+__all__ = ["Heartbeat", "StepWriter"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """How a run keeps its session's lease alive in the background.
+
+    The lease is renewed every `interval` seconds (None: a third of the lease's TTL), waiting with
+    `sleep`; tests pass a `sleep` that waits for an explicit signal instead of the clock.
+    """
+
+    interval: float | None = None
+    """Seconds between renewals; None renews every ``ttl / 3``, well inside the TTL."""
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+    """Waits between renewals (``asyncio.sleep`` unless a test drives the beats itself)."""
+
+
+class StepWriter:
+    """Saves one run's messages, checkpoints and session state, fenced by the run's lease."""
+
+    def __init__(self, *, store: SessionStore, session: Session | None, lease: Lease | None,
+                 history_providers: Sequence[HistoryProvider], per_step: bool,
+                 heartbeat: Heartbeat | None = None) -> None:
+        self.store = store
+        """The store holding the session (and the lease)."""
+        self.session = session
+        """The session, or None for a run without one."""
+        self.lease = lease
+        """The run's current lease (renewals replace it), None without a session."""
+        self.per_step = per_step
+        """True when each step is saved as it happens; False saves once at the end."""
+        self._providers = [p for p in history_providers if p.stores_anything]
+        self._loader = next((p for p in history_providers if p.load_messages), None)
+        self._request_saved = False
+        self.lost: LeaseLost | None = None
+        """Set when a renewal failed: the run no longer holds the session and must stop."""
+        self._lost_event = asyncio.Event()
+        self._beating: asyncio.Task[None] | None = None
+        if lease is not None:
+            self._beating = asyncio.ensure_future(self._beat(heartbeat or Heartbeat()))
+
+    # --- the lease ----------------------------------------------------------------------------------
+
+    async def _beat(self, heartbeat: Heartbeat) -> None:
+        """Renew the lease until the run ends or a renewal fails (then stop the run)."""
+        while self.lease is not None:
+            await heartbeat.sleep(heartbeat.interval if heartbeat.interval is not None else self.lease.ttl / 3)
+            lease = self.lease
+            if lease is None:
+                return
+            try:
+                renewed = await self.store.renew_lease(lease)
+            except LeaseLost as exc:
+                exc.add_note("the run was stopped: another run took this session over (or it was deleted) "
+                             "while this one was still working; nothing more was saved")
+                self.lost = exc
+                self._lost_event.set()
+                return
+            except Exception:
+                continue
+            if self.lease is lease:
+                self.lease = renewed
+
+    def check(self) -> None:
+        """Raise the `LeaseLost` that stopped the run, if the lease was lost."""
+        if self.lost is not None:
+            raise self.lost
+
+    async def guard(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
+        self.check()
+        if self._beating is None:
+            return await awaitable
+        task = asyncio.ensure_future(awaitable)
+        lost = asyncio.ensure_future(self._lost_event.wait())
+        try:
+            await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self.check()
+        return task.result()
+
+    @property
+    def stores_messages(self) -> bool:
+        """True when some history provider stores this run's messages."""
+        return self.session is not None and bool(self._providers)
+
+    def lease_for(self, provider: HistoryProvider) -> Lease | None:
+        """Return the lease that fences `provider`'s writes.
+
+        That is the run's lease when the provider writes to the store holding it, and None for
+        providers writing elsewhere (an audit log in another store).
+        """
+        return self.lease if getattr(provider, "store", None) is self.store else None
+
+    async def save_step(self, ctx: RunContext, response: Sequence[Message], *,
+                        with_request: bool = True) -> list[Message]:
+        """Save a step now (per-step mode only) and return what the first storing provider was given.
+
+        Each storing provider gets `response`, preceded on the first such call by the request
+        messages it stores (unless `with_request` is False).
+        """
+        if not self.per_step or not self.stores_messages:
+            return []
+        first = with_request and not self._request_saved
+        self._request_saved = self._request_saved or with_request
+        return await self._save(ctx, response, with_request=first)
+
+    async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
+        """Save a whole successful run at once (per-run mode only)."""
+        if self.per_step or not self.stores_messages:
+            return
+        await self._save(ctx, response, with_request=True)
+
+    async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool) -> list[Message]:
+        session = self.session
+        assert session is not None
+        self.check()
+        saved: list[Message] | None = None
+        for provider in self._providers:
+            batch = provider.select_request(ctx) if with_request else []
+            batch.extend(provider.select_response(response))
+            if batch:
+                await provider.save(session, batch, lease=self.lease_for(provider))
+            if saved is None:
+                saved = batch
+        return saved or []
+
+    async def save_checkpoint(self, seq: int, summary: Message) -> bool:
+        """Have the history provider that loaded the messages keep `summary` as standing for the log up to `seq`."""
+        if self.session is None or self._loader is None:
+            return False
+        self.check()
+        checkpoint = Checkpoint(seq, summary, time.time())
+        return await self._loader.save_checkpoint(self.session, checkpoint, lease=self.lease_for(self._loader))
+
+    async def save_session(self, traces: Sequence[dict[str, Any]] = ()) -> None:
+        """Save the session's state (compare-and-swap) and, when given, the run's traces."""
+        session = self.session
+        if session is None:
+            return
+        self.check()
+        await self.store.save_session(session, lease=self.lease)
+        if traces:
+            await self.store.append_traces(session.tenant, session.id, list(traces), lease=self.lease)
+
+    async def release(self) -> None:
+        """Stop the heartbeat and give the session's lease back (the run is over)."""
+        if self._beating is not None:
+            self._beating.cancel()
+            await asyncio.gather(self._beating, return_exceptions=True)
+            self._beating = None
+        if self.lease is not None:
+            lease, self.lease = self.lease, None
+            if self.lost is None:
+                await self.store.release_lease(lease)

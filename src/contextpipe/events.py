@@ -1,0 +1,104 @@
+"""Every event `Agent.stream` yields, the `StreamEvent` union, and the `RunResult` the last one carries.
+
+Text and reasoning deltas come from the model (`contextpipe.models.base` defines them, since model
+clients stream them too); the others come from the run. Each is a frozen dataclass with a ``kind``
+literal to dispatch on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+from .messages import FunctionCall, FunctionResult, Message
+from .models.base import ReasoningDelta, TextDelta, Usage
+
+if TYPE_CHECKING:
+    from .session import Session
+    from .trace import PromptTrace
+
+__all__ = [
+    "ReasoningDelta",
+    "RunDone",
+    "RunEvent",
+    "RunResult",
+    "StepPersisted",
+    "StopReason",
+    "StreamEvent",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+]
+
+StopReason: TypeAlias = Literal["completed", "max_steps", "tool_errors"]
+"""Why the tool loop ended: it ``completed``, or was cut short at the step or tool-error limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """A tool call is about to run."""
+
+    call: FunctionCall
+    """The call, as the model made it."""
+    kind: Literal["tool_call_started"] = "tool_call_started"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFinished:
+    """A tool call finished (successfully or with an error result)."""
+
+    call: FunctionCall
+    """The call."""
+    result: FunctionResult
+    """Its result, as the model will see it."""
+    kind: Literal["tool_call_finished"] = "tool_call_finished"
+
+
+@dataclass(frozen=True, slots=True)
+class StepPersisted:
+    """Messages were saved to the session's history."""
+
+    step: int
+    """The step (model call number, from 1; 0 for the repair of an interrupted run) the messages belong to."""
+    messages: Sequence[Message]
+    """What was saved."""
+    kind: Literal["step_persisted"] = "step_persisted"
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What a run produced."""
+
+    text: str
+    """The final answer: text of the last assistant message."""
+    messages: list[Message]
+    """Messages the run produced, in order: model output and tool results."""
+    input: list[Message]
+    """The caller's input messages, as tagged and stored."""
+    usage: Usage
+    """Tokens used over all model calls, as the model reported them."""
+    traces: list[PromptTrace]
+    """One provenance record per model call: every instruction, message and tool, its source and tokens."""
+    stop_reason: StopReason
+    """``completed``, or why the tool loop was cut short (``max_steps``, ``tool_errors``)."""
+    steps: int
+    """Model calls made."""
+    session: Session | None = None
+    """The session the run used, with its updated state and version."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunDone:
+    """The last event of a stream: the run's result."""
+
+    result: RunResult
+    """The result, as `Agent.run` would return it."""
+    kind: Literal["run_done"] = "run_done"
+
+
+RunEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted
+"""Events of the tool loop."""
+
+StreamEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted | RunDone
+"""Events `Agent.stream` yields; the last is always `RunDone`."""

@@ -1,0 +1,194 @@
+"""The shape of the package: public surfaces, the import graph's layers, and function complexity."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+from radon.complexity import cc_visit
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
+
+# --- public surfaces -------------------------------------------------------------------------------------
+
+SURFACES = {
+    "contextpipe.models": [
+        "CallModel", "ChatModel", "ModelMiddleware", "ModelRequest", "ModelResponse", "ModelSettings",
+        "ModelStreamEvent", "OpenAIChatModel", "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
+    ],
+    "contextpipe.providers": [
+        "Compaction", "ContextProvider", "FactMemory", "History", "HistoryProvider", "HttpServer", "LoadedHistory",
+        "McpTools", "MessageFilter", "ScriptRequest", "SearchResult", "SemanticMemory", "Skill", "SkillProblem",
+        "Skills", "StdioServer", "TextSearch", "external_input",
+    ],
+    "contextpipe.stores": [
+        "Checkpoint", "Lease", "MemoryStore", "MessagePage", "PostgresStore", "RedisStore", "SQLiteStore",
+        "SessionInfo", "SessionListing", "SessionStore",
+    ],
+    "contextpipe.vectors": [
+        "Chunk", "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore", "OpenAIEmbedder", "PgVectorStore",
+        "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text",
+        "ingest_folder",
+    ],
+    "contextpipe.testing": [
+        "FakeError", "FakeOpenAIServer", "FakeRaw", "FakeReply", "FakeStreamCut", "ScriptedModel", "Turn",
+        "tool_call",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(SURFACES))
+def test_every_subpackage_surface_is_pinned(package: str) -> None:
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(SURFACES[package])
+    for name in module.__all__:
+        assert getattr(module, name) is not None, f"{package}.{name}"
+
+
+def test_each_concept_has_one_home() -> None:
+    import contextpipe.models as models
+
+    assert not hasattr(models, "ScriptedModel")  # test doubles live in contextpipe.testing only
+    from contextpipe import errors
+
+    assert errors.ProviderError is errors.AfterRunError  # the old name still works
+
+
+# --- the import graph ------------------------------------------------------------------------------------
+
+# Layers from the bottom up. A module may import from its own layer or below, never from above.
+# Patterns are matched against the dotted name inside the package; the first match wins, and a module
+# that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "_lazy"),
+    ("messages", "session", "tools", "tokens"),
+    ("exchanges", "models.base", "vectors", "vectors.*", "stores", "stores.*"),
+    ("invariants", "compaction", "models", "models.*", "testing.scripted"),
+    ("trace", "telemetry", "_semconv"),
+    ("pipeline", "events"),
+    ("providers.base", "_persistence", "_hooks"),
+    ("providers", "providers.*"),
+    ("loop",),
+    ("agent",),
+]
+
+
+def _layer(module: str) -> int:
+    for rank, patterns in enumerate(LAYERS):
+        if any(fnmatch(module, p) for p in patterns):
+            return rank
+    return len(LAYERS)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts) or "__init__"] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: set[str]) -> Iterator[str]:
+    """Every module of the package that `name` imports: runtime, TYPE_CHECKING and function-level alike."""
+    package = name.split(".") if path.name == "__init__.py" and name != "__init__" else name.split(".")[:-1]
+    if name == "__init__":
+        package = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            elif node.module and node.module.startswith("contextpipe"):
+                target = node.module.removeprefix("contextpipe").lstrip(".")
+            else:
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}" if target else alias.name
+                yield sub if sub in known else target or "__init__"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("contextpipe."):
+                    yield alias.name.removeprefix("contextpipe.")
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: {t for t in _imports(name, path, known) if t != name and t in known}
+            for name, path in modules.items()}
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    upward = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+              for a, targets in _graph().items() for b in sorted(targets) if _layer(b) > _layer(a)]
+    assert upward == []
+
+
+def test_the_import_graph_has_no_cycles() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == []
+
+
+def test_the_graph_scan_sees_type_checking_and_relative_imports() -> None:
+    graph = _graph()
+    assert "pipeline" in graph["providers.base"]  # a TYPE_CHECKING import
+    assert "stores.base" in graph["_persistence"]
+    assert "exchanges" in graph["models.openai"]
+
+
+# --- complexity --------------------------------------------------------------------------------------------
+
+# Functions over 15 left for a later change (most in code other developers own this cycle); each is
+# reported to its owner. Remove an entry when its function is split; the test then keeps it small.
+KNOWN_COMPLEX = {
+    "stores/redis.py:RedisStore.list_sessions",
+    "models/openai.py:_StreamAssembly.feed",
+    "cli.py:_chat",
+    "providers/facts.py:FactMemory._extract",
+    "compaction.py:ClearToolResults.apply",
+    "compaction.py:Summarize.apply",
+    "testing/scripted.py:ScriptedModel._next_turn",
+}
+
+
+def _blocks() -> Iterator[tuple[str, int]]:
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for block in cc_visit(path.read_text()):
+            for item in [block, *getattr(block, "methods", [])]:
+                name = f"{item.classname}.{item.name}" if getattr(item, "classname", None) else item.name
+                yield f"{rel}:{name}", item.complexity
+
+
+def test_the_loop_reads_like_the_algorithm() -> None:
+    complexity = dict(_blocks())
+    assert complexity["loop.py:StepLoop.events"] <= 10
+
+
+def test_no_function_is_too_complex() -> None:
+    too_complex = {name: c for name, c in _blocks() if c > 15 and name not in KNOWN_COMPLEX}
+    assert too_complex == {}
