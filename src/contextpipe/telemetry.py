@@ -10,8 +10,11 @@ Span names and attributes follow the OpenTelemetry GenAI conventions: ``invoke_a
 run, ``chat {model}`` for a model call, ``execute_tool {tool}`` for a tool call, with
 ``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``,
 ``gen_ai.usage.output_tokens``, ``gen_ai.response.finish_reasons``, ``gen_ai.tool.name``,
-``gen_ai.tool.call.id``, ``gen_ai.conversation.id``, and ``error.type`` on failure. Provider hooks
-are ``contextpipe.before_run {source_id}`` and ``contextpipe.after_run {source_id}``.
+``gen_ai.tool.call.id``, ``gen_ai.conversation.id``, ``gen_ai.provider.name`` (``openai``,
+``anthropic``, ...), ``server.address`` / ``server.port``, ``gen_ai.response.id``, and ``error.type``
+on failure; captured content uses the conventions' message schema. The mapping lives in
+``_semconv``. Provider hooks are ``contextpipe.before_run {source_id}`` and
+``contextpipe.after_run {source_id}``.
 """
 
 from __future__ import annotations
