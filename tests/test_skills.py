@@ -88,9 +88,10 @@ LOADED = {"bom-skill", "canvas-design", "claude-api", "list-metadata", "long-com
 SKIPPED = {
     "Upper-Case": "may only use lowercase letters",
     "a--b": "must not contain consecutive hyphens",
-    "broken-yaml": "YAML front matter is invalid",
+    "broken-yaml": ("the YAML front matter is invalid: while parsing a flow sequence at line 3, column 14: "
+                    "expected ',' or ']', but got '<stream end>'"),
     "latin1": "not UTF-8 text",
-    "no-description": "non-empty 'description'",
+    "no-description": "front matter needs 'description' as non-empty text",
     "pdf-tools": "must be the name of the skill's folder ('pdf-tools')",
     "plain-markdown": "missing YAML front matter",
     "x" * 65: "must be 1-64 characters",

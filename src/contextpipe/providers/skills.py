@@ -177,10 +177,20 @@ def _front_matter(text: str) -> tuple[dict[Any, Any], str]:
     try:
         front = yaml.safe_load(match.group(1))
     except yaml.YAMLError as exc:
-        raise _Skip(f"the YAML front matter is invalid: {exc}") from None
+        raise _Skip(f"the YAML front matter is invalid: {_yaml_problem(exc)}") from None
     if not isinstance(front, dict):
         raise _Skip("the front matter must be a YAML mapping with 'name' and 'description'")
     return front, text[match.end():].lstrip("\r\n")
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """One line saying what is wrong in the YAML and where (file line numbers: the front matter starts at 2)."""
+    context, problem = getattr(exc, "context", None), getattr(exc, "problem", None)
+    mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark is not None else ""
+    if problem is None:
+        return str(exc).splitlines()[0]
+    return f"{context}{where}: {problem}" if context else f"{problem}{where}"
 
 
 def _identity(front: dict[Any, Any], folder: str | None) -> tuple[str, str]:
@@ -189,7 +199,7 @@ def _identity(front: dict[Any, Any], folder: str | None) -> tuple[str, str]:
     if not isinstance(name, str) or not name.strip() or not isinstance(description, str) or not description.strip():
         missing = [k for k, v in (("name", name), ("description", description))
                    if not isinstance(v, str) or not v.strip()]
-        raise _Skip(f"front matter needs a non-empty {' and '.join(repr(m) for m in missing)} (text)")
+        raise _Skip(f"front matter needs {' and '.join(repr(m) for m in missing)} as non-empty text")
     if (why := name_problem(name)) is not None:
         raise _Skip(why)
     if folder is not None and name != folder:
