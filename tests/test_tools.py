@@ -59,6 +59,80 @@ def test_nested_models_and_annotated_descriptions() -> None:
     assert distance.idempotent is True and distance.timeout == 5
 
 
+def sphinx_forecast(city: str, days: int = 1) -> str:
+    """Return the forecast for a city.
+
+    Uses the regional service.
+
+    :param city: The city's name,
+        for example "Suzhou".
+    :param days: How many days to forecast.
+    :returns: The forecast as text.
+    :raises ValueError: For an unknown city.
+    """
+    return city
+
+
+def numpy_forecast(city: str, days: int = 1) -> str:
+    """Return the forecast for a city.
+
+    Uses the regional service.
+
+    Parameters
+    ----------
+    city : str
+        The city's name,
+        for example "Suzhou".
+    days : int, optional
+        How many days to forecast.
+
+    Returns
+    -------
+    str
+        The forecast as text.
+    """
+    return city
+
+
+def google_forecast(city: str, days: int = 1) -> str:
+    """Return the forecast for a city.
+
+    Uses the regional service.
+
+    Args:
+        city (str): The city's name,
+            for example "Suzhou".
+        days: How many days to forecast.
+
+    Returns:
+        The forecast as text.
+    """
+    return city
+
+
+@pytest.mark.parametrize("fn", [sphinx_forecast, numpy_forecast, google_forecast])
+def test_parameter_descriptions_from_every_docstring_style(fn: object) -> None:
+    t = Tool(fn)  # type: ignore[arg-type]
+    assert t.description == "Return the forecast for a city.\n\nUses the regional service."
+    props = t.parameters["properties"]
+    assert props["city"]["description"] == 'The city\'s name, for example "Suzhou".'
+    assert props["days"]["description"] == "How many days to forecast."
+    assert "Returns" not in t.description and ":param" not in t.description and "----" not in t.description
+
+
+def test_docstring_without_sections_is_the_description() -> None:
+    def plain(x: int) -> int:
+        """Double a number.
+
+        Note: the result may overflow nothing: Python ints are unbounded.
+        """
+        return 2 * x
+
+    t = Tool(plain)
+    assert t.description == "Double a number.\n\nNote: the result may overflow nothing: Python ints are unbounded."
+    assert "description" not in t.parameters["properties"]["x"]
+
+
 async def test_valid_call_returns_text() -> None:
     outcome = await get_weather_forecast.invoke('{"location_code": "SZ", "days": 2}')
     assert (outcome.result, outcome.is_error) == ("SZ:2:C", False)

@@ -139,7 +139,7 @@ async def test_otel_spans_follow_genai_conventions(spans: tuple[TracerProvider, 
     chats = [s for s in exporter.get_finished_spans() if s.name == "chat gpt-4o"]
     assert len(chats) == 2 and chats[0].kind == SpanKind.CLIENT
     assert chats[0].attributes["gen_ai.usage.input_tokens"] == 50
-    assert chats[0].attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert chats[0].attributes["gen_ai.response.finish_reasons"] == ("tool_call",)
     assert chats[0].attributes["gen_ai.request.model"] == "gpt-4o"
     tool_span = finished["execute_tool lookup"]
     assert tool_span.attributes["gen_ai.tool.name"] == "lookup"

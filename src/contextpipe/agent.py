@@ -269,7 +269,7 @@ class Agent:
             raise UsageError("nothing to run: pass input, or a session to resume")
         spans = Spans(self.telemetry, self.name)
         if spans.tracer is not None:
-            spans.start_run(session.id if session is not None else None, self.model.name)
+            spans.start_run(session.id if session is not None else None, self.model)
         writer: StepWriter | None = None
         run_error: BaseException | None = None
         try:

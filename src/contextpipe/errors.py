@@ -4,8 +4,8 @@
 ContextPipeError                 root: catch this to catch everything contextpipe raises
 ├── UsageError                   the API was used wrongly (bad configuration, clashing names, bad ids)
 │   ├── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
-│   ├── SkillError               a skill folder or SKILL.md is malformed (the message names the file)
-│   └── McpError                 an MCP server could not be started, reached or understood
+│   └── SkillError               a skill folder or SKILL.md is malformed (the message names the file)
+├── McpError                     an MCP server could not be started or reached (names the server and the cause)
 ├── CodecError                   stored or received JSON could not be decoded into messages or sessions
 ├── RequestInvariantError        a request about to be sent to a model is broken (a bug upstream)
 ├── ModelError                   a model call failed (provider, status code, body, retry hint)
@@ -265,5 +265,5 @@ class SkillError(UsageError):
     """A skill could not be loaded (the message names the file and what is wrong with it)."""
 
 
-class McpError(UsageError):
-    """The MCP server could not be started, reached or understood."""
+class McpError(ContextPipeError):
+    """An MCP server could not be started, reached or understood (the message names the server and the cause)."""

@@ -10,20 +10,23 @@ Span names and attributes follow the OpenTelemetry GenAI conventions: ``invoke_a
 run, ``chat {model}`` for a model call, ``execute_tool {tool}`` for a tool call, with
 ``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``,
 ``gen_ai.usage.output_tokens``, ``gen_ai.response.finish_reasons``, ``gen_ai.tool.name``,
-``gen_ai.tool.call.id``, ``gen_ai.conversation.id``, and ``error.type`` on failure. Provider hooks
-are ``contextpipe.before_run {source_id}`` and ``contextpipe.after_run {source_id}``.
+``gen_ai.tool.call.id``, ``gen_ai.conversation.id``, ``gen_ai.provider.name`` (``openai``,
+``anthropic``, ...), ``server.address`` / ``server.port``, ``gen_ai.response.id``, and ``error.type``
+on failure; captured content uses the conventions' message schema. The mapping lives in
+``_semconv``. Provider hooks are ``contextpipe.before_run {source_id}`` and
+``contextpipe.after_run {source_id}``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .messages import FunctionCall, FunctionResult, Message, message_to_dict
+from . import _semconv
+from .messages import FunctionCall, FunctionResult
 from .models.base import ChatModel, ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete
 
 __all__ = ["InstrumentedModel", "Spans", "Telemetry", "instrument_tool_calls"]
@@ -79,10 +82,10 @@ class Spans:
         return self.tracer.start_span(name, context=self._context(parent if parent is not None else self.root),
                                       kind=getattr(SpanKind, kind), attributes=attributes)
 
-    def start_run(self, session_id: str | None, model: str) -> None:
+    def start_run(self, session_id: str | None, model: ChatModel) -> None:
         """Start the run's root ``invoke_agent`` span."""
         attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.agent_name,
-                                      "gen_ai.request.model": model}
+                                      "gen_ai.request.model": model.name, **_semconv.agent_attributes(model)}
         if session_id is not None:
             attributes["gen_ai.conversation.id"] = session_id
         self.root = self.start(f"invoke_agent {self.agent_name}", attributes)
@@ -98,7 +101,7 @@ class Spans:
         if error is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_attribute("error.type", _semconv.error_type(error))
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         span.end()
@@ -119,7 +122,7 @@ class Spans:
 
     def content(self, messages: Any) -> str:
         """Return `messages` as the JSON text recorded on spans when content capture is on."""
-        return json.dumps([message_to_dict(m) for m in messages if isinstance(m, Message)], ensure_ascii=False)
+        return _semconv.input_messages(messages)
 
 
 # --- attributes (the GenAI semantic conventions live in these functions) ------------------------------
@@ -127,34 +130,13 @@ class Spans:
 
 def chat_request_attributes(model: ChatModel, request: ModelRequest, spans: Spans) -> dict[str, Any]:
     """Attributes of a ``chat`` span when the request is sent."""
-    settings = request.settings
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": model.name,
-        "gen_ai.provider.name": getattr(model, "provider", None) or type(model).__name__,
-    }
-    for key, attr in (("temperature", "gen_ai.request.temperature"),
-                      ("max_output_tokens", "gen_ai.request.max_tokens"), ("seed", "gen_ai.request.seed")):
-        if key in settings:
-            attributes[attr] = settings[key]  # type: ignore[literal-required]
-    if spans.capture:
-        attributes["gen_ai.input.messages"] = spans.content(request.messages)
-        if request.instructions:
-            attributes["gen_ai.system_instructions"] = request.instructions
-    return attributes
+    return _semconv.chat_request_attributes(model, model.name, request.settings, request.messages,
+                                            request.instructions, spans.capture)
 
 
 def chat_response_attributes(response: ModelResponse, spans: Spans) -> dict[str, Any]:
     """Attributes of a ``chat`` span when the response is complete (None values are left out)."""
-    usage = response.usage
-    attributes: dict[str, Any] = {
-        "gen_ai.response.model": response.model,
-        "gen_ai.response.finish_reasons": [response.finish_reason] if response.finish_reason else None,
-        "gen_ai.usage.input_tokens": usage.input_tokens if usage else None,
-        "gen_ai.usage.output_tokens": usage.output_tokens if usage else None,
-    }
-    if spans.capture:
-        attributes["gen_ai.output.messages"] = spans.content(response.messages)
-    return attributes
+    return _semconv.chat_response_attributes(response, spans.capture)
 
 
 def tool_call_attributes(call: FunctionCall, spans: Spans) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 `@tool` turns a sync or async function into a `Tool`: the name is the function's, the description
 its docstring's first paragraph, and the JSON schema of the arguments comes from the signature's
-type hints (pydantic), with per-argument descriptions from an ``Args:`` docstring section or
+type hints (pydantic), with per-argument descriptions from the docstring (Google ``Args:``, Sphinx
+``:param x:`` or NumPy ``Parameters`` sections, read by `docstring_parser`) or
 ``Annotated[..., Field(description=...)]``.
 
 A tool never crashes a run: arguments are validated before the call, and invalid arguments, an
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from .errors import UsageError
+from .messages import DataPart, UriPart
 
 if TYPE_CHECKING:
     import pydantic
@@ -63,6 +65,8 @@ class ToolOutcome:
     """The tool's return value as text, or an error message that says what went wrong."""
     is_error: bool = False
     """True when the arguments were invalid, the tool raised, or it timed out."""
+    parts: tuple[DataPart | UriPart, ...] = ()
+    """Images, audio or files the tool returned besides its text (an MCP tool's image, for example)."""
 
 
 class Tool:
@@ -262,33 +266,21 @@ def as_tool(value: Tool | Callable[..., Any]) -> Tool:
 
 # --- helpers -----------------------------------------------------------------------------------------
 
-_SECTION_RE: Final = re.compile(r"^(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$")
-_ARG_RE: Final = re.compile(r"^\s+(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-
-
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into its description and per-argument descriptions."""
-    lines = doc.splitlines()
-    description: list[str] = []
-    args: dict[str, str] = {}
-    section: str | None = None
-    current: str | None = None
-    for line in lines:
-        header = _SECTION_RE.match(line.strip() and line)
-        if header:
-            section = header.group(1)
-            current = None
-            continue
-        if section is None:
-            description.append(line)
-        elif section in ("Args", "Arguments", "Parameters"):
-            m = _ARG_RE.match(line)
-            if m:
-                current = m.group(1).lstrip("*")
-                args[current] = m.group(2).strip()
-            elif current and line.strip():
-                args[current] = f"{args[current]} {line.strip()}".strip()
-    text = "\n".join(description).strip()
+    """Split a Google, Sphinx (reST) or NumPy docstring into its description and per-argument descriptions.
+
+    The style is detected by `docstring_parser`; a docstring it cannot parse is kept whole as the description.
+    """
+    if not doc.strip():
+        return "", {}
+    import docstring_parser
+
+    try:
+        parsed = docstring_parser.parse(doc)
+    except docstring_parser.ParseError:
+        return doc.strip(), {}
+    text = "\n\n".join(p for p in (parsed.short_description, parsed.long_description) if p).strip()
+    args = {p.arg_name.lstrip("*"): " ".join(p.description.split()) for p in parsed.params if p.description}
     return text, args
 
 

@@ -11,7 +11,7 @@ from .facts import FactMemory
 from .history import History
 from .memory import SemanticMemory
 from .search import SearchResult, TextSearch
-from .skills import ScriptRequest, Skill, Skills
+from .skills import ScriptRequest, Skill, SkillProblem, Skills
 
 if TYPE_CHECKING:
     from .mcp import HttpServer, McpTools, StdioServer
@@ -30,6 +30,7 @@ __all__ = [
     "SearchResult",
     "SemanticMemory",
     "Skill",
+    "SkillProblem",
     "Skills",
     "StdioServer",
     "TextSearch",

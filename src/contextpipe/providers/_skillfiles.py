@@ -1,0 +1,220 @@
+"""Race-free file access inside a skill's folder (POSIX).
+
+Every path is opened one component at a time relative to the directory file descriptor of the level
+above, with ``O_NOFOLLOW``: a symlink anywhere is refused, and swapping a file or directory for a
+symlink between a check and a use changes nothing, because there is no separate check: the file that
+was opened is the file that is examined (``fstat``) and read, at most ``limit + 1`` bytes of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mimetypes
+import os
+import stat
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Final
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang the open
+SNIFF_BYTES: Final = 8192
+
+
+class Refused(Exception):
+    """A path was refused or could not be opened; the message is written for the model."""
+
+
+class Missing(Refused):
+    """There is no regular file at the path (nothing there, or a directory, FIFO, device...)."""
+
+
+def check_relative(rel: str) -> tuple[str, ...]:
+    """Return the components of `rel`, or raise `Refused` saying why the path is not acceptable."""
+    if not rel or len(rel) > 512:
+        raise Refused("Error: the path must be 1-512 characters.")
+    normalized = unicodedata.normalize("NFC", rel)
+    if any(unicodedata.category(c) in ("Cc", "Cf") for c in normalized):
+        raise Refused("Error: the path contains control or invisible characters.")
+    if "\\" in normalized:
+        raise Refused("Error: use '/' in paths.")
+    if normalized.startswith(("/", "~")):
+        raise Refused("Error: the path must be relative to the skill's folder.")
+    parts = tuple(p for p in PurePosixPath(normalized).parts if p != ".")
+    if any(part == ".." for part in parts):
+        raise Refused("Error: the path must stay inside the skill's folder ('..' is not allowed).")
+    if not parts:
+        raise Refused("Error: the path names the skill's folder itself, not a file in it.")
+    return parts
+
+
+def open_dir(path: Path, name: str, *, follow: bool = False) -> int:
+    """Open directory `name` inside `path` (not following a symlink unless `follow`); return its fd."""
+    parent = os.open(path, _DIR_FLAGS)
+    try:
+        return os.open(name, _DIR_FLAGS | (0 if follow else os.O_NOFOLLOW), dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def open_file(dir_fd: int, parts: tuple[str, ...], *, follow_last: bool = False) -> int:
+    """Open the regular file at `parts` under `dir_fd`, refusing symlinks on the way; return its fd."""
+    current = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=current)
+            except OSError as exc:
+                raise _refusal(exc, part) from None
+            os.close(current)
+            current = nxt
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS | (0 if follow_last else os.O_NOFOLLOW), dir_fd=current)
+        except OSError as exc:
+            raise _refusal(exc, parts[-1]) from None
+    finally:
+        os.close(current)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Missing("missing")
+    return fd
+
+
+def _refusal(exc: OSError, part: str) -> Refused:
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        return Refused(f"Error: {part!r} is a symbolic link; links are not followed inside a skill's folder.")
+    return Missing("missing")
+
+
+def read_limited(fd: int, limit: int) -> bytes:
+    """Read at most `limit + 1` bytes from `fd` (one more than allowed tells that the file is too big)."""
+    chunks: list[bytes] = []
+    left = limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+@contextlib.contextmanager
+def opened(fd: int) -> Iterator[int]:
+    """Close `fd` on leaving."""
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def looks_like_text(head: bytes) -> bool:
+    """Whether the first bytes of a file are UTF-8 text (an incomplete character at the cut is allowed)."""
+    if b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data" and exc.start >= len(head) - 3
+    return True
+
+
+def decode_text(data: bytes) -> str | None:
+    """Decode UTF-8 text (a leading BOM dropped); None when the bytes are not UTF-8 text."""
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """What a skill's file is, as listed to the model."""
+
+    path: str
+    """Relative path inside the skill's folder."""
+    size: int
+    """Size in bytes."""
+    media_type: str
+    """Guessed media type (``application/octet-stream`` when unknown)."""
+    is_text: bool
+    """Whether the file is UTF-8 text that `read_skill_resource` can return."""
+
+    def describe(self, limit: int) -> str:
+        """One listing line: path, type, size, and why it cannot be read when it cannot."""
+        size = human_size(self.size)
+        if not self.is_text:
+            return f"{self.path} ({self.media_type}, {size}; binary, not readable as text)"
+        if self.size > limit:
+            return f"{self.path} (text, {size}; over the {human_size(limit)} read limit)"
+        return f"{self.path} (text, {size})"
+
+
+def human_size(n: int) -> str:
+    """``532 B``, ``12.3 KB``, ``1.2 MB``."""
+    if n < 1000:
+        return f"{n} B"
+    if n < 1_000_000:
+        return f"{n / 1000:.1f} KB"
+    return f"{n / 1_000_000:.1f} MB"
+
+
+def media_type(name: str, is_text: bool) -> str:
+    """Media type guessed from the file name (``text/plain`` / ``application/octet-stream`` fallback)."""
+    guessed, encoding = mimetypes.guess_type(name, strict=False)
+    if encoding == "gzip":
+        return "application/gzip"
+    if encoding is not None:
+        return f"application/x-{encoding}"
+    return guessed or ("text/plain" if is_text else "application/octet-stream")
+
+
+def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> tuple[list[FileInfo], bool]:
+    """List the regular files under `dir_fd` (symlinks and ``SKILL.md`` left out), sniffing text or binary.
+
+    Returns the files and whether there were more than `max_files` (or folders deeper than `max_depth`).
+    """
+    found: list[FileInfo] = []
+    more = False
+
+    def walk(fd: int, prefix: str, depth: int) -> None:
+        nonlocal more
+        try:
+            entries = sorted(os.listdir(fd))
+        except OSError:
+            return
+        for name in entries:
+            if len(found) >= max_files:
+                more = True
+                return
+            rel = f"{prefix}{name}"
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and depth >= max_depth:
+                more = True
+            elif stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError:
+                    continue
+                with opened(sub):
+                    walk(sub, rel + "/", depth + 1)
+            elif stat.S_ISREG(st.st_mode) and rel != "SKILL.md":
+                try:
+                    file_fd = open_file(fd, (name,))
+                except (Refused, OSError):
+                    continue
+                with opened(file_fd):
+                    size = os.fstat(file_fd).st_size
+                    text = looks_like_text(read_limited(file_fd, SNIFF_BYTES - 1))
+                found.append(FileInfo(rel, size, media_type(name, text), text))
+
+    walk(dir_fd, "", 0)
+    return found, more
