@@ -13,8 +13,8 @@ from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_q
 
 if TYPE_CHECKING:
     from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
-    from .memory import MemoryVectorStore
     from .ingest import Chunk, chunk_markdown, chunk_text, ingest_folder
+    from .memory import MemoryVectorStore
     from .pgvector import PgVectorStore
     from .sqlite import SQLiteVectorStore
 
