@@ -256,6 +256,7 @@ class StepLoop:
         # Each request gets its own snapshot: middleware and models may keep the request.
         request = ModelRequest(tuple(self._working), ctx.instructions, () if final else self._specs, ctx.settings)
         started = time.perf_counter()
+        ratio = ctx.tokens.calibration.ratio
         response: ModelResponse | None = None
         async for item in self._call_model(request):
             if isinstance(item, ModelResponse):
@@ -269,18 +270,18 @@ class StepLoop:
         produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages])
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
-        self._trace(step, response.request or request, response, time.perf_counter() - started)
+        self._trace(step, response.request or request, response, time.perf_counter() - started, ratio)
         self._working.extend(produced)
         state.new_messages.extend(produced)
         yield ModelStep(step, final, produced, [c for m in produced for c in m.function_calls])
 
-    def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float) -> None:
+    def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float, ratio: float) -> None:
         ctx = self.ctx
         journal = ctx.journal
         journal.traces.append(PromptTrace(
             step, self.model.name, response.usage, latency, response.finish_reason, journal.take_compaction(),
             journal.take_changes(), _request=sent, _instruction_sources=ctx.instruction_sources,
-            _tool_sources=dict(ctx.tool_sources), _counter=ctx.tokens, _journal=journal))
+            _tool_sources=dict(ctx.tool_sources), _counter=ctx.tokens, _ratio=ratio, _journal=journal))
 
     async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
         """Send `request` through the chain; yield the deltas as they arrive, then the response."""
