@@ -170,7 +170,6 @@ KNOWN_COMPLEX = {
     "providers/skills.py:parse_skill",
     "providers/facts.py:FactMemory._extract",
     "compaction.py:ClearToolResults.apply",
-    "compaction.py:Summarize.apply",
     "testing/scripted.py:ScriptedModel._next_turn",
 }
 

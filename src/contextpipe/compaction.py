@@ -374,22 +374,10 @@ class Summarize(CompactionStrategy):
 
     async def apply(self, view: CompactionView) -> None:
         """Summarise the groups older than the kept turns (drop them if the model fails)."""
-        users = [g for g in view.groups if g.kind == "user"]
-        if len(users) <= self.keep_last_turns:
-            return
-        cut = users[-self.keep_last_turns].start if self.keep_last_turns > 0 else len(view.messages)
-        old = [g for g in view.groups if g.end <= cut and id(g) not in view.pinned and g.kind != "system"]
+        old = self._old_groups(view)
         if not old:
             return
-        # The newest old groups within the summariser's input cap; older ones are dropped outright.
-        budget = self.max_input_tokens
-        chosen: list[Group] = []
-        for g in reversed(old):
-            if g.tokens > budget and chosen:
-                break
-            chosen.append(g)
-            budget -= g.tokens
-        chosen.reverse()
+        chosen = self._within_cap(old)
         too_old = old[:len(old) - len(chosen)]
         chosen_messages = [view.messages[i] for g in chosen for i in range(g.start, g.end)]
         before = view.total()
@@ -400,22 +388,30 @@ class Summarize(CompactionStrategy):
                                       "dropped instead of summarised so the run can go on")
             return
         view.drop(self.name, too_old, f"beyond the summariser's input cap of {self.max_input_tokens} tokens")
-        chosen_ids = {m.id for m in chosen_messages}
-        summary = summary_message(text)
-        keep: list[Message] = []
-        summarised: list[str] = []
-        for m in view.messages:
-            if m.id in chosen_ids:
-                if not summarised:
-                    keep.append(summary)
-                summarised.append(m.id)
-            else:
-                keep.append(m)
-        view.set(keep)
-        view.summarised.extend(summarised)
+        summarised = _replace_with_summary(view, {m.id for m in chosen_messages}, summary_message(text))
         view.decisions.append(CompactionDecision(
             self.name, "summarised", tuple(summarised), f"older than the last {self.keep_last_turns} turns",
             before, view.total()))
+
+    def _old_groups(self, view: CompactionView) -> list[Group]:
+        """Return the groups older than the kept turns that may be summarised (not pinned, not system)."""
+        users = [g for g in view.groups if g.kind == "user"]
+        if len(users) <= self.keep_last_turns:
+            return []
+        cut = users[-self.keep_last_turns].start if self.keep_last_turns > 0 else len(view.messages)
+        return [g for g in view.groups if g.end <= cut and id(g) not in view.pinned and g.kind != "system"]
+
+    def _within_cap(self, old: list[Group]) -> list[Group]:
+        """Return the newest of `old` within the input cap (older ones are dropped outright)."""
+        budget = self.max_input_tokens
+        chosen: list[Group] = []
+        for g in reversed(old):
+            if g.tokens > budget and chosen:
+                break
+            chosen.append(g)
+            budget -= g.tokens
+        chosen.reverse()
+        return chosen
 
     async def _summarise(self, messages: list[Message]) -> str:
         lines = []
@@ -434,6 +430,22 @@ class Summarize(CompactionStrategy):
         if not text:
             raise ValueError("the summariser returned no text")
         return text
+
+
+def _replace_with_summary(view: CompactionView, ids: set[str], summary: Message) -> list[str]:
+    """Put `summary` where the first of the messages `ids` was, drop the rest; return their ids."""
+    keep: list[Message] = []
+    summarised: list[str] = []
+    for m in view.messages:
+        if m.id in ids:
+            if not summarised:
+                keep.append(summary)
+            summarised.append(m.id)
+        else:
+            keep.append(m)
+    view.set(keep)
+    view.summarised.extend(summarised)
+    return summarised
 
 
 class CompactionPipeline(CompactionStrategy):
