@@ -169,7 +169,6 @@ KNOWN_COMPLEX = {
     "cli.py:_chat",
     "providers/skills.py:parse_skill",
     "providers/facts.py:FactMemory._extract",
-    "compaction.py:ClearToolResults.apply",
     "testing/scripted.py:ScriptedModel._next_turn",
 }
 

@@ -45,9 +45,9 @@ from typing import Final, Literal
 from .errors import UsageError
 from .exchanges import Group, GroupKind
 from .exchanges import group_messages as _group
-from .messages import FunctionCall, FunctionResult, Message, TextPart
+from .messages import FunctionCall, FunctionResult, Message, Part, TextPart
 from .models.base import ChatModel, ModelRequest
-from .tokens import REPLY_PRIMING, TokenCounter
+from .tokens import REPLY_PRIMING, TokenCounter, Tokenizer
 from .tools import ToolSpec
 
 __all__ = [
@@ -315,27 +315,13 @@ class ClearToolResults(CompactionStrategy):
         before = view.total()
         messages = list(view.messages)
         cleared: list[str] = []
-        tokenizer = view.counter.tokenizer
         for g in old:
             names = {p.call_id: p.name for i in range(g.start, g.end) for p in messages[i].function_calls}
             for i in range(g.start, g.end):
                 m = messages[i]
-                if m.role != "tool":
-                    continue
-                parts = []
-                changed = False
-                for p in m.parts:
-                    if type(p) is FunctionResult and not p.result.startswith("[cleared"):
-                        size = tokenizer.count_text(p.result)
-                        if size >= self.min_tokens:
-                            p = FunctionResult(p.call_id, f"[cleared to save context: {size} tokens of "
-                                               f"{names.get(p.call_id, 'tool')} output; call the tool again if "
-                                               "you need it]", p.is_error)
-                            changed = True
-                    parts.append(p)
-                if changed:
-                    messages[i] = Message(m.role, tuple(parts), author_name=m.author_name, created_at=m.created_at,
-                                          metadata={**m.metadata, "compacted_from": m.id}, source=m.source)
+                new = self._cleared(m, names, view.counter.tokenizer) if m.role == "tool" else None
+                if new is not None:
+                    messages[i] = new
                     cleared.append(m.id)
         if cleared:
             view.set(messages)
@@ -343,6 +329,25 @@ class ClearToolResults(CompactionStrategy):
                 self.name, "cleared", tuple(cleared),
                 f"tool results of {len(old)} older exchange(s) larger than {self.min_tokens} tokens",
                 before, view.total()))
+
+
+    def _cleared(self, message: Message, names: dict[str, str], tokenizer: Tokenizer) -> Message | None:
+        """Return `message` with its large results replaced by placeholders, or None if none is large."""
+        parts: list[Part] = []
+        changed = False
+        for p in message.parts:
+            if type(p) is FunctionResult and not p.result.startswith("[cleared"):
+                size = tokenizer.count_text(p.result)
+                if size >= self.min_tokens:
+                    p = FunctionResult(p.call_id, f"[cleared to save context: {size} tokens of "
+                                       f"{names.get(p.call_id, 'tool')} output; call the tool again if "
+                                       "you need it]", p.is_error)
+                    changed = True
+            parts.append(p)
+        if not changed:
+            return None
+        return Message(message.role, tuple(parts), author_name=message.author_name, created_at=message.created_at,
+                       metadata={**message.metadata, "compacted_from": message.id}, source=message.source)
 
 
 DEFAULT_SUMMARY_PROMPT = (
