@@ -169,7 +169,6 @@ KNOWN_COMPLEX = {
     "cli.py:_chat",
     "providers/skills.py:parse_skill",
     "providers/facts.py:FactMemory._extract",
-    "testing/scripted.py:ScriptedModel._next_turn",
 }
 
 
