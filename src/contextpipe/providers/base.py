@@ -1,10 +1,16 @@
 """`ContextProvider` and `HistoryProvider`: the two extension points of a run.
 
 A context provider shapes every run of an agent. In `before_run` it contributes through the
-`RunContext`: instructions, messages, tools, model middleware, or `replace_messages`. Providers run
-in registration order and each sees what earlier ones added. `after_run` is always called, in
-reverse order, with the request, the response messages (None on failure) and the error (None on
-success).
+`RunContext`: instructions, messages, tools, model middleware, or `replace_messages`,
+`replace_instructions`, `remove_tools`. Providers run in registration order and each sees what
+earlier ones added, each message tagged with its source in this run (``history``, ``context``,
+``input``). `after_run` is always called, in reverse order, with the request, the response messages
+(None on failure) and the error (None on success).
+
+As in the seeds, a provider has three message filters: `given_messages` applies `input_filter`
+(default: the caller's input only) and `messages_to_learn` applies `store_request_filter` (default:
+the caller's input only) and `store_response_filter` (default: everything), so a provider that
+learns from what it is given never learns the same turn twice.
 
 A history provider is a context provider that loads a session's messages before the run and saves
 the run's messages: per step by default (each model call's new messages right after the call, each
