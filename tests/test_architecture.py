@@ -168,7 +168,6 @@ KNOWN_COMPLEX = {
     "models/openai.py:_StreamAssembly.feed",
     "cli.py:_chat",
     "providers/skills.py:parse_skill",
-    "providers/facts.py:FactMemory._extract",
 }
 
 
