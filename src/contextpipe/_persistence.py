@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import LeaseLost
+from .providers.base import accepts_keyword
 from .stores.base import Checkpoint
 
 if TYPE_CHECKING:
@@ -134,17 +135,19 @@ class StepWriter:
         return self.lease if getattr(provider, "store", None) is self.store else None
 
     async def save_step(self, ctx: RunContext, response: Sequence[Message], *,
-                        with_request: bool = True) -> list[Message]:
+                        with_request: bool = True, durable: bool = True) -> list[Message]:
         """Save a step now (per-step mode only) and return what the first storing provider was given.
 
         Each storing provider gets `response`, preceded on the first such call by the request
-        messages it stores (unless `with_request` is False).
+        messages it stores (unless `with_request` is False). ``durable=False`` is for writes a crash
+        would repair anyway (the result of an idempotent tool: a resumed run runs it again); the
+        next model output is saved durably, which makes them durable too.
         """
         if not self.per_step or not self.stores_messages:
             return []
         first = with_request and not self._request_saved
         self._request_saved = self._request_saved or with_request
-        return await self._save(ctx, response, with_request=first)
+        return await self._save(ctx, response, with_request=first, durable=durable)
 
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only)."""
@@ -152,7 +155,8 @@ class StepWriter:
             return
         await self._save(ctx, response, with_request=True)
 
-    async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool) -> list[Message]:
+    async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool,
+                    durable: bool = True) -> list[Message]:
         session = self.session
         assert session is not None
         self.check()
@@ -160,7 +164,9 @@ class StepWriter:
         for provider in self._providers:
             batch = provider.select_request(ctx) if with_request else []
             batch.extend(provider.select_response(response))
-            if batch:
+            if batch and not durable and not with_request and accepts_keyword(provider.save, "durable"):
+                await provider.save(session, batch, lease=self.lease_for(provider), durable=False)  # type: ignore[call-arg]
+            elif batch:
                 await provider.save(session, batch, lease=self.lease_for(provider))
             if saved is None:
                 saved = batch

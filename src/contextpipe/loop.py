@@ -358,7 +358,7 @@ class StepLoop:
                 call = by_id[result.call_id]
                 message = self._add_tool_message([call], [result])
                 yield ToolCallFinished(call, result)
-                async for event in self._save(step, [message]):
+                async for event in self._save(step, [message], durable=not self._idempotent(call)):
                     yield event
         finally:
             for task in tasks:
@@ -370,7 +370,12 @@ class StepLoop:
         self.state.new_messages.append(message)
         return message
 
-    async def _save(self, step: int, messages: Sequence[Message]) -> AsyncIterator[StepPersisted]:
-        saved = await self.writer.save_step(self.ctx, messages)
+    def _idempotent(self, call: FunctionCall) -> bool:
+        tool = self.ctx.tools.get(call.name)
+        return tool is not None and tool.idempotent
+
+    async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> AsyncIterator[
+            StepPersisted]:
+        saved = await self.writer.save_step(self.ctx, messages, durable=durable)
         if self.want_events and saved:
             yield StepPersisted(step, saved)

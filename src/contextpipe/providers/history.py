@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..exchanges import drop_leading_orphans
 from ..messages import Message
-from .base import HistoryProvider, LoadedHistory, MessageFilter
+from .base import HistoryProvider, LoadedHistory, MessageFilter, accepts_keyword
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -79,6 +79,15 @@ class History(HistoryProvider):
         await self.store.save_checkpoint(session.tenant, session.id, checkpoint, lease=lease)
         return True
 
-    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
-        """Append `messages` to the session's log (idempotent by message id)."""
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
+        """Append `messages` to the session's log (idempotent by message id).
+
+        With ``durable=False`` the store may acknowledge before the write survives a power loss
+        (the run's next durable write makes it durable); stores without that option ignore it.
+        """
+        if not durable and accepts_keyword(self.store.append, "durable"):
+            append: Any = self.store.append  # stores gained the option later than this call site
+            await append(session.tenant, session.id, messages, lease=lease, durable=False)
+            return
         await self.store.append(session.tenant, session.id, messages, lease=lease)
