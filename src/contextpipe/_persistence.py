@@ -72,7 +72,7 @@ class StepWriter:
         self._request_saved = False
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
-        self._lost_event = asyncio.Event()
+        self._guarded: set[asyncio.Future[Any]] = set()
         self._beating: asyncio.Task[None] | None = None
         if lease is not None:
             self._beating = asyncio.ensure_future(self._beat(heartbeat or Heartbeat()))
@@ -92,7 +92,8 @@ class StepWriter:
                 exc.add_note("the run was stopped: another run took this session over (or it was deleted) "
                              "while this one was still working; nothing more was saved")
                 self.lost = exc
-                self._lost_event.set()
+                for task in list(self._guarded):
+                    task.cancel()
                 return
             except Exception:
                 continue
@@ -110,16 +111,15 @@ class StepWriter:
         if self._beating is None:
             return await awaitable
         task = asyncio.ensure_future(awaitable)
-        lost = asyncio.ensure_future(self._lost_event.wait())
+        self._guarded.add(task)
         try:
-            await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
+            return await task
+        except asyncio.CancelledError:
+            if self.lost is not None and task.cancelled():
+                raise self.lost from None  # the heartbeat cancelled it: the lease is gone
+            raise
         finally:
-            lost.cancel()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self.check()
-        return task.result()
+            self._guarded.discard(task)
 
     @property
     def stores_messages(self) -> bool:
