@@ -156,6 +156,12 @@ async def consume(stream: AsyncIterator[ModelStreamEvent], on_delta: Callable[[T
 
 
 _DONE = object()
+
+
+def _no_deltas(delta: TextDelta | ReasoningDelta) -> None:
+    """Drop nothing: a complete (not streamed) call has no deltas to forward."""
+
+
 _RESPONSE_FIELDS = tuple(f.name for f in fields(ModelResponse) if f.name != "request")
 
 
@@ -196,6 +202,7 @@ class StepLoop:
         self._parts: list[Segment] = []
         self._tail: list[Message] = []
         self._specs: list[ToolSpec] = []
+        self._tool_sources: dict[str, str] = {}
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         async def run(c: FunctionCall) -> FunctionResult:
@@ -236,6 +243,7 @@ class StepLoop:
         """
         ctx = self.ctx
         self._specs = [t.spec for t in ctx.tools.values()]
+        self._tool_sources = dict(ctx.tool_sources)
         split = max((i + 1 for i, s in enumerate(ctx.segments) if s.source.kind == "history"), default=0)
         head, rest = ctx.segments[:split], ctx.segments[split:]
         history = [m for s in head for m in s.messages]
@@ -309,15 +317,15 @@ class StepLoop:
         journal.traces.append(PromptTrace(
             step, self.model.name, response.usage, latency, response.finish_reason, journal.take_compaction(),
             journal.take_changes(), _request=sent, _instruction_sources=ctx.instruction_sources,
-            _tool_sources=dict(ctx.tool_sources), _counter=ctx.tokens, _ratio=ratio, _journal=journal))
+            _tool_sources=self._tool_sources, _counter=ctx.tokens, _ratio=ratio, _journal=journal))
 
     async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
         """Send `request` through the chain; yield the deltas as they arrive, then the response."""
+        if not self.stream:
+            yield await self.writer.guard(chain(self.ctx.middleware, self._terminal(_no_deltas))(request))
+            return
         queue: asyncio.Queue[object] = asyncio.Queue()
         call = chain(self.ctx.middleware, self._terminal(queue.put_nowait))
-        if not self.stream:
-            yield await self.writer.guard(call(request))
-            return
         task = asyncio.ensure_future(call(request))
         task.add_done_callback(lambda _: queue.put_nowait(_DONE))
         try:
