@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 # torch is pinned to the CPU build this machine kind keeps on disk; the local embeddings need it.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local]"
+# The inspector's browser test drives Debian's headless Chromium (through Playwright's Python package).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test.sh: installing chromium with apt-get for the browser test" >&2
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 # shellcheck source=scripts/services.sh
 source scripts/services.sh
 exec .venv/bin/python -m pytest "$@"

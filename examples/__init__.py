@@ -1,0 +1,1 @@
+"""Runnable contextpipe examples (``contextpipe serve examples.weather:agent`` from the repository root)."""

@@ -1,0 +1,187 @@
+"""What ``contextpipe serve`` and ``contextpipe ui`` do (cli.py only declares their options).
+
+The server runs under uvicorn. Its configuration travels to the app factory (`app_from_env`) in one
+environment variable, so ``--workers N`` processes each build the same app; each worker imports the
+user's module and so opens its own store connection.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
+
+from .. import Agent
+from ..errors import UsageError
+from ..session import validate_tenant
+from ._keys import ApiKeys, hash_key, new_key
+
+__all__ = ["app_from_env", "load_agent", "run_server", "run_ui"]
+
+_CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
+
+
+def _import(module_name: str) -> ModuleType:
+    """Import a dotted module name, or a ``.py`` file by its path."""
+    try:
+        if not module_name.endswith(".py"):
+            return importlib.import_module(module_name)
+        path = Path(module_name)
+        if not path.is_file():
+            raise UsageError(f"no such file: {module_name}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UsageError(f"cannot import {module_name!r}: no module named {exc.name!r} (run from the folder "
+                             "that holds it, or pass --app-dir)") from None
+        raise
+
+
+def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
+    """Import ``module:attribute`` (or ``path/to/file.py:attribute``) and return the `Agent` it names.
+
+    The attribute may be an `Agent` or a function without arguments returning one.
+    """
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"expected MODULE:ATTRIBUTE (like examples.weather:agent), got {target!r}")
+    if app_dir is not None and str(Path(app_dir).resolve()) not in sys.path:
+        sys.path.insert(0, str(Path(app_dir).resolve()))
+    module = _import(module_name)
+    try:
+        obj = getattr(module, attribute)
+    except AttributeError:
+        raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(obj, Agent) and callable(obj) and not inspect.iscoroutinefunction(obj):
+        obj = obj()
+    if not isinstance(obj, Agent):
+        raise UsageError(f"{target} is not a contextpipe Agent (or a function returning one): it is of type "
+                         f"{type(obj).__name__}")
+    return obj
+
+
+def app_from_env() -> Any:
+    """Build the app from the configuration `run_server` / `run_ui` left in the environment (uvicorn factory)."""
+    from . import ServeSettings, create_app
+
+    config = json.loads(os.environ[_CONFIG_ENV])
+    keys = ApiKeys.load(config.get("keys_file"))
+    for tenant, hashed in config.get("hashes", []):
+        keys._tenants[hashed] = tenant
+    if not len(keys):
+        raise UsageError("no API keys: pass --keys FILE or set CONTEXTPIPE_API_KEYS")
+    settings = ServeSettings(**{**config["settings"], "cors_origins": tuple(config["settings"]["cors_origins"])})
+    if config["mode"] == "ui":
+        from ._readonly import ReadOnlySQLiteStore
+
+        return create_app(None, keys=keys, store=ReadOnlySQLiteStore(config["db"]), settings=settings,
+                          close_store=True)
+    agent = load_agent(config["target"], app_dir=config.get("app_dir"))
+    return create_app(agent, keys=keys, settings=settings, close_store=True)
+
+
+def _free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port") from None
+
+
+def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Callable[[str], None],
+         tenant: str, drain_timeout: float, log_level: str) -> None:
+    import uvicorn
+
+    if workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {workers}")
+    if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        raise UsageError(f"--log-level must be one of critical, error, warning, info, debug, trace; got {log_level!r}")
+    keys = ApiKeys.load(config.get("keys_file"))
+    ephemeral = None
+    if not len(keys):
+        validate_tenant(tenant)
+        ephemeral = "cp_" + os.urandom(24).hex()
+        config["hashes"] = [[tenant, hash_key(ephemeral)]]
+    _free(host, port)
+    os.environ[_CONFIG_ENV] = json.dumps(config)
+    if config["mode"] == "serve":
+        agent = load_agent(config["target"], app_dir=config.get("app_dir"))  # fail here, not in every worker
+        if workers > 1 and agent.store.backend == "memory":
+            raise UsageError("--workers needs a store the workers share (SQLite file, PostgreSQL or Redis); "
+                             f"{config['target']} keeps its sessions in memory, in each worker apart")
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+    say(f"contextpipe on {url}  (API docs: {url}/docs)")
+    if ephemeral is not None:
+        say(f"no API keys configured: this run's key for tenant {tenant!r} is {ephemeral}")
+        say(f"inspector: {url}/ui/#key={ephemeral}")
+    else:
+        say(f"inspector: {url}/ui/")
+    uvicorn.run("contextpipe.serve._cli:app_from_env", factory=True, host=host, port=port, workers=workers,
+                timeout_graceful_shutdown=max(1, int(drain_timeout)), log_level=log_level, lifespan="on")
+
+
+def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
+               keys_file: str | None = None, tenant: str = "default", on_disconnect: str = "finish",
+               drain_timeout: float = 30.0, max_body_bytes: int = 1 << 20, app_dir: str = ".",
+               log_level: str = "info", cors_origins: tuple[str, ...] = (),
+               say: Callable[[str], None] = print) -> None:
+    """Serve the agent `target` (``module:attribute``) until SIGTERM or Ctrl-C."""
+    from . import ServeSettings
+
+    if on_disconnect not in ("finish", "cancel"):
+        raise UsageError(f"--on-disconnect must be 'finish' or 'cancel', got {on_disconnect!r}")
+    if max_body_bytes < 1024:
+        raise UsageError("--max-body must be at least 1024 bytes")
+    for origin in cors_origins:
+        if not origin.startswith(("http://", "https://")) and origin != "*":
+            raise UsageError(f"--cors-origin must be an origin like https://app.example.com, got {origin!r}")
+    settings = ServeSettings(max_body_bytes=max_body_bytes, on_disconnect=on_disconnect,  # type: ignore[arg-type]
+                             drain_timeout=drain_timeout, cors_origins=tuple(cors_origins))
+    config = {"mode": "serve", "target": target, "app_dir": str(Path(app_dir).resolve()), "keys_file": keys_file,
+              "settings": asdict(settings)}
+    _run(config, host=host, port=port, workers=workers, say=say, tenant=tenant, drain_timeout=drain_timeout,
+         log_level=log_level)
+
+
+def run_ui(db: str, *, host: str = "127.0.0.1", port: int = 8001, tenant: str = "default",
+           keys_file: str | None = None, log_level: str = "warning", say: Callable[[str], None] = print) -> None:
+    """Serve the inspector over the SQLite file `db`, read-only."""
+    from . import ServeSettings
+
+    path = Path(db)
+    if not path.is_file():
+        raise UsageError(f"no session database at {db}" + (" (it is a directory)" if path.is_dir() else ""))
+    from ._readonly import ReadOnlySQLiteStore
+
+    ReadOnlySQLiteStore.check(str(path))
+    config = {"mode": "ui", "db": str(path.resolve()), "keys_file": keys_file,
+              "settings": asdict(ServeSettings(read_only=True))}
+    _run(config, host=host, port=port, workers=1, say=say, tenant=tenant, drain_timeout=1, log_level=log_level)
+
+
+def make_key(tenant: str, keys_file: str | None, say: Callable[[str], None] = print) -> None:
+    """Make an API key for `tenant`; append its hash to `keys_file` (or print the line to add)."""
+    key, line = new_key(tenant)
+    if keys_file:
+        with open(keys_file, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        say(f"added a key for tenant {tenant!r} to {keys_file} (only its hash is stored there):")
+    else:
+        say(f"add this line to your keys file (or to $CONTEXTPIPE_API_KEYS): {line}")
+        say("the key itself (give it to the client; it is not stored anywhere):")
+    say(key)

@@ -1,0 +1,182 @@
+"""Runs in flight: each in its own task, so a client that goes away never loses a run.
+
+A run's events go through a queue to whoever streams them. When the client disconnects, the run
+either goes on to the end and persists everything (``on_disconnect="finish"``, the default) or is
+cancelled at once (``"cancel"``); either way the agent closes the run, so providers are told and
+the session's lease is released. `RunManager.drain` (on SIGTERM) refuses new runs and waits for the
+ones in flight up to a deadline, then cancels the rest cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from .. import Agent, RunResult, Session
+from ..errors import ContextPipeError
+from ..messages import Message, message_to_dict
+
+__all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_json"]
+
+OnDisconnect: TypeAlias = Literal["finish", "cancel"]
+
+
+def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]:
+    """Return the JSON form of a run's result (with its prompt traces when `traces`)."""
+    data = {
+        "session_id": result.session.id if result.session is not None else None,
+        "text": result.text,
+        "stop_reason": result.stop_reason,
+        "steps": result.steps,
+        "usage": asdict(result.usage),
+        "input": [message_to_dict(m) for m in result.input],
+        "messages": [message_to_dict(m) for m in result.messages],
+    }
+    if traces:
+        data["traces"] = [t.to_dict(compact_runs=True) for t in result.traces]
+    return data
+
+
+def event_to_json(event: Any, *, traces: bool = False) -> tuple[str, dict[str, Any]] | None:
+    """Return the SSE name and JSON payload of a stream event (None for events not sent).
+
+    Events are told apart by their ``kind`` so this keeps working whichever module defines them.
+    """
+    kind = getattr(event, "kind", None)
+    if kind in ("text_delta", "reasoning_delta"):
+        return kind, {"text": event.text}
+    if kind == "tool_call_started":
+        call = event.call
+        return kind, {"call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+    if kind == "tool_call_finished":
+        call, res = event.call, event.result
+        return kind, {"call_id": call.call_id, "name": call.name, "result": res.result, "is_error": res.is_error}
+    if kind == "step_persisted":
+        messages: Sequence[Message] = event.messages
+        return kind, {"step": event.step, "messages": [message_to_dict(m) for m in messages]}
+    if kind == "run_done":
+        return "done", result_to_json(event.result, traces=traces)
+    return None
+
+
+def error_to_json(exc: BaseException) -> dict[str, Any]:
+    """Return the JSON body describing a failed run."""
+    message = str(exc) if isinstance(exc, ContextPipeError) else "the run failed; see the server log"
+    return {"error": {"type": type(exc).__name__, "message": message}}
+
+
+@dataclass(eq=False)
+class LiveRun:
+    """One run in flight: its task and the queue its events go to."""
+
+    session: Session
+    traces: bool = False
+    """Whether the result sent to the client carries the prompt traces."""
+    queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+    listening: bool = True
+    """False once the client went away (events are no longer queued)."""
+    detached: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the client went away."""
+    result: RunResult | None = None
+    error: BaseException | None = None
+
+    async def events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield ``(name, payload)`` pairs until the run ends (the last is ``done`` or ``error``)."""
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            yield item
+
+    async def wait(self) -> RunResult:
+        """Wait for the run to end; return its result or raise its error."""
+        assert self.task is not None
+        await asyncio.shield(self.task)
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+class RunManager:
+    """Starts runs in their own tasks, tracks them, and drains them at shutdown."""
+
+    def __init__(self, agent: Agent, *, on_disconnect: OnDisconnect = "finish") -> None:
+        if on_disconnect not in ("finish", "cancel"):
+            raise ValueError(f"on_disconnect must be 'finish' or 'cancel', got {on_disconnect!r}")
+        self.agent = agent
+        self.on_disconnect: OnDisconnect = on_disconnect
+        self.runs: set[LiveRun] = set()
+        self.draining = False
+        self.deadline: float | None = None
+
+    def begin_drain(self, timeout: float) -> None:
+        """Refuse new runs from now on; runs in flight have `timeout` seconds to finish."""
+        if not self.draining:
+            self.draining = True
+            self.deadline = time.monotonic() + timeout
+
+    def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
+              stream: bool, traces: bool = False) -> LiveRun:
+        """Start a run on `session` in its own task and return it (`traces`: put them in the result)."""
+        run = LiveRun(session, traces=traces)
+        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream),
+                                       name=f"contextpipe-run:{session.tenant}/{session.id}")
+        self.runs.add(run)
+        run.task.add_done_callback(lambda _: self.runs.discard(run))
+        return run
+
+    async def _drive(self, run: LiveRun, input: str | Sequence[Message] | None, lease_wait: float,
+                     stream: bool) -> None:
+        try:
+            if stream:
+                async with self.agent.stream(input, session=run.session, lease_wait=lease_wait) as events:
+                    async for event in events:
+                        item = event_to_json(event, traces=run.traces)
+                        if item is not None and run.listening:
+                            run.queue.put_nowait(item)
+                    run.result = events.result
+            else:
+                run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait)
+                if run.listening:
+                    run.queue.put_nowait(("done", result_to_json(run.result, traces=run.traces)))
+        except asyncio.CancelledError as exc:
+            run.error = exc
+            if run.listening:
+                run.queue.put_nowait(("error", {"error": {"type": "Cancelled",
+                                                          "message": "the run was cancelled (server shutdown)"}}))
+        except Exception as exc:
+            run.error = exc
+            if run.listening:
+                run.queue.put_nowait(("error", error_to_json(exc)))
+        finally:
+            run.queue.put_nowait(None)
+
+    def detach(self, run: LiveRun) -> None:
+        """Stop sending `run` events (its client went away); finish or cancel it, per `on_disconnect`."""
+        run.listening = False
+        run.detached.set()
+        if self.on_disconnect == "cancel" and run.task is not None and not run.task.done():
+            run.task.cancel()
+
+    async def drain(self, grace: float | None = None) -> int:
+        """Wait for runs in flight until the drain deadline, cancel the rest; return how many were cancelled.
+
+        Draining starts now with `grace` seconds unless a signal already started it.
+        """
+        if self.deadline is None:
+            self.begin_drain(grace or 0.0)
+        tasks = [r.task for r in self.runs if r.task is not None and not r.task.done()]
+        if not tasks:
+            return 0
+        assert self.deadline is not None
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, self.deadline - time.monotonic()))
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        return len(pending)
