@@ -139,9 +139,14 @@ def exchange_problem(messages: Sequence[Message]) -> str | None:
     """Describe the first unanswered call or orphan result in `messages`, or return None."""
     open_calls: dict[str, str] = {}
     for index, message in enumerate(untagged(messages)):
-        flag = message._tool_flag  # read inline: this loop runs over every request's messages
-        if flag < 0:
-            flag = message.tool_flag
+        # Inline and cheapest first: this loop runs over every request's messages.
+        parts = message.parts
+        if len(parts) == 1 and type(parts[0]) is TextPart:
+            flag = 0
+        else:
+            flag = message._tool_flag
+            if flag < 0:
+                flag = message.tool_flag
         if flag == 0 and not open_calls:
             continue  # the common case: plain text with no exchange in progress
         if message.role == "tool" or (flag & _RESULTS and message.role != "assistant"):
