@@ -49,11 +49,8 @@ _RESULTS = 2
 
 def _flag(message: Message) -> int:
     """0 without function parts, 1 with calls, 2 with results, 3 with both (cached on the message)."""
-    parts = message.parts
-    if len(parts) == 1 and type(parts[0]) is TextPart:
-        return 0  # plain text: the common case, decided without looking further
     flag = message._tool_flag
-    return flag if flag >= 0 else message.tool_flag
+    return flag if flag >= 0 else message.tool_flag  # computed once, then cached on the message
 
 
 def untagged(messages: Iterable[Message]) -> Iterable[Message]:
@@ -94,7 +91,8 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
     open_by_call: dict[str, Group] = {}
     for i, m in enumerate(messages):
         tokens = counts[i] if counts is not None else 0
-        flag = _flag(m)
+        parts = m.parts
+        flag = 0 if len(parts) == 1 and type(parts[0]) is TextPart else _flag(m)  # plain text: decided at once
         if flag == 0:
             groups.append(Group(_plain_kind(m, is_summary), i, i + 1, tokens))
         elif carries_results(m):
@@ -139,14 +137,9 @@ def exchange_problem(messages: Sequence[Message]) -> str | None:
     """Describe the first unanswered call or orphan result in `messages`, or return None."""
     open_calls: dict[str, str] = {}
     for index, message in enumerate(untagged(messages)):
-        # Inline and cheapest first: this loop runs over every request's messages.
-        parts = message.parts
-        if len(parts) == 1 and type(parts[0]) is TextPart:
-            flag = 0
-        else:
-            flag = message._tool_flag
-            if flag < 0:
-                flag = message.tool_flag
+        flag = message._tool_flag  # inline and cached: this loop runs over every request's messages
+        if flag < 0:
+            flag = _flag(message)
         if flag == 0 and not open_calls:
             continue  # the common case: plain text with no exchange in progress
         if message.role == "tool" or (flag & _RESULTS and message.role != "assistant"):
