@@ -72,7 +72,8 @@ class StepWriter:
         self._request_saved = False
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
-        self._guarded: set[asyncio.Future[Any]] = set()
+        self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
+        self._stopped = False  # the heartbeat cancelled that task
         self._beating: asyncio.Task[None] | None = None
         if lease is not None:
             self._beating = asyncio.ensure_future(self._beat(heartbeat or Heartbeat()))
@@ -92,8 +93,9 @@ class StepWriter:
                 exc.add_note("the run was stopped: another run took this session over (or it was deleted) "
                              "while this one was still working; nothing more was saved")
                 self.lost = exc
-                for task in list(self._guarded):
-                    task.cancel()
+                if self._inside is not None:
+                    self._stopped = True
+                    self._inside.cancel()
                 return
             except Exception:
                 continue
@@ -108,18 +110,20 @@ class StepWriter:
     async def guard(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
         self.check()
-        if self._beating is None:
+        task = asyncio.current_task()
+        if self._beating is None or task is None or self._inside is not None:
             return await awaitable
-        task = asyncio.ensure_future(awaitable)
-        self._guarded.add(task)
+        self._inside = task
         try:
-            return await task
+            return await awaitable
         except asyncio.CancelledError:
-            if self.lost is not None and task.cancelled():
-                raise self.lost from None  # the heartbeat cancelled it: the lease is gone
+            if self._stopped:  # the heartbeat cancelled it: the lease is gone, not the caller's doing
+                self._stopped = False
+                task.uncancel()
+                raise self.lost from None  # type: ignore[misc]
             raise
         finally:
-            self._guarded.discard(task)
+            self._inside = None
 
     @property
     def stores_messages(self) -> bool:
