@@ -17,8 +17,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
 
 SURFACES = {
     "contextpipe.models": [
-        "CallModel", "ChatModel", "ModelMiddleware", "ModelRequest", "ModelResponse", "ModelSettings",
-        "ModelStreamEvent", "OpenAIChatModel", "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
+        "AnthropicChatModel", "CallModel", "ChatModel", "ModelMiddleware", "ModelRequest", "ModelResponse",
+        "ModelSettings", "ModelStreamEvent", "OpenAIChatModel", "OpenAIResponsesModel", "ReasoningDelta",
+        "ResponseComplete", "TextDelta", "Usage",
     ],
     "contextpipe.providers": [
         "Compaction", "ContextProvider", "FactMemory", "History", "HistoryProvider", "HttpServer", "LoadedHistory",
@@ -34,8 +35,8 @@ SURFACES = {
         "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where", "chunk_text", "ingest_folder",
     ],
     "contextpipe.testing": [
-        "FakeError", "FakeOpenAIServer", "FakeRaw", "FakeReply", "FakeStreamCut", "ScriptedModel", "Turn",
-        "tool_call",
+        "AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeError", "FakeOpenAIServer", "FakeRaw",
+        "FakeReply", "FakeStreamCut", "FakeStreamError", "ScriptedModel", "Turn", "tool_call",
     ],
 }
 

@@ -7,7 +7,7 @@ import sys
 
 import contextpipe
 
-OPTIONAL = ("openai", "httpx", "httpx2", "asyncpg", "psycopg", "redis", "sqlite_vec", "torch",
+OPTIONAL = ("openai", "anthropic", "httpx", "httpx2", "asyncpg", "psycopg", "redis", "sqlite_vec", "torch",
             "sentence_transformers", "tiktoken", "numpy")
 
 
@@ -30,6 +30,19 @@ def test_openai_model_loads_its_sdk_on_first_use() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
+
+
+def test_anthropic_and_responses_models_load_their_sdks_on_first_use() -> None:
+    code = (
+        "import sys\nfrom contextpipe.models import AnthropicChatModel, OpenAIResponsesModel\n"
+        "print('anthropic' in sys.modules, 'openai' in sys.modules)\n"
+        "AnthropicChatModel('claude', api_key='k')\n"
+        "print('anthropic' in sys.modules, 'openai' in sys.modules)\n"
+        "OpenAIResponsesModel('m', base_url='http://127.0.0.1:9/v1')\n"
+        "print('anthropic' in sys.modules, 'openai' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False", "True", "False", "True", "True"]
 
 
 def test_public_api_is_pinned() -> None:

@@ -2,7 +2,7 @@
 
 Sessions live in a SQLite file (``--db``, or ``$CONTEXTPIPE_DB``, default ``contextpipe.db``). The
 model comes from flags or the usual environment variables (``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
-``OPENAI_MODEL``); any OpenAI-compatible server works.
+``OPENAI_MODEL``; with ``--provider anthropic`` the ``ANTHROPIC_`` ones); any OpenAI-compatible server works.
 """
 
 from __future__ import annotations
@@ -113,17 +113,35 @@ class DemoChatModel:
         yield ResponseComplete(response)
 
 
-def _model(model: str | None, base_url: str | None, api_key: str | None, demo_model: bool) -> ChatModel:
+PROVIDERS = ("openai", "openai-responses", "anthropic")
+
+
+def _model(model: str | None, base_url: str | None, api_key: str | None, demo_model: bool,
+           provider: str = "openai") -> ChatModel:
     if demo_model:
         return DemoChatModel()
-    model = model or os.environ.get("OPENAI_MODEL")
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-    api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    if provider not in PROVIDERS:
+        raise _fail(f"unknown --provider {provider!r}; choose one of: {', '.join(PROVIDERS)}", code=2)
+    env = "ANTHROPIC" if provider == "anthropic" else "OPENAI"
+    model = model or os.environ.get(f"{env}_MODEL")
+    base_url = base_url or os.environ.get(f"{env}_BASE_URL")
+    api_key = api_key or os.environ.get(f"{env}_API_KEY")
     if not model or not (api_key or base_url):
-        if sys.stdin.isatty() and typer.confirm(NO_MODEL + "\n\nUse the offline demo model now?", default=False,
+        message = NO_MODEL if env == "OPENAI" else (
+            "No Claude model is configured: set ANTHROPIC_API_KEY and ANTHROPIC_MODEL (e.g. claude-sonnet-5), "
+            "or pass --api-key and --model")
+        if sys.stdin.isatty() and typer.confirm(message + "\n\nUse the offline demo model now?", default=False,
                                                 err=True):
             return DemoChatModel()
-        raise _fail(NO_MODEL, code=2)
+        raise _fail(message, code=2)
+    if provider == "anthropic":
+        from .models.anthropic import AnthropicChatModel
+
+        return AnthropicChatModel(model, base_url=base_url, api_key=api_key)
+    if provider == "openai-responses":
+        from .models.openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(model, base_url=base_url, api_key=api_key)
     from .models.openai import OpenAIChatModel
 
     return OpenAIChatModel(model, base_url=base_url, api_key=api_key)
@@ -134,10 +152,13 @@ def chat(
     session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).")] = "chat",
     db: DbOption = DEFAULT_DB,
     tenant: TenantOption = DEFAULT_TENANT,
-    model: Annotated[str | None, typer.Option(help="Model name (default: $OPENAI_MODEL).")] = None,
+    provider: Annotated[str, typer.Option(help="Model API: openai, openai-responses or anthropic.")] = "openai",
+    model: Annotated[str | None, typer.Option(help="Model name (default: $OPENAI_MODEL, or $ANTHROPIC_MODEL).")]
+    = None,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL).")]
     = None,
-    api_key: Annotated[str | None, typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key (default: $OPENAI_API_KEY or $ANTHROPIC_API_KEY).")]
+    = None,
     demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
     instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
     max_input_tokens: Annotated[int | None, typer.Option(help="Compact the context to this many tokens.")] = None,
@@ -149,7 +170,7 @@ def chat(
                                          "`contextpipe index`.")] = False,
 ) -> None:
     """Chat with a model; every turn is stored in the session (type /exit or Ctrl-D to leave)."""
-    chat_model = _model(model, base_url, api_key, demo_model)
+    chat_model = _model(model, base_url, api_key, demo_model, provider)
     options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search)
     try:
         asyncio.run(_chat(chat_model, session, db, tenant, options))
@@ -396,6 +417,9 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
               f"{trace['total_tokens']} tokens ({trace['tokenizer']} count)")
     if usage:
         header += f", model reported {usage['input_tokens']} in / {usage['output_tokens']} out"
+        if usage.get("cache_read_tokens") or usage.get("cache_write_tokens"):
+            header += (f" (cache {usage.get('cache_read_tokens', 0)} read / "
+                       f"{usage.get('cache_write_tokens', 0)} written)")
     header += f", {trace['latency_s'] * 1000:.1f} ms"
     out.print(header)
     table = Table("source", "tokens", "share", title="tokens by source", title_justify="left")
@@ -412,6 +436,9 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
     for d in trace.get("compaction", []):
         out.print(f"  compaction: {d['strategy']} {d['action']} {len(d['message_ids'])} message(s): "
                   f"{escape(d['reason'])} ({d['tokens_before']} -> {d['tokens_after']} tokens)")
+    for change in trace.get("changes", []):
+        out.print(f"  {escape(change['source_id'])} {change['action'].replace('_', ' ')}: "
+                  f"{escape(', '.join(change['items']))}")
     out.print()
 
 

@@ -8,7 +8,9 @@ in SQLite:
    run repairs the session and finishes the job;
 3. compaction: a long session is cut to a token budget before each model call;
 4. the inspect view: where every token of the last prompt came from;
-5. memory: something said in one session is recalled in another session of the same user.
+5. memory: something said in one session is recalled in another session of the same user;
+6. prompt caching: the weather loop through the real `anthropic` SDK, against a local stand-in for the
+   Messages API that simulates its prompt cache, with a per-call table of cached tokens.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ async def run_demo(say: Callable[[str], None] = print, *, db: str | None = None)
             await _crash_and_resume(store, path, say)
             await _compaction_and_inspect(store, say)
             await _memory(store, say)
+            await _prompt_caching(store, say)
 
 
 async def _tool_loop(store: SQLiteStore, say: Callable[[str], None]) -> None:
@@ -213,6 +216,50 @@ async def _memory(store: SQLiteStore, say: Callable[[str], None]) -> None:
         say(f"   answer: {result.text}")
     finally:
         await vectors.close()
+
+
+def usage_table(result: RunResult) -> list[str]:
+    """Return one line per model call of `result`: input and output tokens, with cache columns when reported."""
+    usages = [(t.step, t.usage) for t in result.traces if t.usage is not None]
+    cached = any(u.cache_read_tokens or u.cache_write_tokens for _, u in usages)
+    head = f"{'call':>4} {'input':>7}" + (f" {'cached':>7} {'written':>8}" if cached else "") + f" {'output':>7}"
+    lines = [head]
+    for step, u in usages:
+        lines.append(f"{step:>4} {u.input_tokens:>7}" + (f" {u.cache_read_tokens:>7} {u.cache_write_tokens:>8}"
+                                                          if cached else "") + f" {u.output_tokens:>7}")
+    return lines
+
+
+async def _prompt_caching(store: SQLiteStore, say: Callable[[str], None]) -> None:
+    say("")
+    say("6. Prompt caching with Claude: the weather loop through the anthropic SDK, against a local stand-in")
+    say("   for the Messages API that simulates its cache (contextpipe.testing.FakeAnthropicServer).")
+    import importlib.util
+
+    if importlib.util.find_spec("anthropic") is None:
+        say('   (skipped: pip install "contextpipe[anthropic]" to see it)')
+        return
+    from .models.anthropic import AnthropicChatModel
+    from .testing.fake_anthropic import AnthropicReply, FakeAnthropicServer
+
+    with FakeAnthropicServer() as server:
+        server.enqueue(
+            AnthropicReply(thinking="I need the location code first.",
+                           tool_calls=(("lookup_location_code", '{"city": "Suzhou"}'),)),
+            AnthropicReply(thinking="Now the forecast for SZ.",
+                           tool_calls=(("get_weather_forecast", '{"location_code": "SZ"}'),)),
+            AnthropicReply("Sunny and 25 °C in Suzhou: a T-shirt and a light windbreaker.", thinking="Sunny."))
+        async with AnthropicChatModel("claude-sonnet-5", base_url=server.base_url, api_key="demo") as model:
+            agent = Agent(model, instructions="You are a helpful assistant. Use the tools to check the weather. "
+                          + "Answer in one sentence, with what to wear. " * 20,
+                          tools=[lookup_location_code, get_weather_forecast], providers=[History(store)],
+                          settings={"anthropic_thinking": {"type": "enabled", "budget_tokens": 1024}})
+            result = await agent.run("What should I wear in Suzhou today?", session=await agent.session("demo-claude"))
+    say("   cache breakpoints go on the tools, the instructions and the end of the previous call's prompt;")
+    say("   thinking blocks are stored with their signatures and sent back unchanged. Tokens per call:")
+    for line in usage_table(result):
+        say("      " + line)
+    say(f"   answer: {result.text}")
 
 
 def main() -> None:

@@ -306,6 +306,8 @@ class StepLoop:
         produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages])
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
+        if response.notes:
+            ctx.journal.changes.append(ContextChange(self.model.name, "adapted_request", response.notes))
         self._trace(step, response.request or request, response, time.perf_counter() - started, ratio)
         self._tail.extend(produced)
         state.new_messages.extend(produced)

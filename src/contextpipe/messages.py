@@ -146,7 +146,12 @@ class ReasoningPart:
     text: str
     """Readable reasoning, possibly empty when the provider only returns an encrypted form."""
     encrypted: str | None = None
-    """Provider-specific opaque reasoning to send back on later calls."""
+    """Provider-specific opaque reasoning to send back on later calls (a signature, encrypted content)."""
+    format: str | None = None
+    """Which provider's block this is, so it is only sent back where it is accepted:
+    ``anthropic.thinking``, ``anthropic.redacted_thinking``, ``openai.reasoning``; None for plain text."""
+    id: str | None = None
+    """The provider's id of the reasoning item, when it has one."""
     kind: Literal["reasoning"] = "reasoning"
 
 
@@ -271,6 +276,10 @@ def _part_to_dict(part: Part) -> dict[str, Any]:
         d = {"kind": "reasoning", "text": part.text}
         if part.encrypted is not None:
             d["encrypted"] = part.encrypted
+        if part.format is not None:
+            d["format"] = part.format
+        if part.id is not None:
+            d["id"] = part.id
         return d
     return {**part.payload, "kind": part.kind}
 
@@ -291,8 +300,9 @@ def _part_from_dict(d: Mapping[str, Any]) -> Part:
     if kind == "uri":
         return UriPart(_str(d, "uri"), _str(d, "media_type"))
     if kind == "reasoning":
-        encrypted = d.get("encrypted")
-        return ReasoningPart(_str(d, "text"), None if encrypted is None else str(encrypted))
+        encrypted, fmt, rid = d.get("encrypted"), d.get("format"), d.get("id")
+        return ReasoningPart(_str(d, "text"), None if encrypted is None else str(encrypted),
+                             None if fmt is None else str(fmt), None if rid is None else str(rid))
     if not isinstance(kind, str):
         raise CodecError(f"content part kind must be a string, got {kind!r}")
     return UnknownPart(kind, MappingProxyType({k: v for k, v in d.items() if k != "kind"}))

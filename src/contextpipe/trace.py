@@ -61,11 +61,12 @@ class ContextChange:
 
     source_id: str
     """The provider that made the change (``repair`` for the run's own repairs)."""
-    action: Literal["replaced_instructions", "removed_tools", "repaired_log", "normalised_output"]
+    action: Literal["replaced_instructions", "removed_tools", "repaired_log", "normalised_output",
+                    "adapted_request"]
     """What it did."""
     items: tuple[str, ...]
     """What was affected: the sources of replaced instructions, ``tool (source)`` of removed tools,
-    or one note per repair."""
+    or one note per repair, or per adaptation a model client made to fit its API (`ModelResponse.notes`)."""
 
 
 @dataclass(slots=True)
@@ -142,6 +143,20 @@ class TracedTool:
 _UNTAGGED = Source("context")  # a message a middleware made up without a source
 
 
+def _usage_dict(usage: Usage | None) -> dict[str, int] | None:
+    """Input and output tokens, plus the cache and reasoning counts the provider reported (when not zero)."""
+    if usage is None:
+        return None
+    return {k: v for k, v in asdict(usage).items() if v or k in ("input_tokens", "output_tokens")}
+
+
+def _cache_text(usage: Usage | None) -> str:
+    """`` (cache 1200 read / 80 written)`` when the provider reported prompt-cache use, else nothing."""
+    if usage is None or not (usage.cache_read_tokens or usage.cache_write_tokens):
+        return ""
+    return f" (cache {usage.cache_read_tokens} read / {usage.cache_write_tokens} written)"
+
+
 def _preview(message: Message, width: int = 60) -> str:
     text = message.text
     if not text:
@@ -173,7 +188,8 @@ class PromptTrace:
     """Compaction decisions made for this call."""
     changes: tuple[ContextChange, ...] = ()
     """What changed the context before this call or this call's output: instructions and tools providers
-    replaced or removed, repairs of the stored log's view, normalised model output."""
+    replaced or removed, repairs of the stored log's view, normalised model output, and what the model
+    client adapted to fit its API (``adapted_request``)."""
     _request: ModelRequest | None = field(default=None, repr=False)
     _instruction_sources: Sequence[tuple[str, str]] = field(default=(), repr=False)
     _tool_sources: dict[str, str] = field(default_factory=dict, repr=False)
@@ -187,6 +203,11 @@ class PromptTrace:
     def provider_timings(self) -> tuple[ProviderTiming, ...]:
         """Provider hooks around this call (``before_run`` on the first call, ``after_run`` on the last)."""
         return self._journal.timings_for(self) if self._journal is not None else ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the model client adapted to fit its API (left-out reasoning, thinking turned off, ...)."""
+        return tuple(note for c in self.changes if c.action == "adapted_request" for note in c.items)
 
     @property
     def tokenizer(self) -> str:
@@ -262,6 +283,7 @@ class PromptTrace:
         lines = [f"call {self.step} to {self.model}: {self.total_tokens} tokens by {self.tokenizer} count"
                  + (f", model reported {self.usage.input_tokens} in / {self.usage.output_tokens} out"
                     if self.usage else "")
+                 + _cache_text(self.usage)
                  + f", {self.latency_s * 1000:.1f} ms" + (f", finished: {self.finish_reason}" if self.finish_reason
                                                           else "")]
         lines.append("  tokens by source:")
@@ -308,7 +330,7 @@ class PromptTrace:
             messages.append(entry)
         return {
             "step": self.step, "model": self.model, "tokenizer": self.tokenizer,
-            "usage": asdict(self.usage) if self.usage else None, "latency_s": self.latency_s,
+            "usage": _usage_dict(self.usage), "latency_s": self.latency_s,
             "finish_reason": self.finish_reason, "total_tokens": self.total_tokens,
             "tokens_by_source": self.tokens_by_source(),
             "instructions": [asdict(i) for i in self.instructions], "messages": messages,

@@ -1,7 +1,11 @@
-"""Model clients: the `ChatModel` protocol and `OpenAIChatModel` (test doubles are in `contextpipe.testing`).
+"""Model clients: the `ChatModel` protocol and the OpenAI and Anthropic clients.
 
-`OpenAIChatModel` is imported lazily: ``import contextpipe.models`` does not import the `openai`
-package until the class is first used.
+Test doubles are in `contextpipe.testing`.
+
+The clients are `OpenAIChatModel`, `OpenAIResponsesModel` and `AnthropicChatModel`.
+
+The vendor clients are imported lazily: ``import contextpipe.models`` imports neither the `openai`
+nor the `anthropic` package until a class is first used.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from .anthropic import AnthropicChatModel
     from .openai import OpenAIChatModel
+    from .openai_responses import OpenAIResponsesModel
 
 __all__ = [
+    "AnthropicChatModel",
     "CallModel",
     "ChatModel",
     "ModelMiddleware",
@@ -35,6 +42,7 @@ __all__ = [
     "ModelSettings",
     "ModelStreamEvent",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "ReasoningDelta",
     "ResponseComplete",
     "TextDelta",
@@ -42,4 +50,5 @@ __all__ = [
 ]
 
 
-__getattr__ = lazy_exports(__name__, {"OpenAIChatModel": ".openai"})
+__getattr__ = lazy_exports(__name__, {"OpenAIChatModel": ".openai", "OpenAIResponsesModel": ".openai_responses",
+                                      "AnthropicChatModel": ".anthropic"})

@@ -44,6 +44,12 @@ class ModelSettings(TypedDict, total=False):
     """Sampling seed, where the provider supports it."""
     openai_extra_body: dict[str, Any]
     """Extra JSON fields sent as-is to an OpenAI-compatible server."""
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | str
+    """How hard a reasoning model thinks (OpenAI Responses ``reasoning.effort``)."""
+    anthropic_thinking: dict[str, Any]
+    """Anthropic ``thinking`` configuration, for example ``{"type": "enabled", "budget_tokens": 2048}``."""
+    anthropic_extra_body: dict[str, Any]
+    """Extra JSON fields sent as-is to the Anthropic Messages API."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +57,15 @@ class Usage:
     """Tokens a model call consumed, as the provider reported them."""
 
     input_tokens: int = 0
-    """Tokens in the request (prompt)."""
+    """Tokens in the request (prompt), cached ones included."""
     output_tokens: int = 0
-    """Tokens generated."""
+    """Tokens generated (reasoning included)."""
+    cache_read_tokens: int = 0
+    """Of `input_tokens`, how many were read from the provider's prompt cache (OpenAI ``cached_tokens``)."""
+    cache_write_tokens: int = 0
+    """Of `input_tokens`, how many were written to the provider's prompt cache (Anthropic cache creation)."""
+    reasoning_tokens: int = 0
+    """Of `output_tokens`, how many the model spent reasoning, when the provider says."""
 
     @property
     def total_tokens(self) -> int:
@@ -61,7 +73,10 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
+                     self.cache_read_tokens + other.cache_read_tokens,
+                     self.cache_write_tokens + other.cache_write_tokens,
+                     self.reasoning_tokens + other.reasoning_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +109,9 @@ class ModelResponse:
     """The provider's own response object, for debugging."""
     request: ModelRequest | None = field(default=None, repr=False, compare=False)
     """The request as it reached the model, after every middleware (set by the run's innermost call)."""
+    notes: tuple[str, ...] = ()
+    """What the client changed in the request to make it valid for its provider (for example reasoning
+    of another vendor left out); shown in the call's `PromptTrace`."""
 
     @property
     def text(self) -> str:

@@ -12,6 +12,7 @@ Configuration comes from arguments or the usual environment variables: ``OPENAI_
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -118,7 +119,12 @@ class OpenAIChatModel:
                 max_retries=max_retries,
             )
         self._owns_client = client is None
-        self._provider = "azure-openai" if type(self._client).__name__ == "AsyncAzureOpenAI" else "openai"
+        self._provider = "azure.ai.openai" if type(self._client).__name__ == "AsyncAzureOpenAI" else "openai"
+
+    @property
+    def provider(self) -> str:
+        """The provider as OpenTelemetry's ``gen_ai.provider.name`` names it (``openai``, ``azure.ai.openai``)."""
+        return self._provider
 
     @classmethod
     def azure(
@@ -182,7 +188,7 @@ class OpenAIChatModel:
             completion = await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
             raise self._translate(exc) from exc
-        return self._parse(completion)
+        return _noted(self._parse(completion), request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream `request`: text and reasoning deltas, then the assembled response."""
@@ -204,7 +210,7 @@ class OpenAIChatModel:
                     provider=self._provider,
                 ) from exc
             raise self._translate(exc) from exc
-        yield ResponseComplete(assembly.finish(self._provider, self._model))
+        yield ResponseComplete(_noted(assembly.finish(self._provider, self._model), request))
 
     # --- request ------------------------------------------------------------------------------------
 
@@ -266,9 +272,7 @@ class OpenAIChatModel:
             if function is None:
                 continue
             parts.append(FunctionCall(call.id, function.name, function.arguments or "{}"))
-        usage = None
-        if completion.usage is not None:
-            usage = Usage(completion.usage.prompt_tokens or 0, completion.usage.completion_tokens or 0)
+        usage = _chat_usage(completion.usage)
         return ModelResponse(
             [Message("assistant", tuple(parts))], usage=usage, finish_reason=choice.finish_reason,
             model=getattr(completion, "model", None) or self._model, raw=completion,
@@ -342,6 +346,35 @@ class OpenAIChatModel:
             f"the connection to {where} failed while reading the response: {type(exc).__name__}: {exc}",
             provider=provider,
         )
+
+
+def _noted(response: ModelResponse, request: ModelRequest) -> ModelResponse:
+    """Note the other vendors' reasoning left out of a chat completions request.
+
+    Plain reasoning is never sent back on this API, so it needs no note.
+    """
+    counts: dict[str, int] = {}
+    for message in request.messages:
+        for part in message.parts:
+            if isinstance(part, ReasoningPart) and part.format is not None:
+                counts[part.format] = counts.get(part.format, 0) + 1
+    if not counts:
+        return response
+    notes = tuple(f"left out {n} reasoning part(s) of format {fmt!r}: chat completions cannot accept them"
+                  for fmt, n in sorted(counts.items()))
+    return dataclasses.replace(response, notes=response.notes + notes)
+
+
+def _chat_usage(usage: Any) -> Usage | None:
+    """`Usage` from a chat completion's usage, with cached prompt and reasoning tokens when reported."""
+    if usage is None:
+        return None
+    prompt_details = getattr(usage, "prompt_tokens_details", None)
+    completion_details = getattr(usage, "completion_tokens_details", None)
+    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0,
+                 cache_read_tokens=(getattr(prompt_details, "cached_tokens", None) or 0) if prompt_details else 0,
+                 reasoning_tokens=(getattr(completion_details, "reasoning_tokens", None) or 0)
+                 if completion_details else 0)
 
 
 def _error_detail(exc: Any) -> str:
@@ -451,7 +484,7 @@ class _StreamAssembly:
         if getattr(chunk, "model", None):
             self.model = chunk.model
         if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+            self.usage = _chat_usage(chunk.usage)
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue

@@ -1,4 +1,4 @@
-"""Test doubles for contextpipe users: a scripted model and a fake OpenAI-compatible server.
+"""Test doubles for contextpipe users: a scripted model and fake OpenAI and Anthropic HTTP servers.
 
 >>> from contextpipe.testing import ScriptedModel, tool_call
 >>> model = ScriptedModel([tool_call("lookup", key="k1"), "done"])
@@ -6,15 +6,20 @@
 
 from __future__ import annotations
 
-from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeReply, FakeStreamCut
+from .fake_anthropic import AnthropicReply, FakeAnthropicCut, FakeAnthropicServer
+from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeReply, FakeStreamCut, FakeStreamError
 from .scripted import ScriptedModel, Turn, tool_call
 
 __all__ = [
+    "AnthropicReply",
+    "FakeAnthropicCut",
+    "FakeAnthropicServer",
     "FakeError",
     "FakeOpenAIServer",
     "FakeRaw",
     "FakeReply",
     "FakeStreamCut",
+    "FakeStreamError",
     "ScriptedModel",
     "Turn",
     "tool_call",

@@ -1,0 +1,757 @@
+"""`AnthropicChatModel`: Claude through the Messages API and the official `anthropic` SDK.
+
+The Anthropic wire format lives only in this module; everything else speaks contextpipe `Message`s.
+
+- Thinking blocks are kept as `ReasoningPart`s (format ``anthropic.thinking``, the signature in
+  `ReasoningPart.encrypted`) and redacted thinking as ``anthropic.redacted_thinking``; both are stored
+  with the session and sent back unchanged and in order, as the API requires in tool loops.
+  Reasoning of other vendors is left out of the request, with a note in the call's trace.
+- Prompt caching is on by default: cache breakpoints go on the tools, the instructions, the end of
+  the previous call's prompt (to read it) and the end of this one (to write it). ``cache=None`` turns
+  it off, ``cache="1h"`` picks the one-hour TTL. `Usage` reports cache reads and writes.
+- Stop reasons map to contextpipe's: ``end_turn`` -> ``stop``, ``tool_use`` -> ``tool_calls``,
+  ``max_tokens`` -> ``length``, ``refusal`` -> ``content_filter``; a ``pause_turn`` is continued
+  automatically.
+
+Configuration comes from arguments or ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL`` and
+``ANTHROPIC_MODEL``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import (
+    ContextWindowExceeded,
+    ModelAuthError,
+    ModelBadRequest,
+    ModelConnectionError,
+    ModelError,
+    ModelRateLimited,
+    ModelResponseError,
+    ModelServerError,
+    ModelTimeout,
+    UsageError,
+)
+from ..messages import (
+    DataPart,
+    FunctionCall,
+    FunctionResult,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    UnknownPart,
+    UriPart,
+)
+from .base import (
+    ModelRequest,
+    ModelResponse,
+    ModelSettings,
+    ModelStreamEvent,
+    ReasoningDelta,
+    ResponseComplete,
+    TextDelta,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    import anthropic
+
+__all__ = ["AnthropicChatModel"]
+
+_INSTALL_HINT = 'the Anthropic client needs the anthropic package: pip install "contextpipe[anthropic]"'
+THINKING: Literal["anthropic.thinking"] = "anthropic.thinking"
+REDACTED: Literal["anthropic.redacted_thinking"] = "anthropic.redacted_thinking"
+_STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
+                 "model_context_window_exceeded": "length", "refusal": "content_filter", "pause_turn": "pause_turn"}
+_NO_CACHE_BLOCKS = ("thinking", "redacted_thinking")
+_MAX_PAUSES = 5
+
+
+def _import_anthropic() -> Any:
+    try:
+        import anthropic
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise UsageError(_INSTALL_HINT) from exc
+    return anthropic
+
+
+class AnthropicChatModel:
+    """Claude over the Anthropic Messages API (see the module docstring).
+
+    >>> model = AnthropicChatModel("claude-sonnet-5", api_key="sk-ant-example")
+    >>> model.name, model.provider
+    ('claude-sonnet-5', 'anthropic')
+
+    `max_tokens` is sent when a call's settings carry no ``max_output_tokens`` (the API requires one).
+    `max_retries` is the SDK's own retry count (connection errors, 408/409/429, 5xx and 529
+    overloaded); `timeout` is seconds per request. Pass `client` to reuse a configured
+    ``anthropic.AsyncAnthropic`` (or a Bedrock / Vertex client).
+    """
+
+    provider: str = "anthropic"
+    """The provider's name, as OpenTelemetry's ``gen_ai.provider.name`` spells it."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 2,
+        max_tokens: int = 4096,
+        cache: Literal["5m", "1h"] | None = "5m",
+        settings: ModelSettings | None = None,
+        client: anthropic.AsyncAnthropic | None = None,
+    ) -> None:
+        self._model = model or os.environ.get("ANTHROPIC_MODEL") or ""
+        if not self._model:
+            raise UsageError("no model name: pass AnthropicChatModel('claude-sonnet-5') or set ANTHROPIC_MODEL")
+        if cache not in ("5m", "1h", None):
+            raise UsageError(f"cache must be '5m', '1h' or None (off), got {cache!r}")
+        if max_tokens < 1:
+            raise UsageError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.cache = cache
+        """Prompt-cache TTL for the automatic breakpoints, or None for no caching."""
+        self.max_tokens = max_tokens
+        """``max_tokens`` sent when the settings give no ``max_output_tokens``."""
+        self.settings: ModelSettings = settings or ModelSettings()
+        """Default settings for every call; a request's settings override them."""
+        if client is not None:
+            self._client = client
+        else:
+            sdk = _import_anthropic()
+            base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+            api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+            if not api_key:
+                if base_url is None:
+                    raise UsageError("no API key: set ANTHROPIC_API_KEY or pass api_key=...")
+                api_key = "unused"  # a local or proxy endpoint
+            self._client = sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, timeout=timeout,
+                                              max_retries=max_retries)
+        self._owns_client = client is None
+
+    @classmethod
+    def bedrock(
+        cls,
+        model: str,
+        *,
+        aws_region: str | None = None,
+        aws_access_key: str | None = None,
+        aws_secret_key: str | None = None,
+        aws_session_token: str | None = None,
+        aws_profile: str | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 2,
+        **options: Any,
+    ) -> AnthropicChatModel:
+        """Return Claude on Amazon Bedrock, through the SDK's ``AsyncAnthropicBedrock``.
+
+        Credentials follow the SDK (arguments, ``AWS_*`` variables, a profile, or a Bedrock API key
+        in `api_key` / ``AWS_BEARER_TOKEN_BEDROCK``). `model` is a Bedrock model id such as
+        ``anthropic.claude-sonnet-5-v1:0``. Other options go to the constructor.
+        """
+        sdk = _import_anthropic()
+        try:
+            client = sdk.AsyncAnthropicBedrock(
+                aws_region=aws_region, aws_access_key=aws_access_key, aws_secret_key=aws_secret_key,
+                aws_session_token=aws_session_token, aws_profile=aws_profile, api_key=api_key, base_url=base_url,
+                timeout=timeout, max_retries=max_retries)
+        except (ValueError, sdk.AnthropicError) as exc:
+            raise UsageError(f"cannot set up the Bedrock client: {exc}") from exc
+        instance = cls(model, client=client, **options)
+        instance._owns_client = True
+        instance.provider = "aws.bedrock"
+        return instance
+
+    @classmethod
+    def vertex(
+        cls,
+        model: str,
+        *,
+        region: str | None = None,
+        project_id: str | None = None,
+        access_token: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 2,
+        **options: Any,
+    ) -> AnthropicChatModel:
+        """Return Claude on Google Cloud Vertex AI, through the SDK's ``AsyncAnthropicVertex``.
+
+        `region` / ``CLOUD_ML_REGION`` and `project_id` / ``ANTHROPIC_VERTEX_PROJECT_ID`` are needed;
+        without `access_token` the SDK uses Google application-default credentials (``google-auth``).
+        """
+        sdk = _import_anthropic()
+        region = region or os.environ.get("CLOUD_ML_REGION")
+        if not region:
+            raise UsageError("Vertex AI needs a region: pass region=... or set CLOUD_ML_REGION")
+        kwargs: dict[str, Any] = {"region": region, "access_token": access_token, "base_url": base_url,
+                                  "timeout": timeout, "max_retries": max_retries}
+        if project_id:
+            kwargs["project_id"] = project_id
+        try:
+            client = sdk.AsyncAnthropicVertex(**kwargs)
+        except (ValueError, sdk.AnthropicError) as exc:
+            raise UsageError(f"cannot set up the Vertex AI client: {exc}") from exc
+        instance = cls(model, client=client, **options)
+        instance._owns_client = True
+        instance.provider = "gcp.vertex_ai"
+        return instance
+
+    async def close(self) -> None:
+        """Close the HTTP client, unless it was passed in (then its owner closes it)."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> AnthropicChatModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def name(self) -> str:
+        """The model name."""
+        return self._model
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic:
+        """The underlying SDK client."""
+        return self._client
+
+    # --- calls --------------------------------------------------------------------------------------
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send `request` and return the whole response (a ``pause_turn`` is continued)."""
+        kwargs, notes = self._build(request)
+        merged: _Merged | None = None
+        for _ in range(_MAX_PAUSES + 1):
+            try:
+                message = await self._client.messages.create(**kwargs)
+            except Exception as exc:
+                raise self._translate(exc) from exc
+            blocks = [b.model_dump(exclude_none=True) for b in message.content]
+            merged = _Merged.add(merged, blocks, message.stop_reason, _usage(message.usage), message.model)
+            if message.stop_reason != "pause_turn":
+                break
+            kwargs = _continue(kwargs, merged.blocks)
+        assert merged is not None
+        return merged.response(self._model, notes, raw=message)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
+        """Stream `request`: text and thinking deltas, then the assembled response."""
+        kwargs, notes = self._build(request)
+        merged: _Merged | None = None
+        for _ in range(_MAX_PAUSES + 1):
+            assembly = _StreamAssembly()
+            try:
+                stream = await self._client.messages.create(**kwargs, stream=True)
+                async with stream:  # closes the connection even when the caller stops early
+                    async for event in stream:
+                        assembly.events += 1
+                        for out in assembly.feed(event):
+                            yield out
+            except Exception as exc:
+                raise self._translate(exc, streamed=assembly.events) from exc
+            if not assembly.stopped:
+                raise ModelResponseError(
+                    f"the {self.provider} stream for model {self._model!r} ended after {assembly.events} event(s) "
+                    "without message_stop; the connection was probably cut: retry the call",
+                    provider=self.provider,
+                )
+            merged = _Merged.add(merged, assembly.blocks(self.provider), assembly.stop_reason, assembly.usage(),
+                                 assembly.model)
+            if assembly.stop_reason != "pause_turn":
+                break
+            kwargs = _continue(kwargs, merged.blocks)
+        assert merged is not None
+        yield ResponseComplete(merged.response(self._model, notes))
+
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """Return the exact input tokens of `request`, from the API's token-counting endpoint.
+
+        This is one HTTP call (free, rate limited separately); the offline estimate that traces and
+        compaction use needs none and is calibrated from the usage each call reports.
+        """
+        kwargs, _ = self._build(request)
+        for key in ("max_tokens", "stream", "temperature", "extra_body", "stop_sequences"):
+            kwargs.pop(key, None)
+        try:
+            counted = await self._client.messages.count_tokens(**kwargs)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        return int(counted.input_tokens)
+
+    # --- request ------------------------------------------------------------------------------------
+
+    def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
+        settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
+        notes: list[str] = []
+        wire, system_texts = _conversation(request, notes)
+        kwargs: dict[str, Any] = {"model": self._model, "messages": wire,
+                                  "max_tokens": settings.get("max_output_tokens", self.max_tokens)}
+        control: dict[str, Any] | None = None
+        if self.cache is not None:
+            control = {"type": "ephemeral"} if self.cache == "5m" else {"type": "ephemeral", "ttl": self.cache}
+        if system_texts:
+            text = "\n\n".join(system_texts)
+            kwargs["system"] = text if control is None else [{"type": "text", "text": text, "cache_control": control}]
+        if request.tools:
+            kwargs.update(_tools(request, settings, control))
+        if control is not None:
+            _place_breakpoints(wire, control)
+        self._thinking(kwargs, settings, notes)
+        _output_options(kwargs, settings, notes)
+        return kwargs, notes
+
+    def _thinking(self, kwargs: dict[str, Any], settings: ModelSettings, notes: list[str]) -> None:
+        thinking = settings.get("anthropic_thinking")
+        if not thinking:
+            return
+        if thinking.get("type") in ("enabled", "adaptive") and not _thinking_can_continue(kwargs["messages"]):
+            notes.append("thinking turned off for this call: the last tool call was made without a thinking "
+                         "block (by another model), and the API rejects such a continuation with thinking on")
+            return
+        kwargs["thinking"] = thinking
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and "max_output_tokens" not in settings and budget >= kwargs["max_tokens"]:
+            # The API needs max_tokens above the thinking budget; leave the usual room for the answer.
+            kwargs["max_tokens"] = budget + self.max_tokens
+
+    # --- errors -------------------------------------------------------------------------------------
+
+    def _translate(self, exc: Exception, *, streamed: int = 0) -> ModelError:
+        """Map an SDK (or transport) exception to the most specific contextpipe `ModelError`."""
+        sdk = _import_anthropic()
+        provider, model = self.provider, self._model
+        where = f"{provider} ({self._client.base_url})"
+        if isinstance(exc, ModelError):
+            return exc
+        if isinstance(exc, sdk.APITimeoutError):
+            return ModelTimeout(f"{where} did not answer in time for model {model!r}; raise timeout=... or retry "
+                                "later", provider=provider)
+        if isinstance(exc, sdk.APIConnectionError):
+            if streamed:
+                return ModelResponseError(
+                    f"the {provider} stream for model {model!r} was cut after {streamed} event(s) ({exc}); retry "
+                    "the call", provider=provider)
+            return ModelConnectionError(f"could not reach {where}: {exc}; check base_url / ANTHROPIC_BASE_URL and "
+                                        "the network", provider=provider)
+        if isinstance(exc, sdk.APIResponseValidationError):
+            return ModelResponseError(f"{where} sent a response that is not a valid message: {exc}",
+                                      provider=provider, status_code=exc.status_code, body=exc.body)
+        if isinstance(exc, sdk.APIStatusError):
+            return self._status_error(exc, where, streamed)
+        if isinstance(exc, ValueError | TypeError | KeyError):
+            return ModelResponseError(f"{where} sent a response that could not be read: {exc}", provider=provider)
+        if isinstance(exc, sdk.AnthropicError):
+            return ModelError(f"{where}: {exc}", provider=provider)
+        if streamed:
+            return ModelResponseError(f"the {provider} stream for model {model!r} was cut after {streamed} event(s) "
+                                      f"({type(exc).__name__}: {exc}); retry the call", provider=provider)
+        return ModelConnectionError(f"the connection to {where} failed: {type(exc).__name__}: {exc}",
+                                    provider=provider)
+
+
+    def _status_error(self, exc: Any, where: str, streamed: int) -> ModelError:
+        """Map an HTTP error answer (or an ``error`` event in a stream) to a `ModelError` with a hint."""
+        provider, model = self.provider, self._model
+        status, body = exc.status_code, exc.body
+        error_type, detail = _error_detail(body, exc)
+        if status == 200:  # an `error` event in the middle of a stream
+            status = _STREAM_ERROR_STATUS.get(error_type or "", 500)
+            detail = f"{detail} (sent in the stream after {streamed} event(s))"
+        info: dict[str, Any] = {"provider": provider, "status_code": status, "body": body}
+        if status in (401, 403):
+            return ModelAuthError(f"{where} refused the credentials (HTTP {status}): {detail}; check "
+                                  "ANTHROPIC_API_KEY / api_key and that the key may use this model", **info)
+        if status == 429:
+            retry_after = _retry_after(exc.response.headers)
+            hint = f"retry after {retry_after:g} s" if retry_after is not None else "retry later"
+            return ModelRateLimited(f"{where} is rate limiting (HTTP 429): {detail}; {hint}", retry_after=retry_after,
+                                    **info)
+        if status == 529:
+            return ModelServerError(f"{where} is overloaded (HTTP 529): {detail}; retry in a little while", **info)
+        if status >= 500:
+            return ModelServerError(f"{where} failed with HTTP {status}: {detail}; retry later", **info)
+        if status == 413:
+            return ModelBadRequest(f"the request is larger than {where} accepts (HTTP 413): {detail}; send fewer or "
+                                   "smaller images and documents", **info)
+        if any(s in detail.lower() for s in ("prompt is too long", "context window", "too many tokens")):
+            return ContextWindowExceeded(
+                f"the request is larger than model {model!r}'s context window: {detail}; bound what is sent "
+                "(History(store, max_messages=...), Compaction) or use a model with a larger window", **info)
+        if status == 404:
+            return ModelBadRequest(f"{where} answered 404 for model {model!r}: {detail}; check the model name and "
+                                   "the base URL", **info)
+        return ModelBadRequest(f"{where} rejected the request (HTTP {status}): {detail}", **info)
+
+
+_STREAM_ERROR_STATUS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
+                        "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403}
+
+
+# --- wire format -------------------------------------------------------------------------------------
+
+
+def _conversation(request: ModelRequest, notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Return the wire messages and the system texts (instructions, then system messages) of `request`."""
+    system_texts = [request.instructions] if request.instructions else []
+    wire: list[dict[str, Any]] = []
+    dropped: dict[str, int] = {}
+    for message in request.messages:
+        if message.role == "system":
+            if message.text:
+                system_texts.append(message.text)
+            continue
+        _append(wire, message, dropped, notes)
+    notes.extend(_dropped_notes(dropped, "Claude"))
+    if not wire or wire[0]["role"] != "user":
+        wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
+        notes.append("added a placeholder user turn: the Messages API needs the conversation to start with one")
+    return wire, system_texts
+
+
+def _dropped_notes(dropped: dict[str, int], who: str) -> list[str]:
+    """One note per kind of part left out (keys ``part:KIND`` for content parts, else reasoning formats)."""
+    notes = []
+    for key, count in sorted(dropped.items()):
+        what = f"part(s) of kind {key[5:]!r}" if key.startswith("part:") else f"reasoning part(s) of format {key!r}"
+        notes.append(f"left out {count} {what}: {who} cannot accept them")
+    return notes
+
+
+def _tools(request: ModelRequest, settings: ModelSettings, control: dict[str, Any] | None) -> dict[str, Any]:
+    tools = [{"name": t.name, "description": t.description, "input_schema": _schema(t.parameters)}
+             for t in request.tools]
+    if control is not None:
+        tools[-1]["cache_control"] = control
+    out: dict[str, Any] = {"tools": tools}
+    choice = settings.get("tool_choice")
+    tool_choice: dict[str, Any] | None = None
+    if choice is not None:
+        tool_choice = {"auto": {"type": "auto"}, "none": {"type": "none"},
+                       "required": {"type": "any"}}.get(choice, {"type": "tool", "name": choice})
+    if settings.get("parallel_tool_calls") is False:
+        tool_choice = tool_choice or {"type": "auto"}
+        if tool_choice["type"] != "none":
+            tool_choice["disable_parallel_tool_use"] = True
+    if tool_choice is not None:
+        out["tool_choice"] = tool_choice
+    return out
+
+
+def _output_options(kwargs: dict[str, Any], settings: ModelSettings, notes: list[str]) -> None:
+    extra: dict[str, Any] = {}
+    if "temperature" in settings:
+        # Not a typed argument of every SDK version's create(); sent as a body field.
+        extra["temperature"] = settings["temperature"]
+    response_format = settings.get("response_format")
+    if response_format:
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if response_format.get("type") == "json_schema" and isinstance(schema, dict):
+            kwargs["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+        else:
+            notes.append(f"response_format {response_format.get('type')!r} is not supported by the Messages "
+                         "API (only json_schema); sent without it")
+    if "seed" in settings:
+        notes.append("seed is not supported by the Messages API; sent without it")
+    extra.update(settings.get("anthropic_extra_body") or {})
+    if extra:
+        kwargs["extra_body"] = extra
+
+
+def _schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    schema = dict(parameters) if parameters else {}
+    schema.setdefault("type", "object")
+    return schema
+
+
+def _append(wire: list[dict[str, Any]], message: Message, dropped: dict[str, int], notes: list[str]) -> None:
+    """Add `message` to `wire`, merging into the previous turn when the role repeats."""
+    role = "assistant" if message.role == "assistant" else "user"
+    if role == "assistant":
+        blocks = [b for p in message.parts if (b := _assistant_block(p, dropped, notes)) is not None]
+    else:
+        blocks = [b for p in message.parts if (b := _user_block(p, message.role, dropped)) is not None]
+    if not blocks:
+        return
+    if wire and wire[-1]["role"] == role:
+        wire[-1]["content"].extend(blocks)
+    else:
+        wire.append({"role": role, "content": blocks})
+    if role == "user":
+        # Tool results must open the user turn that answers the calls.
+        wire[-1]["content"].sort(key=lambda b: b.get("type") != "tool_result")
+
+
+def _user_block(part: Part, role: str, dropped: dict[str, int]) -> dict[str, Any] | None:
+    if isinstance(part, FunctionResult):
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": part.call_id}
+        if part.result:
+            result["content"] = part.result
+        if part.is_error:
+            result["is_error"] = True
+        return result
+    if isinstance(part, ReasoningPart | FunctionCall):
+        return None
+    if isinstance(part, UnknownPart):
+        return _unknown_block(part, dropped)
+    return _content_block(part, role)
+
+
+def _unknown_block(part: UnknownPart, dropped: dict[str, int]) -> dict[str, Any] | None:
+    """Return a block kept from an earlier Claude answer verbatim; leave out other unknown kinds."""
+    if part.kind.startswith("anthropic."):
+        return dict(part.payload)
+    dropped["part:" + part.kind] = dropped.get("part:" + part.kind, 0) + 1
+    return None
+
+
+def _assistant_block(part: Part, dropped: dict[str, int], notes: list[str]) -> dict[str, Any] | None:
+    if isinstance(part, FunctionCall):
+        return _tool_use(part, notes)
+    if isinstance(part, ReasoningPart):
+        if part.format == THINKING and part.encrypted is not None:
+            return {"type": "thinking", "thinking": part.text, "signature": part.encrypted}
+        if part.format == REDACTED and part.encrypted is not None:
+            return {"type": "redacted_thinking", "data": part.encrypted}
+        fmt = part.format or "plain"
+        dropped[fmt] = dropped.get(fmt, 0) + 1
+        return None
+    if isinstance(part, UnknownPart):
+        return _unknown_block(part, dropped)
+    return _content_block(part, "assistant")
+
+
+def _tool_use(part: FunctionCall, notes: list[str]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(part.arguments) if part.arguments.strip() else {}
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        notes.append(f"tool call {part.call_id} had arguments that are not a JSON object; sent as "
+                     "{'arguments': <text>}")
+        arguments = {"arguments": part.arguments}
+    return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": arguments}
+
+
+def _content_block(part: Part, role: str) -> dict[str, Any] | None:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text} if part.text else None
+    if isinstance(part, DataPart):
+        data = base64.b64encode(part.data).decode()
+        if part.media_type.startswith("image/"):
+            return {"type": "image", "source": {"type": "base64", "media_type": part.media_type, "data": data}}
+        if part.media_type == "application/pdf":
+            return {"type": "document", "source": {"type": "base64", "media_type": part.media_type, "data": data}}
+        if part.media_type == "text/plain":
+            return {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                                   "data": part.data.decode("utf-8", "replace")}}
+    elif isinstance(part, UriPart):
+        if part.media_type.startswith("image/"):
+            return {"type": "image", "source": {"type": "url", "url": part.uri}}
+        if part.media_type == "application/pdf":
+            return {"type": "document", "source": {"type": "url", "url": part.uri}}
+    else:
+        return None
+    raise UsageError(
+        f"the Anthropic Messages API cannot take {part.media_type!r} content in a {role} message; send images "
+        "(image/*), PDF or plain-text documents, or convert the content to text"
+    )
+
+
+def _place_breakpoints(wire: list[dict[str, Any]], control: dict[str, Any]) -> None:
+    """Mark the end of the previous call's prompt (to read the cache) and of this one (to write it)."""
+    targets = [len(wire) - 1]
+    last_assistant = max((i for i, m in enumerate(wire) if m["role"] == "assistant"), default=-1)
+    if last_assistant > 0:
+        targets.insert(0, last_assistant - 1)
+    for index in targets:
+        for block in reversed(wire[index]["content"]):
+            if block.get("type") not in _NO_CACHE_BLOCKS:
+                block["cache_control"] = control
+                break
+
+
+def _thinking_can_continue(wire: list[dict[str, Any]]) -> bool:
+    """Return False when the request ends in a tool exchange whose call turn has no thinking block first."""
+    if len(wire) < 2 or wire[-1]["role"] != "user":
+        return True
+    last = wire[-2]
+    if last["role"] != "assistant" or not any(b.get("type") == "tool_use" for b in last["content"]):
+        return True
+    return last["content"][0].get("type") in _NO_CACHE_BLOCKS
+
+
+def _continue(kwargs: dict[str, Any], blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the request that continues a paused turn: the same one, with the partial answer appended."""
+    return dict(kwargs, messages=[*kwargs["messages"], {"role": "assistant", "content": blocks}])
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    read = getattr(usage, "cache_read_input_tokens", None) or 0
+    write = getattr(usage, "cache_creation_input_tokens", None) or 0
+    details = getattr(usage, "output_tokens_details", None)
+    reasoning = getattr(details, "thinking_tokens", 0) if details is not None else 0
+    return Usage((getattr(usage, "input_tokens", None) or 0) + read + write, getattr(usage, "output_tokens", 0) or 0,
+                 read, write, reasoning or 0)
+
+
+def _parts(blocks: list[dict[str, Any]]) -> list[Part]:
+    parts: list[Part] = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text":
+            if block.get("text"):
+                parts.append(TextPart(block["text"]))
+        elif kind == "thinking":
+            parts.append(ReasoningPart(block.get("thinking", ""), block.get("signature", ""), THINKING))
+        elif kind == "redacted_thinking":
+            parts.append(ReasoningPart("", block.get("data", ""), REDACTED))
+        elif kind == "tool_use":
+            parts.append(FunctionCall(block["id"], block["name"], json.dumps(block.get("input") or {})))
+        else:
+            parts.append(UnknownPart(f"anthropic.{kind}", dict(block)))
+    return parts
+
+
+@dataclass
+class _Merged:
+    """The content of one answer, over the calls that continue a paused turn."""
+
+    blocks: list[dict[str, Any]]
+    stop_reason: str | None
+    usage: Usage
+    model: str | None
+
+    @classmethod
+    def add(cls, merged: _Merged | None, blocks: list[dict[str, Any]], stop_reason: str | None, usage: Usage,
+            model: str | None) -> _Merged:
+        if merged is None:
+            return cls(list(blocks), stop_reason, usage, model)
+        return cls([*merged.blocks, *blocks], stop_reason, merged.usage + usage, model or merged.model)
+
+    def response(self, model: str, notes: list[str], raw: Any = None) -> ModelResponse:
+        reason = self.stop_reason
+        return ModelResponse([Message("assistant", tuple(_parts(self.blocks)))], usage=self.usage,
+                             finish_reason=_STOP_REASONS.get(reason or "", reason), model=self.model or model,
+                             raw=raw, notes=tuple(notes))
+
+
+@dataclass
+class _Block:
+    data: dict[str, Any]
+    pieces: list[str] = field(default_factory=list)
+
+
+class _StreamAssembly:
+    """Assembles Messages API stream events into content blocks."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.stopped = False
+        self.stop_reason: str | None = None
+        self.model: str | None = None
+        self._blocks: dict[int, _Block] = {}
+        self._start_usage: Any = None
+        self._delta_usage: Any = None
+
+    def feed(self, event: Any) -> list[ModelStreamEvent]:
+        kind = event.type
+        if kind == "message_start":
+            self.model = event.message.model
+            self._start_usage = event.message.usage
+        elif kind == "content_block_start":
+            self._blocks[event.index] = _Block(event.content_block.model_dump(exclude_none=True))
+        elif kind == "content_block_delta":
+            block = self._blocks.get(event.index)
+            if block is None:
+                raise ValueError(f"delta for content block {event.index} that was never started")
+            delta = event.delta
+            if delta.type == "text_delta":
+                block.pieces.append(delta.text)
+                return [TextDelta(delta.text)]
+            if delta.type == "thinking_delta":
+                block.pieces.append(delta.thinking)
+                return [ReasoningDelta(delta.thinking)]
+            if delta.type == "input_json_delta":
+                block.pieces.append(delta.partial_json)
+            elif delta.type == "signature_delta":
+                block.data["signature"] = delta.signature
+            elif delta.type == "citations_delta":
+                block.data.setdefault("citations", []).append(delta.citation.model_dump(exclude_none=True))
+        elif kind == "message_delta":
+            self.stop_reason = event.delta.stop_reason
+            self._delta_usage = event.usage
+        elif kind == "message_stop":
+            self.stopped = True
+        return []
+
+    def blocks(self, provider: str) -> list[dict[str, Any]]:
+        out = []
+        for index in sorted(self._blocks):
+            block = self._blocks[index]
+            data = dict(block.data)
+            kind = data.get("type")
+            if kind == "text":
+                data["text"] = data.get("text", "") + "".join(block.pieces)
+            elif kind == "thinking":
+                data["thinking"] = data.get("thinking", "") + "".join(block.pieces)
+            elif kind in ("tool_use", "server_tool_use"):
+                text = "".join(block.pieces)
+                try:
+                    data["input"] = json.loads(text) if text.strip() else data.get("input") or {}
+                except ValueError as exc:
+                    raise ModelResponseError(f"the {provider} stream sent tool input that is not JSON: {text[:200]!r}",
+                                             provider=provider) from exc
+            out.append(data)
+        return out
+
+    def usage(self) -> Usage:
+        start, delta = self._start_usage, self._delta_usage
+        if start is None and delta is None:
+            return Usage()
+
+        def pick(name: str) -> int:
+            value = getattr(delta, name, None) if delta is not None else None
+            if value is None and start is not None:
+                value = getattr(start, name, None)
+            return int(value or 0)
+
+        read, write = pick("cache_read_input_tokens"), pick("cache_creation_input_tokens")
+        details = getattr(delta, "output_tokens_details", None) if delta is not None else None
+        return Usage(pick("input_tokens") + read + write, pick("output_tokens"), read, write,
+                     int(getattr(details, "thinking_tokens", 0) or 0) if details is not None else 0)
+
+
+def _error_detail(body: Any, exc: Any) -> tuple[str | None, str]:
+    if isinstance(body, dict):
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        if isinstance(inner, dict) and inner.get("message"):
+            return inner.get("type"), str(inner["message"])
+    return None, str(getattr(exc, "message", exc))
+
+
+def _retry_after(headers: Any) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return float(value) * scale
+        except ValueError:
+            continue
+    return None
