@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Run the MAF reference harness and contextpipe's on this machine, one after the other, and print ratios.
+"""Run the MAF reference harness and contextpipe's on this machine, interleaved, and print ratios.
 
-    python bench/compare.py                      # full run (about 2 minutes each side)
-    python bench/compare.py --scale 0.3          # quicker, noisier
+    python bench/compare.py                      # full run (2 rounds, several minutes)
+    python bench/compare.py --scale 0.3 --rounds 1   # quicker, noisier
     python bench/compare.py --maf-python /path/to/venv/bin/python
 
-The reference runs in its own virtualenv (``bench/.venv-maf`` by default, created on first use with
-``agent-framework-core==1.23.0``); contextpipe runs in this interpreter. The reference harness is
-``maf_bench.py`` from the shared bench folder (``--maf-bench``). Both write JSON; this script joins
-them by workload and case and prints a Markdown table of medians and speed-ups (reference / ours).
+The reference runs in its own virtualenv (``bench/.venv-peer-maf`` by default, created on first use with
+``agent-framework-core==1.23.0``, shared with bench/peers); contextpipe runs in this interpreter. The
+reference harness is ``maf_bench.py`` from the shared bench folder (``--maf-bench``), plus ``maf_sliding.py`` for MAF's
+linear ``SlidingWindowStrategy`` (``W5-sliding``). The two sides are interleaved: each workload runs
+on both sides in turn, the side going first alternating from workload to workload and round to round,
+so background load cannot favour one; a case's figure is the median of its per-round medians.
+
+The headline is like for like: contextpipe's messages always carry ids, so W1 is compared with the
+reference's ``W1-ids`` case (MAF deduplicates messages without ids by serialising every one of them,
+which is what its plain W1 measures; that ratio is shown too, marked as such).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +30,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MAF_VERSION = "agent-framework-core==1.23.0"
-WORKLOADS = "W0,W1,W2,W3,W4,W5,W6"
+WORKLOADS = "W0,W1,W2,W3,W4,W5,W5-sliding,W6"
 
 
 def ensure_maf_python(path: Path | None) -> Path:
     if path is not None:
         return path
-    venv = HERE / ".venv-maf"
+    venv = HERE / ".venv-peer-maf"  # the same virtualenv as bench/peers uses
     python = venv / "bin" / "python"
     if not python.exists():
         print(f"creating {venv} with {MAF_VERSION} ...", file=sys.stderr)
@@ -45,42 +52,85 @@ def run(cmd: list[str], label: str) -> dict[str, Any]:
     return data
 
 
-def medians(data: dict[str, Any]) -> dict[tuple[str, str], float]:
-    return {(r["workload"], r["case"]): r["median_us"] for r in data["results"]}
+def default_maf_bench() -> Path:
+    """The shared folder's harness, beside the checkout or beside the folder of worktrees holding it."""
+    for base in (REPO.parent, REPO.parent.parent):
+        candidate = base / "shared" / "bench" / "maf_bench.py"
+        if candidate.exists():
+            return candidate
+    return REPO.parent / "shared" / "bench" / "maf_bench.py"
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Median over rounds of each case's median."""
+    per_case: dict[tuple[str, str], list[float]] = {}
+    for data in runs:
+        for r in data["results"]:
+            per_case.setdefault((r["workload"], r["case"]), []).append(r["median_us"])
+    return {key: statistics.median(values) for key, values in per_case.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--maf-python", type=Path, default=None, help="python of a venv with the reference")
-    parser.add_argument("--maf-bench", type=Path, default=REPO.parent / "shared" / "bench" / "maf_bench.py")
+    parser.add_argument("--maf-bench", type=Path, default=default_maf_bench(),
+                        help="the shared baseline harness (default: shared/bench/maf_bench.py beside the checkout)")
     parser.add_argument("--only", default=WORKLOADS, help="comma-separated workloads")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply per-case time targets (both sides)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (each runs every workload twice)")
     parser.add_argument("--json", type=Path, default=None, help="also write both raw results to this file")
     args = parser.parse_args()
 
     maf_python = ensure_maf_python(args.maf_python)
-    reference = run([str(maf_python), str(args.maf_bench), "--only", args.only, "--scale", str(args.scale)],
-                    "reference (MAF)")
-    ours = run([sys.executable, str(HERE / "contextpipe_bench.py"), "--only", args.only, "--scale", str(args.scale)],
-               "contextpipe")
+    scale = ["--scale", str(args.scale)]
+    ref_runs: list[dict[str, Any]] = []
+    our_runs: list[dict[str, Any]] = []
+    turn = 0
+    for _ in range(args.rounds):
+        for workload in args.only.split(","):
+            if workload == "W5-sliding":
+                ref_cmd = [str(maf_python), str(HERE / "maf_sliding.py"), "--maf-bench", str(args.maf_bench), *scale]
+            else:
+                ref_cmd = [str(maf_python), str(args.maf_bench), "--only", workload, *scale]
+            our_cmd = [sys.executable, str(HERE / "contextpipe_bench.py"), "--only", workload, *scale]
+            sides = [(ref_cmd, f"reference (MAF) {workload}", ref_runs), (our_cmd, f"contextpipe {workload}", our_runs)]
+            if turn % 2:
+                sides.reverse()
+            turn += 1
+            for cmd, label, into in sides:
+                into.append(run(cmd, label))
     if args.json is not None:
-        args.json.write_text(json.dumps({"reference": reference, "contextpipe": ours}, indent=2))
+        args.json.write_text(json.dumps({"reference": ref_runs, "contextpipe": our_runs}, indent=2))
 
-    ref, cp = medians(reference), medians(ours)
+    ref, cp = medians(ref_runs), medians(our_runs)
+    reference = next(r for r in ref_runs if "framework" in r)
+    ours = next(r for r in our_runs if "machine" in r)
     rows: list[tuple[str, str, float | None, float, str]] = []
     for (workload, case), value in cp.items():
         ref_case = case.removesuffix(" inline")
-        base = ref.get((workload, ref_case))
         note = "tool runs on the event loop, as the reference's sync tools do" if case.endswith(" inline") else ""
+        if workload == "W1":
+            like = ref.get(("W1-ids", case))
+            if like is not None:
+                rows.append(("W1", case, like, value, "like for like: the reference's history has ids too"))
+            base = ref.get(("W1", case))
+            rows.append(("W1", f"{case} vs reference without ids", base, value,
+                         "reference deduplicates id-less messages by serialising each"))
+            if ("W1-notel", case) in ref:
+                rows.append(("W1", f"{case} vs reference without telemetry", ref[("W1-notel", case)], value, ""))
+            continue
+        base = ref.get((workload, ref_case))
         if workload == "W4":
             note = "reference: whole session to_dict/from_dict; contextpipe: message codec"
+        if workload == "W5":
+            note = "reference: TruncationStrategy (quadratic)"
+        if workload == "W5-sliding":
+            note = "reference: SlidingWindowStrategy (linear); contextpipe: SlidingWindow"
         rows.append((workload, case, base, value, note))
-        if workload == "W1" and (("W1-notel", case) in ref):
-            rows.append(("W1", f"{case} vs reference without telemetry", ref[("W1-notel", case)], value, ""))
 
     print(f"\nreference: {reference['framework']} {reference['framework_version']}, "
           f"contextpipe {ours['framework_version']}, Python {ours['machine']['python']}, "
-          f"nproc {ours['machine']['nproc']}, scale {args.scale}\n")
+          f"nproc {ours['machine']['nproc']}, scale {args.scale}, {args.rounds} interleaved round(s)\n")
     print("| workload | case | reference median µs | contextpipe median µs | speed-up | note |")
     print("|---|---|---:|---:|---:|---|")
     for workload, case, base, value, note in rows:
@@ -88,13 +138,15 @@ def main() -> None:
         base_text = f"{base:,.1f}" if base else "n/a"
         print(f"| {workload} | {case} | {base_text} | {value:,.1f} | {ratio} | {note} |")
 
-    derived = ours.get("derived", {})
-    per_chunk = derived.get("w6_framework_us_per_stream_chunk")
-    print()
-    print(f"contextpipe W6 framework cost per stream chunk: {per_chunk} µs "
-          f"(reference: {reference.get('derived', {}).get('w6_framework_us_per_stream_chunk')} µs)")
-    memory = ours.get("memory_w1_n10000")
-    ref_memory = reference.get("memory_w1_n10000")
+    per_chunk = [r.get("derived", {}).get("w6_framework_us_per_stream_chunk") for r in our_runs]
+    ref_chunk = [r.get("derived", {}).get("w6_framework_us_per_stream_chunk") for r in ref_runs]
+    ours_w6 = [v for v in per_chunk if v is not None]
+    ref_w6 = [v for v in ref_chunk if v is not None]
+    if ours_w6 and ref_w6:
+        print(f"\ncontextpipe W6 framework cost per stream chunk: {statistics.median(ours_w6)} µs "
+              f"(reference: {statistics.median(ref_w6)} µs)")
+    memory = next((r["memory_w1_n10000"] for r in our_runs if r.get("memory_w1_n10000")), None)
+    ref_memory = next((r["memory_w1_n10000"] for r in ref_runs if r.get("memory_w1_n10000")), None)
     if memory and ref_memory:
         print(f"W1 N=10000 run peak above pre-run: contextpipe {memory['run_peak_bytes_above_pre_run']:,} B, "
               f"reference {ref_memory['run_peak_bytes_above_pre_run']:,} B")

@@ -433,6 +433,32 @@ async def w5_compaction() -> None:
                       params={**params, "variant": "warm"}, min_iters=10 if huge else 20)
 
 
+async def w5_sliding() -> None:
+    """SlidingWindow keeping the newest half of N messages (``W5-sliding``, against MAF's SlidingWindowStrategy)."""
+    from contextpipe.compaction import SlidingWindow, compact
+    from contextpipe.tokens import EstimateTokenizer, TokenCounter
+
+    tokenizer = EstimateTokenizer()
+    for n in W5_NS[:3]:
+        strategy = SlidingWindow(max_messages=n // 2)
+        holder: dict[str, Any] = {}
+
+        async def setup(n: int = n, holder: dict[str, Any] = holder) -> None:
+            holder["msgs"] = make_history(n)
+            holder["counter"] = TokenCounter(tokenizer)
+
+        async def op(strategy: SlidingWindow = strategy, holder: dict[str, Any] = holder) -> None:
+            holder["out"] = await compact(holder["msgs"], strategy, holder["counter"])
+
+        async def check(n: int = n, holder: dict[str, Any] = holder) -> dict[str, Any]:
+            expect(len(holder["out"].messages) == n - n // 2, "W5-sliding kept the wrong number of messages")
+            return {"kept_messages": len(holder["out"].messages)}
+
+        await measure("W5-sliding", f"N={n} cold (fresh list)", op, setup=setup, check=check,
+                      params={"N": n, "strategy": "SlidingWindow", "max_messages": n // 2},
+                      min_iters=3 if n >= 10000 else 20, target_s=2.0)
+
+
 async def w6_streaming() -> None:
     model = FakeModel()
     store = MemoryStore()
@@ -520,6 +546,9 @@ async def main_async(selected: set[str]) -> dict[str, Any]:
     if "W5" in selected:
         log("W5 compaction")
         await w5_compaction()
+    if "W5-SLIDING" in selected:
+        log("W5-sliding compaction")
+        await w5_sliding()
     if "W6" in selected:
         log("W6 streaming")
         await w6_streaming()

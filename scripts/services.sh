@@ -4,6 +4,8 @@
 # CONTEXTPIPE_TEST_PGVECTOR_DSN. Source it after installing the test dependencies (scripts/test.sh does).
 # Installs the servers with apt when they are missing and this runs as root; servers already
 # started by an earlier run are reused. Without them the store tests skip loudly (and fail in CI).
+# A package manager busy elsewhere (another apt/dpkg holding its lock) is waited for, up to
+# CONTEXTPIPE_APT_WAIT seconds (default 900), never taken as a reason to skip a server.
 
 _cp_pg_port=${CONTEXTPIPE_PG_PORT:-54329}
 _cp_redis_port=${CONTEXTPIPE_REDIS_PORT:-63799}
@@ -20,7 +22,27 @@ _cp_install() {
     return 1
   fi
   echo "services: installing ${missing[*]} with apt-get" >&2
-  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  local wait=${CONTEXTPIPE_APT_WAIT:-900} lock=(-o "DPkg::Lock::Timeout=${CONTEXTPIPE_APT_WAIT:-900}")
+  _cp_wait_for_apt "$wait" || return 1
+  if ! apt-get "${lock[@]}" update -qq >/dev/null || ! _cp_wait_for_apt "$wait" ||
+     ! DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y -qq "${missing[@]}" >/dev/null; then
+    echo "services: FAILED to install ${missing[*]} with apt-get (see the messages above)" >&2
+    return 1
+  fi
+}
+
+# Wait until no other apt-get/apt/dpkg/unattended-upgrade process runs (they hold the locks apt needs).
+_cp_wait_for_apt() {
+  local limit=$1 waited=0
+  while pgrep -x 'apt-get|apt|dpkg|unattended-upgr|unattended-upgrade' >/dev/null 2>&1; do
+    [ "$waited" -eq 0 ] && echo "services: another package manager is running; waiting for it (up to ${limit}s)" >&2
+    if [ "$waited" -ge "$limit" ]; then
+      echo "services: FAILED: the package manager stayed busy for ${limit}s" >&2
+      return 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
 }
 
 # Start (or reuse) a PostgreSQL cluster: _cp_pg_cluster BIN_DIR PORT NAME; prints nothing, returns 0 when up.
@@ -78,7 +100,12 @@ _cp_start_redis() {
   export CONTEXTPIPE_TEST_REDIS_URL="redis://127.0.0.1:$_cp_redis_port/0"
 }
 
-_cp_install || true
-_cp_start_postgres || echo "services: no PostgreSQL; its store tests will skip" >&2
-_cp_start_redis || echo "services: no Redis; its store tests will skip" >&2
-_cp_start_pgvector || echo "services: no pgvector server; its vector tests will skip" >&2
+_cp_failed=()
+_cp_install || _cp_failed+=(install)
+_cp_start_postgres || { echo "services: no PostgreSQL; its store tests will skip (fail under CI)" >&2; _cp_failed+=(postgres); }
+_cp_start_redis || { echo "services: no Redis; its store tests will skip (fail under CI)" >&2; _cp_failed+=(redis); }
+_cp_start_pgvector || { echo "services: no pgvector server; its vector tests will skip (fail under CI)" >&2; _cp_failed+=(pgvector); }
+if [ ${#_cp_failed[@]} -gt 0 ] && [ -n "${CI:-}" ]; then
+  echo "services: FAILED under CI: ${_cp_failed[*]}" >&2
+  return 1 2>/dev/null || exit 1
+fi

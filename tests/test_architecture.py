@@ -28,11 +28,12 @@ SURFACES = {
     ],
     "contextpipe.stores": [
         "Checkpoint", "Lease", "MemoryStore", "MessagePage", "PostgresStore", "RedisStore", "SQLiteStore",
-        "SessionInfo", "SessionListing", "SessionStore",
+        "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
-        "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore", "OpenAIEmbedder", "PgVectorStore",
-        "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where", "chunk_text", "ingest_folder",
+        "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore", "OpenAIEmbedder",
+        "PgVectorStore", "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where", "chunk_text",
+        "embed_query", "ingest_folder",
     ],
     "contextpipe.testing": [
         "AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeError", "FakeOpenAIServer", "FakeRaw",
@@ -65,7 +66,7 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy"),
-    ("messages", "session", "tools", "tokens"),
+    ("messages", "session", "tools", "tokens", "_calibration"),
     ("exchanges", "models.base", "vectors", "vectors.*", "stores", "stores.*"),
     ("invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry"),

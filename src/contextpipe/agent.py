@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ._hooks import run_after, run_before
 from ._persistence import Heartbeat, StepWriter
@@ -28,7 +28,7 @@ from .session import DEFAULT_TENANT, ProviderState, Session, validate_session_id
 from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
-from .tokens import Calibration, TokenCounter, Tokenizer, tokenizer_for_model
+from .tokens import TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .tools import Tool, as_tool
 from .trace import RunJournal
 
@@ -43,8 +43,29 @@ its model calls and tools take."""
 
 Persistence: TypeAlias = Literal["per_step", "per_run"]
 
-CALIBRATION: ProviderState[Calibration] = ProviderState("contextpipe.calibration", Calibration)
-"""Session state holding how far token estimates are off for this session's model (the agent's)."""
+if TYPE_CHECKING:
+    from .tokens import Calibration
+
+    CALIBRATION: ProviderState[Calibration]
+    """Session state holding how far token estimates are off for this session's model (the agent's)."""
+
+CALIBRATION_KEY = "contextpipe.calibration"
+_calibration: list[ProviderState[Calibration]] = []
+
+
+def _calibration_state() -> ProviderState[Calibration]:
+    # Built on first use: `Calibration` is a pydantic model, and importing contextpipe does not import pydantic.
+    if not _calibration:
+        from .tokens import Calibration
+
+        _calibration.append(ProviderState(CALIBRATION_KEY, Calibration))
+    return _calibration[0]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CALIBRATION":
+        return _calibration_state()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Agent:
@@ -139,7 +160,7 @@ class Agent:
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
         self._tokenizer: Tokenizer | None = None
-        self._token_cache: dict[str, int] = {}
+        self._token_cache = TokenCache()
 
     def _check_providers(self) -> None:
         seen_ids: dict[str, ContextProvider] = {}
@@ -155,7 +176,7 @@ class Agent:
                 )
             seen_ids[p.source_id] = p
             for key in p.state_keys:
-                if key == CALIBRATION.key:
+                if key == CALIBRATION_KEY:
                     raise UsageError(f"{p!r} uses session state key {key!r}, which the agent keeps for itself")
                 if key in seen_keys:
                     raise UsageError(
@@ -307,6 +328,7 @@ class Agent:
             session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
             tokens=self.token_counter(session), journal=RunJournal(), checkpoints=writer.save_checkpoint,
+            lease_token=writer.lease.token if writer.lease is not None else None,
         )
 
     def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
@@ -330,7 +352,7 @@ class Agent:
         failures = await run_after(self.providers, ctx, outcome, spans)
         traces = ctx.journal.traces
         if ctx.session is not None and ctx.tokens.calibration.samples:
-            ctx.session.state[CALIBRATION.key] = ctx.tokens.calibration
+            ctx.session.state[CALIBRATION_KEY] = ctx.tokens.calibration
         try:
             await writer.save_session([t.to_dict(compact_runs=True) for t in traces] if self.store_traces else ())
         except Exception as exc:
@@ -351,9 +373,12 @@ class Agent:
         """
         if self._tokenizer is None:
             self._tokenizer = tokenizer_for_model(self.model.name)
-        known = session is not None and CALIBRATION.key in session.state
-        calibration = CALIBRATION.get(session) if known else Calibration()
-        return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache)
+        known = session is not None and CALIBRATION_KEY in session.state
+        calibration = _calibration_state().get(session) if known else None
+        # Each session counts into its own bounded part of the cache: a busy one cannot evict the others'.
+        scope = (session.tenant, session.id) if session is not None else None
+        return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
+                            cache_size=self._token_cache.max_per_session)
 
     async def _refresh(self, session: Session) -> None:
         """Bring a stale `Session` object up to date with the store (another worker may have run)."""

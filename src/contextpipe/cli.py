@@ -377,6 +377,7 @@ def sessions_delete(session: str, db: DbOption = DEFAULT_DB, tenant: TenantOptio
 
     async def run() -> bool:
         async with _open(db) as store:
+            await store.vectors().close()  # registers the cascade: the session's memories go with it
             return await store.delete_session(tenant, session)
 
     if not asyncio.run(run()):

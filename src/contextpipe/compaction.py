@@ -361,20 +361,30 @@ DEFAULT_SUMMARY_PROMPT = (
 class Summarize(CompactionStrategy):
     """Replace groups older than the last `keep_last_turns` turns with a summary written by `model`.
 
-    At most `max_input_tokens` of the oldest part go to the summariser (the newest of it); anything
-    older is dropped. If the model fails, the groups are dropped instead and the run goes on.
+    The summariser is sent at most `max_input_tokens` per call. When the old part is larger, the
+    newest ``max_chunks * max_input_tokens`` of it are summarised in chunks, oldest first, each call
+    rolling the summary so far forward; anything older is dropped (recorded as such), and the summary
+    stands for all of it. An earlier summary is always part of the input, so it is rolled forward,
+    never lost. If the model fails, the old groups are dropped instead and the run goes on.
+
+    With `Compaction`, the summary is saved as a checkpoint covering the oldest part of the stored log,
+    so later runs start from it; give a `trigger` so the summariser is called only when enough new
+    material has gathered (without one it runs whenever there are more than `keep_last_turns` turns).
     """
 
     name = "summarize"
 
     def __init__(self, model: ChatModel, *, prompt: str = DEFAULT_SUMMARY_PROMPT, keep_last_turns: int = 2,
-                 max_input_tokens: int = 8_000, max_summary_tokens: int = 600,
+                 max_input_tokens: int = 8_000, max_summary_tokens: int = 600, max_chunks: int = 1,
                  trigger: Trigger | None = None) -> None:
+        if max_chunks < 1:
+            raise UsageError(f"max_chunks must be at least 1, got {max_chunks}")
         self.model = model
         self.prompt = prompt
         self.keep_last_turns = keep_last_turns
         self.max_input_tokens = max_input_tokens
         self.max_summary_tokens = max_summary_tokens
+        self.max_chunks = max_chunks
         self.trigger = trigger
 
     async def apply(self, view: CompactionView) -> None:
@@ -382,18 +392,21 @@ class Summarize(CompactionStrategy):
         old = self._old_groups(view)
         if not old:
             return
-        chosen = self._within_cap(old)
-        too_old = old[:len(old) - len(chosen)]
+        chosen, too_old = self._within_cap(old)
+        old_ids = view.ids(old)
         chosen_messages = [view.messages[i] for g in chosen for i in range(g.start, g.end)]
         before = view.total()
         try:
-            text = await self._summarise(chosen_messages)
+            text = await self._summarise_chunks(chosen, chosen_messages)
         except Exception as exc:
             view.drop(self.name, old, f"the summary failed ({type(exc).__name__}: {exc}); "
                                       "dropped instead of summarised so the run can go on")
             return
-        view.drop(self.name, too_old, f"beyond the summariser's input cap of {self.max_input_tokens} tokens")
+        view.drop(self.name, too_old, f"beyond the summariser's input cap of {self.max_input_tokens} tokens"
+                                      + (f" x {self.max_chunks} chunks" if self.max_chunks > 1 else ""))
         summarised = _replace_with_summary(view, {m.id for m in chosen_messages}, summary_message(text))
+        # The summary stands for everything before it, including what was too old to be sent.
+        view.summarised.extend(old_ids)
         view.decisions.append(CompactionDecision(
             self.name, "summarised", tuple(summarised), f"older than the last {self.keep_last_turns} turns",
             before, view.total()))
@@ -406,17 +419,43 @@ class Summarize(CompactionStrategy):
         cut = users[-self.keep_last_turns].start if self.keep_last_turns > 0 else len(view.messages)
         return [g for g in view.groups if g.end <= cut and id(g) not in view.pinned and g.kind != "system"]
 
-    def _within_cap(self, old: list[Group]) -> list[Group]:
-        """Return the newest of `old` within the input cap (older ones are dropped outright)."""
-        budget = self.max_input_tokens
-        chosen: list[Group] = []
+    def _within_cap(self, old: list[Group]) -> tuple[list[Group], list[Group]]:
+        """Split `old` into what is summarised and what is too old to send (beyond the chunks' cap).
+
+        Earlier summaries always go in; then the newest other old groups within the cap.
+        """
+        budget = self.max_input_tokens * self.max_chunks - sum(g.tokens for g in old if g.kind == "summary")
+        taken: set[int] = {id(g) for g in old if g.kind == "summary"}
+        picked = 0
         for g in reversed(old):
-            if g.tokens > budget and chosen:
+            if g.kind == "summary":
+                continue
+            if g.tokens > budget and picked:
                 break
-            chosen.append(g)
+            taken.add(id(g))
             budget -= g.tokens
-        chosen.reverse()
-        return chosen
+            picked += 1
+        return [g for g in old if id(g) in taken], [g for g in old if id(g) not in taken]
+
+    async def _summarise_chunks(self, groups: list[Group], messages: list[Message]) -> str:
+        """Summarise `messages` (the messages of `groups`) in chunks of at most the input cap, oldest first."""
+        chunks: list[list[Message]] = [[]]
+        size = 0
+        offset = 0
+        for g in groups:
+            count = g.end - g.start
+            if chunks[-1] and size + g.tokens > self.max_input_tokens:
+                chunks.append([])
+                size = 0
+            chunks[-1] += messages[offset:offset + count]
+            size += g.tokens
+            offset += count
+        text = ""
+        for chunk in chunks:
+            if text:
+                chunk = [Message.user(f"[Summary of the earlier conversation]\n{text}"), *chunk]
+            text = await self._summarise(chunk)
+        return text
 
     async def _summarise(self, messages: list[Message]) -> str:
         lines = []
@@ -449,7 +488,6 @@ def _replace_with_summary(view: CompactionView, ids: set[str], summary: Message)
         else:
             keep.append(m)
     view.set(keep)
-    view.summarised.extend(summarised)
     return summarised
 
 

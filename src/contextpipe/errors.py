@@ -33,6 +33,7 @@ with ``raise ... from exc`` so the original stays attached.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, Self
 
 __all__ = [
     "AfterRunError",
@@ -59,6 +60,16 @@ __all__ = [
     "StoreError",
     "UsageError",
 ]
+
+
+class _Key(Protocol):
+    """What the store errors need of a session key (`contextpipe.session.SessionKey`)."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def id(self) -> str: ...
 
 
 class ContextPipeError(Exception):
@@ -159,28 +170,75 @@ class StoreError(ContextPipeError):
         tenant: str | None = None,
         session_id: str | None = None,
         sequence: int | None = None,
+        server: str | None = None,
     ) -> None:
         super().__init__(message)
         self.backend = backend
         self.tenant = tenant
         self.session_id = session_id
         self.sequence = sequence
+        self.server = server
+        """The server that failed or did not answer (``host:port``), for server backends."""
+
+    @classmethod
+    def unreachable(cls, backend: str, server: str, seconds: float, doing: str) -> Self:
+        """Say that the server did not answer within the configured timeout."""
+        return cls(f"{backend} store: the server at {server} did not answer within {seconds:g} s while {doing}; "
+                   "check the network and the server (timeouts are configurable on the store)",
+                   backend=backend, server=server)
+
+    @classmethod
+    def from_driver(cls, backend: str, server: str, exc: BaseException) -> Self:
+        """Wrap a driver or network error, naming the server it came from."""
+        try:
+            detail = str(exc)
+        except Exception:  # a driver error whose own __str__ fails must still be reported
+            detail = repr(exc.args)
+        return cls(f"{backend} store ({server}): {type(exc).__name__}: {detail}", backend=backend, server=server)
 
 
 class SessionBusy(StoreError):
     """Another run holds the lease on this session; wait for it or pass a lease timeout."""
 
+    @classmethod
+    def held(cls, backend: str, key: _Key) -> Self:
+        """Say that another run holds the session's lease."""
+        return cls(f"session {key.id!r} (tenant {key.tenant!r}) is busy: another run holds its lease; wait for "
+                   "it to finish, or pass lease_wait=<seconds> to wait for it",
+                   backend=backend, tenant=key.tenant, session_id=key.id)
+
 
 class LeaseLost(StoreError):
     """The run's lease expired and was taken over; the store refused its write (fencing token)."""
+
+    @classmethod
+    def taken_over(cls, backend: str, key: _Key, token: int, current: int | None = None) -> Self:
+        """Say that the lease with fencing `token` expired and another run took the session (now `current`)."""
+        now = f" (current token {current})" if current is not None else ""
+        return cls(f"session {key.id!r} (tenant {key.tenant!r}): this run's lease (token {token}) "
+                   f"expired and was taken over{now}; its writes are refused so runs never interleave",
+                   backend=backend, tenant=key.tenant, session_id=key.id)
 
 
 class ConcurrentUpdate(StoreError):
     """The session changed since it was read; reload it and apply the change again."""
 
+    @classmethod
+    def stale(cls, backend: str, key: _Key, stored: int, mine: int) -> Self:
+        """Say that the stored version is `stored` while the caller's copy has `mine`."""
+        return cls(f"session {key.id!r} (tenant {key.tenant!r}) was changed elsewhere (stored version {stored}, "
+                   f"this copy has {mine}); reload it with agent.session(...) and apply the change again",
+                   backend=backend, tenant=key.tenant, session_id=key.id)
+
 
 class CorruptRecord(StoreError):
     """A stored record could not be decoded; nothing is skipped silently."""
+
+    @classmethod
+    def unreadable(cls, backend: str, key: _Key, what: str, problem: object, sequence: int | None = None) -> Self:
+        """Say that `what` ("message 3", "the state", "a checkpoint") of the session cannot be read."""
+        return cls(f"{backend} store: {what} of session {key.id!r} (tenant {key.tenant!r}) cannot be read: {problem}",
+                   backend=backend, tenant=key.tenant, session_id=key.id, sequence=sequence)
 
 
 class AfterRunError(ContextPipeError):

@@ -147,6 +147,7 @@ class RunContext:
         tokens: TokenCounter,
         journal: RunJournal | None = None,
         checkpoints: CheckpointSink | None = None,
+        lease_token: int | None = None,
     ) -> None:
         self.session = session
         """The session, or None for a run without one."""
@@ -170,6 +171,9 @@ class RunContext:
         self._middleware: list[ModelMiddleware] = []
         self._current: str | None = None
         self._checkpoints = checkpoints
+        self.lease_token = lease_token
+        """The fencing token of the run's lease on its session (None without a session). A history
+        provider can tell from it that no other run held the session since its own previous run."""
 
     @contextmanager
     def contributing(self, source_id: str) -> Iterator[None]:

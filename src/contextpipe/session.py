@@ -24,20 +24,23 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, TypeVar
-
-import pydantic
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from .errors import CodecError, UsageError
+
+if TYPE_CHECKING:
+    import pydantic
 
 __all__ = [
     "DEFAULT_TENANT",
     "USER_ID_KEY",
     "ProviderState",
     "Session",
+    "SessionKey",
     "set_user_id",
     "user_id",
     "validate_session_id",
@@ -47,15 +50,15 @@ __all__ = [
 DEFAULT_TENANT: Final = "default"
 """Tenant used when none is given."""
 
-_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$")
-_TENANT_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}")
+_TENANT_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-T = TypeVar("T", bound=pydantic.BaseModel)
+T = TypeVar("T", bound="pydantic.BaseModel")
 
 
 def validate_session_id(session_id: str) -> str:
     """Return `session_id` if it is valid, else raise `UsageError` saying what is allowed."""
-    if not isinstance(session_id, str) or not _ID_RE.match(session_id):
+    if not isinstance(session_id, str) or not _ID_RE.fullmatch(session_id):
         raise UsageError(
             f"invalid session id {session_id!r}: use 1-200 characters, starting with a letter or digit, "
             "made of letters, digits and . _ : @ / = + -"
@@ -65,12 +68,37 @@ def validate_session_id(session_id: str) -> str:
 
 def validate_tenant(tenant: str) -> str:
     """Return `tenant` if it is valid, else raise `UsageError` saying what is allowed."""
-    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
+    if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
         raise UsageError(
             f"invalid tenant {tenant!r}: use 1-64 characters, starting with a letter or digit, "
             "made of letters, digits and . _ -"
         )
     return tenant
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    r"""Where a session lives: its tenant and its id, validated when the key is made.
+
+    >>> SessionKey("acme", "chat-1")
+    SessionKey(tenant='acme', id='chat-1')
+    >>> SessionKey("acme", "chat-1\n")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    contextpipe.errors.UsageError: invalid session id 'chat-1\n': use 1-200 characters, ...
+    """
+
+    tenant: str
+    """Tenant (isolation boundary)."""
+    id: str
+    """Session id, unique within its tenant."""
+
+    def __post_init__(self) -> None:
+        validate_tenant(self.tenant)
+        validate_session_id(self.id)
+
+    def __str__(self) -> str:
+        return f"session {self.id!r} (tenant {self.tenant!r})"
 
 
 @dataclass
@@ -94,11 +122,19 @@ class Session:
         validate_session_id(self.id)
         validate_tenant(self.tenant)
 
+    @property
+    def key(self) -> SessionKey:
+        """The session's `SessionKey` (tenant and id)."""
+        return SessionKey(self.tenant, self.id)
+
     def state_to_json(self) -> dict[str, Any]:
         """Return `state` as plain JSON data (pydantic models dumped)."""
         out: dict[str, Any] = {}
+        # A pydantic model can be in the state only once pydantic is imported (it is loaded lazily).
+        model_type = getattr(sys.modules.get("pydantic"), "BaseModel", None)
         for key, value in self.state.items():
-            out[key] = value.model_dump(mode="json") if isinstance(value, pydantic.BaseModel) else value
+            out[key] = value.model_dump(mode="json") if model_type is not None and isinstance(value, model_type) \
+                else value
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,6 +209,8 @@ class ProviderState(Generic[T]):
         if raw is None:
             value = self._initial(session)
         else:
+            import pydantic  # already imported: `model` is a pydantic model
+
             try:
                 value = self.model.model_validate(raw)
             except pydantic.ValidationError as exc:

@@ -7,7 +7,8 @@
 - `EstimateTokenizer` is a fast estimate (characters per token) for every other model.
 - `TokenCounter` caches each message's count by message id, so a message is counted once however
   many model calls it is part of, and scales estimates by a `Calibration` learned from the usage
-  models report.
+  models report. The cache is bounded and drops its oldest entry in constant time; `TokenCache`
+  gives each session its own bounded part, so one busy session cannot push out the others' counts.
 
 >>> tok = tokenizer_for_model("gpt-4o")
 >>> tok.count_text("hello world")  # exact, o200k_base
@@ -23,20 +24,33 @@ import hashlib
 import importlib.resources
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final, Protocol, runtime_checkable
-
-import pydantic
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from .tools import ToolSpec
 
+if TYPE_CHECKING:
+    from ._calibration import Calibration
+
+
+def __getattr__(name: str) -> Any:
+    # `Calibration` is a pydantic model: it is defined in a module of its own, imported on first use,
+    # so that importing contextpipe does not import pydantic.
+    if name == "Calibration":
+        from ._calibration import Calibration
+
+        return Calibration
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "Calibration",
     "EstimateTokenizer",
+    "TokenCache",
     "TiktokenTokenizer",
     "TokenCounter",
     "Tokenizer",
@@ -205,42 +219,78 @@ def tokenizer_for_model(model: str) -> Tokenizer:
     return EstimateTokenizer()
 
 
-class Calibration(pydantic.BaseModel):
-    """How far estimates are off, learned from the input tokens models report (kept in session state).
+class TokenCache:
+    """Token counts by message id for many sessions, bounded overall and per session.
 
-    `ratio` multiplies estimates; it moves toward each observed ``reported / estimated`` by `weight`.
+    Each session (any hashable scope, such as ``(tenant, session_id)``) gets its own part holding at
+    most `max_per_session` counts, oldest dropped first; at most ``max_messages // max_per_session``
+    parts are kept, the least recently used dropped whole. Every operation is constant time, so a
+    busy session costs the others nothing and cannot evict their counts.
+
+    >>> cache = TokenCache(max_messages=4, max_per_session=2)
+    >>> counter = TokenCounter(EstimateTokenizer(), cache=cache.scope("a"), cache_size=cache.max_per_session)
+    >>> counter.messages([Message.user("one"), Message.user("two"), Message.user("three")])
+    [4, 4, 5]
+    >>> len(cache.scope("a"))  # the oldest count was dropped
+    2
     """
 
-    ratio: float = 1.0
-    samples: int = 0
-    weight: float = 0.3
+    def __init__(self, *, max_messages: int = 200_000, max_per_session: int = 50_000) -> None:
+        if max_per_session < 1 or max_messages < max_per_session:
+            raise UsageError("TokenCache needs 1 <= max_per_session <= max_messages, got "
+                             f"max_per_session={max_per_session}, max_messages={max_messages}")
+        self.max_per_session = max_per_session
+        self.max_messages = max_messages
+        self._scopes: OrderedDict[Hashable, OrderedDict[str, int]] = OrderedDict()
 
-    def observe(self, estimated: int, reported: int) -> None:
-        """Learn from one model call: `estimated` tokens by us, `reported` by the model."""
-        if estimated <= 0 or reported <= 0:
-            return
-        observed = reported / estimated
-        self.ratio = observed if self.samples == 0 else self.ratio + self.weight * (observed - self.ratio)
-        self.samples += 1
+    def scope(self, key: Hashable) -> OrderedDict[str, int]:
+        """Return the counts kept for `key` (created when missing), marking it most recently used."""
+        scopes = self._scopes
+        counts = scopes.get(key)
+        if counts is None:
+            counts = scopes[key] = OrderedDict()
+            while len(scopes) > max(1, self.max_messages // self.max_per_session):
+                scopes.popitem(last=False)
+        else:
+            scopes.move_to_end(key)
+        return counts
+
+    def __len__(self) -> int:
+        """Return the number of counts kept over all sessions."""
+        return sum(len(c) for c in self._scopes.values())
 
 
 class TokenCounter:
     """Counts messages once (cached by message id) and requests as a whole.
 
     For estimating tokenizers the counts are scaled by `calibration.ratio`; exact tokenizers are
-    used as they are. The cache (shareable between counters of one tokenizer) holds at most
-    `cache_size` messages, oldest dropped first.
+    used as they are. The cache (shareable between counters of one tokenizer, for example a
+    `TokenCache` scope) holds at most `cache_size` messages; when full, an `OrderedDict` drops its
+    oldest entry, any other mapping its newest, in constant time either way.
     """
 
     def __init__(self, tokenizer: Tokenizer, *, calibration: Calibration | None = None,
-                 cache: dict[str, int] | None = None, cache_size: int = 200_000) -> None:
+                 cache: MutableMapping[str, int] | None = None, cache_size: int = 200_000) -> None:
+        if cache_size < 1:
+            raise UsageError(f"cache_size must be at least 1, got {cache_size}")
         self.tokenizer = tokenizer
-        self.calibration = calibration if calibration is not None else Calibration()
+        if calibration is None:
+            from ._calibration import Calibration
+
+            calibration = Calibration()
+        self.calibration = calibration
         """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
-        self._cache: dict[str, int] = cache if cache is not None else {}
+        self._cache: MutableMapping[str, int] = cache if cache is not None else OrderedDict()
         self._cache_size = cache_size
         self.counted = 0
         """How many messages were actually counted (cache misses), for tests and traces."""
+
+    def _evict(self) -> None:
+        cache = self._cache
+        if isinstance(cache, OrderedDict):
+            cache.popitem(last=False)  # the oldest entry, in constant time
+        else:
+            cache.popitem()
 
     def raw_message(self, message: Message) -> int:
         """Uncalibrated tokens of `message`, counted once per message id."""
@@ -249,7 +299,7 @@ class TokenCounter:
         if count is None:
             count = _message_text_tokens(self.tokenizer, message)
             if len(cache) >= self._cache_size:
-                del cache[next(iter(cache))]  # drop the oldest entry
+                self._evict()
             cache[message.id] = count
             self.counted += 1
         return count

@@ -28,13 +28,15 @@ import asyncio
 import inspect
 import json
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal, overload
-
-import pydantic
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import pydantic
 
 __all__ = ["Tool", "ToolOutcome", "ToolSpec", "tool"]
 
@@ -155,6 +157,8 @@ class Tool:
         """
         if self._handler is not None:
             return await self._invoke_handler(self._handler, arguments)
+        import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
+
         try:
             if arguments.strip() in ("", "null"):
                 arguments = "{}"
@@ -289,6 +293,8 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 def _arguments_model(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]) -> type[pydantic.BaseModel]:
+    import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
+
     sig = inspect.signature(fn)
     try:
         hints = inspect.get_annotations(fn, eval_str=True)
@@ -327,8 +333,9 @@ def _describe_validation_error(name: str, arguments: str, exc: pydantic.Validati
 def _to_text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump_json()
+    pydantic = sys.modules.get("pydantic")  # a pydantic model can exist only once pydantic is imported
+    if pydantic is not None and isinstance(value, pydantic.BaseModel):
+        return str(value.model_dump_json())
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):

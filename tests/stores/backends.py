@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -30,14 +32,43 @@ def server_address(backend: str) -> str | None:
     return address
 
 
+class FakeClock:
+    """The stores' clock in the tests: real time plus whatever `advance` added (TTL and lease tests jump
+    ahead instead of sleeping); strictly increasing, so successive writes get distinct times."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.last = 0.0
+
+    def __call__(self) -> float:
+        self.last = max(time.time() + self.offset, self.last + 1e-6)
+        return self.last
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+CLOCKS: dict[int, FakeClock] = {}
+
+
 def open_store(backend: str, tmp_path: Path) -> SessionStore:
-    """A fresh store of `backend` (a new file for SQLite; shared servers otherwise)."""
+    """A fresh store of `backend` (a new file for SQLite; shared servers otherwise).
+
+    The memory and SQLite stores run on a `FakeClock` (see `elapse`); the servers use real time.
+    """
+    store: SessionStore
     if backend == "memory":
-        return MemoryStore()
+        clock = FakeClock()
+        store = MemoryStore(clock=clock)
+        CLOCKS[id(store)] = clock
+        return store
     if backend == "sqlite":
         from contextpipe.stores import SQLiteStore
 
-        return SQLiteStore(tmp_path / f"{uuid.uuid4().hex}.db")
+        clock = FakeClock()
+        store = SQLiteStore(tmp_path / f"{uuid.uuid4().hex}.db", clock=clock)
+        CLOCKS[id(store)] = clock
+        return store
     address = server_address(backend)
     assert address is not None
     if backend == "postgres":
@@ -49,6 +80,15 @@ def open_store(backend: str, tmp_path: Path) -> SessionStore:
     return RedisStore(address)
 
 
+async def elapse(store: SessionStore, seconds: float) -> None:
+    """Let `seconds` pass for `store`: at once on a fake clock, really (one real-time test per server)."""
+    clock = CLOCKS.get(id(store))
+    if clock is not None:
+        clock.advance(seconds)
+    else:
+        await asyncio.sleep(seconds)
+
+
 def store_spec(backend: str, tmp_path: Path) -> str:
     """How another process opens the same store: ``backend|address``."""
     if backend == "sqlite":
@@ -56,12 +96,13 @@ def store_spec(backend: str, tmp_path: Path) -> str:
     return f"{backend}|{server_address(backend)}"
 
 
-def open_spec(spec: str) -> SessionStore:
+def open_spec(spec: str, *, clock_offset: float = 0.0) -> SessionStore:
+    """Open the store named by `spec`; a SQLite store reads a clock `clock_offset` seconds ahead."""
     backend, _, address = spec.partition("|")
     if backend == "sqlite":
         from contextpipe.stores import SQLiteStore
 
-        return SQLiteStore(address)
+        return SQLiteStore(address, clock=(lambda: time.time() + clock_offset) if clock_offset else time.time)
     if backend == "postgres":
         from contextpipe.stores import PostgresStore
 

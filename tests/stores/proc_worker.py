@@ -2,7 +2,7 @@
 
     python proc_worker.py append SPEC TENANT WORKER SESSIONS BATCHES
     python proc_worker.py run    SPEC TENANT WORKER SESSION RUNS
-    python proc_worker.py crash  SPEC TENANT SESSION STEPS EFFECTS_FILE VIOLATIONS_FILE
+    python proc_worker.py storm  SPEC TENANT SLOT SESSION RUNS STEPS EFFECTS_FILE VIOLATIONS_FILE
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import asyncio
 import json
 import os
 import sys
-import time
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -79,25 +80,71 @@ def broken_exchange(messages: Sequence[Message]) -> str | None:
     return None
 
 
-async def crash_worker(spec: str, tenant: str, session_id: str, steps: int, effects: str, violations: str) -> None:
-    """Drive a long tool loop; the parent kills this process at random points."""
+def say(*words: str) -> None:
+    """Report progress to the parent (which picks its kill points from these lines)."""
+    print("p", *words, flush=True)
 
-    def effect(kind: str, step: int, nonce: str) -> str:
+
+async def storm_worker(spec: str, tenant: str, slot: str, session_id: str, runs: int, steps: int,
+                       effects: str, violations: str) -> None:
+    """Run `runs` agent runs of `steps` parallel tool steps each on a (possibly shared) session.
+
+    Each step calls `record` (not idempotent) and `lookup` (idempotent, slow: it waits until the
+    sibling `record` result is saved, or ``CP_SAVE_WAIT`` seconds) in parallel. Progress lines go
+    to stdout; tool effects are appended to `effects`; broken requests to `violations`.
+    Environment: ``CP_LEASE_TTL`` (seconds), ``CP_CLOCK_OFFSET`` (a SQLite store's clock runs that
+    far ahead, so a killed predecessor's lease has expired at once), ``CP_GENERATION``.
+    """
+    ttl = float(os.environ.get("CP_LEASE_TTL", "60"))
+    save_wait = float(os.environ.get("CP_SAVE_WAIT", "1.0"))
+    generation = os.environ.get("CP_GENERATION", "0")
+    store = open_spec(spec, clock_offset=float(os.environ.get("CP_CLOCK_OFFSET", "0")))
+    saving: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+    saved: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+    original = store.append
+
+    async def append(tenant: str, session_id: str, messages: Sequence[Message], **kwargs: Any) -> int:
+        results = [r.call_id for m in messages for r in m.function_results]
+        for call_id in results:
+            saving[call_id].set()
+        last = await original(tenant, session_id, messages, **kwargs)
+        for call_id in results:
+            saved[call_id].set()
+        say("saved", *(m.id for m in messages))
+        return last
+
+    store.append = append  # type: ignore[method-assign]
+
+    def effect(kind: str, pair: str) -> None:
         with open(effects, "a") as f:
-            f.write(f"{kind} {step} {nonce}\n")
+            f.write(f"{kind} {pair} {os.getpid()}\n")
             f.flush()
-        time.sleep(0.02)
-        return f"{kind} {step} ok"
 
-    @tool(idempotent=True, run_in_thread=False)
-    def lookup(step: int, nonce: str) -> str:
-        """Idempotent: safe to run again."""
-        return effect("lookup", step, nonce)
+    returned: set[str] = set()
 
     @tool(run_in_thread=False)
-    def record(step: int, nonce: str) -> str:
-        """Not idempotent: must never be re-run by recovery."""
-        return effect("record", step, nonce)
+    def record(pair: str) -> str:
+        """Not idempotent: must never be run twice."""
+        effect("record", pair)
+        returned.add(pair)
+        say("returned", "record", pair)
+        return f"recorded {pair}"
+
+    @tool(idempotent=True)
+    async def lookup(pair: str) -> str:
+        """Idempotent and slow: recovery may run it again."""
+        effect("lookup", pair)
+        say("started", "lookup", pair)
+        if pair not in returned:  # re-run by recovery: its sibling did not run in this process
+            return f"looked up {pair}"
+        try:  # a result saved as soon as it is produced is being saved by now; then wait for that save
+            await asyncio.wait_for(saving[f"call_r_{pair}"].wait(), save_wait)
+            await saved[f"call_r_{pair}"].wait()
+            sibling = "saved"
+        except TimeoutError:
+            sibling = "unsaved"
+        say("midway", pair, sibling)  # from here on the sibling record call counts as completed
+        return f"looked up {pair}"
 
     def plan(request: ModelRequest) -> Turn | str:
         problem = broken_exchange(request.messages)
@@ -105,28 +152,24 @@ async def crash_worker(spec: str, tenant: str, session_id: str, steps: int, effe
             with open(violations, "a") as f:
                 f.write(f"pid {os.getpid()}: {problem}\n")
             raise RuntimeError(problem)
-        done = sum(1 for m in request.messages for r in m.function_results if not r.is_error)
-        if done >= steps:
-            return "done"
-        name = "record" if done % 2 == 0 else "lookup"
-        nonce = uuid.uuid4().hex[:12]  # unique across processes, like a real model's call ids
-        return tool_call(name, step=done, nonce=nonce, call_id=f"call_{nonce}")
+        users = [i for i, m in enumerate(request.messages) if m.role == "user"]
+        since = request.messages[users[-1] + 1:] if users else request.messages
+        if sum(1 for m in since if m.function_calls) >= steps:
+            return f"done {request.messages[users[-1]].text}" if users else "done"
+        pair = uuid.uuid4().hex[:12]  # unique across processes, like a real model's call ids
+        return tool_call("record", pair=pair, call_id=f"call_r_{pair}") + tool_call(
+            "lookup", pair=pair, call_id=f"call_l_{pair}")
 
-    store = open_spec(spec)
     try:
-        model = ScriptedModel([plan] * (steps * 4 + 10))
-
-        # A short lease, so that after a kill the next process takes over within half a second.
-        agent = Agent(model, tools=[lookup, record], providers=[History(store)], lease_ttl=0.5,
-                      limits=RunLimits(max_steps=steps * 4, max_consecutive_tool_errors=steps))
+        model = ScriptedModel([plan] * (runs * (steps + 2) * 2 + 10))
+        agent = Agent(model, tools=[record, lookup], providers=[History(store)], lease_ttl=ttl,
+                      limits=RunLimits(max_steps=steps * 4, max_consecutive_tool_errors=steps * 4))
         session = await agent.session(session_id, tenant=tenant)
-        log = await agent.history(session)
-        print("ready", flush=True)
-        if log and log[-1].role == "assistant" and log[-1].text == "done":
-            print("finished", flush=True)
-            return
-        await agent.run(None if log else "start", session=session, lease_wait=60)
-        print("finished", flush=True)
+        for r in range(runs):
+            text = f"{slot}:{generation}:{r}"
+            say("run", text)
+            await agent.run(text, session=session, lease_wait=600)
+            say("finished", text)
     finally:
         await store.close()
 
@@ -137,8 +180,8 @@ def main() -> None:
         asyncio.run(append_worker(args[0], args[1], int(args[2]), int(args[3]), int(args[4])))
     elif command == "run":
         asyncio.run(run_worker(args[0], args[1], int(args[2]), args[3], int(args[4])))
-    elif command == "crash":
-        asyncio.run(crash_worker(args[0], args[1], args[2], int(args[3]), args[4], args[5]))
+    elif command == "storm":
+        asyncio.run(storm_worker(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]), args[6], args[7]))
     else:
         raise SystemExit(f"unknown command {command!r}")
     print(json.dumps({"ok": True}), flush=True)

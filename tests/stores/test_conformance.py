@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import ConcurrentUpdate, CorruptRecord, LeaseLost, Message, Session, SessionBusy, UsageError
-from contextpipe.stores import Checkpoint, SessionStore
+from contextpipe.stores import Checkpoint, SessionKey, SessionStore
+
+from .backends import elapse
 
 
 def msgs(*texts: str) -> list[Message]:
@@ -92,7 +94,7 @@ async def test_lease_is_exclusive_and_fences_late_writes(store: SessionStore, te
     with pytest.raises(SessionBusy):
         await store.append(tenant, "s", msgs("no lease"))
     await store.append(tenant, "s", msgs("a's write"), lease=first)
-    await asyncio.sleep(0.45)  # first's lease expires
+    await elapse(store, 0.45)  # first's lease expires
     second = await store.acquire_lease(tenant, "s", "worker-b", ttl=5)
     assert second.token > first.token
     with pytest.raises(LeaseLost, match="taken over"):
@@ -168,11 +170,11 @@ async def test_ttl_expires_sessions_and_writes_extend_it(store: SessionStore, te
     await store.save_session(session)
     await store.append(tenant, "short", msgs("a"))
     await store.save_session(Session("long", tenant))
-    await asyncio.sleep(0.35)
+    await elapse(store, 0.35)
     await store.append(tenant, "short", msgs("b"))  # pushes the expiry forward
-    await asyncio.sleep(0.35)
+    await elapse(store, 0.35)
     assert texts((await store.load(tenant, "short")).messages) == ["a", "b"]
-    await asyncio.sleep(0.5)
+    await elapse(store, 0.5)
     assert await store.get_session(tenant, "short") is None
     assert (await store.load(tenant, "short")).messages == []
     assert [i.session_id for i in (await store.list_sessions(tenant)).sessions] == ["long"]
@@ -275,7 +277,7 @@ async def corrupt_message(store: SessionStore, tenant: str, session_id: str, seq
         from contextpipe.stores import RedisStore
 
         assert isinstance(store, RedisStore)
-        await store._client.lset(store._keys(tenant, session_id)[1], seq - 1, b"\xff\xfe garbage")
+        await store._client.lset(store._keys(SessionKey(tenant, session_id))[1], seq - 1, b"\xff\xfe garbage")
     else:
         raise AssertionError(f"no way to corrupt {store.backend}")
 

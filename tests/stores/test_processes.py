@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-import signal
 import subprocess
 import sys
 import uuid
@@ -18,6 +16,7 @@ from contextpipe.stores import SessionStore
 
 from .backends import DURABLE, open_spec, store_spec
 from .proc_worker import broken_exchange
+from .storm import StormReport, run_storm
 
 WORKER = str(Path(__file__).with_name("proc_worker.py"))
 
@@ -82,50 +81,30 @@ def test_concurrent_runs_from_processes_never_interleave(backend: str, tmp_path:
     assert broken_exchange(log) is None  # type: ignore[arg-type]
 
 
-KILLS = int(os.environ.get("CONTEXTPIPE_CRASH_KILLS", "20"))
-STEPS = 400
+KILLS = int(os.environ.get("CONTEXTPIPE_CRASH_KILLS", "8"))
+
+
+def check(report: StormReport) -> None:
+    print(f"\n{report.summary()}")
+    assert not report.problems, "\n".join(report.problems)
 
 
 @pytest.mark.parametrize("backend", DURABLE)
-def test_sigkill_at_random_points_then_resume(backend: str, tmp_path: Path) -> None:
+def test_sigkill_at_progress_points_then_resume(backend: str, tmp_path: Path) -> None:
+    """One worker at a time, killed at its n-th progress report (n from the seed), resumed by the next."""
     spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
-    effects, violations = tmp_path / "effects.txt", tmp_path / "violations.txt"
-    rng = random.Random(20261129)
-    args = ("crash", spec, tenant, "job", str(STEPS), str(effects), str(violations))
-    kills = 0
-    for _ in range(KILLS):
-        proc = spawn(*args)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if line != "ready":
-            proc.kill()
-            _, err = proc.communicate()
-            raise AssertionError(f"worker did not start: {line!r}\n{err[-3000:]}")
-        # The killed predecessor's lease (0.5 s) must lapse before this worker can run: kill after that.
-        delay = 0.5 + rng.uniform(0.0, 0.25)
-        try:
-            proc.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            kills += 1
-        proc.communicate()
-    final = spawn(*args)
-    finish(final)
-    assert kills >= KILLS * 0.8, f"only {kills} of {KILLS} runs were killed mid-run"
+    report = run_storm(spec, tenant, tmp_path, slots=1, sessions=1, kills=KILLS, steps=3, runs=4, seed=20261129,
+                       lease_ttl=60.0 if backend == "sqlite" else 0.3, save_wait=0.2, max_kill_line=4,
+                       clock_ahead=backend == "sqlite")
+    assert report.kills == KILLS
+    check(report)
 
-    assert not violations.exists(), "a model was sent a broken tool exchange:\n" + violations.read_text()
-    log = asyncio.run(load_all(spec, tenant, "job"))
-    assert broken_exchange(log) is None  # type: ignore[arg-type]
-    assert len({m.id for m in log}) == len(log)  # type: ignore[attr-defined]
-    assert log[0].text == "start" and log[-1].text == "done"  # type: ignore[attr-defined]
-    successes = [r.result for m in log for r in m.function_results if not r.is_error]  # type: ignore[attr-defined]
-    assert successes == [f"{'record' if n % 2 == 0 else 'lookup'} {n} ok" for n in range(STEPS)], \
-        "every completed step must be in the history exactly once, in order"
-    calls = {c.call_id: c for m in log for c in m.function_calls}  # type: ignore[attr-defined]
-    assert len(calls) == sum(len(m.function_calls) for m in log)  # type: ignore[attr-defined]
-    record_runs = Counter(line.split()[2] for line in effects.read_text().splitlines() if line.startswith("record"))
-    assert record_runs and max(record_runs.values()) == 1, "a non-idempotent call was run twice"
-    lookup_runs = Counter(line.split()[2] for line in effects.read_text().splitlines() if line.startswith("lookup"))
-    interrupted = sum(1 for m in log for r in m.function_results if r.is_error)  # type: ignore[attr-defined]
-    print(f"\n{backend}: {kills} kills survived, {len(log)} messages checked, {interrupted} interrupted calls "
-          f"recorded, {sum(1 for n in lookup_runs.values() if n > 1)} idempotent calls re-run on resume")
+
+@pytest.mark.parametrize("backend", DURABLE)
+def test_crash_storm_on_shared_sessions(backend: str, tmp_path: Path) -> None:
+    """Three workers, two of them sharing a session, parallel calls with a non-idempotent tool, SIGKILLs."""
+    spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
+    report = run_storm(spec, tenant, tmp_path, slots=3, sessions=2, kills=KILLS, steps=2, runs=3, seed=7,
+                       lease_ttl=1.0, save_wait=0.2, max_kill_line=4)
+    assert report.kills >= KILLS
+    check(report)

@@ -9,7 +9,7 @@ from ..compaction import CompactionResult, CompactionStrategy, TokenBudget, comp
 from ..errors import UsageError
 from ..messages import Message, Source
 from ..models.base import CallModel, ModelRequest, ModelResponse
-from ..tokens import TokenCounter, Tokenizer
+from ..tokens import TokenCache, TokenCounter, Tokenizer
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -61,12 +61,15 @@ class Compaction(ContextProvider):
         self.tokenizer = tokenizer
         self.in_loop = in_loop
         self.checkpoints = checkpoints
-        self._cache: dict[str, int] = {}
+        self._cache = TokenCache()
 
     def _counter(self, ctx: RunContext) -> TokenCounter:
         if self.tokenizer is None:
             return ctx.tokens
-        return TokenCounter(self.tokenizer, calibration=ctx.tokens.calibration, cache=self._cache)
+        # Each session counts into its own bounded part: a busy one cannot evict the others' counts.
+        scope = (ctx.session.tenant, ctx.session.id) if ctx.session is not None else None
+        return TokenCounter(self.tokenizer, calibration=ctx.tokens.calibration, cache=self._cache.scope(scope),
+                            cache_size=self._cache.max_per_session)
 
     async def before_run(self, ctx: RunContext) -> None:
         """Compact the context contributed so far, and wrap each model call of the run."""

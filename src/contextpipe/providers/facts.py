@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import pydantic
-
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
 from ..session import ProviderState, Session, user_id
@@ -31,10 +29,6 @@ plans, constraints. You are given the facts already known (with ids) and new con
 - Add only facts that will still matter in later conversations; write each as a short sentence about the user.
 - If a turn contradicts a known fact, update that fact to the latest information (or delete it).
 - Never add a fact that is already known. Reply {"add": [], "update": [], "delete": []} when nothing changes."""
-
-
-class _Pending(pydantic.BaseModel):
-    turns: list[str] = []
 
 
 class FactMemory(ContextProvider):
@@ -72,6 +66,8 @@ class FactMemory(ContextProvider):
         self.background = background
         self.prompt = prompt
         self.user = user
+        from ._facts_state import _Pending  # pydantic is loaded once a FactMemory is made
+
         self.pending = ProviderState(f"{source_id}.pending", _Pending)
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: dict[tuple[str, str], list[str]] = {}

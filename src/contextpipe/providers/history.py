@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..exchanges import drop_leading_orphans
-from ..messages import Message
-from .base import HistoryProvider, LoadedHistory, MessageFilter, accepts_keyword
+from ..messages import Message, Source
+from .base import HistoryProvider, LoadedHistory, MessageFilter
 
 if TYPE_CHECKING:
+    from ..pipeline import RunContext
     from ..session import Session
     from ..stores.base import Checkpoint, Lease, SessionStore
 
@@ -27,6 +30,13 @@ class History(HistoryProvider):
 
     `max_messages` bounds how much of the log is loaded per run (the newest messages; a tool
     exchange cut by the bound is dropped whole rather than sent half). None loads the whole log.
+
+    A session run again by the same process is not decoded again: the messages loaded by its last
+    run are kept (at most `cache_messages` over all sessions, least recently run dropped first) and
+    only the messages appended since are read. The kept copy is used only when the run's lease token
+    directly follows the one of the run that loaded it (no other worker held the session in between)
+    and the store still has the last kept message at its sequence; otherwise the log is read again.
+    ``cache_messages=0`` turns this off.
     """
 
     def __init__(
@@ -42,6 +52,7 @@ class History(HistoryProvider):
         provide_filter: MessageFilter | None = None,
         store_request_filter: MessageFilter | None = None,
         store_response_filter: MessageFilter | None = None,
+        cache_messages: int = 200_000,
     ) -> None:
         super().__init__(
             source_id, load_messages=load_messages, store_inputs=store_inputs, store_outputs=store_outputs,
@@ -53,6 +64,11 @@ class History(HistoryProvider):
         self.store = store
         """Where the messages live."""
         self.max_messages = max_messages
+        if cache_messages < 0:
+            raise UsageError(f"cache_messages must be 0 (no cache) or more, got {cache_messages}")
+        self.cache_messages = cache_messages
+        self._tails: OrderedDict[tuple[str, str], _Tail] = OrderedDict()
+        self._cached = 0
 
     async def load(self, session: Session) -> Sequence[Message]:
         """Return what the model should see of the session's log.
@@ -64,14 +80,43 @@ class History(HistoryProvider):
         view = await self.load_view(session)
         return view.messages if view.summary is None else [view.summary, *view.messages]
 
-    async def load_view(self, session: Session) -> LoadedHistory:
-        """Load the checkpoint summary and the log after it, with the log positions (for compaction)."""
-        checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
-        messages, first_seq = page.messages, page.first_seq
-        if checkpoint is not None or page.has_more:
+    async def before_run(self, ctx: RunContext) -> None:
+        """Load the checkpoint summary and the log after it (the session's kept tail when the lease allows)."""
+        if not self.load_messages or ctx.session is None:
+            return
+        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
+        if self.provide_filter is not None:
+            loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
+            ctx.add_history(self.provide_filter(loaded))
+            return
+        if view.summary is not None:
+            ctx.add_history([view.summary])
+        ctx.add_history(view.messages, first_seq=view.first_seq)
+
+    async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
+        """Load the checkpoint summary and the log after it, with the log positions (for compaction).
+
+        Given the fencing token of a run's lease, the tail kept from the session's previous run is
+        brought up to date instead of reading the whole log again (see the class docstring).
+        """
+        tail = None
+        if lease_token is not None and self.cache_messages:
+            tail = await self._cached_tail(session, lease_token)
+        if tail is None:
+            checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
+            messages = page.messages
+            if lease_token is not None and self.cache_messages:
+                messages = self._tag(messages)
+            tail = _Tail(0, checkpoint, messages, page.first_seq, page.has_more)
+        if lease_token is not None and self.cache_messages:
+            self._keep(session, lease_token, tail)
+        messages, first_seq, checkpoint = tail.messages, tail.first_seq, tail.checkpoint
+        if checkpoint is not None or tail.has_more:
             kept = drop_leading_orphans(messages)
             first_seq += len(messages) - len(kept)
             messages = kept
+        if messages is tail.messages and lease_token is not None and self.cache_messages:
+            messages = list(messages)  # the kept list is never handed out
         return LoadedHistory(messages, first_seq, checkpoint.summary if checkpoint is not None else None)
 
     async def save_checkpoint(self, session: Session, checkpoint: Checkpoint, *, lease: Lease | None = None) -> bool:
@@ -79,15 +124,73 @@ class History(HistoryProvider):
         await self.store.save_checkpoint(session.tenant, session.id, checkpoint, lease=lease)
         return True
 
+    async def _cached_tail(self, session: Session, token: int) -> _Tail | None:
+        """Return the tail kept from the session's previous run, brought up to date (None: read it all)."""
+        key = (session.tenant, session.id)
+        tail = self._tails.pop(key, None)
+        if tail is None:
+            return None
+        self._cached -= len(tail.messages)
+        if token != tail.token + 1:
+            return None  # another run (here or in another process) held the session in between
+        checkpoint = await self.store.latest_checkpoint(session.tenant, session.id)
+        old_floor = tail.checkpoint.seq if tail.checkpoint is not None else 0
+        floor = checkpoint.seq if checkpoint is not None else 0
+        last = tail.first_seq + len(tail.messages) - 1
+        if floor < old_floor or floor > last or not tail.messages:
+            return None
+        # Read from the last kept message on: the same id at the same sequence shows the log is the one
+        # that was kept (not a session deleted and created again), and the rest is what was appended.
+        page = await self.store.load(session.tenant, session.id, after=last - 1)
+        if not page.messages or page.first_seq != last or page.messages[0].id != tail.messages[-1].id:
+            return None
+        messages = tail.messages
+        if len(page.messages) > 1:
+            messages += self._tag(page.messages[1:])
+        first_seq = tail.first_seq
+        if floor >= first_seq:  # a newer checkpoint now stands for the oldest kept messages
+            del messages[:floor + 1 - first_seq]
+            first_seq = floor + 1
+        if self.max_messages is not None and len(messages) > self.max_messages:
+            cut = len(messages) - self.max_messages
+            del messages[:cut]
+            first_seq += cut
+        return _Tail(token, checkpoint, messages, first_seq, first_seq > floor + 1)
+
+    def _tag(self, messages: list[Message]) -> list[Message]:
+        """Tag kept messages as this provider's history once, so later runs need no tagged copies."""
+        source = Source("history", self.source_id)
+        return [m.with_source(source) for m in messages]
+
+    def _keep(self, session: Session, token: int, tail: _Tail) -> None:
+        size = len(tail.messages)
+        if size > self.cache_messages:
+            return
+        tail.token = token
+        self._tails[(session.tenant, session.id)] = tail
+        self._cached += size
+        while self._cached > self.cache_messages:
+            _, dropped = self._tails.popitem(last=False)
+            self._cached -= len(dropped.messages)
+
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
                    durable: bool = True) -> None:
         """Append `messages` to the session's log (idempotent by message id).
 
         With ``durable=False`` the store may acknowledge before the write survives a power loss
-        (the run's next durable write makes it durable); stores without that option ignore it.
+        (the run's next durable write makes it durable).
         """
-        if not durable and accepts_keyword(self.store.append, "durable"):
-            append: Any = self.store.append  # stores gained the option later than this call site
-            await append(session.tenant, session.id, messages, lease=lease, durable=False)
-            return
-        await self.store.append(session.tenant, session.id, messages, lease=lease)
+        await self.store.append(session.tenant, session.id, messages, lease=lease, durable=durable)
+
+
+@dataclass(slots=True)
+class _Tail:
+    """The part of a session's log a run loaded: messages after `checkpoint`, from `first_seq` on."""
+
+    token: int
+    """Lease token of the run that loaded it (or last brought it up to date)."""
+    checkpoint: Checkpoint | None
+    messages: list[Message]
+    first_seq: int
+    has_more: bool
+    """True when older messages (after the checkpoint) were left out by `max_messages`."""

@@ -1,4 +1,11 @@
-"""`SemanticMemory`: recall of earlier conversations by meaning (the seeds' ChatHistoryMemoryProvider)."""
+"""`SemanticMemory`: recall of earlier conversations (the seeds' ChatHistoryMemoryProvider).
+
+Who said what, and when: each stored turn keeps its author's name, its session and its time, and the
+name is part of what is searched and of the line the model is shown. Recall is hybrid by default —
+the store's keyword index and its vectors, fused — and each turn is indexed together with the turn
+before it and shown with it, so an answer that only makes sense with its question is found and read
+whole.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id
-from ..vectors.base import Embedder, VectorRecord, VectorStore
+from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_query
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -19,21 +26,42 @@ if TYPE_CHECKING:
 __all__ = ["SemanticMemory"]
 
 Scope = Literal["tenant", "user", "agent", "session"]
+SearchMode = Literal["hybrid", "vector", "keywords"]
+
+_CONTEXT_CHARS = 600  # how much of the neighbouring turn a memory keeps
 
 
 def _user_from_state(session: Session | None) -> str | None:
     return user_id(session)
 
 
-class SemanticMemory(ContextProvider):
-    """Stores each turn's messages as vectors and recalls the most relevant ones in later runs.
+def _user_name_from_state(session: Session | None) -> str | None:
+    if session is None:
+        return None
+    value = session.state.get("user_name")
+    return str(value) if value is not None else None
 
-    After a successful run the turn's messages (by default user and assistant text) are embedded
-    and stored with their scope: tenant, user, agent and session. Before a run the new input (and,
-    with `query_messages`, the last few context messages) is searched among the memories in
-    `scope` — by default ``user``, so recall works across all of a user's sessions — and the best
-    `k` matches not already in the context are added as one message that says where each came
-    from. The user is ``session.state["user_id"]`` unless `user` says otherwise.
+
+def _clip(text: str, limit: int = _CONTEXT_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class SemanticMemory(ContextProvider):
+    """Stores each turn's messages and recalls the most relevant ones in later runs.
+
+    After a successful run the turn's messages (by default user and assistant text) are stored with
+    their author, session, time and scope (tenant, user, agent). The author is the message's
+    `author_name`, else ``session.state["user_name"]`` for the user's messages (`user_name` says
+    otherwise) and `agent_name` for the assistant's, else the role. Each memory is embedded as
+    ``"<author>: <text>"`` and keyword-indexed together with the turn before it (`window` turns).
+
+    Before a run the new input (and, with `query_messages`, the last few context messages) is
+    searched among the memories in `scope` — by default ``user``, so recall works across all of a
+    user's sessions — with `search` = ``"hybrid"`` (keywords and vectors fused, the default),
+    ``"vector"`` or ``"keywords"``. The best `k` matches not already in the context are added as one
+    message; each line says when and in which session it was said, by whom, and what came just before.
+    The user is ``session.state["user_id"]`` unless `user` says otherwise.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -48,16 +76,23 @@ class SemanticMemory(ContextProvider):
         collection: str = "memory",
         scope: Scope = "user",
         k: int = 5,
-        min_score: float | None = 0.2,
+        min_score: float | None = None,
         roles: Sequence[str] = ("user", "assistant"),
         query_messages: int = 0,
         agent_name: str | None = None,
         user: Callable[[Session | None], str | None] = _user_from_state,
+        user_name: Callable[[Session | None], str | None] = _user_name_from_state,
+        search: SearchMode = "hybrid",
+        window: int = 1,
         source_id: str = "memory",
     ) -> None:
         super().__init__(source_id)
         if scope not in ("tenant", "user", "agent", "session"):
             raise UsageError(f"scope must be 'tenant', 'user', 'agent' or 'session', got {scope!r}")
+        if search not in ("hybrid", "vector", "keywords"):
+            raise UsageError(f"search must be 'hybrid', 'vector' or 'keywords', got {search!r}")
+        if window < 0:
+            raise UsageError(f"window must be 0 or more turns, got {window}")
         self.vectors = vectors
         self.embedder = embedder
         self.collection = collection
@@ -68,6 +103,9 @@ class SemanticMemory(ContextProvider):
         self.query_messages = query_messages
         self.agent_name = agent_name
         self.user = user
+        self.user_name = user_name
+        self.search_mode: SearchMode = search
+        self.window = window
 
     def _where(self, session: Session | None) -> dict[str, Any] | None:
         if session is None:
@@ -85,47 +123,96 @@ class SemanticMemory(ContextProvider):
             where["session_id"] = session.id
         return where
 
+    def author(self, message: Message, session: Session | None) -> str:
+        """Return the name a memory of `message` is stored and shown under."""
+        if message.author_name:
+            return message.author_name
+        name = None
+        if message.role == "user":
+            name = self.user_name(session)
+        elif message.role == "assistant":
+            name = self.agent_name
+        return name or message.role
+
+    async def recall(self, query: str, session: Session | None, *, k: int | None = None,
+                     exclude: Sequence[str] = ()) -> list[SearchHit]:
+        """Return the memories in `session`'s scope that best match `query` (ids in `exclude` left out)."""
+        where = self._where(session)
+        if where is None or not query.strip():
+            return []
+        want = self.k if k is None else k
+        vector = None if self.search_mode == "keywords" else await embed_query(self.embedder, query)
+        text = None if self.search_mode == "vector" else query
+        hits = await self.vectors.search(self.collection, vector, k=want + len(exclude), where=where,
+                                         min_score=self.min_score, text=text)
+        skip = set(exclude)
+        return [h for h in hits if h.id not in skip][:want]
+
+    @staticmethod
+    def format(hit: SearchHit) -> str:
+        """One memory as the model is shown it: when, which session, who, and the turn before it."""
+        meta = hit.metadata
+        when = datetime.fromtimestamp(float(meta.get("created_at", 0)), tz=UTC).strftime("%Y-%m-%d %H:%M")
+        author = meta.get("author") or meta.get("role")
+        line = f"- [{when} UTC, session {meta.get('session_id')}] {author}: {hit.text}"
+        before = meta.get("before")
+        if before:
+            line += f"\n  (just before, {before})"
+        after = meta.get("after")
+        if after:
+            line += f"\n  (reply, {after})"
+        return line
+
     async def before_run(self, ctx: RunContext) -> None:
         """Search the memories with the new input and add the best matches as one context message."""
-        where = self._where(ctx.session)
-        if where is None:
-            return
         context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
         recent = [m.text for m in context[-self.query_messages:] if m.text] if self.query_messages else []
         query = "\n".join([*recent, *(m.text for m in ctx.input if m.text)])
-        if not query.strip():
-            return
-        [vector] = await self.embedder.embed([query])
-        hits = await self.vectors.search(self.collection, vector, k=self.k + 20, where=where, min_score=self.min_score)
-        visible = {m.id for m in ctx.messages}
-        lines = []
-        for hit in hits:
-            if hit.id in visible:
-                continue
-            meta = hit.metadata
-            when = datetime.fromtimestamp(float(meta.get("created_at", 0)), tz=UTC).strftime("%Y-%m-%d %H:%M")
-            lines.append(f"- [session {meta.get('session_id')}, {when} UTC] {meta.get('role')}: {hit.text}")
-            if len(lines) == self.k:
-                break
-        if lines:
+        hits = await self.recall(query, ctx.session, exclude=[m.id for m in ctx.messages])
+        if hits:
             ctx.add_messages([Message.user("Relevant memories from earlier conversations (may be outdated):\n"
-                                           + "\n".join(lines), metadata={"memory": True})])
+                                           + "\n".join(self.format(h) for h in hits), metadata={"memory": True})])
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
         """Store the turn's messages (only when the run succeeded)."""
         session = ctx.session
         if outcome.error is not None or session is None:
             return
-        messages = [m for m in [*ctx.input, *(outcome.response_messages or ())]
-                    if m.role in self.roles and m.text.strip()]
-        if not messages:
-            return
-        vectors = await self.embedder.embed([m.text for m in messages])
+        context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
+        earlier = [m for m in context if m.role in self.roles and m.text.strip() and not m.metadata.get("memory")
+                   and (m.source is None or m.source.kind in ("history", "input", "model"))]
+        await self.remember([*ctx.input, *(outcome.response_messages or ())], session,
+                            before=earlier[-self.window:] if self.window else ())
+
+    async def remember(self, messages: Sequence[Message], session: Session, *,
+                       before: Sequence[Message] = ()) -> int:
+        """Store `messages` (those in `roles` with text) as memories of `session`; return how many.
+
+        `before` are the turns that came just before the first one (for its context window). Use it
+        to import earlier conversations; `after_run` calls it for every successful run.
+        """
+        turns = [m for m in messages if m.role in self.roles and m.text.strip()]
+        if not turns:
+            return 0
+        named = [(m, self.author(m, session)) for m in [*before, *turns]]
+        lines = [f"{name}: {m.text.strip()}" for m, name in named]
+        first = len(before)
         user = self.user(session)
-        records = [VectorRecord(m.id, v, m.text, {
-            "tenant": session.tenant, "session_id": session.id, "user_id": user, "agent": self.agent_name,
-            "role": m.role, "created_at": m.created_at or time.time()}) for m, v in zip(messages, vectors, strict=True)]
+        vectors = await self.embedder.embed(lines[first:])
+        records = []
+        for n, (m, vector) in enumerate(zip(turns, vectors, strict=True)):
+            at = first + n
+            window = lines[max(0, at - self.window):at]
+            meta: dict[str, Any] = {
+                "tenant": session.tenant, "session_id": session.id, "user_id": user, "agent": self.agent_name,
+                "role": m.role, "author": named[at][1], "created_at": m.created_at or time.time()}
+            if window:
+                meta["before"] = _clip(window[-1])
+            if self.window and at + 1 < len(lines):
+                meta["after"] = _clip(lines[at + 1])
+            records.append(VectorRecord(m.id, vector, m.text, meta, keywords="\n".join([*window, lines[at]])))
         await self.vectors.upsert(self.collection, records)
+        return len(records)
 
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import UsageError
 from ..messages import Message
 from ..tools import Tool, ToolOutcome
-from ..vectors.base import Embedder, VectorStore, Where
+from ..vectors.base import Embedder, VectorStore, Where, embed_query
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -74,16 +74,24 @@ class TextSearch(ContextProvider):
     @classmethod
     def from_vector_store(cls, vectors: VectorStore, embedder: Embedder, *, collection: str = "documents",
                           k: int = 4, where: Where | None = None, min_score: float | None = None,
-                          **options: Any) -> TextSearch:
-        """Search a collection of document chunks (metadata ``source`` and optional ``link``)."""
+                          search: Literal["hybrid", "vector", "keywords"] = "hybrid", **options: Any) -> TextSearch:
+        """Search a collection of document chunks (metadata ``source`` and optional ``link``).
 
-        async def search(query: str) -> list[SearchResult]:
-            [vector] = await embedder.embed([query])
-            hits = await vectors.search(collection, vector, k=k, where=where, min_score=min_score)
+        `search`: ``"hybrid"`` (the store's keyword index and vectors, fused; the default),
+        ``"vector"`` or ``"keywords"``; `min_score` applies to the vector similarity.
+        """
+        if search not in ("hybrid", "vector", "keywords"):
+            raise UsageError(f"search must be 'hybrid', 'vector' or 'keywords', got {search!r}")
+        mode = search
+
+        async def search_fn(query: str) -> list[SearchResult]:
+            vector = None if mode == "keywords" else await embed_query(embedder, query)
+            hits = await vectors.search(collection, vector, k=k, where=where, min_score=min_score,
+                                        text=None if mode == "vector" else query)
             return [SearchResult(h.text, str(h.metadata.get("source", h.id)), h.metadata.get("link"), h.score)
                     for h in hits]
 
-        return cls(search, **options)
+        return cls(search_fn, **options)
 
     async def before_run(self, ctx: RunContext) -> None:
         """Search now and add the results (``before_run`` mode), or offer the search tool (``tool`` mode)."""

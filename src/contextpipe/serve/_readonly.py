@@ -8,18 +8,15 @@ absent instead of being deleted. Any write is refused by SQLite itself.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 from urllib.parse import quote
 
 from ..errors import StoreError
+from ..session import SessionKey
 from ..stores._common import SCHEMA_VERSION
-from ..stores.sqlite import SQLiteStore
+from ..stores.sqlite import _SESSION, SQLiteStore
 
 __all__ = ["ReadOnlySQLiteStore"]
-
-T = TypeVar("T")
 
 
 def _open(path: str) -> sqlite3.Connection:
@@ -31,6 +28,7 @@ def _open(path: str) -> sqlite3.Connection:
     for flags in ("mode=ro", "mode=ro&immutable=1"):
         try:
             conn = sqlite3.connect(f"{uri}?{flags}", uri=True, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row  # rows are read by name, as the writer reads them
             row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.DatabaseError as exc:
             last = exc
@@ -61,14 +59,11 @@ class ReadOnlySQLiteStore(SQLiteStore):
             self._conn = _open(self.path)
         return self._conn
 
-    def _row(self, conn: sqlite3.Connection, tenant: str, session_id: str, now: float) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = conn.execute(
-            "SELECT version, last_seq, lease_owner, lease_token, lease_expires, expires_at, state, created_at, ttl "
-            "FROM cp_sessions WHERE tenant = ? AND session_id = ?", (tenant, session_id)).fetchone()
-        if row is not None and row[5] is not None and row[5] <= now:
-            return None
+    def _session_row(self, conn: sqlite3.Connection, key: SessionKey, now: float) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
+        if row is not None and row["expires_at"] is not None and row["expires_at"] <= now:
+            return None  # expired: absent, but not deleted (nothing is written)
         return row
 
-    @staticmethod
-    def _tx(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
-        return body()
+    def _get_row(self, conn: sqlite3.Connection, key: SessionKey) -> sqlite3.Row | None:
+        return self._session_row(conn, key, self._clock())

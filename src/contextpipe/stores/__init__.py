@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from .base import (
+    Checkpoint,
+    Lease,
+    MessagePage,
+    SessionDeletedHook,
+    SessionInfo,
+    SessionKey,
+    SessionListing,
+    SessionStore,
+)
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -26,7 +35,9 @@ __all__ = [
     "PostgresStore",
     "RedisStore",
     "SQLiteStore",
+    "SessionDeletedHook",
     "SessionInfo",
+    "SessionKey",
     "SessionListing",
     "SessionStore",
 ]

@@ -1,16 +1,20 @@
-"""Pieces every store backend shares: row codec with corruption errors, cursors, error wording."""
+"""Pieces every store backend shares.
+
+Keys, the lease check, the row codec with corruption errors, cursors and the one translation of driver
+errors into `StoreError`.
+"""
 
 from __future__ import annotations
 
 import base64
 import functools
 import json
+import re
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from ..errors import (
     CodecError,
-    ConcurrentUpdate,
     ContextPipeError,
     CorruptRecord,
     LeaseLost,
@@ -19,17 +23,18 @@ from ..errors import (
     UsageError,
 )
 from ..messages import Message, dumps, loads
-from ..session import Session, validate_session_id, validate_tenant
-from .base import Checkpoint, Lease, MessagePage
+from ..session import Session, SessionKey
+from .base import Checkpoint, Lease, MessagePage, SessionStore
 
 SCHEMA_VERSION: Final = 2
 """Version of the durable layout (tables, keys) written by this release."""
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
-def check_key(tenant: str, session_id: str) -> None:
-    """Validate a tenant and session id (length, characters) with a clear error."""
-    validate_tenant(tenant)
-    validate_session_id(session_id)
+
+def key_of(tenant: str, session_id: str) -> SessionKey:
+    """Return the validated key of a session (`UsageError` naming what is allowed otherwise)."""
+    return SessionKey(tenant, session_id)
 
 
 def check_limit(limit: int | None) -> None:
@@ -37,57 +42,93 @@ def check_limit(limit: int | None) -> None:
         raise UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
 
 
-def decode_message(backend: str, tenant: str, session_id: str, seq: int, body: str | bytes,
+def check_lease(backend: str, key: SessionKey, lease: Lease | None, owner: str | None, token: int,
+                expires: float, now: float) -> None:
+    """Make the write check of every backend (Redis makes it in Lua).
+
+    `lease` must be the current one; with none, no unexpired lease may be held.
+    """
+    if lease is not None:
+        if lease.token != token or lease.owner != owner:
+            raise LeaseLost.taken_over(backend, key, lease.token, token)
+    elif owner is not None and expires > now:
+        raise SessionBusy.held(backend, key)
+
+
+def lease_is_free(owner: str | None, expires: float, now: float, me: str) -> bool:
+    """Whether `me` may take a lease held by `owner` until `expires` (free, expired, or already mine)."""
+    return owner is None or expires <= now or owner == me
+
+
+def storable(text: str) -> str:
+    r"""Return JSON text that every backend can store: lone surrogates (which UTF-8 cannot encode) become ``\\uXXXX``.
+
+    JSON text holds a surrogate only inside a string, where the escape decodes back to the same code point.
+    """
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def dump_json(value: Any) -> str:
+    return storable(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))
+
+
+def encode_message(message: Message) -> str:
+    return storable(dumps(message))
+
+
+def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
                    message_id: str | None = None) -> Message:
     """Decode a stored message, raising `CorruptRecord` that names the session and sequence."""
     try:
         message = loads(body)
-    except CodecError as exc:
-        raise CorruptRecord(
-            f"{backend} store: message {seq} of session {session_id!r} (tenant {tenant!r}) cannot be read: {exc}",
-            backend=backend, tenant=tenant, session_id=session_id, sequence=seq,
-        ) from exc
+    except (CodecError, UnicodeDecodeError) as exc:
+        raise CorruptRecord.unreadable(backend, key, f"message {seq}", exc, seq) from exc
     if message_id is not None and message.id != message_id:
-        raise CorruptRecord(
-            f"{backend} store: message {seq} of session {session_id!r} (tenant {tenant!r}) has id "
-            f"{message.id!r} but is indexed as {message_id!r}",
-            backend=backend, tenant=tenant, session_id=session_id, sequence=seq,
-        )
+        raise CorruptRecord.unreadable(backend, key, f"message {seq}",
+                                       f"it has id {message.id!r} but is indexed as {message_id!r}", seq)
     return message
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> str:
-    return json.dumps({"seq": checkpoint.seq, "created_at": checkpoint.created_at,
-                       "summary": json.loads(dumps(checkpoint.summary))}, separators=(",", ":"), ensure_ascii=False)
+    return dump_json({"seq": checkpoint.seq, "created_at": checkpoint.created_at,
+                      "summary": json.loads(dumps(checkpoint.summary))})
 
 
-def decode_checkpoint(backend: str, tenant: str, session_id: str, body: str | bytes) -> Checkpoint:
+def decode_checkpoint(backend: str, key: SessionKey, body: str | bytes) -> Checkpoint:
     try:
         data = json.loads(body)
         return Checkpoint(int(data["seq"]), loads(json.dumps(data["summary"])), float(data["created_at"]))
     except (ValueError, KeyError, TypeError, CodecError) as exc:
-        raise CorruptRecord(
-            f"{backend} store: a checkpoint of session {session_id!r} (tenant {tenant!r}) cannot be read: {exc}",
-            backend=backend, tenant=tenant, session_id=session_id,
-        ) from exc
+        raise CorruptRecord.unreadable(backend, key, "a checkpoint", exc) from exc
 
 
-def decode_object(backend: str, tenant: str, session_id: str, body: str | bytes, what: str) -> dict[str, Any]:
+def decode_object(backend: str, key: SessionKey, body: str | bytes, what: str) -> dict[str, Any]:
     """Decode a stored JSON object (`what`: "the state", "a trace"), or raise `CorruptRecord`."""
     try:
         value = json.loads(body)
     except ValueError as exc:
         value = exc
     if not isinstance(value, dict):
-        raise CorruptRecord(
-            f"{backend} store: {what} of session {session_id!r} (tenant {tenant!r}) cannot be read: {value}",
-            backend=backend, tenant=tenant, session_id=session_id,
-        )
+        raise CorruptRecord.unreadable(backend, key, what, value)
     return value
 
 
-def decode_state(backend: str, tenant: str, session_id: str, body: str | bytes) -> dict[str, Any]:
-    return decode_object(backend, tenant, session_id, body, "the state")
+def encode_state(session: Session) -> str:
+    return dump_json(session.state_to_json())
+
+
+def decode_state(backend: str, key: SessionKey, body: str | bytes) -> dict[str, Any]:
+    return decode_object(backend, key, body, "the state")
+
+
+def encode_trace(trace: dict[str, Any]) -> str:
+    return dump_json(trace)
+
+
+def decode_trace(backend: str, key: SessionKey, body: str | bytes) -> dict[str, Any]:
+    return decode_object(backend, key, body, "a trace")
 
 
 def encode_cursor(updated_at: float, session_id: str) -> str:
@@ -102,47 +143,23 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise UsageError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
 
 
-def busy(backend: str, tenant: str, session_id: str) -> SessionBusy:
-    return SessionBusy(
-        f"session {session_id!r} (tenant {tenant!r}) is busy: a run holds its lease; wait for it to finish, "
-        "or pass lease_wait=<seconds> to wait for it",
-        backend=backend, tenant=tenant, session_id=session_id,
-    )
+def checkpoint_past_end(backend: str, key: SessionKey, seq: int, last: int) -> UsageError:
+    return UsageError(f"{backend} store: a checkpoint of {key} cannot cover sequence {seq}: the log ends at {last}")
 
 
-def lease_lost(backend: str, lease: Lease, current: int | None) -> LeaseLost:
-    now = f" (current token {current})" if current is not None else ""
-    return LeaseLost(
-        f"session {lease.session_id!r} (tenant {lease.tenant!r}): this run's lease (token {lease.token}) expired "
-        f"and was taken over{now}; its writes are refused so runs never interleave",
-        backend=backend, tenant=lease.tenant, session_id=lease.session_id,
-    )
+def duplicate_in_batch(key: SessionKey) -> UsageError:
+    return UsageError(f"{key}: the batch to append repeats a message id")
 
 
-def concurrent_update(backend: str, tenant: str, session_id: str, stored: int, mine: int) -> ConcurrentUpdate:
-    return ConcurrentUpdate(
-        f"session {session_id!r} (tenant {tenant!r}) was changed elsewhere (stored version {stored}, this copy "
-        f"has {mine}); reload it with agent.session(...) and apply the change again",
-        backend=backend, tenant=tenant, session_id=session_id,
-    )
+def check_batch(key: SessionKey, messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """Encode a batch to append as ``(id, body)`` pairs; a batch repeating an id is a `UsageError`."""
+    encoded = [(m.id, encode_message(m)) for m in messages]
+    if len({mid for mid, _ in encoded}) != len(encoded):
+        raise duplicate_in_batch(key)
+    return encoded
 
 
-def checkpoint_past_end(backend: str, tenant: str, session_id: str, seq: int, last: int) -> UsageError:
-    return UsageError(
-        f"{backend} store: a checkpoint of session {session_id!r} (tenant {tenant!r}) cannot cover sequence "
-        f"{seq}: the log ends at {last}"
-    )
-
-
-def duplicate_in_batch(session_id: str) -> UsageError:
-    return UsageError(f"session {session_id!r}: the batch to append repeats a message id")
-
-
-def encode_state(session: Session) -> str:
-    return json.dumps(session.state_to_json(), separators=(",", ":"), ensure_ascii=False)
-
-
-def make_page(backend: str, tenant: str, session_id: str, end: int, after: int | None,
+def make_page(backend: str, key: SessionKey, end: int, after: int | None,
               rows: Sequence[tuple[int, str, str | bytes]]) -> MessagePage:
     """Build a page from ``(seq, message_id, body)`` rows in sequence order.
 
@@ -150,43 +167,59 @@ def make_page(backend: str, tenant: str, session_id: str, end: int, after: int |
     past it. Sequences are contiguous from 1, so older messages exist exactly when the page does
     not start at 1.
     """
-    messages = [decode_message(backend, tenant, session_id, int(seq), body, mid) for seq, mid, body in rows]
+    try:
+        decoded = [loads(body) for _, _, body in rows]
+    except CodecError:
+        decoded = None
+    if decoded is None or any(mid is not None and m.id != mid for m, (_, mid, _) in zip(decoded, rows, strict=True)):
+        # Name the first record that cannot be read (the fast path above does not say which).
+        decoded = [decode_message(backend, key, int(seq), body, mid) for seq, mid, body in rows]
+    messages = decoded
     first = int(rows[0][0]) if rows else max(end, after or 0) + 1
     return MessagePage(messages, first, first > 1)
 
 
+# --- the one translation of driver and network errors --------------------------------------------------
+
+
+def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str,
+                   timeout: float | None = None) -> StoreError | None:
+    """Return the `StoreError` standing for `exc`, or None when `exc` is not a driver or network error.
+
+    contextpipe's own errors, cancellation and programming errors pass through unchanged. Timeouts
+    (the builtin one or the driver's) say which server did not answer; every other error of the
+    driver package `driver`, of the network (`OSError`) or of text encoding becomes a `StoreError`.
+    """
+    if isinstance(exc, ContextPipeError) or not isinstance(exc, Exception):
+        return None
+    from_driver = type(exc).__module__.split(".")[0] == driver
+    if isinstance(exc, TimeoutError) or (from_driver and type(exc).__name__ == "TimeoutError"):
+        if timeout is not None:
+            return StoreError.unreachable(backend, server, timeout, "waiting for an answer")
+        return StoreError.from_driver(backend, server, exc)
+    if from_driver or isinstance(exc, OSError | UnicodeError | EOFError):
+        return StoreError.from_driver(backend, server, exc)
+    return None
+
+
+S = TypeVar("S", bound=SessionStore)
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def translate_errors(
-    backend: str, driver: str
-) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
-    """Wrap a store method so that driver and network errors surface as `StoreError`.
+def translated(fn: Callable[Concatenate[S, P], Coroutine[Any, Any, R]]
+               ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """Wrap a store method so that driver and network errors surface as `StoreError` (`to_store_error`)."""
 
-    Driver errors are exceptions defined in package `driver`; contextpipe's own errors pass through.
-    """
-
-    def decorate(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        @functools.wraps(fn)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                return await fn(*args, **kwargs)
-            except ContextPipeError:
+    @functools.wraps(fn)
+    async def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(self, *args, **kwargs)
+        except Exception as exc:
+            error = to_store_error(exc, backend=self.backend, server=self.server, driver=self.driver,
+                                   timeout=self.answer_timeout)
+            if error is None:
                 raise
-            except Exception as exc:
-                if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] == driver:
-                    raise StoreError(f"{backend} store: {type(exc).__name__}: {exc}", backend=backend) from exc
-                raise
+            raise error from exc
 
-        return wrapper
-
-    return decorate
-
-
-def encode_trace(trace: dict[str, Any]) -> str:
-    return json.dumps(trace, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def decode_trace(backend: str, tenant: str, session_id: str, body: str | bytes) -> dict[str, Any]:
-    return decode_object(backend, tenant, session_id, body, "a trace")
+    return wrapper

@@ -1,4 +1,4 @@
-"""The `SessionStore` contract every backend implements.
+r"""The `SessionStore` contract every backend implements.
 
 A store holds, per tenant and session:
 
@@ -11,6 +11,16 @@ A store holds, per tenant and session:
   latest checkpoint plus the messages after it;
 - prompt traces, when the agent is asked to store them, for inspecting runs later.
 
+A session is named by a `SessionKey` (tenant and id); the public methods take ``tenant, session_id``
+and validate them into a key first. Every failure is a `ContextPipeError`: driver and network
+errors become `StoreError` naming the backend (and, for servers, the server that failed).
+
+Text is stored as Unicode. Any Python string can be stored, including lone surrogates such as
+``"\\ud800"`` (which UTF-8 cannot encode): they are written as JSON escapes and come back unchanged.
+The one documented replacement: two surrogate code points that form a valid pair
+(``"\\ud83d\\ude00"``) come back as the single character they encode (``"\\U0001f600"``), as JSON
+decoding does everywhere.
+
 Loads are bounded: `load` returns the tail (the last `limit` messages, or a page before a sequence,
 or everything after a checkpoint) without reading the whole session. Sessions may carry a TTL:
 every write pushes the expiry forward, an expired session reads as absent, and deleting a session
@@ -22,15 +32,21 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Self
 
-from ..errors import SessionBusy
+from ..errors import SessionBusy, StoreError
 from ..messages import Message
-from ..session import Session
+from ..session import Session, SessionKey
 
-__all__ = ["Checkpoint", "Lease", "MessagePage", "SessionInfo", "SessionListing", "SessionStore"]
+__all__ = [
+    "Checkpoint", "Lease", "MessagePage", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing",
+    "SessionStore",
+]
+
+SessionDeletedHook = Callable[[SessionKey], Awaitable[None]]
+"""An ``async`` callback told the key of each session a store deleted (see `on_session_deleted`)."""
 
 DEFAULT_LEASE_TTL: Final = 60.0
 
@@ -51,6 +67,15 @@ class Lease:
     """Wall-clock time (seconds since the epoch) after which another run may take the lease over."""
     ttl: float
     """How long the lease lasts after each acquisition or renewal, in seconds."""
+
+    @property
+    def key(self) -> SessionKey:
+        """The leased session's key."""
+        return SessionKey(self.tenant, self.session_id)
+
+    def renewed(self, expires_at: float) -> Lease:
+        """Return the same lease, now expiring at `expires_at`."""
+        return Lease(self.tenant, self.session_id, self.owner, self.token, expires_at, self.ttl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +133,15 @@ class SessionStore(abc.ABC):
 
     backend: str = "abstract"
     """Short backend name used in errors (``memory``, ``sqlite``, ...)."""
+    driver: str = ""
+    """Top-level package of the database driver, whose exceptions surface as `StoreError`."""
+    answer_timeout: float | None = None
+    """How long the store waits for its server to answer a command (None: no server)."""
+
+    @property
+    def server(self) -> str:
+        """What errors name as the place that failed: ``host:port`` of a server, a file's path."""
+        return self.backend
 
     # --- session records -------------------------------------------------------------------------
 
@@ -127,7 +161,7 @@ class SessionStore(abc.ABC):
         session = Session(session_id, tenant, ttl=ttl)
         try:
             await self.save_session(session)
-        except Exception:
+        except StoreError:  # another process created it first (ConcurrentUpdate), or the write failed
             raced = await self.get_session(tenant, session_id)
             if raced is None:
                 raise
@@ -145,7 +179,63 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def delete_session(self, tenant: str, session_id: str) -> bool:
-        """Delete the session and everything stored for it; return whether it existed."""
+        """Delete the session and everything stored for it; return whether it existed.
+
+        The `on_session_deleted` hooks run after the session is gone.
+        """
+
+    def on_session_deleted(self, hook: SessionDeletedHook) -> Callable[[], None]:
+        """Call `hook` with the key of every session this store deletes; return a function that unregisters it.
+
+        Hooks run after `delete_session` deleted a session, and for an expired session when the store
+        removes it (`purge_expired` on every backend; the embedded and SQL stores also remove an expired
+        session when they meet it). Other stores keeping per-session data (a vector store's memories)
+        use it to delete theirs, so the cascade is the same on every backend. Every hook is called; if
+        any fails, a `StoreError` says which after all have run.
+
+        >>> import asyncio
+        >>> from contextpipe.stores import MemoryStore
+        >>> store, gone = MemoryStore(), []
+        >>> async def note(key: SessionKey) -> None:
+        ...     gone.append(key.id)
+        >>> unregister = store.on_session_deleted(note)
+        >>> async def demo() -> None:
+        ...     await store.append("default", "chat-1", [Message.user("hi")])
+        ...     await store.delete_session("default", "chat-1")
+        >>> asyncio.run(demo()); gone
+        ['chat-1']
+        """
+        hooks = self._hooks()
+        hooks.append(hook)
+
+        def unregister() -> None:
+            if hook in hooks:
+                hooks.remove(hook)
+
+        return unregister
+
+    def _hooks(self) -> list[SessionDeletedHook]:
+        hooks: list[SessionDeletedHook] | None = self.__dict__.get("_session_deleted_hooks")
+        if hooks is None:
+            hooks = self.__dict__["_session_deleted_hooks"] = []
+        return hooks
+
+    async def _notify_deleted(self, keys: Sequence[SessionKey]) -> None:
+        """Run the `on_session_deleted` hooks for `keys` (every hook, then one error if any failed)."""
+        failures: list[tuple[SessionKey, BaseException]] = []
+        for key in keys:
+            for hook in list(self._hooks()):
+                try:
+                    await hook(key)
+                except Exception as exc:  # every hook runs; the failures are reported together below
+                    failures.append((key, exc))
+        if failures:
+            key, first = failures[0]
+            raise StoreError(
+                f"{self.backend} store: {key} was deleted, but {len(failures)} on_session_deleted hook call(s) "
+                f"failed, the first with {type(first).__name__}: {first}",
+                backend=self.backend, tenant=key.tenant, session_id=key.id,
+            ) from first
 
     @abc.abstractmethod
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
@@ -155,11 +245,22 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def append(
-        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        lease: Lease | None = None,
+        durable: bool = True,
     ) -> int:
         """Append `messages` atomically and return the sequence of the last one.
 
         Messages whose id is already in the log are skipped, so a retried append never duplicates.
+
+        With ``durable=False`` the store may acknowledge the append before it would survive a power
+        loss or OS crash (it still survives the process being killed); a later durable write makes it,
+        and everything written before it, durable. Use it for writes a crash would repair anyway.
+        Stores whose every write is equally durable (servers, memory) ignore it.
         """
 
     @abc.abstractmethod
@@ -227,11 +328,7 @@ class SessionStore(abc.ABC):
                 return lease
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise SessionBusy(
-                    f"session {session_id!r} (tenant {tenant!r}) is busy: another run holds its lease; "
-                    "wait for it to finish, or pass lease_wait=<seconds> to wait for it",
-                    backend=self.backend, tenant=tenant, session_id=session_id,
-                )
+                raise SessionBusy.held(self.backend, SessionKey(tenant, session_id))
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.1)
 

@@ -1,33 +1,34 @@
 """`MemoryStore`: the session store contract, in this process's memory.
 
 Fast and dependency-free, for tests, prototypes and short-lived sessions; everything is gone when the
-process exits. Messages are kept as the (immutable) `Message` objects themselves.
+process exits. Messages are kept as the (immutable) `Message` objects themselves, so any text comes
+back exactly as it was given.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from typing_extensions import override
 
+from ..errors import ConcurrentUpdate, LeaseLost
 from ..messages import Message
-from ..session import Session
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
-    busy,
-    check_key,
+    check_lease,
     check_limit,
     checkpoint_past_end,
-    concurrent_update,
     decode_cursor,
     decode_trace,
     duplicate_in_batch,
     encode_cursor,
     encode_trace,
-    lease_lost,
+    key_of,
+    lease_is_free,
 )
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 
@@ -64,69 +65,75 @@ class MemoryStore(SessionStore):
     >>> store = MemoryStore()
     >>> asyncio.run(store.append("default", "chat-1", [Message.user("hi")]))
     1
+
+    `clock` (seconds since the epoch, ``time.time`` by default) is what TTLs and leases are measured
+    with; tests pass a fake one to expire sessions and leases exactly and at once.
     """
 
     backend = "memory"
 
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], _Entry] = {}
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._entries: dict[SessionKey, _Entry] = {}
+        self._clock = clock
 
-    def _entry(self, tenant: str, session_id: str, *, create: bool = False) -> _Entry | None:
-        key = (tenant, session_id)
+    async def _entry(self, key: SessionKey, *, create: bool = False) -> _Entry | None:
         entry = self._entries.get(key)
-        if entry is None:
-            check_key(tenant, session_id)
-        elif entry.ttl is not None and entry.expired(time.time()):
+        if entry is not None and entry.expired(self._clock()):
             del self._entries[key]
             entry = None
+            await self._notify_deleted([key])
         if entry is None and create:
-            now = time.time()
+            now = self._clock()
             entry = self._entries[key] = _Entry(now, now)
         return entry
 
-    def _check_lease(self, entry: _Entry, tenant: str, session_id: str, lease: Lease | None) -> None:
-        if lease is not None:
-            if lease.token != entry.lease_token or lease.owner != entry.lease_owner:
-                raise lease_lost(self.backend, lease, entry.lease_token)
-        elif entry.lease_owner is not None and entry.lease_expires > time.time():
-            raise busy(self.backend, tenant, session_id)
+    async def _writable(self, key: SessionKey, lease: Lease | None) -> _Entry:
+        entry = await self._entry(key, create=True)
+        assert entry is not None
+        check_lease(self.backend, key, lease, entry.lease_owner, entry.lease_token, entry.lease_expires,
+                    self._clock())
+        return entry
 
     # --- session records ---------------------------------------------------------------------------
 
     @override
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        entry = self._entry(tenant, session_id)
+        entry = await self._entry(key_of(tenant, session_id))
         if entry is None or not entry.visible():
             return None
         return Session(session_id, tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
 
     @override
     async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
-        entry = self._entry(session.tenant, session.id, create=True)
-        assert entry is not None
-        self._check_lease(entry, session.tenant, session.id, lease)
+        key = session.key
+        state_json = json.dumps(session.state_to_json(), separators=(",", ":"))
+        entry = await self._writable(key, lease)
         if entry.version != session.version:
-            raise concurrent_update(self.backend, session.tenant, session.id, entry.version, session.version)
-        entry.state_json = json.dumps(session.state_to_json(), separators=(",", ":"))
+            raise ConcurrentUpdate.stale(self.backend, key, entry.version, session.version)
+        entry.state_json = state_json
         entry.version += 1
         entry.ttl = session.ttl
         if entry.version == 1:
             entry.created_at = session.created_at
-        entry.updated_at = time.time()
+        entry.updated_at = self._clock()
         session.version = entry.version
 
     @override
     async def delete_session(self, tenant: str, session_id: str) -> bool:
-        check_key(tenant, session_id)
-        return self._entries.pop((tenant, session_id), None) is not None
+        key = key_of(tenant, session_id)
+        existed = self._entries.pop(key, None) is not None
+        if existed:
+            await self._notify_deleted([key])
+        return existed
 
     @override
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
+        validate_tenant(tenant)
         check_limit(limit)
-        now = time.time()
+        now = self._clock()
         rows = sorted(
-            ((e.updated_at, sid, e) for (t, sid), e in self._entries.items()
-             if t == tenant and e.visible() and not e.expired(now)),
+            ((e.updated_at, k.id, e) for k, e in self._entries.items()
+             if k.tenant == tenant and e.visible() and not e.expired(now)),
             key=lambda r: (-r[0], r[1]),
         )
         if cursor is not None:
@@ -139,28 +146,34 @@ class MemoryStore(SessionStore):
 
     @override
     async def purge_expired(self) -> int:
-        now = time.time()
+        now = self._clock()
         expired = [key for key, e in self._entries.items() if e.expired(now)]
         for key in expired:
             del self._entries[key]
+        await self._notify_deleted(expired)
         return len(expired)
 
     # --- message log -------------------------------------------------------------------------------
 
     @override
     async def append(
-        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        lease: Lease | None = None,
+        durable: bool = True,
     ) -> int:
-        entry = self._entry(tenant, session_id, create=True)
-        assert entry is not None
-        self._check_lease(entry, tenant, session_id, lease)
+        key = key_of(tenant, session_id)
+        entry = await self._writable(key, lease)
         if len({m.id for m in messages}) != len(messages):
-            raise duplicate_in_batch(session_id)
+            raise duplicate_in_batch(key)
         ids = entry.ids
         fresh = [m for m in messages if m.id not in ids]
         entry.log.extend(fresh)
         ids.update(m.id for m in fresh)
-        entry.updated_at = time.time()
+        entry.updated_at = self._clock()
         return len(entry.log)
 
     @override
@@ -173,8 +186,9 @@ class MemoryStore(SessionStore):
         before: int | None = None,
         after: int | None = None,
     ) -> MessagePage:
+        key = key_of(tenant, session_id)
         check_limit(limit)
-        entry = self._entry(tenant, session_id)
+        entry = await self._entry(key)
         log = entry.log if entry is not None else []
         end = len(log) if before is None else max(0, min(before - 1, len(log)))
         floor = 0 if after is None else max(0, min(after, end))
@@ -187,18 +201,17 @@ class MemoryStore(SessionStore):
     async def save_checkpoint(
         self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
     ) -> None:
-        entry = self._entry(tenant, session_id, create=True)
-        assert entry is not None
-        self._check_lease(entry, tenant, session_id, lease)
+        key = key_of(tenant, session_id)
+        entry = await self._writable(key, lease)
         if checkpoint.seq > len(entry.log) or checkpoint.seq < 1:
-            raise checkpoint_past_end(self.backend, tenant, session_id, checkpoint.seq, len(entry.log))
+            raise checkpoint_past_end(self.backend, key, checkpoint.seq, len(entry.log))
         entry.checkpoints = [c for c in entry.checkpoints if c.seq != checkpoint.seq] + [checkpoint]
         entry.checkpoints.sort(key=lambda c: c.seq)
-        entry.updated_at = time.time()
+        entry.updated_at = self._clock()
 
     @override
     async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
-        entry = self._entry(tenant, session_id)
+        entry = await self._entry(key_of(tenant, session_id))
         return entry.checkpoints[-1] if entry is not None and entry.checkpoints else None
 
     # --- traces ------------------------------------------------------------------------------------
@@ -207,28 +220,27 @@ class MemoryStore(SessionStore):
     async def append_traces(
         self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
     ) -> None:
-        entry = self._entry(tenant, session_id, create=True)
-        assert entry is not None
-        self._check_lease(entry, tenant, session_id, lease)
+        entry = await self._writable(key_of(tenant, session_id), lease)
         entry.traces.extend(encode_trace(t) for t in traces)
 
     @override
     async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        key = key_of(tenant, session_id)
         check_limit(limit)
-        entry = self._entry(tenant, session_id)
+        entry = await self._entry(key)
         if entry is None:
             return []
         bodies = entry.traces if limit is None else entry.traces[-limit:]
-        return [decode_trace(self.backend, tenant, session_id, b) for b in bodies]
+        return [decode_trace(self.backend, key, b) for b in bodies]
 
     # --- leases ------------------------------------------------------------------------------------
 
     @override
     async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
-        entry = self._entry(tenant, session_id, create=True)
+        entry = await self._entry(key_of(tenant, session_id), create=True)
         assert entry is not None
-        now = time.time()
-        if entry.lease_owner is not None and entry.lease_expires > now and entry.lease_owner != owner:
+        now = self._clock()
+        if not lease_is_free(entry.lease_owner, entry.lease_expires, now, owner):
             return None
         entry.lease_owner = owner
         entry.lease_token += 1
@@ -237,15 +249,15 @@ class MemoryStore(SessionStore):
 
     @override
     async def renew_lease(self, lease: Lease) -> Lease:
-        entry = self._entry(lease.tenant, lease.session_id)
+        entry = await self._entry(lease.key)
         if entry is None or entry.lease_token != lease.token or entry.lease_owner != lease.owner:
-            raise lease_lost(self.backend, lease, entry.lease_token if entry else None)
-        entry.lease_expires = time.time() + lease.ttl
-        return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, entry.lease_expires, lease.ttl)
+            raise LeaseLost.taken_over(self.backend, lease.key, lease.token, entry.lease_token if entry else None)
+        entry.lease_expires = self._clock() + lease.ttl
+        return lease.renewed(entry.lease_expires)
 
     @override
     async def release_lease(self, lease: Lease) -> None:
-        entry = self._entry(lease.tenant, lease.session_id)
+        entry = await self._entry(lease.key)
         if entry is not None and entry.lease_token == lease.token and entry.lease_owner == lease.owner:
             entry.lease_owner = None
             entry.lease_expires = 0.0

@@ -8,36 +8,39 @@ every write. Timestamps come from the Redis server's clock.
 
 A per-tenant sorted set indexes sessions by last update for listing; it lives outside the session's
 hash tag, so this store targets a single Redis (or a Sentinel-managed primary), not Redis Cluster.
+
+A server that stops answering never hangs a run: connecting, each command and closing have timeouts
+(commands are not retried: a write whose answer was lost is reported, and appends are idempotent to
+retry), connections use TCP keepalives, and the error is a `StoreError` naming the server.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import override
 
-from ..errors import UsageError
-from ..messages import Message, dumps
-from ..session import Session
+from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
+from ..messages import Message
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
-    busy,
-    check_key,
+    check_batch,
     check_limit,
     checkpoint_past_end,
-    concurrent_update,
     decode_checkpoint,
     decode_cursor,
     decode_message,
     decode_state,
     decode_trace,
-    duplicate_in_batch,
     encode_checkpoint,
     encode_cursor,
     encode_state,
     encode_trace,
-    lease_lost,
-    translate_errors,
+    key_of,
+    translated,
 )
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 
@@ -45,8 +48,6 @@ if TYPE_CHECKING:
     import redis.asyncio
 
 __all__ = ["RedisStore"]
-
-_translated = translate_errors("redis", "redis")
 
 # Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index, traces; reads the clock and checks
 # the lease.
@@ -187,26 +188,55 @@ class RedisStore(SessionStore):
     """Sessions in Redis.
 
     Give a URL (``redis://127.0.0.1:6379/0``) or an existing ``redis.asyncio.Redis`` client (then
-    the store does not close it). Keys start with `prefix`.
+    the store does not close it, and its own timeouts apply). Keys start with `prefix`.
+
+    `connect_timeout` bounds opening a connection, `command_timeout` each command, `close_timeout`
+    closing the client; past them the call raises a `StoreError` naming the server. `keepalive`
+    (seconds of silence before TCP keepalive probes) lets the OS notice a dead peer.
     """
 
     backend = "redis"
+    driver = "redis"
 
-    def __init__(self, url: str | None = None, *, client: redis.asyncio.Redis | None = None,
-                 prefix: str = "cp") -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.asyncio.Redis | None = None,
+        prefix: str = "cp",
+        connect_timeout: float = 5.0,
+        command_timeout: float = 10.0,
+        close_timeout: float = 5.0,
+        keepalive: int = 30,
+    ) -> None:
         if (url is None) == (client is None):
             raise UsageError("RedisStore needs exactly one of url=... or client=...")
+        for name, value in (("connect_timeout", connect_timeout), ("command_timeout", command_timeout),
+                            ("close_timeout", close_timeout), ("keepalive", keepalive)):
+            if value <= 0:
+                raise UsageError(f"{name} must be positive, got {value}")
         if client is None:
             assert url is not None
             try:
                 import redis.asyncio as redis_asyncio
+                from redis.asyncio.retry import Retry
+                from redis.backoff import NoBackoff
             except ImportError as exc:
                 raise UsageError('RedisStore needs redis: pip install "contextpipe[redis]"') from exc
-            client = redis_asyncio.Redis.from_url(url)
+            options = {getattr(socket, name): value for name, value in (
+                ("TCP_KEEPIDLE", keepalive), ("TCP_KEEPINTVL", max(1, keepalive // 3)), ("TCP_KEEPCNT", 3))
+                if hasattr(socket, name)}
+            client = redis_asyncio.Redis.from_url(
+                url, socket_connect_timeout=connect_timeout, socket_timeout=command_timeout, socket_keepalive=True,
+                socket_keepalive_options=options, retry=Retry(NoBackoff(), 0))
+            self.answer_timeout = command_timeout
         # redis-py's return types are wide unions (bytes | str | list ...); results are decoded here.
         self._client: Any = client
         self._owns_client = url is not None
+        self._close_timeout = close_timeout
         self._prefix = prefix
+        kwargs = self._client.connection_pool.connection_kwargs
+        self._server = (kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}")
         c = client
         self._append = c.register_script(_APPEND)
         self._save = c.register_script(_SAVE)
@@ -223,60 +253,79 @@ class RedisStore(SessionStore):
         """Return a store that connects to `url` and owns its client."""
         return cls(url, prefix=prefix)
 
-    def _keys(self, tenant: str, session_id: str) -> list[str]:
-        tag = f"{self._prefix}:{{{tenant}/{session_id}}}"
-        return [f"{tag}:meta", f"{tag}:log", f"{tag}:ids", f"{tag}:ckpt", f"{tag}:lease",
-                f"{self._prefix}:index:{tenant}", f"{tag}:traces"]
+    @property
+    @override
+    def server(self) -> str:
+        return str(self._server)
 
-    def _raise(self, status: str, value: Any, tenant: str, session_id: str, lease: Lease | None) -> None:
+    def _keys(self, key: SessionKey) -> list[str]:
+        tag = f"{self._prefix}:{{{key.tenant}/{key.id}}}"
+        return [f"{tag}:meta", f"{tag}:log", f"{tag}:ids", f"{tag}:ckpt", f"{tag}:lease",
+                self._index(key.tenant), f"{tag}:traces"]
+
+    def _index(self, tenant: str) -> str:
+        return f"{self._prefix}:index:{tenant}"
+
+    def _raise(self, status: str, value: Any, key: SessionKey, lease: Lease | None) -> None:
         if status == "busy":
-            raise busy(self.backend, tenant, session_id)
+            raise SessionBusy.held(self.backend, key)
         if status == "lost" and lease is not None:
-            raise lease_lost(self.backend, lease, int(value))
+            raise LeaseLost.taken_over(self.backend, key, lease.token, int(value))
 
     @staticmethod
     def _lease_args(lease: Lease | None) -> list[str]:
         return [lease.owner, str(lease.token)] if lease is not None else ["", "0"]
 
+    async def _unindex(self, tenant: str, session_ids: Sequence[str]) -> int:
+        """Drop sessions Redis expired from the tenant's index, running the deletion hooks for each."""
+        gone = []
+        for sid in session_ids:
+            if await self._client.zrem(self._index(tenant), sid):
+                gone.append(SessionKey(tenant, sid))
+        await self._notify_deleted(gone)
+        return len(gone)
+
     # --- session records ---------------------------------------------------------------------------
 
     @override
-    @_translated
+    @translated
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        check_key(tenant, session_id)
-        raw = await self._client.hmget(self._keys(tenant, session_id)[0],
-                                       ["state", "version", "created_at", "ttl", "last_seq"])
+        key = key_of(tenant, session_id)
+        raw = await self._client.hmget(self._keys(key)[0], ["state", "version", "created_at", "ttl", "last_seq"])
         if raw[1] is None or (int(raw[1]) == 0 and not int(raw[4] or 0)):  # only a lease: not a session yet
             return None
-        state = decode_state(self.backend, tenant, session_id, raw[0] or b"{}")
+        state = decode_state(self.backend, key, raw[0] or b"{}")
         ttl = float(raw[3]) if raw[3] else None
         return Session(session_id, tenant, state, int(raw[1]), float(raw[2]), ttl)
 
     @override
-    @_translated
+    @translated
     async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
-        check_key(session.tenant, session.id)
-        keys = self._keys(session.tenant, session.id)
-        result = await self._save(keys=keys, args=[
+        key = session.key
+        result = await self._save(keys=self._keys(key), args=[
             session.id, *self._lease_args(lease), session.version, encode_state(session),
             "" if session.ttl is None else repr(float(session.ttl)), repr(session.created_at)])
         status, value = result[0].decode(), result[1].decode()
         if status == "conflict":
-            raise concurrent_update(self.backend, session.tenant, session.id, int(value), session.version)
-        self._raise(status, value, session.tenant, session.id, lease)
+            raise ConcurrentUpdate.stale(self.backend, key, int(value), session.version)
+        self._raise(status, value, key, lease)
         session.version = int(value)
 
     @override
-    @_translated
+    @translated
     async def delete_session(self, tenant: str, session_id: str) -> bool:
-        check_key(tenant, session_id)
-        return bool(await self._delete(keys=self._keys(tenant, session_id), args=[session_id]))
+        key = key_of(tenant, session_id)
+        existed = bool(await self._delete(keys=self._keys(key), args=[session_id]))
+        if existed:
+            await self._notify_deleted([key])
+        return existed
 
     @override
-    @_translated
+    @translated
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
+        validate_tenant(tenant)
         check_limit(limit)
-        index = f"{self._prefix}:index:{tenant}"
+        index = self._index(tenant)
         after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
         found: list[tuple[float, str, list[Any]]] = []
         offset, batch = 0, limit + 1
@@ -291,11 +340,11 @@ class RedisStore(SessionStore):
             candidates = [c for c in candidates if c[0] < after_time or (c[0] == after_time and c[1] > after_id)]
             async with self._client.pipeline(transaction=False) as pipe:
                 for _, sid in candidates:
-                    pipe.hmget(self._keys(tenant, sid)[0], ["version", "last_seq", "created_at"])
+                    pipe.hmget(self._keys(SessionKey(tenant, sid))[0], ["version", "last_seq", "created_at"])
                 metas = await pipe.execute()
             stale = [sid for (_, sid), meta in zip(candidates, metas, strict=True) if meta[0] is None]
             if stale:
-                await self._client.zrem(index, *stale)  # expired by Redis: drop from the index
+                offset -= await self._unindex(tenant, stale)  # expired by Redis
             found += [(t, sid, meta) for (t, sid), meta in zip(candidates, metas, strict=True)
                       if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
         found.sort(key=lambda r: (-r[0], r[1]))
@@ -305,40 +354,42 @@ class RedisStore(SessionStore):
         return SessionListing(infos, next_cursor)
 
     @override
-    @_translated
+    @translated
     async def purge_expired(self) -> int:
-        """Redis deletes expired sessions itself; this drops their leftover entries from the indexes."""
+        """Redis deletes expired sessions itself; this drops them from the indexes and runs the deletion hooks."""
         removed = 0
         async for index in self._client.scan_iter(match=f"{self._prefix}:index:*"):
             tenant = index.decode().split(":index:", 1)[1]
             members = [m.decode() for m in await self._client.zrange(index, 0, -1)]
-            for sid in members:
-                if not await self._client.exists(self._keys(tenant, sid)[0]):
-                    removed += await self._client.zrem(index, sid)
+            stale = [sid for sid in members if not await self._client.exists(self._keys(SessionKey(tenant, sid))[0])]
+            removed += await self._unindex(tenant, stale)
         return removed
 
     # --- message log -------------------------------------------------------------------------------
 
     @override
-    @_translated
+    @translated
     async def append(
-        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        lease: Lease | None = None,
+        durable: bool = True,
     ) -> int:
-        check_key(tenant, session_id)
-        ids = [m.id for m in messages]
-        if len(set(ids)) != len(ids):
-            raise duplicate_in_batch(session_id)
+        key = key_of(tenant, session_id)
         flat: list[str] = []
-        for m in messages:
-            flat += [m.id, dumps(m)]
-        result = await self._append(keys=self._keys(tenant, session_id),
+        for mid, body in check_batch(key, messages):
+            flat += [mid, body]
+        result = await self._append(keys=self._keys(key),
                                     args=[session_id, *self._lease_args(lease), len(messages), *flat])
         status, value = result[0].decode(), result[1].decode()
-        self._raise(status, value, tenant, session_id, lease)
+        self._raise(status, value, key, lease)
         return int(value)
 
     @override
-    @_translated
+    @translated
     async def load(
         self,
         tenant: str,
@@ -348,96 +399,98 @@ class RedisStore(SessionStore):
         before: int | None = None,
         after: int | None = None,
     ) -> MessagePage:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         check_limit(limit)
-        result = await self._load(keys=self._keys(tenant, session_id)[:2], args=[
+        result = await self._load(keys=self._keys(key)[:2], args=[
             -1 if limit is None else limit, -1 if before is None else before, after or 0])
         if result[0] == -1:
             return MessagePage([], 1, False)
         start = int(result[1])
         bodies = result[2] if len(result) > 2 else []
-        messages = [decode_message(self.backend, tenant, session_id, start + i + 1, body)
-                    for i, body in enumerate(bodies)]
+        messages = [decode_message(self.backend, key, start + i + 1, body) for i, body in enumerate(bodies)]
         first = start + 1
         return MessagePage(messages, first, first > 1)
 
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
-    @_translated
+    @translated
     async def save_checkpoint(
         self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
     ) -> None:
-        check_key(tenant, session_id)
-        result = await self._checkpoint(keys=self._keys(tenant, session_id), args=[
+        key = key_of(tenant, session_id)
+        result = await self._checkpoint(keys=self._keys(key), args=[
             session_id, *self._lease_args(lease), checkpoint.seq, encode_checkpoint(checkpoint)])
         status, value = result[0].decode(), result[1].decode()
         if status == "past_end":
-            raise checkpoint_past_end(self.backend, tenant, session_id, checkpoint.seq, int(value))
-        self._raise(status, value, tenant, session_id, lease)
+            raise checkpoint_past_end(self.backend, key, checkpoint.seq, int(value))
+        self._raise(status, value, key, lease)
 
     @override
-    @_translated
+    @translated
     async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
-        check_key(tenant, session_id)
-        rows = await self._client.zrevrange(self._keys(tenant, session_id)[3], 0, 0)
-        return decode_checkpoint(self.backend, tenant, session_id, rows[0]) if rows else None
+        key = key_of(tenant, session_id)
+        rows = await self._client.zrevrange(self._keys(key)[3], 0, 0)
+        return decode_checkpoint(self.backend, key, rows[0]) if rows else None
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
-    @_translated
+    @translated
     async def append_traces(
         self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
     ) -> None:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         if not traces:
             return
-        result = await self._traces(keys=self._keys(tenant, session_id), args=[
+        result = await self._traces(keys=self._keys(key), args=[
             session_id, *self._lease_args(lease), *(encode_trace(t) for t in traces)])
-        self._raise(result[0].decode(), result[1].decode(), tenant, session_id, lease)
+        self._raise(result[0].decode(), result[1].decode(), key, lease)
 
     @override
-    @_translated
+    @translated
     async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         check_limit(limit)
-        keys = self._keys(tenant, session_id)
+        keys = self._keys(key)
         if not await self._client.exists(keys[0]):
             return []
         bodies = await self._client.lrange(keys[6], 0 if limit is None else -limit, -1)
-        return [decode_trace(self.backend, tenant, session_id, b) for b in bodies]
+        return [decode_trace(self.backend, key, b) for b in bodies]
 
     # --- leases ------------------------------------------------------------------------------------
 
     @override
-    @_translated
+    @translated
     async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         if "|" in owner:
             raise UsageError(f"lease owner {owner!r} must not contain '|'")
-        result = await self._acquire(keys=self._keys(tenant, session_id),
-                                     args=[session_id, owner, max(1, int(ttl * 1000))])
+        result = await self._acquire(keys=self._keys(key), args=[session_id, owner, max(1, int(ttl * 1000))])
         if result[0].decode() != "ok":
             return None
         return Lease(tenant, session_id, owner, int(result[1]), float(result[2]), ttl)
 
     @override
-    @_translated
+    @translated
     async def renew_lease(self, lease: Lease) -> Lease:
-        result = await self._renew(keys=self._keys(lease.tenant, lease.session_id), args=[
+        result = await self._renew(keys=self._keys(lease.key), args=[
             lease.session_id, lease.owner, str(lease.token), max(1, int(lease.ttl * 1000))])
         if result[0].decode() != "ok":
-            raise lease_lost(self.backend, lease, int(result[1]))
-        return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, float(result[1]), lease.ttl)
+            raise LeaseLost.taken_over(self.backend, lease.key, lease.token, int(result[1]))
+        return lease.renewed(float(result[1]))
 
     @override
-    @_translated
+    @translated
     async def release_lease(self, lease: Lease) -> None:
-        await self._release(keys=[self._keys(lease.tenant, lease.session_id)[4]],
-                            args=[f"{lease.owner}|{lease.token}"])
+        await self._release(keys=[self._keys(lease.key)[4]], args=[f"{lease.owner}|{lease.token}"])
 
     @override
     async def close(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        """Close the client (if the store made it), within `close_timeout`; past it, drop the connections."""
+        if not self._owns_client:
+            return
+        try:
+            await asyncio.wait_for(self._client.aclose(), self._close_timeout)
+        except TimeoutError:
+            await self._client.connection_pool.disconnect(inuse_connections=True)

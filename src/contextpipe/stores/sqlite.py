@@ -3,6 +3,12 @@
 Every operation runs in one worker thread that owns the connection, so the event loop never blocks
 on disk. Writes use ``BEGIN IMMEDIATE`` transactions: the check (lease, version, existing ids) and
 the write happen atomically, also against other processes using the same file.
+
+Durability: with ``synchronous="FULL"`` (the default) every acknowledged write survives a process
+kill, an OS crash and a power loss (each durable commit fsyncs the write-ahead log). An append with
+``durable=False`` and the lease bookkeeping are committed under ``synchronous=NORMAL`` instead: they
+survive a process kill, and the next durable commit makes them durable too (its fsync of the log
+covers every frame before it). ``synchronous="NORMAL"`` makes every write like that.
 """
 
 from __future__ import annotations
@@ -10,34 +16,35 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
 from typing_extensions import override
 
-from ..errors import StoreError
-from ..messages import Message, dumps
-from ..session import Session
+from ..errors import ConcurrentUpdate, LeaseLost, StoreError, UsageError
+from ..messages import Message
+from ..session import Session, SessionKey, validate_tenant
 from ._common import (
     SCHEMA_VERSION,
-    busy,
-    check_key,
+    check_batch,
+    check_lease,
     check_limit,
     checkpoint_past_end,
-    concurrent_update,
     decode_checkpoint,
     decode_cursor,
     decode_state,
     decode_trace,
-    duplicate_in_batch,
     encode_checkpoint,
     encode_cursor,
     encode_state,
     encode_trace,
-    lease_lost,
+    key_of,
+    lease_is_free,
     make_page,
+    translated,
 )
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 
@@ -47,6 +54,7 @@ if TYPE_CHECKING:
     from ..vectors.stores import SQLiteVectorStore
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS cp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -92,8 +100,15 @@ CREATE TABLE IF NOT EXISTS cp_traces (
 ) WITHOUT ROWID;
 """
 
-_ROW: Final = ("SELECT version, last_seq, lease_owner, lease_token, lease_expires, expires_at, state, created_at, ttl "
-               "FROM cp_sessions WHERE tenant = ? AND session_id = ?")
+_SESSION: Final = ("SELECT version, last_seq, lease_owner, lease_token, lease_expires, expires_at, state, created_at, "
+                   "ttl FROM cp_sessions WHERE tenant = ? AND session_id = ?")
+_LIVE_LAST_SEQ: Final = ("SELECT last_seq FROM cp_sessions WHERE tenant = ? AND session_id = ? "
+                         "AND (expires_at IS NULL OR expires_at > ?)")
+
+
+def _is_session(row: sqlite3.Row) -> bool:
+    """Whether the row is a session: it has saved state or messages (a lease alone does not make one)."""
+    return bool(row["version"] > 0 or row["last_seq"] > 0)
 
 
 class SQLiteStore(SessionStore):
@@ -108,238 +123,295 @@ class SQLiteStore(SessionStore):
     >>> asyncio.run(demo(os.path.join(tempfile.mkdtemp(), "agent.db")))
     ['hi']
 
-    `synchronous` is SQLite's durability setting: ``NORMAL`` (the default) keeps every committed
-    write through a process crash or kill; ``FULL`` also through a power loss, at the cost of an
-    fsync per write. `busy_timeout` is how long a write waits for another process's transaction.
+    `synchronous` is SQLite's durability setting: ``FULL`` (the default) keeps every acknowledged
+    write through a power loss or OS crash; ``NORMAL`` only through a process crash or kill (an OS
+    crash may lose the last writes, never corrupt the file), in exchange for no fsync per write.
+    `busy_timeout` is how long a write waits for another process's transaction. `clock` (seconds
+    since the epoch) measures TTLs and leases; tests pass a fake one.
+
+    `commits` and `durable_commits` count this store's write transactions and those that were
+    committed durably (each one fsync of the write-ahead log), for benchmarks.
     """
 
     backend = "sqlite"
+    driver = "sqlite3"
 
     def __init__(
         self,
         path: str | Path,
         *,
-        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
         busy_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = str(path)
         """The database file."""
         if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+            raise UsageError(f"synchronous must be 'FULL' (survives power loss) or 'NORMAL' (survives a process "
+                             f"crash), got {synchronous!r}")
         self._synchronous = synchronous
         self._busy_ms = int(busy_timeout * 1000)
+        self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._dropped: list[SessionKey] = []  # sessions deleted by the running operation (worker thread only)
+        self._vector_cascade = False
+        self.commits = 0
+        """Write transactions committed by this store."""
+        self.durable_commits = 0
+        """Write transactions committed with ``synchronous=FULL`` (one fsync of the log each)."""
+
+    @property
+    @override
+    def server(self) -> str:
+        return self.path
 
     # --- plumbing ----------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
+                   **kwargs: P.kwargs) -> T:
+        """Run ``fn(conn, ...)`` on the store's thread, then the hooks of the sessions it deleted."""
         if self._closed:
-            raise StoreError("the SQLite store is closed", backend=self.backend)
+            raise StoreError("the SQLite store is closed", backend=self.backend, server=self.path)
         loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, self._call, fn, args)
-        except sqlite3.Error as exc:
-            raise StoreError(f"SQLite error on {self.path}: {exc}", backend=self.backend) from exc
+        result, dropped = await loop.run_in_executor(self._executor, lambda: self._call(fn, *args, **kwargs))
+        if dropped:
+            await self._notify_deleted(dropped)
+        return result
 
-    def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        return fn(self._connection(), *args)
+    def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
+              **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
+        self._dropped = []
+        return fn(self._connection(), *args, **kwargs), self._dropped
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
-                if row is None or int(row[0]) < SCHEMA_VERSION:  # tables above are created as needed
-                    conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                elif int(row[0]) > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.path} was written by a newer contextpipe (schema {row[0]}, this release knows "
-                        f"{SCHEMA_VERSION}); upgrade contextpipe", backend=self.backend,
-                    )
-                conn.execute("COMMIT")
+                self._create_schema(conn)
             except BaseException:
-                conn.execute("ROLLBACK")
                 conn.close()
                 raise
             self._conn = conn
         return self._conn
 
-    @staticmethod
-    def _tx(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body()
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        with self._transaction(conn, durable=True):
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
+            if row is None or int(row["value"]) < SCHEMA_VERSION:  # tables above are created as needed
+                conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row["value"]) > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer contextpipe (schema {row['value']}, this release knows "
+                    f"{SCHEMA_VERSION}); upgrade contextpipe", backend=self.backend, server=self.path,
+                )
 
-    def _row(self, conn: sqlite3.Connection, tenant: str, session_id: str, now: float) -> tuple[Any, ...] | None:
+    @contextmanager
+    def _transaction(self, conn: sqlite3.Connection, *, durable: bool) -> Iterator[None]:
+        """One ``BEGIN IMMEDIATE`` write transaction, committed durably (FULL) or not (NORMAL)."""
+        relaxed = not durable and self._synchronous == "FULL"
+        if relaxed:
+            conn.execute("PRAGMA synchronous = NORMAL")
+        mark = len(self._dropped)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                conn.execute("ROLLBACK")
+                del self._dropped[mark:]  # those deletions did not happen
+                raise
+            conn.execute("COMMIT")
+        finally:
+            if relaxed:
+                conn.execute("PRAGMA synchronous = FULL")
+        self.commits += 1
+        self.durable_commits += self._synchronous == "FULL" and durable
+
+    def _session_row(self, conn: sqlite3.Connection, key: SessionKey, now: float) -> sqlite3.Row | None:
         """Return the live session row (an expired session is deleted on the spot and reads as absent)."""
-        row: tuple[Any, ...] | None = conn.execute(_ROW, (tenant, session_id)).fetchone()
-        if row is not None and row[5] is not None and row[5] <= now:
-            self._delete(conn, tenant, session_id)
+        row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
+        if row is not None and row["expires_at"] is not None and row["expires_at"] <= now:
+            self._delete(conn, key)
             return None
         return row
 
-    def _row_for_write(self, conn: sqlite3.Connection, tenant: str, session_id: str, now: float,
-                       lease: Lease | None) -> tuple[Any, ...]:
-        row = self._row(conn, tenant, session_id, now)
+    def _row_for_write(self, conn: sqlite3.Connection, key: SessionKey, now: float,
+                       lease: Lease | None) -> sqlite3.Row:
+        """Return the session's row for a write (created when missing), after the lease check."""
+        row = self._session_row(conn, key, now)
         if row is None:
             conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                         (tenant, session_id, now, now))
-            row = (0, 0, None, 0, 0.0, None, "{}", now, None)
-        owner, token, expires = row[2], row[3], row[4]
-        if lease is not None:
-            if lease.token != token or lease.owner != owner:
-                raise lease_lost(self.backend, lease, token)
-        elif owner is not None and expires > now:
-            raise busy(self.backend, tenant, session_id)
+                         (key.tenant, key.id, now, now))
+            row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
+            assert row is not None
+        check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], row["lease_expires"], now)
         return row
 
-    @staticmethod
-    def _touch(conn: sqlite3.Connection, tenant: str, session_id: str, now: float) -> None:
-        conn.execute(
-            "UPDATE cp_sessions SET updated_at = ?, expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE ? + ttl END "
-            "WHERE tenant = ? AND session_id = ?", (now, now, tenant, session_id))
+    async def _write(
+        self,
+        key: SessionKey,
+        lease: Lease | None,
+        fn: Callable[Concatenate[sqlite3.Connection, SessionKey, sqlite3.Row, float, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run ``fn(conn, key, row, now, ...)`` in one durable write transaction, after the lease check."""
+        return await self._run(self._write_now, key, lease, True, fn, *args, **kwargs)
+
+    def _write_now(
+        self,
+        conn: sqlite3.Connection,
+        key: SessionKey,
+        lease: Lease | None,
+        durable: bool,
+        fn: Callable[Concatenate[sqlite3.Connection, SessionKey, sqlite3.Row, float, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Do ``fn(conn, key, row, now, ...)`` in one write transaction (on the store's thread)."""
+        with self._transaction(conn, durable=durable):
+            now = self._clock()
+            return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
 
     @staticmethod
-    def _delete(conn: sqlite3.Connection, tenant: str, session_id: str) -> bool:
-        key = (tenant, session_id)
-        conn.execute("DELETE FROM cp_messages WHERE tenant = ? AND session_id = ?", key)
-        conn.execute("DELETE FROM cp_checkpoints WHERE tenant = ? AND session_id = ?", key)
-        conn.execute("DELETE FROM cp_traces WHERE tenant = ? AND session_id = ?", key)
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'cp_vectors'").fetchone():
-            # Memories recorded for the session (SemanticMemory through SQLiteStore.vectors()) go too.
-            gone = conn.execute("DELETE FROM cp_vectors WHERE json_extract(metadata, '$.tenant') = ? "
-                                "AND json_extract(metadata, '$.session_id') = ?", key).rowcount
-            if gone:
-                conn.execute("UPDATE cp_vector_versions SET version = version + 1")
-        return conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", key).rowcount > 0
+    def _touch(conn: sqlite3.Connection, key: SessionKey, now: float) -> None:
+        conn.execute(
+            "UPDATE cp_sessions SET updated_at = ?, expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE ? + ttl END "
+            "WHERE tenant = ? AND session_id = ?", (now, now, key.tenant, key.id))
+
+    def _delete(self, conn: sqlite3.Connection, key: SessionKey) -> bool:
+        """Delete everything of the session (its `on_session_deleted` hooks run after the operation)."""
+        k = (key.tenant, key.id)
+        conn.execute("DELETE FROM cp_messages WHERE tenant = ? AND session_id = ?", k)
+        conn.execute("DELETE FROM cp_checkpoints WHERE tenant = ? AND session_id = ?", k)
+        conn.execute("DELETE FROM cp_traces WHERE tenant = ? AND session_id = ?", k)
+        existed = conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).rowcount > 0
+        if existed:
+            self._dropped.append(key)
+        return existed
 
     # --- session records ---------------------------------------------------------------------------
 
     @override
+    @translated
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
+        row = await self._run(self._get_row, key)
+        if row is None or not _is_session(row):
+            return None
+        state = decode_state(self.backend, key, row["state"])
+        return Session(session_id, tenant, state, row["version"], row["created_at"], row["ttl"])
 
-        def op(conn: sqlite3.Connection) -> Session | None:
-            row = conn.execute(_ROW, (tenant, session_id)).fetchone()
-            if row is not None and row[5] is not None and row[5] <= time.time():
-                row = self._tx(conn, lambda: self._row(conn, tenant, session_id, time.time()))
-            if row is None or (row[0] == 0 and row[1] == 0):  # only a lease: not a session yet
-                return None
-            state = decode_state(self.backend, tenant, session_id, row[6])
-            return Session(session_id, tenant, state, row[0], row[7], row[8])
-
-        return await self._run(op)
+    def _get_row(self, conn: sqlite3.Connection, key: SessionKey) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
+        if row is not None and row["expires_at"] is not None and row["expires_at"] <= self._clock():
+            with self._transaction(conn, durable=True):
+                row = self._session_row(conn, key, self._clock())
+        return row
 
     @override
+    @translated
     async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
-        check_key(session.tenant, session.id)
-        state = encode_state(session)
+        session.version = await self._write(session.key, lease, self._save_state, session, encode_state(session))
 
-        def op(conn: sqlite3.Connection) -> int:
-            def body() -> int:
-                now = time.time()
-                row = self._row_for_write(conn, session.tenant, session.id, now, lease)
-                if row[0] != session.version:
-                    raise concurrent_update(self.backend, session.tenant, session.id, row[0], session.version)
-                created = session.created_at if row[0] == 0 else row[7]
-                conn.execute(
-                    "UPDATE cp_sessions SET state = ?, version = version + 1, ttl = ?, created_at = ?, updated_at = ?, "
-                    "expires_at = ? WHERE tenant = ? AND session_id = ?",
-                    (state, session.ttl, created, now, None if session.ttl is None else now + session.ttl,
-                     session.tenant, session.id))
-                return int(row[0]) + 1
-
-            return self._tx(conn, body)
-
-        session.version = await self._run(op)
+    def _save_state(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
+                    session: Session, state: str) -> int:
+        if row["version"] != session.version:
+            raise ConcurrentUpdate.stale(self.backend, key, row["version"], session.version)
+        created = session.created_at if row["version"] == 0 else row["created_at"]
+        conn.execute(
+            "UPDATE cp_sessions SET state = ?, version = version + 1, ttl = ?, created_at = ?, updated_at = ?, "
+            "expires_at = ? WHERE tenant = ? AND session_id = ?",
+            (state, session.ttl, created, now, None if session.ttl is None else now + session.ttl, key.tenant, key.id))
+        return int(row["version"]) + 1
 
     @override
+    @translated
     async def delete_session(self, tenant: str, session_id: str) -> bool:
-        check_key(tenant, session_id)
-        return await self._run(lambda conn: self._tx(conn, lambda: self._delete(conn, tenant, session_id)))
+        return await self._run(self._delete_durably, key_of(tenant, session_id))
+
+    def _delete_durably(self, conn: sqlite3.Connection, key: SessionKey) -> bool:
+        with self._transaction(conn, durable=True):
+            return self._delete(conn, key)
 
     @override
+    @translated
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
+        validate_tenant(tenant)
         check_limit(limit)
         after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
-
-        def op(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(
-                "SELECT s.session_id, s.version, s.last_seq, s.created_at, s.updated_at FROM cp_sessions s "
-                "WHERE s.tenant = ? AND (s.expires_at IS NULL OR s.expires_at > ?) "
-                "AND (s.version > 0 OR s.last_seq > 0) "
-                "AND (s.updated_at < ? OR (s.updated_at = ? AND s.session_id > ?)) "
-                "ORDER BY s.updated_at DESC, s.session_id ASC LIMIT ?",
-                (tenant, time.time(), after_time, after_time, after_id, limit + 1)).fetchall()
-
-        rows = await self._run(op)
+        rows = await self._run(lambda conn: conn.execute(
+            "SELECT session_id, version, last_seq, created_at, updated_at FROM cp_sessions "
+            "WHERE tenant = ? AND (expires_at IS NULL OR expires_at > ?) AND (version > 0 OR last_seq > 0) "
+            "AND (updated_at < ? OR (updated_at = ? AND session_id > ?)) "
+            "ORDER BY updated_at DESC, session_id ASC LIMIT ?",
+            (tenant, self._clock(), after_time, after_time, after_id, limit + 1)).fetchall())
         page = rows[:limit]
-        infos = [SessionInfo(tenant, r[0], r[1], r[2], r[3], r[4]) for r in page]
-        next_cursor = encode_cursor(page[-1][4], page[-1][0]) if len(rows) > limit else None
+        infos = [SessionInfo(tenant, r["session_id"], r["version"], r["last_seq"], r["created_at"], r["updated_at"])
+                 for r in page]
+        next_cursor = encode_cursor(page[-1]["updated_at"], page[-1]["session_id"]) if len(rows) > limit else None
         return SessionListing(infos, next_cursor)
 
     @override
+    @translated
     async def purge_expired(self) -> int:
-        def op(conn: sqlite3.Connection) -> int:
-            def body() -> int:
-                rows = conn.execute("SELECT tenant, session_id FROM cp_sessions WHERE expires_at <= ?",
-                                    (time.time(),)).fetchall()
-                return sum(self._delete(conn, t, s) for t, s in rows)
+        return await self._run(self._purge)
 
-            return self._tx(conn, body)
-
-        return await self._run(op)
+    def _purge(self, conn: sqlite3.Connection) -> int:
+        with self._transaction(conn, durable=True):
+            rows = conn.execute("SELECT tenant, session_id FROM cp_sessions WHERE expires_at <= ?",
+                                (self._clock(),)).fetchall()
+            return sum(self._delete(conn, SessionKey(r["tenant"], r["session_id"])) for r in rows)
 
     # --- message log -------------------------------------------------------------------------------
 
     @override
+    @translated
     async def append(
-        self, tenant: str, session_id: str, messages: Sequence[Message], *, lease: Lease | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        lease: Lease | None = None,
+        durable: bool = True,
     ) -> int:
-        check_key(tenant, session_id)
-        encoded = [(m.id, dumps(m)) for m in messages]
-        if len({mid for mid, _ in encoded}) != len(encoded):
-            raise duplicate_in_batch(session_id)
+        key = key_of(tenant, session_id)
+        encoded = check_batch(key, messages)
+        return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded)
 
-        def op(conn: sqlite3.Connection) -> int:
-            def body() -> int:
-                now = time.time()
-                row = self._row_for_write(conn, tenant, session_id, now, lease)
-                last = int(row[1])
-                fresh = encoded
-                if last and encoded:
-                    known = _existing_ids(conn, tenant, session_id, [mid for mid, _ in encoded])
-                    fresh = [e for e in encoded if e[0] not in known]
-                if fresh:
-                    conn.executemany(
-                        "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) VALUES (?, ?, ?, ?, ?)",
-                        [(tenant, session_id, last + i, mid, body) for i, (mid, body) in enumerate(fresh, 1)])
-                    last += len(fresh)
-                    conn.execute("UPDATE cp_sessions SET last_seq = ? WHERE tenant = ? AND session_id = ?",
-                                 (last, tenant, session_id))
-                self._touch(conn, tenant, session_id, now)
-                return last
-
-            return self._tx(conn, body)
-
-        return await self._run(op)
+    @staticmethod
+    def _append_rows(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
+                     encoded: list[tuple[str, str]]) -> int:
+        last = int(row["last_seq"])
+        fresh = encoded
+        if last and encoded:
+            known = _existing_ids(conn, key, [mid for mid, _ in encoded])
+            fresh = [e for e in encoded if e[0] not in known]
+        if fresh:
+            conn.executemany(
+                "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) VALUES (?, ?, ?, ?, ?)",
+                [(key.tenant, key.id, last + i, mid, body) for i, (mid, body) in enumerate(fresh, 1)])
+            last += len(fresh)
+            conn.execute("UPDATE cp_sessions SET last_seq = ? WHERE tenant = ? AND session_id = ?",
+                         (last, key.tenant, key.id))
+        SQLiteStore._touch(conn, key, now)
+        return last
 
     @override
+    @translated
     async def load(
         self,
         tenant: str,
@@ -349,183 +421,172 @@ class SQLiteStore(SessionStore):
         before: int | None = None,
         after: int | None = None,
     ) -> MessagePage:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         check_limit(limit)
+        end, rows = await self._run(self._load_rows, key, limit, before, after)
+        return make_page(self.backend, key, end, after, rows)
 
-        def op(conn: sqlite3.Connection) -> tuple[int, list[tuple[int, str, str]]]:
-            row = conn.execute(
-                "SELECT last_seq FROM cp_sessions WHERE tenant = ? AND session_id = ? "
-                "AND (expires_at IS NULL OR expires_at > ?)", (tenant, session_id, time.time())).fetchone()
-            if row is None:
-                return 0, []
-            end = int(row[0]) if before is None else max(0, min(before - 1, int(row[0])))
-            floor = 0 if after is None else after
-            rows = conn.execute(
-                "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
-                "AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
-                (tenant, session_id, floor, end, -1 if limit is None else limit)).fetchall()
-            rows.reverse()
-            return end, rows
-
-        end, rows = await self._run(op)
-        return make_page(self.backend, tenant, session_id, end, after, rows)
+    def _load_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, before: int | None,
+                   after: int | None) -> tuple[int, list[tuple[int, str, str]]]:
+        row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
+        if row is None:
+            return 0, []
+        end = int(row["last_seq"]) if before is None else max(0, min(before - 1, int(row["last_seq"])))
+        rows = conn.execute(
+            "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
+            "AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
+            (key.tenant, key.id, after or 0, end, -1 if limit is None else limit)).fetchall()
+        return end, [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
 
     @override
+    @translated
     async def load_context(
         self, tenant: str, session_id: str, *, limit: int | None = None
     ) -> tuple[Checkpoint | None, MessagePage]:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         check_limit(limit)
+        body, floor, end, rows = await self._run(self._context_rows, key, limit)
+        checkpoint = decode_checkpoint(self.backend, key, body) if body is not None else None
+        return checkpoint, make_page(self.backend, key, end, floor or None, rows)
 
-        def op(conn: sqlite3.Connection) -> tuple[str | None, int, int, list[tuple[int, str, str]]]:
-            conn.execute("BEGIN")  # one snapshot for the checkpoint and the messages
-            try:
-                row = conn.execute(
-                    "SELECT last_seq FROM cp_sessions WHERE tenant = ? AND session_id = ? "
-                    "AND (expires_at IS NULL OR expires_at > ?)", (tenant, session_id, time.time())).fetchone()
-                if row is None:
-                    return None, 0, 0, []
-                ckpt = conn.execute("SELECT seq, body FROM cp_checkpoints WHERE tenant = ? AND session_id = ? "
-                                    "ORDER BY seq DESC LIMIT 1", (tenant, session_id)).fetchone()
-                floor = int(ckpt[0]) if ckpt else 0
-                rows = conn.execute(
-                    "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
-                    "AND seq > ? ORDER BY seq DESC LIMIT ?",
-                    (tenant, session_id, floor, -1 if limit is None else limit)).fetchall()
-            finally:
-                conn.execute("COMMIT")
-            rows.reverse()
-            return (str(ckpt[1]) if ckpt else None), floor, int(row[0]), rows
-
-        body, floor, end, rows = await self._run(op)
-        checkpoint = decode_checkpoint(self.backend, tenant, session_id, body) if body is not None else None
-        return checkpoint, make_page(self.backend, tenant, session_id, end, floor or None, rows)
+    def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None
+                      ) -> tuple[str | None, int, int, list[tuple[int, str, str]]]:
+        conn.execute("BEGIN")  # one snapshot for the checkpoint and the messages
+        try:
+            row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
+            if row is None:
+                return None, 0, 0, []
+            ckpt = conn.execute("SELECT seq, body FROM cp_checkpoints WHERE tenant = ? AND session_id = ? "
+                                "ORDER BY seq DESC LIMIT 1", (key.tenant, key.id)).fetchone()
+            floor = int(ckpt["seq"]) if ckpt else 0
+            rows = conn.execute(
+                "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
+                "AND seq > ? ORDER BY seq DESC LIMIT ?",
+                (key.tenant, key.id, floor, -1 if limit is None else limit)).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
+        return (str(ckpt["body"]) if ckpt else None), floor, int(row["last_seq"]), ordered
 
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
+    @translated
     async def save_checkpoint(
         self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
     ) -> None:
-        check_key(tenant, session_id)
-        body_text = encode_checkpoint(checkpoint)
+        await self._write(key_of(tenant, session_id), lease, self._save_checkpoint, checkpoint,
+                          encode_checkpoint(checkpoint))
 
-        def op(conn: sqlite3.Connection) -> None:
-            def body() -> None:
-                now = time.time()
-                row = self._row_for_write(conn, tenant, session_id, now, lease)
-                if not 1 <= checkpoint.seq <= row[1]:
-                    raise checkpoint_past_end(self.backend, tenant, session_id, checkpoint.seq, row[1])
-                conn.execute(
-                    "INSERT OR REPLACE INTO cp_checkpoints (tenant, session_id, seq, body) VALUES (?, ?, ?, ?)",
-                    (tenant, session_id, checkpoint.seq, body_text))
-                self._touch(conn, tenant, session_id, now)
-
-            self._tx(conn, body)
-
-        await self._run(op)
+    def _save_checkpoint(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
+                         checkpoint: Checkpoint, body: str) -> None:
+        if not 1 <= checkpoint.seq <= row["last_seq"]:
+            raise checkpoint_past_end(self.backend, key, checkpoint.seq, row["last_seq"])
+        conn.execute("INSERT OR REPLACE INTO cp_checkpoints (tenant, session_id, seq, body) VALUES (?, ?, ?, ?)",
+                     (key.tenant, key.id, checkpoint.seq, body))
+        self._touch(conn, key, now)
 
     @override
+    @translated
     async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
-        check_key(tenant, session_id)
-
-        def op(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT c.body FROM cp_checkpoints c JOIN cp_sessions s USING (tenant, session_id) "
-                "WHERE c.tenant = ? AND c.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) "
-                "ORDER BY c.seq DESC LIMIT 1", (tenant, session_id, time.time())).fetchone()
-            return None if row is None else str(row[0])
-
-        text = await self._run(op)
-        return None if text is None else decode_checkpoint(self.backend, tenant, session_id, text)
+        key = key_of(tenant, session_id)
+        row = await self._run(lambda conn: conn.execute(
+            "SELECT c.body FROM cp_checkpoints c JOIN cp_sessions s USING (tenant, session_id) "
+            "WHERE c.tenant = ? AND c.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) "
+            "ORDER BY c.seq DESC LIMIT 1", (key.tenant, key.id, self._clock())).fetchone())
+        return None if row is None else decode_checkpoint(self.backend, key, row["body"])
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
+    @translated
     async def append_traces(
         self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
     ) -> None:
-        check_key(tenant, session_id)
-        bodies = [encode_trace(t) for t in traces]
+        await self._write(key_of(tenant, session_id), lease, self._append_traces, [encode_trace(t) for t in traces])
 
-        def op(conn: sqlite3.Connection) -> None:
-            def body() -> None:
-                self._row_for_write(conn, tenant, session_id, time.time(), lease)
-                last = conn.execute("SELECT COALESCE(MAX(n), 0) FROM cp_traces WHERE tenant = ? AND session_id = ?",
-                                    (tenant, session_id)).fetchone()[0]
-                conn.executemany("INSERT INTO cp_traces (tenant, session_id, n, body) VALUES (?, ?, ?, ?)",
-                                 [(tenant, session_id, last + i, b) for i, b in enumerate(bodies, 1)])
-
-            self._tx(conn, body)
-
-        await self._run(op)
+    @staticmethod
+    def _append_traces(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
+                       bodies: list[str]) -> None:
+        last = conn.execute("SELECT COALESCE(MAX(n), 0) AS n FROM cp_traces WHERE tenant = ? AND session_id = ?",
+                            (key.tenant, key.id)).fetchone()["n"]
+        conn.executemany("INSERT INTO cp_traces (tenant, session_id, n, body) VALUES (?, ?, ?, ?)",
+                         [(key.tenant, key.id, last + i, b) for i, b in enumerate(bodies, 1)])
 
     @override
+    @translated
     async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
-        check_key(tenant, session_id)
+        key = key_of(tenant, session_id)
         check_limit(limit)
-
-        def op(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(
-                "SELECT t.body FROM cp_traces t JOIN cp_sessions s USING (tenant, session_id) WHERE t.tenant = ? "
-                "AND t.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) ORDER BY t.n DESC LIMIT ?",
-                (tenant, session_id, time.time(), -1 if limit is None else limit)).fetchall()
-            return [str(r[0]) for r in reversed(rows)]
-
-        return [decode_trace(self.backend, tenant, session_id, b) for b in await self._run(op)]
+        rows = await self._run(lambda conn: conn.execute(
+            "SELECT t.body FROM cp_traces t JOIN cp_sessions s USING (tenant, session_id) WHERE t.tenant = ? "
+            "AND t.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) ORDER BY t.n DESC LIMIT ?",
+            (key.tenant, key.id, self._clock(), -1 if limit is None else limit)).fetchall())
+        return [decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
 
     # --- leases ------------------------------------------------------------------------------------
+    # Lease bookkeeping is committed without an fsync: a power loss or OS crash ends every run on this
+    # machine, so a lease that did not survive it is held by nobody.
 
     @override
+    @translated
     async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
-        check_key(tenant, session_id)
+        return await self._run(self._acquire, key_of(tenant, session_id), owner, ttl)
 
-        def op(conn: sqlite3.Connection) -> Lease | None:
-            def body() -> Lease | None:
-                now = time.time()
-                row = self._row(conn, tenant, session_id, now)
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                        (tenant, session_id, now, now))
-                    token = 0
-                else:
-                    if row[2] is not None and row[4] > now and row[2] != owner:
-                        return None
-                    token = int(row[3])
-                conn.execute(
-                    "UPDATE cp_sessions SET lease_owner = ?, lease_token = ?, lease_expires = ? "
-                    "WHERE tenant = ? AND session_id = ?", (owner, token + 1, now + ttl, tenant, session_id))
-                return Lease(tenant, session_id, owner, token + 1, now + ttl, ttl)
-
-            return self._tx(conn, body)
-
-        return await self._run(op)
+    def _acquire(self, conn: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        with self._transaction(conn, durable=False):
+            now = self._clock()
+            row = self._session_row(conn, key, now)
+            if row is None:
+                conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                             (key.tenant, key.id, now, now))
+                token = 0
+            elif not lease_is_free(row["lease_owner"], row["lease_expires"], now, owner):
+                return None
+            else:
+                token = int(row["lease_token"])
+            conn.execute("UPDATE cp_sessions SET lease_owner = ?, lease_token = ?, lease_expires = ? "
+                         "WHERE tenant = ? AND session_id = ?", (owner, token + 1, now + ttl, key.tenant, key.id))
+            return Lease(key.tenant, key.id, owner, token + 1, now + ttl, ttl)
 
     @override
+    @translated
     async def renew_lease(self, lease: Lease) -> Lease:
-        def op(conn: sqlite3.Connection) -> Lease:
-            expires = time.time() + lease.ttl
+        return await self._run(self._renew, lease)
+
+    def _renew(self, conn: sqlite3.Connection, lease: Lease) -> Lease:
+        with self._transaction(conn, durable=False):
+            expires = self._clock() + lease.ttl
             updated = conn.execute(
                 "UPDATE cp_sessions SET lease_expires = ? WHERE tenant = ? AND session_id = ? AND lease_token = ? "
                 "AND lease_owner = ?", (expires, lease.tenant, lease.session_id, lease.token, lease.owner)).rowcount
             if not updated:
-                raise lease_lost(self.backend, lease, None)
-            return Lease(lease.tenant, lease.session_id, lease.owner, lease.token, expires, lease.ttl)
-
-        return await self._run(op)
+                raise LeaseLost.taken_over(self.backend, lease.key, lease.token)
+            return lease.renewed(expires)
 
     @override
+    @translated
     async def release_lease(self, lease: Lease) -> None:
-        await self._run(lambda conn: conn.execute(
-            "UPDATE cp_sessions SET lease_owner = NULL, lease_expires = 0 WHERE tenant = ? AND session_id = ? "
-            "AND lease_token = ? AND lease_owner = ?", (lease.tenant, lease.session_id, lease.token, lease.owner)))
+        await self._run(self._release, lease)
+
+    def _release(self, conn: sqlite3.Connection, lease: Lease) -> None:
+        with self._transaction(conn, durable=False):
+            conn.execute("UPDATE cp_sessions SET lease_owner = NULL, lease_expires = 0 WHERE tenant = ? "
+                         "AND session_id = ? AND lease_token = ? AND lease_owner = ?",
+                         (lease.tenant, lease.session_id, lease.token, lease.owner))
 
     def vectors(self) -> SQLiteVectorStore:
-        """Return a vector store in the same database file (deleting a session deletes its memories too)."""
+        """Return a vector store in the same database file; deleting a session deletes its memories too.
+
+        The vector store registers for this store's `on_session_deleted` hook (once per store).
+        """
         from ..vectors.stores import SQLiteVectorStore
 
-        return SQLiteVectorStore(self.path)
+        vectors = SQLiteVectorStore(self.path, synchronous=self._synchronous)
+        if not self._vector_cascade:
+            self._vector_cascade = True
+            vectors.forget_sessions_deleted_by(self)
+        return vectors
 
     @override
     async def close(self) -> None:
@@ -542,12 +603,12 @@ class SQLiteStore(SessionStore):
         self._executor.shutdown(wait=True)
 
 
-def _existing_ids(conn: sqlite3.Connection, tenant: str, session_id: str, ids: list[str]) -> set[str]:
+def _existing_ids(conn: sqlite3.Connection, key: SessionKey, ids: list[str]) -> set[str]:
     known: set[str] = set()
     for start in range(0, len(ids), 500):
         chunk = ids[start:start + 500]
         marks = ",".join("?" * len(chunk))
-        known.update(r[0] for r in conn.execute(
+        known.update(r["message_id"] for r in conn.execute(
             f"SELECT message_id FROM cp_messages WHERE tenant = ? AND session_id = ? AND message_id IN ({marks})",
-            (tenant, session_id, *chunk)))
+            (key.tenant, key.id, *chunk)))
     return known

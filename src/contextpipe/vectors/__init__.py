@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where
+from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
-    from .embedders import HashEmbedder, LocalEmbedder, OpenAIEmbedder
+    from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+    from .memory import MemoryVectorStore
     from .pgvector import PgVectorStore
-    from .stores import MemoryVectorStore, SQLiteVectorStore
+    from .sqlite import SQLiteVectorStore
 
 __all__ = [
+    "E5SmallEmbedder",
     "Embedder",
     "HashEmbedder",
     "LocalEmbedder",
@@ -32,6 +34,7 @@ __all__ = [
     "VectorStore",
     "Where",
     "chunk_text",
+    "embed_query",
     "ingest_folder",
 ]
 
@@ -106,5 +109,6 @@ async def ingest_folder(
 
 
 __getattr__ = lazy_exports(__name__, {
-    "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders", "OpenAIEmbedder": ".embedders",
-    "MemoryVectorStore": ".stores", "SQLiteVectorStore": ".stores", "PgVectorStore": ".pgvector"})
+    "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
+    "OpenAIEmbedder": ".embedders", "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
+    "PgVectorStore": ".pgvector"})

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, runtime_checkable
 
 from ..errors import UsageError
 
-__all__ = ["Embedder", "SearchHit", "VectorRecord", "VectorStore", "Where"]
+__all__ = ["Embedder", "SearchHit", "VectorRecord", "VectorStore", "Where", "embed_query", "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
 """Metadata filter: every key must equal its value (or be one of the values, for a list)."""
@@ -39,22 +40,34 @@ class Embedder(Protocol):
 
 @dataclass(frozen=True)
 class VectorRecord:
-    """A text, its vector and its metadata (scope, source, time ...)."""
+    """A text, its vector and its metadata (scope, source, time ...).
+
+    `keywords` is the text the keyword index holds for the record (default: `text`); a memory
+    indexes a turn together with the turn before it, for example, and still returns the turn alone.
+    """
 
     id: str
     vector: Sequence[float]
     text: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    keywords: str | None = None
 
 
 @dataclass(frozen=True)
 class SearchHit:
-    """A search result: the record's id, text and metadata, and its cosine similarity to the query."""
+    """A search result: the record's id, text and metadata, and how well it matched.
+
+    `score` is the cosine similarity for a vector search, the keyword score (BM25, higher is
+    better) for a keyword search, and the fused score for a hybrid one; `vector_score` and
+    `keyword_score` keep each side's score (``None`` when that side did not find the record).
+    """
 
     id: str
     score: float
     text: str
     metadata: Mapping[str, Any]
+    vector_score: float | None = None
+    keyword_score: float | None = None
 
 
 def check_where(where: Where | None) -> None:
@@ -79,7 +92,17 @@ def matches(metadata: Mapping[str, Any], where: Where | None) -> bool:
 
 
 class VectorStore(abc.ABC):
-    """Vectors with text and metadata in named collections; exact or approximate top-k search."""
+    """Vectors with text and metadata in named collections; vector, keyword and hybrid top-k search.
+
+    `search` with a vector ranks by cosine similarity, with `text` by keywords (the engine's own
+    full-text search: SQLite FTS5, PostgreSQL ``tsvector``), and with both by reciprocal rank fusion
+    of the two rankings (`rrf`), each side drawing `candidates` records that match `where`.
+    """
+
+    candidates: int = 50
+    """How many records each side of a hybrid search ranks before fusion."""
+    weights: tuple[float, float] = (1.0, 1.0)
+    """Weights of the vector and the keyword ranking in the fusion."""
 
     @abc.abstractmethod
     async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
@@ -89,10 +112,43 @@ class VectorStore(abc.ABC):
     async def delete(self, collection: str, *, ids: Sequence[str] | None = None, where: Where | None = None) -> int:
         """Delete the records with these ids and/or matching `where`; return how many went."""
 
+    async def search(self, collection: str, vector: Sequence[float] | None = None, *, k: int = 5,
+                     where: Where | None = None, min_score: float | None = None,
+                     text: str | None = None) -> list[SearchHit]:
+        """Return up to `k` records matching `where`, best first.
+
+        Give `vector` (similarity; none below `min_score`), `text` (keywords) or both (hybrid:
+        the vector side still drops records below `min_score`).
+        """
+        check_where(where)
+        if k <= 0:
+            return []
+        if text is not None and not keyword_terms(text):
+            text = None if vector is not None else text
+        if vector is None and text is None:
+            raise UsageError("search needs a vector, a text, or both")
+        if text is None:
+            assert vector is not None
+            hits = await self.vector_search(collection, vector, k=k, where=where, min_score=min_score)
+            return [replace(h, vector_score=h.score) for h in hits]
+        if vector is None:
+            hits = await self.keyword_search(collection, text, k=k, where=where)
+            return [replace(h, keyword_score=h.score) for h in hits]
+        depth = max(k, self.candidates)
+        by_vector, by_keywords = await asyncio.gather(
+            self.vector_search(collection, vector, k=depth, where=where, min_score=min_score),
+            self.keyword_search(collection, text, k=depth, where=where))
+        return rrf(by_vector, by_keywords, k=k, weights=self.weights)
+
     @abc.abstractmethod
-    async def search(self, collection: str, vector: Sequence[float], *, k: int = 5, where: Where | None = None,
-                     min_score: float | None = None) -> list[SearchHit]:
+    async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
+                            where: Where | None = None, min_score: float | None = None) -> list[SearchHit]:
         """Return up to `k` records matching `where`, most similar first, none below `min_score`."""
+
+    @abc.abstractmethod
+    async def keyword_search(self, collection: str, text: str, *, k: int = 5,
+                             where: Where | None = None) -> list[SearchHit]:
+        """Return up to `k` records matching `where` that share words with `text`, best (BM25) first."""
 
     @abc.abstractmethod
     async def count(self, collection: str, *, where: Where | None = None) -> int:
@@ -100,3 +156,68 @@ class VectorStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources the store owns."""
+
+
+# Words that carry no meaning for keyword search (questions are full of them).
+STOPWORDS: Final = frozenset([
+    "a", "about", "above", "after", "again", "against", "all", "also", "am", "an", "and", "any", "are", "as",
+    "at", "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could",
+    "did", "do", "does", "doing", "down", "during", "each", "ever", "few", "for", "from", "further", "get",
+    "got", "had", "has", "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his",
+    "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "myself",
+    "no", "nor", "not", "now", "of", "off", "on", "once", "one", "only", "or", "other", "our", "ours",
+    "ourselves", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the",
+    "their", "theirs", "them", "themselves", "then", "there", "these", "they", "this", "those", "through", "to",
+    "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while",
+    "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves",
+])
+
+_TERM_RE: Final = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def keyword_terms(text: str) -> list[str]:
+    """Return the words of `text` that a keyword search looks for: lower-cased, no stopwords, each once.
+
+    >>> keyword_terms("What did Maya make in the pottery class?")
+    ['maya', 'make', 'pottery', 'class']
+    """
+    seen: dict[str, None] = {}
+    for word in _TERM_RE.findall(text.lower()):
+        if word not in STOPWORDS and word not in seen and (len(word) > 1 or word.isdigit()):
+            seen[word] = None
+    return list(seen)[:64]
+
+
+def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60,
+        weights: Sequence[float] | None = None) -> list[SearchHit]:
+    """Reciprocal rank fusion: each record scores the sum of ``weight / (constant + rank)`` over the rankings.
+
+    The first ranking is the vector one and the second the keyword one (their scores are kept in
+    `vector_score` / `keyword_score`).
+    """
+    fused: dict[str, float] = {}
+    first: dict[str, SearchHit] = {}
+    sides: dict[str, dict[int, float]] = {}
+    for side, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[side]
+        for rank, hit in enumerate(ranking, 1):
+            fused[hit.id] = fused.get(hit.id, 0.0) + weight / (constant + rank)
+            first.setdefault(hit.id, hit)
+            sides.setdefault(hit.id, {})[side] = hit.score
+    order = sorted(fused, key=lambda i: -fused[i])[:k]
+    return [replace(first[i], score=fused[i], vector_score=sides[i].get(0), keyword_score=sides[i].get(1))
+            for i in order]
+
+
+async def embed_query(embedder: Embedder, text: str) -> list[float]:
+    """Embed a search query.
+
+    Uses the embedder's ``embed_query`` when it has one (query and passage differ for
+    retrieval-trained models), else ``embed``.
+    """
+    special = getattr(embedder, "embed_query", None)
+    if special is not None:
+        vector: list[float] = await special(text)
+        return vector
+    [vector] = await embedder.embed([text])
+    return vector

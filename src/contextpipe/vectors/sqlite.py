@@ -1,0 +1,703 @@
+"""`SQLiteVectorStore`: the embedded vector store — SQLite rows, an HNSW index (usearch), FTS5 keywords.
+
+SQLite is the source of truth. Every record is a row of ``cp_vectors`` (in the same file as the
+sessions with `SQLiteStore.vectors()`, so deleting a session's rows, by any means, deletes its
+memories). Triggers keep two things in step inside the same transaction as the row: the FTS5
+keyword index (``cp_vectors_fts``) and a change log (``cp_vector_changes``: which row keys changed, in
+order). Each process keeps one usearch HNSW index per collection in memory, tagged with the last change
+it reflects; before every search it applies the changes logged since (its own and other processes'),
+reading the rows back from SQLite, so a crash at any point can neither lose a committed vector nor
+bring back a deleted one. The index is saved next to the database file (``<file>.vectors/``, named by
+the change it reflects) when the store closes, so the next process loads it and applies only newer
+changes; a missing, stale (its changes pruned) or unreadable file is rebuilt from the rows.
+
+Metadata filters are answered from in-memory postings; a filter that keeps few records
+(``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
+index deeper until `k` of them are found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from typing_extensions import override
+
+from ..errors import UsageError
+from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
+
+if TYPE_CHECKING:
+    from ..session import SessionKey
+    from ..stores.base import SessionStore
+
+__all__ = ["SQLiteVectorStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cp_vectors (
+    key INTEGER PRIMARY KEY AUTOINCREMENT,
+    collection TEXT NOT NULL,
+    id TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    vector BLOB NOT NULL,
+    text TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    keywords TEXT NOT NULL DEFAULT '',
+    UNIQUE (collection, id)
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS cp_vectors_fts USING fts5(
+    keywords, content='cp_vectors', content_rowid='key', tokenize='porter unicode61 remove_diacritics 2');
+CREATE TABLE IF NOT EXISTS cp_vector_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS cp_vector_changes_by_collection ON cp_vector_changes (collection, seq);
+CREATE TABLE IF NOT EXISTS cp_vector_pruned (collection TEXT PRIMARY KEY, below INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cp_vector_versions (collection TEXT PRIMARY KEY, version INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS cp_vectors_inserted AFTER INSERT ON cp_vectors BEGIN
+    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
+    INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
+END;
+CREATE TRIGGER IF NOT EXISTS cp_vectors_deleted AFTER DELETE ON cp_vectors BEGIN
+    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
+    INSERT INTO cp_vector_changes (collection, key) VALUES (old.collection, old.key);
+END;
+CREATE TRIGGER IF NOT EXISTS cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
+    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
+    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
+    INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
+END
+"""
+
+# Search parameters: recall@10 >= 0.98 against exact search at 100,000 x 384 (bench/vector_bench.py).
+_CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH = 16, 128, 128
+_SAVE_AFTER = 20_000  # changes applied at once (a rebuild, a long catch-up) worth saving the index for
+
+
+def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
+    array = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(array))
+    return array / norm if norm > 0 else array
+
+
+def _hashable(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+class _Rows:
+    """The vectors again, in fixed-size blocks (growing never copies them), for exact search of subsets."""
+
+    BLOCK = 8192
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.blocks: list[np.ndarray[Any, Any]] = []
+        self.position: dict[int, int] = {}
+        self.free: list[int] = []
+        self.used = 0
+
+    def put(self, keys: Sequence[int], matrix: np.ndarray[Any, Any]) -> None:
+        for key, vector in zip(keys, matrix, strict=True):
+            at = self.position.get(key)
+            if at is None:
+                if self.free:
+                    at = self.free.pop()
+                else:
+                    at = self.used
+                    self.used += 1
+                    if at // self.BLOCK == len(self.blocks):
+                        self.blocks.append(np.zeros((self.BLOCK, self.dim), dtype=np.float32))
+                self.position[key] = at
+            self.blocks[at // self.BLOCK][at % self.BLOCK] = vector
+
+    def forget(self, key: int) -> None:
+        at = self.position.pop(key, None)
+        if at is not None:
+            self.free.append(at)
+
+    def gather(self, keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        at = np.fromiter((self.position[int(k)] for k in keys), dtype=np.int64, count=len(keys))
+        if len(self.blocks) == 1:
+            return self.blocks[0][at]
+        out = np.empty((len(at), self.dim), dtype=np.float32)
+        block = at // self.BLOCK
+        for b in np.unique(block):
+            mask = block == b
+            out[mask] = self.blocks[int(b)][at[mask] % self.BLOCK]
+        return out
+
+
+class _Collection:
+    """One collection's HNSW index, metadata and metadata postings, as of change `seq`."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.index: Any = None  # usearch.index.Index, made with the first vector
+        self.rows: _Rows | None = None
+        self.dim = 0
+        self.ids: dict[int, str] = {}
+        self.metas: dict[int, dict[str, Any]] = {}
+        self.postings: dict[str, dict[Any, set[int]]] = {}
+        self.changed = 0  # changes applied since the index was last saved or loaded
+        self.dirty = False  # differs from the saved file (or there is none)
+
+    def _make(self, dim: int) -> None:
+        from usearch.index import Index
+
+        self.dim = dim
+        self.rows = _Rows(dim)
+        self.index = Index(ndim=dim, metric="cos", dtype="f32", connectivity=_CONNECTIVITY,
+                           expansion_add=_EXPANSION_ADD, expansion_search=_EXPANSION_SEARCH)
+
+    def _post(self, key: int, meta: dict[str, Any], add: bool) -> None:
+        for field, value in meta.items():
+            if not _hashable(value):
+                continue
+            by_value = self.postings.setdefault(field, {})
+            if add:
+                by_value.setdefault(value, set()).add(key)
+            else:
+                keys = by_value.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del by_value[value]
+
+    def forget(self, key: int) -> None:
+        meta = self.metas.pop(key, None)
+        if meta is None:
+            return
+        self.ids.pop(key, None)
+        self._post(key, meta, add=False)
+        if self.rows is not None:
+            self.rows.forget(key)
+        if self.index is not None and key in self.index:
+            self.index.remove(key)
+
+    def put(self, rows: Sequence[tuple[int, str, int, bytes, str]]) -> None:
+        """Add or replace rows ``(key, id, dim, vector, metadata)``."""
+        if not rows:
+            return
+        for key, *_ in rows:
+            self.forget(key)
+        dim = rows[0][2]
+        if self.index is None:
+            self._make(dim)
+        if any(r[2] != self.dim for r in rows):
+            raise UsageError(f"a collection mixes vector sizes {sorted({r[2] for r in rows} | {self.dim})}; "
+                             "use one embedder per collection")
+        keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
+        matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+        self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
+        assert self.rows is not None
+        self.rows.put([r[0] for r in rows], matrix)
+        self.describe((key, id_, meta) for key, id_, _, _, meta in rows)
+
+    def describe(self, rows: Iterable[tuple[int, str, str]]) -> None:
+        """Record the id and metadata of rows ``(key, id, metadata)`` whose vectors the index holds."""
+        for key, id_, meta_json in rows:
+            meta = json.loads(meta_json)
+            self.ids[key] = id_
+            self.metas[key] = meta
+            self._post(key, meta, add=True)
+
+    def _field_keys(self, field: str, wanted: Any) -> set[int]:
+        """Return the keys whose `field` is `wanted` (or one of them); may be a live posting set."""
+        values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
+        if not all(_hashable(v) for v in values):
+            return {k for k, m in self.metas.items() if matches(m, {field: wanted})}
+        by_value = self.postings.get(field, {})
+        found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
+        if not found:
+            return set()
+        return found[0] if len(found) == 1 else set().union(*found)
+
+    def keys_matching(self, where: Where) -> set[int] | None:
+        """Return the keys of the records matching `where`, or ``None`` when all records match.
+
+        From the postings (a scan for values that are not simple); the result may be a live posting
+        set: read it, never change it.
+        """
+        parts = [self._field_keys(field, wanted) for field, wanted in where.items()]
+        parts = [p for p in parts if len(p) < len(self.metas)]  # keeps every record: no constraint
+        if not parts:
+            return None
+        parts.sort(key=len)
+        result = parts[0]
+        for other in parts[1:]:
+            result = result & other
+            if not result:
+                break
+        return result
+
+
+class SQLiteVectorStore(VectorStore):
+    """Vectors in a SQLite file with an HNSW index (usearch) and FTS5 keyword search.
+
+    Made by `SQLiteStore.vectors()` (same file as the sessions) or directly. `exact_limit`: a metadata
+    filter keeping at most this many records is searched exactly. `index_dir` is where the HNSW indexes
+    are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
+    `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
+    process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, exact_limit: int = 4096,
+                 index_dir: str | Path | None = None, synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        self.synchronous = synchronous
+        self.path = str(path)
+        self.exact_limit = exact_limit
+        self._busy_ms = int(busy_timeout * 1000)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-vectors")
+        self._conn: sqlite3.Connection | None = None
+        self._cache: dict[str, _Collection] = {}
+        memory = self.path == ":memory:" or self.path.startswith("file::memory:")
+        default = None if memory else Path(self.path + ".vectors")
+        self.index_dir = Path(index_dir) if index_dir is not None else default
+
+    # --- connection and schema ---------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                columns = [r[1] for r in conn.execute("PRAGMA table_info(cp_vectors)")]
+                if columns and "key" not in columns:  # a file from before the HNSW index and keywords
+                    conn.execute("ALTER TABLE cp_vectors RENAME TO cp_vectors_before_keys")
+                for statement in _statements(_SCHEMA):
+                    conn.execute(statement)
+                if columns and "key" not in columns:
+                    conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
+                                 "SELECT collection, id, dim, vector, text, metadata, text FROM cp_vectors_before_keys")
+                    conn.execute("DROP TABLE cp_vectors_before_keys")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                conn.close()
+                raise
+            conn.execute("COMMIT")
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(self._connection(), *args))
+
+    # --- writes ------------------------------------------------------------------------------------
+
+    @override
+    async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
+        if not records:
+            return
+        prepared = [(collection, r.id, *self._encode(r)) for r in records]
+        dims = {p[2] for p in prepared}
+        if len(dims) > 1:
+            raise UsageError(f"one upsert mixes vector sizes {sorted(dims)}; use one embedder per collection")
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
+                if row is not None and row[0] not in dims:
+                    raise UsageError(f"collection {collection!r} holds {row[0]}-dimension vectors, these have "
+                                     f"{dims.pop()}; use one embedder per collection")
+                conn.executemany(
+                    "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
+                    "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
+                    "keywords = excluded.keywords", prepared)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            if collection in self._cache:
+                self._sync(conn, collection)  # the index follows the file, not the other way round
+
+        await self._run(op)
+
+    @staticmethod
+    def _encode(record: VectorRecord) -> tuple[int, bytes, str, str, str]:
+        vector = _unit(record.vector)
+        if vector.ndim != 1 or vector.shape[0] == 0:
+            raise UsageError(f"record {record.id!r}: a vector must be a non-empty list of numbers")
+        meta = json.dumps(dict(record.metadata), ensure_ascii=False, default=str)
+        keywords = record.text if record.keywords is None else record.keywords
+        return int(vector.shape[0]), vector.tobytes(), record.text, meta, keywords
+
+    @override
+    async def delete(self, collection: str, *, ids: Sequence[str] | None = None, where: Where | None = None) -> int:
+        check_where(where)
+        if (ids is None and where is None) or (ids is not None and not ids):
+            return 0
+        clauses, params = ["collection = ?"], [collection]
+        if ids is not None:
+            clauses.append(f"id IN ({','.join('?' * len(ids))})")
+            params += list(ids)
+        sql_where, sql_params = _json_where(where)
+        clauses += sql_where
+        params += sql_params
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                n = conn.execute(f"DELETE FROM cp_vectors WHERE {' AND '.join(clauses)}", params).rowcount
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            if collection in self._cache:
+                self._sync(conn, collection)
+            return int(n)
+
+        return int(await self._run(op))
+
+    # --- keeping the in-memory index in step with the file -----------------------------------------
+
+    @staticmethod
+    def _latest(conn: sqlite3.Connection, collection: str) -> tuple[int, int]:
+        """Return the last change logged for `collection`, and the change below which the log was pruned."""
+        row = conn.execute("SELECT MAX(seq) FROM cp_vector_changes WHERE collection = ?", (collection,)).fetchone()
+        pruned = conn.execute("SELECT below FROM cp_vector_pruned WHERE collection = ?", (collection,)).fetchone()
+        below = int(pruned[0]) if pruned else 0
+        return max(int(row[0] or 0), below), below
+
+    def _sync(self, conn: sqlite3.Connection, collection: str) -> _Collection:
+        """Bring this process's index of `collection` up to the file's latest change (one read snapshot)."""
+        conn.execute("BEGIN")
+        try:
+            latest, below = self._latest(conn, collection)
+            cached = self._cache.get(collection)
+            if cached is not None and cached.seq == latest:
+                return cached
+            if cached is None or cached.seq < below:
+                cached = self._open(conn, collection, latest, below)
+            else:
+                self._apply(conn, collection, cached, latest)
+        finally:
+            conn.execute("COMMIT")
+        if cached.changed >= _SAVE_AFTER:
+            self._save(conn, collection, cached)
+        return cached
+
+    def _apply(self, conn: sqlite3.Connection, collection: str, cached: _Collection, latest: int) -> None:
+        keys = [r[0] for r in conn.execute(
+            "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
+            (collection, cached.seq, latest))]
+        self._reload(conn, cached, keys)
+        cached.seq = latest
+
+    def _reload(self, conn: sqlite3.Connection, cached: _Collection, keys: Sequence[int]) -> None:
+        """Make `keys` in the index match their rows now: re-read the rows, drop keys that have none."""
+        for start in range(0, len(keys), 500):
+            part = keys[start:start + 500]
+            rows = conn.execute(f"SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE key IN "
+                                f"({','.join('?' * len(part))})", part).fetchall()
+            present = {r[0] for r in rows}
+            for key in part:
+                if key not in present:
+                    cached.forget(key)
+            cached.put(rows)
+            cached.changed += len(part)
+            cached.dirty = True
+
+    def _open(self, conn: sqlite3.Connection, collection: str, latest: int, below: int) -> _Collection:
+        """Load the saved index when there is a usable one (then apply newer changes), else build it."""
+        self._cache.pop(collection, None)
+        loaded = self._load_saved(collection, latest, below)
+        if loaded is not None:
+            cached, seq = loaded
+            self._cache[collection] = cached
+            self._catch_up(conn, collection, cached, seq, latest)
+            return cached
+        cached = _Collection(latest)
+        self._cache[collection] = cached
+        batch: list[tuple[int, str, int, bytes, str]] = []
+        for row in conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ? "
+                                "ORDER BY key", (collection,)):
+            batch.append(row)
+            if len(batch) == 5000:
+                cached.put(batch)
+                batch = []
+        cached.put(batch)
+        cached.changed = len(cached.metas) if len(cached.metas) >= _SAVE_AFTER else 0
+        cached.dirty = True
+        return cached
+
+    def _catch_up(self, conn: sqlite3.Connection, collection: str, cached: _Collection, seq: int,
+                  latest: int) -> None:
+        """Fill a loaded index's vectors and metadata from the rows, then apply the changes after `seq`."""
+        assert cached.rows is not None
+        cursor = conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ?",
+                              (collection,))
+        while chunk := cursor.fetchmany(8192):
+            usable = [r for r in chunk if r[2] == cached.dim]
+            cached.rows.put([r[0] for r in usable], np.frombuffer(b"".join(r[3] for r in usable),
+                                                                  dtype=np.float32).reshape(-1, cached.dim))
+            cached.describe((r[0], r[1], r[4]) for r in usable)
+        stale = [r[0] for r in conn.execute(
+            "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
+            (collection, seq, latest))]
+        # (np.asarray: iterating usearch's key view element by element is quadratic)
+        indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
+        missing = [k for k in cached.metas if k not in indexed]  # rows the file does not hold (defensive)
+        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.metas))))
+        cached.seq = latest
+
+    # --- the saved index ---------------------------------------------------------------------------
+
+    def _files(self, collection: str) -> list[tuple[int, Path]]:
+        if self.index_dir is None or not self.index_dir.is_dir():
+            return []
+        found = []
+        for path in self.index_dir.glob(f"{collection}.*.usearch"):
+            seq = path.name[len(collection) + 1:-len(".usearch")]
+            if seq.isdigit():
+                found.append((int(seq), path))
+        return sorted(found)
+
+    def _load_saved(self, collection: str, latest: int, below: int) -> tuple[_Collection, int] | None:
+        from usearch.index import Index
+
+        for seq, path in reversed(self._files(collection)):
+            if seq > latest or seq < below:
+                continue  # from a file that was since replaced, or too old for the change log
+            try:
+                index = Index.restore(str(path), view=False, expansion_add=_EXPANSION_ADD,
+                                      expansion_search=_EXPANSION_SEARCH)
+            except Exception:  # unreadable (a crash while an older version wrote it): rebuild instead
+                continue
+            if index is None:
+                continue
+            cached = _Collection(seq)
+            cached.index, cached.dim = index, int(index.ndim)
+            cached.rows = _Rows(cached.dim)
+            return cached, seq
+        return None
+
+    def _save(self, conn: sqlite3.Connection, collection: str, cached: _Collection) -> None:
+        """Write the index atomically as ``<collection>.<seq>.usearch``, then prune what no one needs."""
+        if self.index_dir is None or cached.index is None:
+            cached.changed, cached.dirty = 0, False
+            return
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        final = self.index_dir / f"{collection}.{cached.seq}.usearch"
+        temporary = self.index_dir / f".{collection}.{cached.seq}.{os.getpid()}.tmp"
+        cached.index.save(str(temporary))
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, final)
+        cached.changed, cached.dirty = 0, False
+        for seq, path in self._files(collection):
+            if seq < cached.seq:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        # Changes older than the saved index are needed by no one who can load it.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("INSERT INTO cp_vector_pruned VALUES (?, ?) ON CONFLICT (collection) DO UPDATE SET "
+                         "below = MAX(below, excluded.below)", (collection, cached.seq))
+            conn.execute("DELETE FROM cp_vector_changes WHERE collection = ? AND seq < ?", (collection, cached.seq))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # --- searches ----------------------------------------------------------------------------------
+
+    def _texts(self, conn: sqlite3.Connection, keys: Iterable[int]) -> dict[int, str]:
+        part = list(keys)
+        if not part:
+            return {}
+        return dict(conn.execute(f"SELECT key, text FROM cp_vectors WHERE key IN ({','.join('?' * len(part))})",
+                                 part).fetchall())
+
+    @override
+    async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
+                            where: Where | None = None, min_score: float | None = None) -> list[SearchHit]:
+        check_where(where)
+        q = _unit(vector)
+
+        def op(conn: sqlite3.Connection) -> list[SearchHit]:
+            c = self._sync(conn, collection)
+            if c.index is None or not c.metas or k <= 0:
+                return []
+            if q.shape[0] != c.dim:
+                raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
+            found = self._nearest(c, q, k, c.keys_matching(where) if where else None)
+            found = [(key, s) for key, s in found if min_score is None or s >= min_score]
+            texts = self._texts(conn, (key for key, _ in found))
+            return [SearchHit(c.ids[key], s, texts.get(key, ""), c.metas[key]) for key, s in found if key in texts]
+
+        hits: list[SearchHit] = await self._run(op)
+        return hits
+
+    def _nearest(self, c: _Collection, q: np.ndarray[Any, Any], k: int,
+                 subset: set[int] | None) -> list[tuple[int, float]]:
+        if subset is not None and not subset:
+            return []
+        if len(c.metas) <= self.exact_limit or (subset is not None and len(subset) <= self.exact_limit):
+            return self._exact(c, q, k, subset)
+        return self._approximate(c, q, k, subset)
+
+    @staticmethod
+    def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int, subset: set[int] | None) -> list[tuple[int, float]]:
+        """Score every record (of `subset`) against `q`."""
+        keys = np.fromiter(subset if subset is not None else c.metas, dtype=np.uint64)
+        assert c.rows is not None
+        scores = c.rows.gather(keys) @ q
+        top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
+        top = top[np.argsort(-scores[top])]
+        return [(int(keys[i]), float(scores[i])) for i in top]
+
+    @staticmethod
+    def _approximate(c: _Collection, q: np.ndarray[Any, Any], k: int,
+                     subset: set[int] | None) -> list[tuple[int, float]]:
+        """Search the HNSW index, deeper while too few of the results are in `subset`."""
+        total = len(c.metas)
+        want = k if subset is None else min(total, k * max(2, 2 * total // len(subset)) + 16)
+        while True:
+            matches_ = c.index.search(q, want, threads=1)
+            found = [(int(key), 1.0 - float(d)) for key, d in zip(matches_.keys, matches_.distances, strict=True)
+                     if subset is None or int(key) in subset]
+            if len(found) >= k or want >= total:
+                return found[:k]
+            want = min(total, want * 4)
+
+    @override
+    async def keyword_search(self, collection: str, text: str, *, k: int = 5,
+                             where: Where | None = None) -> list[SearchHit]:
+        check_where(where)
+        terms = keyword_terms(text)
+        if not terms or k <= 0:
+            return []
+        query = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+        def op(conn: sqlite3.Connection) -> list[SearchHit]:
+            # The FTS index ranks on its own (fast); the best few hundred are then checked against the
+            # collection and the filter, asking for more while too few pass.
+            limit = max(2 * k, 100)
+            while True:
+                ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
+                                      "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?",
+                                      (query, limit)).fetchall()
+                rows = {r[0]: r[1:] for r in conn.execute(
+                    f"SELECT key, collection, id, text, metadata FROM cp_vectors WHERE key IN "
+                    f"({','.join('?' * len(ranked))})", [r[0] for r in ranked])} if ranked else {}
+                hits = []
+                for key, score in ranked:
+                    row = rows.get(key)
+                    if row is None or row[0] != collection:
+                        continue
+                    meta = json.loads(row[3])
+                    if where and not matches(meta, where):
+                        continue
+                    hits.append(SearchHit(row[1], float(score), row[2], meta))
+                    if len(hits) == k:
+                        return hits
+                if len(ranked) < limit:
+                    return hits
+                if limit >= 12_800:
+                    break
+                limit *= 4
+            # A filter that keeps few of the matches: let SQLite filter them all.
+            sql_where, params = _json_where(where, "v.metadata")
+            clause = " AND ".join(["cp_vectors_fts MATCH ?", "v.collection = ?", *sql_where])
+            found = conn.execute(
+                f"SELECT v.id, v.text, v.metadata, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
+                f"JOIN cp_vectors v ON v.key = cp_vectors_fts.rowid WHERE {clause} ORDER BY score DESC LIMIT ?",
+                [query, collection, *params, k]).fetchall()
+            return [SearchHit(r[0], float(r[3]), r[1], json.loads(r[2])) for r in found]
+
+        hits: list[SearchHit] = await self._run(op)
+        return hits
+
+    @override
+    async def count(self, collection: str, *, where: Where | None = None) -> int:
+        check_where(where)
+        sql_where, params = _json_where(where)
+        clause = " AND ".join(["collection = ?", *sql_where])
+        return int(await self._run(lambda conn: conn.execute(f"SELECT COUNT(*) FROM cp_vectors WHERE {clause}",
+                                                              [collection, *params]).fetchone()[0]))
+
+    async def save_indexes(self) -> None:
+        """Save every collection's HNSW index that has changed (also done by `close`)."""
+        def op(conn: sqlite3.Connection) -> None:
+            for name, cached in list(self._cache.items()):
+                if cached.dirty:
+                    self._save(conn, name, cached)
+
+        await self._run(op)
+
+    def forget_sessions_deleted_by(self, sessions: SessionStore) -> None:
+        """Delete a session's records whenever `sessions` deletes or expires it.
+
+        Records whose metadata names the session (``tenant`` and ``session_id``), in any collection, are
+        deleted through `delete` (so the HNSW and keyword indexes stay in step), from `sessions`'
+        `on_session_deleted` hook. The hook opens the file itself, so it works after this instance is closed.
+        """
+        path, index_dir, synchronous = self.path, self.index_dir, self.synchronous
+
+        async def hook(key: SessionKey) -> None:
+            vectors = SQLiteVectorStore(path, index_dir=index_dir, synchronous=synchronous)
+            try:
+                collections = await vectors._run(lambda conn: [r[0] for r in conn.execute(
+                    "SELECT DISTINCT collection FROM cp_vectors WHERE json_extract(metadata, '$.tenant') = ? "
+                    "AND json_extract(metadata, '$.session_id') = ?", (key.tenant, key.id))])
+                for collection in collections:
+                    await vectors.delete(collection, where={"tenant": key.tenant, "session_id": key.id})
+            finally:
+                await vectors.close()
+
+        sessions.on_session_deleted(hook)
+
+    @override
+    async def close(self) -> None:
+        def shut(conn: sqlite3.Connection) -> None:
+            try:
+                for name in list(self._cache):
+                    with contextlib.suppress(OSError, sqlite3.Error):
+                        cached = self._sync(conn, name)
+                        if cached.dirty:
+                            self._save(conn, name, cached)
+            finally:
+                conn.close()
+                self._conn = None
+
+        if self._conn is not None:
+            await self._run(shut)
+        self._executor.shutdown(wait=True)
+
+
+def _statements(script: str) -> list[str]:
+    """Split a SQL script into statements (triggers hold ``;`` inside them)."""
+    out, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            out.append(current.strip())
+            current = ""
+    if current.strip():
+        out.append(current.strip())
+    return out
+
+
+def _json_where(where: Where | None, column: str = "metadata") -> tuple[list[str], list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    for key, value in (where or {}).items():
+        if isinstance(value, list | tuple | set | frozenset):
+            values = list(value)
+            clauses.append(f"json_extract({column}, ?) IN ({','.join('?' * len(values))})")
+            params += [f"$.{key}", *values]
+        else:
+            clauses.append(f"json_extract({column}, ?) = ?")
+            params += [f"$.{key}", value]
+    return clauses, params

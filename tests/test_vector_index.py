@@ -1,0 +1,264 @@
+"""The embedded vector store's HNSW index kept in step with SQLite, hybrid search on every store, migration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextpipe import UsageError
+from contextpipe.stores import SQLiteStore
+from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
+from contextpipe.vectors.base import SearchHit, keyword_terms, rrf
+from contextpipe.vectors.sqlite import _Rows
+
+WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
+
+
+@pytest.fixture(params=["memory", "sqlite", "pgvector"])
+async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
+    if request.param == "pgvector":
+        from contextpipe.vectors.pgvector import PgVectorStore
+        from stores.backends import server_address
+
+        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
+        assert dsn is not None
+        store: VectorStore = PgVectorStore(dsn, table=f"h{uuid.uuid4().hex[:10]}")
+    else:
+        store = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    yield store
+    await store.close()
+
+
+NOTES = {
+    "n1": ("Maya: I signed up for a pottery class at the arts centre.", [1.0, 0.0, 0.0, 0.0]),
+    "n2": ("Daniel: Pottery, wow, that sounds relaxing!", [0.0, 1.0, 0.0, 0.0]),
+    "n3": ("Maya: My dog Biscuit ate a whole loaf of bread.", [0.0, 0.0, 1.0, 0.0]),
+    "n4": ("Daniel: I bake sourdough bread every weekend.", [0.7, 0.0, 0.7, 0.1]),
+}
+
+
+async def test_keyword_and_hybrid_search_with_filters(vectors: VectorStore) -> None:
+    await vectors.upsert("notes", [VectorRecord(i, v, t, {"who": t.split(":")[0]}) for i, (t, v) in NOTES.items()])
+    found = await vectors.search("notes", text="Which class did Maya sign up for? pottery", k=4)
+    assert found[0].id == "n1" and {h.id for h in found} == {"n1", "n2", "n3"}  # "maya", "pottery"
+    assert found[0].keyword_score == found[0].score and found[0].vector_score is None
+    only_daniel = await vectors.search("notes", text="pottery bread", k=4, where={"who": "Daniel"})
+    assert {h.id for h in only_daniel} == {"n2", "n4"}
+    assert await vectors.search("notes", text="the of and", k=4) == []  # stopwords only: nothing to look for
+    # Hybrid: the vector ranking says n4, n1, n3; the keywords say n3 (bread + biscuit), n4 (bread).
+    hybrid = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3)
+    assert [h.id for h in hybrid][:2] == ["n4", "n3"]  # found by both first
+    assert hybrid[0].vector_score is not None and hybrid[0].keyword_score is not None
+    assert hybrid[0].score == pytest.approx(1 / 61 + 1 / 62)
+    filtered = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3, where={"who": "Maya"})
+    assert [h.id for h in filtered] == ["n3", "n1"]
+    # The keyword index holds `keywords` when given, and follows deletes and replacements.
+    await vectors.upsert("notes", [VectorRecord("n5", [0, 0, 0, 1], "Maya: Yes!", {"who": "Maya"},
+                                                keywords="Daniel: Did you finish the marathon?\nMaya: Yes!")])
+    assert [h.id for h in await vectors.search("notes", text="marathon", k=3)] == ["n5"]
+    assert (await vectors.search("notes", text="marathon", k=3))[0].text == "Maya: Yes!"
+    await vectors.upsert("notes", [VectorRecord("n5", [0, 0, 0, 1], "Maya: Yes!", {"who": "Maya"})])
+    assert await vectors.search("notes", text="marathon", k=3) == []
+    assert await vectors.delete("notes", ids=["n3"]) == 1
+    assert "n3" not in {h.id for h in await vectors.search("notes", [0, 0, 1, 0], text="Biscuit", k=5)}
+    with pytest.raises(UsageError, match="vector, a text"):
+        await vectors.search("notes")
+
+
+def test_rrf_and_keyword_terms() -> None:
+    def hits(*ids: str) -> list[SearchHit]:
+        return [SearchHit(i, 1.0 / (n + 1), i, {}) for n, i in enumerate(ids)]
+
+    fused = rrf(hits("a", "b", "c"), hits("c", "d"), k=3)
+    assert [h.id for h in fused] == ["c", "a", "b"]  # 1/63 + 1/61 beats 1/61 alone
+    assert fused[0].vector_score == pytest.approx(1 / 3) and fused[0].keyword_score == pytest.approx(1.0)
+    assert keyword_terms("Was MAYA's dog, Biscuit, at the finish line? dog") == ["maya", "dog", "biscuit", "finish",
+                                                                                  "line"]
+
+
+# --- the HNSW index and SQLite ---------------------------------------------------------------------------
+
+
+def exact_ids(rows: dict[str, np.ndarray], query: np.ndarray, k: int) -> list[str]:
+    q = query / np.linalg.norm(query)
+    scored = sorted(rows, key=lambda i: -float(rows[i] @ q / np.linalg.norm(rows[i])))
+    return scored[:k]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "delete", "reopen", "save", "other"]),
+                         st.integers(0, 30), st.integers(0, 2**32 - 1)), min_size=1, max_size=40)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=ops)
+async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory: pytest.TempPathFactory,
+                                                                script: list[tuple[str, int, int]]) -> None:
+    """Upserts, deletes, another process's writes, saves and reopenings: the index answers like exact search."""
+    db = tmp_path_factory.mktemp("hnsw") / "v.db"
+    store = SQLiteVectorStore(db, exact_limit=0)  # always the HNSW index, never the exact path
+    other = SQLiteVectorStore(db, exact_limit=0)
+    truth: dict[str, np.ndarray] = {}
+    try:
+        for op, n, seed in script:
+            rng = np.random.default_rng(seed)
+            if op in ("put", "other"):
+                vector = rng.standard_normal(6).astype(np.float32)
+                await (other if op == "other" else store).upsert("c", [VectorRecord(f"r{n}", vector, f"r{n}")])
+                truth[f"r{n}"] = vector
+            elif op == "delete":
+                await store.delete("c", ids=[f"r{n}"])
+                truth.pop(f"r{n}", None)
+            elif op == "save":
+                await store.save_indexes()
+            else:
+                await store.close()
+                store = SQLiteVectorStore(db, exact_limit=0)
+            query = rng.standard_normal(6).astype(np.float32)
+            hits = await store.search("c", query, k=5)
+            want = exact_ids(truth, query, 5)  # small collections: HNSW is exact (ties in any order)
+            assert len(hits) == len(want) and all(h.id in truth for h in hits)
+            assert [h.score for h in hits] == pytest.approx([cosine(truth[i], query) for i in want], abs=1e-5)
+            assert all(h.score == pytest.approx(cosine(truth[h.id], query), abs=1e-5) for h in hits)
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_saved_index_is_loaded_and_brought_up_to_date(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    data = {f"v{i}": rng.standard_normal(16).astype(np.float32) for i in range(300)}
+    store = SQLiteVectorStore(tmp_path / "v.db")
+    await store.upsert("c", [VectorRecord(i, v, i, {"even": int(i[1:]) % 2 == 0}) for i, v in data.items()])
+    await store.search("c", data["v0"], k=1)
+    await store.close()
+    files = sorted(p.name for p in (tmp_path / "v.db.vectors").iterdir())
+    assert len(files) == 1 and files[0].startswith("c.")  # saved on close, named by the change it reflects
+    # Another writer changes the rows while no index is open; the saved file is now behind.
+    writer = SQLiteVectorStore(tmp_path / "v.db")
+    await writer.delete("c", ids=["v0", "v1"])
+    await writer.upsert("c", [VectorRecord("v2", -data["v2"], "v2 flipped", {"even": True})])
+    writer._executor.shutdown()  # gone without saving, like a crash
+    reader = SQLiteVectorStore(tmp_path / "v.db")
+    hits = await reader.search("c", data["v0"], k=300)
+    assert {h.id for h in hits} == set(data) - {"v0", "v1"}
+    assert (await reader.search("c", -data["v2"], k=1))[0].text == "v2 flipped"
+    assert all(h.metadata["even"] for h in await reader.search("c", data["v3"], k=10, where={"even": True}))
+    await reader.close()
+    # An unreadable index file is rebuilt from the rows.
+    [saved] = (tmp_path / "v.db.vectors").iterdir()
+    saved.write_bytes(b"not an index")
+    again = SQLiteVectorStore(tmp_path / "v.db")
+    assert len(await again.search("c", data["v5"], k=500)) == 298
+    await again.close()
+
+
+async def test_filtered_search_large_and_small_subsets(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=50)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(2000)}
+    await store.upsert("c", [VectorRecord(i, v, i, {"group": int(i[1:]) % 40, "tags": ["x"]})
+                             for i, v in data.items()])
+    query = rng.standard_normal(8).astype(np.float32)
+    small = {i: v for i, v in data.items() if int(i[1:]) % 40 == 3}  # 50 records: searched exactly
+    assert [h.id for h in await store.search("c", query, k=5, where={"group": 3})] == exact_ids(small, query, 5)
+    large = {i: v for i, v in data.items() if int(i[1:]) % 40 < 20}  # 1,000: the HNSW index, searched deeper
+    got = [h.id for h in await store.search("c", query, k=10, where={"group": list(range(20))})]
+    assert len(got) == 10 and all(i in large for i in got)
+    assert len(set(got) & set(exact_ids(large, query, 10))) >= 9
+    # A filter on a value that is not a plain scalar still works (looked for record by record).
+    assert len(await store.search("c", query, k=3, where={"tags": [["x"]]})) == 3
+    await store.close()
+
+
+async def searchable(db: Path, k: int) -> set[str]:
+    store = SQLiteVectorStore(db, exact_limit=0)
+    try:
+        return {h.id for h in await store.search("c", [1.0] * 8, k=k)}
+    finally:
+        await store.close()
+
+
+def test_a_killed_writer_never_loses_or_resurrects_a_vector(tmp_path: Path) -> None:
+    """SIGKILL a process mid-stream (several times, at changing points); then search equals the committed rows."""
+    db = tmp_path / "v.db"
+    committed: set[str] = set()
+    for round_ in range(4):
+        proc = subprocess.Popen([sys.executable, str(WORKER), str(db), str(round_)], stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.stdout is not None
+        lines = 40 + random.Random(round_).randrange(60)  # kill after a varying number of committed steps
+        for _ in range(lines):
+            line = proc.stdout.readline().strip()
+            assert line, "the worker stopped early"
+            (committed.add if line[0] == "+" else committed.discard)(line[1:])
+        os.kill(proc.pid, signal.SIGKILL)
+        for line in proc.stdout.read().split():  # what it committed after our last read, before dying
+            (committed.add if line[0] == "+" else committed.discard)(line[1:])
+        proc.stdout.close()
+        proc.wait()
+        with sqlite3.connect(db) as conn:
+            rows = {r[0] for r in conn.execute("SELECT id FROM cp_vectors WHERE collection = 'c'")}
+        # A step printed is committed; the one in flight may or may not be.
+        assert committed <= rows and len(rows - committed) <= 1
+        committed = rows
+        assert asyncio.run(searchable(db, len(rows) + 10)) == rows
+
+
+async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp_path: Path) -> None:
+    db = tmp_path / "agent.db"
+    with sqlite3.connect(db) as conn:  # the layout of earlier versions
+        conn.execute("CREATE TABLE cp_vectors (collection TEXT NOT NULL, id TEXT NOT NULL, dim INTEGER NOT NULL, "
+                     "vector BLOB NOT NULL, text TEXT NOT NULL, metadata TEXT NOT NULL, "
+                     "PRIMARY KEY (collection, id)) WITHOUT ROWID")
+        conn.execute("CREATE TABLE cp_vector_versions (collection TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+        for i, (text, vector) in enumerate(NOTES.values()):
+            meta = {"tenant": "default", "session_id": f"s{i % 2}"}
+            conn.execute("INSERT INTO cp_vectors VALUES ('memory', ?, 4, ?, ?, ?)",
+                         (f"n{i}", np.asarray(vector, dtype=np.float32).tobytes(), text, json.dumps(meta)))
+    store = SQLiteStore(db)
+    await store.load_or_create("default", "s0")  # the memories' session (deletion cascades from a real one)
+    vectors = store.vectors()
+    assert {h.id for h in await vectors.search("memory", text="pottery", k=5)} == {"n0", "n1"}
+    assert await vectors.count("memory") == 4
+    await store.delete_session("default", "s0")  # deletes its memories in the same file
+    assert {h.id for h in await vectors.search("memory", [1, 1, 1, 1], k=5)} == {"n1", "n3"}
+    assert [h.id for h in await vectors.search("memory", text="pottery", k=5)] == ["n1"]
+    await vectors.close()
+    await store.close()
+
+
+async def test_inserts_do_not_copy_the_collection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Growing the collection one record at a time leaves the vectors already held where they are."""
+    monkeypatch.setattr(_Rows, "BLOCK", 64)
+    store = SQLiteVectorStore(tmp_path / "v.db")
+    rng = np.random.default_rng(3)
+    await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x") for i in range(100)])
+    await store.search("c", [1, 0, 0, 0], k=1)
+    rows = store._cache["c"].rows
+    assert rows is not None
+    first_block = rows.blocks[0]
+    before = first_block.copy()
+    for i in range(100, 100 + rows.BLOCK + 10):  # past the second block: a third one is added beside them
+        await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x")])
+    assert rows.blocks[0] is first_block and len(rows.blocks) == 3
+    assert np.array_equal(first_block, before)
+    assert await store.count("c") == len(rows.position) == 100 + rows.BLOCK + 10
+    await store.close()
