@@ -395,3 +395,25 @@ def test_decisions_serialise_for_traces() -> None:
 
     d = CompactionDecision("token_budget", "dropped", ("m1",), "over", 10, 5)
     assert json.loads(json.dumps(asdict(d)))["tokens_after"] == 5
+
+
+async def test_traces_and_compaction_count_with_one_calibrated_counter() -> None:
+    def reply(request: ModelRequest) -> ModelResponse:
+        return ModelResponse([Message.assistant("ok " * 20)], usage=Usage(input_tokens=2_000, output_tokens=1))
+
+    budgets: list[int] = []
+
+    class Budgeter(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            budgets.append(sum(ctx.tokens.message(m) for m in ctx.messages if m.source and
+                               m.source.kind == "history"))
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([reply] * 4), providers=[History(store), Budgeter("budget"),
+                                                         Compaction(max_input_tokens=100_000)])
+    session = await agent.session("one-count")
+    for _ in range(4):
+        result = await agent.run("hello there, how are you today?", session=session)
+    ratio = session.state["contextpipe.calibration"].ratio
+    assert ratio > 5  # the model reports far more than the estimate: calibration matters here
+    assert result.traces[0].tokens_by_source()["history:history"] == budgets[-1]

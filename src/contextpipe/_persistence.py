@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import LeaseLost
+from .providers.base import accepts_keyword
 from .stores.base import Checkpoint
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ class StepWriter:
         self._request_saved = False
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
-        self._lost_event = asyncio.Event()
+        self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
+        self._stopped = False  # the heartbeat cancelled that task
         self._beating: asyncio.Task[None] | None = None
         if lease is not None:
             self._beating = asyncio.ensure_future(self._beat(heartbeat or Heartbeat()))
@@ -91,7 +93,9 @@ class StepWriter:
                 exc.add_note("the run was stopped: another run took this session over (or it was deleted) "
                              "while this one was still working; nothing more was saved")
                 self.lost = exc
-                self._lost_event.set()
+                if self._inside is not None:
+                    self._stopped = True
+                    self._inside.cancel()
                 return
             except Exception:
                 continue
@@ -106,19 +110,20 @@ class StepWriter:
     async def guard(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
         self.check()
-        if self._beating is None:
+        task = asyncio.current_task()
+        if self._beating is None or task is None or self._inside is not None:
             return await awaitable
-        task = asyncio.ensure_future(awaitable)
-        lost = asyncio.ensure_future(self._lost_event.wait())
+        self._inside = task
         try:
-            await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
+            return await awaitable
+        except asyncio.CancelledError:
+            if self._stopped:  # the heartbeat cancelled it: the lease is gone, not the caller's doing
+                self._stopped = False
+                task.uncancel()
+                raise self.lost from None  # type: ignore[misc]
+            raise
         finally:
-            lost.cancel()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self.check()
-        return task.result()
+            self._inside = None
 
     @property
     def stores_messages(self) -> bool:
@@ -134,17 +139,19 @@ class StepWriter:
         return self.lease if getattr(provider, "store", None) is self.store else None
 
     async def save_step(self, ctx: RunContext, response: Sequence[Message], *,
-                        with_request: bool = True) -> list[Message]:
+                        with_request: bool = True, durable: bool = True) -> list[Message]:
         """Save a step now (per-step mode only) and return what the first storing provider was given.
 
         Each storing provider gets `response`, preceded on the first such call by the request
-        messages it stores (unless `with_request` is False).
+        messages it stores (unless `with_request` is False). ``durable=False`` is for writes a crash
+        would repair anyway (the result of an idempotent tool: a resumed run runs it again); the
+        next model output is saved durably, which makes them durable too.
         """
         if not self.per_step or not self.stores_messages:
             return []
         first = with_request and not self._request_saved
         self._request_saved = self._request_saved or with_request
-        return await self._save(ctx, response, with_request=first)
+        return await self._save(ctx, response, with_request=first, durable=durable)
 
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only)."""
@@ -152,7 +159,8 @@ class StepWriter:
             return
         await self._save(ctx, response, with_request=True)
 
-    async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool) -> list[Message]:
+    async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool,
+                    durable: bool = True) -> list[Message]:
         session = self.session
         assert session is not None
         self.check()
@@ -160,7 +168,9 @@ class StepWriter:
         for provider in self._providers:
             batch = provider.select_request(ctx) if with_request else []
             batch.extend(provider.select_response(response))
-            if batch:
+            if batch and not durable and not with_request and accepts_keyword(provider.save, "durable"):
+                await provider.save(session, batch, lease=self.lease_for(provider), durable=False)  # type: ignore[call-arg]
+            elif batch:
                 await provider.save(session, batch, lease=self.lease_for(provider))
             if saved is None:
                 saved = batch

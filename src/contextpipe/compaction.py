@@ -45,9 +45,9 @@ from typing import Final, Literal
 from .errors import UsageError
 from .exchanges import Group, GroupKind
 from .exchanges import group_messages as _group
-from .messages import FunctionCall, FunctionResult, Message, TextPart
+from .messages import FunctionCall, FunctionResult, Message, Part, TextPart
 from .models.base import ChatModel, ModelRequest
-from .tokens import REPLY_PRIMING, TokenCounter
+from .tokens import REPLY_PRIMING, TokenCounter, Tokenizer
 from .tools import ToolSpec
 
 __all__ = [
@@ -315,27 +315,13 @@ class ClearToolResults(CompactionStrategy):
         before = view.total()
         messages = list(view.messages)
         cleared: list[str] = []
-        tokenizer = view.counter.tokenizer
         for g in old:
             names = {p.call_id: p.name for i in range(g.start, g.end) for p in messages[i].function_calls}
             for i in range(g.start, g.end):
                 m = messages[i]
-                if m.role != "tool":
-                    continue
-                parts = []
-                changed = False
-                for p in m.parts:
-                    if type(p) is FunctionResult and not p.result.startswith("[cleared"):
-                        size = tokenizer.count_text(p.result)
-                        if size >= self.min_tokens:
-                            p = FunctionResult(p.call_id, f"[cleared to save context: {size} tokens of "
-                                               f"{names.get(p.call_id, 'tool')} output; call the tool again if "
-                                               "you need it]", p.is_error)
-                            changed = True
-                    parts.append(p)
-                if changed:
-                    messages[i] = Message(m.role, tuple(parts), author_name=m.author_name, created_at=m.created_at,
-                                          metadata={**m.metadata, "compacted_from": m.id}, source=m.source)
+                new = self._cleared(m, names, view.counter.tokenizer) if m.role == "tool" else None
+                if new is not None:
+                    messages[i] = new
                     cleared.append(m.id)
         if cleared:
             view.set(messages)
@@ -343,6 +329,25 @@ class ClearToolResults(CompactionStrategy):
                 self.name, "cleared", tuple(cleared),
                 f"tool results of {len(old)} older exchange(s) larger than {self.min_tokens} tokens",
                 before, view.total()))
+
+
+    def _cleared(self, message: Message, names: dict[str, str], tokenizer: Tokenizer) -> Message | None:
+        """Return `message` with its large results replaced by placeholders, or None if none is large."""
+        parts: list[Part] = []
+        changed = False
+        for p in message.parts:
+            if type(p) is FunctionResult and not p.result.startswith("[cleared"):
+                size = tokenizer.count_text(p.result)
+                if size >= self.min_tokens:
+                    p = FunctionResult(p.call_id, f"[cleared to save context: {size} tokens of "
+                                       f"{names.get(p.call_id, 'tool')} output; call the tool again if "
+                                       "you need it]", p.is_error)
+                    changed = True
+            parts.append(p)
+        if not changed:
+            return None
+        return Message(message.role, tuple(parts), author_name=message.author_name, created_at=message.created_at,
+                       metadata={**message.metadata, "compacted_from": message.id}, source=message.source)
 
 
 DEFAULT_SUMMARY_PROMPT = (
@@ -384,27 +389,10 @@ class Summarize(CompactionStrategy):
 
     async def apply(self, view: CompactionView) -> None:
         """Summarise the groups older than the kept turns (drop them if the model fails)."""
-        users = [g for g in view.groups if g.kind == "user"]
-        if len(users) <= self.keep_last_turns:
-            return
-        cut = users[-self.keep_last_turns].start if self.keep_last_turns > 0 else len(view.messages)
-        old = [g for g in view.groups if g.end <= cut and id(g) not in view.pinned and g.kind != "system"]
+        old = self._old_groups(view)
         if not old:
             return
-        # Earlier summaries always go in; then the newest other old groups within the chunks' cap.
-        budget = self.max_input_tokens * self.max_chunks - sum(g.tokens for g in old if g.kind == "summary")
-        taken: set[int] = {id(g) for g in old if g.kind == "summary"}
-        picked = 0
-        for g in reversed(old):
-            if g.kind == "summary":
-                continue
-            if g.tokens > budget and picked:
-                break
-            taken.add(id(g))
-            budget -= g.tokens
-            picked += 1
-        chosen = [g for g in old if id(g) in taken]
-        too_old = [g for g in old if id(g) not in taken]
+        chosen, too_old = self._within_cap(old)
         old_ids = view.ids(old)
         chosen_messages = [view.messages[i] for g in chosen for i in range(g.start, g.end)]
         before = view.total()
@@ -416,23 +404,38 @@ class Summarize(CompactionStrategy):
             return
         view.drop(self.name, too_old, f"beyond the summariser's input cap of {self.max_input_tokens} tokens"
                                       + (f" x {self.max_chunks} chunks" if self.max_chunks > 1 else ""))
-        chosen_ids = {m.id for m in chosen_messages}
-        summary = summary_message(text)
-        keep: list[Message] = []
-        summarised: list[str] = []
-        for m in view.messages:
-            if m.id in chosen_ids:
-                if not summarised:
-                    keep.append(summary)
-                summarised.append(m.id)
-            else:
-                keep.append(m)
-        view.set(keep)
+        summarised = _replace_with_summary(view, {m.id for m in chosen_messages}, summary_message(text))
         # The summary stands for everything before it, including what was too old to be sent.
         view.summarised.extend(old_ids)
         view.decisions.append(CompactionDecision(
             self.name, "summarised", tuple(summarised), f"older than the last {self.keep_last_turns} turns",
             before, view.total()))
+
+    def _old_groups(self, view: CompactionView) -> list[Group]:
+        """Return the groups older than the kept turns that may be summarised (not pinned, not system)."""
+        users = [g for g in view.groups if g.kind == "user"]
+        if len(users) <= self.keep_last_turns:
+            return []
+        cut = users[-self.keep_last_turns].start if self.keep_last_turns > 0 else len(view.messages)
+        return [g for g in view.groups if g.end <= cut and id(g) not in view.pinned and g.kind != "system"]
+
+    def _within_cap(self, old: list[Group]) -> tuple[list[Group], list[Group]]:
+        """Split `old` into what is summarised and what is too old to send (beyond the chunks' cap).
+
+        Earlier summaries always go in; then the newest other old groups within the cap.
+        """
+        budget = self.max_input_tokens * self.max_chunks - sum(g.tokens for g in old if g.kind == "summary")
+        taken: set[int] = {id(g) for g in old if g.kind == "summary"}
+        picked = 0
+        for g in reversed(old):
+            if g.kind == "summary":
+                continue
+            if g.tokens > budget and picked:
+                break
+            taken.add(id(g))
+            budget -= g.tokens
+            picked += 1
+        return [g for g in old if id(g) in taken], [g for g in old if id(g) not in taken]
 
     async def _summarise_chunks(self, groups: list[Group], messages: list[Message]) -> str:
         """Summarise `messages` (the messages of `groups`) in chunks of at most the input cap, oldest first."""
@@ -471,6 +474,21 @@ class Summarize(CompactionStrategy):
         if not text:
             raise ValueError("the summariser returned no text")
         return text
+
+
+def _replace_with_summary(view: CompactionView, ids: set[str], summary: Message) -> list[str]:
+    """Put `summary` where the first of the messages `ids` was, drop the rest; return their ids."""
+    keep: list[Message] = []
+    summarised: list[str] = []
+    for m in view.messages:
+        if m.id in ids:
+            if not summarised:
+                keep.append(summary)
+            summarised.append(m.id)
+        else:
+            keep.append(m)
+    view.set(keep)
+    return summarised
 
 
 class CompactionPipeline(CompactionStrategy):

@@ -21,7 +21,7 @@ is produced: they still form one exchange, in any order, as long as no other mes
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -38,6 +38,7 @@ __all__ = [
     "repair_exchanges",
     "tool_message",
     "unanswered_calls",
+    "untagged",
 ]
 
 GroupKind: TypeAlias = Literal["system", "summary", "user", "assistant", "tool_exchange", "orphan"]
@@ -48,11 +49,14 @@ _RESULTS = 2
 
 def _flag(message: Message) -> int:
     """0 without function parts, 1 with calls, 2 with results, 3 with both (cached on the message)."""
-    parts = message.parts
-    if len(parts) == 1 and type(parts[0]) is TextPart:
-        return 0  # plain text: the common case, decided without looking further
     flag = message._tool_flag
-    return flag if flag >= 0 else message.tool_flag
+    return flag if flag >= 0 else message.tool_flag  # computed once, then cached on the message
+
+
+def untagged(messages: Iterable[Message]) -> Iterable[Message]:
+    """Return `messages` without per-message tagging when they are a run's lazily tagged view."""
+    untagged = getattr(messages, "untagged", None)
+    return untagged() if untagged is not None else messages
 
 
 def carries_results(message: Message) -> bool:
@@ -87,7 +91,8 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
     open_by_call: dict[str, Group] = {}
     for i, m in enumerate(messages):
         tokens = counts[i] if counts is not None else 0
-        flag = _flag(m)
+        parts = m.parts
+        flag = 0 if len(parts) == 1 and type(parts[0]) is TextPart else _flag(m)  # plain text: decided at once
         if flag == 0:
             groups.append(Group(_plain_kind(m, is_summary), i, i + 1, tokens))
         elif carries_results(m):
@@ -131,28 +136,44 @@ def _close_exchange(groups: list[Group], open_by_call: dict[str, Group], message
 def exchange_problem(messages: Sequence[Message]) -> str | None:
     """Describe the first unanswered call or orphan result in `messages`, or return None."""
     open_calls: dict[str, str] = {}
-    for index, message in enumerate(messages):
-        flag = _flag(message)
+    for index, message in enumerate(untagged(messages)):
+        flag = message._tool_flag  # inline and cached: this loop runs over every request's messages
+        if flag < 0:
+            flag = _flag(message)
         if flag == 0 and not open_calls:
             continue  # the common case: plain text with no exchange in progress
-        if carries_results(message):
-            for part in message.parts:
-                if type(part) is FunctionResult:
-                    if part.call_id not in open_calls:
-                        return f"message {index} holds a result for call {part.call_id!r}, which is not open"
-                    del open_calls[part.call_id]
-            continue
-        if open_calls:
-            return f"message {index} ({message.role}) comes before the results of calls {_names(open_calls)}"
-        if flag & _RESULTS:
-            return f"message {index} ({message.role}) holds function results but is not a tool message"
-        for part in message.parts:
-            if type(part) is FunctionCall:
-                if part.call_id in open_calls or not part.call_id:
-                    return f"message {index} repeats call id {part.call_id!r}"
-                open_calls[part.call_id] = part.name
+        if message.role == "tool" or (flag & _RESULTS and message.role != "assistant"):
+            problem = _answer(message, index, open_calls)
+        else:
+            problem = _open(message, index, flag, open_calls)
+        if problem is not None:
+            return problem
     if open_calls:
         return f"calls {_names(open_calls)} have no result"
+    return None
+
+
+def _answer(message: Message, index: int, open_calls: dict[str, str]) -> str | None:
+    """Close the calls `message`'s results answer; describe an orphan result."""
+    for part in message.parts:
+        if type(part) is FunctionResult:
+            if part.call_id not in open_calls:
+                return f"message {index} holds a result for call {part.call_id!r}, which is not open"
+            del open_calls[part.call_id]
+    return None
+
+
+def _open(message: Message, index: int, flag: int, open_calls: dict[str, str]) -> str | None:
+    """Open `message`'s calls; describe a message that comes while calls are open, or a bad call."""
+    if open_calls:
+        return f"message {index} ({message.role}) comes before the results of calls {_names(open_calls)}"
+    if flag & _RESULTS:
+        return f"message {index} ({message.role}) holds function results but is not a tool message"
+    for part in message.parts:
+        if type(part) is FunctionCall:
+            if part.call_id in open_calls or not part.call_id:
+                return f"message {index} repeats call id {part.call_id!r}"
+            open_calls[part.call_id] = part.name
     return None
 
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from .errors import ModelResponseError
 from .events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
 from .exchanges import normalise_calls, repair_exchanges, tool_message, unanswered_calls
 from .invariants import check_messages
-from .messages import FunctionCall, FunctionResult, Message, Source
+from .messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from .models.base import (
     CallModel,
     ChatModel,
@@ -46,6 +46,7 @@ from .models.base import (
     TextDelta,
     Usage,
 )
+from .pipeline import MessageView, Segment
 from .trace import ContextChange, PromptTrace
 
 if TYPE_CHECKING:
@@ -157,6 +158,32 @@ async def consume(stream: AsyncIterator[ModelStreamEvent], on_delta: Callable[[T
 _DONE = object()
 
 
+def _no_deltas(delta: TextDelta | ReasoningDelta) -> None:
+    """Drop nothing: a complete (not streamed) call has no deltas to forward."""
+
+
+_RESPONSE_FIELDS = tuple(f.name for f in fields(ModelResponse) if f.name != "request")
+
+
+def _with_request(response: ModelResponse, request: ModelRequest) -> ModelResponse:
+    """Return `response` carrying the request that produced it (`dataclasses.replace`, without its cost)."""
+    return ModelResponse(**{name: getattr(response, name) for name in _RESPONSE_FIELDS}, request=request)
+_REPAIR = Source("tool", "repair")
+
+
+def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list[Segment]:
+    """Split repaired `messages` back into segments by the source each had (new ones: the repair's)."""
+    origin = {m.id: s.source for s in segments for m in s.messages}
+    out: list[Segment] = []
+    for message in messages:
+        source = origin.get(message.id, _REPAIR)
+        if out and out[-1].source == source:
+            out[-1].messages.append(message)  # type: ignore[attr-defined]
+        else:
+            out.append(Segment(source, [message]))
+    return out
+
+
 class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
@@ -172,15 +199,20 @@ class StepLoop:
         self.state = LoopState()
         self._instrument_tools = instrument_tools
         self._model_source = Source("model", model.name)
-        self._working: list[Message] = []
+        self._parts: list[Segment] = []
+        self._tail: list[Message] = []
         self._specs: list[ToolSpec] = []
+        self._tool_sources: dict[str, str] = {}
 
-    def _execute(self, call: FunctionCall) -> asyncio.Future[FunctionResult]:
+    def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         async def run(c: FunctionCall) -> FunctionResult:
             return await execute_tool(self.ctx.tools, c)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
-        return asyncio.ensure_future(execute(call))
+        return execute(call)
+
+    def _execute(self, call: FunctionCall) -> asyncio.Future[FunctionResult]:
+        return asyncio.ensure_future(self._call_tool(call))
 
     async def events(self) -> AsyncIterator[RunEvent]:
         """Drive the loop: model step, tool step, until a `Stop`; yield events on the way."""
@@ -204,23 +236,26 @@ class StepLoop:
     # --- before the first call ----------------------------------------------------------------------
 
     async def _prepare(self) -> AsyncIterator[RunEvent]:
-        """Build the working set: the context, repaired where the stored log needs it, then the input."""
+        """Build the working set: the context, repaired where the stored log needs it, then the input.
+
+        The working set is the providers' segments (tagged lazily, only if something reads the
+        sources) plus this run's own messages; a request is a view over them, not a copy.
+        """
         ctx = self.ctx
         self._specs = [t.spec for t in ctx.tools.values()]
-        history_end = 0
-        offset = 0
-        for segment in ctx.segments:
-            offset += len(segment.messages)
-            if segment.source.kind == "history":
-                history_end = offset
-        working = list(ctx.messages)
-        context, repair_notes = repair_exchanges(working[:history_end])
+        self._tool_sources = dict(ctx.tool_sources)
+        split = max((i + 1 for i, s in enumerate(ctx.segments) if s.source.kind == "history"), default=0)
+        head, rest = ctx.segments[:split], ctx.segments[split:]
+        history = [m for s in head for m in s.messages]
+        fixed, repair_notes = repair_exchanges(history)
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
-        self._working = context
-        async for event in self._answer_interrupted(context):
+            head = _resegment(fixed, head)
+        self._parts = list(head)
+        async for event in self._answer_interrupted(fixed):
             yield event
-        self._working.extend(working[history_end:])
+        self._parts.extend(rest)
+        self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
 
     async def _answer_interrupted(self, history: list[Message]) -> AsyncIterator[RunEvent]:
         """Answer the calls a previous, interrupted run left without results (see module docstring)."""
@@ -239,8 +274,8 @@ class StepLoop:
             else:
                 result = _interrupted(call)
             results.append(result)
-        message = tool_message(pending, results).with_source(Source("tool", "repair"))
-        self._working.append(message)
+        message = tool_message(pending, results).with_source(_REPAIR)
+        self._parts.append(Segment(_REPAIR, [message], _tagged=[message]))
         self.state.new_messages.append(message)
         saved = await self.writer.save_step(self.ctx, [message], with_request=False)
         if self.want_events and saved:
@@ -254,8 +289,10 @@ class StepLoop:
         step = state.steps + 1
         final = step > limits.max_steps or state.error_steps >= limits.max_consecutive_tool_errors
         # Each request gets its own snapshot: middleware and models may keep the request.
-        request = ModelRequest(tuple(self._working), ctx.instructions, () if final else self._specs, ctx.settings)
+        request = ModelRequest(MessageView(self._parts, tuple(self._tail)), ctx.instructions,
+                               () if final else self._specs, ctx.settings)
         started = time.perf_counter()
+        ratio = ctx.tokens.calibration.ratio
         response: ModelResponse | None = None
         async for item in self._call_model(request):
             if isinstance(item, ModelResponse):
@@ -271,26 +308,26 @@ class StepLoop:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
         if response.notes:
             ctx.journal.changes.append(ContextChange(self.model.name, "adapted_request", response.notes))
-        self._trace(step, response.request or request, response, time.perf_counter() - started)
-        self._working.extend(produced)
+        self._trace(step, response.request or request, response, time.perf_counter() - started, ratio)
+        self._tail.extend(produced)
         state.new_messages.extend(produced)
         yield ModelStep(step, final, produced, [c for m in produced for c in m.function_calls])
 
-    def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float) -> None:
+    def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float, ratio: float) -> None:
         ctx = self.ctx
         journal = ctx.journal
         journal.traces.append(PromptTrace(
             step, self.model.name, response.usage, latency, response.finish_reason, journal.take_compaction(),
             journal.take_changes(), _request=sent, _instruction_sources=ctx.instruction_sources,
-            _tool_sources=dict(ctx.tool_sources), _counter=ctx.tokens, _journal=journal))
+            _tool_sources=self._tool_sources, _counter=ctx.tokens, _ratio=ratio, _journal=journal))
 
     async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
         """Send `request` through the chain; yield the deltas as they arrive, then the response."""
+        if not self.stream:
+            yield await self.writer.guard(chain(self.ctx.middleware, self._terminal(_no_deltas))(request))
+            return
         queue: asyncio.Queue[object] = asyncio.Queue()
         call = chain(self.ctx.middleware, self._terminal(queue.put_nowait))
-        if not self.stream:
-            yield await self.writer.guard(call(request))
-            return
         task = asyncio.ensure_future(call(request))
         task.add_done_callback(lambda _: queue.put_nowait(_DONE))
         try:
@@ -312,7 +349,7 @@ class StepLoop:
                 response = await consume(self.model.stream(request), on_delta, self.model.name)
             else:
                 response = await self.model.complete(request)
-            return replace(response, request=request)
+            return _with_request(response, request)
 
         return send
 
@@ -352,6 +389,14 @@ class StepLoop:
         if self.want_events:
             for c in calls:
                 yield ToolCallStarted(c)
+        if len(calls) == 1:  # the common case: no concurrency to arrange
+            call = calls[0]
+            result = await self.writer.guard(self._call_tool(call))
+            message = self._add_tool_message([call], [result])
+            yield ToolCallFinished(call, result)
+            async for event in self._save(step, [message], durable=not self._idempotent(call)):
+                yield event
+            return
         tasks = [self._execute(c) for c in calls]
         try:
             for next_done in asyncio.as_completed(tasks):
@@ -359,7 +404,7 @@ class StepLoop:
                 call = by_id[result.call_id]
                 message = self._add_tool_message([call], [result])
                 yield ToolCallFinished(call, result)
-                async for event in self._save(step, [message]):
+                async for event in self._save(step, [message], durable=not self._idempotent(call)):
                     yield event
         finally:
             for task in tasks:
@@ -367,11 +412,16 @@ class StepLoop:
 
     def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
         message = tool_message(calls, results)
-        self._working.append(message)
+        self._tail.append(message)
         self.state.new_messages.append(message)
         return message
 
-    async def _save(self, step: int, messages: Sequence[Message]) -> AsyncIterator[StepPersisted]:
-        saved = await self.writer.save_step(self.ctx, messages)
+    def _idempotent(self, call: FunctionCall) -> bool:
+        tool = self.ctx.tools.get(call.name)
+        return tool is not None and tool.idempotent
+
+    async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> AsyncIterator[
+            StepPersisted]:
+        saved = await self.writer.save_step(self.ctx, messages, durable=durable)
         if self.want_events and saved:
             yield StepPersisted(step, saved)

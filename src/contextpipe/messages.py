@@ -249,7 +249,8 @@ class Message:
 
     def with_source(self, source: Source) -> Message:
         """Return a copy tagged with `source`; this message is left as it is."""
-        if self.source == source:
+        current = self.source
+        if current is source or current == source:
             return self
         return Message(self.role, self.parts, self.id, self.author_name, self.created_at, self.metadata, source)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, overload
 
 from .errors import UsageError
@@ -78,6 +79,10 @@ class MessageView(Sequence[Message]):
     def __iter__(self) -> Iterator[Message]:
         for part in self._parts:
             yield from self._items(part)
+
+    def untagged(self) -> Iterator[Message]:
+        """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
+        return chain.from_iterable(part.messages if isinstance(part, Segment) else part for part in self._parts)
 
     @overload
     def __getitem__(self, index: int) -> Message: ...

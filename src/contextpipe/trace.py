@@ -22,6 +22,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -193,6 +194,7 @@ class PromptTrace:
     _instruction_sources: Sequence[tuple[str, str]] = field(default=(), repr=False)
     _tool_sources: dict[str, str] = field(default_factory=dict, repr=False)
     _counter: TokenCounter | None = field(default=None, repr=False)
+    _ratio: float = field(default=1.0, repr=False)
     _journal: RunJournal | None = field(default=None, repr=False)
     _detail: tuple[list[TracedInstruction], list[TracedMessage], list[TracedTool]] | None = field(
         default=None, repr=False)
@@ -220,12 +222,17 @@ class PromptTrace:
             self._detail = ([], [], [])
             return self._detail
         counter = self._counter
-        scale, text = counter.scale, counter.text
+        ratio, text = self._ratio, counter.text
+
+        def scale(raw: int) -> int:
+            # The calibration as it was when the call was made: the numbers compaction budgeted with.
+            return raw if counter.tokenizer.exact or ratio == 1.0 else math.ceil(raw * ratio)
+
         instructions = [TracedInstruction(sid, scale(text(block)), block) for sid, block in self._instruction_sources]
         messages = []
         for i, m in enumerate(request.messages):
             source = m.source or _UNTAGGED
-            messages.append(TracedMessage(i, m.id, m.role, source.kind, source.source_id, counter.message(m),
+            messages.append(TracedMessage(i, m.id, m.role, source.kind, source.source_id, scale(counter.raw_message(m)),
                                           _preview(m)))
         tools = [TracedTool(spec.name, self._tool_sources.get(spec.name, "agent"), scale(counter.tools([spec])))
                  for spec in request.tools]

@@ -216,3 +216,37 @@ async def test_a_stored_log_that_breaks_the_rules_is_repaired_in_view_with_a_vis
     assert note is not None and note.action == "repaired_log"
     # The stored log itself is never rewritten.
     assert describe((await agent.history(session))[:len(before)]) == describe(before)
+
+
+async def test_only_results_of_idempotent_tools_are_written_without_waiting_for_durability() -> None:
+    from contextpipe.stores import MemoryStore
+
+    class DurabilityAwareStore(MemoryStore):
+        """A store with the ``durable`` option of `SessionStore.append`, recording what it was asked."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[tuple[str, bool]] = []
+
+        async def append(self, tenant: str, session_id: str, messages: object, *, lease: object = None,
+                         durable: bool = True) -> int:
+            self.writes.append(("+".join(m.role for m in messages), durable))  # type: ignore[attr-defined]
+            return await super().append(tenant, session_id, messages, lease=lease)  # type: ignore[arg-type]
+
+    @tool(idempotent=True)
+    def forecast(city: str) -> str:
+        """Read the forecast (safe to run again)."""
+        return "sunny"
+
+    @tool
+    def book(city: str) -> str:
+        """Book a table (not idempotent)."""
+        return "booked"
+
+    store = DurabilityAwareStore()
+    agent = Agent(ScriptedModel([tool_call("forecast", city="Suzhou"), tool_call("book", city="Suzhou"), "Done."]),
+                  tools=[forecast, book], providers=[History(store)])
+    session = await agent.session("d")
+    await agent.run("Plan my evening", session=session)
+    assert store.writes == [("user+assistant", True), ("tool", False), ("assistant", True), ("tool", True),
+                            ("assistant", True)]

@@ -1,10 +1,16 @@
 """`ContextProvider` and `HistoryProvider`: the two extension points of a run.
 
 A context provider shapes every run of an agent. In `before_run` it contributes through the
-`RunContext`: instructions, messages, tools, model middleware, or `replace_messages`. Providers run
-in registration order and each sees what earlier ones added. `after_run` is always called, in
-reverse order, with the request, the response messages (None on failure) and the error (None on
-success).
+`RunContext`: instructions, messages, tools, model middleware, or `replace_messages`,
+`replace_instructions`, `remove_tools`. Providers run in registration order and each sees what
+earlier ones added, each message tagged with its source in this run (``history``, ``context``,
+``input``). `after_run` is always called, in reverse order, with the request, the response messages
+(None on failure) and the error (None on success).
+
+As in the seeds, a provider has three message filters: `given_messages` applies `input_filter`
+(default: the caller's input only) and `messages_to_learn` applies `store_request_filter` (default:
+the caller's input only) and `store_response_filter` (default: everything), so a provider that
+learns from what it is given never learns the same turn twice.
 
 A history provider is a context provider that loads a session's messages before the run and saves
 the run's messages: per step by default (each model call's new messages right after the call, each
@@ -19,9 +25,11 @@ tool result right after it is produced), or once at the end in per-run mode.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..messages import Message
@@ -31,10 +39,25 @@ if TYPE_CHECKING:
     from ..session import Session
     from ..stores.base import Checkpoint, Lease
 
-__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "external_input"]
+__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "accepts_keyword",
+           "external_input"]
 
 MessageFilter = Callable[[Sequence[Message]], Sequence[Message]]
 """Takes messages (tagged with their `Source` in this run) and returns the ones to keep, in order."""
+
+
+@functools.cache
+def _keywords(function: Callable[..., Any]) -> frozenset[str]:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def accepts_keyword(method: Callable[..., Any], name: str) -> bool:
+    """Tell whether `method` takes keyword `name` (so an older override is never passed one it lacks)."""
+    return name in _keywords(getattr(method, "__func__", method))
 
 
 def external_input(messages: Sequence[Message]) -> list[Message]:
@@ -174,7 +197,12 @@ class HistoryProvider(ContextProvider):
         raise NotImplementedError(f"{type(self).__name__} must implement load()")
 
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
-        """Append `messages` to the session's history; `lease` fences the write when given."""
+        """Append `messages` to the session's history; `lease` fences the write when given.
+
+        An implementation may also take ``durable: bool = True``: the run passes ``durable=False``
+        for writes a crash would repair anyway (results of idempotent tools), and always follows
+        them with a durable write before the next model call is answered.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement save()")
 
     async def load_view(self, session: Session) -> LoadedHistory:

@@ -145,17 +145,7 @@ class FactMemory(ContextProvider):
             "Known facts:\n" + ("\n".join(f"[{fid}] {text}" for fid, text in known) or "(none)")
             + "\n\nNew turns:\n" + "\n\n".join(turns))], self.prompt, (), {"response_format": {"type": "json_object"}})
         response = await self.model.complete(request)
-        changes = _parse(response.text)
-        known_ids = {fid for fid, _ in known}
-        known_texts = {_norm(text) for _, text in known}
-        deletes = [fid for fid in changes.get("delete", []) if fid in known_ids]
-        updates = [(u["id"], u["text"]) for u in changes.get("update", [])
-                   if isinstance(u, dict) and u.get("id") in known_ids and isinstance(u.get("text"), str)]
-        adds = []
-        for text in changes.get("add", []):
-            if isinstance(text, str) and text.strip() and _norm(text) not in known_texts:
-                known_texts.add(_norm(text))
-                adds.append(text.strip())
+        deletes, updates, adds = _changes(_parse(response.text), known)
         if deletes:
             await self.vectors.delete(self.collection, ids=deletes)
         records = [(fid, text) for fid, text in updates] + [(f"fact_{os.urandom(8).hex()}", t) for t in adds]
@@ -164,6 +154,22 @@ class FactMemory(ContextProvider):
             await self.vectors.upsert(self.collection, [
                 VectorRecord(fid, v, text, {**where, "session_id": session.id, "updated_at": time.time()})
                 for (fid, text), v in zip(records, vectors, strict=True)])
+
+
+def _changes(changes: dict[str, Any], known: list[tuple[str, str]]) -> tuple[
+        list[str], list[tuple[str, str]], list[str]]:
+    """Keep the model's deletes and updates of known facts, and its adds of facts not known yet."""
+    known_ids = {fid for fid, _ in known}
+    known_texts = {_norm(text) for _, text in known}
+    deletes = [fid for fid in changes.get("delete", []) if fid in known_ids]
+    updates = [(u["id"], u["text"]) for u in changes.get("update", [])
+               if isinstance(u, dict) and u.get("id") in known_ids and isinstance(u.get("text"), str)]
+    adds = []
+    for text in changes.get("add", []):
+        if isinstance(text, str) and text.strip() and _norm(text) not in known_texts:
+            known_texts.add(_norm(text))
+            adds.append(text.strip())
+    return deletes, updates, adds
 
 
 def _norm(text: str) -> str:

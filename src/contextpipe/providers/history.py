@@ -173,9 +173,14 @@ class History(HistoryProvider):
             _, dropped = self._tails.popitem(last=False)
             self._cached -= len(dropped.messages)
 
-    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
-        """Append `messages` to the session's log (idempotent by message id)."""
-        await self.store.append(session.tenant, session.id, messages, lease=lease)
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
+        """Append `messages` to the session's log (idempotent by message id).
+
+        With ``durable=False`` the store may acknowledge before the write survives a power loss
+        (the run's next durable write makes it durable).
+        """
+        await self.store.append(session.tenant, session.id, messages, lease=lease, durable=durable)
 
 
 @dataclass(slots=True)

@@ -120,6 +120,10 @@ class ScriptedModel:
         turn = Turn(text=step) if isinstance(step, str) else step
         if not isinstance(turn, Turn):
             raise TypeError(f"unsupported script step {step!r}")
+        return self._response(turn), turn
+
+    def _response(self, turn: Turn) -> ModelResponse:
+        """Build the assistant message a `Turn` stands for (calls without an id get ``call_N``)."""
         parts: list[Part] = []
         if turn.reasoning:
             parts.append(ReasoningPart(turn.reasoning))
@@ -131,9 +135,9 @@ class ScriptedModel:
                 self._call_counter += 1
                 call = FunctionCall(f"call_{self._call_counter}", call.name, call.arguments)
             parts.append(call)
-        message = Message("assistant", tuple(parts))
         finish = "tool_calls" if turn.calls else "stop"
-        return ModelResponse([message], usage=turn.usage, finish_reason=finish, model=self._name), turn
+        return ModelResponse([Message("assistant", tuple(parts))], usage=turn.usage, finish_reason=finish,
+                             model=self._name)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Return the next scripted response."""
