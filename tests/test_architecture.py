@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ast
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from radon.complexity import cc_visit
+
+T = TypeVar("T")
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
 
@@ -95,12 +98,28 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _retrying(parse: Callable[[str], T], source: str) -> T:
+    """Parse `source`, again when CPython's AST builder raises its spurious SystemError.
+
+    CPython 3.11 before 3.11.9 keeps the AST builder's recursion count per interpreter, so another
+    thread's parse can make one fail with "AST constructor recursion depth mismatch"
+    (python/cpython#106905); the same source parses on a second try.
+    """
+    for _ in range(4):
+        try:
+            return parse(source)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc):
+                raise
+    return parse(source)
+
+
 def _imports(name: str, path: Path, known: set[str]) -> Iterator[str]:
     """Every module of the package that `name` imports: runtime, TYPE_CHECKING and function-level alike."""
     package = name.split(".") if path.name == "__init__.py" and name != "__init__" else name.split(".")[:-1]
     if name == "__init__":
         package = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_retrying(ast.parse, path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
@@ -179,7 +198,7 @@ KNOWN_COMPLEX = {
 def _blocks() -> Iterator[tuple[str, int]]:
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        for block in cc_visit(path.read_text()):
+        for block in _retrying(cc_visit, path.read_text()):
             for item in [block, *getattr(block, "methods", [])]:
                 name = f"{item.classname}.{item.name}" if getattr(item, "classname", None) else item.name
                 yield f"{rel}:{name}", item.complexity
