@@ -104,10 +104,8 @@ class History(HistoryProvider):
             tail = await self._cached_tail(session, lease_token)
         if tail is None:
             checkpoint, page = await self.store.load_context(session.tenant, session.id, limit=self.max_messages)
-            messages = page.messages
-            if lease_token is not None and self.cache_messages:
-                messages = self._tag(messages)
-            tail = _Tail(0, checkpoint, messages, page.first_seq, page.has_more)
+            # Kept untagged: a session run only once pays no copies; the first reuse tags it once.
+            tail = _Tail(0, checkpoint, page.messages, page.first_seq, page.has_more, tagged=False)
         if lease_token is not None and self.cache_messages:
             self._keep(session, lease_token, tail)
         messages, first_seq, checkpoint = tail.messages, tail.first_seq, tail.checkpoint
@@ -144,7 +142,7 @@ class History(HistoryProvider):
         page = await self.store.load(session.tenant, session.id, after=last - 1)
         if not page.messages or page.first_seq != last or page.messages[0].id != tail.messages[-1].id:
             return None
-        messages = tail.messages
+        messages = tail.messages if tail.tagged else self._tag(tail.messages)
         if len(page.messages) > 1:
             messages += self._tag(page.messages[1:])
         first_seq = tail.first_seq
@@ -194,3 +192,5 @@ class _Tail:
     first_seq: int
     has_more: bool
     """True when older messages (after the checkpoint) were left out by `max_messages`."""
+    tagged: bool = True
+    """True when `messages` carry this provider's history source (done on the tail's first reuse)."""
