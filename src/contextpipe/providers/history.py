@@ -142,7 +142,7 @@ class History(HistoryProvider):
         page = await self.store.load(session.tenant, session.id, after=last - 1)
         if not page.messages or page.first_seq != last or page.messages[0].id != tail.messages[-1].id:
             return None
-        messages = tail.messages if tail.tagged else self._tag(tail.messages)
+        messages = self._tagged(tail)
         if len(page.messages) > 1:
             messages += self._tag(page.messages[1:])
         first_seq = tail.first_seq
@@ -154,6 +154,10 @@ class History(HistoryProvider):
             del messages[:cut]
             first_seq += cut
         return _Tail(token, checkpoint, messages, first_seq, first_seq > floor + 1)
+
+    def _tagged(self, tail: _Tail) -> list[Message]:
+        """Return the kept messages tagged as this provider's history (tagged once, on the tail's first reuse)."""
+        return tail.messages if tail.tagged else self._tag(tail.messages)
 
     def _tag(self, messages: list[Message]) -> list[Message]:
         """Tag kept messages as this provider's history once, so later runs need no tagged copies."""
