@@ -461,7 +461,9 @@ def test_chat_with_an_mcp_server(fake_openai: FakeOpenAIServer, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert "calling add" in proc.stdout and "2 + 3 = 5." in proc.stdout
     first, second = fake_openai.requests
-    assert {"add", "shout", "explode"} <= {t["function"]["name"] for t in first["tools"]}
+    # every tool of the fixture server (tests/fixtures/mcp_server.py), plus read_resource for its resources
+    assert {t["function"]["name"] for t in first["tools"]} == {
+        "add", "shout", "explode", "math_mul", "picture", "sound", "set_flag", "enable_extra", "read_resource"}
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": second["messages"][-2]["tool_calls"][0]["id"],
                                       "content": "5"}
 
