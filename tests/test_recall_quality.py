@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from contextpipe import Agent, Message
+from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
@@ -145,3 +145,13 @@ async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: Ca
     after = recalled[line.end():].split("\n- ")[0]
     assert after.startswith("\n  (just before, Daniel: He did, he's walking with a cane now. Hi Maya!)")
     await vectors.close()
+
+
+async def test_local_embedder_embeds_a_query_as_it_embeds_a_text() -> None:
+    local = LocalEmbedder()
+    texts = ["What did Maya make in the pottery class?", "x", "Who is Felix? " * 200]  # the last is cut at 256 tokens
+    batch = await local.embed(texts)
+    for text, expected in zip(texts, batch, strict=True):
+        assert await local.embed_query(text) == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(UsageError, match="query_threads"):
+        LocalEmbedder(query_threads=0)

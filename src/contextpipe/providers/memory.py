@@ -141,7 +141,8 @@ class SemanticMemory(ContextProvider):
         if where is None or not query.strip():
             return []
         want = self.k if k is None else k
-        vector = None if self.search_mode == "keywords" else await embed_query(self.embedder, query)
+        # The query is embedded while the store's keyword side searches (hybrid).
+        vector = None if self.search_mode == "keywords" else embed_query(self.embedder, query)
         text = None if self.search_mode == "vector" else query
         hits = await self.vectors.search(self.collection, vector, k=want + len(exclude), where=where,
                                          min_score=self.min_score, text=text)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -112,33 +113,58 @@ class VectorStore(abc.ABC):
     async def delete(self, collection: str, *, ids: Sequence[str] | None = None, where: Where | None = None) -> int:
         """Delete the records with these ids and/or matching `where`; return how many went."""
 
-    async def search(self, collection: str, vector: Sequence[float] | None = None, *, k: int = 5,
-                     where: Where | None = None, min_score: float | None = None,
+    async def search(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None = None, *,
+                     k: int = 5, where: Where | None = None, min_score: float | None = None,
                      text: str | None = None) -> list[SearchHit]:
         """Return up to `k` records matching `where`, best first.
 
         Give `vector` (similarity; none below `min_score`), `text` (keywords) or both (hybrid:
-        the vector side still drops records below `min_score`).
+        the vector side still drops records below `min_score`). `vector` may be an awaitable — the
+        query still being embedded, as `SemanticMemory` passes it — so the keyword side runs meanwhile.
         """
-        check_where(where)
+        try:
+            check_where(where)
+        except UsageError:
+            if inspect.iscoroutine(vector):
+                vector.close()
+            raise
+        pending: Awaitable[Sequence[float]] | None = None
+        query: Sequence[float] | None = None
+        if inspect.isawaitable(vector):
+            pending = vector
+        else:
+            query = vector
         if k <= 0:
+            if pending is not None:
+                await pending
             return []
         if text is not None and not keyword_terms(text):
             text = None if vector is not None else text
         if vector is None and text is None:
             raise UsageError("search needs a vector, a text, or both")
-        if text is None:
-            assert vector is not None
-            hits = await self.vector_search(collection, vector, k=k, where=where, min_score=min_score)
+        depth = k if vector is None or text is None else max(k, self.candidates)
+        keywords = None
+        if text is not None:
+            keywords = asyncio.ensure_future(self.keyword_search(collection, text, k=depth, where=where))
+        try:
+            if pending is not None:
+                query = await pending
+        except BaseException:
+            if keywords is not None:
+                keywords.cancel()
+            raise
+        if keywords is None:
+            assert query is not None
+            hits = await self.vector_search(collection, query, k=k, where=where, min_score=min_score)
             return [replace(h, vector_score=h.score) for h in hits]
-        if vector is None:
-            hits = await self.keyword_search(collection, text, k=k, where=where)
-            return [replace(h, keyword_score=h.score) for h in hits]
-        depth = max(k, self.candidates)
-        by_vector, by_keywords = await asyncio.gather(
-            self.vector_search(collection, vector, k=depth, where=where, min_score=min_score),
-            self.keyword_search(collection, text, k=depth, where=where))
-        return rrf(by_vector, by_keywords, k=k, weights=self.weights)
+        if query is None:
+            return [replace(h, keyword_score=h.score) for h in await keywords]
+        try:
+            by_vector = await self.vector_search(collection, query, k=depth, where=where, min_score=min_score)
+        except BaseException:
+            keywords.cancel()
+            raise
+        return rrf(by_vector, await keywords, k=k, weights=self.weights)
 
     @abc.abstractmethod
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
