@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from contextpipe import Agent, UsageError
+from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History, SearchResult, SemanticMemory, TextSearch
+from contextpipe.session import Session
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import FakeOpenAIServer, ScriptedModel, tool_call
 from contextpipe.vectors import (
@@ -103,6 +104,12 @@ async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -
     first.state["user_id"] = "alice"
     await agent.run("I prefer vegetarian food.", session=first)
     await agent.run("I am travelling to Suzhou next week.", session=first)
+    # The first run's reply is indexed again with the turn after it (its keyword window reaches it).
+    found = await vectors.search("memory", text="travelling Suzhou", k=5)
+    [reply] = [h for h in found if h.text == "Noted: vegetarian."]
+    assert reply.metadata["after"] == "user: I am travelling to Suzhou next week."
+    assert reply.metadata["before"] == "user: I prefer vegetarian food."
+    assert await vectors.count("memory", where={"session_id": "alice-1"}) == 4  # replaced, not duplicated
     other_user = await agent.session("bob-1")
     other_user.state["user_id"] = "bob"
     model.enqueue("Hello Bob.")
@@ -284,3 +291,26 @@ async def test_sqlite_keyword_search_is_the_same_with_the_index_loaded(tmp_path:
     assert {h.id for h in after[1]} == {"rare0", "rare1"} and after[4] == []
     await store.close()
     await other.close()
+
+
+async def test_names_lookup_searches_again_without_the_names() -> None:
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, HashEmbedder(), k=2, names_lookup=True)
+    session = Session("maya-1", state={"user_id": "maya"})
+    await memory.remember([Message.user("Maya: I baked sourdough bread today.", author_name="Maya"),
+                           Message.assistant("Daniel: Nice, Maya! Maya, you are a star.", author_name="Daniel")],
+                          session)
+    searched: list[str | None] = []
+    search = vectors.search
+
+    async def spy(collection: str, vector: object = None, **options: object) -> list[SearchHit]:
+        searched.append(options.get("text"))  # type: ignore[arg-type]
+        return await search(collection, vector, **options)  # type: ignore[arg-type]
+
+    vectors.search = spy  # type: ignore[method-assign]
+    hits = await memory.recall("What did Maya bake?", session)
+    assert searched == ["What did Maya bake?", "What did bake?"]
+    assert len(hits) == 2 and len({h.id for h in hits}) == 2
+    searched.clear()
+    await memory.recall("Who is Maya?", session)  # nothing left to look for without the name
+    assert searched == ["Who is Maya?"]

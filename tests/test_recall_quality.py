@@ -118,7 +118,7 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
         found[mode] = await recall_at(memory, QUESTIONS, 5)
     print(f"\nrecall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, "
           + ", ".join(f"{mode} {value:.3f}" for mode, value in found.items()))
-    assert found["hybrid"] >= 0.68
+    assert found["hybrid"] >= 0.74  # 0.78 SQLite, 0.79 pgvector (bench/recall_bench.py)
     assert found["hybrid"] >= max(found["vector"], found["keywords"])
     assert found["hybrid"] >= 1.5 * baseline
 
