@@ -209,20 +209,23 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                                                 created_at=t.created_at) for t in part], session)
         stored = await vectors.count("memory")
         live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
+        names = SemanticMemory(vectors, inner, names_lookup=True)
         asker = Session("ask", state={"user_id": "everyone"})
         where = {"tenant": asker.tenant, "user_id": "everyone"}
         await live.recall("warm up", asker)
         # Interleaved per question: the whole recall, the query embedding alone, the search alone.
         # CPU time is the process's (all threads); each question's text is fresh to the embedder.
-        wall: dict[str, list[float]] = {"recall": [], "embedding": [], "search": []}
-        cpu: dict[str, list[float]] = {"recall": [], "embedding": [], "search": []}
+        steps = ["recall", "embedding", "search", "recall, names_lookup"]
+        wall: dict[str, list[float]] = {step: [] for step in steps}
+        cpu: dict[str, list[float]] = {step: [] for step in steps}
         for i, q in enumerate(questions[:queries]):
             vector = await cached.embed_query(q.question)
-            names = ["recall", "embedding", "search"]
-            for name in names[i % 3:] + names[:i % 3]:
+            for name in steps[i % 4:] + steps[:i % 4]:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if name == "recall":
                     await live.recall(q.question, asker)
+                elif name == "recall, names_lookup":
+                    await names.recall(q.question, asker)
                 elif name == "embedding":
                     await embed_query(inner, q.question)
                 else:
@@ -235,7 +238,7 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
     for name in wall:
         p50, p90 = statistics.median(wall[name]) * 1000, statistics.quantiles(wall[name], n=10)[-1] * 1000
         c50, c90 = statistics.median(cpu[name]) * 1000, statistics.quantiles(cpu[name], n=10)[-1] * 1000
-        print(f"  {name:9}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
+        print(f"  {name:20}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
 
 
 async def main() -> None:
