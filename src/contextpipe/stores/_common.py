@@ -22,7 +22,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, dumps, loads
+from ..messages import Message, dumps, loads, loads_many
 from ..session import Session, SessionKey
 from .base import Checkpoint, Lease, MessagePage, SessionStore
 
@@ -159,6 +159,13 @@ def check_batch(key: SessionKey, messages: Sequence[Message]) -> list[tuple[str,
     return encoded
 
 
+def _indexed_ids(messages: list[Message], ids: Sequence[str | None]) -> bool:
+    """Whether each message has the id its row is indexed under (None: the backend keeps no separate id)."""
+    if [m.id for m in messages] == ids:
+        return True
+    return all(mid is None or m.id == mid for m, mid in zip(messages, ids, strict=True))
+
+
 def make_page(backend: str, key: SessionKey, end: int, after: int | None,
               rows: Sequence[tuple[int, str, str | bytes]]) -> MessagePage:
     """Build a page from ``(seq, message_id, body)`` rows in sequence order.
@@ -168,10 +175,10 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
     not start at 1.
     """
     try:
-        decoded = [loads(body) for _, _, body in rows]
+        decoded = loads_many([body for _, _, body in rows])
     except CodecError:
         decoded = None
-    if decoded is None or any(mid is not None and m.id != mid for m, (_, mid, _) in zip(decoded, rows, strict=True)):
+    if decoded is None or not _indexed_ids(decoded, [mid for _, mid, _ in rows]):
         # Name the first record that cannot be read (the fast path above does not say which).
         decoded = [decode_message(backend, key, int(seq), body, mid) for seq, mid, body in rows]
     messages = decoded
