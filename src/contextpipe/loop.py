@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ModelResponseError
 from .events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from .exchanges import normalise_calls, repair_exchanges, tool_message, unanswered_calls
+from .exchanges import exchange_problem, normalise_calls, repair_exchanges, tool_message, unanswered_calls
 from .invariants import check_messages
 from .messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from .models.base import (
@@ -184,6 +184,27 @@ def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list
     return out
 
 
+def _checked(segment: Segment) -> Segment:
+    """Return `segment` frozen and marked checked when its tool exchanges are complete, else as it is."""
+    if segment._checked or exchange_problem(segment.messages) is not None:
+        return segment
+    return Segment(segment.source, tuple(segment.messages), segment.first_seq, segment._tagged, _checked=True)
+
+
+def _check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message], list[str]]:
+    """Check the loaded history's tool exchanges once, segment by segment; repair it if it breaks the rules.
+
+    Returns the segments to send (complete ones frozen and marked, so the check before each model
+    call skips them), the history when it may end in calls without results (empty when every
+    segment is complete) and the repair notes.
+    """
+    checked = [_checked(s) for s in head]
+    if all(s._checked for s in checked):
+        return checked, [], []
+    fixed, notes = repair_exchanges([m for s in head for m in s.messages])
+    return (_resegment(fixed, head) if notes else checked), fixed, notes
+
+
 class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
@@ -245,14 +266,12 @@ class StepLoop:
         self._specs = [t.spec for t in ctx.tools.values()]
         self._tool_sources = dict(ctx.tool_sources)
         split = max((i + 1 for i, s in enumerate(ctx.segments) if s.source.kind == "history"), default=0)
-        head, rest = ctx.segments[:split], ctx.segments[split:]
-        history = [m for s in head for m in s.messages]
-        fixed, repair_notes = repair_exchanges(history)
+        head, open_end, repair_notes = _check_history(ctx.segments[:split])
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
-            head = _resegment(fixed, head)
-        self._parts = list(head)
-        async for event in self._answer_interrupted(fixed):
+        self._parts = head
+        rest = ctx.segments[split:]
+        async for event in self._answer_interrupted(open_end):
             yield event
         self._parts.extend(rest)
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
