@@ -196,10 +196,11 @@ class ChatRepl:
             wrap.finish()
             self.out.print()
             return
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # the agent kept the message (an interrupted run saves its input)
             wrap.finish()
             self.out.print()
-            problem = "interrupted"
+            self.err.print("[dim]interrupted; your message is kept in the session[/dim]")
+            return
         except ContextPipeError as exc:
             wrap.finish()
             self.out.print()
@@ -225,10 +226,11 @@ class ChatRepl:
                 wrap.column = 0
 
     def _keep_input(self, message: Message, problem: str) -> None:
-        """Make sure the user's message is in the session after a failed or interrupted turn.
+        """Make sure the user's message is in the session after a failed turn.
 
-        The agent stores the input together with the first model answer; when the run stopped
-        before that, the message is appended here (appending is idempotent by message id).
+        The agent stores the input together with the first model answer (or when the run is
+        interrupted); a run that failed before that stores nothing, so the message is appended
+        here (appending is idempotent by message id).
         """
         store, session = self.agent.store, self.session
         try:
