@@ -352,7 +352,7 @@ class Agent:
         outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
         failures = await run_after(self.providers, ctx, outcome, spans)
         traces = ctx.journal.traces
-        if ctx.session is not None and ctx.tokens.calibration.samples:
+        if ctx.session is not None and ctx.tokens.calibrated:
             ctx.session.state[CALIBRATION_KEY] = ctx.tokens.calibration
         try:
             await writer.save_session([t.to_dict(compact_runs=True) for t in traces] if self.store_traces else ())

@@ -32,8 +32,17 @@ SCHEMA_VERSION: Final = 2
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
+_known_key = functools.lru_cache(maxsize=4096)(SessionKey)
+
+
 def key_of(tenant: str, session_id: str) -> SessionKey:
-    """Return the validated key of a session (`UsageError` naming what is allowed otherwise)."""
+    """Return the validated key of a session (`UsageError` naming what is allowed otherwise).
+
+    Keys are immutable and a run makes several store calls on one session: the latest few thousand
+    are kept, so each is validated once rather than on every call.
+    """
+    if type(tenant) is str and type(session_id) is str:
+        return _known_key(tenant, session_id)
     return SessionKey(tenant, session_id)
 
 
