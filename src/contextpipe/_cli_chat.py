@@ -196,10 +196,10 @@ class ChatRepl:
             wrap.finish()
             self.out.print()
             return
-        except KeyboardInterrupt:  # the agent kept the message (an interrupted run saves its input)
+        except KeyboardInterrupt:  # an interrupted run saves its input itself: say whether it is there
             wrap.finish()
             self.out.print()
-            self.err.print("[dim]interrupted; your message is kept in the session[/dim]")
+            self._report_kept(message)
             return
         except ContextPipeError as exc:
             wrap.finish()
@@ -224,6 +224,20 @@ class ChatRepl:
             elif isinstance(event, ToolCallFinished):
                 self.out.print(f"[dim]  -> {shown(event.result.result[:200])}[/dim]")
                 wrap.column = 0
+
+    def _report_kept(self, message: Message) -> None:
+        """Tell the user whether the interrupted run's message is in the session (the agent saved it)."""
+        store, session = self.agent.store, self.session
+        try:
+            recent = self._call(store.load(session.tenant, session.id, limit=50)).messages
+        except (ContextPipeError, KeyboardInterrupt) as exc:
+            self.err.print(f"[yellow]interrupted; the session could not be read to check your message: "
+                           f"{shown(str(exc))}[/yellow]")
+            return
+        if any(m.id == message.id for m in recent):
+            self.err.print("[dim]interrupted; your message is kept in the session[/dim]")
+        else:
+            self.err.print("[yellow]interrupted; your message could not be kept in the session[/yellow]")
 
     def _keep_input(self, message: Message, problem: str) -> None:
         """Make sure the user's message is in the session after a failed turn.
