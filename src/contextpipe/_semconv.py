@@ -178,7 +178,7 @@ def chat_request_attributes(model: object, model_name: str, settings: Any, messa
 def chat_response_attributes(response: Any, capture: bool) -> dict[str, Any]:
     """Attributes of a ``chat`` span when the response is complete (None values are meant to be left out)."""
     usage = response.usage
-    raw_id = getattr(response, "id", None) or getattr(getattr(response, "raw", None), "id", None)
+    raw_id = getattr(response, "id", None)  # ModelResponse.id: every client sets it, streamed or not
     attributes: dict[str, Any] = {
         "gen_ai.response.id": raw_id if isinstance(raw_id, str) else None,
         "gen_ai.response.model": response.model,
