@@ -4,7 +4,7 @@ Token estimates follow the providers' documented rules where the bytes allow it,
 high side elsewhere so that a context budget is not overrun:
 
 - An image whose size can be read from its header (PNG, GIF, JPEG, WebP) costs the larger of
-  Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1.15 megapixels) and
+  Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1,600 tokens) and
   OpenAI's high-detail rule (85 + 170 per 512 px tile after scaling to fit 2048 px, shortest side
   768 px). Other images (a URI, an unreadable header) cost `UNKNOWN_IMAGE_TOKENS`.
 - Audio costs 10 tokens a second (OpenAI's 1 token per 100 ms), the length read from a WAV header or
@@ -89,7 +89,7 @@ def image_tokens(width: int, height: int) -> int:
     """Tokens of a `width` x `height` image: the larger of Anthropic's and OpenAI's documented counts."""
     if width <= 0 or height <= 0:
         return UNKNOWN_IMAGE_TOKENS
-    scale = min(1.0, 1568 / max(width, height), math.sqrt(1_150_000 / (width * height)))
+    scale = min(1.0, 1568 / max(width, height), math.sqrt(1_200_000 / (width * height)))
     anthropic = math.ceil(width * scale * height * scale / 750)
     scale = min(1.0, 2048 / max(width, height))
     w, h = width * scale, height * scale

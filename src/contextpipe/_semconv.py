@@ -130,8 +130,14 @@ def _part(part: Any) -> dict[str, Any] | None:
 
 
 def _message(message: Message) -> dict[str, Any]:
-    entry: dict[str, Any] = {"role": message.role,
-                             "parts": [p for part in message.parts if (p := _part(part)) is not None]}
+    parts: list[dict[str, Any]] = []
+    for part in message.parts:
+        converted = _part(part)
+        if converted is not None:
+            parts.append(converted)
+        if isinstance(part, FunctionResult):  # a result's images and files follow its response, as blobs / uris
+            parts.extend(p for media in part.parts if (p := _part(media)) is not None)
+    entry: dict[str, Any] = {"role": message.role, "parts": parts}
     if message.author_name:
         entry["name"] = message.author_name
     return entry

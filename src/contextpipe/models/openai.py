@@ -500,16 +500,17 @@ def _append_wire(wire: list[dict[str, Any]], message: Message, media: _ToolMedia
 
 
 _AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+"""Image types OpenAI's APIs read inline (an image by URL is fetched by the service, whatever its type)."""
 
 
 def _media_part(part: DataPart | UriPart) -> dict[str, Any] | None:
     """Return the user-message content part for a tool's image, audio or PDF, or None if the API takes none."""
-    if part.media_type.startswith("image/"):
-        url = part.uri if isinstance(part, UriPart) else \
-            f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
-        return {"type": "image_url", "image_url": {"url": url}}
     if isinstance(part, UriPart):
-        return None
+        return {"type": "image_url", "image_url": {"url": part.uri}} if part.media_type.startswith("image/") else None
+    if part.media_type in IMAGE_TYPES:
+        url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
+        return {"type": "image_url", "image_url": {"url": url}}
     encoded = base64.b64encode(part.data).decode()
     if part.media_type in _AUDIO_FORMATS:
         return {"type": "input_audio", "input_audio": {"data": encoded, "format": _AUDIO_FORMATS[part.media_type]}}

@@ -55,7 +55,7 @@ from .base import (
     TextDelta,
     Usage,
 )
-from .openai import OpenAIChatModel
+from .openai import IMAGE_TYPES, OpenAIChatModel
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -302,7 +302,8 @@ def _tool_output(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]
     media: list[dict[str, Any]] = []
     left_out: list[DataPart | UriPart] = []
     for item in part.parts:
-        if item.media_type.startswith("image/") or item.media_type == "application/pdf":
+        image = item.media_type in IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
+        if image or item.media_type == "application/pdf":
             media.append(_media(item, "tool"))
         else:
             left_out.append(item)

@@ -414,7 +414,7 @@ class _AnthropicHandler(_Handler):
                 "output_tokens": reply.output_tokens}
 
     def _message(self, body: dict[str, Any], reply: AnthropicReply) -> dict[str, Any]:
-        return {"id": f"msg_{self.fake._new_id()}", "type": "message", "role": "assistant",
+        return {"id": self.fake._sent_id(f"msg_{self.fake._new_id()}"), "type": "message", "role": "assistant",
                 "model": body.get("model", self.fake.model), "content": self._blocks(reply),
                 "stop_reason": reply.stop_reason or ("tool_use" if reply.tool_calls else "end_turn"),
                 "stop_sequence": None, "usage": self._usage(body, reply)}

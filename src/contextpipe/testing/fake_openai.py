@@ -126,6 +126,8 @@ class FakeOpenAIServer:
         """Responses API: the full item list (input and output) of each stored response, by id."""
         self.issued_reasoning: dict[str, str] = {}
         """Responses API: encrypted content issued for each reasoning item id."""
+        self.response_ids: list[str] = []
+        """Ids of the responses sent (``chatcmpl-...``, ``resp_...``, Anthropic ``msg_...``), oldest first."""
 
     _handler: type[BaseHTTPRequestHandler]  # set below the handler class
 
@@ -189,6 +191,11 @@ class FakeOpenAIServer:
         with self._lock:
             self._counter += 1
             return f"chatcmpl-{self._counter}"
+
+    def _sent_id(self, response_id: str) -> str:
+        with self._lock:
+            self.response_ids.append(response_id)
+        return response_id
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -270,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
                 for i, (name, args) in enumerate(reply.tool_calls)
             ]
         return {
-            "id": self.fake._new_id(), "object": "chat.completion", "created": int(time.time()),
+            "id": self.fake._sent_id(self.fake._new_id()), "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", self.fake.model),
             "choices": [{"index": 0, "message": message,
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
@@ -296,7 +303,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        cid, model, created = self.fake._new_id(), body.get("model", self.fake.model), int(time.time())
+        cid, model, created = self.fake._sent_id(self.fake._new_id()), body.get("model", self.fake.model), \
+            int(time.time())
 
         def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None,
                   empty: bool = False) -> dict[str, Any]:
@@ -389,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
                            "name": name, "arguments": arguments, "status": "completed"})
         prompt, completion = reply.usage
         return {
-            "id": f"resp_{rid}", "object": "response", "created_at": time.time(),
+            "id": fake._sent_id(f"resp_{rid}"), "object": "response", "created_at": time.time(),
             "status": "incomplete" if reply.incomplete else "completed",
             "incomplete_details": {"reason": reply.incomplete} if reply.incomplete else None,
             "error": None, "model": body.get("model", fake.model), "output": output,
