@@ -4,13 +4,13 @@ Works with OpenAI, Azure OpenAI (`OpenAIChatModel.azure`), and OpenAI-compatible
 Ollama, vLLM and llama.cpp's server (pass `base_url`). The OpenAI wire format lives only in this
 module; everything else speaks contextpipe `Message`s.
 
-A ``tool`` message of this API takes only text. A tool result's images (and WAV / MP3 audio and PDF
-files) are therefore sent right after the assistant turn's tool messages, in one ``user`` message
-that says which tool and call they came from ("Image returned by tool 'chart' (call id call_1):"),
-and the tool message's text says the attachments follow (the form agent frameworks commonly use
-with this API; it works with any vision model behind it). Media the API
-cannot take (other audio formats, other files, audio or files by URL) are left out, named in a note
-at the end of the result's text and in the call's trace.
+A ``tool`` message of this API takes only text. A tool result's images (PNG, JPEG, GIF and WebP
+inline, any type by URL), WAV / MP3 audio and PDF files are therefore sent right after the
+assistant turn's tool messages, in one ``user`` message that says which tool and call they came
+from ("Image returned by tool 'chart' (call id call_1):"), and the tool message's text says the
+attachments follow (the form agent frameworks commonly use with this API; it works with any vision
+model behind it). Media the API cannot take (other audio formats, other files, audio or files by
+URL) are left out, named in a note at the end of the result's text and in the call's trace.
 
 Configuration comes from arguments or the usual environment variables: ``OPENAI_API_KEY``,
 ``OPENAI_BASE_URL``, ``OPENAI_MODEL`` (and for Azure ``AZURE_OPENAI_ENDPOINT``,

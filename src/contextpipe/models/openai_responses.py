@@ -12,7 +12,8 @@ of each response is kept in its message's metadata (``openai_response_id``), so 
 remembers it, and a call sends ``previous_response_id`` plus only the messages after that response.
 When no stored response is in view (a new session, compaction replaced it) the whole input is sent.
 
-A tool result's images and PDF files go into its ``function_call_output`` as an ``output`` list
+A tool result's images (PNG, JPEG, GIF and WebP inline, any type by URL) and PDF files go into its
+``function_call_output`` as an ``output`` list
 (``input_text``, then ``input_image`` / ``input_file`` items); other media (audio) are left out,
 named in a note at the end of the result's text and in the call's trace.
 
