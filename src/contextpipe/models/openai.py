@@ -477,19 +477,10 @@ def _append_wire(wire: list[dict[str, Any]], message: Message, media: _ToolMedia
         return
     if role == "assistant":
         media.names.update((p.call_id, p.name) for p in message.parts if isinstance(p, FunctionCall))
-        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
-        calls = [
-            {"id": p.call_id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
-            for p in message.parts if isinstance(p, FunctionCall)
-        ]
-        if calls:
-            entry["tool_calls"] = calls
-        if message.author_name:
-            entry["name"] = message.author_name
-        wire.append(entry)
+        wire.append(_assistant_entry(message))
         return
     parts = message.parts
-    entry = {"role": role}
+    entry: dict[str, Any] = {"role": role}
     if all(isinstance(p, TextPart) for p in parts):
         entry["content"] = message.text
     else:
@@ -499,8 +490,21 @@ def _append_wire(wire: list[dict[str, Any]], message: Message, media: _ToolMedia
     wire.append(entry)
 
 
+def _assistant_entry(message: Message) -> dict[str, Any]:
+    entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    calls = [
+        {"id": p.call_id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+        for p in message.parts if isinstance(p, FunctionCall)
+    ]
+    if calls:
+        entry["tool_calls"] = calls
+    if message.author_name:
+        entry["name"] = message.author_name
+    return entry
+
+
 _AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 """Image types OpenAI's APIs read inline (an image by URL is fetched by the service, whatever its type)."""
 
 
@@ -508,7 +512,7 @@ def _media_part(part: DataPart | UriPart) -> dict[str, Any] | None:
     """Return the user-message content part for a tool's image, audio or PDF, or None if the API takes none."""
     if isinstance(part, UriPart):
         return {"type": "image_url", "image_url": {"url": part.uri}} if part.media_type.startswith("image/") else None
-    if part.media_type in IMAGE_TYPES:
+    if part.media_type in _IMAGE_TYPES:
         url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
         return {"type": "image_url", "image_url": {"url": url}}
     encoded = base64.b64encode(part.data).decode()

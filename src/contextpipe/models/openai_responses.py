@@ -56,7 +56,7 @@ from .base import (
     TextDelta,
     Usage,
 )
-from .openai import IMAGE_TYPES, OpenAIChatModel
+from .openai import _IMAGE_TYPES, OpenAIChatModel
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -303,7 +303,7 @@ def _tool_output(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]
     media: list[dict[str, Any]] = []
     left_out: list[DataPart | UriPart] = []
     for item in part.parts:
-        image = item.media_type in IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
+        image = item.media_type in _IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
         if image or item.media_type == "application/pdf":
             media.append(_media(item, "tool"))
         else:
