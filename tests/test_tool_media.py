@@ -21,7 +21,7 @@ import pytest
 
 from contextpipe import Agent, Message
 from contextpipe._media import UNKNOWN_IMAGE_TOKENS, image_size, image_tokens, media_tokens
-from contextpipe.compaction import ClearToolResults, compact
+from contextpipe.compaction import ClearToolResults, Summarize, compact
 from contextpipe.messages import DataPart, FunctionCall, FunctionResult, UriPart
 from contextpipe.models import ChatModel, ModelRequest
 from contextpipe.models.anthropic import AnthropicChatModel
@@ -30,7 +30,7 @@ from contextpipe.models.openai_responses import OpenAIResponsesModel
 from contextpipe.providers import History
 from contextpipe.providers.mcp import McpTools, StdioServer
 from contextpipe.stores import SQLiteStore
-from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
+from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply, ScriptedModel
 from contextpipe.tokens import EstimateTokenizer, TokenCounter
 from wire_schema import check_anthropic, check_chat, check_responses
 
@@ -264,3 +264,13 @@ async def test_clear_tool_results_clears_a_large_image() -> None:
     [cleared] = [r for m in result.messages for r in m.function_results if r.call_id == "call_1"]
     assert cleared.parts == () and cleared.result.startswith("[cleared to save context: ")
     assert "image/png" in cleared.result and result.tokens_after < result.tokens_before - 1000
+
+
+async def test_summaries_name_the_media_of_the_results_they_fold() -> None:
+    summariser = ScriptedModel(["The user fetched a chart."])
+    messages = [*call_and_result(DataPart(png(4, 4), "image/png"), text="A chart."), Message.assistant("Done."),
+                Message.user("Next."), Message.assistant("Sure."), Message.user("And?"), Message.assistant("Yes.")]
+    result = await compact(messages, Summarize(summariser, keep_last_turns=1), TokenCounter(EstimateTokenizer()))
+    assert result.changed
+    [request] = summariser.requests
+    assert "tool result: A chart. [with image/png (" in request.messages[0].text
