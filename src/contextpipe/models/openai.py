@@ -447,7 +447,8 @@ class _ToolMedia:
                 left_out.append(part)
             else:
                 sent.append(content)
-                kinds.add(part.media_type.split("/", 1)[0])
+                major = part.media_type.split("/", 1)[0]
+                kinds.add(major if major in ("image", "audio") else "file")
         text = result.result
         if sent:
             what = " and ".join(sorted(kinds)).capitalize()
