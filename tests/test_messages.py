@@ -34,19 +34,21 @@ media_parts = st.one_of(
     st.builds(DataPart, st.binary(max_size=40), st.sampled_from(["image/png", "audio/wav", "application/pdf"])),
     st.builds(UriPart, texts, texts),
 )
+unknown_parts = st.builds(
+    UnknownPart,
+    st.text(min_size=1, max_size=12).filter(
+        lambda k: k not in {"text", "function_call", "function_result", "data", "uri", "reasoning"}
+    ),
+    st.dictionaries(st.text(max_size=8).filter(lambda k: k != "kind"), json_values, max_size=3),
+)
 parts = st.one_of(
     st.builds(TextPart, texts),
     st.builds(FunctionCall, texts, texts, texts),
-    st.builds(FunctionResult, texts, texts, st.booleans(), st.lists(media_parts, max_size=3).map(tuple)),
+    st.builds(FunctionResult, texts, texts, st.booleans(),
+              st.lists(media_parts | unknown_parts, max_size=3).map(tuple)),  # a newer kind is kept too
     media_parts,
     st.builds(ReasoningPart, texts, st.none() | texts),
-    st.builds(
-        UnknownPart,
-        st.text(min_size=1, max_size=12).filter(
-            lambda k: k not in {"text", "function_call", "function_result", "data", "uri", "reasoning"}
-        ),
-        st.dictionaries(st.text(max_size=8).filter(lambda k: k != "kind"), json_values, max_size=3),
-    ),
+    unknown_parts,
 )
 sources = st.none() | st.builds(
     Source, st.sampled_from(["input", "history", "context", "model", "tool"]), st.none() | texts

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from contextpipe import FunctionCall, FunctionResult, Message, ReasoningPart, TextPart
 from contextpipe.exchanges import group_messages
-from contextpipe.messages import DataPart, UriPart
+from contextpipe.messages import DataPart, UnknownPart, UriPart
 from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
 from contextpipe.testing.fake_anthropic import check_request, signature_for
@@ -35,6 +35,7 @@ MEDIA = st.sampled_from([
     DataPart(b"notes", "text/plain"), DataPart(b"\x00", "application/octet-stream"),
     UriPart("https://example.com/a.png", "image/png"), UriPart("https://example.com/a.svg", "image/svg+xml"),
     UriPart("https://example.com/a.pdf", "application/pdf"), UriPart("https://example.com/a.mp3", "audio/mpeg"),
+    UnknownPart("video", {"uri": "https://example.com/a.mp4"}),  # a kind written by a newer contextpipe
 ])
 
 

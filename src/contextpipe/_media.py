@@ -19,15 +19,19 @@ high side elsewhere so that a context budget is not overrun:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, TypeAlias
 
-from .messages import DataPart, UriPart
+from .messages import DataPart, UnknownPart, UriPart
 
-__all__ = ["UNKNOWN_IMAGE_TOKENS", "describe", "image_size", "image_tokens", "media_tokens", "left_out_note"]
+__all__ = ["UNKNOWN_IMAGE_TOKENS", "Media", "describe", "image_size", "image_tokens", "left_out_note", "media_tokens"]
+
+Media: TypeAlias = DataPart | UriPart | UnknownPart
+"""What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
 
 UNKNOWN_IMAGE_TOKENS: Final = 1600
 """Tokens counted for an image whose size is unknown: about the most either provider charges for one."""
@@ -98,8 +102,10 @@ def image_tokens(width: int, height: int) -> int:
     return max(anthropic, 85 + 170 * tiles)
 
 
-def media_tokens(part: DataPart | UriPart) -> int:
+def media_tokens(part: Media) -> int:
     """Estimated tokens of an image, audio clip or file in a prompt (see the module docstring)."""
+    if isinstance(part, UnknownPart):
+        return max(1, len(json.dumps(dict(part.payload), default=str)) // 4)
     major = part.media_type.split("/", 1)[0]
     if major == "image":
         size = image_size(part.data[:65536]) if isinstance(part, DataPart) else None
@@ -121,14 +127,16 @@ def _audio_seconds(data: bytes) -> float:
     return len(data) / 16_000
 
 
-def describe(part: DataPart | UriPart) -> str:
+def describe(part: Media) -> str:
     """Name a part for a note: its media type and size (or URI)."""
+    if isinstance(part, UnknownPart):
+        return f"content of kind {part.kind!r}"
     if isinstance(part, DataPart):
         return f"{part.media_type} ({len(part.data)} bytes)"
     return f"{part.media_type} at {part.uri}"
 
 
-def left_out_note(parts: Iterable[DataPart | UriPart], who: str) -> str:
+def left_out_note(parts: Iterable[Media], who: str) -> str:
     """Return the note added to a tool result's text when `who` (an API) cannot take some of its parts."""
     named = ", ".join(describe(p) for p in parts)
     return f"[left out of this result: {named}; {who} cannot take this content here]"

@@ -150,8 +150,9 @@ class FunctionResult:
     """What the model is shown: the tool's return value as text, or an error message."""
     is_error: bool = False
     """True when the tool failed or was never run; `result` then says why."""
-    parts: tuple[DataPart | UriPart, ...] = ()
-    """Images, audio or files the tool returned besides its text (an MCP tool's image, for example)."""
+    parts: tuple[DataPart | UriPart | UnknownPart, ...] = ()
+    """Images, audio or files the tool returned besides its text (an MCP tool's image, for example);
+    `UnknownPart` only for a kind written by a newer contextpipe, kept so that nothing is lost."""
     kind: Literal["function_result"] = "function_result"
 
 
@@ -364,14 +365,14 @@ def _part_from_dict(d: Mapping[str, Any]) -> Part:
     return UnknownPart(kind, MappingProxyType({k: v for k, v in d.items() if k != "kind"}))
 
 
-def _media_parts(raw: Any) -> tuple[DataPart | UriPart, ...]:
-    """Decode the data and URI parts of a function result (nothing else may be there)."""
+def _media_parts(raw: Any) -> tuple[DataPart | UriPart | UnknownPart, ...]:
+    """Decode the data and URI parts of a function result (and kinds of a newer version, kept as they are)."""
     if type(raw) is not list:
         raise CodecError(f"function result parts must be a list, got {type(raw).__name__}")
-    out: list[DataPart | UriPart] = []
+    out: list[DataPart | UriPart | UnknownPart] = []
     for item in raw:
         part = _part_from_dict(item)
-        if not isinstance(part, DataPart | UriPart):
+        if not isinstance(part, DataPart | UriPart | UnknownPart):
             raise CodecError(f"a function result may only carry data and uri parts, got kind {part.kind!r}")
         out.append(part)
     return tuple(out)

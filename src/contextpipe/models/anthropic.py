@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._media import describe, left_out_note
+from .._media import Media, describe, left_out_note
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -522,7 +522,7 @@ _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 def _tool_result_content(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]:
     """Return the blocks of a result with media: its text, then the images and documents Claude accepts."""
     media: list[dict[str, Any]] = []
-    left_out: list[DataPart | UriPart] = []
+    left_out: list[Media] = []
     for item in part.parts:
         block = _content_block(item, "user") if _accepted_in_result(item) else None
         if block is None:
@@ -538,8 +538,10 @@ def _tool_result_content(part: FunctionResult, notes: list[str]) -> list[dict[st
     return ([{"type": "text", "text": text}] if text else []) + media
 
 
-def _accepted_in_result(part: DataPart | UriPart) -> bool:
+def _accepted_in_result(part: Media) -> bool:
     """Whether a ``tool_result`` block may carry `part`: an image of a type Claude reads, a PDF, plain text."""
+    if isinstance(part, UnknownPart):
+        return False
     media_type = part.media_type
     if isinstance(part, UriPart):
         return media_type in _IMAGE_TYPES or media_type == "application/pdf"

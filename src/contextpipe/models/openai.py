@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._media import describe, left_out_note
+from .._media import Media, describe, left_out_note
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -48,6 +48,7 @@ from ..messages import (
     Part,
     ReasoningPart,
     TextPart,
+    UnknownPart,
     UriPart,
 )
 from .base import (
@@ -440,15 +441,14 @@ class _ToolMedia:
         label = f"tool {self.names.get(result.call_id, 'call')!r} (call id {result.call_id})"
         sent: list[dict[str, Any]] = []
         kinds: set[str] = set()
-        left_out: list[DataPart | UriPart] = []
+        left_out: list[Media] = []
         for part in result.parts:
-            content = _media_part(part)
-            if content is None:
+            if isinstance(part, UnknownPart) or (content := _media_part(part)) is None:
                 left_out.append(part)
-            else:
-                sent.append(content)
-                major = part.media_type.split("/", 1)[0]
-                kinds.add(major if major in ("image", "audio") else "file")
+                continue
+            sent.append(content)
+            major = part.media_type.split("/", 1)[0]
+            kinds.add(major if major in ("image", "audio") else "file")
         text = result.result
         if sent:
             what = " and ".join(sorted(kinds)).capitalize()

@@ -26,7 +26,7 @@ import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from .._media import describe, left_out_note
+from .._media import Media, describe, left_out_note
 from ..errors import (
     ModelBadRequest,
     ModelError,
@@ -301,8 +301,11 @@ def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[s
 def _tool_output(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]:
     """Return a result with media as the output list the API takes: its text, then images and PDF files."""
     media: list[dict[str, Any]] = []
-    left_out: list[DataPart | UriPart] = []
+    left_out: list[Media] = []
     for item in part.parts:
+        if isinstance(item, UnknownPart):
+            left_out.append(item)
+            continue
         image = item.media_type in _IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
         if image or item.media_type == "application/pdf":
             media.append(_media(item, "tool"))
