@@ -35,6 +35,7 @@ MEDIA = st.sampled_from([
     DataPart(b"notes", "text/plain"), DataPart(b"\x00", "application/octet-stream"),
     UriPart("https://example.com/a.png", "image/png"), UriPart("https://example.com/a.svg", "image/svg+xml"),
     UriPart("https://example.com/a.pdf", "application/pdf"), UriPart("https://example.com/a.mp3", "audio/mpeg"),
+    UriPart("data:image/png;base64,iVBORw0KGgo=", "image/png"),
     UnknownPart("video", {"uri": "https://example.com/a.mp4"}),  # a kind written by a newer contextpipe
 ])
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -597,6 +598,9 @@ def _content_block(part: Part, role: str) -> dict[str, Any] | None:
             return {"type": "document", "source": {"type": "text", "media_type": "text/plain",
                                                    "data": part.data.decode("utf-8", "replace")}}
     elif isinstance(part, UriPart):
+        inline = _data_uri(part.uri)
+        if inline is not None:  # Claude fetches http(s) URLs only: a data: URI goes inline
+            return _content_block(DataPart(inline, part.media_type), role)
         if part.media_type.startswith("image/"):
             return {"type": "image", "source": {"type": "url", "url": part.uri}}
         if part.media_type == "application/pdf":
@@ -607,6 +611,19 @@ def _content_block(part: Part, role: str) -> dict[str, Any] | None:
         f"the Anthropic Messages API cannot take {part.media_type!r} content in a {role} message; send images "
         "(image/*), PDF or plain-text documents, or convert the content to text"
     )
+
+
+def _data_uri(uri: str) -> bytes | None:
+    """Return the bytes of a base64 ``data:`` URI, or None for any other URI."""
+    if not uri.startswith("data:"):
+        return None
+    header, _, data = uri.partition(",")
+    if not header.endswith(";base64"):
+        return urllib.parse.unquote_to_bytes(data)
+    try:
+        return base64.b64decode(data, validate=True)
+    except ValueError:
+        return None
 
 
 def _place_breakpoints(wire: list[dict[str, Any]], control: dict[str, Any]) -> None:

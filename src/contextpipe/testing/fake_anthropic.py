@@ -283,6 +283,8 @@ def _check_block(where: str, role: str, block: dict[str, Any], redacted: set[str
                 "'image/webp'")
     if kind == "tool_result":
         return _check_result_content(where, block.get("content"), redacted)
+    if source == "url" and not str(block["source"].get("url", "")).startswith(("https://", "http://")):
+        return f"{where}.source.url: only http and https URLs are supported"
     problems = {
         "text": not isinstance(block.get("text"), str) or not block["text"],
         "image": source not in ("base64", "url"),
