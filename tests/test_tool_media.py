@@ -166,10 +166,10 @@ async def test_media_an_api_cannot_take_is_named_in_the_text_and_the_trace(side:
     assert all(what in traced for what in left_out)
 
 
-def chat_media(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def chat_media(body: dict[str, Any], what: str = "Audio and image") -> tuple[str, list[dict[str, Any]]]:
     *_, tool, user = body["messages"]
     label, *media = user["content"]
-    assert label["text"] == "Audio and image returned by tool 'fetch' (call id call_1):"
+    assert label["text"] == f"{what} returned by tool 'fetch' (call id call_1):"
     return tool["content"], media
 
 
@@ -274,3 +274,30 @@ async def test_summaries_name_the_media_of_the_results_they_fold() -> None:
     assert result.changed
     [request] = summariser.requests
     assert "tool result: A chart. [with image/png (" in request.messages[0].text
+
+
+async def test_a_model_told_what_it_reads_gets_only_that(side: Side) -> None:
+    side.model.media_types = ("image/*",)  # type: ignore[attr-defined]
+    side.fake.enqueue(AnthropicReply("ok") if side.kind == "anthropic" else FakeReply("ok"))
+    parts = (DataPart(png(2, 2), "image/png"), DataPart(WAV, "audio/wav"))
+    response = await side.model.complete(ModelRequest(call_and_result(*parts)))
+    [body] = side.fake.requests
+    side.check(body)
+    text, media = sent_media(side.kind, body) if side.kind != "chat" else chat_media(body, "Image")
+    assert len(media) == 1 and "image" in media[0]["type"]  # the PNG; the WAV was left out for this model
+    note = (f"[left out of this result: audio/wav (32044 bytes); model {side.model.name!r} cannot take this "
+            "content here]")
+    assert text.splitlines()[1] == note
+    assert any("reads only image/*" in n for n in response.notes)
+
+
+async def test_a_text_only_model_gets_the_text_and_a_note() -> None:
+    with FakeOpenAIServer() as fake:
+        async with OpenAIChatModel("llama3.2", base_url=fake.base_url, api_key="k", max_retries=0,
+                                   media_types=()) as model:
+            response = await model.complete(ModelRequest(call_and_result(DataPart(png(1, 1), "image/png"))))
+    [body] = fake.requests
+    check_chat(body)
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool"]  # no media message
+    assert body["messages"][2]["content"].startswith("Here it is.\n[left out of this result: image/png (")
+    assert any("reads only text" in n for n in response.notes)

@@ -23,12 +23,14 @@ import json
 import math
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
 from typing import Final, TypeAlias
 
-from .messages import DataPart, UnknownPart, UriPart
+from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriPart
 
-__all__ = ["UNKNOWN_IMAGE_TOKENS", "Media", "describe", "image_size", "image_tokens", "left_out_note", "media_tokens"]
+__all__ = ["UNKNOWN_IMAGE_TOKENS", "Media", "describe", "image_size", "image_tokens", "left_out_note", "media_tokens",
+           "only_readable"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -140,3 +142,40 @@ def left_out_note(parts: Iterable[Media], who: str) -> str:
     """Return the note added to a tool result's text when `who` (an API) cannot take some of its parts."""
     named = ", ".join(describe(p) for p in parts)
     return f"[left out of this result: {named}; {who} cannot take this content here]"
+
+
+def only_readable(messages: Sequence[Message], media_types: Sequence[str] | None, model: str,
+                  notes: list[str]) -> Sequence[Message]:
+    """Leave out of tool results the media a model does not read, naming them in the text and in `notes`.
+
+    `media_types` are patterns (``image/*``, ``audio/wav``) of what the model reads; None means all.
+    """
+    if media_types is None:
+        return messages
+    out: list[Message] = []
+    for message in messages:
+        parts: list[Part] = []
+        for part in message.parts:
+            if isinstance(part, FunctionResult) and part.parts:
+                part = _readable(part, media_types, model, notes)
+            parts.append(part)
+        changed = any(p is not q for p, q in zip(parts, message.parts, strict=True))
+        out.append(Message(message.role, tuple(parts), message.id, message.author_name, message.created_at,
+                           message.metadata, message.source) if changed else message)
+    return out
+
+
+def _readable(result: FunctionResult, media_types: Sequence[str], model: str, notes: list[str]) -> FunctionResult:
+    kept: list[Media] = []
+    left_out: list[Media] = []
+    for part in result.parts:
+        readable = not isinstance(part, UnknownPart) and any(fnmatchcase(part.media_type, p) for p in media_types)
+        (kept if readable else left_out).append(part)
+    if not left_out:
+        return result
+    who = f"model {model!r}"
+    note = left_out_note(left_out, who)
+    notes.append(f"left out of tool result {result.call_id}: {', '.join(describe(p) for p in left_out)} "
+                 f"({who} reads only {', '.join(media_types) or 'text'})")
+    return FunctionResult(result.call_id, f"{result.result}\n{note}" if result.result else note, result.is_error,
+                          tuple(kept))

@@ -26,11 +26,11 @@ import base64
 import json
 import os
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._media import Media, describe, left_out_note
+from .._media import Media, describe, left_out_note, only_readable
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -98,6 +98,9 @@ class AnthropicChatModel:
     `max_retries` is the SDK's own retry count (connection errors, 408/409/429, 5xx and 529
     overloaded); `timeout` is seconds per request. Pass `client` to reuse a configured
     ``anthropic.AsyncAnthropic`` (or a Bedrock / Vertex client).
+    `media_types` says which media in tool results the model reads, as patterns (``("image/*",)``);
+    the rest are left out, named in the result's text and the trace. None (the default) sends all
+    the API takes; ``()`` suits a text-only model.
     """
 
     provider: str = "anthropic"
@@ -115,8 +118,11 @@ class AnthropicChatModel:
         cache: Literal["5m", "1h"] | None = "5m",
         settings: ModelSettings | None = None,
         client: anthropic.AsyncAnthropic | None = None,
+        media_types: Sequence[str] | None = None,
     ) -> None:
         self._model = model or os.environ.get("ANTHROPIC_MODEL") or ""
+        self.media_types = None if media_types is None else tuple(media_types)
+        """Patterns of the media types this model reads in tool results (None: whatever the API takes)."""
         if not self._model:
             raise UsageError("no model name: pass AnthropicChatModel('claude-sonnet-5') or set ANTHROPIC_MODEL")
         if cache not in ("5m", "1h", None):
@@ -303,7 +309,8 @@ class AnthropicChatModel:
     def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         notes: list[str] = []
-        wire, system_texts = _conversation(request, notes)
+        messages = only_readable(request.messages, self.media_types, self._model, notes)
+        wire, system_texts = _conversation(request, messages, notes)
         kwargs: dict[str, Any] = {"model": self._model, "messages": wire,
                                   "max_tokens": settings.get("max_output_tokens", self.max_tokens)}
         control: dict[str, Any] | None = None
@@ -410,12 +417,13 @@ _STREAM_ERROR_STATUS = {"overloaded_error": 529, "rate_limit_error": 429, "api_e
 # --- wire format -------------------------------------------------------------------------------------
 
 
-def _conversation(request: ModelRequest, notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+def _conversation(request: ModelRequest, messages: Sequence[Message],
+                  notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """Return the wire messages and the system texts (instructions, then system messages) of `request`."""
     system_texts = [request.instructions] if request.instructions else []
     wire: list[dict[str, Any]] = []
     dropped: dict[str, int] = {}
-    for message in request.messages:
+    for message in messages:
         if message.role == "system":
             if message.text:
                 system_texts.append(message.text)

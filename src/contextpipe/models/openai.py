@@ -22,11 +22,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._media import Media, describe, left_out_note
+from .._media import Media, describe, left_out_note, only_readable
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -87,6 +87,9 @@ class OpenAIChatModel:
 
     `max_retries` is the SDK's own retry count for connection errors, 408/409/429 and 5xx answers;
     `timeout` is seconds per request. Pass `client` to reuse a configured ``openai.AsyncOpenAI``.
+    `media_types` says which media in tool results the model reads, as patterns (``("image/*",)``);
+    the rest are left out, named in the result's text and the trace. None (the default) sends all
+    the API takes; ``()`` suits a text-only model.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class OpenAIChatModel:
         settings: ModelSettings | None = None,
         client: openai.AsyncOpenAI | None = None,
         max_tokens_field: str = "max_completion_tokens",
+        media_types: Sequence[str] | None = None,
     ) -> None:
         self._model = model or os.environ.get("OPENAI_MODEL") or ""
         if not self._model:
@@ -111,6 +115,8 @@ class OpenAIChatModel:
         self.settings: ModelSettings = settings or ModelSettings()
         """Default settings for every call; a request's settings override them."""
         self._max_tokens_field = max_tokens_field
+        self.media_types = None if media_types is None else tuple(media_types)
+        """Patterns of the media types this model reads in tool results (None: whatever the API takes)."""
         if client is not None:
             self._client = client
         else:
@@ -231,7 +237,7 @@ class OpenAIChatModel:
             wire.append({"role": "system", "content": request.instructions})
         notes: list[str] = []
         media = _ToolMedia()
-        for message in request.messages:
+        for message in only_readable(request.messages, self.media_types, self._model, notes):
             if not carries_results(message):
                 media.flush(wire)
             _append_wire(wire, message, media, notes)

@@ -26,7 +26,7 @@ import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from .._media import Media, describe, left_out_note
+from .._media import Media, describe, left_out_note, only_readable
 from ..errors import (
     ModelBadRequest,
     ModelError,
@@ -135,7 +135,7 @@ class OpenAIResponsesModel(OpenAIChatModel):
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         notes: list[str] = []
         kwargs: dict[str, Any] = {"model": self._model}
-        messages = self._continuation(request.messages, kwargs)
+        messages = only_readable(self._continuation(request.messages, kwargs), self.media_types, self._model, notes)
         dropped: dict[str, int] = {}
         items: list[dict[str, Any]] = []
         for message in messages:
