@@ -193,6 +193,12 @@ class RedisStore(SessionStore):
     `connect_timeout` bounds opening a connection, `command_timeout` each command, `close_timeout`
     closing the client; past them the call raises a `StoreError` naming the server. `keepalive`
     (seconds of silence before TCP keepalive probes) lets the OS notice a dead peer.
+
+    A store made from a URL keeps at most `max_connections` connections open (one per command in
+    flight); a call made while all are busy waits for one to be returned, up to `pool_timeout`
+    seconds, and then raises a `StoreError` (raise `max_connections`, or the server's ``maxclients``,
+    when it does). So a burst of concurrent runs queues instead of failing, and a whole fleet of
+    workers opens at most workers x `max_connections` connections.
     """
 
     backend = "redis"
@@ -208,11 +214,14 @@ class RedisStore(SessionStore):
         command_timeout: float = 10.0,
         close_timeout: float = 5.0,
         keepalive: int = 30,
+        max_connections: int = 50,
+        pool_timeout: float = 30.0,
     ) -> None:
         if (url is None) == (client is None):
             raise UsageError("RedisStore needs exactly one of url=... or client=...")
         for name, value in (("connect_timeout", connect_timeout), ("command_timeout", command_timeout),
-                            ("close_timeout", close_timeout), ("keepalive", keepalive)):
+                            ("close_timeout", close_timeout), ("keepalive", keepalive),
+                            ("max_connections", max_connections), ("pool_timeout", pool_timeout)):
             if value <= 0:
                 raise UsageError(f"{name} must be positive, got {value}")
         if client is None:
@@ -226,9 +235,13 @@ class RedisStore(SessionStore):
             options = {getattr(socket, name): value for name, value in (
                 ("TCP_KEEPIDLE", keepalive), ("TCP_KEEPINTVL", max(1, keepalive // 3)), ("TCP_KEEPCNT", 3))
                 if hasattr(socket, name)}
-            client = redis_asyncio.Redis.from_url(
-                url, socket_connect_timeout=connect_timeout, socket_timeout=command_timeout, socket_keepalive=True,
-                socket_keepalive_options=options, retry=Retry(NoBackoff(), 0))
+            # A blocking pool: past max_connections commands in flight, a call waits for a connection
+            # (up to pool_timeout) instead of failing at once as redis-py's default pool does.
+            pool = redis_asyncio.BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=pool_timeout, socket_connect_timeout=connect_timeout,
+                socket_timeout=command_timeout, socket_keepalive=True, socket_keepalive_options=options,
+                retry=Retry(NoBackoff(), 0))
+            client = redis_asyncio.Redis.from_pool(pool)
             self.answer_timeout = command_timeout
         # redis-py's return types are wide unions (bytes | str | list ...); results are decoded here.
         self._client: Any = client
