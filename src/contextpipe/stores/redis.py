@@ -184,6 +184,18 @@ return existed
 """
 
 
+# A listed session: its index score (updated_at), its id and its record's version, last_seq, created_at.
+_Listed = tuple[float, str, list[Any]]
+
+
+def _listing(tenant: str, found: list[_Listed], limit: int) -> SessionListing:
+    """Return the first `limit` of `found` in listing order (newest first, then by id) and the next cursor."""
+    found.sort(key=lambda r: (-r[0], r[1]))
+    page = found[:limit]
+    infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]
+    next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(found) > limit else None
+    return SessionListing(infos, next_cursor)
+
 class RedisStore(SessionStore):
     """Sessions in Redis.
 
@@ -338,33 +350,48 @@ class RedisStore(SessionStore):
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
         validate_tenant(tenant)
         check_limit(limit)
-        index = self._index(tenant)
-        after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
-        found: list[tuple[float, str, list[Any]]] = []
-        offset, batch = 0, limit + 1
-        max_score: str = "+inf" if after_time == float("inf") else repr(after_time)
-        while len(found) <= limit:
-            chunk = await self._client.zrevrangebyscore(index, max_score, "-inf", start=offset, num=batch,
-                                                        withscores=True)
-            if not chunk:
+        after = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
+        found: list[_Listed] = []
+        offset = 0
+        while len(found) <= limit:  # read the index newest first, in slices, until a page and one more
+            read, candidates = await self._index_slice(tenant, after, offset, limit + 1)
+            if not read:
                 break
-            offset += len(chunk)
-            candidates = [(float(score), member.decode()) for member, score in chunk]
-            candidates = [c for c in candidates if c[0] < after_time or (c[0] == after_time and c[1] > after_id)]
-            async with self._client.pipeline(transaction=False) as pipe:
-                for _, sid in candidates:
-                    pipe.hmget(self._keys(SessionKey(tenant, sid))[0], ["version", "last_seq", "created_at"])
-                metas = await pipe.execute()
-            stale = [sid for (_, sid), meta in zip(candidates, metas, strict=True) if meta[0] is None]
-            if stale:
-                offset -= await self._unindex(tenant, stale)  # expired by Redis
-            found += [(t, sid, meta) for (t, sid), meta in zip(candidates, metas, strict=True)
-                      if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
-        found.sort(key=lambda r: (-r[0], r[1]))
-        page = found[:limit]
-        infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]
-        next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(found) > limit else None
-        return SessionListing(infos, next_cursor)
+            listed, expired = await self._live_sessions(tenant, candidates)
+            offset += read - expired  # expired members left the index, so later ones moved up
+            found += listed
+        return _listing(tenant, found, limit)
+
+    async def _index_slice(
+        self, tenant: str, after: tuple[float, str], offset: int, count: int
+    ) -> tuple[int, list[tuple[float, str]]]:
+        """Read `count` members of the tenant's index from `offset`, newest first; keep those past `after`.
+
+        Returns how many members were read and the (updated_at, session id) of those after the cursor.
+        """
+        after_time, after_id = after
+        max_score = "+inf" if after_time == float("inf") else repr(after_time)
+        chunk = await self._client.zrevrangebyscore(self._index(tenant), max_score, "-inf", start=offset, num=count,
+                                                    withscores=True)
+        candidates = [(float(score), member.decode()) for member, score in chunk]
+        return len(chunk), [c for c in candidates if c[0] < after_time or (c[0] == after_time and c[1] > after_id)]
+
+    async def _live_sessions(self, tenant: str, candidates: list[tuple[float, str]]) -> tuple[list[_Listed], int]:
+        """Return the sessions of `candidates` that exist, with their records, and how many had expired.
+
+        The expired ones are dropped from the index (running the deletion hooks); a record holding only
+        a lease (no state saved, no message) is not a session yet and is left out.
+        """
+        async with self._client.pipeline(transaction=False) as pipe:
+            for _, sid in candidates:
+                pipe.hmget(self._keys(SessionKey(tenant, sid))[0], ["version", "last_seq", "created_at"])
+            metas = await pipe.execute()
+        rows = list(zip(candidates, metas, strict=True))
+        stale = [sid for (_, sid), meta in rows if meta[0] is None]
+        expired = await self._unindex(tenant, stale) if stale else 0
+        listed = [(t, sid, meta) for (t, sid), meta in rows
+                  if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
+        return listed, expired
 
     @override
     @translated
