@@ -22,7 +22,8 @@ install does, and both sides load cached bytecode.
     python bench/import_bench.py                 # 15 rounds: 2-4 minutes on a 2-core machine (the peers are slow)
     python bench/import_bench.py --sides contextpipe,MAF   # about 40 s
     python bench/import_bench.py --rounds 31 --json import.json
-    git archive main src | tar -x -C /tmp/before && python bench/import_bench.py --src /tmp/before/src   # a baseline
+    mkdir -p /tmp/before && git archive 3a30da9 src | tar -x -C /tmp/before &&
+        python bench/import_bench.py --sides contextpipe,MAF --baseline /tmp/before/src   # an older version too
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ def _peers_module() -> Any:
 
 PEERS_RUN = _peers_module()
 SIDES = ["contextpipe", "MAF", "OpenAI Agents SDK", "LangGraph"]
-PYTHON = {side: Path(PEERS_RUN.PEERS[side][0]) for side in SIDES}
+BEFORE = "contextpipe before"  # the --baseline side: contextpipe from another source tree
+PYTHON = {side: Path(PEERS_RUN.PEERS[side][0]) for side in SIDES} | {BEFORE: Path(sys.executable)}
 STATEMENTS = {
-    "python -c pass (interpreter start-up)": dict.fromkeys(SIDES, "pass"),
-    "bare package import": {"contextpipe": "import contextpipe", "MAF": "import agent_framework",
-                            "OpenAI Agents SDK": "import agents", "LangGraph": "import langgraph.graph"},
-    "agent entry point": {side: PEERS_RUN.IMPORTS[side] for side in SIDES},
+    "python -c pass (interpreter start-up)": dict.fromkeys([*SIDES, BEFORE], "pass"),
+    "bare package import": {"contextpipe": "import contextpipe", BEFORE: "import contextpipe",
+                            "MAF": "import agent_framework", "OpenAI Agents SDK": "import agents",
+                            "LangGraph": "import langgraph.graph"},
+    "agent entry point": {side: PEERS_RUN.IMPORTS[side] for side in SIDES} | {BEFORE: PEERS_RUN.IMPORTS["contextpipe"]},
 }
 
 
@@ -81,8 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--src", type=Path, default=None,
-                        help="import contextpipe from this source tree (another version's src/) instead")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another version's src/ directory, measured as one more side ('contextpipe before')")
     parser.add_argument("--sides", default=",".join(SIDES), help="which sides (comma-separated; contextpipe first)")
     args = parser.parse_args()
     sides = args.sides.split(",")
@@ -90,9 +93,14 @@ def main() -> None:
         parser.error(f"--sides: contextpipe first, then any of {', '.join(SIDES[1:])}")
     if any(not PYTHON[side].exists() for side in sides):
         subprocess.run(["bash", str(HERE / "peers" / "setup.sh")], check=True)
-    src = args.src.resolve() if args.src else Path(contextpipe.__file__).resolve().parents[1]
-    compileall.compile_dir(src / "contextpipe", quiet=1)
-    envs = dict.fromkeys(sides, None) | {"contextpipe": dict(os.environ, PYTHONPATH=str(src))}
+    src = Path(contextpipe.__file__).resolve().parents[1]
+    trees = {"contextpipe": src} | ({BEFORE: args.baseline.resolve()} if args.baseline else {})
+    envs: dict[str, dict[str, str] | None] = dict.fromkeys(sides, None)
+    for side, tree in trees.items():
+        compileall.compile_dir(tree / "contextpipe", quiet=1)
+        envs[side] = dict(os.environ, PYTHONPATH=str(tree))
+    if args.baseline:
+        sides.insert(1, BEFORE)
     cpu: dict[tuple[str, str], list[float]] = {}
     wall: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
@@ -104,7 +112,8 @@ def main() -> None:
                 cpu.setdefault((case, side), []).append(c)
                 wall.setdefault((case, side), []).append(w)
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; "
-          f"{args.rounds} rounds interleaved; medians, ratio: side / contextpipe; contextpipe from {src}.\n")
+          f"{args.rounds} rounds interleaved; medians, ratio: side / contextpipe; "
+          + ", ".join(f"{side} from {tree}" for side, tree in trees.items()) + ".\n")
     for title, samples in (("CPU ms", cpu), ("wall ms", wall)):
         print(f"| {title} | " + " | ".join(sides) + " |")
         print("|---|" + "---:|" * len(sides))
