@@ -80,7 +80,9 @@ async def test_waiting_longer_than_pool_timeout_is_a_store_error() -> None:
         assert len(done) == 1 and len(pending) == 1
         error = done.pop().exception()
         assert isinstance(error, StoreError), error
-        assert error.server == f"127.0.0.1:{proxy.port}" and "No connection available" in str(error)
+        assert error.server == f"127.0.0.1:{proxy.port}"
+        assert str(error) == (f"redis store (127.0.0.1:{proxy.port}): all 1 pooled connections stayed busy for "
+                              "0.2 s; raise the store's max_connections (or pool_timeout), or make fewer calls at once")
         proxy.heal()
         page = await asyncio.wait_for(pending.pop(), LIVENESS)  # the call holding the connection completes
         assert [m.text for m in page.messages] == ["before"]

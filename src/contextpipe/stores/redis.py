@@ -17,13 +17,14 @@ retry), connections use TCP keepalives, and the error is a `StoreError` naming t
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
+from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
 from ._common import (
@@ -184,6 +185,30 @@ return existed
 """
 
 
+@functools.cache
+def _blocking_pool_class() -> type[redis.asyncio.BlockingConnectionPool]:
+    """redis-py's blocking pool, raising a `StoreError` that says what to do when no connection frees up."""
+    import redis.asyncio
+    import redis.exceptions
+
+    class BlockingPool(redis.asyncio.BlockingConnectionPool):
+        async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except redis.exceptions.ConnectionError as exc:
+                if not isinstance(exc.__cause__, TimeoutError):  # only the wait for a free connection
+                    raise
+                raise StoreError.pool_exhausted("redis", _server_of(self.connection_kwargs), self.max_connections,
+                                                self.timeout or 0) from exc
+
+    return BlockingPool
+
+
+def _server_of(connection_kwargs: dict[str, Any]) -> str:
+    """``host:port`` (or the socket's path) of a redis-py pool's connections."""
+    kw = connection_kwargs
+    return str(kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}")
+
 # A listed session: its index score (updated_at), its id and its record's version, last_seq, created_at.
 _Listed = tuple[float, str, list[Any]]
 
@@ -249,7 +274,7 @@ class RedisStore(SessionStore):
                 if hasattr(socket, name)}
             # A blocking pool: past max_connections commands in flight, a call waits for a connection
             # (up to pool_timeout) instead of failing at once as redis-py's default pool does.
-            pool = redis_asyncio.BlockingConnectionPool.from_url(
+            pool = _blocking_pool_class().from_url(
                 url, max_connections=max_connections, timeout=pool_timeout, socket_connect_timeout=connect_timeout,
                 socket_timeout=command_timeout, socket_keepalive=True, socket_keepalive_options=options,
                 retry=Retry(NoBackoff(), 0))
@@ -260,8 +285,7 @@ class RedisStore(SessionStore):
         self._owns_client = url is not None
         self._close_timeout = close_timeout
         self._prefix = prefix
-        kwargs = self._client.connection_pool.connection_kwargs
-        self._server = (kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}")
+        self._server = _server_of(self._client.connection_pool.connection_kwargs)
         c = client
         self._append = c.register_script(_APPEND)
         self._save = c.register_script(_SAVE)
