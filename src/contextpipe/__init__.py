@@ -3,9 +3,9 @@
 Sessions with durable history, context providers that shape every model call, a tool-calling loop
 that persists every step, and a record of where each part of every prompt came from.
 
-``import contextpipe`` loads only this file and its small `_lazy` helper: every name below is imported
-from its module when first used (``from contextpipe import Agent`` loads the agent and what it needs), and no model
-SDK or database driver is loaded until a model client or store that needs one is used.
+``import contextpipe`` loads only this file and its small `_lazy` helper: every name below is
+imported from its module when first used (``from contextpipe import Agent`` loads the agent and what
+it needs), and no model SDK or database driver is loaded until a model client or store needs one.
 """
 
 from __future__ import annotations
