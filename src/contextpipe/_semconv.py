@@ -20,7 +20,6 @@ import base64
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 
@@ -79,6 +78,8 @@ def server_attributes(model: object) -> dict[str, Any]:
     base = getattr(client, "base_url", None) or getattr(model, "base_url", None)
     if base is None:
         return {}
+    from urllib.parse import urlsplit  # here, not at the top: importing the agent need not load it
+
     parts = urlsplit(str(base))
     if not parts.hostname:
         return {}

