@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import os
 import time
@@ -47,6 +48,7 @@ __all__ = [
     "UriPart",
     "dumps",
     "loads",
+    "loads_many",
     "message_from_dict",
     "message_to_dict",
     "new_message_id",
@@ -110,19 +112,6 @@ class FunctionCall:
 
 
 @dataclass(frozen=True, slots=True)
-class FunctionResult:
-    """The result of a tool call, sent back to the model."""
-
-    call_id: str
-    """Id of the call this answers."""
-    result: str
-    """What the model is shown: the tool's return value as text, or an error message."""
-    is_error: bool = False
-    """True when the tool failed or was never run; `result` then says why."""
-    kind: Literal["function_result"] = "function_result"
-
-
-@dataclass(frozen=True, slots=True)
 class DataPart:
     """Inline binary content (an image, audio, a file) with its media type."""
 
@@ -142,6 +131,31 @@ class UriPart:
     media_type: str
     """IANA media type, for example ``image/jpeg``."""
     kind: Literal["uri"] = "uri"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionResult:
+    """The result of a tool call, sent back to the model: text, plus any images, audio or files.
+
+    >>> png = DataPart(b"(the bytes of a PNG file)", "image/png")
+    >>> r = FunctionResult("call_1", "A chart of the week's sales.", parts=(png,))
+    >>> loads(dumps(Message("tool", (r,)))).parts[0] == r
+    True
+
+    Each model client sends `parts` in the form its API accepts (see the clients' docstrings); a part
+    an API cannot take is left out with a note in the text the model sees and in the call's trace.
+    """
+
+    call_id: str
+    """Id of the call this answers."""
+    result: str
+    """What the model is shown: the tool's return value as text, or an error message."""
+    is_error: bool = False
+    """True when the tool failed or was never run; `result` then says why."""
+    parts: tuple[DataPart | UriPart | UnknownPart, ...] = ()
+    """Images, audio or files the tool returned besides its text (an MCP tool's image, for example);
+    `UnknownPart` only for a kind written by a newer contextpipe, kept so that nothing is lost."""
+    kind: Literal["function_result"] = "function_result"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +322,8 @@ def _part_to_dict(part: Part) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": "function_result", "call_id": part.call_id, "result": part.result}
         if part.is_error:
             d["is_error"] = True
+        if part.parts:
+            d["parts"] = [_part_to_dict(p) for p in part.parts]
         return d
     if isinstance(part, DataPart):
         return {"kind": "data", "media_type": part.media_type, "data": base64.b64encode(part.data).decode()}
@@ -335,7 +351,9 @@ def _part_from_dict(d: Mapping[str, Any]) -> Part:
     if kind == "function_call":
         return FunctionCall(_str(d, "call_id"), _str(d, "name"), _str(d, "arguments"))
     if kind == "function_result":
-        return FunctionResult(_str(d, "call_id"), _str(d, "result"), bool(d.get("is_error", False)))
+        raw = d.get("parts")
+        return FunctionResult(_str(d, "call_id"), _str(d, "result"), bool(d.get("is_error", False)),
+                              _media_parts(raw) if raw else ())
     if kind == "data":
         return DataPart(base64.b64decode(_str(d, "data"), validate=True), _str(d, "media_type"))
     if kind == "uri":
@@ -347,6 +365,19 @@ def _part_from_dict(d: Mapping[str, Any]) -> Part:
     if not isinstance(kind, str):
         raise CodecError(f"content part kind must be a string, got {kind!r}")
     return UnknownPart(kind, MappingProxyType({k: v for k, v in d.items() if k != "kind"}))
+
+
+def _media_parts(raw: Any) -> tuple[DataPart | UriPart | UnknownPart, ...]:
+    """Decode the data and URI parts of a function result (and kinds of a newer version, kept as they are)."""
+    if type(raw) is not list:
+        raise CodecError(f"function result parts must be a list, got {type(raw).__name__}")
+    out: list[DataPart | UriPart | UnknownPart] = []
+    for item in raw:
+        part = _part_from_dict(item)
+        if not isinstance(part, DataPart | UriPart | UnknownPart):
+            raise CodecError(f"a function result may only carry data and uri parts, got kind {part.kind!r}")
+        out.append(part)
+    return tuple(out)
 
 
 def _str(d: Mapping[str, Any], key: str) -> str:
@@ -450,6 +481,78 @@ def loads(text: str | bytes) -> Message:
     if type(data) is not dict:
         raise CodecError(f"encoded message must be a JSON object, got {type(data).__name__}")
     return message_from_dict(data)
+
+
+def loads_many(texts: Iterable[str | bytes]) -> list[Message]:
+    """Decode many texts written by `dumps` (a stored log), as `loads` would each, several times faster.
+
+    The common shape (one text part, no metadata, source or author) is recognised and built at once;
+    anything else goes through `message_from_dict`, with the same checks. The garbage collector is
+    paused while the messages are built (they hold no cycles to find), which saves it from tracing
+    the growing list over and over. Raises `CodecError` on the first text that is not a message.
+    """
+    texts = texts if isinstance(texts, list) else list(texts)
+    out: list[Message] = []
+    append = out.append
+    collecting = gc.isenabled()
+    if collecting and len(texts) > 100:
+        gc.disable()
+    try:
+        for text in texts:
+            try:
+                data = _fast_loads(text)
+            except ValueError:
+                append(loads(text))
+                continue
+            message = _plain_text(data) if type(data) is dict and len(data) == 5 else None
+            append(message if message is not None else _from_data(data))
+    finally:
+        if collecting:
+            gc.enable()
+    return out
+
+
+def _from_data(data: Any) -> Message:
+    if type(data) is not dict:
+        raise CodecError(f"encoded message must be a JSON object, got {type(data).__name__}")
+    return message_from_dict(data)
+
+
+def _plain_text(d: dict[str, Any]) -> Message | None:
+    """Build the message `d` encodes if it has exactly one text part and nothing optional, else None."""
+    parts, role, message_id, created_at = d.get("parts"), d.get("role"), d.get("id"), d.get("created_at")
+    if type(parts) is not list or len(parts) != 1 or type(role) is not str or d.get("v") is not CODEC_VERSION:
+        return None
+    if role not in _ROLES:
+        return None
+    only = parts[0]
+    if type(only) is not dict or len(only) != 2 or only.get("kind") != "text" or type(message_id) is not str:
+        return None
+    text = only.get("text")
+    if type(text) is not str or type(created_at) is not float:
+        return None
+    return _PlainText(role, text, message_id, created_at)  # type: ignore[return-value]
+
+
+class _PlainText:
+    """Builds a `Message` with one text part: its slots filled directly, then the class set to `Message`.
+
+    Same slots in the same order, so CPython lets an instance change between the two classes; a
+    frozen dataclass's ``__init__`` sets each slot through ``object.__setattr__``, twice as slow.
+    """
+
+    __slots__ = _MESSAGE_FIELDS
+
+    def __init__(self, role: str, text: str, message_id: str, created_at: float) -> None:
+        self.role = role
+        self.parts = (_new_text(text),)
+        self.id = message_id
+        self.author_name = None
+        self.created_at = created_at
+        self.metadata = _EMPTY
+        self.source = None
+        self._tool_flag = 0  # one text part: no function parts
+        self.__class__ = Message  # type: ignore[assignment]
 
 
 def as_messages(value: str | Message | Sequence[Message]) -> list[Message]:

