@@ -124,42 +124,33 @@ class VectorStore(abc.ABC):
         """
         try:
             check_where(where)
+            if text is not None and not keyword_terms(text):
+                text = None if vector is not None else text
+            if vector is None and text is None:
+                raise UsageError("search needs a vector, a text, or both")
         except UsageError:
             if inspect.iscoroutine(vector):
                 vector.close()
             raise
-        pending: Awaitable[Sequence[float]] | None = None
-        query: Sequence[float] | None = None
-        if inspect.isawaitable(vector):
-            pending = vector
-        else:
-            query = vector
         if k <= 0:
-            if pending is not None:
-                await pending
+            await _resolve(vector)
             return []
-        if text is not None and not keyword_terms(text):
-            text = None if vector is not None else text
-        if vector is None and text is None:
-            raise UsageError("search needs a vector, a text, or both")
-        depth = k if vector is None or text is None else max(k, self.candidates)
-        keywords = None
-        if text is not None:
-            keywords = asyncio.ensure_future(self.keyword_search(collection, text, k=depth, where=where))
-        try:
-            if pending is not None:
-                query = await pending
-        except BaseException:
-            if keywords is not None:
-                keywords.cancel()
-            raise
-        if keywords is None:
+        if text is None:
+            query = await _resolve(vector)
             assert query is not None
             hits = await self.vector_search(collection, query, k=k, where=where, min_score=min_score)
             return [replace(h, vector_score=h.score) for h in hits]
-        if query is None:
-            return [replace(h, keyword_score=h.score) for h in await keywords]
+        return await self._keywords_first(collection, vector, text, k, where, min_score)
+
+    async def _keywords_first(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None,
+                              text: str, k: int, where: Where | None, min_score: float | None) -> list[SearchHit]:
+        """Start the keyword side, then (once the vector is there) the vector side, and fuse them."""
+        depth = k if vector is None else max(k, self.candidates)
+        keywords = asyncio.ensure_future(self.keyword_search(collection, text, k=depth, where=where))
         try:
+            query = await _resolve(vector)
+            if query is None:
+                return [replace(h, keyword_score=h.score) for h in await keywords]
             by_vector = await self.vector_search(collection, query, k=depth, where=where, min_score=min_score)
         except BaseException:
             keywords.cancel()
@@ -233,6 +224,12 @@ def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60,
     order = sorted(fused, key=lambda i: -fused[i])[:k]
     return [replace(first[i], score=fused[i], vector_score=sides[i].get(0), keyword_score=sides[i].get(1))
             for i in order]
+
+
+async def _resolve(vector: Sequence[float] | Awaitable[Sequence[float]] | None) -> Sequence[float] | None:
+    if inspect.isawaitable(vector):
+        return await vector
+    return vector
 
 
 async def embed_query(embedder: Embedder, text: str) -> list[float]:

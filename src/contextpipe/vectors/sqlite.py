@@ -627,20 +627,16 @@ class SQLiteVectorStore(VectorStore):
         subset = c.keys_matching(where) if where else None
         if subset is not None and not subset:
             return []
+        pool: set[int] | dict[int, Any] = c.metas if subset is None else subset  # (postings hold known keys)
         found: list[tuple[int, float]] = []
         while True:
             ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
                                   "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?", (query, limit)).fetchall()
-            found = [(key, score) for key, score in ranked
-                     if key in c.metas and (subset is None or key in subset)][:k]
+            found = [(key, score) for key, score in ranked if key in pool][:k]
             if len(found) == k or len(ranked) < limit:
                 break
             if limit >= 6_400 and subset is not None:  # a filter that keeps few of the matches
-                ranked = conn.execute(
-                    "SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts WHERE cp_vectors_fts MATCH ? "
-                    "AND rowid IN (SELECT value FROM json_each(?)) ORDER BY score DESC LIMIT ?",
-                    (query, json.dumps(sorted(subset)), k)).fetchall()
-                found = [(key, score) for key, score in ranked if key in c.metas]
+                found = _ranked_within(conn, c, query, k, subset)
                 break
             limit *= 4
         texts = self._texts(conn, (key for key, _ in found))
@@ -701,6 +697,16 @@ class SQLiteVectorStore(VectorStore):
         if self._conn is not None:
             await self._run(shut)
         self._executor.shutdown(wait=True)
+
+
+def _ranked_within(conn: sqlite3.Connection, c: _Collection, query: str, k: int,
+                   subset: set[int]) -> list[tuple[int, float]]:
+    """Return the best `k` keyword matches among the records `subset` (SQLite filters them all)."""
+    ranked = conn.execute(
+        "SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts WHERE cp_vectors_fts MATCH ? "
+        "AND rowid IN (SELECT value FROM json_each(?)) ORDER BY score DESC LIMIT ?",
+        (query, json.dumps(sorted(subset)), k)).fetchall()
+    return [(key, score) for key, score in ranked if key in c.metas]
 
 
 def _statements(script: str) -> list[str]:
