@@ -82,8 +82,9 @@ def broken_exchange(messages: Sequence[Message]) -> str | None:
 
 
 def say(*words: str) -> None:
-    """Report progress to the parent (which picks its kill points from these lines)."""
-    print("p", *words, flush=True)
+    """Report progress to the parent (which picks its kill points from these lines), one write per line."""
+    sys.stdout.write(" ".join(("p", *words)) + "\n")
+    sys.stdout.flush()
 
 
 async def storm_worker(spec: str, tenant: str, slot: str, session_id: str, runs: int, steps: int,

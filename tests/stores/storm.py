@@ -70,7 +70,8 @@ class _Proc:
 def _reader(proc: _Proc, out: queue.Queue[tuple[_Proc, str | None]]) -> None:
     assert proc.popen.stdout is not None
     for line in proc.popen.stdout:
-        out.put((proc, line.rstrip("\n")))
+        if line.endswith("\n"):  # a killed worker's torn last line is no progress signal
+            out.put((proc, line[:-1]))
     out.put((proc, None))
 
 
