@@ -130,7 +130,7 @@ class VectorStore(abc.ABC):
         if text is None:
             assert vector is not None
             hits = await self.vector_search(collection, vector, k=k, where=where, min_score=min_score)
-            return [replace(h, vector_score=h.score) for h in hits]
+            return [h if h.vector_score == h.score else replace(h, vector_score=h.score) for h in hits]
         if vector is None:
             hits = await self.keyword_search(collection, text, k=k, where=where)
             return [replace(h, keyword_score=h.score) for h in hits]
