@@ -78,8 +78,11 @@ END
 # kernels; each search takes `_CANDIDATES` (at least 3 k) from it and re-scores them exactly from the
 # float32 rows held beside it. recall@10 against exact search at 100,000 x 384 is 1.000 with these
 # settings (bench/vector_bench.py, bench/ann_compare.py).
-_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 32, 40
-_SAVE_AFTER = 20_000  # changes applied at once (a rebuild, a long catch-up) worth saving the index for
+_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 64, 40
+# Changes applied (a rebuild, a long catch-up, many upserts) worth saving the index for: at least 20,000
+# and a quarter of the collection, so saving (which writes the whole index) costs a bounded share of
+# the inserts however large the collection grows, and a crash leaves at most that much to catch up.
+_SAVE_AFTER, _SAVE_SHARE = 20_000, 4
 
 
 def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
@@ -405,7 +408,7 @@ class SQLiteVectorStore(VectorStore):
                 self._apply(conn, collection, cached, latest)
         finally:
             conn.execute("COMMIT")
-        if cached.changed >= _SAVE_AFTER:
+        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
             self._save(conn, collection, cached)
         cached.version = version  # read before the snapshot: a commit in between only costs a check
         return cached
@@ -425,8 +428,9 @@ class SQLiteVectorStore(VectorStore):
 
     def _reload(self, conn: sqlite3.Connection, cached: _Collection, keys: Sequence[int]) -> None:
         """Make `keys` in the index match their rows now: re-read the rows, drop keys that have none."""
-        for start in range(0, len(keys), 500):
-            part = keys[start:start + 500]
+        step = min(5000, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+        for start in range(0, len(keys), step):
+            part = keys[start:start + step]
             rows = conn.execute(f"SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE key IN "
                                 f"({','.join('?' * len(part))})", part).fetchall()
             present = {r[0] for r in rows}
