@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -271,6 +272,7 @@ class SQLiteVectorStore(VectorStore):
         self.exact_limit = exact_limit
         self._busy_ms = int(busy_timeout * 1000)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-vectors")
+        self._lock = threading.Lock()  # held by whichever thread uses the connection and the indexes
         self._conn: sqlite3.Connection | None = None
         self._cache: dict[str, _Collection] = {}
         memory = self.path == ":memory:" or self.path.startswith("file::memory:")
@@ -305,7 +307,29 @@ class SQLiteVectorStore(VectorStore):
         return self._conn
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(self._connection(), *args))
+        def call() -> Any:
+            with self._lock:
+                return fn(self._connection(), *args)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def _quick(self, collection: str, fn: Any) -> Any:
+        """Run the read `fn` on the calling thread when it cannot take long, else return ``None``.
+
+        That is when the connection is idle and `collection`'s index is up to date (no catch-up, which
+        may read many rows): an unfiltered search is then a fraction of a millisecond, less than
+        handing it to the worker thread and back costs on a busy machine.
+        """
+        if self._conn is None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            cached = self._cache.get(collection)
+            conn = self._conn
+            if conn is None or cached is None or cached.version != conn.execute("PRAGMA data_version").fetchone()[0]:
+                return None
+            return fn(conn)
+        finally:
+            self._lock.release()
 
     # --- writes ------------------------------------------------------------------------------------
 
@@ -570,6 +594,9 @@ class SQLiteVectorStore(VectorStore):
             return [SearchHit(c.ids[key], s, texts[key], c.metas[key], vector_score=s) for key, s in found
                     if key in texts]
 
+        quick: list[SearchHit] | None = None if where else self._quick(collection, op)
+        if quick is not None:
+            return quick
         hits: list[SearchHit] = await self._run(op)
         return hits
 
@@ -600,8 +627,8 @@ class SQLiteVectorStore(VectorStore):
         """Take candidates from the HNSW index (more while too few are in `subset`), re-score them exactly."""
         total = len(c.metas)
         want = max(3 * k, _CANDIDATES)
-        if subset is not None:
-            want = min(total, want * max(2, 2 * total // len(subset)) + 16)
+        if subset is not None:  # about 2 k of the subset expected among the candidates
+            want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
         while True:
             keys = c.index.search(q, want, threads=1).keys.tolist()
             if subset is not None:
