@@ -304,3 +304,29 @@ async def test_unchanged_file_skips_the_change_log_yet_other_processes_writes_ar
     assert [h.id for h in await store.search("c", [0.0] * 6 + [1.0, 0.0], k=1)] == ["mine"]
     assert "v5" not in {h.id for h in await store.search("c", data["v5"], k=70)}
     await store.close()
+
+
+async def test_searches_on_the_calling_thread_never_overlap_the_worker(tmp_path: Path) -> None:
+    """Searches (run on the event loop when the index is current) interleaved with upserts and deletes."""
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)
+    rng = np.random.default_rng(5)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(200)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
+
+    async def write(i: int) -> None:
+        await store.upsert("c", [VectorRecord(f"v{i}", data[f"v{i}"], f"v{i}")])
+        if i % 7 == 0:
+            await store.delete("c", ids=[f"v{i - 3}"])
+
+    async def read(i: int) -> list[SearchHit]:
+        return await store.search("c", data[f"v{i % 20}"], k=5)
+
+    results = await asyncio.gather(*(coro for i in range(20, 200) for coro in (write(i), read(i))))
+    assert all(isinstance(r, list) and all(h.id in data for h in r) for r in results if r is not None)
+    deleted = {f"v{i - 3}" for i in range(21, 200, 7)}  # each written (FIFO worker) before it was deleted
+    kept = {i: v for i, v in data.items() if i not in deleted}
+    query = rng.standard_normal(8).astype(np.float32)
+    hits = await store.search("c", query, k=5)
+    assert [h.id for h in hits] == exact_ids(kept, query, 5)
+    assert await store.count("c") == len(kept)
+    await store.close()
