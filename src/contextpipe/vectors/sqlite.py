@@ -202,18 +202,22 @@ class _Collection:
         if self.index is not None and key in self.index:  # (a loaded index may hold keys since deleted)
             self.index.remove(key)
 
+    def _drop(self, keys: np.ndarray[Any, Any]) -> None:
+        """Forget `keys` before they are added again (replaced rows, or keys a loaded index holds)."""
+        for key in keys.tolist():
+            if key in self.metas:
+                self.forget(key)
+        if self.index is not None:
+            held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
+            if held.any():
+                self.index.remove(keys[held])
+
     def put(self, rows: Sequence[tuple[int, str, int, bytes, str]]) -> None:
         """Add or replace rows ``(key, id, dim, vector, metadata)``."""
         if not rows:
             return
         keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
-        for key, *_ in rows:
-            if key in self.metas:
-                self.forget(key)
-        if self.index is not None:
-            held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
-            if held.any():  # replaced rows, or keys a loaded index holds without their row
-                self.index.remove(keys[held])
+        self._drop(keys)
         dim = rows[0][2]
         if self.index is None:
             self._make(dim)
