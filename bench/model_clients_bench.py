@@ -9,20 +9,28 @@
 2. A 10-step tool loop per client through the official SDK against the local fake servers (HTTP on
    127.0.0.1, streaming): median milliseconds per model call, and for Claude the share of input
    tokens read from the (simulated) prompt cache.
+3. Tool results with images: a session of 40 messages whose 20 tool results each carry a 200 KB
+   PNG (screenshot-sized, as MCP browser tools return them); CPU milliseconds to build each API's
+   request (base64 included) and to estimate the session's tokens.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import struct
 import time
+import zlib
 from typing import Any
 
 from contextpipe import Agent, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, tool
+from contextpipe.messages import DataPart
 from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
 from contextpipe.testing.fake_anthropic import signature_for
+from contextpipe.tokens import EstimateTokenizer, TokenCounter
 
 
 @tool
@@ -99,12 +107,47 @@ async def bench_loop(steps: int, runs: int) -> None:
             await model.close()
 
 
+def screenshot(size: int) -> bytes:
+    """A PNG of about `size` bytes (1280 x 800, incompressible pixel data)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1280, 800, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", os.urandom(size)) + chunk(b"IEND", b"")
+
+
+def bench_media(repeats: int) -> None:
+    messages: list[Message] = [Message.user("Click through the page and describe it.")]
+    for i in range(20):
+        messages.append(Message("assistant", (FunctionCall(f"call_{i}", "screenshot", "{}"),)))
+        messages.append(Message("tool", (FunctionResult(f"call_{i}", f"Screenshot {i}.",
+                                                        parts=(DataPart(screenshot(200_000), "image/png"),)),)))
+    request = ModelRequest(messages, instructions="Be brief.")
+    builders: list[tuple[str, Any]] = [
+        ("Messages API", AnthropicChatModel("claude-fake", api_key="k")._build),
+        ("Responses API", OpenAIResponsesModel("gpt-fake", api_key="k")._build_responses),
+        ("chat completions", OpenAIChatModel("gpt-fake", api_key="k")._build),
+        ("token estimate", lambda r: TokenCounter(EstimateTokenizer()).messages(r.messages)),
+    ]
+    print()
+    print(f"| 20 tool results with a 200 KB image each | CPU ms (median of {repeats}) |")
+    print("|---|---:|")
+    for name, build in builders:
+        times = []
+        for _ in range(repeats):
+            started = time.process_time()
+            build(request)
+            times.append(time.process_time() - started)
+        print(f"| {name} | {statistics.median(times) * 1000:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     bench_build([50, 500, 2000] if not args.quick else [50, 500], 30 if not args.quick else 5)
     asyncio.run(bench_loop(10, 9 if not args.quick else 3))
+    bench_media(15 if not args.quick else 3)
 
 
 if __name__ == "__main__":

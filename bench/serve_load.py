@@ -59,13 +59,10 @@ def _store() -> SessionStore:
 
         return PostgresStore(where)
     if where.startswith("redis://"):
-        import redis.asyncio as redis
-
         from contextpipe.stores import RedisStore
 
-        # A blocking pool: a burst of runs waits for a connection (redis-py's default pool fails past 100).
-        pool = redis.BlockingConnectionPool.from_url(where, max_connections=64, timeout=60)
-        return RedisStore(client=redis.Redis(connection_pool=pool))
+        # Its blocking pool: a burst of runs waits for one of the 64 connections.
+        return RedisStore(where, max_connections=64, pool_timeout=60)
     from contextpipe.stores import SQLiteStore
 
     return SQLiteStore(where)

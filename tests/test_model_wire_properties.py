@@ -17,13 +17,27 @@ from hypothesis import strategies as st
 
 from contextpipe import FunctionCall, FunctionResult, Message, ReasoningPart, TextPart
 from contextpipe.exchanges import group_messages
-from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIResponsesModel
+from contextpipe.messages import DataPart, UnknownPart, UriPart
+from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
 from contextpipe.testing.fake_anthropic import check_request, signature_for
-from contextpipe.testing.fake_openai import _responses_input
+from contextpipe.testing.fake_openai import _responses_input, check_chat
 from helpers import get_weather_forecast
+from wire_schema import check_anthropic as schema_anthropic
+from wire_schema import check_chat as schema_chat
+from wire_schema import check_responses as schema_responses
 
 VENDORS = ("anthropic", "anthropic-redacted", "openai", "plain", None)
+MEDIA = st.sampled_from([
+    DataPart(b"\x89PNG\r\n\x1a\n", "image/png"), DataPart(b"\xff\xd8\xff", "image/jpeg"),
+    DataPart(b"GIF89a", "image/gif"), DataPart(b"BM", "image/bmp"), DataPart(b"RIFF", "audio/wav"),
+    DataPart(b"ID3", "audio/mpeg"), DataPart(b"OggS", "audio/ogg"), DataPart(b"%PDF-1.7", "application/pdf"),
+    DataPart(b"notes", "text/plain"), DataPart(b"\x00", "application/octet-stream"),
+    UriPart("https://example.com/a.png", "image/png"), UriPart("https://example.com/a.svg", "image/svg+xml"),
+    UriPart("https://example.com/a.pdf", "application/pdf"), UriPart("https://example.com/a.mp3", "audio/mpeg"),
+    UriPart("data:image/png;base64,iVBORw0KGgo=", "image/png"),
+    UnknownPart("video", {"uri": "https://example.com/a.mp4"}),  # a kind written by a newer contextpipe
+])
 
 
 @st.composite
@@ -48,7 +62,8 @@ def conversations(draw: st.DrawFn) -> list[Message]:
         parts += [FunctionCall(i, "get_weather_forecast", '{"location_code": "SZ"}') for i in ids]
         messages.append(Message("assistant", tuple(parts)))
         if ids:
-            results = tuple(FunctionResult(i, "Sunny", is_error=draw(st.booleans())) for i in ids)
+            results = tuple(FunctionResult(i, "Sunny", draw(st.booleans()), tuple(draw(st.lists(MEDIA, max_size=3))))
+                            for i in ids)
             messages.append(Message("tool", results))
         if not ids or draw(st.booleans()):
             messages.append(Message.user(draw(st.text(min_size=1, max_size=20))))
@@ -59,6 +74,15 @@ def conversations(draw: st.DrawFn) -> list[Message]:
 
 ANTHROPIC = AnthropicChatModel("claude-fake", api_key="k")
 RESPONSES = OpenAIResponsesModel("gpt-fake", api_key="k")
+CHAT = OpenAIChatModel("gpt-fake", api_key="k")
+
+
+def media_accounted(messages: list[Message], sent: int, notes: list[str]) -> None:
+    """Every media part of a tool result is either sent or named in a note: none is dropped silently."""
+    total = sum(len(r.parts) for m in messages for r in m.function_results)
+    named = sum(len(n.split(": ", 1)[1].rsplit(" (", 1)[0].split(", ")) for n in notes
+                if n.startswith("left out of tool result"))
+    assert sent + named == total, (sent, named, total, notes)
 
 
 @settings(max_examples=80, deadline=None)
@@ -71,6 +95,10 @@ def test_every_session_becomes_a_valid_messages_api_request(messages: list[Messa
                            if thinking else {})
     body, notes = ANTHROPIC._build(request)
     assert check_request(body, {"blob"}) is None, (body, notes)
+    schema_anthropic(body)
+    media_accounted(messages, sum(1 for m in body["messages"] for b in m["content"] if b["type"] == "tool_result"
+                                  for c in b.get("content") or () if isinstance(c, dict) and c["type"] != "text"),
+                    notes)
     sent = [b for m in body["messages"] for b in m["content"] if b["type"] in ("thinking", "redacted_thinking")]
     kept = [p for m in messages if m.role == "assistant" for p in m.parts
             if isinstance(p, ReasoningPart) and (p.format or "").startswith("anthropic.")]
@@ -78,7 +106,7 @@ def test_every_session_becomes_a_valid_messages_api_request(messages: list[Messa
     assert [b.get("signature", b.get("data")) for b in sent] == [p.encrypted for p in kept]
     others = sum(1 for m in messages for p in m.parts
                  if isinstance(p, ReasoningPart) and not (p.format or "").startswith("anthropic."))
-    assert bool(others) == any("left out" in n for n in notes)
+    assert bool(others) == any("left out" in n and "reasoning" in n for n in notes)
 
 
 @settings(max_examples=80, deadline=None)
@@ -89,11 +117,25 @@ def test_every_session_becomes_a_valid_responses_api_request(messages: list[Mess
     fake.issued_reasoning.update({f"rs_{i}": f"enc_{i}" for i in range(6)})
     _, problem = _responses_input(fake, body)
     assert problem is None, (body, notes)
+    schema_responses(body)
+    media_accounted(messages, sum(1 for i in body["input"] if i.get("type") == "function_call_output"
+                                  for o in i["output"] if isinstance(o, dict) and o["type"] != "input_text"), notes)
     sent = [i["id"] for i in body["input"] if i.get("type") == "reasoning"]
     followed = [p.id for m in messages if m.role == "assistant" for n, p in enumerate(m.parts)
                 if isinstance(p, ReasoningPart) and p.format == "openai.reasoning"
                 and any(not isinstance(q, ReasoningPart) for q in m.parts[n + 1:])]
     assert sent == followed
+
+
+@settings(max_examples=80, deadline=None)
+@given(conversations())
+def test_every_session_becomes_a_valid_chat_completions_request(messages: list[Message]) -> None:
+    body, notes = CHAT._build(ModelRequest(messages, tools=[get_weather_forecast.spec]))
+    assert check_chat(body) is None, (body, notes)
+    schema_chat(body)
+    media = [c for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+             for c in m["content"]]
+    media_accounted(messages, sum(1 for c in media if c["type"] != "text"), notes)
 
 
 @st.composite

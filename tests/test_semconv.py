@@ -20,10 +20,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from contextpipe import Agent, ModelError, tool
+from contextpipe import Agent, Message, ModelError, ToolOutcome, tool
+from contextpipe.messages import DataPart
+from contextpipe.models import ModelRequest, ResponseComplete
+from contextpipe.models.anthropic import AnthropicChatModel
 from contextpipe.models.openai import OpenAIChatModel
+from contextpipe.models.openai_responses import OpenAIResponsesModel
 from contextpipe.telemetry import Telemetry
-from contextpipe.testing import FakeError, FakeOpenAIServer, FakeReply
+from contextpipe.testing import FakeAnthropicServer, FakeError, FakeOpenAIServer, FakeReply
 
 # --- the conventions ----------------------------------------------------------------------------------
 
@@ -212,3 +216,54 @@ def test_the_checker_catches_violations() -> None:
             jsonschema.validate(bad, INPUT_MESSAGES_SCHEMA)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"role": "assistant", "parts": []}], OUTPUT_MESSAGES_SCHEMA)  # no finish_reason
+
+
+@tool
+def draw_chart(metric: str) -> ToolOutcome:
+    """Draw a chart of a metric."""
+    return ToolOutcome(f"A chart of {metric}.", parts=(DataPart(b"\x89PNG\r\n\x1a\n", "image/png"),))
+
+
+async def test_a_streamed_call_carries_the_response_id_the_server_sent(
+        server: FakeOpenAIServer, exporter: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, spans = exporter
+    server.enqueue(FakeReply(tool_calls=(("draw_chart", '{"metric": "sales"}'),)), FakeReply("Sales rose."))
+    async with OpenAIChatModel("gpt-4o", base_url=server.base_url, api_key="sk-test", max_retries=0) as model:
+        agent = Agent(model, tools=[draw_chart], telemetry=Telemetry(tracer_provider=provider, capture_content=True))
+        async with agent.stream("How did sales go?") as events:
+            async for _ in events:
+                pass
+        assert events.result is not None and events.result.text == "Sales rose."
+    assert all(r.get("stream") for r in server.requests)
+    finished = spans.get_finished_spans()
+    for span in finished:
+        if "gen_ai.operation.name" in (span.attributes or {}):
+            check_span(span)
+    chats = [dict(s.attributes or {}) for s in finished if s.name == "chat gpt-4o"]
+    assert [c["gen_ai.response.id"] for c in chats] == server.response_ids  # the chunks' id, per call
+    assert len(set(server.response_ids)) == 2
+    tool_message = json.loads(str(chats[1]["gen_ai.input.messages"]))[2]
+    assert [p["type"] for p in tool_message["parts"]] == ["tool_call_response", "blob"]  # the image, as a blob
+    assert tool_message["parts"][1]["mime_type"] == "image/png" and tool_message["parts"][1]["modality"] == "image"
+
+
+@pytest.mark.parametrize("kind", ["chat", "responses", "anthropic"])
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_every_client_reports_the_response_id(kind: str, streamed: bool) -> None:
+    fake: FakeOpenAIServer = FakeAnthropicServer() if kind == "anthropic" else FakeOpenAIServer()
+    with fake:
+        model: Any = (AnthropicChatModel("claude-test", base_url=fake.base_url, api_key="k", max_retries=0)
+                      if kind == "anthropic" else
+                      (OpenAIResponsesModel if kind == "responses" else OpenAIChatModel)(
+                          "gpt-test", base_url=fake.base_url, api_key="k", max_retries=0))
+        async with model:
+            request = ModelRequest([Message.user("hi")])
+            if streamed:
+                events = [e async for e in model.stream(request)]
+                assert isinstance(events[-1], ResponseComplete)
+                response = events[-1].response
+            else:
+                response = await model.complete(request)
+    [sent] = fake.response_ids
+    assert response.id == sent and sent.startswith({"chat": "chatcmpl-", "responses": "resp_",
+                                                    "anthropic": "msg_"}[kind])

@@ -24,6 +24,7 @@ falls on all of them.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -101,6 +102,9 @@ def main() -> None:
     args = parser.parse_args()
     if any(not python.exists() for python, _ in PEERS.values()):
         subprocess.run(["bash", str(HERE / "setup.sh")], check=True)
+    # The peers' bytecode was compiled by pip; compile contextpipe's too (an editable install under
+    # PYTHONDONTWRITEBYTECODE would otherwise compile its sources in every new process).
+    compileall.compile_dir(str(Path(__file__).resolve().parents[2] / "src" / "contextpipe"), quiet=1)
     sizes = [int(s) for s in args.sizes.split(",")]
     names = list(PEERS)
     wanted = set(args.cases.split(","))

@@ -3,67 +3,73 @@
 Sessions with durable history, context providers that shape every model call, a tool-calling loop
 that persists every step, and a record of where each part of every prompt came from.
 
-``import contextpipe`` loads no model SDK and no database driver; they load when first used.
+``import contextpipe`` loads only this file and its small `_lazy` helper: every name below is
+imported from its module when first used (``from contextpipe import Agent`` loads the agent and what
+it needs), and no model SDK or database driver is loaded until a model client or store needs one.
 """
 
 from __future__ import annotations
 
-from .agent import Agent, AgentStream
-from .errors import (
-    AfterRunError,
-    CodecError,
-    ConcurrentUpdate,
-    ContextPipeError,
-    ContextWindowExceeded,
-    CorruptRecord,
-    LeaseLost,
-    McpError,
-    ModelAuthError,
-    ModelBadRequest,
-    ModelConnectionError,
-    ModelError,
-    ModelRateLimited,
-    ModelResponseError,
-    ModelServerError,
-    ModelTimeout,
-    ProviderError,
-    RequestInvariantError,
-    ScriptExhausted,
-    SessionBusy,
-    SkillError,
-    StoreError,
-    UsageError,
-)
-from .events import (
-    ReasoningDelta,
-    RunDone,
-    RunResult,
-    StepPersisted,
-    StopReason,
-    StreamEvent,
-    TextDelta,
-    ToolCallFinished,
-    ToolCallStarted,
-)
-from .loop import RunLimits
-from .messages import (
-    DataPart,
-    FunctionCall,
-    FunctionResult,
-    Message,
-    ReasoningPart,
-    Source,
-    TextPart,
-    UnknownPart,
-    UriPart,
-)
-from .models.base import ModelSettings, Usage
-from .pipeline import RunContext, RunOutcome
-from .providers.base import ContextProvider, HistoryProvider
-from .session import ProviderState, Session
-from .telemetry import Telemetry
-from .tools import Tool, ToolOutcome, tool
-from .trace import PromptTrace
+from ._lazy import lazy_exports
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING (mypy reads it so), without importing typing
+if TYPE_CHECKING:
+    from .agent import Agent, AgentStream
+    from .errors import (
+        AfterRunError,
+        CodecError,
+        ConcurrentUpdate,
+        ContextPipeError,
+        ContextWindowExceeded,
+        CorruptRecord,
+        LeaseLost,
+        McpError,
+        ModelAuthError,
+        ModelBadRequest,
+        ModelConnectionError,
+        ModelError,
+        ModelRateLimited,
+        ModelResponseError,
+        ModelServerError,
+        ModelTimeout,
+        ProviderError,
+        RequestInvariantError,
+        ScriptExhausted,
+        SessionBusy,
+        SkillError,
+        StoreError,
+        UsageError,
+    )
+    from .events import (
+        ReasoningDelta,
+        RunDone,
+        RunResult,
+        StepPersisted,
+        StopReason,
+        StreamEvent,
+        TextDelta,
+        ToolCallFinished,
+        ToolCallStarted,
+    )
+    from .loop import RunLimits
+    from .messages import (
+        DataPart,
+        FunctionCall,
+        FunctionResult,
+        Message,
+        ReasoningPart,
+        Source,
+        TextPart,
+        UnknownPart,
+        UriPart,
+    )
+    from .models.base import ModelSettings, Usage
+    from .pipeline import RunContext, RunOutcome
+    from .providers.base import ContextProvider, HistoryProvider
+    from .session import ProviderState, Session
+    from .telemetry import Telemetry
+    from .tools import Tool, ToolOutcome, tool
+    from .trace import PromptTrace
 
 __version__ = "0.1.0"
 
@@ -127,3 +133,34 @@ __all__ = [
     "__version__",
     "tool",
 ]
+
+# Where each public name lives. The modules `import contextpipe` used to load eagerly stay reachable as
+# attributes (``contextpipe.stores``), imported when first named.
+_EXPORTS: dict[str, str] = {
+    "Agent": ".agent", "AgentStream": ".agent",
+    **dict.fromkeys(("AfterRunError", "CodecError", "ConcurrentUpdate", "ContextPipeError", "ContextWindowExceeded",
+                     "CorruptRecord", "LeaseLost", "McpError", "ModelAuthError", "ModelBadRequest",
+                     "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError",
+                     "ModelServerError", "ModelTimeout", "ProviderError", "RequestInvariantError", "ScriptExhausted",
+                     "SessionBusy", "SkillError", "StoreError", "UsageError"), ".errors"),
+    **dict.fromkeys(("ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason", "StreamEvent",
+                     "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
+    "RunLimits": ".loop",
+    **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",
+                     "UnknownPart", "UriPart"), ".messages"),
+    "ModelSettings": ".models.base", "Usage": ".models.base",
+    "RunContext": ".pipeline", "RunOutcome": ".pipeline",
+    "ContextProvider": ".providers.base", "HistoryProvider": ".providers.base",
+    "ProviderState": ".session", "Session": ".session",
+    "Telemetry": ".telemetry",
+    "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools",
+    "PromptTrace": ".trace",
+}
+_SUBMODULES = ("agent", "compaction", "errors", "events", "exchanges", "invariants", "loop", "messages", "models",
+               "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tools", "trace", "vectors")
+
+__getattr__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -20,7 +20,6 @@ import base64
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 
@@ -79,6 +78,8 @@ def server_attributes(model: object) -> dict[str, Any]:
     base = getattr(client, "base_url", None) or getattr(model, "base_url", None)
     if base is None:
         return {}
+    from urllib.parse import urlsplit  # here, not at the top: importing the agent need not load it
+
     parts = urlsplit(str(base))
     if not parts.hostname:
         return {}
@@ -130,8 +131,14 @@ def _part(part: Any) -> dict[str, Any] | None:
 
 
 def _message(message: Message) -> dict[str, Any]:
-    entry: dict[str, Any] = {"role": message.role,
-                             "parts": [p for part in message.parts if (p := _part(part)) is not None]}
+    parts: list[dict[str, Any]] = []
+    for part in message.parts:
+        converted = _part(part)
+        if converted is not None:
+            parts.append(converted)
+        if isinstance(part, FunctionResult):  # a result's images and files follow its response, as blobs / uris
+            parts.extend(p for media in part.parts if (p := _part(media)) is not None)
+    entry: dict[str, Any] = {"role": message.role, "parts": parts}
     if message.author_name:
         entry["name"] = message.author_name
     return entry
@@ -178,7 +185,7 @@ def chat_request_attributes(model: object, model_name: str, settings: Any, messa
 def chat_response_attributes(response: Any, capture: bool) -> dict[str, Any]:
     """Attributes of a ``chat`` span when the response is complete (None values are meant to be left out)."""
     usage = response.usage
-    raw_id = getattr(response, "id", None) or getattr(getattr(response, "raw", None), "id", None)
+    raw_id = getattr(response, "id", None)  # ModelResponse.id: every client sets it, streamed or not
     attributes: dict[str, Any] = {
         "gen_ai.response.id": raw_id if isinstance(raw_id, str) else None,
         "gen_ai.response.model": response.model,

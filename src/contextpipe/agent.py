@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -203,6 +202,8 @@ class Agent:
 
     async def create_session(self, *, tenant: str = DEFAULT_TENANT, ttl: float | None = None) -> Session:
         """Create and store a new session with a random id."""
+        import uuid  # here, not at the top: importing the agent need not load it
+
         return await self.session(f"s-{uuid.uuid4().hex}", tenant=tenant, ttl=ttl)
 
     async def history(self, session: Session, *, limit: int | None = None) -> list[Message]:

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ._media import describe, media_tokens
 from .errors import UsageError
 from .exchanges import Group, GroupKind
 from .exchanges import group_messages as _group
@@ -337,10 +338,11 @@ class ClearToolResults(CompactionStrategy):
         changed = False
         for p in message.parts:
             if type(p) is FunctionResult and not p.result.startswith("[cleared"):
-                size = tokenizer.count_text(p.result)
+                size = tokenizer.count_text(p.result) + sum(media_tokens(m) for m in p.parts)
                 if size >= self.min_tokens:
+                    media = f" with {', '.join(describe(m) for m in p.parts)}" if p.parts else ""
                     p = FunctionResult(p.call_id, f"[cleared to save context: {size} tokens of "
-                                       f"{names.get(p.call_id, 'tool')} output; call the tool again if "
+                                       f"{names.get(p.call_id, 'tool')} output{media}; call the tool again if "
                                        "you need it]", p.is_error)
                     changed = True
             parts.append(p)
@@ -466,7 +468,8 @@ class Summarize(CompactionStrategy):
                 elif isinstance(p, FunctionCall):
                     lines.append(f"assistant called {p.name}({p.arguments})")
                 elif isinstance(p, FunctionResult):
-                    lines.append(f"tool result{' (error)' if p.is_error else ''}: {p.result}")
+                    media = f" [with {', '.join(describe(m) for m in p.parts)}]" if p.parts else ""
+                    lines.append(f"tool result{' (error)' if p.is_error else ''}: {p.result}{media}")
         request = ModelRequest([Message.user("\n".join(lines))], self.prompt, (),
                                {"max_output_tokens": self.max_summary_tokens})
         response = await self.model.complete(request)

@@ -188,6 +188,13 @@ class StoreError(ContextPipeError):
                    backend=backend, server=server)
 
     @classmethod
+    def pool_exhausted(cls, backend: str, server: str, size: int, seconds: float) -> Self:
+        """Say that no pooled connection was free within the pool's timeout."""
+        return cls(f"{backend} store ({server}): all {size} pooled connections stayed busy for {seconds:g} s; "
+                   "raise the store's max_connections (or pool_timeout), or make fewer calls at once",
+                   backend=backend, server=server)
+
+    @classmethod
     def from_driver(cls, backend: str, server: str, exc: BaseException) -> Self:
         """Wrap a driver or network error, naming the server it came from."""
         try:

@@ -309,7 +309,7 @@ def _answered_results(message: Message, open_calls: dict[str, FunctionCall], ren
         pending = [cid for cid in renamed.get(call_id, ()) if cid in open_calls]
         if call_id not in open_calls and pending:
             call_id = pending[0]
-            part = FunctionResult(call_id, part.result, part.is_error)
+            part = FunctionResult(call_id, part.result, part.is_error, part.parts)
         if call_id not in open_calls:
             notes.append(f"left out result for call {part.call_id!r}, which was not open")
             continue

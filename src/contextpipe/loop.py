@@ -123,7 +123,7 @@ async def execute_tool(tools: dict[str, Tool], call: FunctionCall) -> FunctionRe
         return FunctionResult(
             call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
     outcome = await tool.invoke(call.arguments)
-    return FunctionResult(call.call_id, outcome.result, outcome.is_error)
+    return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
 
 
 def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:

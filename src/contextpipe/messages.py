@@ -110,19 +110,6 @@ class FunctionCall:
 
 
 @dataclass(frozen=True, slots=True)
-class FunctionResult:
-    """The result of a tool call, sent back to the model."""
-
-    call_id: str
-    """Id of the call this answers."""
-    result: str
-    """What the model is shown: the tool's return value as text, or an error message."""
-    is_error: bool = False
-    """True when the tool failed or was never run; `result` then says why."""
-    kind: Literal["function_result"] = "function_result"
-
-
-@dataclass(frozen=True, slots=True)
 class DataPart:
     """Inline binary content (an image, audio, a file) with its media type."""
 
@@ -142,6 +129,31 @@ class UriPart:
     media_type: str
     """IANA media type, for example ``image/jpeg``."""
     kind: Literal["uri"] = "uri"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionResult:
+    """The result of a tool call, sent back to the model: text, plus any images, audio or files.
+
+    >>> png = DataPart(b"(the bytes of a PNG file)", "image/png")
+    >>> r = FunctionResult("call_1", "A chart of the week's sales.", parts=(png,))
+    >>> loads(dumps(Message("tool", (r,)))).parts[0] == r
+    True
+
+    Each model client sends `parts` in the form its API accepts (see the clients' docstrings); a part
+    an API cannot take is left out with a note in the text the model sees and in the call's trace.
+    """
+
+    call_id: str
+    """Id of the call this answers."""
+    result: str
+    """What the model is shown: the tool's return value as text, or an error message."""
+    is_error: bool = False
+    """True when the tool failed or was never run; `result` then says why."""
+    parts: tuple[DataPart | UriPart | UnknownPart, ...] = ()
+    """Images, audio or files the tool returned besides its text (an MCP tool's image, for example);
+    `UnknownPart` only for a kind written by a newer contextpipe, kept so that nothing is lost."""
+    kind: Literal["function_result"] = "function_result"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +320,8 @@ def _part_to_dict(part: Part) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": "function_result", "call_id": part.call_id, "result": part.result}
         if part.is_error:
             d["is_error"] = True
+        if part.parts:
+            d["parts"] = [_part_to_dict(p) for p in part.parts]
         return d
     if isinstance(part, DataPart):
         return {"kind": "data", "media_type": part.media_type, "data": base64.b64encode(part.data).decode()}
@@ -335,7 +349,9 @@ def _part_from_dict(d: Mapping[str, Any]) -> Part:
     if kind == "function_call":
         return FunctionCall(_str(d, "call_id"), _str(d, "name"), _str(d, "arguments"))
     if kind == "function_result":
-        return FunctionResult(_str(d, "call_id"), _str(d, "result"), bool(d.get("is_error", False)))
+        raw = d.get("parts")
+        return FunctionResult(_str(d, "call_id"), _str(d, "result"), bool(d.get("is_error", False)),
+                              _media_parts(raw) if raw else ())
     if kind == "data":
         return DataPart(base64.b64decode(_str(d, "data"), validate=True), _str(d, "media_type"))
     if kind == "uri":
@@ -347,6 +363,19 @@ def _part_from_dict(d: Mapping[str, Any]) -> Part:
     if not isinstance(kind, str):
         raise CodecError(f"content part kind must be a string, got {kind!r}")
     return UnknownPart(kind, MappingProxyType({k: v for k, v in d.items() if k != "kind"}))
+
+
+def _media_parts(raw: Any) -> tuple[DataPart | UriPart | UnknownPart, ...]:
+    """Decode the data and URI parts of a function result (and kinds of a newer version, kept as they are)."""
+    if type(raw) is not list:
+        raise CodecError(f"function result parts must be a list, got {type(raw).__name__}")
+    out: list[DataPart | UriPart | UnknownPart] = []
+    for item in raw:
+        part = _part_from_dict(item)
+        if not isinstance(part, DataPart | UriPart | UnknownPart):
+            raise CodecError(f"a function result may only carry data and uri parts, got kind {part.kind!r}")
+        out.append(part)
+    return tuple(out)
 
 
 def _str(d: Mapping[str, Any], key: str) -> str:

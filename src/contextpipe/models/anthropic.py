@@ -9,6 +9,9 @@ The Anthropic wire format lives only in this module; everything else speaks cont
 - Prompt caching is on by default: cache breakpoints go on the tools, the instructions, the end of
   the previous call's prompt (to read it) and the end of this one (to write it). ``cache=None`` turns
   it off, ``cache="1h"`` picks the one-hour TTL. `Usage` reports cache reads and writes.
+- A tool result's images (JPEG, PNG, GIF, WebP, inline or by URL) and documents (PDF, plain text)
+  go inside its ``tool_result`` block, after the text; other media (audio, other image types) are
+  left out, named in a note at the end of the result's text and in the call's trace.
 - Stop reasons map to contextpipe's: ``end_turn`` -> ``stop``, ``tool_use`` -> ``tool_calls``,
   ``max_tokens`` -> ``length``, ``refusal`` -> ``content_filter``; a ``pause_turn`` is continued
   automatically.
@@ -22,10 +25,12 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import AsyncIterator
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._media import Media, describe, left_out_note, only_readable
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -93,6 +98,9 @@ class AnthropicChatModel:
     `max_retries` is the SDK's own retry count (connection errors, 408/409/429, 5xx and 529
     overloaded); `timeout` is seconds per request. Pass `client` to reuse a configured
     ``anthropic.AsyncAnthropic`` (or a Bedrock / Vertex client).
+    `media_types` says which media in tool results the model reads, as patterns (``("image/*",)``);
+    the rest are left out, named in the result's text and the trace. None (the default) sends all
+    the API takes; ``()`` suits a text-only model.
     """
 
     provider: str = "anthropic"
@@ -110,8 +118,11 @@ class AnthropicChatModel:
         cache: Literal["5m", "1h"] | None = "5m",
         settings: ModelSettings | None = None,
         client: anthropic.AsyncAnthropic | None = None,
+        media_types: Sequence[str] | None = None,
     ) -> None:
         self._model = model or os.environ.get("ANTHROPIC_MODEL") or ""
+        self.media_types = None if media_types is None else tuple(media_types)
+        """Patterns of the media types this model reads in tool results (None: whatever the API takes)."""
         if not self._model:
             raise UsageError("no model name: pass AnthropicChatModel('claude-sonnet-5') or set ANTHROPIC_MODEL")
         if cache not in ("5m", "1h", None):
@@ -241,7 +252,8 @@ class AnthropicChatModel:
             except Exception as exc:
                 raise self._translate(exc) from exc
             blocks = [b.model_dump(exclude_none=True) for b in message.content]
-            merged = _Merged.add(merged, blocks, message.stop_reason, _usage(message.usage), message.model)
+            merged = _Merged.add(merged, blocks, message.stop_reason, _usage(message.usage), message.model,
+                                 getattr(message, "id", None))
             if message.stop_reason != "pause_turn":
                 break
             kwargs = _continue(kwargs, merged.blocks)
@@ -270,7 +282,7 @@ class AnthropicChatModel:
                     provider=self.provider,
                 )
             merged = _Merged.add(merged, assembly.blocks(self.provider), assembly.stop_reason, assembly.usage(),
-                                 assembly.model)
+                                 assembly.model, assembly.message_id)
             if assembly.stop_reason != "pause_turn":
                 break
             kwargs = _continue(kwargs, merged.blocks)
@@ -297,7 +309,8 @@ class AnthropicChatModel:
     def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         notes: list[str] = []
-        wire, system_texts = _conversation(request, notes)
+        messages = only_readable(request.messages, self.media_types, self._model, notes)
+        wire, system_texts = _conversation(request, messages, notes)
         kwargs: dict[str, Any] = {"model": self._model, "messages": wire,
                                   "max_tokens": settings.get("max_output_tokens", self.max_tokens)}
         control: dict[str, Any] | None = None
@@ -404,12 +417,13 @@ _STREAM_ERROR_STATUS = {"overloaded_error": 529, "rate_limit_error": 429, "api_e
 # --- wire format -------------------------------------------------------------------------------------
 
 
-def _conversation(request: ModelRequest, notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+def _conversation(request: ModelRequest, messages: Sequence[Message],
+                  notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """Return the wire messages and the system texts (instructions, then system messages) of `request`."""
     system_texts = [request.instructions] if request.instructions else []
     wire: list[dict[str, Any]] = []
     dropped: dict[str, int] = {}
-    for message in request.messages:
+    for message in messages:
         if message.role == "system":
             if message.text:
                 system_texts.append(message.text)
@@ -483,7 +497,7 @@ def _append(wire: list[dict[str, Any]], message: Message, dropped: dict[str, int
     if role == "assistant":
         blocks = [b for p in message.parts if (b := _assistant_block(p, dropped, notes)) is not None]
     else:
-        blocks = [b for p in message.parts if (b := _user_block(p, message.role, dropped)) is not None]
+        blocks = [b for p in message.parts if (b := _user_block(p, message.role, dropped, notes)) is not None]
     if not blocks:
         return
     if wire and wire[-1]["role"] == role:
@@ -495,11 +509,12 @@ def _append(wire: list[dict[str, Any]], message: Message, dropped: dict[str, int
         wire[-1]["content"].sort(key=lambda b: b.get("type") != "tool_result")
 
 
-def _user_block(part: Part, role: str, dropped: dict[str, int]) -> dict[str, Any] | None:
+def _user_block(part: Part, role: str, dropped: dict[str, int], notes: list[str]) -> dict[str, Any] | None:
     if isinstance(part, FunctionResult):
         result: dict[str, Any] = {"type": "tool_result", "tool_use_id": part.call_id}
-        if part.result:
-            result["content"] = part.result
+        content = _tool_result_content(part, notes) if part.parts else part.result
+        if content:
+            result["content"] = content
         if part.is_error:
             result["is_error"] = True
         return result
@@ -508,6 +523,38 @@ def _user_block(part: Part, role: str, dropped: dict[str, int]) -> dict[str, Any
     if isinstance(part, UnknownPart):
         return _unknown_block(part, dropped)
     return _content_block(part, role)
+
+
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def _tool_result_content(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]:
+    """Return the blocks of a result with media: its text, then the images and documents Claude accepts."""
+    media: list[dict[str, Any]] = []
+    left_out: list[Media] = []
+    for item in part.parts:
+        block = _content_block(item, "user") if _accepted_in_result(item) else None
+        if block is None:
+            left_out.append(item)
+        else:
+            media.append(block)
+    text = part.result
+    if left_out:
+        note = left_out_note(left_out, "Claude")
+        text = f"{text}\n{note}" if text else note
+        notes.append(f"left out of tool result {part.call_id}: {', '.join(describe(p) for p in left_out)} "
+                     "(Claude cannot take this content in a tool result)")
+    return ([{"type": "text", "text": text}] if text else []) + media
+
+
+def _accepted_in_result(part: Media) -> bool:
+    """Whether a ``tool_result`` block may carry `part`: an image of a type Claude reads, a PDF, plain text."""
+    if isinstance(part, UnknownPart):
+        return False
+    media_type = part.media_type
+    if isinstance(part, UriPart):
+        return media_type in _IMAGE_TYPES or media_type == "application/pdf"
+    return media_type in _IMAGE_TYPES or media_type in ("application/pdf", "text/plain")
 
 
 def _unknown_block(part: UnknownPart, dropped: dict[str, int]) -> dict[str, Any] | None:
@@ -559,6 +606,9 @@ def _content_block(part: Part, role: str) -> dict[str, Any] | None:
             return {"type": "document", "source": {"type": "text", "media_type": "text/plain",
                                                    "data": part.data.decode("utf-8", "replace")}}
     elif isinstance(part, UriPart):
+        inline = _data_uri(part.uri)
+        if inline is not None:  # Claude fetches http(s) URLs only: a data: URI goes inline
+            return _content_block(DataPart(inline, part.media_type), role)
         if part.media_type.startswith("image/"):
             return {"type": "image", "source": {"type": "url", "url": part.uri}}
         if part.media_type == "application/pdf":
@@ -569,6 +619,19 @@ def _content_block(part: Part, role: str) -> dict[str, Any] | None:
         f"the Anthropic Messages API cannot take {part.media_type!r} content in a {role} message; send images "
         "(image/*), PDF or plain-text documents, or convert the content to text"
     )
+
+
+def _data_uri(uri: str) -> bytes | None:
+    """Return the bytes of a base64 ``data:`` URI, or None for any other URI."""
+    if not uri.startswith("data:"):
+        return None
+    header, _, data = uri.partition(",")
+    if not header.endswith(";base64"):
+        return urllib.parse.unquote_to_bytes(data)
+    try:
+        return base64.b64decode(data, validate=True)
+    except ValueError:
+        return None
 
 
 def _place_breakpoints(wire: list[dict[str, Any]], control: dict[str, Any]) -> None:
@@ -636,19 +699,22 @@ class _Merged:
     stop_reason: str | None
     usage: Usage
     model: str | None
+    id: str | None
 
     @classmethod
     def add(cls, merged: _Merged | None, blocks: list[dict[str, Any]], stop_reason: str | None, usage: Usage,
-            model: str | None) -> _Merged:
+            model: str | None, message_id: str | None) -> _Merged:
+        """Add one call's answer; the id is the last call's (the message that finished the turn)."""
         if merged is None:
-            return cls(list(blocks), stop_reason, usage, model)
-        return cls([*merged.blocks, *blocks], stop_reason, merged.usage + usage, model or merged.model)
+            return cls(list(blocks), stop_reason, usage, model, message_id)
+        return cls([*merged.blocks, *blocks], stop_reason, merged.usage + usage, model or merged.model,
+                   message_id or merged.id)
 
     def response(self, model: str, notes: list[str], raw: Any = None) -> ModelResponse:
         reason = self.stop_reason
         return ModelResponse([Message("assistant", tuple(_parts(self.blocks)))], usage=self.usage,
                              finish_reason=_STOP_REASONS.get(reason or "", reason), model=self.model or model,
-                             raw=raw, notes=tuple(notes))
+                             raw=raw, notes=tuple(notes), id=self.id)
 
 
 @dataclass
@@ -665,6 +731,7 @@ class _StreamAssembly:
         self.stopped = False
         self.stop_reason: str | None = None
         self.model: str | None = None
+        self.message_id: str | None = None
         self._blocks: dict[int, _Block] = {}
         self._start_usage: Any = None
         self._delta_usage: Any = None
@@ -673,6 +740,7 @@ class _StreamAssembly:
         kind = event.type
         if kind == "message_start":
             self.model = event.message.model
+            self.message_id = getattr(event.message, "id", None)
             self._start_usage = event.message.usage
         elif kind == "content_block_start":
             self._blocks[event.index] = _Block(event.content_block.model_dump(exclude_none=True))

@@ -112,6 +112,9 @@ class ModelResponse:
     notes: tuple[str, ...] = ()
     """What the client changed in the request to make it valid for its provider (for example reasoning
     of another vendor left out); shown in the call's `PromptTrace`."""
+    id: str | None = None
+    """The provider's id of this response (``chatcmpl-...``, ``resp_...``, ``msg_...``), streamed or not;
+    OpenTelemetry's ``gen_ai.response.id``."""
 
     @property
     def text(self) -> str:

@@ -4,6 +4,14 @@ Works with OpenAI, Azure OpenAI (`OpenAIChatModel.azure`), and OpenAI-compatible
 Ollama, vLLM and llama.cpp's server (pass `base_url`). The OpenAI wire format lives only in this
 module; everything else speaks contextpipe `Message`s.
 
+A ``tool`` message of this API takes only text. A tool result's images (PNG, JPEG, GIF and WebP
+inline, any type by URL), WAV / MP3 audio and PDF files are therefore sent right after the
+assistant turn's tool messages, in one ``user`` message that says which tool and call they came
+from ("Image returned by tool 'chart' (call id call_1):"), and the tool message's text says the
+attachments follow (the form agent frameworks commonly use with this API; it works with any vision
+model behind it). Media the API cannot take (other audio formats, other files, audio or files by
+URL) are left out, named in a note at the end of the result's text and in the call's trace.
+
 Configuration comes from arguments or the usual environment variables: ``OPENAI_API_KEY``,
 ``OPENAI_BASE_URL``, ``OPENAI_MODEL`` (and for Azure ``AZURE_OPENAI_ENDPOINT``,
 ``AZURE_OPENAI_API_KEY``, ``OPENAI_API_VERSION``).
@@ -14,10 +22,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._media import Media, describe, left_out_note, only_readable
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -39,6 +48,7 @@ from ..messages import (
     Part,
     ReasoningPart,
     TextPart,
+    UnknownPart,
     UriPart,
 )
 from .base import (
@@ -77,6 +87,9 @@ class OpenAIChatModel:
 
     `max_retries` is the SDK's own retry count for connection errors, 408/409/429 and 5xx answers;
     `timeout` is seconds per request. Pass `client` to reuse a configured ``openai.AsyncOpenAI``.
+    `media_types` says which media in tool results the model reads, as patterns (``("image/*",)``);
+    the rest are left out, named in the result's text and the trace. None (the default) sends all
+    the API takes; ``()`` suits a text-only model.
     """
 
     def __init__(
@@ -91,6 +104,7 @@ class OpenAIChatModel:
         settings: ModelSettings | None = None,
         client: openai.AsyncOpenAI | None = None,
         max_tokens_field: str = "max_completion_tokens",
+        media_types: Sequence[str] | None = None,
     ) -> None:
         self._model = model or os.environ.get("OPENAI_MODEL") or ""
         if not self._model:
@@ -101,6 +115,8 @@ class OpenAIChatModel:
         self.settings: ModelSettings = settings or ModelSettings()
         """Default settings for every call; a request's settings override them."""
         self._max_tokens_field = max_tokens_field
+        self.media_types = None if media_types is None else tuple(media_types)
+        """Patterns of the media types this model reads in tool results (None: whatever the API takes)."""
         if client is not None:
             self._client = client
         else:
@@ -183,16 +199,16 @@ class OpenAIChatModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send `request` and return the whole response."""
-        kwargs = self._build(request)
+        kwargs, notes = self._build(request)
         try:
             completion = await self._client.chat.completions.create(**kwargs)
         except Exception as exc:
             raise self._translate(exc) from exc
-        return _noted(self._parse(completion), request)
+        return _noted(self._parse(completion), request, notes)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream `request`: text and reasoning deltas, then the assembled response."""
-        kwargs = self._build(request)
+        kwargs, notes = self._build(request)
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
         assembly = _StreamAssembly()
@@ -210,17 +226,22 @@ class OpenAIChatModel:
                     provider=self._provider,
                 ) from exc
             raise self._translate(exc) from exc
-        yield ResponseComplete(_noted(assembly.finish(self._provider, self._model), request))
+        yield ResponseComplete(_noted(assembly.finish(self._provider, self._model), request, notes))
 
     # --- request ------------------------------------------------------------------------------------
 
-    def _build(self, request: ModelRequest) -> dict[str, Any]:
+    def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         wire: list[dict[str, Any]] = []
         if request.instructions:
             wire.append({"role": "system", "content": request.instructions})
-        for message in request.messages:
-            _append_wire(wire, message)
+        notes: list[str] = []
+        media = _ToolMedia()
+        for message in only_readable(request.messages, self.media_types, self._model, notes):
+            if not carries_results(message):
+                media.flush(wire)
+            _append_wire(wire, message, media, notes)
+        media.flush(wire)
         kwargs: dict[str, Any] = {"model": self._model, "messages": wire}
         if request.tools:
             kwargs["tools"] = [
@@ -246,7 +267,7 @@ class OpenAIChatModel:
             kwargs["seed"] = settings["seed"]
         if "openai_extra_body" in settings:
             kwargs["extra_body"] = settings["openai_extra_body"]
-        return kwargs
+        return kwargs, notes
 
     # --- response -----------------------------------------------------------------------------------
 
@@ -276,6 +297,7 @@ class OpenAIChatModel:
         return ModelResponse(
             [Message("assistant", tuple(parts))], usage=usage, finish_reason=choice.finish_reason,
             model=getattr(completion, "model", None) or self._model, raw=completion,
+            id=getattr(completion, "id", None) or None,
         )
 
     # --- errors -------------------------------------------------------------------------------------
@@ -348,8 +370,8 @@ class OpenAIChatModel:
         )
 
 
-def _noted(response: ModelResponse, request: ModelRequest) -> ModelResponse:
-    """Note the other vendors' reasoning left out of a chat completions request.
+def _noted(response: ModelResponse, request: ModelRequest, built: list[str]) -> ModelResponse:
+    """Add what building the request noted, and the other vendors' reasoning left out of it.
 
     Plain reasoning is never sent back on this API, so it needs no note.
     """
@@ -358,11 +380,11 @@ def _noted(response: ModelResponse, request: ModelRequest) -> ModelResponse:
         for part in message.parts:
             if isinstance(part, ReasoningPart) and part.format is not None:
                 counts[part.format] = counts.get(part.format, 0) + 1
-    if not counts:
+    if not counts and not built:
         return response
     notes = tuple(f"left out {n} reasoning part(s) of format {fmt!r}: chat completions cannot accept them"
                   for fmt, n in sorted(counts.items()))
-    return dataclasses.replace(response, notes=response.notes + notes)
+    return dataclasses.replace(response, notes=response.notes + tuple(built) + notes)
 
 
 def _chat_usage(usage: Any) -> Usage | None:
@@ -408,27 +430,64 @@ def _retry_after(headers: Any) -> float | None:
     return None
 
 
-def _append_wire(wire: list[dict[str, Any]], message: Message) -> None:
+class _ToolMedia:
+    """The images, audio and files of tool results, sent in one user message after the tool messages.
+
+    A ``tool`` message takes only text, and an assistant turn's tool messages must follow it without
+    another message in between: so the media of a run of tool messages wait here, labelled with the
+    tool and call they came from, until the next message that is not a tool result.
+    """
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.content: list[dict[str, Any]] = []
+
+    def add(self, result: FunctionResult, notes: list[str]) -> str:
+        """Keep `result`'s media for the next user message; return the text its tool message carries."""
+        label = f"tool {self.names.get(result.call_id, 'call')!r} (call id {result.call_id})"
+        sent: list[dict[str, Any]] = []
+        kinds: set[str] = set()
+        left_out: list[Media] = []
+        for part in result.parts:
+            if isinstance(part, UnknownPart) or (content := _media_part(part)) is None:
+                left_out.append(part)
+                continue
+            sent.append(content)
+            major = part.media_type.split("/", 1)[0]
+            kinds.add(major if major in ("image", "audio") else "file")
+        text = result.result
+        if sent:
+            what = " and ".join(sorted(kinds)).capitalize()
+            self.content.append({"type": "text", "text": f"{what} returned by {label}:"})
+            self.content.extend(sent)
+            text = f"{text}\n[{len(sent)} attachment(s) of this result follow in the next user message]"
+        if left_out:
+            text = f"{text}\n{left_out_note(left_out, 'OpenAI chat completions')}"
+            notes.append(f"left out of tool result {result.call_id}: {', '.join(describe(p) for p in left_out)} "
+                         "(chat completions cannot take this content)")
+        return text
+
+    def flush(self, wire: list[dict[str, Any]]) -> None:
+        """Send the waiting media, if any, as one user message."""
+        if self.content:
+            wire.append({"role": "user", "content": self.content})
+            self.content = []
+
+
+def _append_wire(wire: list[dict[str, Any]], message: Message, media: _ToolMedia, notes: list[str]) -> None:
     role = message.role
     if carries_results(message):
         for part in message.parts:
             if isinstance(part, FunctionResult):
-                wire.append({"role": "tool", "tool_call_id": part.call_id, "content": part.result})
+                text = media.add(part, notes) if part.parts else part.result
+                wire.append({"role": "tool", "tool_call_id": part.call_id, "content": text})
         return
     if role == "assistant":
-        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
-        calls = [
-            {"id": p.call_id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
-            for p in message.parts if isinstance(p, FunctionCall)
-        ]
-        if calls:
-            entry["tool_calls"] = calls
-        if message.author_name:
-            entry["name"] = message.author_name
-        wire.append(entry)
+        media.names.update((p.call_id, p.name) for p in message.parts if isinstance(p, FunctionCall))
+        wire.append(_assistant_entry(message))
         return
     parts = message.parts
-    entry = {"role": role}
+    entry: dict[str, Any] = {"role": role}
     if all(isinstance(p, TextPart) for p in parts):
         entry["content"] = message.text
     else:
@@ -436,6 +495,40 @@ def _append_wire(wire: list[dict[str, Any]], message: Message) -> None:
     if message.author_name:
         entry["name"] = message.author_name
     wire.append(entry)
+
+
+def _assistant_entry(message: Message) -> dict[str, Any]:
+    entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    calls = [
+        {"id": p.call_id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+        for p in message.parts if isinstance(p, FunctionCall)
+    ]
+    if calls:
+        entry["tool_calls"] = calls
+    if message.author_name:
+        entry["name"] = message.author_name
+    return entry
+
+
+_AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+"""Image types OpenAI's APIs read inline (an image by URL is fetched by the service, whatever its type)."""
+
+
+def _media_part(part: DataPart | UriPart) -> dict[str, Any] | None:
+    """Return the user-message content part for a tool's image, audio or PDF, or None if the API takes none."""
+    if isinstance(part, UriPart):
+        return {"type": "image_url", "image_url": {"url": part.uri}} if part.media_type.startswith("image/") else None
+    if part.media_type in _IMAGE_TYPES:
+        url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    encoded = base64.b64encode(part.data).decode()
+    if part.media_type in _AUDIO_FORMATS:
+        return {"type": "input_audio", "input_audio": {"data": encoded, "format": _AUDIO_FORMATS[part.media_type]}}
+    if part.media_type == "application/pdf":
+        return {"type": "file", "file": {"filename": "document.pdf",
+                                         "file_data": f"data:application/pdf;base64,{encoded}"}}
+    return None
 
 
 def _content_part(part: Part, role: str) -> dict[str, Any] | None:
@@ -477,12 +570,15 @@ class _StreamAssembly:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.model: str | None = None
+        self.id: str | None = None
         self.chunks = 0
 
     def feed(self, chunk: Any) -> list[ModelStreamEvent]:
         events: list[ModelStreamEvent] = []
         if getattr(chunk, "model", None):
             self.model = chunk.model
+        if self.id is None and getattr(chunk, "id", None):
+            self.id = chunk.id
         if chunk.usage is not None:
             self.usage = _chat_usage(chunk.usage)
         for choice in chunk.choices or ():
@@ -533,5 +629,5 @@ class _StreamAssembly:
             parts.append(FunctionCall(draft.call_id, draft.name, arguments))
         return ModelResponse(
             [Message("assistant", tuple(parts))], usage=self.usage, finish_reason=self.finish_reason,
-            model=self.model or model,
+            model=self.model or model, id=self.id,
         )

@@ -12,6 +12,11 @@ of each response is kept in its message's metadata (``openai_response_id``), so 
 remembers it, and a call sends ``previous_response_id`` plus only the messages after that response.
 When no stored response is in view (a new session, compaction replaced it) the whole input is sent.
 
+A tool result's images (PNG, JPEG, GIF and WebP inline, any type by URL) and PDF files go into its
+``function_call_output`` as an ``output`` list
+(``input_text``, then ``input_image`` / ``input_file`` items); other media (audio) are left out,
+named in a note at the end of the result's text and in the call's trace.
+
 The Responses wire format lives only in this module.
 """
 
@@ -21,6 +26,7 @@ import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from .._media import Media, describe, left_out_note, only_readable
 from ..errors import (
     ModelBadRequest,
     ModelError,
@@ -50,7 +56,7 @@ from .base import (
     TextDelta,
     Usage,
 )
-from .openai import OpenAIChatModel
+from .openai import _IMAGE_TYPES, OpenAIChatModel
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -129,7 +135,7 @@ class OpenAIResponsesModel(OpenAIChatModel):
         settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
         notes: list[str] = []
         kwargs: dict[str, Any] = {"model": self._model}
-        messages = self._continuation(request.messages, kwargs)
+        messages = only_readable(self._continuation(request.messages, kwargs), self.media_types, self._model, notes)
         dropped: dict[str, int] = {}
         items: list[dict[str, Any]] = []
         for message in messages:
@@ -184,7 +190,8 @@ class OpenAIResponsesModel(OpenAIChatModel):
         metadata = {RESPONSE_ID: response_id} if isinstance(response_id, str) else {}
         return ModelResponse([Message("assistant", tuple(parts), metadata=metadata)],
                              usage=_usage(getattr(response, "usage", None)), finish_reason=finish,
-                             model=getattr(response, "model", None) or self._model, raw=response, notes=tuple(notes))
+                             model=getattr(response, "model", None) or self._model, raw=response, notes=tuple(notes),
+                             id=response_id if isinstance(response_id, str) else None)
 
     def _stream_error(self, code: str | None, message: str, events: int) -> ModelError:
         where = f"{self._provider} ({self._client.base_url})"
@@ -278,7 +285,8 @@ def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[s
     content: list[dict[str, Any]] = []
     for part in message.parts:
         if isinstance(part, FunctionResult):
-            items.append({"type": "function_call_output", "call_id": part.call_id, "output": part.result})
+            output = _tool_output(part, notes) if part.parts else part.result
+            items.append({"type": "function_call_output", "call_id": part.call_id, "output": output})
         elif isinstance(part, TextPart):
             if part.text:
                 content.append({"type": "input_text", "text": part.text})
@@ -288,6 +296,28 @@ def _append_items(items: list[dict[str, Any]], message: Message, dropped: dict[s
             items.append(kept)
     if content:
         items.append({"role": "developer" if message.role == "system" else "user", "content": content})
+
+
+def _tool_output(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]:
+    """Return a result with media as the output list the API takes: its text, then images and PDF files."""
+    media: list[dict[str, Any]] = []
+    left_out: list[Media] = []
+    for item in part.parts:
+        if isinstance(item, UnknownPart):
+            left_out.append(item)
+            continue
+        image = item.media_type in _IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
+        if image or item.media_type == "application/pdf":
+            media.append(_media(item, "tool"))
+        else:
+            left_out.append(item)
+    text = part.result
+    if left_out:
+        note = left_out_note(left_out, "the OpenAI Responses API")
+        text = f"{text}\n{note}" if text else note
+        notes.append(f"left out of tool result {part.call_id}: {', '.join(describe(p) for p in left_out)} "
+                     "(the Responses API cannot take this content in a function call output)")
+    return ([{"type": "input_text", "text": text}] if text else []) + media
 
 
 def _unknown_item(part: Part, dropped: dict[str, int]) -> dict[str, Any] | None:

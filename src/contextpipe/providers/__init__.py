@@ -1,4 +1,8 @@
-"""Context providers: the base classes and the built-ins."""
+"""Context providers: the base classes and the built-ins.
+
+The built-ins are imported when first named, so an agent that uses none of them (or only `History`)
+does not load the others (the skills' file handling, the memories' vector types, MCP).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,15 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter, external_input
-from .compaction import Compaction
-from .facts import FactMemory
-from .history import History
-from .memory import SemanticMemory
-from .search import SearchResult, TextSearch
-from .skills import ScriptRequest, Skill, SkillProblem, Skills
 
 if TYPE_CHECKING:
+    from .compaction import Compaction
+    from .facts import FactMemory
+    from .history import History
     from .mcp import HttpServer, McpTools, StdioServer
+    from .memory import SemanticMemory
+    from .search import SearchResult, TextSearch
+    from .skills import ScriptRequest, Skill, SkillProblem, Skills
 
 __all__ = [
     "Compaction",
@@ -38,4 +42,12 @@ __all__ = [
 ]
 
 
-__getattr__ = lazy_exports(__name__, dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"))
+__getattr__ = lazy_exports(__name__, {
+    "Compaction": ".compaction",
+    "FactMemory": ".facts",
+    "History": ".history",
+    **dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"),
+    "SemanticMemory": ".memory",
+    "SearchResult": ".search", "TextSearch": ".search",
+    **dict.fromkeys(("ScriptRequest", "Skill", "SkillProblem", "Skills"), ".skills"),
+})

@@ -17,13 +17,14 @@ retry), connections use TCP keepalives, and the error is a `StoreError` naming t
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, UsageError
+from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
 from ._common import (
@@ -184,6 +185,42 @@ return existed
 """
 
 
+@functools.cache
+def _blocking_pool_class() -> type[redis.asyncio.BlockingConnectionPool]:
+    """redis-py's blocking pool, raising a `StoreError` that says what to do when no connection frees up."""
+    import redis.asyncio
+    import redis.exceptions
+
+    class BlockingPool(redis.asyncio.BlockingConnectionPool):
+        async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except redis.exceptions.ConnectionError as exc:
+                if not isinstance(exc.__cause__, TimeoutError):  # only the wait for a free connection
+                    raise
+                raise StoreError.pool_exhausted("redis", _server_of(self.connection_kwargs), self.max_connections,
+                                                self.timeout or 0) from exc
+
+    return BlockingPool
+
+
+def _server_of(connection_kwargs: dict[str, Any]) -> str:
+    """``host:port`` (or the socket's path) of a redis-py pool's connections."""
+    kw = connection_kwargs
+    return str(kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}")
+
+# A listed session: its index score (updated_at), its id and its record's version, last_seq, created_at.
+_Listed = tuple[float, str, list[Any]]
+
+
+def _listing(tenant: str, found: list[_Listed], limit: int) -> SessionListing:
+    """Return the first `limit` of `found` in listing order (newest first, then by id) and the next cursor."""
+    found.sort(key=lambda r: (-r[0], r[1]))
+    page = found[:limit]
+    infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]
+    next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(found) > limit else None
+    return SessionListing(infos, next_cursor)
+
 class RedisStore(SessionStore):
     """Sessions in Redis.
 
@@ -193,6 +230,12 @@ class RedisStore(SessionStore):
     `connect_timeout` bounds opening a connection, `command_timeout` each command, `close_timeout`
     closing the client; past them the call raises a `StoreError` naming the server. `keepalive`
     (seconds of silence before TCP keepalive probes) lets the OS notice a dead peer.
+
+    A store made from a URL keeps at most `max_connections` connections open (one per command in
+    flight); a call made while all are busy waits for one to be returned, up to `pool_timeout`
+    seconds, and then raises a `StoreError` (raise `max_connections`, or the server's ``maxclients``,
+    when it does). So a burst of concurrent runs queues instead of failing, and a whole fleet of
+    workers opens at most workers x `max_connections` connections.
     """
 
     backend = "redis"
@@ -208,11 +251,14 @@ class RedisStore(SessionStore):
         command_timeout: float = 10.0,
         close_timeout: float = 5.0,
         keepalive: int = 30,
+        max_connections: int = 50,
+        pool_timeout: float = 30.0,
     ) -> None:
         if (url is None) == (client is None):
             raise UsageError("RedisStore needs exactly one of url=... or client=...")
         for name, value in (("connect_timeout", connect_timeout), ("command_timeout", command_timeout),
-                            ("close_timeout", close_timeout), ("keepalive", keepalive)):
+                            ("close_timeout", close_timeout), ("keepalive", keepalive),
+                            ("max_connections", max_connections), ("pool_timeout", pool_timeout)):
             if value <= 0:
                 raise UsageError(f"{name} must be positive, got {value}")
         if client is None:
@@ -226,17 +272,20 @@ class RedisStore(SessionStore):
             options = {getattr(socket, name): value for name, value in (
                 ("TCP_KEEPIDLE", keepalive), ("TCP_KEEPINTVL", max(1, keepalive // 3)), ("TCP_KEEPCNT", 3))
                 if hasattr(socket, name)}
-            client = redis_asyncio.Redis.from_url(
-                url, socket_connect_timeout=connect_timeout, socket_timeout=command_timeout, socket_keepalive=True,
-                socket_keepalive_options=options, retry=Retry(NoBackoff(), 0))
+            # A blocking pool: past max_connections commands in flight, a call waits for a connection
+            # (up to pool_timeout) instead of failing at once as redis-py's default pool does.
+            pool = _blocking_pool_class().from_url(
+                url, max_connections=max_connections, timeout=pool_timeout, socket_connect_timeout=connect_timeout,
+                socket_timeout=command_timeout, socket_keepalive=True, socket_keepalive_options=options,
+                retry=Retry(NoBackoff(), 0))
+            client = redis_asyncio.Redis.from_pool(pool)
             self.answer_timeout = command_timeout
         # redis-py's return types are wide unions (bytes | str | list ...); results are decoded here.
         self._client: Any = client
         self._owns_client = url is not None
         self._close_timeout = close_timeout
         self._prefix = prefix
-        kwargs = self._client.connection_pool.connection_kwargs
-        self._server = (kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}")
+        self._server = _server_of(self._client.connection_pool.connection_kwargs)
         c = client
         self._append = c.register_script(_APPEND)
         self._save = c.register_script(_SAVE)
@@ -325,33 +374,48 @@ class RedisStore(SessionStore):
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
         validate_tenant(tenant)
         check_limit(limit)
-        index = self._index(tenant)
-        after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
-        found: list[tuple[float, str, list[Any]]] = []
-        offset, batch = 0, limit + 1
-        max_score: str = "+inf" if after_time == float("inf") else repr(after_time)
-        while len(found) <= limit:
-            chunk = await self._client.zrevrangebyscore(index, max_score, "-inf", start=offset, num=batch,
-                                                        withscores=True)
-            if not chunk:
+        after = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
+        found: list[_Listed] = []
+        offset = 0
+        while len(found) <= limit:  # read the index newest first, in slices, until a page and one more
+            read, candidates = await self._index_slice(tenant, after, offset, limit + 1)
+            if not read:
                 break
-            offset += len(chunk)
-            candidates = [(float(score), member.decode()) for member, score in chunk]
-            candidates = [c for c in candidates if c[0] < after_time or (c[0] == after_time and c[1] > after_id)]
-            async with self._client.pipeline(transaction=False) as pipe:
-                for _, sid in candidates:
-                    pipe.hmget(self._keys(SessionKey(tenant, sid))[0], ["version", "last_seq", "created_at"])
-                metas = await pipe.execute()
-            stale = [sid for (_, sid), meta in zip(candidates, metas, strict=True) if meta[0] is None]
-            if stale:
-                offset -= await self._unindex(tenant, stale)  # expired by Redis
-            found += [(t, sid, meta) for (t, sid), meta in zip(candidates, metas, strict=True)
-                      if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
-        found.sort(key=lambda r: (-r[0], r[1]))
-        page = found[:limit]
-        infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]
-        next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(found) > limit else None
-        return SessionListing(infos, next_cursor)
+            listed, expired = await self._live_sessions(tenant, candidates)
+            offset += read - expired  # expired members left the index, so later ones moved up
+            found += listed
+        return _listing(tenant, found, limit)
+
+    async def _index_slice(
+        self, tenant: str, after: tuple[float, str], offset: int, count: int
+    ) -> tuple[int, list[tuple[float, str]]]:
+        """Read `count` members of the tenant's index from `offset`, newest first; keep those past `after`.
+
+        Returns how many members were read and the (updated_at, session id) of those after the cursor.
+        """
+        after_time, after_id = after
+        max_score = "+inf" if after_time == float("inf") else repr(after_time)
+        chunk = await self._client.zrevrangebyscore(self._index(tenant), max_score, "-inf", start=offset, num=count,
+                                                    withscores=True)
+        candidates = [(float(score), member.decode()) for member, score in chunk]
+        return len(chunk), [c for c in candidates if c[0] < after_time or (c[0] == after_time and c[1] > after_id)]
+
+    async def _live_sessions(self, tenant: str, candidates: list[tuple[float, str]]) -> tuple[list[_Listed], int]:
+        """Return the sessions of `candidates` that exist, with their records, and how many had expired.
+
+        The expired ones are dropped from the index (running the deletion hooks); a record holding only
+        a lease (no state saved, no message) is not a session yet and is left out.
+        """
+        async with self._client.pipeline(transaction=False) as pipe:
+            for _, sid in candidates:
+                pipe.hmget(self._keys(SessionKey(tenant, sid))[0], ["version", "last_seq", "created_at"])
+            metas = await pipe.execute()
+        rows = list(zip(candidates, metas, strict=True))
+        stale = [sid for (_, sid), meta in rows if meta[0] is None]
+        expired = await self._unindex(tenant, stale) if stale else 0
+        listed = [(t, sid, meta) for (t, sid), meta in rows
+                  if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
+        return listed, expired
 
     @override
     @translated

@@ -6,7 +6,8 @@ It serves ``POST /v1/messages`` (plain JSON, and the SSE event stream exactly as
 of replies (also in the Vertex AI and the non-streaming Bedrock forms), and records every request
 body. It checks what the real API checks and answers 400 with
 an ``invalid_request_error`` like the API does: roles alternating from ``user``, every ``tool_use``
-answered by a ``tool_result`` first in the next user turn, thinking blocks sent back unchanged (their
+answered by a ``tool_result`` first in the next user turn (its content text, image or document blocks, images
+of the four accepted types), thinking blocks sent back unchanged (their
 signatures are verified), at most four cache breakpoints, ``max_tokens`` present. Prompt caching is
 simulated: prefixes ending at a ``cache_control`` breakpoint are remembered, and later requests that
 repeat them report ``cache_read_input_tokens`` (tokens are counted as 4 characters of canonical JSON).
@@ -277,12 +278,18 @@ def _check_block(where: str, role: str, block: dict[str, Any], redacted: set[str
     if role not in _BLOCK_ROLES[kind]:
         return f"{where}: {kind} blocks do not belong in {role} messages"
     source = (block.get("source") or {}).get("type")
+    if kind == "image" and source == "base64" and block["source"].get("media_type") not in _IMAGE_TYPES:
+        return (f"{where}.source.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or "
+                "'image/webp'")
+    if kind == "tool_result":
+        return _check_result_content(where, block.get("content"), redacted)
+    if source == "url" and not str(block["source"].get("url", "")).startswith(("https://", "http://")):
+        return f"{where}.source.url: only http and https URLs are supported"
     problems = {
         "text": not isinstance(block.get("text"), str) or not block["text"],
         "image": source not in ("base64", "url"),
         "document": source not in ("base64", "url", "text"),
         "tool_use": not isinstance(block.get("input"), dict),
-        "tool_result": False,
         "thinking": block.get("signature") != signature_for(block.get("thinking", "")),
         "redacted_thinking": block.get("data") not in redacted,
     }
@@ -293,6 +300,27 @@ def _check_block(where: str, role: str, block: dict[str, Any], redacted: set[str
             "tool_use": f"{where}: tool_use needs an object input",
             "thinking": f"{where}: Invalid `signature` in `thinking` block",
             "redacted_thinking": f"{where}: Invalid `data` in `redacted_thinking` block"}[kind]
+
+
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_RESULT_BLOCKS = ("text", "image", "document", "search_result")
+
+
+def _check_result_content(where: str, content: Any, redacted: set[str]) -> str | None:
+    """Check a ``tool_result``'s content: absent, a string, or text / image / document / search_result blocks."""
+    if content is None or isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return f"{where}.content: Input should be a valid string or a list of content blocks"
+    for j, inner in enumerate(content):
+        kind = inner.get("type") if isinstance(inner, dict) else None
+        if kind not in _RESULT_BLOCKS:
+            return (f"{where}.content.{j}.type: Input tag '{kind}' does not match any of the expected tags: "
+                    f"{', '.join(repr(k) for k in _RESULT_BLOCKS)}")
+        problem = None if kind == "search_result" else _check_block(f"{where}.content.{j}", "user", inner, redacted)
+        if problem:
+            return problem
+    return None
 
 
 def _route(path: str, body: dict[str, Any]) -> str:
@@ -388,7 +416,7 @@ class _AnthropicHandler(_Handler):
                 "output_tokens": reply.output_tokens}
 
     def _message(self, body: dict[str, Any], reply: AnthropicReply) -> dict[str, Any]:
-        return {"id": f"msg_{self.fake._new_id()}", "type": "message", "role": "assistant",
+        return {"id": self.fake._sent_id(f"msg_{self.fake._new_id()}"), "type": "message", "role": "assistant",
                 "model": body.get("model", self.fake.model), "content": self._blocks(reply),
                 "stop_reason": reply.stop_reason or ("tool_use" if reply.tool_calls else "end_turn"),
                 "stop_sequence": None, "usage": self._usage(body, reply)}

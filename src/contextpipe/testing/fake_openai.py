@@ -4,10 +4,14 @@ It serves ``POST /v1/chat/completions`` (plain JSON and SSE streaming, with tool
 ``POST /v1/responses`` (the Responses API: reasoning items with encrypted content, function calls,
 the streaming event sequence, stored responses for ``previous_response_id``) from a script of
 replies, and ``POST /v1/embeddings`` (deterministic word-hashing vectors), and records every request
-body. Responses requests are checked the way the API checks them (reasoning items must come back
-with the encrypted content the server issued and with the item that followed them, tool outputs
-must answer a call, ``previous_response_id`` must name a stored response). Script steps can also be HTTP errors,
-malformed bodies and streams cut mid-way, to test how clients fail.
+body. Requests are checked the way the APIs check them, with a 400 answer like theirs: on chat
+completions, each role's content part types (a ``tool`` message takes text only), image URLs and
+audio formats, and every ``tool_calls`` answered at once by ``tool`` messages (`check_chat`); on
+Responses, reasoning items must come back with the encrypted content the server issued and with
+the item that followed them, tool outputs must answer a call and hold only ``input_text`` /
+``input_image`` / ``input_file`` items, ``previous_response_id`` must name a stored response.
+Script steps can also be HTTP errors, malformed bodies and streams cut mid-way, to test how clients
+fail.
 
 >>> with FakeOpenAIServer() as server:
 ...     server.enqueue(FakeReply("Hello!"))
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import socket
 import threading
 import time
@@ -121,6 +126,8 @@ class FakeOpenAIServer:
         """Responses API: the full item list (input and output) of each stored response, by id."""
         self.issued_reasoning: dict[str, str] = {}
         """Responses API: encrypted content issued for each reasoning item id."""
+        self.response_ids: list[str] = []
+        """Ids of the responses sent (``chatcmpl-...``, ``resp_...``, Anthropic ``msg_...``), oldest first."""
 
     _handler: type[BaseHTTPRequestHandler]  # set below the handler class
 
@@ -185,6 +192,11 @@ class FakeOpenAIServer:
             self._counter += 1
             return f"chatcmpl-{self._counter}"
 
+    def _sent_id(self, response_id: str) -> str:
+        with self._lock:
+            self.response_ids.append(response_id)
+        return response_id
+
 
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeOpenAIServer
@@ -217,7 +229,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"unknown path {self.path}", "type": "not_found"}})
             return
         step = self.fake._next(body, dict(self.headers.items()))
-        if isinstance(step, FakeError):
+        problem = check_chat(body) if isinstance(step, FakeReply | FakeStreamCut) else None
+        if problem:
+            self._json(400, {"error": {"message": problem, "type": "invalid_request_error", "param": "messages",
+                                       "code": None}})
+        elif isinstance(step, FakeError):
             error: dict[str, Any] = {"message": step.message, "type": "fake_error", "code": step.code}
             self._json(step.status, {"error": error}, step.headers)
         elif isinstance(step, FakeRaw):
@@ -261,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
                 for i, (name, args) in enumerate(reply.tool_calls)
             ]
         return {
-            "id": self.fake._new_id(), "object": "chat.completion", "created": int(time.time()),
+            "id": self.fake._sent_id(self.fake._new_id()), "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", self.fake.model),
             "choices": [{"index": 0, "message": message,
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
@@ -287,7 +303,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        cid, model, created = self.fake._new_id(), body.get("model", self.fake.model), int(time.time())
+        cid, model, created = self.fake._sent_id(self.fake._new_id()), body.get("model", self.fake.model), \
+            int(time.time())
 
         def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None,
                   empty: bool = False) -> dict[str, Any]:
@@ -380,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
                            "name": name, "arguments": arguments, "status": "completed"})
         prompt, completion = reply.usage
         return {
-            "id": f"resp_{rid}", "object": "response", "created_at": time.time(),
+            "id": fake._sent_id(f"resp_{rid}"), "object": "response", "created_at": time.time(),
             "status": "incomplete" if reply.incomplete else "completed",
             "incomplete_details": {"reason": reply.incomplete} if reply.incomplete else None,
             "error": None, "model": body.get("model", fake.model), "output": output,
@@ -524,7 +541,12 @@ def _check_message(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, 
         return f"Missing required parameter: 'input[{n}].content'."
     allowed = ("output_text", "refusal") if item["role"] == "assistant" else ("input_text", "input_image", "input_file")
     bad = [part.get("type") for part in content if part.get("type") not in allowed]
-    return f"Invalid value: '{bad[0]}'. Supported values are: {allowed}." if bad else None
+    if bad:
+        return f"Invalid value: '{bad[0]}'. Supported values are: {allowed}."
+    if item["role"] == "assistant":
+        return None
+    return next((p for j, part in enumerate(content) if (p := _check_input_part(part, f"input[{n}].content[{j}]"))),
+                None)
 
 
 def _check_call(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, n: int, calls: set[Any]) -> str | None:
@@ -539,8 +561,95 @@ def _check_output(fake: FakeOpenAIServer, body: dict[str, Any], items: _Items, n
     item = items[n]
     if item.get("call_id") not in calls:
         return f"No tool call found for function call output with call_id {item.get('call_id')}."
-    if not isinstance(item.get("output"), str | list):
+    output = item.get("output")
+    if not isinstance(output, str | list):
         return f"Missing required parameter: 'input[{n}].output'."
+    for j, part in enumerate(output if isinstance(output, list) else ()):
+        problem = _check_input_part(part, f"input[{n}].output[{j}]")
+        if problem:
+            return problem
+    return None
+
+
+_INPUT_PARTS = ("input_text", "input_image", "input_file")
+
+
+def _check_input_part(part: Any, where: str) -> str | None:
+    """Return what the Responses API rejects in one ``input_text`` / ``input_image`` / ``input_file`` item."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in _INPUT_PARTS:
+        return f"Invalid value: '{kind}' for '{where}.type'. Supported values are: {_INPUT_PARTS}."
+    if kind == "input_text" and not isinstance(part.get("text"), str):
+        return f"Missing required parameter: '{where}.text'."
+    if kind == "input_image" and not (part.get("file_id") or _image_url(part.get("image_url"))):
+        return f"Invalid '{where}.image_url': expected an https URL or a base64 data URL of an image."
+    if kind == "input_file" and not (part.get("file_id") or part.get("file_url")
+                                     or (isinstance(part.get("file_data"), str) and part.get("filename"))):
+        return f"'{where}': an input_file needs file_id, file_url, or file_data with filename."
+    return None
+
+
+def _image_url(url: Any) -> bool:
+    """Whether `url` is what the APIs take for an image: http(s), or a base64 data URL of an image type."""
+    if not isinstance(url, str):
+        return False
+    if url.startswith(("https://", "http://")):
+        return True
+    return bool(re.fullmatch(r"data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/]*={0,2}", url))
+
+
+_CHAT_PARTS = {"user": ("text", "image_url", "input_audio", "file"), "system": ("text",), "developer": ("text",),
+               "tool": ("text",), "assistant": ("text", "refusal")}
+
+
+def check_chat(body: dict[str, Any]) -> str | None:
+    """Return what the real chat completions API would reject in `body`'s messages, or None.
+
+    Checked: roles, the content part types each role may carry (a ``tool`` message takes text only),
+    image URLs and audio formats, and that every assistant ``tool_calls`` is followed at once by one
+    ``tool`` message per call id, and every ``tool`` message answers such a call.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "Invalid 'messages': empty array. Expected an array with minimum length 1."
+    open_calls: set[str] = set()
+    for n, message in enumerate(messages):
+        role = message.get("role")
+        if role not in _CHAT_PARTS:
+            return f"Invalid value: '{role}' for 'messages[{n}].role'."
+        if open_calls and role != "tool":
+            return ("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                    f"'tool_call_id'. The following tool_call_ids did not have response messages: "
+                    f"{', '.join(sorted(open_calls))}")
+        if role == "tool":
+            if message.get("tool_call_id") not in open_calls:
+                return ("Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+                        "with 'tool_calls'.")
+            open_calls.discard(message["tool_call_id"])
+        problem = _check_chat_content(message, n)
+        if problem:
+            return problem
+        if role == "assistant":
+            open_calls = {c.get("id") for c in message.get("tool_calls") or ()}
+    return None
+
+
+def _check_chat_content(message: dict[str, Any], n: int) -> str | None:
+    content, role = message.get("content"), message["role"]
+    if content is None or isinstance(content, str):
+        return None if content is not None or role == "assistant" else f"Missing 'messages[{n}].content'."
+    if not isinstance(content, list):
+        return f"Invalid type for 'messages[{n}].content': expected a string or an array of content parts."
+    allowed = _CHAT_PARTS[role]
+    for j, part in enumerate(content):
+        where = f"messages[{n}].content[{j}]"
+        kind = part.get("type")
+        if kind not in allowed:
+            return f"Invalid value: '{kind}' for '{where}.type'. Supported values are: {allowed}."
+        if kind == "image_url" and not _image_url((part.get("image_url") or {}).get("url")):
+            return f"Invalid '{where}.image_url.url': expected an https URL or a base64 data URL of an image."
+        if kind == "input_audio" and (part.get("input_audio") or {}).get("format") not in ("wav", "mp3"):
+            return f"Invalid value for '{where}.input_audio.format': supported values are 'wav' and 'mp3'."
     return None
 
 

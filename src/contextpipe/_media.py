@@ -1,0 +1,181 @@
+r"""Images, audio and files in prompts: their token estimates, and how they are named when left out.
+
+Token estimates follow the providers' documented rules where the bytes allow it, and err on the
+high side elsewhere so that a context budget is not overrun:
+
+- An image whose size can be read from its header (PNG, GIF, JPEG, WebP) costs the larger of
+  Anthropic's rule (width x height / 750 after scaling to fit 1568 px and 1,600 tokens) and
+  OpenAI's high-detail rule (85 + 170 per 512 px tile after scaling to fit 2048 px, shortest side
+  768 px). Other images (a URI, an unreadable header) cost `UNKNOWN_IMAGE_TOKENS`.
+- Audio costs 10 tokens a second (OpenAI's 1 token per 100 ms), the length read from a WAV header or
+  estimated at 16,000 bytes a second (128 kbit/s) for other formats.
+- A PDF costs 2,000 tokens a page (Anthropic documents 1,500 to 3,000).
+
+>>> image_size(b"GIF89a\x02\x00\x03\x00")
+(2, 3)
+>>> image_tokens(1024, 1024)
+1399
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
+from typing import Final, TypeAlias
+
+from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriPart
+
+__all__ = ["UNKNOWN_IMAGE_TOKENS", "Media", "describe", "image_size", "image_tokens", "left_out_note", "media_tokens",
+           "only_readable"]
+
+Media: TypeAlias = DataPart | UriPart | UnknownPart
+"""What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
+
+UNKNOWN_IMAGE_TOKENS: Final = 1600
+"""Tokens counted for an image whose size is unknown: about the most either provider charges for one."""
+AUDIO_TOKENS_PER_SECOND: Final = 10
+PDF_TOKENS_PER_PAGE: Final = 2000
+_PDF_PAGE: Final = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """Return ``(width, height)`` of a PNG, GIF, JPEG or WebP image from its header, or None."""
+    try:
+        if data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR":
+            width, height = struct.unpack(">II", data[16:24])
+            return int(width), int(height)
+        if data[:6] in (b"GIF87a", b"GIF89a"):
+            width, height = struct.unpack("<HH", data[6:10])
+            return int(width), int(height)
+        if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+            return _webp_size(data)
+        if data.startswith(b"\xff\xd8"):
+            return _jpeg_size(data)
+    except struct.error:
+        return None
+    return None
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    chunk = data[12:16]
+    if chunk == b"VP8X":
+        width = int.from_bytes(data[24:27], "little") + 1
+        return width, int.from_bytes(data[27:30], "little") + 1
+    if chunk == b"VP8 ":
+        width, height = struct.unpack("<HH", data[26:30])
+        return int(width) & 0x3FFF, int(height) & 0x3FFF
+    if chunk == b"VP8L":
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    index = 2
+    while index + 9 < len(data):
+        if data[index] != 0xFF:
+            return None
+        marker = data[index + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            index += 2
+            continue
+        length = int.from_bytes(data[index + 2:index + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = struct.unpack(">HH", data[index + 5:index + 9])
+            return int(width), int(height)
+        index += 2 + length
+    return None
+
+
+def image_tokens(width: int, height: int) -> int:
+    """Tokens of a `width` x `height` image: the larger of Anthropic's and OpenAI's documented counts."""
+    if width <= 0 or height <= 0:
+        return UNKNOWN_IMAGE_TOKENS
+    scale = min(1.0, 1568 / max(width, height), math.sqrt(1_200_000 / (width * height)))
+    anthropic = math.ceil(width * scale * height * scale / 750)
+    scale = min(1.0, 2048 / max(width, height))
+    w, h = width * scale, height * scale
+    scale = min(1.0, 768 / min(w, h))
+    tiles = math.ceil(w * scale / 512) * math.ceil(h * scale / 512)
+    return max(anthropic, 85 + 170 * tiles)
+
+
+def media_tokens(part: Media) -> int:
+    """Estimated tokens of an image, audio clip or file in a prompt (see the module docstring)."""
+    if isinstance(part, UnknownPart):
+        return max(1, len(json.dumps(dict(part.payload), default=str)) // 4)
+    major = part.media_type.split("/", 1)[0]
+    if major == "image":
+        size = image_size(part.data[:65536]) if isinstance(part, DataPart) else None
+        return image_tokens(*size) if size else UNKNOWN_IMAGE_TOKENS
+    if not isinstance(part, DataPart):
+        return max(1, len(part.uri) // 4)
+    if major == "audio":
+        return max(1, math.ceil(_audio_seconds(part.data) * AUDIO_TOKENS_PER_SECOND))
+    if part.media_type == "application/pdf":
+        return PDF_TOKENS_PER_PAGE * max(1, len(_PDF_PAGE.findall(part.data)))
+    return max(1, len(part.data) // 4)
+
+
+def _audio_seconds(data: bytes) -> float:
+    if data.startswith(b"RIFF") and data[8:16] == b"WAVEfmt " and len(data) >= 44:
+        byte_rate = int.from_bytes(data[28:32], "little")
+        if byte_rate > 0:
+            return max(0, len(data) - 44) / byte_rate
+    return len(data) / 16_000
+
+
+def describe(part: Media) -> str:
+    """Name a part for a note: its media type and size (or URI)."""
+    if isinstance(part, UnknownPart):
+        return f"content of kind {part.kind!r}"
+    if isinstance(part, DataPart):
+        return f"{part.media_type} ({len(part.data)} bytes)"
+    return f"{part.media_type} at {part.uri}"
+
+
+def left_out_note(parts: Iterable[Media], who: str) -> str:
+    """Return the note added to a tool result's text when `who` (an API) cannot take some of its parts."""
+    named = ", ".join(describe(p) for p in parts)
+    return f"[left out of this result: {named}; {who} cannot take this content here]"
+
+
+def only_readable(messages: Sequence[Message], media_types: Sequence[str] | None, model: str,
+                  notes: list[str]) -> Sequence[Message]:
+    """Leave out of tool results the media a model does not read, naming them in the text and in `notes`.
+
+    `media_types` are patterns (``image/*``, ``audio/wav``) of what the model reads; None means all.
+    """
+    if media_types is None:
+        return messages
+    out: list[Message] = []
+    for message in messages:
+        parts: list[Part] = []
+        for part in message.parts:
+            if isinstance(part, FunctionResult) and part.parts:
+                part = _readable(part, media_types, model, notes)
+            parts.append(part)
+        changed = any(p is not q for p, q in zip(parts, message.parts, strict=True))
+        out.append(Message(message.role, tuple(parts), message.id, message.author_name, message.created_at,
+                           message.metadata, message.source) if changed else message)
+    return out
+
+
+def _readable(result: FunctionResult, media_types: Sequence[str], model: str, notes: list[str]) -> FunctionResult:
+    kept: list[Media] = []
+    left_out: list[Media] = []
+    for part in result.parts:
+        readable = not isinstance(part, UnknownPart) and any(fnmatchcase(part.media_type, p) for p in media_types)
+        (kept if readable else left_out).append(part)
+    if not left_out:
+        return result
+    who = f"model {model!r}"
+    note = left_out_note(left_out, who)
+    notes.append(f"left out of tool result {result.call_id}: {', '.join(describe(p) for p in left_out)} "
+                 f"({who} reads only {', '.join(media_types) or 'text'})")
+    return FunctionResult(result.call_id, f"{result.result}\n{note}" if result.result else note, result.is_error,
+                          tuple(kept))
