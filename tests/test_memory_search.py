@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -9,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from contextpipe import Agent, UsageError
+from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History, SearchResult, SemanticMemory, TextSearch
+from contextpipe.session import Session
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import FakeOpenAIServer, ScriptedModel, tool_call
 from contextpipe.vectors import (
     HashEmbedder,
     MemoryVectorStore,
     OpenAIEmbedder,
+    SearchHit,
     SQLiteVectorStore,
     VectorRecord,
     VectorStore,
@@ -101,6 +104,12 @@ async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -
     first.state["user_id"] = "alice"
     await agent.run("I prefer vegetarian food.", session=first)
     await agent.run("I am travelling to Suzhou next week.", session=first)
+    # The first run's reply is indexed again with the turn after it (its keyword window reaches it).
+    found = await vectors.search("memory", text="travelling Suzhou", k=5)
+    [reply] = [h for h in found if h.text == "Noted: vegetarian."]
+    assert reply.metadata["after"] == "user: I am travelling to Suzhou next week."
+    assert reply.metadata["before"] == "user: I prefer vegetarian food."
+    assert await vectors.count("memory", where={"session_id": "alice-1"}) == 4  # replaced, not duplicated
     other_user = await agent.session("bob-1")
     other_user.state["user_id"] = "bob"
     model.enqueue("Hello Bob.")
@@ -228,3 +237,80 @@ async def test_e5_small_embedder_offline() -> None:
     similarity = [sum(a * b for a, b in zip(p, query, strict=True)) for p in passages]
     assert similarity[0] > similarity[1] + 0.05
     assert await embedder.embed([]) == []
+
+
+async def test_hybrid_search_while_the_query_is_still_being_embedded(vectors: VectorStore) -> None:
+    notes = {"n1": ("Maya: I signed up for a pottery class.", [1.0, 0.0, 0.0]),
+             "n2": ("Daniel: I bake sourdough bread.", [0.0, 1.0, 0.0]),
+             "n3": ("Maya: The pottery teacher is called Rosa.", [0.6, 0.0, 0.8])}
+    await vectors.upsert("c", [VectorRecord(i, v, t, {"who": t.split(":")[0]}) for i, (t, v) in notes.items()])
+    keyword_calls: list[str] = []
+    search_keywords = vectors.keyword_search
+
+    async def spy(collection: str, text: str, **options: object) -> list[SearchHit]:
+        keyword_calls.append(text)
+        return await search_keywords(collection, text, **options)  # type: ignore[arg-type]
+
+    vectors.keyword_search = spy  # type: ignore[method-assign]
+
+    async def still_embedding() -> list[float]:
+        for _ in range(1000):  # the keyword side has started before the vector is there
+            if keyword_calls:
+                return [1.0, 0.0, 0.0]
+            await asyncio.sleep(0)
+        raise AssertionError("the keyword search did not start while the query was embedded")
+
+    early = await vectors.search("c", still_embedding(), text="Who teaches pottery?", k=3)
+    plain = await vectors.search("c", [1.0, 0.0, 0.0], text="Who teaches pottery?", k=3)
+    assert [(h.id, h.score) for h in early] == [(h.id, h.score) for h in plain] and early[0].id in ("n1", "n3")
+
+    async def broken() -> list[float]:
+        raise RuntimeError("embedder down")
+
+    with pytest.raises(RuntimeError, match="embedder down"):
+        await vectors.search("c", broken(), text="pottery", k=3)
+    assert [h.id for h in await vectors.search("c", still_embedding(), k=1)] == ["n1"]  # vector only
+    assert [h.id for h in await vectors.search("c", still_embedding(), text="the of", k=1)] == ["n1"]
+
+
+async def test_sqlite_keyword_search_is_the_same_with_the_index_loaded(tmp_path: Path) -> None:
+    store = SQLiteVectorStore(tmp_path / "v.db")
+    records = [VectorRecord(f"r{i}", [1.0, float(i % 7), 0.5], f"pottery note {i}", {"user": f"u{i % 3}"})
+               for i in range(13_000)]
+    rare = " ".join(["pottery"] + ["filler"] * 40)  # long: the lowest BM25 scores of all the matches
+    records += [VectorRecord(f"rare{i}", [0.0, 1.0, 0.0], rare, {"user": "rare"}) for i in range(2)]
+    await store.upsert("c", records)
+    other = SQLiteVectorStore(tmp_path / "v.db")
+    queries = [("pottery note 12", {"user": "u1"}), ("pottery", {"user": "rare"}), ("pottery", None),
+               ("note", {"user": ["u0", "rare"]}), ("pottery", {"user": "nobody"})]
+    before = [await other.search("c", text=q, k=5, where=w) for q, w in queries]  # not loaded: SQL joins
+    await other.search("c", [1.0, 0.0, 0.0], k=1)  # loads the index: ids, metadata, postings in memory
+    after = [await other.search("c", text=q, k=5, where=w) for q, w in queries]
+    assert [[(h.id, h.score, h.text, dict(h.metadata)) for h in hits] for hits in after] == \
+        [[(h.id, h.score, h.text, dict(h.metadata)) for h in hits] for hits in before]
+    assert {h.id for h in after[1]} == {"rare0", "rare1"} and after[4] == []
+    await store.close()
+    await other.close()
+
+
+async def test_names_lookup_searches_again_without_the_names() -> None:
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, HashEmbedder(), k=2, names_lookup=True)
+    session = Session("maya-1", state={"user_id": "maya"})
+    await memory.remember([Message.user("Maya: I baked sourdough bread today.", author_name="Maya"),
+                           Message.assistant("Daniel: Nice, Maya! Maya, you are a star.", author_name="Daniel")],
+                          session)
+    searched: list[str | None] = []
+    search = vectors.search
+
+    async def spy(collection: str, vector: object = None, **options: object) -> list[SearchHit]:
+        searched.append(options.get("text"))  # type: ignore[arg-type]
+        return await search(collection, vector, **options)  # type: ignore[arg-type]
+
+    vectors.search = spy  # type: ignore[method-assign]
+    hits = await memory.recall("What did Maya bake?", session)
+    assert searched == ["What did Maya bake?", "What did bake?"]
+    assert len(hits) == 2 and len({h.id for h in hits}) == 2
+    searched.clear()
+    await memory.recall("Who is Maya?", session)  # nothing left to look for without the name
+    assert searched == ["Who is Maya?"]

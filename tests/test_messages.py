@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -19,6 +20,7 @@ from contextpipe.messages import (
     UriPart,
     dumps,
     loads,
+    loads_many,
     message_from_dict,
     message_to_dict,
 )
@@ -76,6 +78,45 @@ def test_codec_round_trip_is_lossless(message: Message) -> None:
 @given(messages)
 def test_dict_codec_round_trip(message: Message) -> None:
     assert message_from_dict(json.loads(json.dumps(message_to_dict(message)))) == message
+
+
+plain_texts = st.builds(Message, role=st.sampled_from(["system", "user", "assistant", "tool"]),
+                        parts=st.builds(TextPart, texts).map(lambda p: (p,)),
+                        created_at=st.floats(min_value=0, max_value=4e9, allow_nan=False))
+
+
+@given(st.lists(messages | plain_texts, max_size=120))
+def test_loads_many_decodes_a_log_as_loads_does(log: list[Message]) -> None:
+    texts = [dumps(m) for m in log]
+    decoded = loads_many(texts)
+    assert decoded == [loads(t) for t in texts] == log
+    assert [type(m) for m in decoded] == [Message] * len(log)
+    assert [m.tool_flag for m in decoded] == [m.tool_flag for m in log]
+    assert [dumps(m) for m in decoded] == texts
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ("not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"v": 1, "id": "m", "role": "robot", "parts": [{"kind": "text", "text": "x"}], "created_at": 1.0}',
+         "unknown message role"),
+        ('{"v": 1, "id": "m", "role": ["user"], "parts": [{"kind": "text", "text": "x"}], "created_at": 1.0}',
+         "not a valid encoded message"),
+        ('{"v": 1, "id": 7, "role": "user", "parts": [{"kind": "text", "text": "x"}], "created_at": 1.0}',
+         "must be a string"),
+        ('{"v": 1, "id": "m", "role": "user", "parts": [{"kind": "text", "text": 3}], "created_at": 1.0}',
+         "must be a string"),
+        ('{"v": 1, "id": "m", "role": "user", "parts": [{"kind": "text", "text": "x"}], "created_at": "now"}',
+         "created_at must be a number"),
+    ],
+)
+def test_loads_many_rejects_what_loads_rejects(payload: str, fragment: str) -> None:
+    good = dumps(Message.user("fine"))
+    with pytest.raises(CodecError, match=fragment):
+        loads_many([good] * 150 + [payload])
+    assert gc.isenabled()  # paused while decoding, enabled again after a failure too
 
 
 def test_function_result_parts_are_stored_as_nested_parts() -> None:

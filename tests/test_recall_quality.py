@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from contextpipe import Agent, Message
+from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
@@ -118,9 +118,29 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
         found[mode] = await recall_at(memory, QUESTIONS, 5)
     print(f"\nrecall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, "
           + ", ".join(f"{mode} {value:.3f}" for mode, value in found.items()))
-    assert found["hybrid"] >= 0.68
+    assert found["hybrid"] >= 0.74  # 0.78 SQLite, 0.79 pgvector (bench/recall_bench.py)
     assert found["hybrid"] >= max(found["vector"], found["keywords"])
     assert found["hybrid"] >= 1.5 * baseline
+
+
+async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedder, vectors: VectorStore) -> None:
+    # Never tuned on: its questions paraphrase their evidence (README: 0.44 SQLite, 0.45 pgvector; 0.23 before).
+    turns, questions = load(held_out=True)
+    bare = await embedder.embed([t.text for t in turns])
+    await vectors.upsert("bare", [
+        VectorRecord(t.id, v, t.text, {"tenant": "default", "user_id": f"conv-{t.conversation}"})
+        for t, v in zip(turns, bare, strict=True)])
+    baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0),
+                               questions, 5)
+    memory = SemanticMemory(vectors, embedder)
+    await remember_all(memory, turns)
+    hybrid = await recall_at(memory, questions, 5)
+    memory.names_lookup = True
+    with_names_lookup = await recall_at(memory, questions, 5)
+    print(f"\nheld-out recall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, hybrid {hybrid:.3f}, "
+          f"names_lookup {with_names_lookup:.3f}")
+    assert hybrid >= 0.40 and hybrid >= 1.5 * baseline
+    assert with_names_lookup >= 0.46
 
 
 async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: CachedEmbedder, tmp_path: Path) -> None:
@@ -145,3 +165,13 @@ async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: Ca
     after = recalled[line.end():].split("\n- ")[0]
     assert after.startswith("\n  (just before, Daniel: He did, he's walking with a cane now. Hi Maya!)")
     await vectors.close()
+
+
+async def test_local_embedder_embeds_a_query_as_it_embeds_a_text() -> None:
+    local = LocalEmbedder()
+    texts = ["What did Maya make in the pottery class?", "x", "Who is Felix? " * 200]  # the last is cut at 256 tokens
+    batch = await local.embed(texts)
+    for text, expected in zip(texts, batch, strict=True):
+        assert await local.embed_query(text) == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(UsageError, match="query_threads"):
+        LocalEmbedder(query_threads=0)

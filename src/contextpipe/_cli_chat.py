@@ -196,10 +196,11 @@ class ChatRepl:
             wrap.finish()
             self.out.print()
             return
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # an interrupted run saves its input itself: say whether it is there
             wrap.finish()
             self.out.print()
-            problem = "interrupted"
+            self._report_kept(message)
+            return
         except ContextPipeError as exc:
             wrap.finish()
             self.out.print()
@@ -224,11 +225,26 @@ class ChatRepl:
                 self.out.print(f"[dim]  -> {shown(event.result.result[:200])}[/dim]")
                 wrap.column = 0
 
-    def _keep_input(self, message: Message, problem: str) -> None:
-        """Make sure the user's message is in the session after a failed or interrupted turn.
+    def _report_kept(self, message: Message) -> None:
+        """Tell the user whether the interrupted run's message is in the session (the agent saved it)."""
+        store, session = self.agent.store, self.session
+        try:
+            recent = self._call(store.load(session.tenant, session.id, limit=50)).messages
+        except (ContextPipeError, KeyboardInterrupt) as exc:
+            self.err.print(f"[yellow]interrupted; the session could not be read to check your message: "
+                           f"{shown(str(exc))}[/yellow]")
+            return
+        if any(m.id == message.id for m in recent):
+            self.err.print("[dim]interrupted; your message is kept in the session[/dim]")
+        else:
+            self.err.print("[yellow]interrupted; your message could not be kept in the session[/yellow]")
 
-        The agent stores the input together with the first model answer; when the run stopped
-        before that, the message is appended here (appending is idempotent by message id).
+    def _keep_input(self, message: Message, problem: str) -> None:
+        """Make sure the user's message is in the session after a failed turn.
+
+        The agent stores the input together with the first model answer (or when the run is
+        interrupted); a run that failed before that stores nothing, so the message is appended
+        here (appending is idempotent by message id).
         """
         store, session = self.agent.store, self.session
         try:

@@ -4,12 +4,15 @@ The agent acquires the lease and creates the writer; the loop hands it each step
 releases the lease at the end. The writer saves:
 
 - per step (the default): the request messages each storing history provider keeps, with the first
-  model output; then every model output and every tool result as soon as it exists;
+  model output; then every model output and every tool result as soon as it exists; a run
+  interrupted before its first model output was saved (a cancelled task, Ctrl-C) still saves the
+  request messages, so the caller's input is never lost;
 - per run: everything once, when the run has succeeded;
 - summary checkpoints (for compaction), the session's state and, when asked, the run's traces.
 
 While the run lives, a background *heartbeat* renews the lease every ``lease.ttl / 3`` seconds (by
-default), whatever the run is doing: a slow model call, a long tool, a provider hook. If a renewal
+default; a timer until the first renewal, so a run shorter than that starts no task), whatever the
+run is doing: a slow model call, a long tool, a provider hook. If a renewal
 fails with `LeaseLost` (another worker took the session over, or it was deleted), the writer
 refuses every further write and `guard` stops whatever the run is awaiting at once (in-flight
 tools are cancelled) with that error.
@@ -69,21 +72,39 @@ class StepWriter:
         """True when each step is saved as it happens; False saves once at the end."""
         self._providers = [p for p in history_providers if p.stores_anything]
         self._loader = next((p for p in history_providers if p.load_messages), None)
-        self._request_saved = False
+        self._request_saved = False  # the request messages were handed to a save
+        self._request_stored = False  # ... and that save returned
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
         self._stopped = False  # the heartbeat cancelled that task
         self._beating: asyncio.Task[None] | None = None
+        self._first_beat: asyncio.TimerHandle | None = None
         if lease is not None:
-            self._beating = asyncio.ensure_future(self._beat(heartbeat or Heartbeat()))
+            beat = heartbeat or Heartbeat()
+            if beat.sleep is asyncio.sleep:  # a timer until the first renewal: a short run starts no task
+                self._first_beat = asyncio.get_running_loop().call_later(self._interval(beat), self._start, beat)
+            else:
+                self._beating = asyncio.ensure_future(self._beat(beat))
 
     # --- the lease ----------------------------------------------------------------------------------
 
-    async def _beat(self, heartbeat: Heartbeat) -> None:
+    def _interval(self, heartbeat: Heartbeat) -> float:
+        assert self.lease is not None
+        return heartbeat.interval if heartbeat.interval is not None else self.lease.ttl / 3
+
+    def _start(self, heartbeat: Heartbeat) -> None:
+        """Renew now (the run outlived one renewal interval), then keep renewing in the background."""
+        self._first_beat = None
+        if self.lease is not None:
+            self._beating = asyncio.ensure_future(self._beat(heartbeat, waited=True))
+
+    async def _beat(self, heartbeat: Heartbeat, *, waited: bool = False) -> None:
         """Renew the lease until the run ends or a renewal fails (then stop the run)."""
         while self.lease is not None:
-            await heartbeat.sleep(heartbeat.interval if heartbeat.interval is not None else self.lease.ttl / 3)
+            if not waited:
+                await heartbeat.sleep(self._interval(heartbeat))
+            waited = False
             lease = self.lease
             if lease is None:
                 return
@@ -111,7 +132,7 @@ class StepWriter:
         """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
         self.check()
         task = asyncio.current_task()
-        if self._beating is None or task is None or self._inside is not None:
+        if self.lease is None or task is None or self._inside is not None:
             return await awaitable
         self._inside = task
         try:
@@ -151,7 +172,22 @@ class StepWriter:
             return []
         first = with_request and not self._request_saved
         self._request_saved = self._request_saved or with_request
-        return await self._save(ctx, response, with_request=first, durable=durable)
+        saved = await self._save(ctx, response, with_request=first, durable=durable)
+        self._request_stored = self._request_stored or first
+        return saved
+
+    async def save_input(self, ctx: RunContext) -> None:
+        """Keep the request messages of a run stopped before they were saved (per-step mode only).
+
+        A run interrupted (a cancelled task, Ctrl-C) before its first model answer was saved would
+        otherwise lose the caller's input, which is saved with that answer. Appending is idempotent
+        by message id, so the input is stored once even if an interrupted save did land.
+        """
+        if self._request_stored or not self.per_step or not self.stores_messages:
+            return
+        self._request_saved = True
+        await self._save(ctx, [], with_request=True)
+        self._request_stored = True
 
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only)."""
@@ -196,6 +232,9 @@ class StepWriter:
 
     async def release(self) -> None:
         """Stop the heartbeat and give the session's lease back (the run is over)."""
+        if self._first_beat is not None:
+            self._first_beat.cancel()
+            self._first_beat = None
         if self._beating is not None:
             self._beating.cancel()
             await asyncio.gather(self._beating, return_exceptions=True)

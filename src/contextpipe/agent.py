@@ -287,6 +287,7 @@ class Agent:
                 await writer.save_run(ctx, loop.state.new_messages)
             except BaseException as exc:
                 error = exc
+                await _keep_input(writer, ctx, exc)
                 raise
             finally:
                 failures = await self._finish(ctx, loop, writer, spans, error)
@@ -352,7 +353,7 @@ class Agent:
         outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
         failures = await run_after(self.providers, ctx, outcome, spans)
         traces = ctx.journal.traces
-        if ctx.session is not None and ctx.tokens.calibration.samples:
+        if ctx.session is not None and ctx.tokens.calibrated:
             ctx.session.state[CALIBRATION_KEY] = ctx.tokens.calibration
         try:
             await writer.save_session([t.to_dict(compact_runs=True) for t in traces] if self.store_traces else ())
@@ -393,6 +394,20 @@ class Agent:
         if stored is not None and stored.version != session.version:
             session.state = stored.state
             session.version = stored.version
+
+
+async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseException) -> None:
+    """Save the input of a run interrupted before its first answer was saved; a failure becomes a note.
+
+    Interrupted means stopped from outside (a cancelled task, Ctrl-C, a stream closed early): not
+    an `Exception`. A run that failed saves nothing beyond the steps already saved.
+    """
+    if isinstance(interruption, Exception):
+        return
+    try:
+        await writer.save_input(ctx)
+    except Exception as exc:
+        interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")
 
 
 @dataclass

@@ -134,9 +134,29 @@ def _close_exchange(groups: list[Group], open_by_call: dict[str, Group], message
 
 
 def exchange_problem(messages: Sequence[Message]) -> str | None:
-    """Describe the first unanswered call or orphan result in `messages`, or return None."""
+    """Describe the first unanswered call or orphan result in `messages`, or return None.
+
+    A run's request view (`MessageView`) says which of its parts were already checked complete;
+    those are skipped when no call is open before them (they cannot change: see `MessageView.chunks`).
+    """
+    chunks = getattr(messages, "chunks", None)
+    pieces: Iterable[tuple[Sequence[Message], bool]] = chunks() if chunks is not None else ((messages, False),)
     open_calls: dict[str, str] = {}
-    for index, message in enumerate(untagged(messages)):
+    start = 0
+    for chunk, checked in pieces:
+        if not checked or open_calls:
+            problem = _scan(chunk, start, open_calls)
+            if problem is not None:
+                return problem
+        start += len(chunk)
+    if open_calls:
+        return f"calls {_names(open_calls)} have no result"
+    return None
+
+
+def _scan(messages: Sequence[Message], start: int, open_calls: dict[str, str]) -> str | None:
+    """Check `messages` (the first at index `start`) with the calls open before them; update `open_calls`."""
+    for index, message in enumerate(messages, start):
         flag = message._tool_flag  # inline and cached: this loop runs over every request's messages
         if flag < 0:
             flag = _flag(message)
@@ -148,8 +168,6 @@ def exchange_problem(messages: Sequence[Message]) -> str | None:
             problem = _open(message, index, flag, open_calls)
         if problem is not None:
             return problem
-    if open_calls:
-        return f"calls {_names(open_calls)} have no result"
     return None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import RequestInvariantError
-from .exchanges import exchange_problem, untagged
+from .exchanges import exchange_problem
 from .messages import Message
 
 __all__ = ["check_messages", "tool_exchange_problem"]
@@ -37,7 +37,8 @@ def check_messages(messages: Sequence[Message], *, latest_input: Message | None)
         raise RequestInvariantError(f"broken tool exchange in the request: {problem}")
     if latest_input is not None:
         wanted = latest_input.id
-        if not any(m.id == wanted for m in reversed(list(untagged(messages)))):
+        newest_first = getattr(messages, "untagged_reversed", None)
+        if not any(m.id == wanted for m in (newest_first() if newest_first is not None else reversed(messages))):
             raise RequestInvariantError(
                 f"the caller's latest input ({latest_input.text[:60]!r}) was dropped from the request"
             )

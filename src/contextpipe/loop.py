@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ModelResponseError
 from .events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from .exchanges import normalise_calls, repair_exchanges, tool_message, unanswered_calls
+from .exchanges import exchange_problem, normalise_calls, repair_exchanges, tool_message, unanswered_calls
 from .invariants import check_messages
 from .messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from .models.base import (
@@ -184,6 +184,27 @@ def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list
     return out
 
 
+def _checked(segment: Segment) -> Segment:
+    """Return `segment` frozen and marked checked when its tool exchanges are complete, else as it is."""
+    if segment._checked or exchange_problem(segment.messages) is not None:
+        return segment
+    return Segment(segment.source, tuple(segment.messages), segment.first_seq, segment._tagged, _checked=True)
+
+
+def _check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message], list[str]]:
+    """Check the loaded history's tool exchanges once, segment by segment; repair it if it breaks the rules.
+
+    Returns the segments to send (complete ones frozen and marked, so the check before each model
+    call skips them), the history when it may end in calls without results (empty when every
+    segment is complete) and the repair notes.
+    """
+    checked = [_checked(s) for s in head]
+    if all(s._checked for s in checked):
+        return checked, [], []
+    fixed, notes = repair_exchanges([m for s in head for m in s.messages])
+    return (_resegment(fixed, head) if notes else checked), fixed, notes
+
+
 class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
@@ -226,12 +247,15 @@ class StepLoop:
                 else:
                     yield item
             assert step is not None
-            async for outcome in self._tool_step(step):
+            stop: Stop | None = None
+            async for outcome in self._tool_step(step):  # read to its end: a generator left open costs a loop turn
                 if isinstance(outcome, Stop):
-                    self.state.stop_reason = outcome.reason
-                    return
-                if not isinstance(outcome, Continue):
+                    stop = outcome
+                elif not isinstance(outcome, Continue):
                     yield outcome
+            if stop is not None:
+                self.state.stop_reason = stop.reason
+                return
 
     # --- before the first call ----------------------------------------------------------------------
 
@@ -245,15 +269,14 @@ class StepLoop:
         self._specs = [t.spec for t in ctx.tools.values()]
         self._tool_sources = dict(ctx.tool_sources)
         split = max((i + 1 for i, s in enumerate(ctx.segments) if s.source.kind == "history"), default=0)
-        head, rest = ctx.segments[:split], ctx.segments[split:]
-        history = [m for s in head for m in s.messages]
-        fixed, repair_notes = repair_exchanges(history)
+        head, open_end, repair_notes = _check_history(ctx.segments[:split])
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
-            head = _resegment(fixed, head)
-        self._parts = list(head)
-        async for event in self._answer_interrupted(fixed):
-            yield event
+        self._parts = head
+        rest = ctx.segments[split:]
+        if open_end:  # only a log that may end in open calls: no generator for the common case
+            async for event in self._answer_interrupted(open_end):
+                yield event
         self._parts.extend(rest)
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
 
@@ -292,13 +315,16 @@ class StepLoop:
         request = ModelRequest(MessageView(self._parts, tuple(self._tail)), ctx.instructions,
                                () if final else self._specs, ctx.settings)
         started = time.perf_counter()
-        ratio = ctx.tokens.calibration.ratio
+        ratio = ctx.tokens.ratio
         response: ModelResponse | None = None
-        async for item in self._call_model(request):
-            if isinstance(item, ModelResponse):
-                response = item
-            else:
-                yield item
+        if not self.stream:  # a complete call: no deltas, so no generator to drive
+            response = await self.writer.guard(chain(ctx.middleware, self._terminal(_no_deltas))(request))
+        else:
+            async for item in self._call_model(request):
+                if isinstance(item, ModelResponse):
+                    response = item
+                else:
+                    yield item
         assert response is not None
         state.steps = step
         if response.usage is not None:
@@ -322,10 +348,7 @@ class StepLoop:
             _tool_sources=self._tool_sources, _counter=ctx.tokens, _ratio=ratio, _journal=journal))
 
     async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
-        """Send `request` through the chain; yield the deltas as they arrive, then the response."""
-        if not self.stream:
-            yield await self.writer.guard(chain(self.ctx.middleware, self._terminal(_no_deltas))(request))
-            return
+        """Send `request` through the chain, streaming; yield the deltas as they arrive, then the response."""
         queue: asyncio.Queue[object] = asyncio.Queue()
         call = chain(self.ctx.middleware, self._terminal(queue.put_nowait))
         task = asyncio.ensure_future(call(request))
@@ -364,8 +387,8 @@ class StepLoop:
             withdrawn = self._add_tool_message(calls, [FunctionResult(
                 c.call_id, "Error: not run; the run's step limit was reached.", is_error=True) for c in calls])
             produced, calls = [*produced, withdrawn], []
-        async for event in self._save(step.step, produced):
-            yield event
+        if (persisted := await self._save(step.step, produced)) is not None:
+            yield persisted
         if not calls:
             yield Stop(self._stop_reason(step))
             return
@@ -394,8 +417,8 @@ class StepLoop:
             result = await self.writer.guard(self._call_tool(call))
             message = self._add_tool_message([call], [result])
             yield ToolCallFinished(call, result)
-            async for event in self._save(step, [message], durable=not self._idempotent(call)):
-                yield event
+            if (persisted := await self._save(step, [message], durable=not self._idempotent(call))) is not None:
+                yield persisted
             return
         tasks = [self._execute(c) for c in calls]
         try:
@@ -404,8 +427,8 @@ class StepLoop:
                 call = by_id[result.call_id]
                 message = self._add_tool_message([call], [result])
                 yield ToolCallFinished(call, result)
-                async for event in self._save(step, [message], durable=not self._idempotent(call)):
-                    yield event
+                if (persisted := await self._save(step, [message], durable=not self._idempotent(call))) is not None:
+                    yield persisted
         finally:
             for task in tasks:
                 task.cancel()
@@ -420,8 +443,7 @@ class StepLoop:
         tool = self.ctx.tools.get(call.name)
         return tool is not None and tool.idempotent
 
-    async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> AsyncIterator[
-            StepPersisted]:
+    async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> StepPersisted | None:
+        """Save `messages` now; return the event saying so (None when nothing was saved or no events are wanted)."""
         saved = await self.writer.save_step(self.ctx, messages, durable=durable)
-        if self.want_events and saved:
-            yield StepPersisted(step, saved)
+        return StepPersisted(step, saved) if self.want_events and saved else None

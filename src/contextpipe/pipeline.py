@@ -48,6 +48,8 @@ class Segment:
     first_seq: int | None = None
     """For history read from a store: the log sequence of ``messages[0]`` (the rest follow on)."""
     _tagged: list[Message] | None = field(default=None, repr=False)
+    _checked: bool = field(default=False, repr=False)
+    # True when `messages` is a tuple whose tool exchanges were checked complete (see `MessageView.chunks`).
 
     @property
     def tagged(self) -> list[Message]:
@@ -83,6 +85,23 @@ class MessageView(Sequence[Message]):
     def untagged(self) -> Iterator[Message]:
         """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
         return chain.from_iterable(part.messages if isinstance(part, Segment) else part for part in self._parts)
+
+    def untagged_reversed(self) -> Iterator[Message]:
+        """Iterate the messages as contributed, newest first, without copies."""
+        return chain.from_iterable(reversed(part.messages if isinstance(part, Segment) else part)
+                                   for part in reversed(self._parts))
+
+    def chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
+        """Iterate the untagged messages part by part, each with whether its tool exchanges are known complete.
+
+        A part is known complete when the run checked it once and it cannot change since (an
+        immutable segment whose calls are all answered within it): the request check skips it.
+        """
+        for part in self._parts:
+            if isinstance(part, Segment):
+                yield part.messages, part._checked
+            else:
+                yield part, False
 
     @overload
     def __getitem__(self, index: int) -> Message: ...

@@ -236,5 +236,7 @@ def _set_error_status(span: Any, message: str) -> None:
 
 def hook_span(spans: Spans, source_id: str, kind: str, hook: str) -> Any:
     """Start the span of one provider hook (None when telemetry is off)."""
+    if spans.tracer is None:
+        return None
     return spans.start(f"contextpipe.{hook} {source_id}", {
         "contextpipe.provider.source_id": source_id, "contextpipe.provider.kind": kind})

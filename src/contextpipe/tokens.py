@@ -277,16 +277,34 @@ class TokenCounter:
         if cache_size < 1:
             raise UsageError(f"cache_size must be at least 1, got {cache_size}")
         self.tokenizer = tokenizer
-        if calibration is None:
-            from ._calibration import Calibration
-
-            calibration = Calibration()
-        self.calibration = calibration
-        """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
+        self._calibration = calibration  # a fresh one is made when first read (most runs never do)
         self._cache: MutableMapping[str, int] = cache if cache is not None else OrderedDict()
         self._cache_size = cache_size
         self.counted = 0
         """How many messages were actually counted (cache misses), for tests and traces."""
+
+    @property
+    def calibration(self) -> Calibration:
+        """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
+        if self._calibration is None:
+            from ._calibration import Calibration
+
+            self._calibration = Calibration()
+        return self._calibration
+
+    @calibration.setter
+    def calibration(self, value: Calibration) -> None:
+        self._calibration = value
+
+    @property
+    def ratio(self) -> float:
+        """The calibration's current ratio (1.0 before any model call was observed)."""
+        return self._calibration.ratio if self._calibration is not None else 1.0
+
+    @property
+    def calibrated(self) -> bool:
+        """True when the calibration has learned from at least one model call."""
+        return self._calibration is not None and self._calibration.samples > 0
 
     def _evict(self) -> None:
         cache = self._cache
@@ -309,9 +327,9 @@ class TokenCounter:
 
     def scale(self, raw: int) -> int:
         """Apply the calibration to a raw count (no change for exact tokenizers)."""
-        if self.tokenizer.exact or self.calibration.ratio == 1.0:
+        if self.tokenizer.exact or self.ratio == 1.0:
             return raw
-        return math.ceil(raw * self.calibration.ratio)
+        return math.ceil(raw * self.ratio)
 
     def message(self, message: Message) -> int:
         """Tokens of `message`, calibrated."""

@@ -3,6 +3,7 @@
     python proc_worker.py append SPEC TENANT WORKER SESSIONS BATCHES
     python proc_worker.py run    SPEC TENANT WORKER SESSION RUNS
     python proc_worker.py storm  SPEC TENANT SLOT SESSION RUNS STEPS EFFECTS_FILE VIOLATIONS_FILE
+    python proc_worker.py waiting SPEC TENANT SESSION TEXT   (a run whose model never answers; stop it with SIGINT)
 """
 
 from __future__ import annotations
@@ -174,12 +175,31 @@ async def storm_worker(spec: str, tenant: str, slot: str, session_id: str, runs:
         await store.close()
 
 
+async def waiting_worker(spec: str, tenant: str, session_id: str, text: str) -> None:
+    """Run the agent on `text` with a model that never answers; say "model called" once it is waiting."""
+
+    async def never(request: ModelRequest) -> str:
+        say("model called")
+        await asyncio.Event().wait()
+        return "never"
+
+    store = open_spec(spec)
+    try:
+        agent = Agent(ScriptedModel([never]), providers=[History(store)])
+        session = await agent.session(session_id, tenant=tenant)
+        await agent.run(text, session=session)
+    finally:
+        await store.close()
+
+
 def main() -> None:
     command, args = sys.argv[1], sys.argv[2:]
     if command == "append":
         asyncio.run(append_worker(args[0], args[1], int(args[2]), int(args[3]), int(args[4])))
     elif command == "run":
         asyncio.run(run_worker(args[0], args[1], int(args[2]), args[3], int(args[4])))
+    elif command == "waiting":
+        asyncio.run(waiting_worker(args[0], args[1], args[2], args[3]))
     elif command == "storm":
         asyncio.run(storm_worker(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]), args[6], args[7]))
     else:

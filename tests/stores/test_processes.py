@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -108,3 +109,19 @@ def test_crash_storm_on_shared_sessions(backend: str, tmp_path: Path) -> None:
                        lease_ttl=1.0, save_wait=0.2, max_kill_line=4)
     assert report.kills >= KILLS
     check(report)
+
+
+@pytest.mark.parametrize("backend", DURABLE)
+def test_ctrl_c_before_the_first_answer_keeps_the_input(backend: str, tmp_path: Path) -> None:
+    """A real process interrupted (SIGINT) while its model has not answered keeps the user's input, once."""
+    spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
+    proc = subprocess.Popen([sys.executable, WORKER, "waiting", spec, tenant, "s", "Where is my parcel?"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "p model called"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+    log = asyncio.run(load_all(spec, tenant, "s"))
+    assert [(m.role, m.text) for m in log] == [("user", "Where is my parcel?")]  # type: ignore[attr-defined]

@@ -84,6 +84,42 @@ async def test_heartbeat_renews_the_lease_during_a_long_tool_call(store: Session
     assert describe(await agent.history(session))[-2:] == ["tool:result:report ready", "assistant:Here it is."]
 
 
+async def test_the_default_heartbeat_starts_once_a_run_outlives_one_interval(store: SessionStore,
+                                                                            tenant: str) -> None:
+    """With the event loop's own sleep, the first renewal comes from a timer, the later ones from the heartbeat task."""
+    started, release, renewed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    renewals = counting_renewals(store)
+    real = store.renew_lease
+
+    async def renew(lease: object) -> object:
+        result = await real(lease)  # type: ignore[arg-type]
+        if len(renewals) >= 3:
+            renewed.set()  # the progress signal: three renewals happened
+        return result
+
+    store.renew_lease = renew  # type: ignore[method-assign]
+
+    @tool
+    async def slow_report() -> str:
+        """Takes as long as it takes."""
+        started.set()
+        await release.wait()
+        return "report ready"
+
+    agent = Agent(ScriptedModel([tool_call("slow_report"), "Here it is."]), tools=[slow_report],
+                  providers=[History(store)], heartbeat=Heartbeat(interval=0.01))
+    session = await agent.session("timer", tenant=tenant)
+    run = asyncio.ensure_future(agent.run("Make the report", session=session))
+    await started.wait()
+    await renewed.wait()
+    assert renewals == sorted(renewals)
+    release.set()
+    assert (await run).text == "Here it is."
+    lease = await store.try_acquire_lease(tenant, "timer", "check", 5.0)
+    assert lease is not None  # released: the heartbeat stopped with the run
+    await store.release_lease(lease)
+
+
 async def test_a_lost_lease_stops_the_run_at_once_and_nothing_more_is_written(store: SessionStore,
                                                                              tenant: str) -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
@@ -250,3 +286,65 @@ async def test_only_results_of_idempotent_tools_are_written_without_waiting_for_
     await agent.run("Plan my evening", session=session)
     assert store.writes == [("user+assistant", True), ("tool", False), ("assistant", True), ("tool", True),
                             ("assistant", True)]
+
+
+class Waiting:
+    """A model step that says it was called, then waits until the test lets it answer (or cancels the run)."""
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def __call__(self, request: ModelRequest) -> str:
+        self.called.set()
+        await self.answer.wait()
+        return "too late"
+
+
+async def test_a_run_cancelled_before_the_first_answer_keeps_the_input_once(store: SessionStore,
+                                                                            tenant: str) -> None:
+    waiting = Waiting()
+    model = ScriptedModel([waiting, "Here is the answer."])
+    agent = Agent(model, providers=[History(store)])
+    session = await agent.session("interrupted", tenant=tenant)
+    run = asyncio.create_task(agent.run("First question", session=session))
+    await waiting.called.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    log = (await store.load(tenant, "interrupted")).messages
+    assert [(m.role, m.text) for m in log] == [("user", "First question")]
+    lease = await store.try_acquire_lease(tenant, "interrupted", "check", 5.0)
+    assert lease is not None  # the interrupted run gave its lease back
+    await store.release_lease(lease)
+
+    result = await agent.run("Second question", session=session)
+    assert result.text == "Here is the answer."
+    assert not any(change.action == "repaired_log" for t in result.traces for change in t.changes)
+    sent = [m.text for m in model.requests[-1].messages]
+    assert sent == ["First question", "Second question"]
+    log = (await store.load(tenant, "interrupted")).messages
+    assert [m.text for m in log] == ["First question", "Second question", "Here is the answer."]
+    assert exchange_problem(log) is None
+
+
+async def test_a_run_cancelled_after_the_input_was_saved_stores_it_only_once(store: SessionStore,
+                                                                            tenant: str) -> None:
+    @tool
+    def book(city: str) -> str:
+        """Book a table."""
+        return "booked"
+
+    waiting = Waiting()
+    model = ScriptedModel([tool_call("book", city="Suzhou"), waiting, "Booked."])
+    agent = Agent(model, tools=[book], providers=[History(store)])
+    session = await agent.session("interrupted-later", tenant=tenant)
+    run = asyncio.create_task(agent.run("Book Suzhou", session=session))
+    await waiting.called.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    log = (await store.load(tenant, "interrupted-later")).messages
+    assert [m.role for m in log] == ["user", "assistant", "tool"]
+    assert [m.text for m in log].count("Book Suzhou") == 1
+    assert (await agent.run("Thanks", session=session)).text == "Booked."

@@ -108,13 +108,14 @@ class History(HistoryProvider):
             tail = _Tail(0, checkpoint, page.messages, page.first_seq, page.has_more, tagged=False)
         if lease_token is not None and self.cache_messages:
             self._keep(session, lease_token, tail)
-        messages, first_seq, checkpoint = tail.messages, tail.first_seq, tail.checkpoint
+        messages: Sequence[Message] = tail.messages
+        first_seq, checkpoint = tail.first_seq, tail.checkpoint
         if checkpoint is not None or tail.has_more:
-            kept = drop_leading_orphans(messages)
+            kept = drop_leading_orphans(tail.messages)
             first_seq += len(messages) - len(kept)
             messages = kept
         if messages is tail.messages and lease_token is not None and self.cache_messages:
-            messages = list(messages)  # the kept list is never handed out
+            messages = tuple(messages)  # the kept list is never handed out (and the run keeps this copy as it is)
         return LoadedHistory(messages, first_seq, checkpoint.summary if checkpoint is not None else None)
 
     async def save_checkpoint(self, session: Session, checkpoint: Checkpoint, *, lease: Lease | None = None) -> bool:

@@ -2,13 +2,15 @@
 
 Who said what, and when: each stored turn keeps its author's name, its session and its time, and the
 name is part of what is searched and of the line the model is shown. Recall is hybrid by default —
-the store's keyword index and its vectors, fused — and each turn is indexed together with the turn
-before it and shown with it, so an answer that only makes sense with its question is found and read
-whole.
+the store's keyword index and its vectors, fused — and each turn is keyword-indexed together with the
+two turns before it and the one after it, and shown with its neighbours, so an answer that only makes
+sense with its question is found and read whole.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id
-from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_query
+from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_query, keyword_terms, rrf
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -29,6 +31,16 @@ Scope = Literal["tenant", "user", "agent", "session"]
 SearchMode = Literal["hybrid", "vector", "keywords"]
 
 _CONTEXT_CHARS = 600  # how much of the neighbouring turn a memory keeps
+_NAME_RE = re.compile(r"(?<![.?!:]\s)(?<!^)\b[A-Z][\w-]+(?:\s+[A-Z][\w-]+)*(?:'s)?", re.UNICODE)
+
+
+def without_names(query: str) -> str:
+    """`query` without its capitalised names (a sentence's first word stays).
+
+    >>> without_names("What did Maya make in the pottery class with Rosa's help?")
+    'What did make in the pottery class with help?'
+    """
+    return " ".join(_NAME_RE.sub(" ", query).split())
 
 
 def _user_from_state(session: Session | None) -> str | None:
@@ -54,14 +66,19 @@ class SemanticMemory(ContextProvider):
     their author, session, time and scope (tenant, user, agent). The author is the message's
     `author_name`, else ``session.state["user_name"]`` for the user's messages (`user_name` says
     otherwise) and `agent_name` for the assistant's, else the role. Each memory is embedded as
-    ``"<author>: <text>"`` and keyword-indexed together with the turn before it (`window` turns).
+    ``"<author>: <text>"`` and keyword-indexed together with the `window` turns before it and the
+    `window_after` turns after it (a turn is indexed again when its reply arrives in the next run).
 
     Before a run the new input (and, with `query_messages`, the last few context messages) is
     searched among the memories in `scope` — by default ``user``, so recall works across all of a
     user's sessions — with `search` = ``"hybrid"`` (keywords and vectors fused, the default),
     ``"vector"`` or ``"keywords"``. The best `k` matches not already in the context are added as one
-    message; each line says when and in which session it was said, by whom, and what came just before.
-    The user is ``session.state["user_id"]`` unless `user` says otherwise.
+    message; each line says when and in which session it was said, by whom, what came just before and
+    the reply.
+    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup`, a
+    query naming people or places is searched a second time without the names (every memory carries
+    its author's name, so a name can outweigh what is asked about) and the two rankings are fused:
+    better recall, at twice the search cost.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -83,7 +100,9 @@ class SemanticMemory(ContextProvider):
         user: Callable[[Session | None], str | None] = _user_from_state,
         user_name: Callable[[Session | None], str | None] = _user_name_from_state,
         search: SearchMode = "hybrid",
-        window: int = 1,
+        window: int = 2,
+        window_after: int = 1,
+        names_lookup: bool = False,
         source_id: str = "memory",
     ) -> None:
         super().__init__(source_id)
@@ -91,8 +110,8 @@ class SemanticMemory(ContextProvider):
             raise UsageError(f"scope must be 'tenant', 'user', 'agent' or 'session', got {scope!r}")
         if search not in ("hybrid", "vector", "keywords"):
             raise UsageError(f"search must be 'hybrid', 'vector' or 'keywords', got {search!r}")
-        if window < 0:
-            raise UsageError(f"window must be 0 or more turns, got {window}")
+        if window < 0 or window_after < 0:
+            raise UsageError(f"window and window_after must be 0 or more turns, got {window}, {window_after}")
         self.vectors = vectors
         self.embedder = embedder
         self.collection = collection
@@ -106,6 +125,8 @@ class SemanticMemory(ContextProvider):
         self.user_name = user_name
         self.search_mode: SearchMode = search
         self.window = window
+        self.window_after = window_after
+        self.names_lookup = names_lookup
 
     def _where(self, session: Session | None) -> dict[str, Any] | None:
         if session is None:
@@ -141,12 +162,20 @@ class SemanticMemory(ContextProvider):
         if where is None or not query.strip():
             return []
         want = self.k if k is None else k
-        vector = None if self.search_mode == "keywords" else await embed_query(self.embedder, query)
-        text = None if self.search_mode == "vector" else query
-        hits = await self.vectors.search(self.collection, vector, k=want + len(exclude), where=where,
-                                         min_score=self.min_score, text=text)
+        queries = [query]
+        if self.names_lookup and (plain := without_names(query)) != query and keyword_terms(plain):
+            queries.append(plain)
+        rankings = await asyncio.gather(*(self._search(q, where, want + len(exclude)) for q in queries))
+        hits = rankings[0] if len(rankings) == 1 else rrf(*rankings, k=want + len(exclude))
         skip = set(exclude)
         return [h for h in hits if h.id not in skip][:want]
+
+    async def _search(self, query: str, where: dict[str, Any], k: int) -> list[SearchHit]:
+        # The query is embedded while the store's keyword side searches (hybrid).
+        vector = None if self.search_mode == "keywords" else embed_query(self.embedder, query)
+        text = None if self.search_mode == "vector" else query
+        return await self.vectors.search(self.collection, vector, k=k, where=where, min_score=self.min_score,
+                                         text=text)
 
     @staticmethod
     def format(hit: SearchHit) -> str:
@@ -181,15 +210,17 @@ class SemanticMemory(ContextProvider):
         context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
         earlier = [m for m in context if m.role in self.roles and m.text.strip() and not m.metadata.get("memory")
                    and (m.source is None or m.source.kind in ("history", "input", "model"))]
+        reach = self.window + self.window_after
         await self.remember([*ctx.input, *(outcome.response_messages or ())], session,
-                            before=earlier[-self.window:] if self.window else ())
+                            before=earlier[-reach:] if reach else ())
 
     async def remember(self, messages: Sequence[Message], session: Session, *,
                        before: Sequence[Message] = ()) -> int:
         """Store `messages` (those in `roles` with text) as memories of `session`; return how many.
 
-        `before` are the turns that came just before the first one (for its context window). Use it
-        to import earlier conversations; `after_run` calls it for every successful run.
+        `before` are the turns that came just before the first one (for the context windows; the
+        last `window_after` of them are indexed again with the new turns after them). Use it to import
+        earlier conversations; `after_run` calls it for every successful run.
         """
         turns = [m for m in messages if m.role in self.roles and m.text.strip()]
         if not turns:
@@ -198,21 +229,24 @@ class SemanticMemory(ContextProvider):
         lines = [f"{name}: {m.text.strip()}" for m, name in named]
         first = len(before)
         user = self.user(session)
-        vectors = await self.embedder.embed(lines[first:])
+        # The new turns, and the turns before them whose keyword window now reaches into them.
+        indexed = [*range(max(0, first - self.window_after), first), *range(first, len(lines))]
+        vectors = await self.embedder.embed([lines[at] for at in indexed])
         records = []
-        for n, (m, vector) in enumerate(zip(turns, vectors, strict=True)):
-            at = first + n
+        for at, vector in zip(indexed, vectors, strict=True):
+            m = named[at][0]
             window = lines[max(0, at - self.window):at]
+            after = lines[at + 1:at + 1 + self.window_after]
             meta: dict[str, Any] = {
                 "tenant": session.tenant, "session_id": session.id, "user_id": user, "agent": self.agent_name,
                 "role": m.role, "author": named[at][1], "created_at": m.created_at or time.time()}
             if window:
                 meta["before"] = _clip(window[-1])
-            if self.window and at + 1 < len(lines):
-                meta["after"] = _clip(lines[at + 1])
-            records.append(VectorRecord(m.id, vector, m.text, meta, keywords="\n".join([*window, lines[at]])))
+            if after:
+                meta["after"] = _clip(after[0])
+            records.append(VectorRecord(m.id, vector, m.text, meta, keywords="\n".join([*window, lines[at], *after])))
         await self.vectors.upsert(self.collection, records)
-        return len(records)
+        return len(turns)
 
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""

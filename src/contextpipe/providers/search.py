@@ -85,7 +85,7 @@ class TextSearch(ContextProvider):
         mode = search
 
         async def search_fn(query: str) -> list[SearchResult]:
-            vector = None if mode == "keywords" else await embed_query(embedder, query)
+            vector = None if mode == "keywords" else embed_query(embedder, query)  # keywords search meanwhile
             hits = await vectors.search(collection, vector, k=k, where=where, min_score=min_score,
                                         text=None if mode == "vector" else query)
             return [SearchResult(h.text, str(h.metadata.get("source", h.id)), h.metadata.get("link"), h.score)

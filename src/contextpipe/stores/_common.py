@@ -22,7 +22,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, dumps, loads
+from ..messages import Message, dumps, loads, loads_many
 from ..session import Session, SessionKey
 from .base import Checkpoint, Lease, MessagePage, SessionStore
 
@@ -32,8 +32,17 @@ SCHEMA_VERSION: Final = 2
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
+_known_key = functools.lru_cache(maxsize=4096)(SessionKey)
+
+
 def key_of(tenant: str, session_id: str) -> SessionKey:
-    """Return the validated key of a session (`UsageError` naming what is allowed otherwise)."""
+    """Return the validated key of a session (`UsageError` naming what is allowed otherwise).
+
+    Keys are immutable and a run makes several store calls on one session: the latest few thousand
+    are kept, so each is validated once rather than on every call.
+    """
+    if type(tenant) is str and type(session_id) is str:
+        return _known_key(tenant, session_id)
     return SessionKey(tenant, session_id)
 
 
@@ -159,6 +168,13 @@ def check_batch(key: SessionKey, messages: Sequence[Message]) -> list[tuple[str,
     return encoded
 
 
+def _indexed_ids(messages: list[Message], ids: Sequence[str | None]) -> bool:
+    """Whether each message has the id its row is indexed under (None: the backend keeps no separate id)."""
+    if [m.id for m in messages] == ids:
+        return True
+    return all(mid is None or m.id == mid for m, mid in zip(messages, ids, strict=True))
+
+
 def make_page(backend: str, key: SessionKey, end: int, after: int | None,
               rows: Sequence[tuple[int, str, str | bytes]]) -> MessagePage:
     """Build a page from ``(seq, message_id, body)`` rows in sequence order.
@@ -168,10 +184,10 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
     not start at 1.
     """
     try:
-        decoded = [loads(body) for _, _, body in rows]
+        decoded = loads_many([body for _, _, body in rows])
     except CodecError:
         decoded = None
-    if decoded is None or any(mid is not None and m.id != mid for m, (_, mid, _) in zip(decoded, rows, strict=True)):
+    if decoded is None or not _indexed_ids(decoded, [mid for _, mid, _ in rows]):
         # Name the first record that cannot be read (the fast path above does not say which).
         decoded = [decode_message(backend, key, int(seq), body, mid) for seq, mid, body in rows]
     messages = decoded

@@ -78,7 +78,7 @@ class MemoryStore(SessionStore):
 
     async def _entry(self, key: SessionKey, *, create: bool = False) -> _Entry | None:
         entry = self._entries.get(key)
-        if entry is not None and entry.expired(self._clock()):
+        if entry is not None and entry.ttl is not None and entry.expired(self._clock()):
             del self._entries[key]
             entry = None
             await self._notify_deleted([key])

@@ -440,11 +440,7 @@ class SQLiteStore(SessionStore):
         if row is None:
             return 0, []
         end = int(row["last_seq"]) if before is None else max(0, min(before - 1, int(row["last_seq"])))
-        rows = conn.execute(
-            "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
-            "AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
-            (key.tenant, key.id, after or 0, end, -1 if limit is None else limit)).fetchall()
-        return end, [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
+        return end, _message_rows(conn, key, after or 0, end, limit)
 
     @override
     @translated
@@ -467,14 +463,11 @@ class SQLiteStore(SessionStore):
             ckpt = conn.execute("SELECT seq, body FROM cp_checkpoints WHERE tenant = ? AND session_id = ? "
                                 "ORDER BY seq DESC LIMIT 1", (key.tenant, key.id)).fetchone()
             floor = int(ckpt["seq"]) if ckpt else 0
-            rows = conn.execute(
-                "SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
-                "AND seq > ? ORDER BY seq DESC LIMIT ?",
-                (key.tenant, key.id, floor, -1 if limit is None else limit)).fetchall()
+            end = int(row["last_seq"])
+            rows = _message_rows(conn, key, floor, end, limit)
         finally:
             conn.execute("COMMIT")
-        ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return (str(ckpt["body"]) if ckpt else None), floor, int(row["last_seq"]), ordered
+        return (str(ckpt["body"]) if ckpt else None), floor, end, rows
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -609,6 +602,21 @@ class SQLiteStore(SessionStore):
 
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=True)
+
+
+def _message_rows(conn: sqlite3.Connection, key: SessionKey, after: int, end: int,
+                  limit: int | None) -> list[tuple[int, str, str]]:
+    """Return ``(seq, message_id, body)`` after `after` up to `end`, oldest first (the newest `limit` of them)."""
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: a log may have many rows
+    where = "FROM cp_messages WHERE tenant = ? AND session_id = ? AND seq > ? AND seq <= ?"
+    if limit is None:
+        return cursor.execute(f"SELECT seq, message_id, body {where} ORDER BY seq",
+                              (key.tenant, key.id, after, end)).fetchall()
+    rows: list[tuple[int, str, str]] = cursor.execute(f"SELECT seq, message_id, body {where} ORDER BY seq DESC LIMIT ?",
+                                                      (key.tenant, key.id, after, end, limit)).fetchall()
+    rows.reverse()
+    return rows
 
 
 def _existing_ids(conn: sqlite3.Connection, key: SessionKey, ids: list[str]) -> set[str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -112,33 +113,49 @@ class VectorStore(abc.ABC):
     async def delete(self, collection: str, *, ids: Sequence[str] | None = None, where: Where | None = None) -> int:
         """Delete the records with these ids and/or matching `where`; return how many went."""
 
-    async def search(self, collection: str, vector: Sequence[float] | None = None, *, k: int = 5,
-                     where: Where | None = None, min_score: float | None = None,
+    async def search(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None = None, *,
+                     k: int = 5, where: Where | None = None, min_score: float | None = None,
                      text: str | None = None) -> list[SearchHit]:
         """Return up to `k` records matching `where`, best first.
 
         Give `vector` (similarity; none below `min_score`), `text` (keywords) or both (hybrid:
-        the vector side still drops records below `min_score`).
+        the vector side still drops records below `min_score`). `vector` may be an awaitable — the
+        query still being embedded, as `SemanticMemory` passes it — so the keyword side runs meanwhile.
         """
-        check_where(where)
+        try:
+            check_where(where)
+            if text is not None and not keyword_terms(text):
+                text = None if vector is not None else text
+            if vector is None and text is None:
+                raise UsageError("search needs a vector, a text, or both")
+        except UsageError:
+            if inspect.iscoroutine(vector):
+                vector.close()
+            raise
         if k <= 0:
+            await _resolve(vector)
             return []
-        if text is not None and not keyword_terms(text):
-            text = None if vector is not None else text
-        if vector is None and text is None:
-            raise UsageError("search needs a vector, a text, or both")
         if text is None:
-            assert vector is not None
-            hits = await self.vector_search(collection, vector, k=k, where=where, min_score=min_score)
+            query = await _resolve(vector)
+            assert query is not None
+            hits = await self.vector_search(collection, query, k=k, where=where, min_score=min_score)
             return [h if h.vector_score == h.score else replace(h, vector_score=h.score) for h in hits]
-        if vector is None:
-            hits = await self.keyword_search(collection, text, k=k, where=where)
-            return [replace(h, keyword_score=h.score) for h in hits]
-        depth = max(k, self.candidates)
-        by_vector, by_keywords = await asyncio.gather(
-            self.vector_search(collection, vector, k=depth, where=where, min_score=min_score),
-            self.keyword_search(collection, text, k=depth, where=where))
-        return rrf(by_vector, by_keywords, k=k, weights=self.weights)
+        return await self._keywords_first(collection, vector, text, k, where, min_score)
+
+    async def _keywords_first(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None,
+                              text: str, k: int, where: Where | None, min_score: float | None) -> list[SearchHit]:
+        """Start the keyword side, then (once the vector is there) the vector side, and fuse them."""
+        depth = k if vector is None else max(k, self.candidates)
+        keywords = asyncio.ensure_future(self.keyword_search(collection, text, k=depth, where=where))
+        try:
+            query = await _resolve(vector)
+            if query is None:
+                return [replace(h, keyword_score=h.score) for h in await keywords]
+            by_vector = await self.vector_search(collection, query, k=depth, where=where, min_score=min_score)
+        except BaseException:
+            keywords.cancel()
+            raise
+        return rrf(by_vector, await keywords, k=k, weights=self.weights)
 
     @abc.abstractmethod
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
@@ -207,6 +224,12 @@ def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60,
     order = sorted(fused, key=lambda i: -fused[i])[:k]
     return [replace(first[i], score=fused[i], vector_score=sides[i].get(0), keyword_score=sides[i].get(1))
             for i in order]
+
+
+async def _resolve(vector: Sequence[float] | Awaitable[Sequence[float]] | None) -> Sequence[float] | None:
+    if inspect.isawaitable(vector):
+        return await vector
+    return vector
 
 
 async def embed_query(embedder: Embedder, text: str) -> list[float]:

@@ -668,6 +668,8 @@ class SQLiteVectorStore(VectorStore):
             # The FTS index ranks on its own (fast); the best few hundred are then checked against the
             # collection and the filter, asking for more while too few pass.
             limit = max(2 * k, 100)
+            if collection in self._cache:  # ids, metadata and filter postings are in memory already
+                return self._keyword_hits(conn, self._sync(conn, collection), query, k, where, limit)
             while True:
                 ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
                                       "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?",
@@ -702,6 +704,27 @@ class SQLiteVectorStore(VectorStore):
 
         hits: list[SearchHit] = await self._run(op)
         return hits
+
+    def _keyword_hits(self, conn: sqlite3.Connection, c: _Collection, query: str, k: int, where: Where | None,
+                      limit: int) -> list[SearchHit]:
+        """Keyword search of a collection whose index is loaded: filtered with its postings, texts read last."""
+        subset = c.keys_matching(where) if where else None
+        if subset is not None and not subset:
+            return []
+        pool: set[int] | dict[int, Any] = c.metas if subset is None else subset  # (postings hold known keys)
+        found: list[tuple[int, float]] = []
+        while True:
+            ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
+                                  "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?", (query, limit)).fetchall()
+            found = [(key, score) for key, score in ranked if key in pool][:k]
+            if len(found) == k or len(ranked) < limit:
+                break
+            if limit >= 6_400 and subset is not None:  # a filter that keeps few of the matches
+                found = _ranked_within(conn, c, query, k, subset)
+                break
+            limit *= 4
+        texts = self._texts(conn, (key for key, _ in found))
+        return [SearchHit(c.ids[key], float(score), texts[key], c.metas[key]) for key, score in found if key in texts]
 
     @override
     async def count(self, collection: str, *, where: Where | None = None) -> int:
@@ -758,6 +781,16 @@ class SQLiteVectorStore(VectorStore):
         if self._conn is not None:
             await self._run(shut)
         self._executor.shutdown(wait=True)
+
+
+def _ranked_within(conn: sqlite3.Connection, c: _Collection, query: str, k: int,
+                   subset: set[int]) -> list[tuple[int, float]]:
+    """Return the best `k` keyword matches among the records `subset` (SQLite filters them all)."""
+    ranked = conn.execute(
+        "SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts WHERE cp_vectors_fts MATCH ? "
+        "AND rowid IN (SELECT value FROM json_each(?)) ORDER BY score DESC LIMIT ?",
+        (query, json.dumps(sorted(subset)), k)).fetchall()
+    return [(key, score) for key, score in ranked if key in c.metas]
 
 
 def _statements(script: str) -> list[str]:
