@@ -262,3 +262,71 @@ async def test_inserts_do_not_copy_the_collection(tmp_path: Path, monkeypatch: p
     assert np.array_equal(first_block, before)
     assert await store.count("c") == len(rows.position) == 100 + rows.BLOCK + 10
     await store.close()
+
+
+OTHER_PROCESS = """
+import asyncio, sqlite3, sys
+from contextpipe.vectors import SQLiteVectorStore, VectorRecord
+
+async def main() -> None:
+    store = SQLiteVectorStore(sys.argv[1])
+    await store.upsert("c", [VectorRecord("new", [0.0] * 7 + [1.0], "from another process")])
+    await store.delete("c", ids=["v3"])
+    await store.close()
+
+asyncio.run(main())
+with sqlite3.connect(sys.argv[1]) as conn:  # a plain SQL delete (as a session's cascade may do)
+    conn.execute("DELETE FROM cp_vectors WHERE id = 'v4'")
+"""
+
+
+async def test_unchanged_file_skips_the_change_log_yet_other_processes_writes_are_seen(tmp_path: Path) -> None:
+    db = tmp_path / "v.db"
+    store = SQLiteVectorStore(db, exact_limit=0)
+    rng = np.random.default_rng(4)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(60)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in data.items()])
+    assert (await store.search("c", data["v3"], k=1))[0].id == "v3"
+    statements: list[str] = []
+    store._connection().set_trace_callback(statements.append)
+    for i in range(5):  # nothing changed: no read of the change log, the same answers
+        assert (await store.search("c", data[f"v{i}"], k=1))[0].id == f"v{i}"
+    assert statements and not any("cp_vector_changes" in s for s in statements)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER_PROCESS, str(db))
+    assert await proc.wait() == 0
+    hits = await store.search("c", [0.0] * 7 + [1.0], k=70)
+    assert hits[0].id == "new" and hits[0].text == "from another process"
+    assert {h.id for h in hits} == set(data) - {"v3", "v4"} | {"new"}
+    assert any("cp_vector_changes" in s for s in statements)
+    # This store's own writes are seen at once too (they do not move its connection's data_version).
+    await store.delete("c", ids=["v5"])
+    await store.upsert("c", [VectorRecord("mine", [0.0] * 6 + [1.0, 0.0], "mine")])
+    assert [h.id for h in await store.search("c", [0.0] * 6 + [1.0, 0.0], k=1)] == ["mine"]
+    assert "v5" not in {h.id for h in await store.search("c", data["v5"], k=70)}
+    await store.close()
+
+
+async def test_searches_on_the_calling_thread_never_overlap_the_worker(tmp_path: Path) -> None:
+    """Searches (run on the event loop when the index is current) interleaved with upserts and deletes."""
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)
+    rng = np.random.default_rng(5)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(200)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
+
+    async def write(i: int) -> None:
+        await store.upsert("c", [VectorRecord(f"v{i}", data[f"v{i}"], f"v{i}")])
+        if i % 7 == 0:
+            await store.delete("c", ids=[f"v{i - 3}"])
+
+    async def read(i: int) -> list[SearchHit]:
+        return await store.search("c", data[f"v{i % 20}"], k=5)
+
+    results = await asyncio.gather(*(coro for i in range(20, 200) for coro in (write(i), read(i))))
+    assert all(isinstance(r, list) and all(h.id in data for h in r) for r in results if r is not None)
+    deleted = {f"v{i - 3}" for i in range(21, 200, 7)}  # each written (FIFO worker) before it was deleted
+    kept = {i: v for i, v in data.items() if i not in deleted}
+    query = rng.standard_normal(8).astype(np.float32)
+    hits = await store.search("c", query, k=5)
+    assert [h.id for h in hits] == exact_ids(kept, query, 5)
+    assert await store.count("c") == len(kept)
+    await store.close()

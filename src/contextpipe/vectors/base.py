@@ -139,7 +139,7 @@ class VectorStore(abc.ABC):
             query = await _resolve(vector)
             assert query is not None
             hits = await self.vector_search(collection, query, k=k, where=where, min_score=min_score)
-            return [replace(h, vector_score=h.score) for h in hits]
+            return [h if h.vector_score == h.score else replace(h, vector_score=h.score) for h in hits]
         return await self._keywords_first(collection, vector, text, k, where, min_score)
 
     async def _keywords_first(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None,

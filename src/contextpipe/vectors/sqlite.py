@@ -7,9 +7,13 @@ keyword index (``cp_vectors_fts``) and a change log (``cp_vector_changes``: whic
 order). Each process keeps one usearch HNSW index per collection in memory, tagged with the last change
 it reflects; before every search it applies the changes logged since (its own and other processes'),
 reading the rows back from SQLite, so a crash at any point can neither lose a committed vector nor
-bring back a deleted one. The index is saved next to the database file (``<file>.vectors/``, named by
-the change it reflects) when the store closes, so the next process loads it and applies only newer
-changes; a missing, stale (its changes pruned) or unreadable file is rebuilt from the rows.
+bring back a deleted one. (The log is read only when SQLite's ``data_version`` shows that another
+connection committed, or after this store's own writes.) The index holds 8-bit copies of the vectors;
+a search takes a few dozen candidates from it and scores them exactly against the float32 vectors
+held beside it, so scores are exact cosine similarities. The index is saved next to the database file
+(``<file>.vectors/``, named by the change it reflects) when the store closes, so the next process
+loads it and applies only newer changes; a missing, stale (its changes pruned) or unreadable file is
+rebuilt from the rows.
 
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
@@ -23,6 +27,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,9 +79,22 @@ CREATE TRIGGER IF NOT EXISTS cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
 END
 """
 
-# Search parameters: recall@10 >= 0.98 against exact search at 100,000 x 384 (bench/vector_bench.py).
-_CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH = 16, 128, 128
-_SAVE_AFTER = 20_000  # changes applied at once (a rebuild, a long catch-up) worth saving the index for
+# The index holds 8-bit copies of the (unit) vectors: a quarter of the memory and the fastest distance
+# kernels; each search takes `_CANDIDATES` (at least 3 k) from it and re-scores them exactly from the
+# float32 rows held beside it. recall@10 against exact search at 100,000 x 384 is 1.000 with these
+# settings (bench/vector_bench.py, bench/ann_compare.py).
+# The search expansion grows with the collection (64 up to 256,000 records, 256 from 1,000,000): at
+# 1,000,000 recall@10 is 0.82 with 64, 0.89 with 128, 0.92 with 256 (there the graph itself, built
+# with expansion 64 to keep inserts under a millisecond, is the limit).
+_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 64, 40
+
+
+def _expansion(size: int) -> int:
+    return max(_EXPANSION_SEARCH, min(256, size // 4000))
+# Changes applied (a rebuild, a long catch-up, many upserts) worth saving the index for: at least 20,000
+# and a quarter of the collection, so saving (which writes the whole index) costs a bounded share of
+# the inserts however large the collection grows, and a crash leaves at most that much to catch up.
+_SAVE_AFTER, _SAVE_SHARE = 20_000, 4
 
 
 def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
@@ -120,8 +138,13 @@ class _Rows:
         if at is not None:
             self.free.append(at)
 
-    def gather(self, keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        at = np.fromiter((self.position[int(k)] for k in keys), dtype=np.int64, count=len(keys))
+    def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
+        position = self.position
+        if isinstance(keys, list) and len(keys) <= 256:  # a search's candidates: row by row is quicker
+            size, blocks = self.BLOCK, self.blocks
+            return np.array([blocks[at // size][at % size] for at in map(position.__getitem__, keys)],
+                            dtype=np.float32).reshape(len(keys), self.dim)
+        at = np.fromiter((position[int(k)] for k in keys), dtype=np.int64)
         if len(self.blocks) == 1:
             return self.blocks[0][at]
         out = np.empty((len(at), self.dim), dtype=np.float32)
@@ -145,13 +168,14 @@ class _Collection:
         self.postings: dict[str, dict[Any, set[int]]] = {}
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
+        self.version: int | None = None  # the connection's ``data_version`` when last found up to date
 
     def _make(self, dim: int) -> None:
         from usearch.index import Index
 
         self.dim = dim
         self.rows = _Rows(dim)
-        self.index = Index(ndim=dim, metric="cos", dtype="f32", connectivity=_CONNECTIVITY,
+        self.index = Index(ndim=dim, metric="cos", dtype=_DTYPE, connectivity=_CONNECTIVITY,
                            expansion_add=_EXPANSION_ADD, expansion_search=_EXPANSION_SEARCH)
 
     def _post(self, key: int, meta: dict[str, Any], add: bool) -> None:
@@ -170,28 +194,36 @@ class _Collection:
 
     def forget(self, key: int) -> None:
         meta = self.metas.pop(key, None)
-        if meta is None:
-            return
-        self.ids.pop(key, None)
-        self._post(key, meta, add=False)
-        if self.rows is not None:
-            self.rows.forget(key)
-        if self.index is not None and key in self.index:
+        if meta is not None:
+            self.ids.pop(key, None)
+            self._post(key, meta, add=False)
+            if self.rows is not None:
+                self.rows.forget(key)
+        if self.index is not None and key in self.index:  # (a loaded index may hold keys since deleted)
             self.index.remove(key)
+
+    def _drop(self, keys: np.ndarray[Any, Any]) -> None:
+        """Forget `keys` before they are added again (replaced rows, or keys a loaded index holds)."""
+        for key in keys.tolist():
+            if key in self.metas:
+                self.forget(key)
+        if self.index is not None:
+            held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
+            if held.any():
+                self.index.remove(keys[held])
 
     def put(self, rows: Sequence[tuple[int, str, int, bytes, str]]) -> None:
         """Add or replace rows ``(key, id, dim, vector, metadata)``."""
         if not rows:
             return
-        for key, *_ in rows:
-            self.forget(key)
+        keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
+        self._drop(keys)
         dim = rows[0][2]
         if self.index is None:
             self._make(dim)
         if any(r[2] != self.dim for r in rows):
             raise UsageError(f"a collection mixes vector sizes {sorted({r[2] for r in rows} | {self.dim})}; "
                              "use one embedder per collection")
-        keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
         assert self.rows is not None
@@ -255,6 +287,7 @@ class SQLiteVectorStore(VectorStore):
         self.exact_limit = exact_limit
         self._busy_ms = int(busy_timeout * 1000)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-vectors")
+        self._lock = threading.Lock()  # held by whichever thread uses the connection and the indexes
         self._conn: sqlite3.Connection | None = None
         self._cache: dict[str, _Collection] = {}
         memory = self.path == ":memory:" or self.path.startswith("file::memory:")
@@ -289,7 +322,29 @@ class SQLiteVectorStore(VectorStore):
         return self._conn
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(self._connection(), *args))
+        def call() -> Any:
+            with self._lock:
+                return fn(self._connection(), *args)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def _quick(self, collection: str, fn: Any) -> Any:
+        """Run the read `fn` on the calling thread when it cannot take long, else return ``None``.
+
+        That is when the connection is idle and `collection`'s index is up to date (no catch-up, which
+        may read many rows): an unfiltered search is then a fraction of a millisecond, less than
+        handing it to the worker thread and back costs on a busy machine.
+        """
+        if self._conn is None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            cached = self._cache.get(collection)
+            conn = self._conn
+            if conn is None or cached is None or cached.version != conn.execute("PRAGMA data_version").fetchone()[0]:
+                return None
+            return fn(conn)
+        finally:
+            self._lock.release()
 
     # --- writes ------------------------------------------------------------------------------------
 
@@ -303,6 +358,7 @@ class SQLiteVectorStore(VectorStore):
             raise UsageError(f"one upsert mixes vector sizes {sorted(dims)}; use one embedder per collection")
 
         def op(conn: sqlite3.Connection) -> None:
+            self._writing(collection)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
@@ -346,6 +402,7 @@ class SQLiteVectorStore(VectorStore):
         params += sql_params
 
         def op(conn: sqlite3.Connection) -> int:
+            self._writing(collection)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 n = conn.execute(f"DELETE FROM cp_vectors WHERE {' AND '.join(clauses)}", params).rowcount
@@ -370,22 +427,36 @@ class SQLiteVectorStore(VectorStore):
         return max(int(row[0] or 0), below), below
 
     def _sync(self, conn: sqlite3.Connection, collection: str) -> _Collection:
-        """Bring this process's index of `collection` up to the file's latest change (one read snapshot)."""
+        """Bring this process's index of `collection` up to the file's latest change (one read snapshot).
+
+        SQLite's ``data_version`` changes whenever another connection (of any process) commits; when it
+        has not moved since this collection was last found up to date, and this connection wrote nothing
+        to it since (its own writes clear `version` before they commit), nothing can have changed.
+        """
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        cached = self._cache.get(collection)
+        if cached is not None and cached.version == version:
+            return cached
         conn.execute("BEGIN")
         try:
             latest, below = self._latest(conn, collection)
             cached = self._cache.get(collection)
-            if cached is not None and cached.seq == latest:
-                return cached
             if cached is None or cached.seq < below:
                 cached = self._open(conn, collection, latest, below)
-            else:
+            elif cached.seq != latest:
                 self._apply(conn, collection, cached, latest)
         finally:
             conn.execute("COMMIT")
-        if cached.changed >= _SAVE_AFTER:
+        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
             self._save(conn, collection, cached)
+        cached.version = version  # read before the snapshot: a commit in between only costs a check
         return cached
+
+    def _writing(self, collection: str) -> None:
+        """Before this connection commits to `collection`: the next search checks the change log."""
+        cached = self._cache.get(collection)
+        if cached is not None:
+            cached.version = None
 
     def _apply(self, conn: sqlite3.Connection, collection: str, cached: _Collection, latest: int) -> None:
         keys = [r[0] for r in conn.execute(
@@ -396,8 +467,9 @@ class SQLiteVectorStore(VectorStore):
 
     def _reload(self, conn: sqlite3.Connection, cached: _Collection, keys: Sequence[int]) -> None:
         """Make `keys` in the index match their rows now: re-read the rows, drop keys that have none."""
-        for start in range(0, len(keys), 500):
-            part = keys[start:start + 500]
+        step = min(5000, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+        for start in range(0, len(keys), step):
+            part = keys[start:start + step]
             rows = conn.execute(f"SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE key IN "
                                 f"({','.join('?' * len(part))})", part).fetchall()
             present = {r[0] for r in rows}
@@ -534,8 +606,12 @@ class SQLiteVectorStore(VectorStore):
             found = self._nearest(c, q, k, c.keys_matching(where) if where else None)
             found = [(key, s) for key, s in found if min_score is None or s >= min_score]
             texts = self._texts(conn, (key for key, _ in found))
-            return [SearchHit(c.ids[key], s, texts.get(key, ""), c.metas[key]) for key, s in found if key in texts]
+            return [SearchHit(c.ids[key], s, texts[key], c.metas[key], vector_score=s) for key, s in found
+                    if key in texts]
 
+        quick: list[SearchHit] | None = None if where else self._quick(collection, op)
+        if quick is not None:
+            return quick
         hits: list[SearchHit] = await self._run(op)
         return hits
 
@@ -548,27 +624,35 @@ class SQLiteVectorStore(VectorStore):
         return self._approximate(c, q, k, subset)
 
     @staticmethod
-    def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int, subset: set[int] | None) -> list[tuple[int, float]]:
-        """Score every record (of `subset`) against `q`."""
-        keys = np.fromiter(subset if subset is not None else c.metas, dtype=np.uint64)
+    def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int,
+               subset: Iterable[int] | None) -> list[tuple[int, float]]:
+        """Score every record (of `subset`) against `q` from the float32 rows."""
+        keys = subset if isinstance(subset, list) else list(subset if subset is not None else c.metas)
+        if not keys:
+            return []
         assert c.rows is not None
         scores = c.rows.gather(keys) @ q
         top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
         top = top[np.argsort(-scores[top])]
-        return [(int(keys[i]), float(scores[i])) for i in top]
+        return [(keys[i], float(scores[i])) for i in top.tolist()]
 
-    @staticmethod
-    def _approximate(c: _Collection, q: np.ndarray[Any, Any], k: int,
+    @classmethod
+    def _approximate(cls, c: _Collection, q: np.ndarray[Any, Any], k: int,
                      subset: set[int] | None) -> list[tuple[int, float]]:
-        """Search the HNSW index, deeper while too few of the results are in `subset`."""
+        """Take candidates from the HNSW index (more while too few are in `subset`), re-score them exactly."""
         total = len(c.metas)
-        want = k if subset is None else min(total, k * max(2, 2 * total // len(subset)) + 16)
+        want = max(3 * k, _CANDIDATES)
+        if subset is not None:  # about 2 k of the subset expected among the candidates
+            want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
+        expansion = _expansion(total)
+        if c.index.expansion_search != expansion:
+            c.index.expansion_search = expansion
         while True:
-            matches_ = c.index.search(q, want, threads=1)
-            found = [(int(key), 1.0 - float(d)) for key, d in zip(matches_.keys, matches_.distances, strict=True)
-                     if subset is None or int(key) in subset]
-            if len(found) >= k or want >= total:
-                return found[:k]
+            keys = c.index.search(q, want, threads=1).keys.tolist()
+            if subset is not None:
+                keys = [key for key in keys if key in subset]
+            if len(keys) >= k or want >= total:
+                return cls._exact(c, q, k, keys)
             want = min(total, want * 4)
 
     @override
