@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 import uuid
+import weakref
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ class FakeClock:
         self.offset += seconds
 
 
-CLOCKS: dict[int, FakeClock] = {}
+CLOCKS: weakref.WeakKeyDictionary[SessionStore, FakeClock] = weakref.WeakKeyDictionary()
+"""The fake clock of each store made with one (weakly held: a dead store's id may be reused by a server store)."""
 
 
 def open_store(backend: str, tmp_path: Path) -> SessionStore:
@@ -60,14 +62,14 @@ def open_store(backend: str, tmp_path: Path) -> SessionStore:
     if backend == "memory":
         clock = FakeClock()
         store = MemoryStore(clock=clock)
-        CLOCKS[id(store)] = clock
+        CLOCKS[store] = clock
         return store
     if backend == "sqlite":
         from contextpipe.stores import SQLiteStore
 
         clock = FakeClock()
         store = SQLiteStore(tmp_path / f"{uuid.uuid4().hex}.db", clock=clock)
-        CLOCKS[id(store)] = clock
+        CLOCKS[store] = clock
         return store
     address = server_address(backend)
     assert address is not None
@@ -82,7 +84,7 @@ def open_store(backend: str, tmp_path: Path) -> SessionStore:
 
 async def elapse(store: SessionStore, seconds: float) -> None:
     """Let `seconds` pass for `store`: at once on a fake clock, really (one real-time test per server)."""
-    clock = CLOCKS.get(id(store))
+    clock = CLOCKS.get(store)
     if clock is not None:
         clock.advance(seconds)
     else:
