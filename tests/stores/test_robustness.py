@@ -115,6 +115,27 @@ async def test_bad_tenants_are_refused_everywhere(store: SessionStore, bad: str)
         await store.load(bad, "s")
 
 
+async def test_deletion_hooks_run_when_a_write_meets_an_expired_session(store: SessionStore, tenant: str) -> None:
+    """An expired session that a write meets (and starts afresh) is a deleted session to the hooks too."""
+    if store.backend == "redis":
+        pytest.skip("Redis expires a session's keys itself; its hooks run from purge_expired")
+    seen: list[SessionKey] = []
+
+    async def hook(key: SessionKey) -> None:
+        seen.append(key)
+
+    unregister = store.on_session_deleted(hook)
+    await store.append(tenant, "brief", [Message.user("old")])
+    session = await store.load_or_create(tenant, "brief")
+    session.ttl = 0.3
+    await store.save_session(session)
+    await elapse(store, 0.6)
+    await store.append(tenant, "brief", [Message.user("new")])  # meets the expired session: starts afresh
+    assert [m.text for m in (await store.load(tenant, "brief")).messages] == ["new"]
+    assert seen == [SessionKey(tenant, "brief")]
+    unregister()
+
+
 async def test_deletion_hooks_run_for_deleted_and_expired_sessions(store: SessionStore, tenant: str) -> None:
     seen: list[SessionKey] = []
 

@@ -19,6 +19,7 @@ import re
 import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 _NOW: Final = "extract(epoch from clock_timestamp())::float8"
+_RESTARTED: ContextVar[list[SessionKey] | None] = ContextVar("contextpipe_pg_restarted", default=None)
+"""Expired sessions the running transaction met and started afresh (their hooks run after it commits)."""
 _PREFIX_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,30}")
 _LOCK_KEY: Final = 0x636F6E74  # advisory lock id for schema migrations ("cont")
 _ROW: Final = "version, last_seq, lease_owner, lease_token, lease_expires, expires_at, created_at"
@@ -195,14 +198,21 @@ class PostgresStore(SessionStore):
     async def _transaction(self, *, readonly: bool = False, pool: asyncpg.Pool | None = None
                            ) -> AsyncIterator[asyncpg.Connection]:
         """Run one transaction; rolled back on contextpipe's own errors, dropped with the connection otherwise."""
-        async with self._connection(pool) as conn:
-            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if readonly else "BEGIN")
-            try:
-                yield conn
-            except ContextPipeError:
-                await conn.execute("ROLLBACK")
-                raise
-            await conn.execute("COMMIT")
+        restarted: list[SessionKey] = []
+        token = _RESTARTED.set(restarted)
+        try:
+            async with self._connection(pool) as conn:
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if readonly else "BEGIN")
+                try:
+                    yield conn
+                except ContextPipeError:
+                    await conn.execute("ROLLBACK")
+                    raise
+                await conn.execute("COMMIT")
+        finally:
+            _RESTARTED.reset(token)
+        if restarted:
+            await self._notify_deleted(restarted)
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
         p = self._p
@@ -233,6 +243,9 @@ class PostgresStore(SessionStore):
         assert row is not None
         if row["expires_at"] is not None and row["expires_at"] <= row["now"]:
             await self._delete(conn, key, keep_row=True)
+            restarted = _RESTARTED.get()
+            if restarted is not None:  # the transaction runs the deletion hooks once it has committed
+                restarted.append(key)
             row = await conn.fetchrow(f"SELECT {_ROW}, {_NOW} AS now FROM {p}sessions WHERE tenant = $1 "
                                       "AND session_id = $2", key.tenant, key.id)
             assert row is not None
