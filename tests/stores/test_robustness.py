@@ -136,6 +136,27 @@ async def test_deletion_hooks_run_when_a_write_meets_an_expired_session(store: S
     unregister()
 
 
+async def test_a_failing_hook_does_not_fail_a_write_that_met_an_expired_session(
+        store: SessionStore, tenant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The write has committed when the hooks run: a hook's failure is logged, the write's result stands."""
+    if store.backend != "postgres":
+        pytest.skip("the write path of the PostgreSQL store")
+
+    async def broken(key: SessionKey) -> None:
+        raise RuntimeError(f"cannot delete the memories of {key}")
+
+    await store.append(tenant, "brief", [Message.user("old")])
+    session = await store.load_or_create(tenant, "brief")
+    session.ttl = 0.3
+    await store.save_session(session)
+    await elapse(store, 0.6)
+    unregister = store.on_session_deleted(broken)
+    await store.append(tenant, "brief", [Message.user("new")])  # meets the expired record; the hook fails
+    assert [m.text for m in (await store.load(tenant, "brief")).messages] == ["new"]
+    assert "deletion hooks failed" in caplog.text
+    unregister()
+
+
 async def test_deletion_hooks_run_for_deleted_and_expired_sessions(store: SessionStore, tenant: str) -> None:
     seen: list[SessionKey] = []
 
