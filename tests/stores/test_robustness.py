@@ -139,8 +139,8 @@ async def test_deletion_hooks_run_when_a_write_meets_an_expired_session(store: S
 async def test_a_failing_hook_does_not_fail_a_write_that_met_an_expired_session(
         store: SessionStore, tenant: str, caplog: pytest.LogCaptureFixture) -> None:
     """The write has committed when the hooks run: a hook's failure is logged, the write's result stands."""
-    if store.backend != "postgres":
-        pytest.skip("the write path of the PostgreSQL store")
+    if store.backend == "redis":
+        pytest.skip("Redis expires a session's keys itself; its hooks run from purge_expired")
 
     async def broken(key: SessionKey) -> None:
         raise RuntimeError(f"cannot delete the memories of {key}")

@@ -191,7 +191,9 @@ class SessionStore(abc.ABC):
         removes it (`purge_expired` on every backend; the embedded and SQL stores also remove an expired
         session when they meet it). Other stores keeping per-session data (a vector store's memories)
         use it to delete theirs, so the cascade is the same on every backend. Every hook is called; if
-        any fails, a `StoreError` says which after all have run.
+        any fails, a `StoreError` says which after all have run (from `delete_session` and
+        `purge_expired`; when a write met the expired session, the failure is logged to the
+        ``contextpipe.stores`` logger instead, since the write itself has been done).
 
         >>> import asyncio
         >>> from contextpipe.stores import MemoryStore

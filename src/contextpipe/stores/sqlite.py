@@ -14,6 +14,7 @@ covers every frame before it). ``synchronous="NORMAL"`` makes every write like t
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +57,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+_log = logging.getLogger("contextpipe.stores")
+_DELETIONS: Final = frozenset({"_delete_durably", "_purge"})
+"""The operations whose deletion hooks' failure is the call's error (see `SQLiteStore._run`)."""
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS cp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -177,13 +182,24 @@ class SQLiteStore(SessionStore):
 
     async def _run(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:
-        """Run ``fn(conn, ...)`` on the store's thread, then the hooks of the sessions it deleted."""
+        """Run ``fn(conn, ...)`` on the store's thread, then the hooks of the sessions it deleted.
+
+        Hooks run after the operation has committed. For a deletion (`delete_session`,
+        `purge_expired`) their failure is the call's error, as documented; for a write that met an
+        expired session and started it afresh it is logged, so a committed write never reads as failed.
+        """
         if self._closed:
             raise StoreError("the SQLite store is closed", backend=self.backend, server=self.path)
         loop = asyncio.get_running_loop()
         result, dropped = await loop.run_in_executor(self._executor, lambda: self._call(fn, *args, **kwargs))
         if dropped:
-            await self._notify_deleted(dropped)
+            if getattr(fn, "__name__", "") in _DELETIONS:
+                await self._notify_deleted(dropped)
+            else:
+                try:
+                    await self._notify_deleted(dropped)
+                except StoreError:
+                    _log.exception("SQLite store: deletion hooks failed for expired sessions started afresh")
         return result
 
     def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
