@@ -30,7 +30,7 @@ from typing import Final, TypeAlias
 from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriPart
 
 __all__ = ["UNKNOWN_IMAGE_TOKENS", "Media", "describe", "image_size", "image_tokens", "left_out_note", "media_tokens",
-           "only_readable"]
+           "only_readable", "with_left_out"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -144,6 +144,19 @@ def left_out_note(parts: Iterable[Media], who: str) -> str:
     return f"[left out of this result: {named}; {who} cannot take this content here]"
 
 
+def with_left_out(result: FunctionResult, text: str, left_out: Sequence[Media], who: str, why: str,
+                  notes: list[str]) -> str:
+    """Return `text` with a note naming the `left_out` parts `who` cannot take, and say so in `notes`.
+
+    `text` comes back as it is when nothing was left out; `why` ends the note in the call's trace.
+    """
+    if not left_out:
+        return text
+    note = left_out_note(left_out, who)
+    notes.append(f"left out of tool result {result.call_id}: {', '.join(describe(p) for p in left_out)} ({why})")
+    return f"{text}\n{note}" if text else note
+
+
 def only_readable(messages: Sequence[Message], media_types: Sequence[str] | None, model: str,
                   notes: list[str]) -> Sequence[Message]:
     """Leave out of tool results the media a model does not read, naming them in the text and in `notes`.
@@ -174,8 +187,6 @@ def _readable(result: FunctionResult, media_types: Sequence[str], model: str, no
     if not left_out:
         return result
     who = f"model {model!r}"
-    note = left_out_note(left_out, who)
-    notes.append(f"left out of tool result {result.call_id}: {', '.join(describe(p) for p in left_out)} "
-                 f"({who} reads only {', '.join(media_types) or 'text'})")
-    return FunctionResult(result.call_id, f"{result.result}\n{note}" if result.result else note, result.is_error,
-                          tuple(kept))
+    text = with_left_out(result, result.result, left_out, who, f"{who} reads only {', '.join(media_types) or 'text'}",
+                         notes)
+    return FunctionResult(result.call_id, text, result.is_error, tuple(kept))

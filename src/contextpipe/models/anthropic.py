@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._media import Media, describe, left_out_note, only_readable
+from .._media import Media, only_readable, with_left_out
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -538,12 +538,8 @@ def _tool_result_content(part: FunctionResult, notes: list[str]) -> list[dict[st
             left_out.append(item)
         else:
             media.append(block)
-    text = part.result
-    if left_out:
-        note = left_out_note(left_out, "Claude")
-        text = f"{text}\n{note}" if text else note
-        notes.append(f"left out of tool result {part.call_id}: {', '.join(describe(p) for p in left_out)} "
-                     "(Claude cannot take this content in a tool result)")
+    text = with_left_out(part, part.result, left_out, "Claude", "Claude cannot take this content in a tool result",
+                         notes)
     return ([{"type": "text", "text": text}] if text else []) + media
 
 

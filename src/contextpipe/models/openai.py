@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._media import Media, describe, left_out_note, only_readable
+from .._media import Media, only_readable, with_left_out
 from ..errors import (
     ContextWindowExceeded,
     ModelAuthError,
@@ -461,11 +461,8 @@ class _ToolMedia:
             self.content.append({"type": "text", "text": f"{what} returned by {label}:"})
             self.content.extend(sent)
             text = f"{text}\n[{len(sent)} attachment(s) of this result follow in the next user message]"
-        if left_out:
-            text = f"{text}\n{left_out_note(left_out, 'OpenAI chat completions')}"
-            notes.append(f"left out of tool result {result.call_id}: {', '.join(describe(p) for p in left_out)} "
-                         "(chat completions cannot take this content)")
-        return text
+        return with_left_out(result, text, left_out, "OpenAI chat completions",
+                             "chat completions cannot take this content", notes)
 
     def flush(self, wire: list[dict[str, Any]]) -> None:
         """Send the waiting media, if any, as one user message."""

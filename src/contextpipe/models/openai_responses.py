@@ -26,7 +26,7 @@ import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from .._media import Media, describe, left_out_note, only_readable
+from .._media import Media, only_readable, with_left_out
 from ..errors import (
     ModelBadRequest,
     ModelError,
@@ -311,12 +311,8 @@ def _tool_output(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]
             media.append(_media(item, "tool"))
         else:
             left_out.append(item)
-    text = part.result
-    if left_out:
-        note = left_out_note(left_out, "the OpenAI Responses API")
-        text = f"{text}\n{note}" if text else note
-        notes.append(f"left out of tool result {part.call_id}: {', '.join(describe(p) for p in left_out)} "
-                     "(the Responses API cannot take this content in a function call output)")
+    text = with_left_out(part, part.result, left_out, "the OpenAI Responses API",
+                         "the Responses API cannot take this content in a function call output", notes)
     return ([{"type": "input_text", "text": text}] if text else []) + media
 
 
