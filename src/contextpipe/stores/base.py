@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -238,6 +239,17 @@ class SessionStore(abc.ABC):
                 f"failed, the first with {type(first).__name__}: {first}",
                 backend=self.backend, tenant=key.tenant, session_id=key.id,
             ) from first
+
+    async def _notify_restarted(self, keys: Sequence[SessionKey]) -> None:
+        """Run the hooks for expired sessions a write met and started afresh; a failure is logged.
+
+        The write has been done when the hooks run, so their failure must not read as the write's.
+        """
+        try:
+            await self._notify_deleted(keys)
+        except StoreError:
+            logging.getLogger("contextpipe.stores").exception(
+                "%s store: deletion hooks failed for expired sessions started afresh", self.backend)
 
     @abc.abstractmethod
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:

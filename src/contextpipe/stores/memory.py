@@ -8,7 +8,6 @@ back exactly as it was given.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost, StoreError
+from ..errors import ConcurrentUpdate, LeaseLost
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
 from ._common import (
@@ -32,8 +31,6 @@ from ._common import (
     lease_is_free,
 )
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
-
-_log = logging.getLogger("contextpipe.stores")
 
 __all__ = ["MemoryStore"]
 
@@ -84,10 +81,7 @@ class MemoryStore(SessionStore):
         if entry is not None and entry.ttl is not None and entry.expired(self._clock()):
             del self._entries[key]
             entry = None
-            try:
-                await self._notify_deleted([key])
-            except StoreError:  # the expired session is gone either way; the call that met it goes on
-                _log.exception("memory store: deletion hooks failed for an expired session")
+            await self._notify_restarted([key])
         if entry is None and create:
             now = self._clock()
             entry = self._entries[key] = _Entry(now, now)

@@ -15,7 +15,6 @@ cancellation returns promptly. The error is a `StoreError` naming the server.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 _NOW: Final = "extract(epoch from clock_timestamp())::float8"
-_log = logging.getLogger("contextpipe.stores")
 _RESTARTED: ContextVar[list[SessionKey] | None] = ContextVar("contextpipe_pg_restarted", default=None)
 """Expired sessions the running transaction met and started afresh (their hooks run after it commits)."""
 _PREFIX_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,30}")
@@ -214,10 +212,7 @@ class PostgresStore(SessionStore):
         finally:
             _RESTARTED.reset(token)
         if restarted:
-            try:
-                await self._notify_deleted(restarted)
-            except StoreError:  # the write has committed: a failed hook must not read as a failed write
-                _log.exception("PostgreSQL store: deletion hooks failed for expired sessions started afresh")
+            await self._notify_restarted(restarted)
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
         p = self._p

@@ -14,7 +14,6 @@ covers every frame before it). ``synchronous="NORMAL"`` makes every write like t
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,10 +56,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-_log = logging.getLogger("contextpipe.stores")
-_DELETIONS: Final = frozenset({"_delete_durably", "_purge"})
-"""The operations whose deletion hooks' failure is the call's error (see `SQLiteStore._run`)."""
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS cp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -182,25 +177,26 @@ class SQLiteStore(SessionStore):
 
     async def _run(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
                    **kwargs: P.kwargs) -> T:
-        """Run ``fn(conn, ...)`` on the store's thread, then the hooks of the sessions it deleted.
+        """Run ``fn(conn, ...)`` on the store's thread, then the hooks of the expired sessions it met."""
+        result, dropped = await self._execute(fn, *args, **kwargs)
+        if dropped:
+            await self._notify_restarted(dropped)
+        return result
 
-        Hooks run after the operation has committed. For a deletion (`delete_session`,
-        `purge_expired`) their failure is the call's error, as documented; for a write that met an
-        expired session and started it afresh it is logged, so a committed write never reads as failed.
-        """
+    async def _run_deletion(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
+                            **kwargs: P.kwargs) -> T:
+        """Like `_run` for `delete_session` and `purge_expired`: a failing hook is the call's error."""
+        result, dropped = await self._execute(fn, *args, **kwargs)
+        if dropped:
+            await self._notify_deleted(dropped)
+        return result
+
+    async def _execute(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
+                       **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
         if self._closed:
             raise StoreError("the SQLite store is closed", backend=self.backend, server=self.path)
         loop = asyncio.get_running_loop()
-        result, dropped = await loop.run_in_executor(self._executor, lambda: self._call(fn, *args, **kwargs))
-        if dropped:
-            if getattr(fn, "__name__", "") in _DELETIONS:
-                await self._notify_deleted(dropped)
-            else:
-                try:
-                    await self._notify_deleted(dropped)
-                except StoreError:
-                    _log.exception("SQLite store: deletion hooks failed for expired sessions started afresh")
-        return result
+        return await loop.run_in_executor(self._executor, lambda: self._call(fn, *args, **kwargs))
 
     def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
               **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
@@ -364,7 +360,7 @@ class SQLiteStore(SessionStore):
     @override
     @translated
     async def delete_session(self, tenant: str, session_id: str) -> bool:
-        return await self._run(self._delete_durably, key_of(tenant, session_id))
+        return await self._run_deletion(self._delete_durably, key_of(tenant, session_id))
 
     def _delete_durably(self, conn: sqlite3.Connection, key: SessionKey) -> bool:
         with self._transaction(conn, durable=True):
@@ -391,7 +387,7 @@ class SQLiteStore(SessionStore):
     @override
     @translated
     async def purge_expired(self) -> int:
-        return await self._run(self._purge)
+        return await self._run_deletion(self._purge)
 
     def _purge(self, conn: sqlite3.Connection) -> int:
         with self._transaction(conn, durable=True):
