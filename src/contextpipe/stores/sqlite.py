@@ -14,6 +14,7 @@ covers every frame before it). ``synchronous="NORMAL"`` makes every write like t
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -636,9 +637,16 @@ _Log: TypeAlias = "list[JoinedRows] | list[tuple[int, str, str]]"
 _JOINED_ROWS: Final = 4096
 """Messages per joined read: few Python objects per message, and a bounded string per read."""
 
-_JOINED: Final = ("SELECT '[' || group_concat(body, ',') || ']', group_concat(seq), group_concat(message_id, char(0)), "
+_JOINED: Final = ("SELECT '[' || group_concat(body, ',') || ']', group_concat(seq - ?), "
+                  "group_concat(message_id, char(0)), "
                   "count(*) FROM (SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
                   "AND seq > ? AND seq <= ? ORDER BY seq)")
+
+
+@functools.lru_cache(maxsize=16)
+def _counting(count: int) -> str:
+    """``"1,2,...,count"``."""
+    return ",".join(map(str, range(1, count + 1)))
 
 
 def _all_joined(log: _Log) -> TypeGuard[list[JoinedRows]]:
@@ -669,10 +677,10 @@ def _read_log(conn: sqlite3.Connection, key: SessionKey, after: int, end: int, l
     for low in range(start, end, _JOINED_ROWS):
         high = min(low + _JOINED_ROWS, end)
         try:
-            bodies, seqs, ids, count = cursor.execute(_JOINED, (key.tenant, key.id, low, high)).fetchone()
+            bodies, seqs, ids, count = cursor.execute(_JOINED, (low, key.tenant, key.id, low, high)).fetchone()
         except (sqlite3.DataError, sqlite3.OperationalError):  # too big for one value, or not UTF-8
             return _message_rows(conn, key, after, end, limit)
-        if count != high - low or seqs != ",".join(map(str, range(low + 1, high + 1))):
+        if count != high - low or seqs != _counting(count):  # sequences low + 1, low + 2, ... in order
             return _message_rows(conn, key, after, end, limit)
         pieces.append(JoinedRows(low + 1, count, bodies, ids))
     return pieces
