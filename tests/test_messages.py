@@ -184,6 +184,22 @@ def test_loads_arrays_rejects_what_is_not_an_array_of_messages(payload: str, fra
     assert gc.isenabled()  # paused while decoding, enabled again after a failure too
 
 
+def test_a_large_batch_leaves_the_collector_on_and_an_applications_frozen_objects_frozen() -> None:
+    log = "[" + ",".join(dumps(Message.user(f"m{i}")) for i in range(3000)) + "]"
+    gc.collect()
+    decoded = loads_arrays([log])[0]
+    assert gc.isenabled() and len(decoded) == 3000
+    # Built young, then moved to the oldest generation at once (not traced young, then middle-aged).
+    assert any(o is decoded[-1] for o in gc.get_objects(generation=2))
+    gc.freeze()  # as a pre-fork server does
+    try:
+        frozen = gc.get_freeze_count()
+        assert len(loads_arrays([log])[0]) == 3000
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
 def test_loads_arrays_reads_what_only_the_standard_library_parses() -> None:
     odd = Message.user("x", metadata={"score": float("nan"), "big": 2**70})
     decoded = loads_arrays(["[" + dumps(Message.user("a")) + "," + dumps(odd) + "]"])[0]
