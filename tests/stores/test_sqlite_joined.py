@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextpipe import CorruptRecord, FunctionCall, FunctionResult, Message
+from contextpipe import CorruptRecord, FunctionCall, FunctionResult, Message, StoreError
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import sqlite as sqlite_module
 from contextpipe.stores.base import Checkpoint
@@ -117,3 +117,14 @@ async def test_ids_holding_nul_and_values_over_sqlites_limit_still_load(tmp_path
         store._connection().setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 3500)
         assert (await store.load("t", "s")).messages == log
         assert (await store.load_context("t", "s"))[1].messages == log
+
+
+async def test_a_body_that_is_not_utf8_fails_as_row_by_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await damaged(tmp_path, "UPDATE cp_messages SET body = CAST(X'7b22ff227d' AS TEXT) WHERE seq = 5")
+    async with store:
+        with pytest.raises(StoreError) as joined:
+            await store.load("t", "s")
+        rows_only(monkeypatch)
+        with pytest.raises(StoreError) as rows:
+            await store.load("t", "s")
+    assert str(joined.value) == str(rows.value) and "UTF-8" in str(joined.value)

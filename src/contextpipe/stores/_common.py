@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import operator
 import re
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -204,10 +205,13 @@ class JoinedRows:
     """Sequence of the first message."""
     count: int
     """How many messages (sequences ``first_seq`` to ``first_seq + count - 1``, checked by the reader)."""
-    bodies: str
-    """Their stored bodies as one JSON array: ``"[" + ",".join(bodies) + "]"``, in sequence order."""
+    bodies: bytes
+    """Their stored bodies as one JSON array in UTF-8: ``"[" + ",".join(bodies) + "]"``, in sequence order."""
     ids: str
     """The ids their rows are indexed under, joined by NUL characters."""
+
+
+_message_id: Final = operator.attrgetter("id")
 
 
 def joined_page(end: int, after: int | None, pieces: Sequence[JoinedRows]) -> MessagePage | None:
@@ -226,7 +230,7 @@ def joined_page(end: int, after: int | None, pieces: Sequence[JoinedRows]) -> Me
     for piece, part in zip(pieces, decoded, strict=True):
         if len(part) != piece.count:
             return None
-        ids = "\0".join([m.id for m in part])
+        ids = "\0".join(map(_message_id, part))
         # Equal texts with count - 1 separators: neither side has a NUL inside an id, so the ids are equal.
         if ids != piece.ids or ids.count("\0") != piece.count - 1:
             return None

@@ -637,7 +637,7 @@ _Log: TypeAlias = "list[JoinedRows] | list[tuple[int, str, str]]"
 _JOINED_ROWS: Final = 4096
 """Messages per joined read: few Python objects per message, and a bounded string per read."""
 
-_JOINED: Final = ("SELECT '[' || group_concat(body, ',') || ']', group_concat(seq - ?), "
+_JOINED: Final = ("SELECT CAST('[' || group_concat(body, ',') || ']' AS BLOB), group_concat(seq - ?), "
                   "group_concat(message_id, char(0)), "
                   "count(*) FROM (SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
                   "AND seq > ? AND seq <= ? ORDER BY seq)")
@@ -665,8 +665,9 @@ def _read_log(conn: sqlite3.Connection, key: SessionKey, after: int, end: int, l
     Joined (the fast way), a few thousand messages come as one value each (`JoinedRows`) instead of
     one row each: far fewer Python objects to make. Sequences are contiguous, so the range is known;
     each read is checked to hold exactly its sequences, in order (SQLite does not promise the order
-    in which ``group_concat`` sees rows), and the log is read row by row when one does not, when a
-    read would exceed SQLite's largest value, or when it is not valid UTF-8.
+    in which ``group_concat`` sees rows), and the log is read row by row when one does not or when a
+    read would exceed SQLite's largest value. Bodies come as UTF-8 bytes, which the JSON parser
+    reads as they are (no text object to make first).
     """
     if not joined:
         return _message_rows(conn, key, after, end, limit)
@@ -678,7 +679,7 @@ def _read_log(conn: sqlite3.Connection, key: SessionKey, after: int, end: int, l
         high = min(low + _JOINED_ROWS, end)
         try:
             bodies, seqs, ids, count = cursor.execute(_JOINED, (low, key.tenant, key.id, low, high)).fetchone()
-        except (sqlite3.DataError, sqlite3.OperationalError):  # too big for one value, or not UTF-8
+        except sqlite3.DataError:  # too big for one value
             return _message_rows(conn, key, after, end, limit)
         if count != high - low or seqs != _counting(count):  # sequences low + 1, low + 2, ... in order
             return _message_rows(conn, key, after, end, limit)
