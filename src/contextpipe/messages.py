@@ -605,48 +605,15 @@ def _build(data: list[Any], out: list[Message]) -> None:
     here directly, with every check `message_from_dict` makes on them; the rest go through it.
     """
     append = out.append
-    roles = _ROLES
     for d in data:
-        # Five keys, each of them present, is exactly the required ones: the message has nothing optional.
         if type(d) is dict and len(d) == 5:
-            try:
+            try:  # five keys, each of them present, is exactly the required ones: nothing optional
                 parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
             except KeyError:
                 parts = None
             if (type(parts) is list and len(parts) == 1 and type(role) is str and type(message_id) is str
-                    and type(created_at) is float and version is CODEC_VERSION and role in roles):
-                only = parts[0]
-                kind = only.get("kind") if type(only) is dict else None
-                part: Any = None
-                if kind == "text":
-                    text = only.get("text")
-                    if type(text) is str and len(only) == 2:
-                        part = _TextShell()
-                        part.text = text
-                        part.kind = "text"
-                        part.__class__ = TextPart
-                        flag = 0
-                elif kind == "function_call":
-                    call_id, name, arguments = only.get("call_id"), only.get("name"), only.get("arguments")
-                    if type(call_id) is str and type(name) is str and type(arguments) is str and len(only) == 4:
-                        part = _CallShell()
-                        part.call_id = call_id
-                        part.name = name
-                        part.arguments = arguments
-                        part.kind = "function_call"
-                        part.__class__ = FunctionCall
-                        flag = 1
-                elif kind == "function_result":
-                    call_id, result = only.get("call_id"), only.get("result")
-                    if type(call_id) is str and type(result) is str and len(only) == 3:
-                        part = _ResultShell()
-                        part.call_id = call_id
-                        part.result = result
-                        part.is_error = False
-                        part.parts = ()
-                        part.kind = "function_result"
-                        part.__class__ = FunctionResult
-                        flag = 2
+                    and type(created_at) is float and version is CODEC_VERSION and role in _ROLES):
+                part = _common_part(parts[0])
                 if part is not None:
                     m: Any = _Shell()
                     m.role = role
@@ -656,11 +623,49 @@ def _build(data: list[Any], out: list[Message]) -> None:
                     m.created_at = created_at
                     m.metadata = _EMPTY
                     m.source = None
-                    m._tool_flag = flag
+                    m._tool_flag = _TOOL_FLAG[part.kind]
                     m.__class__ = Message
                     append(m)
                     continue
         append(_from_data(d))
+
+
+_TOOL_FLAG: Final = {"text": 0, "function_call": 1, "function_result": 2}
+
+
+def _common_part(only: Any) -> Any:
+    """Return the part `only` encodes if it is a text, a function call or a function result with no optional key."""
+    if type(only) is not dict:
+        return None
+    kind = only.get("kind")
+    part: Any = None
+    if kind == "text":
+        text = only.get("text")
+        if type(text) is str and len(only) == 2:
+            part = _TextShell()
+            part.text = text
+            part.kind = "text"
+            part.__class__ = TextPart
+    elif kind == "function_call":
+        call_id, name, arguments = only.get("call_id"), only.get("name"), only.get("arguments")
+        if type(call_id) is str and type(name) is str and type(arguments) is str and len(only) == 4:
+            part = _CallShell()
+            part.call_id = call_id
+            part.name = name
+            part.arguments = arguments
+            part.kind = "function_call"
+            part.__class__ = FunctionCall
+    elif kind == "function_result":
+        call_id, result = only.get("call_id"), only.get("result")
+        if type(call_id) is str and type(result) is str and len(only) == 3:
+            part = _ResultShell()
+            part.call_id = call_id
+            part.result = result
+            part.is_error = False
+            part.parts = ()
+            part.kind = "function_result"
+            part.__class__ = FunctionResult
+    return part
 
 
 def _from_data(data: Any) -> Message:
