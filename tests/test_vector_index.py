@@ -103,7 +103,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "delete", "reopen", "save", "other"]),
+ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete", "reopen", "save", "other"]),
                          st.integers(0, 30), st.integers(0, 2**32 - 1)), min_size=1, max_size=40)
 
 
@@ -123,6 +123,11 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
                 vector = rng.standard_normal(6).astype(np.float32)
                 await (other if op == "other" else store).upsert("c", [VectorRecord(f"r{n}", vector, f"r{n}")])
                 truth[f"r{n}"] = vector
+            elif op == "batch":  # one transaction naming a record twice: the last one stays
+                first, second, last = (rng.standard_normal(6).astype(np.float32) for _ in range(3))
+                await store.upsert("c", [VectorRecord(f"r{n}", first, "first"), VectorRecord(f"r{n + 1}", second, "b"),
+                                         VectorRecord(f"r{n}", last, "last")])
+                truth[f"r{n}"], truth[f"r{n + 1}"] = last, second
             elif op == "delete":
                 await store.delete("c", ids=[f"r{n}"])
                 truth.pop(f"r{n}", None)

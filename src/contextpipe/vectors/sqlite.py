@@ -358,24 +358,52 @@ class SQLiteVectorStore(VectorStore):
             raise UsageError(f"one upsert mixes vector sizes {sorted(dims)}; use one embedder per collection")
 
         def op(conn: sqlite3.Connection) -> None:
+            cached = self._cache.get(collection)
+            version = cached.version if cached is not None else None
             self._writing(collection)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
-                if row is not None and row[0] not in dims:
-                    raise UsageError(f"collection {collection!r} holds {row[0]}-dimension vectors, these have "
+                # The index is current when no other connection committed since it was last found so
+                # (this one holds the write lock now): then the changes this transaction logs are the
+                # only ones it lacks, and it takes them from `prepared` instead of reading them back.
+                current = (cached is not None and version is not None and bool(cached.metas)
+                           and conn.execute("PRAGMA data_version").fetchone()[0] == version)
+                held = cached.dim if cached is not None and current else None
+                if held is None:
+                    row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1",
+                                       (collection,)).fetchone()
+                    held = None if row is None else row[0]
+                if held is not None and held not in dims:
+                    raise UsageError(f"collection {collection!r} holds {held}-dimension vectors, these have "
                                      f"{dims.pop()}; use one embedder per collection")
                 conn.executemany(
                     "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
                     "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
                     "keywords = excluded.keywords", prepared)
+                logged = conn.execute("SELECT seq, key FROM cp_vector_changes WHERE collection = ? AND seq > ? "
+                                      "ORDER BY seq", (collection, cached.seq)).fetchall() \
+                    if current and cached is not None else []
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-            if collection in self._cache:
+            if cached is None:
+                return
+            if not current or len(logged) != len(prepared):  # (one change per record: else read them back)
                 self._sync(conn, collection)  # the index follows the file, not the other way round
+                return
+            try:
+                rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
+                cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
+                cached.seq = logged[-1][0]
+                cached.changed += len(logged)
+                cached.dirty = True
+                self._maybe_save(conn, collection, cached)
+            except BaseException:
+                self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
+                raise
+            cached.version = version  # own commits leave ``data_version`` as it was
 
         await self._run(op)
 
@@ -447,10 +475,13 @@ class SQLiteVectorStore(VectorStore):
                 self._apply(conn, collection, cached, latest)
         finally:
             conn.execute("COMMIT")
-        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
-            self._save(conn, collection, cached)
+        self._maybe_save(conn, collection, cached)
         cached.version = version  # read before the snapshot: a commit in between only costs a check
         return cached
+
+    def _maybe_save(self, conn: sqlite3.Connection, collection: str, cached: _Collection) -> None:
+        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
+            self._save(conn, collection, cached)
 
     def _writing(self, collection: str) -> None:
         """Before this connection commits to `collection`: the next search checks the change log."""
