@@ -23,7 +23,6 @@ from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors.base import SearchHit, keyword_terms, rrf
-from contextpipe.vectors.sqlite import _Rows
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
@@ -250,22 +249,19 @@ async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp
     await store.close()
 
 
-async def test_inserts_do_not_copy_the_collection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_inserts_do_not_copy_the_collection(tmp_path: Path) -> None:
     """Growing the collection one record at a time leaves the vectors already held where they are."""
-    monkeypatch.setattr(_Rows, "BLOCK", 64)
     store = SQLiteVectorStore(tmp_path / "v.db")
     rng = np.random.default_rng(3)
     await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x") for i in range(100)])
     await store.search("c", [1, 0, 0, 0], k=1)
     rows = store._cache["c"].rows
     assert rows is not None
-    first_block = rows.blocks[0]
-    before = first_block.copy()
-    for i in range(100, 100 + rows.BLOCK + 10):  # past the second block: a third one is added beside them
+    held = dict(rows.vectors)
+    for i in range(100, 300):
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x")])
-    assert rows.blocks[0] is first_block and len(rows.blocks) == 3
-    assert np.array_equal(first_block, before)
-    assert await store.count("c") == len(rows.position) == 100 + rows.BLOCK + 10
+    assert all(rows.vectors[key] is vector for key, vector in held.items())  # the same objects, not copies
+    assert await store.count("c") == len(rows.vectors) == 300
     await store.close()
 
 

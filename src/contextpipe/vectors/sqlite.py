@@ -99,7 +99,7 @@ _SAVE_AFTER, _SAVE_SHARE = 20_000, 4
 
 def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
     array = np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(array))
+    norm = float(np.sqrt(array @ array)) if array.ndim == 1 else float(np.linalg.norm(array))
     return array / norm if norm > 0 else array
 
 
@@ -108,51 +108,24 @@ def _hashable(value: Any) -> bool:
 
 
 class _Rows:
-    """The vectors again, in fixed-size blocks (growing never copies them), for exact search of subsets."""
+    """The float32 vectors again, for exact re-scoring and filtered search: one ``bytes`` per record.
 
-    BLOCK = 8192
+    Each is the row's own blob as SQLite returns it (no conversion, no copy), so growing never copies
+    the collection, and gathering a search's candidates is one ``join``.
+    """
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
-        self.blocks: list[np.ndarray[Any, Any]] = []
-        self.position: dict[int, int] = {}
-        self.free: list[int] = []
-        self.used = 0
+        self.vectors: dict[int, bytes] = {}
 
-    def put(self, keys: Sequence[int], matrix: np.ndarray[Any, Any]) -> None:
-        for key, vector in zip(keys, matrix, strict=True):
-            at = self.position.get(key)
-            if at is None:
-                if self.free:
-                    at = self.free.pop()
-                else:
-                    at = self.used
-                    self.used += 1
-                    if at // self.BLOCK == len(self.blocks):
-                        self.blocks.append(np.zeros((self.BLOCK, self.dim), dtype=np.float32))
-                self.position[key] = at
-            self.blocks[at // self.BLOCK][at % self.BLOCK] = vector
+    def put(self, keys: Iterable[int], vectors: Iterable[bytes]) -> None:
+        self.vectors.update(zip(keys, vectors, strict=True))
 
     def forget(self, key: int) -> None:
-        at = self.position.pop(key, None)
-        if at is not None:
-            self.free.append(at)
+        self.vectors.pop(key, None)
 
     def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
-        position = self.position
-        if isinstance(keys, list) and len(keys) <= 256:  # a search's candidates: row by row is quicker
-            size, blocks = self.BLOCK, self.blocks
-            return np.array([blocks[at // size][at % size] for at in map(position.__getitem__, keys)],
-                            dtype=np.float32).reshape(len(keys), self.dim)
-        at = np.fromiter((position[int(k)] for k in keys), dtype=np.int64)
-        if len(self.blocks) == 1:
-            return self.blocks[0][at]
-        out = np.empty((len(at), self.dim), dtype=np.float32)
-        block = at // self.BLOCK
-        for b in np.unique(block):
-            mask = block == b
-            out[mask] = self.blocks[int(b)][at[mask] % self.BLOCK]
-        return out
+        return np.frombuffer(b"".join(map(self.vectors.__getitem__, keys)), dtype=np.float32).reshape(-1, self.dim)
 
 
 class _Collection:
@@ -227,7 +200,7 @@ class _Collection:
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
         assert self.rows is not None
-        self.rows.put([r[0] for r in rows], matrix)
+        self.rows.put([r[0] for r in rows], [r[3] for r in rows])
         self.describe((key, id_, meta) for key, id_, _, _, meta in rows)
 
     def describe(self, rows: Iterable[tuple[int, str, str]]) -> None:
@@ -542,8 +515,7 @@ class SQLiteVectorStore(VectorStore):
                               (collection,))
         while chunk := cursor.fetchmany(8192):
             usable = [r for r in chunk if r[2] == cached.dim]
-            cached.rows.put([r[0] for r in usable], np.frombuffer(b"".join(r[3] for r in usable),
-                                                                  dtype=np.float32).reshape(-1, cached.dim))
+            cached.rows.put([r[0] for r in usable], [r[3] for r in usable])
             cached.describe((r[0], r[1], r[4]) for r in usable)
         stale = [r[0] for r in conn.execute(
             "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
@@ -663,9 +635,12 @@ class SQLiteVectorStore(VectorStore):
             return []
         assert c.rows is not None
         scores = c.rows.gather(keys) @ q
-        top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
-        top = top[np.argsort(-scores[top])]
-        return [(keys[i], float(scores[i])) for i in top.tolist()]
+        if len(scores) > 4 * k:
+            top = np.argpartition(-scores, k)[:k]
+            top = top[np.argsort(-scores[top])]
+        else:
+            top = np.argsort(-scores)[:k]
+        return list(zip(map(keys.__getitem__, top.tolist()), scores[top].tolist(), strict=True))
 
     @classmethod
     def _approximate(cls, c: _Collection, q: np.ndarray[Any, Any], k: int,
