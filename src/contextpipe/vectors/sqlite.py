@@ -80,17 +80,23 @@ END
 """
 
 # The index holds 8-bit copies of the (unit) vectors: a quarter of the memory and the fastest distance
-# kernels; each search takes `_CANDIDATES` (at least 3 k) from it and re-scores them exactly from the
-# float32 rows held beside it. recall@10 against exact search at 100,000 x 384 is 1.000 with these
-# settings (bench/vector_bench.py, bench/ann_compare.py).
-# The search expansion grows with the collection (64 up to 256,000 records, 256 from 1,000,000): at
-# 1,000,000 recall@10 is 0.82 with 64, 0.89 with 128, 0.92 with 256 (there the graph itself, built
-# with expansion 64 to keep inserts under a millisecond, is the limit).
+# kernels; each search takes candidates from it and re-scores them exactly from the float32 rows held
+# beside it. Both the candidates and the search expansion grow with the collection (`_depth`): the
+# denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
+# distances rank below the first few dozen. Up to 200,000 records: 40 candidates (at least 3 k),
+# expansion 64 (recall@10 1.000 at 100,000 x 384); at 1,000,000: 200 candidates, expansion 500
+# (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64, which keeps an
+# insert near half a millisecond (128 doubles it for no recall gain once candidates are re-scored).
 _DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 64, 40
+_RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
 
 
-def _expansion(size: int) -> int:
-    return max(_EXPANSION_SEARCH, min(256, size // 4000))
+def _depth(size: int, k: int) -> tuple[int, int]:
+    """Return the search expansion and the number of candidates to re-score, for `size` records and top `k`."""
+    candidates = max(_CANDIDATES, 3 * k, size // _RECORDS_PER_CANDIDATE)
+    return max(_EXPANSION_SEARCH, min(_EXPANSION_MAX, size // _RECORDS_PER_EXPANSION), candidates), candidates
+
+
 # Changes applied (a rebuild, a long catch-up, many upserts) worth saving the index for: at least 20,000
 # and a quarter of the collection, so saving (which writes the whole index) costs a bounded share of
 # the inserts however large the collection grows, and a crash leaves at most that much to catch up.
@@ -647,10 +653,9 @@ class SQLiteVectorStore(VectorStore):
                      subset: set[int] | None) -> list[tuple[int, float]]:
         """Take candidates from the HNSW index (more while too few are in `subset`), re-score them exactly."""
         total = len(c.metas)
-        want = max(3 * k, _CANDIDATES)
+        expansion, want = _depth(total, k)
         if subset is not None:  # about 2 k of the subset expected among the candidates
             want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
-        expansion = _expansion(total)
         if c.index.expansion_search != expansion:
             c.index.expansion_search = expansion
         while True:
