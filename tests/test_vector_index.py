@@ -23,6 +23,7 @@ from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors.base import SearchHit, keyword_terms, rrf
+from contextpipe.vectors.sqlite import _depth
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
@@ -331,3 +332,34 @@ async def test_searches_on_the_calling_thread_never_overlap_the_worker(tmp_path:
     assert [h.id for h in hits] == exact_ids(kept, query, 5)
     assert await store.count("c") == len(kept)
     await store.close()
+
+
+async def test_search_of_a_clustered_collection_finds_the_exact_top_k_with_exact_scores(tmp_path: Path) -> None:
+    """Clustered vectors (like text embeddings) through the HNSW index: recall@10 against exact search."""
+    rng = np.random.default_rng(8)
+    centres = rng.standard_normal((60, 48)).astype(np.float32)
+
+    def draw(m: int) -> np.ndarray:
+        x = centres[rng.integers(0, len(centres), m)] + 0.6 * rng.standard_normal((m, 48)).astype(np.float32)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    matrix, queries = draw(6000), draw(40)
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)  # always the index
+    await store.upsert("c", [VectorRecord(f"v{i}", v, f"t{i}") for i, v in enumerate(matrix)])
+    found = 0
+    for q in queries:
+        hits = await store.search("c", q, k=10)
+        exact = matrix @ q
+        found += len({f"v{i}" for i in np.argsort(-exact)[:10].tolist()} & {h.id for h in hits})
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        assert all(abs(h.score - float(exact[int(h.id[1:])])) <= 1e-5 for h in hits)  # re-scored exactly
+    assert found / (10 * len(queries)) >= 0.97
+    await store.close()
+
+
+@given(st.integers(0, 10**8), st.integers(0, 10**8), st.integers(1, 100))
+def test_search_depth_grows_with_the_collection(small: int, large: int, k: int) -> None:
+    small, large = min(small, large), max(small, large)
+    (e1, c1), (e2, c2) = _depth(small, k), _depth(large, k)
+    assert c1 >= 3 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
+    assert c1 <= c2 and e1 <= e2

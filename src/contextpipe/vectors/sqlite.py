@@ -308,7 +308,9 @@ class SQLiteVectorStore(VectorStore):
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def _quick(self, collection: str, fn: Any) -> Any:
-        """Run the read `fn` on the calling thread when it cannot take long, else return ``None``.
+        """Run the read ``fn(connection, collection's index)`` on the calling thread when it cannot take long.
+
+        Return ``None`` (without running it) otherwise.
 
         That is when the connection is idle and `collection`'s index is up to date (no catch-up, which
         may read many rows): an unfiltered search is then a fraction of a millisecond, less than
@@ -321,7 +323,7 @@ class SQLiteVectorStore(VectorStore):
             conn = self._conn
             if conn is None or cached is None or cached.version != conn.execute("PRAGMA data_version").fetchone()[0]:
                 return None
-            return fn(conn)
+            return fn(conn, cached)  # (found up to date just now)
         finally:
             self._lock.release()
 
@@ -606,8 +608,8 @@ class SQLiteVectorStore(VectorStore):
         check_where(where)
         q = _unit(vector)
 
-        def op(conn: sqlite3.Connection) -> list[SearchHit]:
-            c = self._sync(conn, collection)
+        def op(conn: sqlite3.Connection, current: _Collection | None = None) -> list[SearchHit]:
+            c = self._sync(conn, collection) if current is None else current
             if c.index is None or not c.metas or k <= 0:
                 return []
             if q.shape[0] != c.dim:
@@ -645,7 +647,7 @@ class SQLiteVectorStore(VectorStore):
             top = np.argpartition(-scores, k)[:k]
             top = top[np.argsort(-scores[top])]
         else:
-            top = np.argsort(-scores)[:k]
+            top = (-scores).argsort()[:k]
         return list(zip(map(keys.__getitem__, top.tolist()), scores[top].tolist(), strict=True))
 
     @classmethod
