@@ -9,11 +9,11 @@ it reflects; before every search it applies the changes logged since (its own an
 reading the rows back from SQLite, so a crash at any point can neither lose a committed vector nor
 bring back a deleted one. (The log is read only when SQLite's ``data_version`` shows that another
 connection committed, or after this store's own writes.) The index holds 8-bit copies of the vectors;
-a search takes a few dozen candidates from it and scores them exactly against the float32 vectors
-held beside it, so scores are exact cosine similarities. The index is saved next to the database file
-(``<file>.vectors/``, named by the change it reflects) when the store closes, so the next process
-loads it and applies only newer changes; a missing, stale (its changes pruned) or unreadable file is
-rebuilt from the rows.
+a search takes a few dozen candidates from it (a few hundred in a collection of millions) and scores
+them exactly against the float32 vectors held beside it, so scores are exact cosine similarities.
+The index is saved next to the database file (``<file>.vectors/``, named by the change it reflects)
+when the store closes, so the next process loads it and applies only newer changes; a missing, stale
+(its changes pruned) or unreadable file is rebuilt from the rows.
 
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
