@@ -39,7 +39,7 @@ from contextpipe.messages import Message
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
 from contextpipe.vectors import Embedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
-from contextpipe.vectors.base import embed_query, rrf
+from contextpipe.vectors.base import embed_queries, embed_query, rrf
 
 KS = (1, 3, 5, 10)
 
@@ -72,6 +72,12 @@ class Cached:
         if text not in self.queries:
             self.queries[text] = await embed_query(self.inner, text)
         return self.queries[text]
+
+    async def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.queries]
+        for text, vector in zip(missing, await embed_queries(self.inner, missing), strict=True):
+            self.queries[text] = vector
+        return [self.queries[t] for t in texts]
 
 
 def make_embedder(name: str) -> Embedder:
@@ -161,16 +167,15 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
                     questions: list[Question], variants: bool) -> list[tuple[str, Result]]:
     rows = []
     await store_baseline(vectors, embedder, "baseline", turns)
-    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0)
+    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0, names_lookup=False)
     rows.append((f"{label}: baseline (bare text, vectors)", await measure(old, questions)))
     memory = SemanticMemory(vectors, embedder, collection="named")
     await store_fixture(memory, turns)
-    for mode in ("vector", "keywords", "hybrid"):
-        memory.search_mode = mode  # type: ignore[assignment]
-        rows.append((f"{label}: {mode}", await measure(memory, questions)))
-    memory.names_lookup = True
-    rows.append((f"{label}: hybrid + names_lookup", await measure(memory, questions)))
-    memory.names_lookup = False
+    for mode, names in (("vector", False), ("vector", True), ("keywords", True), ("hybrid", False),
+                        ("hybrid", True)):
+        memory.search_mode, memory.names_lookup = mode, names  # type: ignore[assignment]
+        suffix = " (default)" if mode == "hybrid" and names else "" if names else ", no names lookup"
+        rows.append((f"{label}: {mode}{suffix}", await measure(memory, questions)))
     if variants:
         bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0, window_after=0)
         await store_fixture(bare, turns)
@@ -209,13 +214,13 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                                                 created_at=t.created_at) for t in part], session)
         stored = await vectors.count("memory")
         live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
-        names = SemanticMemory(vectors, inner, names_lookup=True)
+        names = SemanticMemory(vectors, inner, names_lookup=False)
         asker = Session("ask", state={"user_id": "everyone"})
         where = {"tenant": asker.tenant, "user_id": "everyone"}
         await live.recall("warm up", asker)
         # Interleaved per question: the whole recall, the query embedding alone, the search alone.
         # CPU time is the process's (all threads); each question's text is fresh to the embedder.
-        steps = ["recall", "embedding", "search", "recall, names_lookup"]
+        steps = ["recall", "embedding", "search", "recall, no names lookup"]
         wall: dict[str, list[float]] = {step: [] for step in steps}
         cpu: dict[str, list[float]] = {step: [] for step in steps}
         for i, q in enumerate(questions[:queries]):
@@ -224,7 +229,7 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if name == "recall":
                     await live.recall(q.question, asker)
-                elif name == "recall, names_lookup":
+                elif name == "recall, no names lookup":
                     await names.recall(q.question, asker)
                 elif name == "embedding":
                     await embed_query(inner, q.question)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
+from contextpipe.vectors.base import rrf
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
@@ -314,3 +315,46 @@ async def test_names_lookup_searches_again_without_the_names() -> None:
     searched.clear()
     await memory.recall("Who is Maya?", session)  # nothing left to look for without the name
     assert searched == ["Who is Maya?"]
+
+
+class CountingEmbedder(HashEmbedder):
+    """Records every `embed` call (texts per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return await super().embed(texts)
+
+
+async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
+    from contextpipe.vectors.base import embed_queries
+
+    embedder = CountingEmbedder()
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, embedder, k=3)  # names_lookup is the default
+    session = Session("maya-1", state={"user_id": "maya"})
+    await memory.remember([Message.user("I baked sourdough bread today.", author_name="Maya"),
+                           Message.assistant("Nice, Maya! What flour did you use?", author_name="Daniel"),
+                           Message.user("Rye, from the mill near Potsdam.", author_name="Maya")], session)
+    embedder.calls.clear()
+    hits = await memory.recall("What flour did Maya bake with?", session)
+    assert embedder.calls == [["What flour did Maya bake with?", "What flour did bake with?"]]
+    # The same memories as searching each query with its own vector and fusing the two rankings.
+    where = {"tenant": session.tenant, "user_id": "maya"}
+    one, two = [await vectors.search("memory", (await embedder.embed([q]))[0], text=q, k=3, where=where)
+                for q in ("What flour did Maya bake with?", "What flour did bake with?")]
+    assert [h.id for h in hits] == [h.id for h in rrf(one, two, k=3)]
+    embedder.calls.clear()
+    memory.names_lookup = False
+    await memory.recall("What flour did Maya bake with?", session)
+    assert embedder.calls == [["What flour did Maya bake with?"]]
+
+    class QueryOnly(HashEmbedder):  # an embedder that embeds queries one at a time
+        async def embed_query(self, text: str) -> list[float]:
+            return (await self.embed([text.upper()]))[0]
+
+    assert await embed_queries(QueryOnly(), ["a b", "c d"]) == [(await HashEmbedder().embed([t]))[0]
+                                                               for t in ("A B", "C D")]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id
-from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_query, keyword_terms, rrf
+from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_queries, keyword_terms, rrf
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -41,6 +41,10 @@ def without_names(query: str) -> str:
     'What did make in the pottery class with help?'
     """
     return " ".join(_NAME_RE.sub(" ", query).split())
+
+
+async def _nth(vectors: asyncio.Future[list[list[float]]], at: int) -> list[float]:
+    return (await asyncio.shield(vectors))[at]
 
 
 def _user_from_state(session: Session | None) -> str | None:
@@ -75,10 +79,11 @@ class SemanticMemory(ContextProvider):
     ``"vector"`` or ``"keywords"``. The best `k` matches not already in the context are added as one
     message; each line says when and in which session it was said, by whom, what came just before and
     the reply.
-    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup`, a
-    query naming people or places is searched a second time without the names (every memory carries
-    its author's name, so a name can outweigh what is asked about) and the two rankings are fused:
-    better recall, at twice the search cost.
+    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup` (the
+    default), a query naming people or places is searched a second time without the names (every
+    memory carries its author's name, so a name can outweigh what is asked about) and the two
+    rankings are fused; both queries are embedded in one batch, so this costs about a tenth more
+    embedding time and a second search, not a second embedding.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -102,7 +107,7 @@ class SemanticMemory(ContextProvider):
         search: SearchMode = "hybrid",
         window: int = 2,
         window_after: int = 1,
-        names_lookup: bool = False,
+        names_lookup: bool = True,
         source_id: str = "memory",
     ) -> None:
         super().__init__(source_id)
@@ -162,20 +167,28 @@ class SemanticMemory(ContextProvider):
         if where is None or not query.strip():
             return []
         want = self.k if k is None else k
-        queries = [query]
-        if self.names_lookup and (plain := without_names(query)) != query and keyword_terms(plain):
-            queries.append(plain)
-        rankings = await asyncio.gather(*(self._search(q, where, want + len(exclude)) for q in queries))
+        queries = self._queries(query)
+        # The queries are embedded in one batch while the store's keyword side searches (hybrid).
+        embedded = None if self.search_mode == "keywords" else asyncio.ensure_future(
+            embed_queries(self.embedder, queries))
+        try:
+            rankings = await asyncio.gather(*(
+                self.vectors.search(self.collection, None if embedded is None else _nth(embedded, at),
+                                    k=want + len(exclude), where=where, min_score=self.min_score,
+                                    text=None if self.search_mode == "vector" else q)
+                for at, q in enumerate(queries)))
+        finally:
+            if embedded is not None and not embedded.done():
+                embedded.cancel()
         hits = rankings[0] if len(rankings) == 1 else rrf(*rankings, k=want + len(exclude))
         skip = set(exclude)
         return [h for h in hits if h.id not in skip][:want]
 
-    async def _search(self, query: str, where: dict[str, Any], k: int) -> list[SearchHit]:
-        # The query is embedded while the store's keyword side searches (hybrid).
-        vector = None if self.search_mode == "keywords" else embed_query(self.embedder, query)
-        text = None if self.search_mode == "vector" else query
-        return await self.vectors.search(self.collection, vector, k=k, where=where, min_score=self.min_score,
-                                         text=text)
+    def _queries(self, query: str) -> list[str]:
+        """Return the query and (`names_lookup`) the query without its names, when that still asks something."""
+        if self.names_lookup and (plain := without_names(query)) != query and keyword_terms(plain):
+            return [query, plain]
+        return [query]
 
     @staticmethod
     def format(hit: SearchHit) -> str:
