@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
@@ -28,6 +32,8 @@ from contextpipe.vectors import (
     ingest_folder,
 )
 from contextpipe.vectors.base import rrf
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
@@ -358,3 +364,43 @@ async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
 
     assert await embed_queries(QueryOnly(), ["a b", "c d"]) == [(await HashEmbedder().embed([t]))[0]
                                                                for t in ("A B", "C D")]
+
+
+def _fts5_stems(words: list[str]) -> list[str]:
+    """What SQLite FTS5's porter tokenizer makes of each word (the oracle for our stemmer)."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='porter unicode61 remove_diacritics 2')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    conn.executemany("INSERT INTO t (rowid, x) VALUES (?, ?)", list(enumerate(words)))
+    found = dict(conn.execute("SELECT doc, term FROM v"))
+    conn.close()
+    return [found[i] for i in range(len(words))]
+
+
+def test_in_memory_stemming_matches_sqlite_fts5_on_the_fixture_words() -> None:
+    from contextpipe.vectors._stem import stem
+
+    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("conversations_*.txt")))
+    words = sorted(set(re.findall(r"[a-z]+", text.lower())))
+    assert len(words) > 1500
+    words += ["apology", "relational", "conditional", "generalization", "oscillators", "hopefulness", "electrical",
+              "adjustment", "adoption", "controlling", "rolling", "triplicate", "formality", "sensitivity",
+              "sensibility", "decisiveness", "callousness", "digitizer", "conformabli", "analogousli", "vietnamization",
+              "predication", "operator", "feudalism", "hesitanci", "valenci", "radicalli", "differentli", "vileli"]
+    assert [stem(w) for w in words] == _fts5_stems(words)
+
+
+@given(st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=16), min_size=1, max_size=50))
+@settings(max_examples=200, deadline=None)
+def test_in_memory_stemming_matches_sqlite_fts5_on_any_word(words: list[str]) -> None:
+    from contextpipe.vectors._stem import stem
+
+    assert [stem(w) for w in words] == _fts5_stems(words)
+
+
+async def test_in_memory_keyword_search_finds_other_forms_of_a_word() -> None:
+    vectors = MemoryVectorStore()
+    await vectors.upsert("c", [VectorRecord("a", [1.0, 0.0], "Maya baked two loaves", {}),
+                               VectorRecord("b", [0.0, 1.0], "Daniel fixed the bike", {})])
+    assert [h.id for h in await vectors.search("c", text="Who was baking?")] == ["a"]
+    assert [h.id for h in await vectors.search("c", text="fixes for bikes")] == ["b"]
