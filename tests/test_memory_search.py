@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import sqlite3
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -404,3 +405,26 @@ async def test_in_memory_keyword_search_finds_other_forms_of_a_word() -> None:
                                VectorRecord("b", [0.0, 1.0], "Daniel fixed the bike", {})])
     assert [h.id for h in await vectors.search("c", text="Who was baking?")] == ["a"]
     assert [h.id for h in await vectors.search("c", text="fixes for bikes")] == ["b"]
+
+
+async def test_names_lookup_returns_the_same_first_memories_whatever_k() -> None:
+    sys.path.insert(0, str(FIXTURES))
+    from conversations import load
+
+    turns, questions = load()
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, HashEmbedder())
+    session = Session("a-all", state={"user_id": "conv-a"})
+    await memory.remember([Message.user(t.text, id=t.id, author_name=t.speaker) for t in turns
+                           if t.conversation == "a"], session)
+    asked = [q.question for q in questions if q.conversation == "a"][:25]
+    assert sum(len(memory._queries(q)) == 2 for q in asked) >= 20  # most name someone
+    for question in asked:
+        ten = await memory.recall(question, session, k=10)
+        assert [h.id for h in await memory.recall(question, session, k=5)] == [h.id for h in ten[:5]]
+        assert [h.id for h in await memory.recall(question, session, k=1)] == [h.id for h in ten[:1]]
+        cosines = [{h.id: h.score for h in await vectors.search("memory", vector, k=200, where={"user_id": "conv-a"})}
+                   for vector in await HashEmbedder().embed(memory._queries(question))]
+        for hit in ten:  # each side's own score (a cosine similarity of one of the queries), not a fused one
+            if hit.vector_score is not None:
+                assert any(hit.vector_score == pytest.approx(c[hit.id]) for c in cosines if hit.id in c)
