@@ -58,7 +58,7 @@ def _has_vowel(stem: str) -> bool:
 
 
 def _double_consonant(word: str) -> bool:
-    return len(word) >= 2 and word[-1] == word[-2] and _consonant(word, len(word) - 1)
+    return len(word) >= 2 and word[-1] == word[-2] and (word[-1] == "y" or _consonant(word, len(word) - 1))
 
 
 def _cvc(word: str) -> bool:
@@ -93,11 +93,11 @@ def stem(word: str) -> str:
 
 def _step1(word: str) -> str:
     """Strip plurals, -eed, -ed and -ing; turn a final -y after a vowel in the stem into -i."""
-    if word.endswith(("sses", "ies")):
+    if word.endswith(("sses", "ies")) and len(word) > 4 - word.endswith("ies"):  # (a stem must be left)
         word = word[:-2]
     elif word.endswith("s") and not word.endswith("ss"):
         word = word[:-1]
-    if word.endswith("eed"):
+    if word.endswith("eed") and len(word) > 3:
         if _measure(word[:-3]) > 0:
             word = word[:-1]
     else:
