@@ -38,7 +38,7 @@ from conversations import Question, Turn, load
 from contextpipe.messages import Message
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
-from contextpipe.vectors import Embedder, LocalEmbedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
+from contextpipe.vectors import Embedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors.base import embed_queries, embed_query, rrf
 
 KS = (1, 3, 5, 10)
@@ -215,27 +215,22 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
         stored = await vectors.count("memory")
         live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
         names = SemanticMemory(vectors, inner, names_lookup=False)
-        exact = SemanticMemory(vectors, LocalEmbedder(query_backend="torch"), names_lookup=False) \
-            if isinstance(inner, LocalEmbedder) else names
         asker = Session("ask", state={"user_id": "everyone"})
         where = {"tenant": asker.tenant, "user_id": "everyone"}
-        for warm in (live, exact):
-            await warm.recall("warm up", asker)
+        await live.recall("warm up", asker)
         # Interleaved per question: the whole recall, the query embedding alone, the search alone.
         # CPU time is the process's (all threads); each question's text is fresh to the embedder.
-        steps = ["recall", "embedding", "search", "recall, no names lookup", "recall, no names lookup, torch query"]
+        steps = ["recall", "embedding", "search", "recall, no names lookup"]
         wall: dict[str, list[float]] = {step: [] for step in steps}
         cpu: dict[str, list[float]] = {step: [] for step in steps}
         for i, q in enumerate(questions[:queries]):
             vector = await cached.embed_query(q.question)
-            for name in steps[i % len(steps):] + steps[:i % len(steps)]:
+            for name in steps[i % 4:] + steps[:i % 4]:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if name == "recall":
                     await live.recall(q.question, asker)
                 elif name == "recall, no names lookup":
                     await names.recall(q.question, asker)
-                elif name == "recall, no names lookup, torch query":
-                    await exact.recall(q.question, asker)
                 elif name == "embedding":
                     await embed_query(inner, q.question)
                 else:
@@ -248,7 +243,7 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
     for name in wall:
         p50, p90 = statistics.median(wall[name]) * 1000, statistics.quantiles(wall[name], n=10)[-1] * 1000
         c50, c90 = statistics.median(cpu[name]) * 1000, statistics.quantiles(cpu[name], n=10)[-1] * 1000
-        print(f"  {name:38}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
+        print(f"  {name:20}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
 
 
 async def main() -> None:

@@ -170,7 +170,7 @@ async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: Ca
 
 
 async def test_local_embedder_embeds_a_query_as_it_embeds_a_text() -> None:
-    local = LocalEmbedder(query_backend="torch")
+    local = LocalEmbedder()
     texts = ["What did Maya make in the pottery class?", "x", "Who is Felix? " * 200]  # the last is cut at 256 tokens
     batch = await local.embed(texts)
     for text, expected in zip(texts, batch, strict=True):
@@ -181,22 +181,3 @@ async def test_local_embedder_embeds_a_query_as_it_embeds_a_text() -> None:
     assert await local.embed_queries([]) == []
     with pytest.raises(UsageError, match="query_threads"):
         LocalEmbedder(query_threads=0)
-    with pytest.raises(UsageError, match="query_backend"):
-        LocalEmbedder(query_backend="gpu")  # type: ignore[arg-type]
-
-
-async def test_local_embedder_queries_on_the_int8_onnx_build_stay_close_to_the_float_model() -> None:
-    # The default (the "local" extra installs onnxruntime and the int8 build): the same model, quantised.
-    onnx = LocalEmbedder(query_backend="onnx")
-    torch = LocalEmbedder(query_backend="torch")
-    texts = [q.question for q in QUESTIONS[:40]] + ["x", "Who is Felix? " * 200]
-    quick, exact = await onnx.embed_queries(texts), await torch.embed_queries(texts)
-    for a, b in zip(quick, exact, strict=True):
-        assert len(a) == 384 and sum(x * x for x in a) == pytest.approx(1.0, abs=1e-4)
-        assert sum(x * y for x, y in zip(a, b, strict=True)) > 0.995
-    assert await onnx.embed_query(texts[0]) == pytest.approx(quick[0], abs=1e-5)
-    # A query still finds its own text first among others (the ranking is the float model's).
-    stored = await torch.embed(texts)
-    for at, query in enumerate(quick):
-        scores = [sum(x * y for x, y in zip(query, s, strict=True)) for s in stored]
-        assert max(range(len(scores)), key=scores.__getitem__) == at

