@@ -13,7 +13,7 @@ one session at a time, and each question is recalled through `SemanticMemory.rec
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
 ``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the one
-after it in the keyword index (``window``, ``window_after``).
+after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
     for mode, names in (("vector", False), ("vector", True), ("keywords", True), ("hybrid", False),
                         ("hybrid", True)):
         memory.search_mode, memory.names_lookup = mode, names  # type: ignore[assignment]
-        suffix = " (default)" if mode == "hybrid" and names else "" if names else ", no names lookup"
+        suffix = " + names_lookup" if names else " (default)" if mode == "hybrid" else ""
         rows.append((f"{label}: {mode}{suffix}", await measure(memory, questions)))
     if variants:
         bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0, window_after=0)
@@ -214,13 +214,13 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                                                 created_at=t.created_at) for t in part], session)
         stored = await vectors.count("memory")
         live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
-        names = SemanticMemory(vectors, inner, names_lookup=False)
+        names = SemanticMemory(vectors, inner, names_lookup=True)
         asker = Session("ask", state={"user_id": "everyone"})
         where = {"tenant": asker.tenant, "user_id": "everyone"}
         await live.recall("warm up", asker)
         # Interleaved per question: the whole recall, the query embedding alone, the search alone.
         # CPU time is the process's (all threads); each question's text is fresh to the embedder.
-        steps = ["recall", "embedding", "search", "recall, no names lookup"]
+        steps = ["recall", "embedding", "search", "recall, names_lookup"]
         wall: dict[str, list[float]] = {step: [] for step in steps}
         cpu: dict[str, list[float]] = {step: [] for step in steps}
         for i, q in enumerate(questions[:queries]):
@@ -229,7 +229,7 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if name == "recall":
                     await live.recall(q.question, asker)
-                elif name == "recall, no names lookup":
+                elif name == "recall, names_lookup":
                     await names.recall(q.question, asker)
                 elif name == "embedding":
                     await embed_query(inner, q.question)

@@ -341,7 +341,7 @@ async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
 
     embedder = CountingEmbedder()
     vectors = MemoryVectorStore()
-    memory = SemanticMemory(vectors, embedder, k=3)  # names_lookup is the default
+    memory = SemanticMemory(vectors, embedder, k=3, names_lookup=True)
     session = Session("maya-1", state={"user_id": "maya"})
     await memory.remember([Message.user("I baked sourdough bread today.", author_name="Maya"),
                            Message.assistant("Nice, Maya! What flour did you use?", author_name="Daniel"),
@@ -421,7 +421,7 @@ async def test_names_lookup_returns_the_same_first_memories_whatever_k() -> None
 
     turns, questions = load()
     vectors = MemoryVectorStore()
-    memory = SemanticMemory(vectors, HashEmbedder())
+    memory = SemanticMemory(vectors, HashEmbedder(), names_lookup=True)
     session = Session("a-all", state={"user_id": "conv-a"})
     await memory.remember([Message.user(t.text, id=t.id, author_name=t.speaker) for t in turns
                            if t.conversation == "a"], session)

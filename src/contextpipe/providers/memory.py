@@ -93,11 +93,11 @@ class SemanticMemory(ContextProvider):
     ``"vector"`` or ``"keywords"``. The best `k` matches not already in the context are added as one
     message; each line says when and in which session it was said, by whom, what came just before and
     the reply.
-    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup` (the
-    default), a query naming people or places is searched a second time without the names (every
-    memory carries its author's name, so a name can outweigh what is asked about) and the two
-    rankings are fused; both queries are embedded in one batch, so this costs about a tenth more
-    embedding time and a second search, not a second embedding.
+    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup`, a
+    query naming people or places is searched a second time without the names (every memory carries
+    its author's name, so a name can outweigh what is asked about) and the two rankings are fused:
+    better recall (README), at the cost of a second search and about a tenth more embedding time
+    (both queries are embedded in one batch).
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -121,7 +121,7 @@ class SemanticMemory(ContextProvider):
         search: SearchMode = "hybrid",
         window: int = 2,
         window_after: int = 1,
-        names_lookup: bool = True,
+        names_lookup: bool = False,
         source_id: str = "memory",
     ) -> None:
         super().__init__(source_id)
