@@ -15,7 +15,6 @@ and only if someone reads them.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, overload
@@ -164,6 +163,22 @@ class RunOutcome:
         return self._ctx.messages
 
 
+class _Contributing:
+    """The block inside which a provider's contributions are attributed to it (`RunContext.contributing`)."""
+
+    __slots__ = ("_ctx", "_source_id")
+
+    def __init__(self, ctx: RunContext, source_id: str) -> None:
+        self._ctx = ctx
+        self._source_id = source_id
+
+    def __enter__(self) -> None:
+        self._ctx._current = self._source_id
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._ctx._current = None
+
+
 class RunContext:
     """The shared workspace of one run, as context providers see it.
 
@@ -212,14 +227,9 @@ class RunContext:
         """The fencing token of the run's lease on its session (None without a session). A history
         provider can tell from it that no other run held the session since its own previous run."""
 
-    @contextmanager
-    def contributing(self, source_id: str) -> Iterator[None]:
-        """Attribute contributions made inside the block to provider `source_id` (used by the run)."""
-        self._current = source_id
-        try:
-            yield
-        finally:
-            self._current = None
+    def contributing(self, source_id: str) -> _Contributing:
+        """Attribute contributions made inside the ``with`` block to provider `source_id` (used by the run)."""
+        return _Contributing(self, source_id)
 
     def _source_id(self) -> str:
         if self._current is None:
