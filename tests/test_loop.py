@@ -397,3 +397,49 @@ async def test_the_request_check_reads_each_message_of_a_long_loop_a_bounded_num
     assert produced == 2 * steps + 1
     # The input once per request, and each message the loop added about once.
     assert scanned <= (steps + 1) + 2 * produced, scanned
+
+
+async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner_one_is_not_delayed() -> None:
+    """A run whose first renewal is due before the shared timer's re-arms it; finished runs leave nothing waiting."""
+    from contextpipe import _persistence
+    from contextpipe._persistence import Heartbeat
+
+    store = MemoryStore()
+    renewed: dict[str, int] = {"slow": 0, "fast": 0}
+    fast_renewed_twice = asyncio.Event()
+    real = store.renew_lease
+
+    async def renew(lease):  # type: ignore[no-untyped-def]
+        renewed[lease.session_id] += 1
+        if renewed["fast"] >= 2:
+            fast_renewed_twice.set()
+        return await real(lease)
+
+    store.renew_lease = renew  # type: ignore[method-assign]
+    release, running = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Waits until the test lets it finish."""
+        running.set()
+        await release.wait()
+        return "done waiting"
+
+    def agent(interval: float) -> Agent:
+        return Agent(ScriptedModel([tool_call("wait"), "ok"]), tools=[wait], providers=[History(store)],
+                     heartbeat=Heartbeat(interval=interval))
+
+    slow_agent, fast_agent = agent(3600.0), agent(0.01)
+    slow = asyncio.ensure_future(slow_agent.run("slow", session=await slow_agent.session("slow")))
+    await running.wait()  # the slow run is registered: the timer is armed an hour ahead
+    fast = asyncio.ensure_future(fast_agent.run("fast", session=await fast_agent.session("fast")))
+    await asyncio.wait_for(fast_renewed_twice.wait(), timeout=60)  # a guard against hanging, not a timing
+    assert renewed["slow"] == 0
+    release.set()
+    assert (await slow).text == (await fast).text == "ok"
+    waiting = _persistence._BY_LOOP[asyncio.get_running_loop()]
+    assert waiting._due == {}
+    # A short run registers and leaves again without a renewal.
+    assert (await Agent(ScriptedModel(["hi"]), providers=[History(store)]).run(
+        "hi", session=await slow_agent.session("short"))).text == "hi"
+    assert waiting._due == {} and "short" not in renewed
