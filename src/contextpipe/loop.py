@@ -224,6 +224,7 @@ class StepLoop:
         self._latest_input: Message | None = None
         self._complete: CallModel = self._send
         self._stop: Stop | None = None
+        self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
@@ -328,14 +329,15 @@ class StepLoop:
         """Build the next request: a snapshot view of the working set (middleware and models may keep it)."""
         ctx = self.ctx
         self._view = MessageView(self._parts, tuple(self._tail), checked_tail=self._checked)
-        return ModelRequest(self._view, ctx.instructions, () if self._final() else self._specs, ctx.settings)
+        self._final_call = self._final()
+        return ModelRequest(self._view, ctx.instructions, () if self._final_call else self._specs, ctx.settings)
 
     def _model_step(self, request: ModelRequest, response: ModelResponse | None, latency: float,
                     ratio: float) -> ModelStep:
         """Record what one model call produced: usage, the normalised output, the trace; return the `ModelStep`."""
         assert response is not None
         ctx, state = self.ctx, self.state
-        final = self._final()
+        final = self._final_call
         step = state.steps + 1
         state.steps = step
         if response.usage is not None:
