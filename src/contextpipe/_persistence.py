@@ -73,8 +73,13 @@ class StepWriter:
         """The run's current lease (renewals replace it), None without a session."""
         self.per_step = per_step
         """True when each step is saved as it happens; False saves once at the end."""
-        self._providers = [p for p in history_providers if p.stores_anything]
-        self._loader = next((p for p in history_providers if p.load_messages), None)
+        self._providers: list[HistoryProvider] = []
+        self._loader: HistoryProvider | None = None
+        for p in history_providers:
+            if p.stores_anything:
+                self._providers.append(p)
+            if self._loader is None and p.load_messages:
+                self._loader = p
         self._request_saved = False  # the request messages were handed to a save
         self._request_stored = False  # ... and that save returned
         self.lost: LeaseLost | None = None

@@ -336,9 +336,13 @@ class Agent:
 
     def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
         state = loop.state
-        last = next((m for m in reversed(state.new_messages) if m.role == "assistant"), None)
+        text = ""
+        for m in reversed(state.new_messages):
+            if m.role == "assistant":
+                text = m.text
+                break
         return RunResult(
-            text=last.text if last is not None else "", messages=state.new_messages, input=ctx.input,
+            text=text, messages=state.new_messages, input=ctx.input,
             usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
             session=session,
         )

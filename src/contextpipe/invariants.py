@@ -32,7 +32,7 @@ def check_messages(messages: Sequence[Message], *, latest_input: Message | None)
     """Raise `RequestInvariantError` unless `messages` may be sent to a model."""
     if not messages:
         raise RequestInvariantError("the request to the model has no messages")
-    problem = tool_exchange_problem(messages)
+    problem = exchange_problem(messages)
     if problem is not None:
         raise RequestInvariantError(f"broken tool exchange in the request: {problem}")
     if latest_input is not None:

@@ -194,7 +194,10 @@ def _check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message
     segment is complete) and the repair notes.
     """
     checked = [_checked(s) for s in head]
-    if all(s._checked for s in checked):
+    for s in checked:
+        if not s._checked:
+            break
+    else:
         return checked, [], []
     fixed, notes = repair_exchanges([m for s in head for m in s.messages])
     return (_resegment(fixed, head) if notes else checked), fixed, notes
@@ -281,7 +284,10 @@ class StepLoop:
         # The middleware is fixed once the providers' before_run is over: build the chain once per run.
         if ctx.middleware:
             self._complete = chain(ctx.middleware, self._terminal(_no_deltas))
-        split = max((i + 1 for i, s in enumerate(ctx.segments) if s.source.kind == "history"), default=0)
+        split = 0  # the history is everything up to the last history segment
+        for i, s in enumerate(ctx.segments, 1):
+            if s.source.kind == "history":
+                split = i
         head, open_end, repair_notes = _check_history(ctx.segments[:split])
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
@@ -348,7 +354,7 @@ class StepLoop:
         if response.notes:
             ctx.journal.changes.append(ContextChange(self.model.name, "adapted_request", response.notes))
         # Without middleware the model was sent the loop's own request; with it, the request that reached it.
-        sent = (response.request or request) if ctx.middleware else request
+        sent = (response.request or request) if ctx.middleware or self.stream else request
         if sent.messages is self._view:  # the check ran on the loop's own view: its tail need not be scanned again
             self._checked = len(self._tail)
         self._trace(step, sent, response, latency, ratio)
