@@ -139,9 +139,12 @@ class StepWriter:
 
     async def guard(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
-        self.check()
+        if self.lost is not None:
+            raise self.lost
+        if self.lease is None or self._inside is not None:
+            return await awaitable
         task = asyncio.current_task()
-        if self.lease is None or task is None or self._inside is not None:
+        if task is None:
             return await awaitable
         self._inside = task
         try:
@@ -208,7 +211,8 @@ class StepWriter:
                     durable: bool = True) -> list[Message]:
         session = self.session
         assert session is not None
-        self.check()
+        if self.lost is not None:
+            raise self.lost
         saved: list[Message] | None = None
         for provider in self._providers:
             batch = provider.select_request(ctx) if with_request else []

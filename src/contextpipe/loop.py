@@ -223,6 +223,7 @@ class StepLoop:
         self._checked = 0  # leading messages of `_tail` a request check found complete (never scanned again)
         self._view: MessageView | None = None  # the messages of the latest request the loop built
         self._specs: list[ToolSpec] = []
+        self._tools: dict[str, Tool] = {}
         self._tool_sources: dict[str, str] = {}
         self._latest_input: Message | None = None
         self._complete: CallModel = self._send
@@ -232,7 +233,7 @@ class StepLoop:
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         async def run(c: FunctionCall) -> FunctionResult:
-            return await execute_tool(self.ctx.tools, c)
+            return await execute_tool(self._tools, c)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -278,7 +279,8 @@ class StepLoop:
         the history when it may end in calls without results (empty in the common case).
         """
         ctx = self.ctx
-        self._specs = [t.spec for t in ctx.tools.values()]
+        self._tools = ctx.tools  # fixed once the providers' before_run is over
+        self._specs = [t.spec for t in self._tools.values()]
         self._tool_sources = dict(ctx.tool_sources)
         self._latest_input = ctx.input[-1] if ctx.input else None
         # The middleware is fixed once the providers' before_run is over: build the chain once per run.
@@ -307,7 +309,7 @@ class StepLoop:
             return
         results: list[FunctionResult] = []
         for call in pending:
-            tool = self.ctx.tools.get(call.name)
+            tool = self._tools.get(call.name)
             if tool is not None and tool.idempotent:
                 if self.want_events:
                     yield ToolCallStarted(call)
@@ -464,7 +466,7 @@ class StepLoop:
         return message
 
     def _idempotent(self, call: FunctionCall) -> bool:
-        tool = self.ctx.tools.get(call.name)
+        tool = self._tools.get(call.name)
         return tool is not None and tool.idempotent
 
     async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> StepPersisted | None:
