@@ -122,7 +122,8 @@ async def test_deletion_hooks_run_when_a_write_meets_an_expired_session(store: S
     seen: list[SessionKey] = []
 
     async def hook(key: SessionKey) -> None:
-        seen.append(key)
+        if key.tenant == tenant:  # a shared server also purges what earlier tests left expired
+            seen.append(key)
 
     unregister = store.on_session_deleted(hook)
     await store.append(tenant, "brief", [Message.user("old")])
@@ -161,7 +162,8 @@ async def test_deletion_hooks_run_for_deleted_and_expired_sessions(store: Sessio
     seen: list[SessionKey] = []
 
     async def hook(key: SessionKey) -> None:
-        seen.append(key)
+        if key.tenant == tenant:  # a shared server also purges what earlier tests left expired
+            seen.append(key)
 
     unregister = store.on_session_deleted(hook)
     await store.append(tenant, "kept", [Message.user("a")])
