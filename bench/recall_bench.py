@@ -13,7 +13,7 @@ one session at a time, and each question is recalled through `SemanticMemory.rec
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
 ``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the one
-after it in the keyword index (``window``, ``window_after``).
+after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from contextpipe.messages import Message
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
 from contextpipe.vectors import Embedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
-from contextpipe.vectors.base import embed_query, rrf
+from contextpipe.vectors.base import embed_queries, embed_query, rrf
 
 KS = (1, 3, 5, 10)
 
@@ -72,6 +72,12 @@ class Cached:
         if text not in self.queries:
             self.queries[text] = await embed_query(self.inner, text)
         return self.queries[text]
+
+    async def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.queries]
+        for text, vector in zip(missing, await embed_queries(self.inner, missing), strict=True):
+            self.queries[text] = vector
+        return [self.queries[t] for t in texts]
 
 
 def make_embedder(name: str) -> Embedder:
@@ -161,16 +167,15 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
                     questions: list[Question], variants: bool) -> list[tuple[str, Result]]:
     rows = []
     await store_baseline(vectors, embedder, "baseline", turns)
-    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0)
+    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0, names_lookup=False)
     rows.append((f"{label}: baseline (bare text, vectors)", await measure(old, questions)))
     memory = SemanticMemory(vectors, embedder, collection="named")
     await store_fixture(memory, turns)
-    for mode in ("vector", "keywords", "hybrid"):
-        memory.search_mode = mode  # type: ignore[assignment]
-        rows.append((f"{label}: {mode}", await measure(memory, questions)))
-    memory.names_lookup = True
-    rows.append((f"{label}: hybrid + names_lookup", await measure(memory, questions)))
-    memory.names_lookup = False
+    for mode, names in (("vector", False), ("vector", True), ("keywords", True), ("hybrid", False),
+                        ("hybrid", True)):
+        memory.search_mode, memory.names_lookup = mode, names  # type: ignore[assignment]
+        suffix = " + names_lookup" if names else " (default)" if mode == "hybrid" else ""
+        rows.append((f"{label}: {mode}{suffix}", await measure(memory, questions)))
     if variants:
         bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0, window_after=0)
         await store_fixture(bare, turns)

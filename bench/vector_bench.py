@@ -62,7 +62,32 @@ async def synchronous(store: VectorStore, mode: str) -> None:
     await store._run(lambda conn: conn.execute(f"PRAGMA synchronous = {mode}"))
 
 
-async def bench(store: VectorStore, name: str, sizes: list[int], dim: int, queries: int, inserts: int) -> None:
+async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: list[set[int]],
+                      depths: list[tuple[int, int]]) -> list[str]:
+    """recall@10 and search p50 through the store with other search depths (expansion, candidates re-scored)."""
+    from contextpipe.vectors import sqlite as module
+
+    default = module._depth
+    rows = []
+    try:
+        for expansion, candidates in depths:
+            module._depth = lambda size, k, e=expansion, c=candidates: (max(e, c), c)  # type: ignore[misc]
+            times, cpu, found = [], [], 0
+            for q, want in zip(probes, truth, strict=True):
+                t0, c0 = time.perf_counter(), time.process_time()
+                hits = await store.search("bench", q, k=10)
+                times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+                found += len(want & {int(h.id[1:]) for h in hits})
+            rows.append(f"| {expansion} | {candidates} | {found / (10 * len(probes)):.3f} | {ms(times)} ({ms(cpu)}) |")
+    finally:
+        module._depth = default
+    return rows
+
+
+async def bench(store: VectorStore, name: str, sizes: list[int], dim: int, queries: int, inserts: int,
+                depths: list[tuple[int, int]]) -> None:
+    sweep: list[str] = []
     rng = np.random.default_rng(7)
     centres = rng.standard_normal((2000, dim), dtype=np.float32)
     blocks: list[np.ndarray[Any, Any]] = []
@@ -113,9 +138,15 @@ async def bench(store: VectorStore, name: str, sizes: list[int], dim: int, queri
                                                           {"user_id": "new"}) for j in range(10)])
                 batched.append((time.perf_counter() - t0) / 10)
         await store.delete("bench", where={"user_id": "new"})
+        if sqlite and n == sizes[-1] and depths:
+            sweep.extend(await depth_sweep(store, probes, truth, depths))
         print(f"| {name} | {n:,} | {load:,.1f} ({load_cpu:,.1f}) | {ms(times)} / {ms(times, 0.95)} ({ms(cpu)}) | "
               f"{ms(filtered)} | {found / (10 * len(probes)):.3f} | {ms(normal)} / {ms(normal, 0.95)} "
               f"({ms(normal_cpu)}) | {ms(full) if full else '-'} | {ms(batched)} |", flush=True)
+    if sweep:
+        print(f"\nThe same searches at {sizes[-1]:,} with other search depths (the store's own is the row above):\n")
+        print("| expansion | candidates re-scored | recall@10 vs exact | search ms p50 (CPU) |\n|---:|---:|---:|---:|")
+        print("\n".join(sweep), flush=True)
     if sqlite:
         assert isinstance(store, SQLiteVectorStore)
         await store.save_indexes()
@@ -131,12 +162,27 @@ async def bench(store: VectorStore, name: str, sizes: list[int], dim: int, queri
               f"(CPU {cold['cpu']:,.1f} s), that process's peak memory {cold['rss_mb']:,.0f} MB", flush=True)
 
 
+def peak_mb() -> float:
+    """This process's peak resident memory.
+
+    Not getrusage's ``ru_maxrss`` where avoidable: Linux carries it over fork and exec, so in the cold-start
+    child it reports the benchmark's own process (which holds the collection twice); ``VmHWM`` is the
+    peak of this process image alone.
+    """
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 async def cold_start(path: str, dim: int) -> None:
     started, cpu = time.perf_counter(), time.process_time()
     store = SQLiteVectorStore(path)
     await store.search("bench", [1.0] * dim, k=10)
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mb = peak_mb()
     await store.close()
     print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": rss_mb}))
 
@@ -148,6 +194,8 @@ async def main() -> None:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--inserts", type=int, default=200)
+    parser.add_argument("--depths", default="64:40,128:40,256:100,512:200,1024:400",
+                        help="search depths (expansion:candidates) also measured at the largest size; '' for none")
     parser.add_argument("--pgvector", default=None, help="DSN of a PostgreSQL server with pgvector")
     parser.add_argument("--pgvector-sizes", default="10000")
     parser.add_argument("--cold", default=None, help=argparse.SUPPRESS)  # the cold-start child process
@@ -162,14 +210,15 @@ async def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteVectorStore(Path(tmp) / "vectors.db")
-        await bench(store, "SQLite + usearch HNSW", sizes, args.dim, args.queries, args.inserts)
+        depths = [(int(d.split(":")[0]), int(d.split(":")[1])) for d in args.depths.split(",") if d]
+        await bench(store, "SQLite + usearch HNSW", sizes, args.dim, args.queries, args.inserts, depths)
         await store.close()
     if args.pgvector:
         from contextpipe.vectors.pgvector import PgVectorStore
 
         pg = PgVectorStore(args.pgvector, table=f"bench{int(time.time())}")
         await bench(pg, "pgvector (HNSW)", [int(x) for x in args.pgvector_sizes.split(",")], args.dim, args.queries,
-                    args.inserts)
+                    args.inserts, [])
         await pg.close()
 
 

@@ -281,3 +281,165 @@ async def test_middleware_breaking_a_checked_history_exchange_is_caught(change: 
     with pytest.raises(RequestInvariantError, match="broken tool exchange"):
         await agent.run("And tomorrow?", session=await agent.session("s"))
     assert model.requests == []
+
+
+def _middleware_provider(middleware):  # type: ignore[no-untyped-def]
+    from contextpipe import ContextProvider
+    from contextpipe.pipeline import RunContext
+
+    class AddsMiddleware(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            ctx.add_middleware(middleware)
+
+    return AddsMiddleware("middleware")
+
+
+@pytest.mark.parametrize("at_call", [1, 3])
+async def test_middleware_dropping_the_input_is_caught_at_any_step(at_call: int) -> None:
+    """The caller's input is looked for in every request, in the loop's own view and in one middleware rebuilt."""
+    from dataclasses import replace
+
+    from contextpipe import RequestInvariantError
+    from contextpipe.models import CallModel, ModelResponse
+
+    calls = 0
+
+    async def drops_input(request: ModelRequest, call_next: CallModel) -> ModelResponse:
+        nonlocal calls
+        calls += 1
+        if calls == at_call:
+            # A rewritten copy is not the caller's message: the input itself is gone.
+            request = replace(request, messages=[Message.user(m.text) if m.role == "user" else m
+                                                 for m in request.messages])
+        return await call_next(request)
+
+    @tool
+    def ping() -> str:
+        """Answers pong."""
+        return "pong"
+
+    model = ScriptedModel([tool_call("ping"), tool_call("ping"), tool_call("ping"), "done"])
+    agent = Agent(model, tools=[ping], providers=[_middleware_provider(drops_input)])
+    with pytest.raises(RequestInvariantError, match="latest input"):
+        await agent.run("go")
+    assert len(model.requests) == at_call - 1
+
+
+async def test_middleware_breaking_the_runs_own_tool_exchange_is_caught_later() -> None:
+    """Messages the loop found complete in one request are checked again when a middleware rebuilds a later one."""
+    from dataclasses import replace
+
+    from contextpipe import RequestInvariantError
+    from contextpipe.models import CallModel, ModelResponse
+
+    calls = 0
+
+    async def drops_first_result(request: ModelRequest, call_next: CallModel) -> ModelResponse:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the first step's exchange passed two checks already
+            sent = list(request.messages)
+            del sent[next(i for i, m in enumerate(sent) if m.role == "tool")]
+            request = replace(request, messages=sent)
+        return await call_next(request)
+
+    @tool
+    def ping() -> str:
+        """Answers pong."""
+        return "pong"
+
+    model = ScriptedModel([tool_call("ping"), tool_call("ping"), tool_call("ping"), "done"])
+    agent = Agent(model, tools=[ping], providers=[_middleware_provider(drops_first_result)])
+    with pytest.raises(RequestInvariantError, match="broken tool exchange"):
+        await agent.run("go")
+    assert len(model.requests) == 2
+
+
+@pytest.mark.parametrize("middleware", [False, True])
+async def test_the_request_check_reads_each_message_of_a_long_loop_a_bounded_number_of_times(
+        middleware: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request is checked in full, but what an earlier request's check found complete is not scanned again.
+
+    A 20-step loop whose checks rescanned the growing tail would scan ~20 times more messages.
+    A middleware that passes the loop's request on (another request object, the same messages) keeps that.
+    """
+    from dataclasses import replace
+
+    from contextpipe import exchanges
+    from contextpipe.models import CallModel, ModelResponse
+
+    scanned = 0
+    scan = exchanges._scan
+
+    def counting_scan(messages, start, open_calls):  # type: ignore[no-untyped-def]
+        nonlocal scanned
+        scanned += len(messages)
+        return scan(messages, start, open_calls)
+
+    monkeypatch.setattr(exchanges, "_scan", counting_scan)
+
+    async def passes_on(request: ModelRequest, call_next: CallModel) -> ModelResponse:
+        return await call_next(replace(request, settings=request.settings))
+
+    @tool
+    def ping() -> str:
+        """Answers pong."""
+        return "pong"
+
+    steps = 20
+    model = ScriptedModel([*[tool_call("ping") for _ in range(steps)], "done"])
+    store = MemoryStore()
+    providers = [History(store), *([_middleware_provider(passes_on)] if middleware else [])]
+    agent = Agent(model, tools=[ping], providers=providers, limits=RunLimits(max_steps=steps))
+    result = await agent.run("go", session=await agent.session("s"))
+    assert result.text == "done" and len(model.requests) == steps + 1
+    produced = len(result.messages)  # 2 per tool step, then the answer
+    assert produced == 2 * steps + 1
+    # The input once per request, and each message the loop added about once.
+    assert scanned <= (steps + 1) + 2 * produced, scanned
+
+
+async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner_one_is_not_delayed() -> None:
+    """A run whose first renewal is due before the shared timer's re-arms it; finished runs leave nothing waiting."""
+    from contextpipe import _persistence
+    from contextpipe._persistence import Heartbeat
+
+    store = MemoryStore()
+    renewed: dict[str, int] = {"slow": 0, "fast": 0}
+    fast_renewed_twice = asyncio.Event()
+    real = store.renew_lease
+
+    async def renew(lease):  # type: ignore[no-untyped-def]
+        renewed[lease.session_id] += 1
+        if renewed["fast"] >= 2:
+            fast_renewed_twice.set()
+        return await real(lease)
+
+    store.renew_lease = renew  # type: ignore[method-assign]
+    release, running = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Waits until the test lets it finish."""
+        running.set()
+        await release.wait()
+        return "done waiting"
+
+    def agent(interval: float) -> Agent:
+        return Agent(ScriptedModel([tool_call("wait"), "ok"]), tools=[wait], providers=[History(store)],
+                     heartbeat=Heartbeat(interval=interval))
+
+    slow_agent, fast_agent = agent(3600.0), agent(0.01)
+    slow = asyncio.ensure_future(slow_agent.run("slow", session=await slow_agent.session("slow")))
+    await running.wait()  # the slow run is registered: the timer is armed an hour ahead
+    fast = asyncio.ensure_future(fast_agent.run("fast", session=await fast_agent.session("fast")))
+    await asyncio.wait_for(fast_renewed_twice.wait(), timeout=60)  # a guard against hanging, not a timing
+    assert renewed["slow"] == 0
+    release.set()
+    assert (await slow).text == (await fast).text == "ok"
+    waiting = _persistence._BY_LOOP[asyncio.get_running_loop()]
+    assert waiting._due == {}
+    # A short run registers and leaves again without a renewal.
+    assert (await Agent(ScriptedModel(["hi"]), providers=[History(store)]).run(
+        "hi", session=await slow_agent.session("short"))).text == "hi"
+    assert waiting._due == {} and "short" not in renewed

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sqlite3
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
@@ -27,6 +32,9 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
+from contextpipe.vectors.base import rrf
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
@@ -314,3 +322,117 @@ async def test_names_lookup_searches_again_without_the_names() -> None:
     searched.clear()
     await memory.recall("Who is Maya?", session)  # nothing left to look for without the name
     assert searched == ["Who is Maya?"]
+
+
+class CountingEmbedder(HashEmbedder):
+    """Records every `embed` call (texts per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return await super().embed(texts)
+
+
+async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
+    from contextpipe.vectors.base import embed_queries
+
+    embedder = CountingEmbedder()
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, embedder, k=3, names_lookup=True)
+    session = Session("maya-1", state={"user_id": "maya"})
+    await memory.remember([Message.user("I baked sourdough bread today.", author_name="Maya"),
+                           Message.assistant("Nice, Maya! What flour did you use?", author_name="Daniel"),
+                           Message.user("Rye, from the mill near Potsdam.", author_name="Maya")], session)
+    embedder.calls.clear()
+    hits = await memory.recall("What flour did Maya bake with?", session)
+    assert embedder.calls == [["What flour did Maya bake with?", "What flour did bake with?"]]
+    # The same memories as searching each query with its own vector and fusing the two rankings.
+    where = {"tenant": session.tenant, "user_id": "maya"}
+    one, two = [await vectors.search("memory", (await embedder.embed([q]))[0], text=q, k=3, where=where)
+                for q in ("What flour did Maya bake with?", "What flour did bake with?")]
+    assert [h.id for h in hits] == [h.id for h in rrf(one, two, k=3)]
+    embedder.calls.clear()
+    memory.names_lookup = False
+    await memory.recall("What flour did Maya bake with?", session)
+    assert embedder.calls == [["What flour did Maya bake with?"]]
+
+    class QueryOnly(HashEmbedder):  # an embedder that embeds queries one at a time
+        async def embed_query(self, text: str) -> list[float]:
+            return (await self.embed([text.upper()]))[0]
+
+    assert await embed_queries(QueryOnly(), ["a b", "c d"]) == [(await HashEmbedder().embed([t]))[0]
+                                                               for t in ("A B", "C D")]
+
+
+def _fts5_stems(words: list[str]) -> list[str]:
+    """What SQLite FTS5's porter tokenizer makes of each word (the oracle for our stemmer)."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='porter unicode61 remove_diacritics 2')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    conn.executemany("INSERT INTO t (rowid, x) VALUES (?, ?)", list(enumerate(words)))
+    found = dict(conn.execute("SELECT doc, term FROM v"))
+    conn.close()
+    return [found[i] for i in range(len(words))]
+
+
+def test_in_memory_stemming_matches_sqlite_fts5_on_the_fixture_words() -> None:
+    from contextpipe.vectors._stem import stem
+
+    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("conversations_*.txt")))
+    words = sorted(set(re.findall(r"[a-z]+", text.lower())))
+    assert len(words) > 1500
+    words += ["apology", "relational", "conditional", "generalization", "oscillators", "hopefulness", "electrical",
+              "adjustment", "adoption", "controlling", "rolling", "triplicate", "formality", "sensitivity",
+              "sensibility", "decisiveness", "callousness", "digitizer", "conformabli", "analogousli", "vietnamization",
+              "predication", "operator", "feudalism", "hesitanci", "valenci", "radicalli", "differentli", "vileli"]
+    assert [stem(w) for w in words] == _fts5_stems(words)
+
+
+_SUFFIXES = ("", "s", "ies", "sses", "ed", "ing", "eed", "y", "ational", "tion", "ness", "ful", "ement", "ion", "e",
+             "ll", "ize", "ate", "iviti", "bli", "logi", "al", "ous", "icate", "alize")
+_WORD = st.builds(lambda stem, suffix: stem + suffix,
+                  st.text(alphabet="abcdefghijklmnopqrstuvwxyz", max_size=8) | st.text(alphabet="aeiouybcdlnst",
+                                                                                        max_size=6),
+                  st.sampled_from(_SUFFIXES)).filter(bool)
+
+
+@given(st.lists(_WORD, min_size=1, max_size=50))
+@settings(max_examples=300, deadline=None)
+def test_in_memory_stemming_matches_sqlite_fts5_on_any_word(words: list[str]) -> None:
+    from contextpipe.vectors._stem import stem
+
+    assert [stem(w) for w in words] == _fts5_stems(words)
+
+
+async def test_in_memory_keyword_search_finds_other_forms_of_a_word() -> None:
+    vectors = MemoryVectorStore()
+    await vectors.upsert("c", [VectorRecord("a", [1.0, 0.0], "Maya baked two loaves", {}),
+                               VectorRecord("b", [0.0, 1.0], "Daniel fixed the bike", {})])
+    assert [h.id for h in await vectors.search("c", text="Who was baking?")] == ["a"]
+    assert [h.id for h in await vectors.search("c", text="fixes for bikes")] == ["b"]
+
+
+async def test_names_lookup_returns_the_same_first_memories_whatever_k() -> None:
+    sys.path.insert(0, str(FIXTURES))
+    from conversations import load
+
+    turns, questions = load()
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, HashEmbedder(), names_lookup=True)
+    session = Session("a-all", state={"user_id": "conv-a"})
+    await memory.remember([Message.user(t.text, id=t.id, author_name=t.speaker) for t in turns
+                           if t.conversation == "a"], session)
+    asked = [q.question for q in questions if q.conversation == "a"][:25]
+    assert sum(len(memory._queries(q)) == 2 for q in asked) >= 20  # most name someone
+    for question in asked:
+        ten = await memory.recall(question, session, k=10)
+        assert [h.id for h in await memory.recall(question, session, k=5)] == [h.id for h in ten[:5]]
+        assert [h.id for h in await memory.recall(question, session, k=1)] == [h.id for h in ten[:1]]
+        cosines = [{h.id: h.score for h in await vectors.search("memory", vector, k=200, where={"user_id": "conv-a"})}
+                   for vector in await HashEmbedder().embed(memory._queries(question))]
+        for hit in ten:  # each side's own score (a cosine similarity of one of the queries), not a fused one
+            if hit.vector_score is not None:
+                assert any(hit.vector_score == pytest.approx(c[hit.id]) for c in cosines if hit.id in c)

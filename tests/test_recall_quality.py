@@ -108,7 +108,8 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
     await vectors.upsert("bare", [
         VectorRecord(t.id, v, t.text, {"tenant": "default", "user_id": f"conv-{t.conversation}"})
         for t, v in zip(TURNS, bare, strict=True)])
-    baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0),
+    baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0,
+                                              names_lookup=False),
                                QUESTIONS, 5)
     memory = SemanticMemory(vectors, embedder)
     await remember_all(memory, TURNS)
@@ -118,21 +119,23 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
         found[mode] = await recall_at(memory, QUESTIONS, 5)
     print(f"\nrecall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, "
           + ", ".join(f"{mode} {value:.3f}" for mode, value in found.items()))
-    assert found["hybrid"] >= 0.74  # 0.78 SQLite, 0.79 pgvector (bench/recall_bench.py)
+    assert found["hybrid"] >= 0.74  # 0.78 SQLite, 0.79 pgvector (bench/recall_bench.py, the default)
     assert found["hybrid"] >= max(found["vector"], found["keywords"])
     assert found["hybrid"] >= 1.5 * baseline
 
 
 async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedder, vectors: VectorStore) -> None:
-    # Never tuned on: its questions paraphrase their evidence (README: 0.44 SQLite, 0.45 pgvector; 0.23 before).
+    # Never tuned on: its questions paraphrase their evidence (README: 0.45 / 0.51 SQLite without / with the
+    # names lookup, 0.44 / 0.51 pgvector; 0.23 before).
     turns, questions = load(held_out=True)
     bare = await embedder.embed([t.text for t in turns])
     await vectors.upsert("bare", [
         VectorRecord(t.id, v, t.text, {"tenant": "default", "user_id": f"conv-{t.conversation}"})
         for t, v in zip(turns, bare, strict=True)])
-    baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0),
+    baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0,
+                                              names_lookup=False),
                                questions, 5)
-    memory = SemanticMemory(vectors, embedder)
+    memory = SemanticMemory(vectors, embedder, names_lookup=False)
     await remember_all(memory, turns)
     hybrid = await recall_at(memory, questions, 5)
     memory.names_lookup = True
@@ -140,7 +143,7 @@ async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedd
     print(f"\nheld-out recall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, hybrid {hybrid:.3f}, "
           f"names_lookup {with_names_lookup:.3f}")
     assert hybrid >= 0.40 and hybrid >= 1.5 * baseline
-    assert with_names_lookup >= 0.46
+    assert with_names_lookup >= 0.46 and with_names_lookup > hybrid
 
 
 async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: CachedEmbedder, tmp_path: Path) -> None:
@@ -173,5 +176,9 @@ async def test_local_embedder_embeds_a_query_as_it_embeds_a_text() -> None:
     batch = await local.embed(texts)
     for text, expected in zip(texts, batch, strict=True):
         assert await local.embed_query(text) == pytest.approx(expected, abs=1e-5)
+    together = await local.embed_queries(texts)  # one forward pass, padded to the longest
+    for vector, expected in zip(together, batch, strict=True):
+        assert vector == pytest.approx(expected, abs=1e-5)
+    assert await local.embed_queries([]) == []
     with pytest.raises(UsageError, match="query_threads"):
         LocalEmbedder(query_threads=0)

@@ -23,7 +23,7 @@ from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors.base import SearchHit, keyword_terms, rrf
-from contextpipe.vectors.sqlite import _Rows
+from contextpipe.vectors.sqlite import _depth
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
@@ -103,7 +103,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "delete", "reopen", "save", "other"]),
+ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete", "reopen", "save", "other"]),
                          st.integers(0, 30), st.integers(0, 2**32 - 1)), min_size=1, max_size=40)
 
 
@@ -123,6 +123,11 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
                 vector = rng.standard_normal(6).astype(np.float32)
                 await (other if op == "other" else store).upsert("c", [VectorRecord(f"r{n}", vector, f"r{n}")])
                 truth[f"r{n}"] = vector
+            elif op == "batch":  # one transaction naming a record twice: the last one stays
+                first, second, last = (rng.standard_normal(6).astype(np.float32) for _ in range(3))
+                await store.upsert("c", [VectorRecord(f"r{n}", first, "first"), VectorRecord(f"r{n + 1}", second, "b"),
+                                         VectorRecord(f"r{n}", last, "last")])
+                truth[f"r{n}"], truth[f"r{n + 1}"] = last, second
             elif op == "delete":
                 await store.delete("c", ids=[f"r{n}"])
                 truth.pop(f"r{n}", None)
@@ -245,22 +250,19 @@ async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp
     await store.close()
 
 
-async def test_inserts_do_not_copy_the_collection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_inserts_do_not_copy_the_collection(tmp_path: Path) -> None:
     """Growing the collection one record at a time leaves the vectors already held where they are."""
-    monkeypatch.setattr(_Rows, "BLOCK", 64)
     store = SQLiteVectorStore(tmp_path / "v.db")
     rng = np.random.default_rng(3)
     await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x") for i in range(100)])
     await store.search("c", [1, 0, 0, 0], k=1)
     rows = store._cache["c"].rows
     assert rows is not None
-    first_block = rows.blocks[0]
-    before = first_block.copy()
-    for i in range(100, 100 + rows.BLOCK + 10):  # past the second block: a third one is added beside them
+    held = dict(rows.vectors)
+    for i in range(100, 300):
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x")])
-    assert rows.blocks[0] is first_block and len(rows.blocks) == 3
-    assert np.array_equal(first_block, before)
-    assert await store.count("c") == len(rows.position) == 100 + rows.BLOCK + 10
+    assert all(rows.vectors[key] is vector for key, vector in held.items())  # the same objects, not copies
+    assert await store.count("c") == len(rows.vectors) == 300
     await store.close()
 
 
@@ -330,3 +332,34 @@ async def test_searches_on_the_calling_thread_never_overlap_the_worker(tmp_path:
     assert [h.id for h in hits] == exact_ids(kept, query, 5)
     assert await store.count("c") == len(kept)
     await store.close()
+
+
+async def test_search_of_a_clustered_collection_finds_the_exact_top_k_with_exact_scores(tmp_path: Path) -> None:
+    """Clustered vectors (like text embeddings) through the HNSW index: recall@10 against exact search."""
+    rng = np.random.default_rng(8)
+    centres = rng.standard_normal((60, 48)).astype(np.float32)
+
+    def draw(m: int) -> np.ndarray:
+        x = centres[rng.integers(0, len(centres), m)] + 0.6 * rng.standard_normal((m, 48)).astype(np.float32)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    matrix, queries = draw(6000), draw(40)
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)  # always the index
+    await store.upsert("c", [VectorRecord(f"v{i}", v, f"t{i}") for i, v in enumerate(matrix)])
+    found = 0
+    for q in queries:
+        hits = await store.search("c", q, k=10)
+        exact = matrix @ q
+        found += len({f"v{i}" for i in np.argsort(-exact)[:10].tolist()} & {h.id for h in hits})
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        assert all(abs(h.score - float(exact[int(h.id[1:])])) <= 1e-5 for h in hits)  # re-scored exactly
+    assert found / (10 * len(queries)) >= 0.97
+    await store.close()
+
+
+@given(st.integers(0, 10**8), st.integers(0, 10**8), st.integers(1, 100))
+def test_search_depth_grows_with_the_collection(small: int, large: int, k: int) -> None:
+    small, large = min(small, large), max(small, large)
+    (e1, c1), (e2, c2) = _depth(small, k), _depth(large, k)
+    assert c1 >= 3 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
+    assert c1 <= c2 and e1 <= e2

@@ -36,9 +36,10 @@ async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, span
     so it still gets its `after_run`.
     """
     journal = ctx.journal
+    traced = spans.tracer is not None
     for provider in providers:
         journal.started += 1
-        span = hook_span(spans, provider.source_id, provider.kind, "before_run")
+        span = hook_span(spans, provider.source_id, provider.kind, "before_run") if traced else None
         t0 = time.perf_counter()
         error: BaseException | None = None
         try:
@@ -49,7 +50,8 @@ async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, span
             raise
         finally:
             journal.timings.append(ProviderTiming(provider.source_id, "before_run", time.perf_counter() - t0))
-            Spans.end(span, error)
+            if span is not None:
+                Spans.end(span, error)
 
 
 async def run_after(
@@ -58,8 +60,9 @@ async def run_after(
     """Call `after_run` on the started providers in reverse order; every one is called, failures collected."""
     errors: list[tuple[str, BaseException]] = []
     journal = ctx.journal
+    traced = spans.tracer is not None
     for provider in reversed(providers[:journal.started]):
-        span = hook_span(spans, provider.source_id, provider.kind, "after_run")
+        span = hook_span(spans, provider.source_id, provider.kind, "after_run") if traced else None
         t0 = time.perf_counter()
         failure: BaseException | None = None
         try:
@@ -69,5 +72,6 @@ async def run_after(
             failure = exc
         finally:
             journal.timings.append(ProviderTiming(provider.source_id, "after_run", time.perf_counter() - t0))
-            Spans.end(span, failure)
+            if span is not None:
+                Spans.end(span, failure)
     return errors

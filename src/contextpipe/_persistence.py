@@ -11,7 +11,8 @@ releases the lease at the end. The writer saves:
 - summary checkpoints (for compaction), the session's state and, when asked, the run's traces.
 
 While the run lives, a background *heartbeat* renews the lease every ``lease.ttl / 3`` seconds (by
-default; a timer until the first renewal, so a run shorter than that starts no task), whatever the
+default; until the first renewal a run only waits on one timer shared by the event loop's runs,
+so a run shorter than that starts no task and arms no timer of its own), whatever the
 run is doing: a slow model call, a long tool, a provider hook. If a renewal
 fails with `LeaseLost` (another worker took the session over, or it was deleted), the writer
 refuses every further write and `guard` stops whatever the run is awaiting at once (in-flight
@@ -21,7 +22,9 @@ tools are cancelled) with that error.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,8 +73,13 @@ class StepWriter:
         """The run's current lease (renewals replace it), None without a session."""
         self.per_step = per_step
         """True when each step is saved as it happens; False saves once at the end."""
-        self._providers = [p for p in history_providers if p.stores_anything]
-        self._loader = next((p for p in history_providers if p.load_messages), None)
+        self._providers: list[HistoryProvider] = []
+        self._loader: HistoryProvider | None = None
+        for p in history_providers:
+            if p.stores_anything:
+                self._providers.append(p)
+            if self._loader is None and p.load_messages:
+                self._loader = p
         self._request_saved = False  # the request messages were handed to a save
         self._request_stored = False  # ... and that save returned
         self.lost: LeaseLost | None = None
@@ -79,11 +87,12 @@ class StepWriter:
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
         self._stopped = False  # the heartbeat cancelled that task
         self._beating: asyncio.Task[None] | None = None
-        self._first_beat: asyncio.TimerHandle | None = None
+        self._waiting: _FirstRenewals | None = None  # holds this writer until its first renewal is due
         if lease is not None:
             beat = heartbeat or Heartbeat()
-            if beat.sleep is asyncio.sleep:  # a timer until the first renewal: a short run starts no task
-                self._first_beat = asyncio.get_running_loop().call_later(self._interval(beat), self._start, beat)
+            if beat.sleep is asyncio.sleep:  # no task until the first renewal is due: a short run starts none
+                self._waiting = _FirstRenewals.of(asyncio.get_running_loop())
+                self._waiting.add(self, beat)
             else:
                 self._beating = asyncio.ensure_future(self._beat(beat))
 
@@ -95,7 +104,7 @@ class StepWriter:
 
     def _start(self, heartbeat: Heartbeat) -> None:
         """Renew now (the run outlived one renewal interval), then keep renewing in the background."""
-        self._first_beat = None
+        self._waiting = None
         if self.lease is not None:
             self._beating = asyncio.ensure_future(self._beat(heartbeat, waited=True))
 
@@ -130,9 +139,12 @@ class StepWriter:
 
     async def guard(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
-        self.check()
+        if self.lost is not None:
+            raise self.lost
+        if self.lease is None or self._inside is not None:
+            return await awaitable
         task = asyncio.current_task()
-        if self.lease is None or task is None or self._inside is not None:
+        if task is None:
             return await awaitable
         self._inside = task
         try:
@@ -199,7 +211,8 @@ class StepWriter:
                     durable: bool = True) -> list[Message]:
         session = self.session
         assert session is not None
-        self.check()
+        if self.lost is not None:
+            raise self.lost
         saved: list[Message] | None = None
         for provider in self._providers:
             batch = provider.select_request(ctx) if with_request else []
@@ -232,9 +245,9 @@ class StepWriter:
 
     async def release(self) -> None:
         """Stop the heartbeat and give the session's lease back (the run is over)."""
-        if self._first_beat is not None:
-            self._first_beat.cancel()
-            self._first_beat = None
+        if self._waiting is not None:
+            self._waiting.discard(self)
+            self._waiting = None
         if self._beating is not None:
             self._beating.cancel()
             await asyncio.gather(self._beating, return_exceptions=True)
@@ -243,3 +256,64 @@ class StepWriter:
             lease, self.lease = self.lease, None
             if self.lost is None:
                 await self.store.release_lease(lease)
+
+
+class _FirstRenewals:
+    """The runs of one event loop waiting for their lease's first renewal, all on one timer.
+
+    A run is over long before its first renewal is due (a third of the lease's TTL) almost
+    always: registering it costs a dict entry instead of a timer of its own, and the timer is armed
+    again only when a run is due before the one it is armed for. When the timer fires, every run
+    that is due starts its heartbeat (`StepWriter._start`), and the timer is armed for the next one.
+    """
+
+    __slots__ = ("_at", "_due", "_loop", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: dict[StepWriter, tuple[float, Heartbeat]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf  # when the timer fires
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _FirstRenewals:
+        """Return the waiting runs of `loop`."""
+        renewals = _BY_LOOP.get(loop)
+        if renewals is None:
+            renewals = _BY_LOOP[loop] = cls(loop)
+        return renewals
+
+    def add(self, writer: StepWriter, heartbeat: Heartbeat) -> None:
+        """Start `writer`'s heartbeat when its first renewal is due (unless it is discarded first)."""
+        when = self._loop.time() + writer._interval(heartbeat)
+        self._due[writer] = (when, heartbeat)
+        if when < self._at:
+            self._arm(when)
+
+    def discard(self, writer: StepWriter) -> None:
+        """Forget `writer` (its run is over)."""
+        self._due.pop(writer, None)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at = self._loop.call_at(when, self._fire), when
+
+    def _fire(self) -> None:
+        self._timer, self._at = None, math.inf
+        now = self._loop.time() + _EARLY
+        later = math.inf
+        for writer, (when, heartbeat) in list(self._due.items()):
+            if when <= now:
+                del self._due[writer]
+                writer._start(heartbeat)
+            else:
+                later = min(later, when)
+        if later != math.inf:
+            self._arm(later)
+
+
+_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _FirstRenewals] = weakref.WeakKeyDictionary()
+
+_EARLY = 0.001
+"""Seconds a first renewal may start early (the event loop runs a timer up to its clock resolution early)."""

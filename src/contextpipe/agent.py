@@ -269,16 +269,17 @@ class Agent:
         if not input_messages and session is None:
             raise UsageError("nothing to run: pass input, or a session to resume")
         spans = Spans(self.telemetry, self.name)
-        if spans.tracer is not None:
+        traced = spans.tracer is not None
+        if traced:
             spans.start_run(session.id if session is not None else None, self.model)
         writer: StepWriter | None = None
         run_error: BaseException | None = None
         try:
             writer = await self._writer(session, lease_wait)
             ctx = self._context(session, input_messages, settings, writer)
-            loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if spans.active else self.model, self.limits,
+            loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                             writer, stream=stream, want_events=want_events,
-                            instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if spans.active else None)
+                            instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
             error: BaseException | None = None
             try:
                 await run_before(self.providers, ctx, spans, writer.guard)
@@ -335,9 +336,13 @@ class Agent:
 
     def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
         state = loop.state
-        last = next((m for m in reversed(state.new_messages) if m.role == "assistant"), None)
+        text = ""
+        for m in reversed(state.new_messages):
+            if m.role == "assistant":
+                text = m.text
+                break
         return RunResult(
-            text=last.text if last is not None else "", messages=state.new_messages, input=ctx.input,
+            text=text, messages=state.new_messages, input=ctx.input,
             usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
             session=session,
         )

@@ -32,13 +32,13 @@ def check_messages(messages: Sequence[Message], *, latest_input: Message | None)
     """Raise `RequestInvariantError` unless `messages` may be sent to a model."""
     if not messages:
         raise RequestInvariantError("the request to the model has no messages")
-    problem = tool_exchange_problem(messages)
+    problem = exchange_problem(messages)
     if problem is not None:
         raise RequestInvariantError(f"broken tool exchange in the request: {problem}")
     if latest_input is not None:
         wanted = latest_input.id
-        newest_first = getattr(messages, "untagged_reversed", None)
-        if not any(m.id == wanted for m in (newest_first() if newest_first is not None else reversed(messages))):
+        has_id = getattr(messages, "has_id", None)  # a run's view finds its input without a scan of its tail
+        if not (has_id(wanted) if has_id is not None else any(m.id == wanted for m in reversed(messages))):
             raise RequestInvariantError(
                 f"the caller's latest input ({latest_input.text[:60]!r}) was dropped from the request"
             )

@@ -1,7 +1,7 @@
 """The step loop: model step, then tool step, then continue or stop; every step saved as it happens.
 
 One step is a model call and the tool calls it asked for. `StepLoop.events` reads like the
-algorithm: a model step (`ModelStep`), then a tool step whose outcome is `Continue` or `Stop`.
+algorithm: build the request, call the model, record the `ModelStep`, then the tool step, until a `Stop`.
 The model is always called through one chain: the providers' middleware, then the innermost call,
 which checks the request (`contextpipe.invariants`), streams or completes, and returns the
 response with the request it actually sent, so the trace shows what the model saw.
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .telemetry import ExecuteTool
     from .tools import Tool, ToolSpec
 
-__all__ = ["Continue", "ModelStep", "RunLimits", "StepLoop", "Stop", "execute_tool"]
+__all__ = ["ModelStep", "RunLimits", "StepLoop", "Stop", "execute_tool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +66,6 @@ class RunLimits:
     """Model calls that may request tools; after that, one final call without tools."""
     max_consecutive_tool_errors: int = 3
     """Steps in a row whose tool calls all failed before the loop stops calling tools."""
-
-
-@dataclass(frozen=True, slots=True)
-class Continue:
-    """The tool step ran tools: call the model again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +194,10 @@ def _check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message
     segment is complete) and the repair notes.
     """
     checked = [_checked(s) for s in head]
-    if all(s._checked for s in checked):
+    for s in checked:
+        if not s._checked:
+            break
+    else:
         return checked, [], []
     fixed, notes = repair_exchanges([m for s in head for m in s.messages])
     return (_resegment(fixed, head) if notes else checked), fixed, notes
@@ -222,12 +220,20 @@ class StepLoop:
         self._model_source = Source("model", model.name)
         self._parts: list[Segment] = []
         self._tail: list[Message] = []
+        self._checked = 0  # leading messages of `_tail` a request check found complete (never scanned again)
+        self._view: MessageView | None = None  # the messages of the latest request the loop built
         self._specs: list[ToolSpec] = []
+        self._tools: dict[str, Tool] = {}
         self._tool_sources: dict[str, str] = {}
+        self._latest_input: Message | None = None
+        self._complete: CallModel = self._send
+        self._stop: Stop | None = None
+        self._final_call = False  # the latest request withdrew the tools
+        self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         async def run(c: FunctionCall) -> FunctionResult:
-            return await execute_tool(self.ctx.tools, c)
+            return await execute_tool(self._tools, c)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -236,58 +242,74 @@ class StepLoop:
         return asyncio.ensure_future(self._call_tool(call))
 
     async def events(self) -> AsyncIterator[RunEvent]:
-        """Drive the loop: model step, tool step, until a `Stop`; yield events on the way."""
-        async for event in self._prepare():
-            yield event
+        """Drive the loop: model step, tool step, until a `Stop`; yield events on the way.
+
+        Only what can yield is an async generator (a streamed call, the tool step): a complete
+        call is a plain await, so a run that wants no events builds no generator per step.
+        """
+        if open_end := self._prepare():  # only a log that may end in open calls: no generator otherwise
+            async for event in self._answer_interrupted(open_end):
+                yield event
         while True:
-            step: ModelStep | None = None
-            async for item in self._model_step():
-                if isinstance(item, ModelStep):
-                    step = item
-                else:
-                    yield item
-            assert step is not None
-            stop: Stop | None = None
-            async for outcome in self._tool_step(step):  # read to its end: a generator left open costs a loop turn
-                if isinstance(outcome, Stop):
-                    stop = outcome
-                elif not isinstance(outcome, Continue):
-                    yield outcome
-            if stop is not None:
-                self.state.stop_reason = stop.reason
+            request = self._request()
+            started, ratio = time.perf_counter(), self.ctx.tokens.ratio
+            response: ModelResponse | None = None
+            if self.stream:
+                async for item in self._call_model(request):
+                    if isinstance(item, ModelResponse):
+                        response = item
+                    else:
+                        yield item
+            else:
+                response = await self.writer.guard(self._complete(request))
+            step = self._model_step(request, response, time.perf_counter() - started, ratio)
+            async for event in self._tool_step(step):
+                yield event
+            if self._stop is not None:
+                self.state.stop_reason = self._stop.reason
                 return
 
     # --- before the first call ----------------------------------------------------------------------
 
-    async def _prepare(self) -> AsyncIterator[RunEvent]:
+    def _prepare(self) -> list[Message]:
         """Build the working set: the context, repaired where the stored log needs it, then the input.
 
         The working set is the providers' segments (tagged lazily, only if something reads the
-        sources) plus this run's own messages; a request is a view over them, not a copy.
+        sources) plus this run's own messages; a request is a view over them, not a copy. Returns
+        the history when it may end in calls without results (empty in the common case).
         """
         ctx = self.ctx
-        self._specs = [t.spec for t in ctx.tools.values()]
+        self._tools = ctx.tools  # fixed once the providers' before_run is over
+        self._specs = [t.spec for t in self._tools.values()]
         self._tool_sources = dict(ctx.tool_sources)
-        split = max((i + 1 for i, s in enumerate(ctx.segments) if s.source.kind == "history"), default=0)
+        self._latest_input = ctx.input[-1] if ctx.input else None
+        # The middleware is fixed once the providers' before_run is over: build the chain once per run.
+        if ctx.middleware:
+            self._complete = chain(ctx.middleware, self._terminal(_no_deltas))
+        split = 0  # the history is everything up to the last history segment
+        for i, s in enumerate(ctx.segments, 1):
+            if s.source.kind == "history":
+                split = i
         head, open_end, repair_notes = _check_history(ctx.segments[:split])
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
+        self._head = len(head)
         self._parts = head
-        rest = ctx.segments[split:]
-        if open_end:  # only a log that may end in open calls: no generator for the common case
-            async for event in self._answer_interrupted(open_end):
-                yield event
-        self._parts.extend(rest)
+        self._parts.extend(ctx.segments[split:])
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
+        return open_end
 
     async def _answer_interrupted(self, history: list[Message]) -> AsyncIterator[RunEvent]:
-        """Answer the calls a previous, interrupted run left without results (see module docstring)."""
+        """Answer the calls a previous, interrupted run left without results (see module docstring).
+
+        The answer goes right after the history, before the context providers' messages and the input.
+        """
         pending = unanswered_calls(history)
         if not pending:
             return
         results: list[FunctionResult] = []
         for call in pending:
-            tool = self.ctx.tools.get(call.name)
+            tool = self._tools.get(call.name)
             if tool is not None and tool.idempotent:
                 if self.want_events:
                     yield ToolCallStarted(call)
@@ -298,7 +320,7 @@ class StepLoop:
                 result = _interrupted(call)
             results.append(result)
         message = tool_message(pending, results).with_source(_REPAIR)
-        self._parts.append(Segment(_REPAIR, [message], _tagged=[message]))
+        self._parts.insert(self._head, Segment(_REPAIR, [message], _tagged=[message]))
         self.state.new_messages.append(message)
         saved = await self.writer.save_step(self.ctx, [message], with_request=False)
         if self.want_events and saved:
@@ -306,26 +328,25 @@ class StepLoop:
 
     # --- model step ---------------------------------------------------------------------------------
 
-    async def _model_step(self) -> AsyncIterator[RunEvent | ModelStep]:
-        """Call the model once (through the middleware chain); yield its deltas, then the `ModelStep`."""
-        ctx, state, limits = self.ctx, self.state, self.limits
-        step = state.steps + 1
-        final = step > limits.max_steps or state.error_steps >= limits.max_consecutive_tool_errors
-        # Each request gets its own snapshot: middleware and models may keep the request.
-        request = ModelRequest(MessageView(self._parts, tuple(self._tail)), ctx.instructions,
-                               () if final else self._specs, ctx.settings)
-        started = time.perf_counter()
-        ratio = ctx.tokens.ratio
-        response: ModelResponse | None = None
-        if not self.stream:  # a complete call: no deltas, so no generator to drive
-            response = await self.writer.guard(chain(ctx.middleware, self._terminal(_no_deltas))(request))
-        else:
-            async for item in self._call_model(request):
-                if isinstance(item, ModelResponse):
-                    response = item
-                else:
-                    yield item
+    def _final(self) -> bool:
+        """Return True when the next call gets no tools (a limit was reached)."""
+        state, limits = self.state, self.limits
+        return state.steps >= limits.max_steps or state.error_steps >= limits.max_consecutive_tool_errors
+
+    def _request(self) -> ModelRequest:
+        """Build the next request: a snapshot view of the working set (middleware and models may keep it)."""
+        ctx = self.ctx
+        self._view = MessageView(self._parts, tuple(self._tail), checked_tail=self._checked)
+        self._final_call = self._final()
+        return ModelRequest(self._view, ctx.instructions, () if self._final_call else self._specs, ctx.settings)
+
+    def _model_step(self, request: ModelRequest, response: ModelResponse | None, latency: float,
+                    ratio: float) -> ModelStep:
+        """Record what one model call produced: usage, the normalised output, the trace; return the `ModelStep`."""
         assert response is not None
+        ctx, state = self.ctx, self.state
+        final = self._final_call
+        step = state.steps + 1
         state.steps = step
         if response.usage is not None:
             state.usage = state.usage + response.usage
@@ -334,10 +355,14 @@ class StepLoop:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
         if response.notes:
             ctx.journal.changes.append(ContextChange(self.model.name, "adapted_request", response.notes))
-        self._trace(step, response.request or request, response, time.perf_counter() - started, ratio)
+        # Without middleware the model was sent the loop's own request; with it, the request that reached it.
+        sent = (response.request or request) if ctx.middleware or self.stream else request
+        if sent.messages is self._view:  # the check ran on the loop's own view: its tail need not be scanned again
+            self._checked = len(self._tail)
+        self._trace(step, sent, response, latency, ratio)
         self._tail.extend(produced)
         state.new_messages.extend(produced)
-        yield ModelStep(step, final, produced, [c for m in produced for c in m.function_calls])
+        return ModelStep(step, final, produced, [c for m in produced for c in m.function_calls])
 
     def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float, ratio: float) -> None:
         ctx = self.ctx
@@ -362,12 +387,16 @@ class StepLoop:
             if not task.done():
                 task.cancel()
 
+    async def _send(self, request: ModelRequest) -> ModelResponse:
+        """Check the request and complete it: the innermost call when there is no middleware."""
+        check_messages(request.messages, latest_input=self._latest_input)
+        return await self.model.complete(request)
+
     def _terminal(self, on_delta: Callable[[TextDelta | ReasoningDelta], None]) -> CallModel:
         """Return the innermost call: it checks the request, sends it, returns the response and what was sent."""
-        latest_input = self.ctx.input[-1] if self.ctx.input else None
 
         async def send(request: ModelRequest) -> ModelResponse:
-            check_messages(request.messages, latest_input=latest_input)
+            check_messages(request.messages, latest_input=self._latest_input)
             if self.stream:
                 response = await consume(self.model.stream(request), on_delta, self.model.name)
             else:
@@ -378,60 +407,57 @@ class StepLoop:
 
     # --- tool step ----------------------------------------------------------------------------------
 
-    async def _tool_step(self, step: ModelStep) -> AsyncIterator[RunEvent | Continue | Stop]:
-        """Save the model's output, run the calls it made (saving each result at once), decide what next."""
-        produced, calls = step.produced, step.calls
-        if step.final and calls:
-            # The model called tools after they were withdrawn: answer every call so the log
-            # never holds an unanswered call, and stop.
-            withdrawn = self._add_tool_message(calls, [FunctionResult(
-                c.call_id, "Error: not run; the run's step limit was reached.", is_error=True) for c in calls])
-            produced, calls = [*produced, withdrawn], []
+    async def _tool_step(self, step: ModelStep) -> AsyncIterator[RunEvent]:
+        """Save the model's output, run the calls it made (saving each result at once), decide what next.
+
+        Parallel calls run concurrently, each result saved (its own tool message) as soon as it is
+        produced. Sets `_stop` when the run is over.
+        """
+        produced, calls = self._answer_withdrawn(step)
         if (persisted := await self._save(step.step, produced)) is not None:
             yield persisted
         if not calls:
-            yield Stop(self._stop_reason(step))
+            self._stop = Stop(self._stop_reason(step))
             return
+        if self.want_events:
+            for c in calls:
+                yield ToolCallStarted(c)
+        by_id = {c.call_id: c for c in calls}
+        # One call (the common case) is awaited directly: no task, no concurrency to arrange.
+        tasks = [self._execute(c) for c in calls] if len(calls) > 1 else []
         errors = 0
-        async for tool_event in self._run_tools(step.step, calls):
-            if isinstance(tool_event, ToolCallFinished):
-                errors += tool_event.result.is_error
-            if self.want_events or isinstance(tool_event, StepPersisted):
-                yield tool_event
+        try:
+            for arrival in asyncio.as_completed(tasks) if tasks else [self._call_tool(calls[0])]:
+                result = await self.writer.guard(arrival)
+                call = by_id[result.call_id]
+                message = self._add_tool_message([call], [result])
+                errors += result.is_error
+                if self.want_events:
+                    yield ToolCallFinished(call, result)
+                persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
+                if persisted is not None:
+                    yield persisted
+        finally:
+            for task in tasks:
+                task.cancel()
         self.state.error_steps = self.state.error_steps + 1 if errors == len(calls) else 0
-        yield Continue()
+
+    def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
+        """Return the messages to save and the calls to run.
+
+        A model that called tools after they were withdrawn gets every call answered with an
+        error (so the log never holds an unanswered call), and nothing is run.
+        """
+        if not (step.final and step.calls):
+            return step.produced, step.calls
+        withdrawn = self._add_tool_message(step.calls, [FunctionResult(
+            c.call_id, "Error: not run; the run's step limit was reached.", is_error=True) for c in step.calls])
+        return [*step.produced, withdrawn], []
 
     def _stop_reason(self, step: ModelStep) -> StopReason:
         if not step.final:
             return "completed"
         return "max_steps" if step.step > self.limits.max_steps else "tool_errors"
-
-    async def _run_tools(self, step: int, calls: list[FunctionCall]) -> AsyncIterator[RunEvent]:
-        """Run `calls` concurrently; save each result as soon as it is produced (its own tool message)."""
-        by_id = {c.call_id: c for c in calls}
-        if self.want_events:
-            for c in calls:
-                yield ToolCallStarted(c)
-        if len(calls) == 1:  # the common case: no concurrency to arrange
-            call = calls[0]
-            result = await self.writer.guard(self._call_tool(call))
-            message = self._add_tool_message([call], [result])
-            yield ToolCallFinished(call, result)
-            if (persisted := await self._save(step, [message], durable=not self._idempotent(call))) is not None:
-                yield persisted
-            return
-        tasks = [self._execute(c) for c in calls]
-        try:
-            for next_done in asyncio.as_completed(tasks):
-                result = await self.writer.guard(next_done)
-                call = by_id[result.call_id]
-                message = self._add_tool_message([call], [result])
-                yield ToolCallFinished(call, result)
-                if (persisted := await self._save(step, [message], durable=not self._idempotent(call))) is not None:
-                    yield persisted
-        finally:
-            for task in tasks:
-                task.cancel()
 
     def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
         message = tool_message(calls, results)
@@ -440,7 +466,7 @@ class StepLoop:
         return message
 
     def _idempotent(self, call: FunctionCall) -> bool:
-        tool = self.ctx.tools.get(call.name)
+        tool = self._tools.get(call.name)
         return tool is not None and tool.idempotent
 
     async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> StepPersisted | None:

@@ -15,7 +15,6 @@ and only if someone reads them.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, overload
@@ -66,11 +65,19 @@ class MessageView(Sequence[Message]):
     Creating a view costs O(segments); a segment's tagged copies are made when first read.
     """
 
-    __slots__ = ("_len", "_parts")
+    __slots__ = ("_checked", "_len", "_parts")
 
-    def __init__(self, segments: Sequence[Segment], tail: Sequence[Message] = ()) -> None:
-        self._parts: list[Segment | Sequence[Message]] = [*segments, tail]
-        self._len = sum(len(s.messages) for s in segments) + len(tail)
+    def __init__(self, segments: Sequence[Segment], tail: Sequence[Message] = (), *, checked_tail: int = 0) -> None:
+        """`checked_tail` leading messages of `tail` were checked complete before (see `chunks`)."""
+        self._len = len(tail)
+        for s in segments:
+            self._len += len(s.messages)
+        if checked_tail:
+            self._parts: list[Segment | Sequence[Message]] = [*segments, tail[:checked_tail], tail[checked_tail:]]
+            self._checked = len(segments)
+        else:
+            self._parts = [*segments, tail]
+            self._checked = -1
 
     def __len__(self) -> int:
         return self._len
@@ -86,22 +93,32 @@ class MessageView(Sequence[Message]):
         """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
         return chain.from_iterable(part.messages if isinstance(part, Segment) else part for part in self._parts)
 
-    def untagged_reversed(self) -> Iterator[Message]:
-        """Iterate the messages as contributed, newest first, without copies."""
-        return chain.from_iterable(reversed(part.messages if isinstance(part, Segment) else part)
-                                   for part in reversed(self._parts))
-
     def chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
         """Iterate the untagged messages part by part, each with whether its tool exchanges are known complete.
 
         A part is known complete when the run checked it once and it cannot change since (an
-        immutable segment whose calls are all answered within it): the request check skips it.
+        immutable segment whose calls are all answered within it, or the run's own messages up to
+        the end of a request that passed its check): the request check skips it.
         """
-        for part in self._parts:
+        for index, part in enumerate(self._parts):
             if isinstance(part, Segment):
                 yield part.messages, part._checked
             else:
-                yield part, False
+                yield part, index == self._checked
+
+    def has_id(self, message_id: str) -> bool:
+        """Return True when a message with this id is in the view.
+
+        The contributed segments are searched first, newest first (where a run's input is), then the
+        messages the run added after them.
+        """
+        parts = self._parts
+        for part in reversed(parts):
+            if isinstance(part, Segment):
+                for m in reversed(part.messages):
+                    if m.id == message_id:
+                        return True
+        return any(m.id == message_id for part in parts if not isinstance(part, Segment) for m in part)
 
     @overload
     def __getitem__(self, index: int) -> Message: ...
@@ -144,6 +161,22 @@ class RunOutcome:
     def request_messages(self) -> Sequence[Message]:
         """The messages the run started from, tagged as in this run: context (history included), then input."""
         return self._ctx.messages
+
+
+class _Contributing:
+    """The block inside which a provider's contributions are attributed to it (`RunContext.contributing`)."""
+
+    __slots__ = ("_ctx", "_source_id")
+
+    def __init__(self, ctx: RunContext, source_id: str) -> None:
+        self._ctx = ctx
+        self._source_id = source_id
+
+    def __enter__(self) -> None:
+        self._ctx._current = self._source_id
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._ctx._current = None
 
 
 class RunContext:
@@ -194,14 +227,9 @@ class RunContext:
         """The fencing token of the run's lease on its session (None without a session). A history
         provider can tell from it that no other run held the session since its own previous run."""
 
-    @contextmanager
-    def contributing(self, source_id: str) -> Iterator[None]:
-        """Attribute contributions made inside the block to provider `source_id` (used by the run)."""
-        self._current = source_id
-        try:
-            yield
-        finally:
-            self._current = None
+    def contributing(self, source_id: str) -> _Contributing:
+        """Attribute contributions made inside the ``with`` block to provider `source_id` (used by the run)."""
+        return _Contributing(self, source_id)
 
     def _source_id(self) -> str:
         if self._current is None:

@@ -12,7 +12,8 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from ..errors import UsageError
 
-__all__ = ["Embedder", "SearchHit", "VectorRecord", "VectorStore", "Where", "embed_query", "keyword_terms", "rrf"]
+__all__ = ["Embedder", "SearchHit", "VectorRecord", "VectorStore", "Where", "embed_queries", "embed_query",
+           "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
 """Metadata filter: every key must equal its value (or be one of the values, for a list)."""
@@ -244,3 +245,18 @@ async def embed_query(embedder: Embedder, text: str) -> list[float]:
         return vector
     [vector] = await embedder.embed([text])
     return vector
+
+
+async def embed_queries(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
+    """Embed several search queries, in one batch where the embedder can.
+
+    Uses the embedder's ``embed_queries`` when it has one (one forward pass for all of them), else
+    its ``embed_query`` for each, else one ``embed`` call.
+    """
+    batched = getattr(embedder, "embed_queries", None)
+    if batched is not None:
+        vectors: list[list[float]] = await batched(list(texts))
+        return vectors
+    if getattr(embedder, "embed_query", None) is not None:
+        return [await embed_query(embedder, text) for text in texts]
+    return await embedder.embed(list(texts))

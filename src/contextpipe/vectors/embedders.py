@@ -175,26 +175,36 @@ class LocalEmbedder:
 
     async def embed_query(self, text: str) -> list[float]:
         """Embed one search query: the same vector as `embed`, with less overhead."""
+        [vector] = await self.embed_queries([text])
+        return vector
+
+    async def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed a few search queries in one forward pass (the same vectors as `embed`).
+
+        A second short query in the same batch costs about a tenth of the first.
+        """
+        if not texts:
+            return []
         if self._query_executor is None:
             self._query_executor = ThreadPoolExecutor(1, thread_name_prefix="contextpipe-query-embedder",
                                                       initializer=_torch_threads, initargs=(self.query_threads,))
-        return await asyncio.get_running_loop().run_in_executor(self._query_executor, self._embed_one, text)
+        return await asyncio.get_running_loop().run_in_executor(self._query_executor, self._embed_few, list(texts))
 
-    def _embed_one(self, text: str) -> list[float]:
+    def _embed_few(self, texts: list[str]) -> list[list[float]]:
         import torch
 
         model = self._load()
         transformer = model[0]
         with torch.inference_mode():
             prepare = getattr(transformer, "preprocess", None) or transformer.tokenize  # (renamed in 6.x)
-            features = prepare([text])
+            features = prepare(texts)
             output = transformer.auto_model(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
                                             **({"token_type_ids": features["token_type_ids"]}
                                                if "token_type_ids" in features else {}))
             mask = features["attention_mask"].unsqueeze(-1).to(output.last_hidden_state.dtype)
             pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            vector = torch.nn.functional.normalize(pooled, dim=-1)[0]
-        return [float(v) for v in vector.tolist()]
+            vectors = torch.nn.functional.normalize(pooled, dim=-1)
+        return [[float(v) for v in row] for row in vectors.tolist()]
 
 
 def _torch_threads(threads: int) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from typing_extensions import override
 
 from ..errors import UsageError
+from ._stem import stem
 from .base import STOPWORDS, SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
 
 __all__ = ["MemoryVectorStore"]
@@ -31,16 +32,22 @@ class _Row:
 
     def __init__(self, vector: np.ndarray[Any, Any], text: str, meta: dict[str, Any], keywords: str) -> None:
         self.vector, self.text, self.meta = vector, text, meta
-        words = [w for w in _WORD_RE.findall(keywords.lower())
+        words = [stem(w) for w in _WORD_RE.findall(keywords.lower())
                  if w not in STOPWORDS and (len(w) > 1 or w.isdigit())]
         self.terms = Counter(words)
         self.length = len(words)
 
 
+def _bm25(row: _Row, idf: dict[str, float], average: float) -> float:
+    norm = _K1 * (1 - _B + _B * row.length / average)
+    return sum(weight * row.terms[t] * (_K1 + 1) / (row.terms[t] + norm) for t, weight in idf.items() if t in row.terms)
+
+
 class MemoryVectorStore(VectorStore):
     """Vectors in this process's memory; same contract (and the same hybrid ranking) as the durable stores.
 
-    Searches exactly; keyword search is BM25 over lower-cased words (no stemming).
+    Searches exactly; keyword search is BM25 over lower-cased words, Porter-stemmed as SQLite FTS5's
+    ``porter`` tokenizer stems them ("baking" finds "baked").
     """
 
     def __init__(self) -> None:
@@ -90,7 +97,7 @@ class MemoryVectorStore(VectorStore):
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
                              where: Where | None = None) -> list[SearchHit]:
         check_where(where)
-        terms = keyword_terms(text)
+        terms = list(dict.fromkeys(stem(t) for t in keyword_terms(text)))
         everything = self._data.get(collection, {})
         if not terms or not everything or k <= 0:
             return []
@@ -98,14 +105,8 @@ class MemoryVectorStore(VectorStore):
         average = sum(r.length for r in everything.values()) / total or 1.0
         idf = {t: math.log(1 + (total - (n := sum(1 for r in everything.values() if t in r.terms)) + 0.5) / (n + 0.5))
                for t in terms}
-        scored = []
-        for i, r in everything.items():
-            if not matches(r.meta, where):
-                continue
-            score = sum(idf[t] * r.terms[t] * (_K1 + 1) / (r.terms[t] + _K1 * (1 - _B + _B * r.length / average))
-                        for t in terms if t in r.terms)
-            if score > 0:
-                scored.append((score, i, r))
+        scored = [(score, i, r) for i, r in everything.items()
+                  if matches(r.meta, where) and (score := _bm25(r, idf, average)) > 0]
         scored.sort(key=lambda s: -s[0])
         return [SearchHit(i, score, r.text, r.meta) for score, i, r in scored[:k]]
 

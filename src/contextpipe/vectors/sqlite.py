@@ -9,11 +9,11 @@ it reflects; before every search it applies the changes logged since (its own an
 reading the rows back from SQLite, so a crash at any point can neither lose a committed vector nor
 bring back a deleted one. (The log is read only when SQLite's ``data_version`` shows that another
 connection committed, or after this store's own writes.) The index holds 8-bit copies of the vectors;
-a search takes a few dozen candidates from it and scores them exactly against the float32 vectors
-held beside it, so scores are exact cosine similarities. The index is saved next to the database file
-(``<file>.vectors/``, named by the change it reflects) when the store closes, so the next process
-loads it and applies only newer changes; a missing, stale (its changes pruned) or unreadable file is
-rebuilt from the rows.
+a search takes a few dozen candidates from it (a few hundred in a collection of millions) and scores
+them exactly against the float32 vectors held beside it, so scores are exact cosine similarities.
+The index is saved next to the database file (``<file>.vectors/``, named by the change it reflects)
+when the store closes, so the next process loads it and applies only newer changes; a missing, stale
+(its changes pruned) or unreadable file is rebuilt from the rows.
 
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
@@ -80,17 +80,23 @@ END
 """
 
 # The index holds 8-bit copies of the (unit) vectors: a quarter of the memory and the fastest distance
-# kernels; each search takes `_CANDIDATES` (at least 3 k) from it and re-scores them exactly from the
-# float32 rows held beside it. recall@10 against exact search at 100,000 x 384 is 1.000 with these
-# settings (bench/vector_bench.py, bench/ann_compare.py).
-# The search expansion grows with the collection (64 up to 256,000 records, 256 from 1,000,000): at
-# 1,000,000 recall@10 is 0.82 with 64, 0.89 with 128, 0.92 with 256 (there the graph itself, built
-# with expansion 64 to keep inserts under a millisecond, is the limit).
+# kernels; each search takes candidates from it and re-scores them exactly from the float32 rows held
+# beside it. Both the candidates and the search expansion grow with the collection (`_depth`): the
+# denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
+# distances rank below the first few dozen. Up to 200,000 records: 40 candidates (at least 3 k),
+# expansion 64 (recall@10 1.000 at 100,000 x 384); at 1,000,000: 200 candidates, expansion 500
+# (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64, which keeps an
+# insert near half a millisecond (128 doubles it for no recall gain once candidates are re-scored).
 _DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 64, 40
+_RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
 
 
-def _expansion(size: int) -> int:
-    return max(_EXPANSION_SEARCH, min(256, size // 4000))
+def _depth(size: int, k: int) -> tuple[int, int]:
+    """Return the search expansion and the number of candidates to re-score, for `size` records and top `k`."""
+    candidates = max(_CANDIDATES, 3 * k, size // _RECORDS_PER_CANDIDATE)
+    return max(_EXPANSION_SEARCH, min(_EXPANSION_MAX, size // _RECORDS_PER_EXPANSION), candidates), candidates
+
+
 # Changes applied (a rebuild, a long catch-up, many upserts) worth saving the index for: at least 20,000
 # and a quarter of the collection, so saving (which writes the whole index) costs a bounded share of
 # the inserts however large the collection grows, and a crash leaves at most that much to catch up.
@@ -99,7 +105,7 @@ _SAVE_AFTER, _SAVE_SHARE = 20_000, 4
 
 def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
     array = np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(array))
+    norm = float(np.sqrt(array @ array)) if array.ndim == 1 else float(np.linalg.norm(array))
     return array / norm if norm > 0 else array
 
 
@@ -108,51 +114,24 @@ def _hashable(value: Any) -> bool:
 
 
 class _Rows:
-    """The vectors again, in fixed-size blocks (growing never copies them), for exact search of subsets."""
+    """The float32 vectors again, for exact re-scoring and filtered search: one ``bytes`` per record.
 
-    BLOCK = 8192
+    Each is the row's own blob as SQLite returns it (no conversion, no copy), so growing never copies
+    the collection, and gathering a search's candidates is one ``join``.
+    """
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
-        self.blocks: list[np.ndarray[Any, Any]] = []
-        self.position: dict[int, int] = {}
-        self.free: list[int] = []
-        self.used = 0
+        self.vectors: dict[int, bytes] = {}
 
-    def put(self, keys: Sequence[int], matrix: np.ndarray[Any, Any]) -> None:
-        for key, vector in zip(keys, matrix, strict=True):
-            at = self.position.get(key)
-            if at is None:
-                if self.free:
-                    at = self.free.pop()
-                else:
-                    at = self.used
-                    self.used += 1
-                    if at // self.BLOCK == len(self.blocks):
-                        self.blocks.append(np.zeros((self.BLOCK, self.dim), dtype=np.float32))
-                self.position[key] = at
-            self.blocks[at // self.BLOCK][at % self.BLOCK] = vector
+    def put(self, keys: Iterable[int], vectors: Iterable[bytes]) -> None:
+        self.vectors.update(zip(keys, vectors, strict=True))
 
     def forget(self, key: int) -> None:
-        at = self.position.pop(key, None)
-        if at is not None:
-            self.free.append(at)
+        self.vectors.pop(key, None)
 
     def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
-        position = self.position
-        if isinstance(keys, list) and len(keys) <= 256:  # a search's candidates: row by row is quicker
-            size, blocks = self.BLOCK, self.blocks
-            return np.array([blocks[at // size][at % size] for at in map(position.__getitem__, keys)],
-                            dtype=np.float32).reshape(len(keys), self.dim)
-        at = np.fromiter((position[int(k)] for k in keys), dtype=np.int64)
-        if len(self.blocks) == 1:
-            return self.blocks[0][at]
-        out = np.empty((len(at), self.dim), dtype=np.float32)
-        block = at // self.BLOCK
-        for b in np.unique(block):
-            mask = block == b
-            out[mask] = self.blocks[int(b)][at[mask] % self.BLOCK]
-        return out
+        return np.frombuffer(b"".join(map(self.vectors.__getitem__, keys)), dtype=np.float32).reshape(-1, self.dim)
 
 
 class _Collection:
@@ -227,7 +206,7 @@ class _Collection:
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
         assert self.rows is not None
-        self.rows.put([r[0] for r in rows], matrix)
+        self.rows.put([r[0] for r in rows], [r[3] for r in rows])
         self.describe((key, id_, meta) for key, id_, _, _, meta in rows)
 
     def describe(self, rows: Iterable[tuple[int, str, str]]) -> None:
@@ -329,7 +308,9 @@ class SQLiteVectorStore(VectorStore):
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def _quick(self, collection: str, fn: Any) -> Any:
-        """Run the read `fn` on the calling thread when it cannot take long, else return ``None``.
+        """Run the read ``fn(connection, collection's index)`` on the calling thread when it cannot take long.
+
+        Return ``None`` (without running it) otherwise.
 
         That is when the connection is idle and `collection`'s index is up to date (no catch-up, which
         may read many rows): an unfiltered search is then a fraction of a millisecond, less than
@@ -342,7 +323,7 @@ class SQLiteVectorStore(VectorStore):
             conn = self._conn
             if conn is None or cached is None or cached.version != conn.execute("PRAGMA data_version").fetchone()[0]:
                 return None
-            return fn(conn)
+            return fn(conn, cached)  # (found up to date just now)
         finally:
             self._lock.release()
 
@@ -358,24 +339,52 @@ class SQLiteVectorStore(VectorStore):
             raise UsageError(f"one upsert mixes vector sizes {sorted(dims)}; use one embedder per collection")
 
         def op(conn: sqlite3.Connection) -> None:
+            cached = self._cache.get(collection)
+            version = cached.version if cached is not None else None
             self._writing(collection)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
-                if row is not None and row[0] not in dims:
-                    raise UsageError(f"collection {collection!r} holds {row[0]}-dimension vectors, these have "
+                # The index is current when no other connection committed since it was last found so
+                # (this one holds the write lock now): then the changes this transaction logs are the
+                # only ones it lacks, and it takes them from `prepared` instead of reading them back.
+                current = (cached is not None and version is not None and bool(cached.metas)
+                           and conn.execute("PRAGMA data_version").fetchone()[0] == version)
+                held = cached.dim if cached is not None and current else None
+                if held is None:
+                    row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1",
+                                       (collection,)).fetchone()
+                    held = None if row is None else row[0]
+                if held is not None and held not in dims:
+                    raise UsageError(f"collection {collection!r} holds {held}-dimension vectors, these have "
                                      f"{dims.pop()}; use one embedder per collection")
                 conn.executemany(
                     "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
                     "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
                     "keywords = excluded.keywords", prepared)
+                logged = conn.execute("SELECT seq, key FROM cp_vector_changes WHERE collection = ? AND seq > ? "
+                                      "ORDER BY seq", (collection, cached.seq)).fetchall() \
+                    if current and cached is not None else []
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-            if collection in self._cache:
+            if cached is None:
+                return
+            if not current or len(logged) != len(prepared):  # (one change per record: else read them back)
                 self._sync(conn, collection)  # the index follows the file, not the other way round
+                return
+            try:
+                rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
+                cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
+                cached.seq = logged[-1][0]
+                cached.changed += len(logged)
+                cached.dirty = True
+                self._maybe_save(conn, collection, cached)
+            except BaseException:
+                self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
+                raise
+            cached.version = version  # own commits leave ``data_version`` as it was
 
         await self._run(op)
 
@@ -447,10 +456,13 @@ class SQLiteVectorStore(VectorStore):
                 self._apply(conn, collection, cached, latest)
         finally:
             conn.execute("COMMIT")
-        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
-            self._save(conn, collection, cached)
+        self._maybe_save(conn, collection, cached)
         cached.version = version  # read before the snapshot: a commit in between only costs a check
         return cached
+
+    def _maybe_save(self, conn: sqlite3.Connection, collection: str, cached: _Collection) -> None:
+        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
+            self._save(conn, collection, cached)
 
     def _writing(self, collection: str) -> None:
         """Before this connection commits to `collection`: the next search checks the change log."""
@@ -511,8 +523,7 @@ class SQLiteVectorStore(VectorStore):
                               (collection,))
         while chunk := cursor.fetchmany(8192):
             usable = [r for r in chunk if r[2] == cached.dim]
-            cached.rows.put([r[0] for r in usable], np.frombuffer(b"".join(r[3] for r in usable),
-                                                                  dtype=np.float32).reshape(-1, cached.dim))
+            cached.rows.put([r[0] for r in usable], [r[3] for r in usable])
             cached.describe((r[0], r[1], r[4]) for r in usable)
         stale = [r[0] for r in conn.execute(
             "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
@@ -597,8 +608,8 @@ class SQLiteVectorStore(VectorStore):
         check_where(where)
         q = _unit(vector)
 
-        def op(conn: sqlite3.Connection) -> list[SearchHit]:
-            c = self._sync(conn, collection)
+        def op(conn: sqlite3.Connection, current: _Collection | None = None) -> list[SearchHit]:
+            c = self._sync(conn, collection) if current is None else current
             if c.index is None or not c.metas or k <= 0:
                 return []
             if q.shape[0] != c.dim:
@@ -632,19 +643,21 @@ class SQLiteVectorStore(VectorStore):
             return []
         assert c.rows is not None
         scores = c.rows.gather(keys) @ q
-        top = np.argsort(-scores)[:k] if k >= len(scores) else np.argpartition(-scores, k)[:k]
-        top = top[np.argsort(-scores[top])]
-        return [(keys[i], float(scores[i])) for i in top.tolist()]
+        if len(scores) > 4 * k:
+            top = np.argpartition(-scores, k)[:k]
+            top = top[np.argsort(-scores[top])]
+        else:
+            top = (-scores).argsort()[:k]
+        return list(zip(map(keys.__getitem__, top.tolist()), scores[top].tolist(), strict=True))
 
     @classmethod
     def _approximate(cls, c: _Collection, q: np.ndarray[Any, Any], k: int,
                      subset: set[int] | None) -> list[tuple[int, float]]:
         """Take candidates from the HNSW index (more while too few are in `subset`), re-score them exactly."""
         total = len(c.metas)
-        want = max(3 * k, _CANDIDATES)
+        expansion, want = _depth(total, k)
         if subset is not None:  # about 2 k of the subset expected among the candidates
             want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
-        expansion = _expansion(total)
         if c.index.expansion_search != expansion:
             c.index.expansion_search = expansion
         while True:
