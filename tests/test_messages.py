@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -20,6 +22,7 @@ from contextpipe.messages import (
     UriPart,
     dumps,
     loads,
+    loads_arrays,
     loads_many,
     message_from_dict,
     message_to_dict,
@@ -93,6 +96,114 @@ def test_loads_many_decodes_a_log_as_loads_does(log: list[Message]) -> None:
     assert [type(m) for m in decoded] == [Message] * len(log)
     assert [m.tool_flag for m in decoded] == [m.tool_flag for m in log]
     assert [dumps(m) for m in decoded] == texts
+
+
+calls = st.builds(Message, role=st.sampled_from(["assistant", "tool"]),
+                  parts=st.one_of(st.builds(FunctionCall, texts, texts, texts),
+                                  st.builds(FunctionResult, texts, texts, st.booleans())).map(lambda p: (p,)),
+                  created_at=st.floats(min_value=0, max_value=4e9, allow_nan=False))
+
+
+@given(st.lists(messages | plain_texts | calls, max_size=60), st.lists(st.integers(0, 60), max_size=4))
+def test_loads_arrays_decodes_as_loads_many(log: list[Message], cuts: list[int]) -> None:
+    # The log cut anywhere into arrays (as a store reads it, a few thousand messages per value).
+    texts = [dumps(m) for m in log]
+    bounds = [0, *sorted(min(c, len(texts)) for c in cuts), len(texts)]
+    chunks = [texts[a:b] for a, b in itertools.pairwise(bounds)]
+    decoded = loads_arrays(["[" + ",".join(chunk) + "]" for chunk in chunks])
+    assert [len(d) for d in decoded] == [len(c) for c in chunks]
+    flat = [m for d in decoded for m in d]
+    assert flat == loads_many(texts) == log
+    assert [type(m) for m in flat] == [Message] * len(log)
+    assert [type(p) for m in flat for p in m.parts] == [type(p) for m in log for p in m.parts]
+    assert [m.tool_flag for m in flat] == [m.tool_flag for m in log]
+    assert [dumps(m) for m in flat] == texts
+
+
+_TEXT = {"kind": "text", "text": "hi"}
+_CALL = {"kind": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}
+_RESULT = {"kind": "function_result", "call_id": "c", "result": "ok"}
+_MISSING = object()
+# Each change makes a common shape into one next to it (or leaves it as it is: _MISSING on an absent key).
+_CHANGES: list[tuple[str, object]] = [
+    ("v", 2), ("v", 0), ("v", True), ("v", 1.0), ("v", "1"), ("v", _MISSING), ("id", 7), ("id", None),
+    ("id", _MISSING), ("role", "robot"), ("role", ["user"]), ("role", 3), ("role", _MISSING),
+    ("created_at", 2), ("created_at", "now"), ("created_at", None), ("created_at", True), ("created_at", _MISSING),
+    ("parts", []), ("parts", "text"), ("parts", [["text"]]), ("parts", [_TEXT, _TEXT]), ("parts", [_CALL, _RESULT]),
+    ("parts", [{"kind": "future", "x": 1}]), ("parts", [{"kind": "text"}]), ("parts", [{"kind": "text", "text": 3}]),
+    ("parts", [{**_TEXT, "extra": 1}]), ("parts", [{**_CALL, "name": 5}]), ("parts", [{**_CALL, "extra": 1}]),
+    ("parts", [{k: v for k, v in _CALL.items() if k != "arguments"}]), ("parts", [{**_RESULT, "is_error": True}]),
+    ("parts", [{**_RESULT, "result": None}]), ("parts", [{**_RESULT, "call_id": 1}]),
+    ("parts", [{**_RESULT, "parts": [{"kind": "uri", "uri": "u", "media_type": "image/png"}]}]),
+    ("metadata", {"k": 1}), ("source", {"kind": "history", "source_id": None}), ("author_name", "Ann"),
+    ("author_name", None), ("extra", 1),
+]
+NEAR_PLAIN = [{k: v for k, v in {"v": 1, "id": "m1", "role": "assistant", "parts": [part], "created_at": 1.5,
+                                  key: value}.items() if v is not _MISSING}
+              for part in (_TEXT, _CALL, _RESULT) for key, value in [("v", 1), *_CHANGES]]
+
+
+def _decoded(decode: Callable[[], list[Message]]) -> list[Message] | str:
+    try:
+        return decode()
+    except CodecError:
+        return "refused"
+
+
+def _same_decoding(texts: list[str]) -> None:
+    expected = _decoded(lambda: [loads(t) for t in texts])
+    got = _decoded(lambda: loads_arrays(["[" + ",".join(texts) + "]"])[0])
+    assert got == expected, texts
+    if isinstance(got, list) and isinstance(expected, list):
+        assert [[type(p) for p in m.parts] for m in got] == [[type(p) for p in m.parts] for m in expected]
+        assert [m.tool_flag for m in got] == [m.tool_flag for m in expected]
+        assert [dumps(m) for m in got] == [dumps(m) for m in expected], texts
+
+
+def test_loads_arrays_checks_what_loads_checks() -> None:
+    # Every shape next to the ones built directly decodes exactly as `loads` does, or both refuse it.
+    for d in NEAR_PLAIN:
+        _same_decoding([json.dumps(d)])
+
+
+@given(st.lists(st.sampled_from(NEAR_PLAIN), min_size=1, max_size=8))
+def test_loads_arrays_checks_mixed_arrays(log: list[dict[str, object]]) -> None:
+    _same_decoding([json.dumps(d) for d in log])
+
+
+@pytest.mark.parametrize(("payload", "fragment"), [
+    ('{"v": 1}', "must be a JSON array"),
+    ("[1, 2", "not valid JSON"),
+    ("[1]", "must be a JSON object"),
+    ('[{"v": 1, "id": "m", "role": "robot", "parts": [], "created_at": 1.0}]', "unknown message role"),
+])
+def test_loads_arrays_rejects_what_is_not_an_array_of_messages(payload: str, fragment: str) -> None:
+    good = "[" + ",".join([dumps(Message.user("fine"))] * 150) + "]"
+    with pytest.raises(CodecError, match=fragment):
+        loads_arrays([good, payload])
+    assert gc.isenabled()  # paused while decoding, enabled again after a failure too
+
+
+def test_a_large_batch_leaves_the_collector_on_and_an_applications_frozen_objects_frozen() -> None:
+    log = "[" + ",".join(dumps(Message.user(f"m{i}")) for i in range(3000)) + "]"
+    gc.collect()
+    decoded = loads_arrays([log])[0]
+    assert gc.isenabled() and len(decoded) == 3000
+    # Built young, then moved to the oldest generation at once (not traced young, then middle-aged).
+    assert any(o is decoded[-1] for o in gc.get_objects(generation=2))
+    gc.freeze()  # as a pre-fork server does
+    try:
+        frozen = gc.get_freeze_count()
+        assert len(loads_arrays([log])[0]) == 3000
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
+def test_loads_arrays_reads_what_only_the_standard_library_parses() -> None:
+    odd = Message.user("x", metadata={"score": float("nan"), "big": 2**70})
+    decoded = loads_arrays(["[" + dumps(Message.user("a")) + "," + dumps(odd) + "]"])[0]
+    assert decoded[0].text == "a" and decoded[1].metadata["big"] == 2**70
 
 
 @pytest.mark.parametrize(

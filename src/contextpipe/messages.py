@@ -20,7 +20,8 @@ import gc
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias
@@ -48,6 +49,7 @@ __all__ = [
     "UriPart",
     "dumps",
     "loads",
+    "loads_arrays",
     "loads_many",
     "message_from_dict",
     "message_to_dict",
@@ -486,73 +488,190 @@ def loads(text: str | bytes) -> Message:
 def loads_many(texts: Iterable[str | bytes]) -> list[Message]:
     """Decode many texts written by `dumps` (a stored log), as `loads` would each, several times faster.
 
-    The common shape (one text part, no metadata, source or author) is recognised and built at once;
-    anything else goes through `message_from_dict`, with the same checks. The garbage collector is
-    paused while the messages are built (they hold no cycles to find), which saves it from tracing
-    the growing list over and over. Raises `CodecError` on the first text that is not a message.
+    The common shapes (one text part, one function call or one function result, with no metadata,
+    source or author) are recognised and built at once; anything else goes through
+    `message_from_dict`, with the same checks. The garbage collector is paused while the messages
+    are built (they hold no cycles to find), which saves it from tracing the growing list over and
+    over. Raises `CodecError` on the first text that is not a message.
     """
     texts = texts if isinstance(texts, list) else list(texts)
     out: list[Message] = []
-    append = out.append
-    collecting = gc.isenabled()
-    if collecting and len(texts) > 100:
+    with _gc_paused(len(texts) > 100):
+        for start in range(0, len(texts), _BATCH):  # parsed a batch at a time: bounded memory for long logs
+            data: list[Any] = []
+            add = data.append
+            for text in texts[start:start + _BATCH]:
+                try:
+                    add(_fast_loads(text))
+                except ValueError:
+                    add(_parse_or_raise(text))
+            _build(data, out)
+    return out
+
+
+def loads_arrays(texts: Sequence[str | bytes]) -> list[list[Message]]:
+    """Decode JSON arrays of encoded messages, one list per array, as `loads_many` decodes their elements.
+
+    A store reads a long log as a few such arrays (each ``"[" + ",".join(bodies) + "]"``) instead
+    of one row per message: one string and one parse per array. ``loads_arrays([a])[0]`` equals
+    ``loads_many(elements of a)``. Raises `CodecError` when a text is not a JSON array of messages.
+
+    >>> log = [Message.user("hi"), Message.assistant("hello")]
+    >>> loads_arrays(["[" + ",".join(dumps(m) for m in log) + "]"]) == [log]
+    True
+    """
+    out: list[list[Message]] = []
+    with _gc_paused(True):
+        for text in texts:
+            data = _parse_or_raise(text)
+            if type(data) is not list:
+                raise CodecError(f"encoded messages must be a JSON array, got {type(data).__name__}")
+            messages: list[Message] = []
+            _build(data, messages)
+            out.append(messages)
+    return out
+
+
+_BATCH: Final = 4096
+
+
+@contextmanager
+def _gc_paused(pause: bool) -> Iterator[None]:
+    """Pause the garbage collector (when `pause` and it is on) while messages are built.
+
+    Messages hold no cycles and live as long as a run (or a history cache) keeps them: after a
+    large batch, the young generation is moved to the oldest at once (``gc.freeze`` then
+    ``gc.unfreeze``) instead of being traced twice on its way there. That is skipped when the
+    application froze objects itself (a pre-fork server does), so its frozen set stays as it is.
+    """
+    collecting = pause and gc.isenabled()
+    if collecting:
         gc.disable()
     try:
-        for text in texts:
-            try:
-                data = _fast_loads(text)
-            except ValueError:
-                append(loads(text))
-                continue
-            message = _plain_text(data) if type(data) is dict and len(data) == 5 else None
-            append(message if message is not None else _from_data(data))
+        yield
     finally:
         if collecting:
+            if gc.get_count()[0] > _PROMOTE and gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
-    return out
+
+
+_PROMOTE: Final = 5000
+"""Young objects (after a batch) above which they are moved to the oldest generation at once."""
+
+
+def _parse_or_raise(text: str | bytes) -> Any:
+    try:
+        return _parse(text)
+    except ValueError as exc:
+        raise CodecError(f"message is not valid JSON: {exc}") from exc
+
+
+_TEXT_FIELDS: Final = ("text", "kind")
+_CALL_FIELDS: Final = ("call_id", "name", "arguments", "kind")
+_RESULT_FIELDS: Final = ("call_id", "result", "is_error", "parts", "kind")
+_SHELLED: Final = tuple(tuple(f.name for f in fields(c)) for c in (TextPart, FunctionCall, FunctionResult))
+if _SHELLED != (_TEXT_FIELDS, _CALL_FIELDS, _RESULT_FIELDS):  # pragma: no cover - guards future edits of the classes
+    raise RuntimeError("contextpipe.messages: update the shells for the changed fields")
+
+
+class _Shell:
+    """Same slots in the same order as `Message`, so CPython lets an instance change into one.
+
+    The common shapes are built by filling a shell's slots, then setting its class: a frozen
+    dataclass's ``__init__`` sets each slot through ``object.__setattr__``, several times slower.
+    """
+
+    __slots__ = _MESSAGE_FIELDS
+
+
+class _TextShell:
+    __slots__ = _TEXT_FIELDS
+
+
+class _CallShell:
+    __slots__ = _CALL_FIELDS
+
+
+class _ResultShell:
+    __slots__ = _RESULT_FIELDS
+
+
+def _build(data: list[Any], out: list[Message]) -> None:
+    """Append the message each decoded value in `data` encodes to `out` (`CodecError` on the first that is not).
+
+    One text part, one function call and one function result without anything optional are built
+    here directly, with every check `message_from_dict` makes on them; the rest go through it.
+    """
+    append = out.append
+    for d in data:
+        if type(d) is dict and len(d) == 5:
+            try:  # five keys, each of them present, is exactly the required ones: nothing optional
+                parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
+            except KeyError:
+                parts = None
+            if (type(parts) is list and len(parts) == 1 and type(role) is str and type(message_id) is str
+                    and type(created_at) is float and version is CODEC_VERSION and role in _ROLES):
+                part = _common_part(parts[0])
+                if part is not None:
+                    m: Any = _Shell()
+                    m.role = role
+                    m.parts = (part,)
+                    m.id = message_id
+                    m.author_name = None
+                    m.created_at = created_at
+                    m.metadata = _EMPTY
+                    m.source = None
+                    m._tool_flag = _TOOL_FLAG[part.kind]
+                    m.__class__ = Message
+                    append(m)
+                    continue
+        append(_from_data(d))
+
+
+_TOOL_FLAG: Final = {"text": 0, "function_call": 1, "function_result": 2}
+
+
+def _common_part(only: Any) -> Any:
+    """Return the part `only` encodes if it is a text, a function call or a function result with no optional key."""
+    if type(only) is not dict:
+        return None
+    kind = only.get("kind")
+    part: Any = None
+    if kind == "text":
+        text = only.get("text")
+        if type(text) is str and len(only) == 2:
+            part = _TextShell()
+            part.text = text
+            part.kind = "text"
+            part.__class__ = TextPart
+    elif kind == "function_call":
+        call_id, name, arguments = only.get("call_id"), only.get("name"), only.get("arguments")
+        if type(call_id) is str and type(name) is str and type(arguments) is str and len(only) == 4:
+            part = _CallShell()
+            part.call_id = call_id
+            part.name = name
+            part.arguments = arguments
+            part.kind = "function_call"
+            part.__class__ = FunctionCall
+    elif kind == "function_result":
+        call_id, result = only.get("call_id"), only.get("result")
+        if type(call_id) is str and type(result) is str and len(only) == 3:
+            part = _ResultShell()
+            part.call_id = call_id
+            part.result = result
+            part.is_error = False
+            part.parts = ()
+            part.kind = "function_result"
+            part.__class__ = FunctionResult
+    return part
 
 
 def _from_data(data: Any) -> Message:
     if type(data) is not dict:
         raise CodecError(f"encoded message must be a JSON object, got {type(data).__name__}")
     return message_from_dict(data)
-
-
-def _plain_text(d: dict[str, Any]) -> Message | None:
-    """Build the message `d` encodes if it has exactly one text part and nothing optional, else None."""
-    parts, role, message_id, created_at = d.get("parts"), d.get("role"), d.get("id"), d.get("created_at")
-    if type(parts) is not list or len(parts) != 1 or type(role) is not str or d.get("v") is not CODEC_VERSION:
-        return None
-    if role not in _ROLES:
-        return None
-    only = parts[0]
-    if type(only) is not dict or len(only) != 2 or only.get("kind") != "text" or type(message_id) is not str:
-        return None
-    text = only.get("text")
-    if type(text) is not str or type(created_at) is not float:
-        return None
-    return _PlainText(role, text, message_id, created_at)  # type: ignore[return-value]
-
-
-class _PlainText:
-    """Builds a `Message` with one text part: its slots filled directly, then the class set to `Message`.
-
-    Same slots in the same order, so CPython lets an instance change between the two classes; a
-    frozen dataclass's ``__init__`` sets each slot through ``object.__setattr__``, twice as slow.
-    """
-
-    __slots__ = _MESSAGE_FIELDS
-
-    def __init__(self, role: str, text: str, message_id: str, created_at: float) -> None:
-        self.role = role
-        self.parts = (_new_text(text),)
-        self.id = message_id
-        self.author_name = None
-        self.created_at = created_at
-        self.metadata = _EMPTY
-        self.source = None
-        self._tool_flag = 0  # one text part: no function parts
-        self.__class__ = Message  # type: ignore[assignment]
 
 
 def as_messages(value: str | Message | Sequence[Message]) -> list[Message]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import operator
 import re
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from ..errors import (
@@ -22,7 +24,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, dumps, loads, loads_many
+from ..messages import Message, dumps, loads, loads_arrays, loads_many
 from ..session import Session, SessionKey
 from .base import Checkpoint, Lease, MessagePage, SessionStore
 
@@ -192,6 +194,48 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
         decoded = [decode_message(backend, key, int(seq), body, mid) for seq, mid, body in rows]
     messages = decoded
     first = int(rows[0][0]) if rows else max(end, after or 0) + 1
+    return MessagePage(messages, first, first > 1)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedRows:
+    """Consecutive messages of a log read as one value instead of one row each (see `joined_page`)."""
+
+    first_seq: int
+    """Sequence of the first message."""
+    count: int
+    """How many messages (sequences ``first_seq`` to ``first_seq + count - 1``, checked by the reader)."""
+    bodies: bytes
+    """Their stored bodies as one JSON array in UTF-8: ``"[" + ",".join(bodies) + "]"``, in sequence order."""
+    ids: str
+    """The ids their rows are indexed under, joined by NUL characters."""
+
+
+_message_id: Final = operator.attrgetter("id")
+
+
+def joined_page(end: int, after: int | None, pieces: Sequence[JoinedRows]) -> MessagePage | None:
+    """Build a page from a log read as `JoinedRows` (in order), or return None when it must be read row by row.
+
+    Each body is one JSON value, so a piece decodes to exactly `count` messages whose ids are the
+    indexed ones. Anything else (a damaged body, a body that is not one JSON value, a mismatched id,
+    an id holding a NUL) returns None: the caller reads the rows one by one, and `make_page` names the
+    first that cannot be read, as it always has.
+    """
+    try:
+        decoded = loads_arrays([p.bodies for p in pieces])
+    except CodecError:
+        return None
+    messages: list[Message] = []
+    for piece, part in zip(pieces, decoded, strict=True):
+        if len(part) != piece.count:
+            return None
+        ids = "\0".join(map(_message_id, part))
+        # Equal texts with count - 1 separators: neither side has a NUL inside an id, so the ids are equal.
+        if ids != piece.ids or ids.count("\0") != piece.count - 1:
+            return None
+        messages += part
+    first = pieces[0].first_seq if pieces else max(end, after or 0) + 1
     return MessagePage(messages, first, first > 1)
 
 

@@ -14,13 +14,14 @@ covers every frame before it). ``synchronous="NORMAL"`` makes every write like t
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeAlias, TypeGuard, TypeVar, cast
 from urllib.parse import quote
 
 from typing_extensions import override
@@ -30,6 +31,7 @@ from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
 from ._common import (
     SCHEMA_VERSION,
+    JoinedRows,
     check_batch,
     check_lease,
     check_limit,
@@ -42,6 +44,7 @@ from ._common import (
     encode_cursor,
     encode_state,
     encode_trace,
+    joined_page,
     key_of,
     lease_is_free,
     make_page,
@@ -443,16 +446,24 @@ class SQLiteStore(SessionStore):
     ) -> MessagePage:
         key = key_of(tenant, session_id)
         check_limit(limit)
-        end, rows = await self._run(self._load_rows, key, limit, before, after)
-        return make_page(self.backend, key, end, after, rows)
+        end, log = await self._run(self._load_rows, key, limit, before, after, True)
+        page = joined_page(end, after, log) if _all_joined(log) else None
+        if page is None:  # read row by row: a damaged message is named by its sequence
+            end, rows = await self._run(self._load_rows, key, limit, before, after, False)
+            page = make_page(self.backend, key, end, after, _rows(rows))
+        return page
 
     def _load_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, before: int | None,
-                   after: int | None) -> tuple[int, list[tuple[int, str, str]]]:
-        row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
-        if row is None:
-            return 0, []
-        end = int(row["last_seq"]) if before is None else max(0, min(before - 1, int(row["last_seq"])))
-        return end, _message_rows(conn, key, after or 0, end, limit)
+                   after: int | None, joined: bool) -> tuple[int, _Log]:
+        conn.execute("BEGIN")  # one snapshot for the end of the log and its messages
+        try:
+            row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
+            if row is None:
+                return 0, []
+            end = int(row["last_seq"]) if before is None else max(0, min(before - 1, int(row["last_seq"])))
+            return end, _read_log(conn, key, after or 0, end, limit, joined)
+        finally:
+            conn.execute("COMMIT")
 
     @override
     @translated
@@ -461,12 +472,16 @@ class SQLiteStore(SessionStore):
     ) -> tuple[Checkpoint | None, MessagePage]:
         key = key_of(tenant, session_id)
         check_limit(limit)
-        body, floor, end, rows = await self._run(self._context_rows, key, limit)
+        body, floor, end, log = await self._run(self._context_rows, key, limit, True)
+        page = joined_page(end, floor or None, log) if _all_joined(log) else None
+        if page is None:  # read row by row: a damaged message is named by its sequence
+            body, floor, end, log = await self._run(self._context_rows, key, limit, False)
+            page = make_page(self.backend, key, end, floor or None, _rows(log))
         checkpoint = decode_checkpoint(self.backend, key, body) if body is not None else None
-        return checkpoint, make_page(self.backend, key, end, floor or None, rows)
+        return checkpoint, page
 
-    def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None
-                      ) -> tuple[str | None, int, int, list[tuple[int, str, str]]]:
+    def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, joined: bool
+                      ) -> tuple[str | None, int, int, _Log]:
         conn.execute("BEGIN")  # one snapshot for the checkpoint and the messages
         try:
             row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
@@ -476,10 +491,10 @@ class SQLiteStore(SessionStore):
                                 "ORDER BY seq DESC LIMIT 1", (key.tenant, key.id)).fetchone()
             floor = int(ckpt["seq"]) if ckpt else 0
             end = int(row["last_seq"])
-            rows = _message_rows(conn, key, floor, end, limit)
+            log = _read_log(conn, key, floor, end, limit, joined)
         finally:
             conn.execute("COMMIT")
-        return (str(ckpt["body"]) if ckpt else None), floor, end, rows
+        return (str(ckpt["body"]) if ckpt else None), floor, end, log
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -614,6 +629,62 @@ class SQLiteStore(SessionStore):
 
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=True)
+
+
+_Log: TypeAlias = "list[JoinedRows] | list[tuple[int, str, str]]"
+"""A log as read: a few `JoinedRows`, or one ``(seq, message_id, body)`` row per message."""
+
+_JOINED_ROWS: Final = 4096
+"""Messages per joined read: few Python objects per message, and a bounded string per read."""
+
+_JOINED: Final = ("SELECT CAST('[' || group_concat(body, ',') || ']' AS BLOB), group_concat(seq - ?), "
+                  "group_concat(message_id, char(0)), "
+                  "count(*) FROM (SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
+                  "AND seq > ? AND seq <= ? ORDER BY seq)")
+
+
+@functools.lru_cache(maxsize=16)
+def _counting(count: int) -> str:
+    """``"1,2,...,count"``."""
+    return ",".join(map(str, range(1, count + 1)))
+
+
+def _all_joined(log: _Log) -> TypeGuard[list[JoinedRows]]:
+    return not log or type(log[0]) is JoinedRows
+
+
+def _rows(log: _Log) -> list[tuple[int, str, str]]:
+    """`log` read row by row (``joined=False``)."""
+    return cast("list[tuple[int, str, str]]", log)
+
+
+def _read_log(conn: sqlite3.Connection, key: SessionKey, after: int, end: int, limit: int | None,
+              joined: bool) -> _Log:
+    """Read the messages after `after` up to `end` (the newest `limit` of them), oldest first.
+
+    Joined (the fast way), a few thousand messages come as one value each (`JoinedRows`) instead of
+    one row each: far fewer Python objects to make. Sequences are contiguous, so the range is known;
+    each read is checked to hold exactly its sequences, in order (SQLite does not promise the order
+    in which ``group_concat`` sees rows), and the log is read row by row when one does not or when a
+    read would exceed SQLite's largest value. Bodies come as UTF-8 bytes, which the JSON parser
+    reads as they are (no text object to make first).
+    """
+    if not joined:
+        return _message_rows(conn, key, after, end, limit)
+    start = after if limit is None else max(after, end - limit)
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    pieces: list[JoinedRows] = []
+    for low in range(start, end, _JOINED_ROWS):
+        high = min(low + _JOINED_ROWS, end)
+        try:
+            bodies, seqs, ids, count = cursor.execute(_JOINED, (low, key.tenant, key.id, low, high)).fetchone()
+        except sqlite3.DataError:  # too big for one value
+            return _message_rows(conn, key, after, end, limit)
+        if count != high - low or seqs != _counting(count):  # sequences low + 1, low + 2, ... in order
+            return _message_rows(conn, key, after, end, limit)
+        pieces.append(JoinedRows(low + 1, count, bodies, ids))
+    return pieces
 
 
 def _message_rows(conn: sqlite3.Connection, key: SessionKey, after: int, end: int,

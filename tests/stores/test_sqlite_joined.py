@@ -1,0 +1,130 @@
+"""SQLiteStore reads a log a few thousand messages per value: the same pages as row by row, damage still named."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextpipe import CorruptRecord, FunctionCall, FunctionResult, Message, StoreError
+from contextpipe.stores import SQLiteStore
+from contextpipe.stores import sqlite as sqlite_module
+from contextpipe.stores.base import Checkpoint
+
+
+def log_of(n: int) -> list[Message]:
+    out: list[Message] = []
+    for i in range(n):
+        if i % 5 == 3:
+            out.append(Message("assistant", (FunctionCall(f"c{i}", "lookup", '{"q": 1}'),)))
+        elif i % 5 == 4:
+            out.append(Message("tool", (FunctionResult(f"c{i - 1}", "ok"),)))
+        else:
+            out.append(Message.user(f"m{i} é ☃", metadata={"i": i} if i % 7 == 0 else {}))
+    return out
+
+
+def rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the store read row by row (the reference the joined reads must match)."""
+    read = sqlite_module._read_log
+    monkeypatch.setattr(sqlite_module, "_read_log", lambda conn, key, after, end, limit, joined: read(
+        conn, key, after, end, limit, False))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(0, 23), chunk=st.integers(1, 7), limit=st.none() | st.integers(1, 25),
+       after=st.none() | st.integers(0, 25), before=st.none() | st.integers(1, 26),
+       checkpoint=st.integers(0, 23))
+async def test_joined_reads_match_row_reads_at_every_chunk_boundary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, chunk: int, limit: int | None, after: int | None,
+        before: int | None, checkpoint: int) -> None:
+    path = tmp_path / f"s-{n}-{chunk}-{limit}-{after}-{before}-{checkpoint}.db"
+    path.unlink(missing_ok=True)
+    log = log_of(n)
+    async with SQLiteStore(path) as store:
+        if log:
+            await store.append("t", "s", log)
+        if 1 <= checkpoint <= n:
+            await store.save_checkpoint("t", "s", Checkpoint(checkpoint, Message.system("summary"), 1.0))
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite_module, "_JOINED_ROWS", chunk)
+            page = await store.load("t", "s", limit=limit, after=after, before=before)
+            context = await store.load_context("t", "s", limit=limit)
+        with monkeypatch.context() as patch:
+            rows_only(patch)
+            assert page == await store.load("t", "s", limit=limit, after=after, before=before)
+            assert context == await store.load_context("t", "s", limit=limit)
+    lo = after or 0
+    hi = n if before is None else min(n, before - 1)
+    expected = log[lo:hi] if lo < hi else []
+    if limit is not None:
+        expected = expected[-limit:]
+    assert page.messages == expected
+    assert [type(m) for m in page.messages] == [Message] * len(expected)
+
+
+LOG = log_of(10)
+
+
+async def damaged(tmp_path: Path, sql: str, *args: object) -> SQLiteStore:
+    store = SQLiteStore(tmp_path / "d.db")
+    await store.append("t", "s", LOG)
+    with sqlite3.connect(store.path) as conn:
+        conn.execute(sql, args)
+    return store
+
+
+@pytest.mark.parametrize("body", [
+    '{"v": 1, "role": ',  # cut short
+    '{"v": 1, "id": "x", "role": "user", "parts": [], "created_at": 1.0}, {"v": 1}',  # two values in one row
+    "",  # empty
+    "[1, 2",  # opens the array the rows are joined into
+    "1], [2",  # closes it
+])
+async def test_a_damaged_row_is_still_named_by_its_sequence(tmp_path: Path, body: str) -> None:
+    store = await damaged(tmp_path, "UPDATE cp_messages SET body = ? WHERE seq = 6", body)
+    async with store:
+        for load in (store.load("t", "s"), store.load_context("t", "s")):
+            with pytest.raises(CorruptRecord, match=r"message 6 of session 's'") as info:
+                await load
+            assert info.value.sequence == 6
+        assert len((await store.load("t", "s", limit=4)).messages) == 4  # the rows after it still load
+
+
+async def test_a_body_indexed_under_another_id_is_named(tmp_path: Path) -> None:
+    store = await damaged(tmp_path, "UPDATE cp_messages SET message_id = 'other' WHERE seq = 2")
+    async with store:
+        with pytest.raises(CorruptRecord, match=r"indexed as 'other'"):
+            await store.load("t", "s")
+
+
+async def test_rows_missing_from_the_log_are_read_row_by_row(tmp_path: Path) -> None:
+    store = await damaged(tmp_path, "DELETE FROM cp_messages WHERE seq = 4")
+    async with store:
+        page = await store.load("t", "s")
+    assert page.messages == LOG[:3] + LOG[4:]  # as before: the rows that are there, in order
+
+
+async def test_ids_holding_nul_and_values_over_sqlites_limit_still_load(tmp_path: Path) -> None:
+    log = [Message.user("a", id="x\0y"), Message.user("b" * 3000), Message.user("c", id="x"), Message.user("d")]
+    async with SQLiteStore(tmp_path / "n.db") as store:
+        await store.append("t", "s", log)
+        assert (await store.load("t", "s")).messages == log
+        # A joined value larger than SQLite allows (many large messages): read row by row instead.
+        store._connection().setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 3500)
+        assert (await store.load("t", "s")).messages == log
+        assert (await store.load_context("t", "s"))[1].messages == log
+
+
+async def test_a_body_that_is_not_utf8_fails_as_row_by_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await damaged(tmp_path, "UPDATE cp_messages SET body = CAST(X'7b22ff227d' AS TEXT) WHERE seq = 5")
+    async with store:
+        with pytest.raises(StoreError) as joined:
+            await store.load("t", "s")
+        rows_only(monkeypatch)
+        with pytest.raises(StoreError) as rows:
+            await store.load("t", "s")
+    assert str(joined.value) == str(rows.value) and "UTF-8" in str(joined.value)
