@@ -62,6 +62,14 @@ async def synchronous(store: VectorStore, mode: str) -> None:
     await store._run(lambda conn: conn.execute(f"PRAGMA synchronous = {mode}"))
 
 
+async def timed_search(store: VectorStore, query: Any, want: set[int]) -> tuple[float, float, int]:
+    """One top-10 search: its wall and CPU seconds, and how many of the exact top 10 (`want`) it found."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    hits = await store.search("bench", query, k=10)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall, cpu, len(want & {int(h.id[1:]) for h in hits})
+
+
 async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: list[set[int]],
                       depths: list[tuple[int, int]]) -> list[str]:
     """recall@10 and search p50 through the store with other search depths (expansion, candidates re-scored)."""
@@ -74,11 +82,10 @@ async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: l
             module._depth = lambda size, k, e=expansion, c=candidates: (max(e, c), c)  # type: ignore[misc]
             times, cpu, found = [], [], 0
             for q, want in zip(probes, truth, strict=True):
-                t0, c0 = time.perf_counter(), time.process_time()
-                hits = await store.search("bench", q, k=10)
-                times.append(time.perf_counter() - t0)
-                cpu.append(time.process_time() - c0)
-                found += len(want & {int(h.id[1:]) for h in hits})
+                wall, used, got = await timed_search(store, q, want)
+                times.append(wall)
+                cpu.append(used)
+                found += got
             rows.append(f"| {expansion} | {candidates} | {found / (10 * len(probes)):.3f} | {ms(times)} ({ms(cpu)}) |")
     finally:
         module._depth = default
@@ -111,11 +118,10 @@ async def bench(store: VectorStore, name: str, sizes: list[int], dim: int, queri
         truth = exact_top(matrix, probes, 10)  # before the timed searches (BLAS threads spin for a while)
         times, filtered, found, cpu = [], [], 0, []
         for q, want in zip(probes, truth, strict=True):
-            t0, c0 = time.perf_counter(), time.process_time()
-            hits = await store.search("bench", q, k=10)
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            found += len(want & {int(h.id[1:]) for h in hits})
+            wall, used, got = await timed_search(store, q, want)
+            times.append(wall)
+            cpu.append(used)
+            found += got
             t0 = time.perf_counter()
             await store.search("bench", q, k=10, where={"user_id": "u7"})
             filtered.append(time.perf_counter() - t0)
