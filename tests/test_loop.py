@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -443,3 +444,45 @@ async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner
     assert (await Agent(ScriptedModel(["hi"]), providers=[History(store)]).run(
         "hi", session=await slow_agent.session("short"))).text == "hi"
     assert waiting._due == {} and "short" not in renewed
+
+
+def test_a_firing_of_the_shared_renewal_timer_starts_only_the_runs_that_are_due() -> None:
+    """Runs due later stay waiting, runs already over are dropped, and the timer is armed for the next one."""
+    from contextpipe._persistence import _FirstRenewals
+
+    class ClockLoop(asyncio.SelectorEventLoop):
+        now = 1000.0
+
+        def time(self) -> float:
+            return self.now
+
+    class Writer:
+        def __init__(self, interval: float) -> None:
+            self.interval, self.started = interval, 0
+
+        def _interval(self, heartbeat: object) -> float:
+            return self.interval
+
+        def _start(self, heartbeat: object) -> None:
+            self.started += 1
+
+    loop = ClockLoop()
+    try:
+        renewals = _FirstRenewals(loop)
+        writers = [Writer(float(i)) for i in range(1, 201)]  # due 1 s, 2 s, ... 200 s from now
+        for w in writers:
+            renewals.add(w, None)  # type: ignore[arg-type]
+        for w in writers[100:150]:  # these runs are over before their renewal is due
+            renewals.discard(w)  # type: ignore[arg-type]
+        loop.now += 120.0
+        renewals._fire()
+        assert [w.started for w in writers[:100]] == [1] * 100
+        assert all(w.started == 0 for w in writers[100:])
+        assert renewals._at == 1000.0 + 151  # the next run still waiting, past the ones that are over
+        assert len(renewals._queue) == 50 and len(renewals._due) == 50
+        loop.now += 1000.0
+        renewals._fire()
+        assert [w.started for w in writers] == [1] * 100 + [0] * 50 + [1] * 50
+        assert renewals._queue == [] and renewals._due == {} and renewals._at == math.inf
+    finally:
+        loop.close()

@@ -22,6 +22,8 @@ tools are cancelled) with that error.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 import time
 import weakref
@@ -265,13 +267,18 @@ class _FirstRenewals:
     always: registering it costs a dict entry instead of a timer of its own, and the timer is armed
     again only when a run is due before the one it is armed for. When the timer fires, every run
     that is due starts its heartbeat (`StepWriter._start`), and the timer is armed for the next one.
+    The runs wait in a heap by due time, so a firing touches only the runs that are due (and entries
+    of runs already over, dropped as they come to the top): many long runs at once cost
+    O(log n) each, not a scan of all of them per firing.
     """
 
-    __slots__ = ("_at", "_due", "_loop", "_timer")
+    __slots__ = ("_at", "_due", "_loop", "_order", "_queue", "_timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._due: dict[StepWriter, tuple[float, Heartbeat]] = {}
+        self._queue: list[tuple[float, int, StepWriter]] = []  # (due, order, writer); over runs' entries stay
+        self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf  # when the timer fires
 
@@ -287,6 +294,7 @@ class _FirstRenewals:
         """Start `writer`'s heartbeat when its first renewal is due (unless it is discarded first)."""
         when = self._loop.time() + writer._interval(heartbeat)
         self._due[writer] = (when, heartbeat)
+        heapq.heappush(self._queue, (when, next(self._order), writer))
         if when < self._at:
             self._arm(when)
 
@@ -302,15 +310,19 @@ class _FirstRenewals:
     def _fire(self) -> None:
         self._timer, self._at = None, math.inf
         now = self._loop.time() + _EARLY
-        later = math.inf
-        for writer, (when, heartbeat) in list(self._due.items()):
-            if when <= now:
-                del self._due[writer]
-                writer._start(heartbeat)
+        queue, due = self._queue, self._due
+        while queue:
+            when, _, writer = queue[0]
+            waiting = due.get(writer)
+            if waiting is None or waiting[0] != when:  # the run is over (or waits under a newer entry)
+                heapq.heappop(queue)
+            elif when <= now:
+                heapq.heappop(queue)
+                del due[writer]
+                writer._start(waiting[1])
             else:
-                later = min(later, when)
-        if later != math.inf:
-            self._arm(later)
+                self._arm(when)
+                break
 
 
 _BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _FirstRenewals] = weakref.WeakKeyDictionary()
