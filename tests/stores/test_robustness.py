@@ -8,6 +8,7 @@ import sqlite3
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -330,3 +331,30 @@ async def test_a_tool_result_with_a_lone_surrogate_never_breaks_the_session(stor
     log = (await store.load(tenant, "s")).messages
     assert [r.result for m in log for r in m.function_results] == ["caf\udce9"]
     assert log[-1].text == "Still fine." and "caf\udce9" in log[-3].text
+
+
+class _RefusesWal(sqlite3.Connection):
+    """A real connection whose first switches to WAL are refused as SQLite refuses a loser of the race."""
+
+    refusals = 0
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "PRAGMA journal_mode = WAL" and self.refusals > 0:
+            self.refusals -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return super().execute(sql, *args)
+
+
+def test_switching_a_new_file_to_wal_is_retried_while_another_process_holds_it(tmp_path: Path) -> None:
+    from contextpipe._sqlite import use_wal
+
+    conn = sqlite3.connect(tmp_path / "new.db", factory=_RefusesWal)
+    assert isinstance(conn, _RefusesWal)
+    conn.refusals = 3
+    use_wal(conn, busy_ms=30_000)
+    assert conn.refusals == 0
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.refusals = 10**9  # held for good: the busy timeout still bounds the wait
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        use_wal(conn, busy_ms=0)
+    conn.close()

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from typing_extensions import override
 
+from .._sqlite import use_wal
 from ..errors import ConcurrentUpdate, LeaseLost, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
@@ -214,7 +215,7 @@ class SQLiteStore(SessionStore):
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            use_wal(conn, self._busy_ms)
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             try:
                 self._create_schema(conn)

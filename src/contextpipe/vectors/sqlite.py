@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from typing_extensions import override
 
+from .._sqlite import use_wal
 from ..errors import UsageError
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
 
@@ -279,7 +280,7 @@ class SQLiteVectorStore(VectorStore):
         if self._conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            use_wal(conn, self._busy_ms)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")
             try:
