@@ -396,11 +396,10 @@ class StepLoop:
         """Return the innermost call: it checks the request, sends it, returns the response and what was sent."""
 
         async def send(request: ModelRequest) -> ModelResponse:
+            if not self.stream:
+                return _with_request(await self._send(request), request)
             check_messages(request.messages, latest_input=self._latest_input)
-            if self.stream:
-                response = await consume(self.model.stream(request), on_delta, self.model.name)
-            else:
-                response = await self.model.complete(request)
+            response = await consume(self.model.stream(request), on_delta, self.model.name)
             return _with_request(response, request)
 
         return send

@@ -7,6 +7,7 @@ import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,17 +117,25 @@ async def test_bad_tenants_are_refused_everywhere(store: SessionStore, bad: str)
         await store.load(bad, "s")
 
 
+def record_deletions(store: SessionStore, tenant: str) -> tuple[list[SessionKey], Callable[[], None]]:
+    """Register a deletion hook that records `tenant`'s deleted sessions; return the record and the unregister call.
+
+    Only `tenant`'s: a shared server's purge also meets sessions that earlier tests left to expire.
+    """
+    seen: list[SessionKey] = []
+
+    async def hook(key: SessionKey) -> None:
+        if key.tenant == tenant:
+            seen.append(key)
+
+    return seen, store.on_session_deleted(hook)
+
+
 async def test_deletion_hooks_run_when_a_write_meets_an_expired_session(store: SessionStore, tenant: str) -> None:
     """An expired session that a write meets (and starts afresh) is a deleted session to the hooks too."""
     if store.backend == "redis":
         pytest.skip("Redis expires a session's keys itself; its hooks run from purge_expired")
-    seen: list[SessionKey] = []
-
-    async def hook(key: SessionKey) -> None:
-        if key.tenant == tenant:  # a shared server also purges what earlier tests left expired
-            seen.append(key)
-
-    unregister = store.on_session_deleted(hook)
+    seen, unregister = record_deletions(store, tenant)
     await store.append(tenant, "brief", [Message.user("old")])
     session = await store.load_or_create(tenant, "brief")
     session.ttl = 0.3
@@ -160,13 +169,7 @@ async def test_a_failing_hook_does_not_fail_a_write_that_met_an_expired_session(
 
 
 async def test_deletion_hooks_run_for_deleted_and_expired_sessions(store: SessionStore, tenant: str) -> None:
-    seen: list[SessionKey] = []
-
-    async def hook(key: SessionKey) -> None:
-        if key.tenant == tenant:  # a shared server also purges what earlier tests left expired
-            seen.append(key)
-
-    unregister = store.on_session_deleted(hook)
+    seen, unregister = record_deletions(store, tenant)
     await store.append(tenant, "kept", [Message.user("a")])
     await store.append(tenant, "gone", [Message.user("a")])
     assert await store.delete_session(tenant, "gone")
