@@ -102,6 +102,30 @@ async def test_a_damaged_row_is_still_named_by_its_sequence(tmp_path: Path, monk
         assert len((await store.load("t", "s", limit=4)).messages) == 4  # the rows after it still load
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 15), data=st.data(), first=st.integers(1, 5), chunk=st.integers(1, 6),
+       body=st.sampled_from(['{"v": 1, "role": ', "", "[1, 2", "1], [2", '{"v": 1}']))
+async def test_damage_anywhere_in_any_piece_is_named_by_its_sequence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, data: st.DataObject, first: int, chunk: int,
+        body: str) -> None:
+    bad = data.draw(st.integers(1, n))
+    path = tmp_path / f"a-{n}-{bad}-{first}-{chunk}-{len(body)}.db"
+    path.unlink(missing_ok=True)
+    log = log_of(n)
+    async with SQLiteStore(path) as store:
+        await store.append("t", "s", log)
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("UPDATE cp_messages SET body = ? WHERE seq = ?", (body, bad))
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", first)
+            patch.setattr(sqlite_module, "_JOINED_ROWS", chunk)
+            for load in (store.load("t", "s"), store.load_context("t", "s")):
+                with pytest.raises(CorruptRecord) as info:
+                    await load
+                assert info.value.sequence == bad
+            assert (await store.load("t", "s", after=bad)).messages == log[bad:]  # the rest still loads
+
+
 async def test_a_body_indexed_under_another_id_is_named(tmp_path: Path) -> None:
     store = await damaged(tmp_path, "UPDATE cp_messages SET message_id = 'other' WHERE seq = 2")
     async with store:
