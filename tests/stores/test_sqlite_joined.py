@@ -232,3 +232,29 @@ async def test_a_read_cancelled_midway_ends_its_transaction_and_the_store_goes_o
         paced.answers.clear()
         assert (await store.load("t", "s")).messages == LOG + more
     assert paced.answers == [True] * 4  # pieces of 2, 3, 3, 3
+
+
+@pytest.mark.parametrize("method", ["load", "load_context"])
+async def test_a_driver_error_midway_through_the_read_is_a_store_error_and_the_store_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    read = sqlite_module._read_log
+    handed: list[object] = []
+
+    def failing_read(conn: sqlite3.Connection, key: Any, after: int, end: int, limit: int | None, sink: Any) -> Any:
+        def failing_sink(piece: Any) -> bool:
+            handed.append(piece)
+            if len(handed) == 2:
+                raise sqlite3.OperationalError("disk I/O error")
+            return bool(sink(piece))
+        return read(conn, key, after, end, limit, failing_sink if sink is not None else None)
+
+    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", 2)
+    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", 3)
+    async with SQLiteStore(tmp_path / "e.db") as store:
+        await store.append("t", "s", LOG)
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite_module, "_read_log", failing_read)
+            with pytest.raises(StoreError, match="disk I/O error"):
+                await getattr(store, method)("t", "s")
+        await store.append("t", "s", [Message.user("after")])  # the read's transaction ended
+        assert len((await store.load("t", "s")).messages) == len(LOG) + 1
