@@ -711,8 +711,8 @@ class _Handoff:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
 
-    def put(self, piece: JoinedRows | None) -> bool:
-        """Hand `piece` over (None: the read ended); False when the loop no longer listens."""
+    def put(self, piece: JoinedRows) -> bool:
+        """Hand `piece` over (on the store's thread); return False when the loop no longer listens."""
         with self._lock:
             if self._closed:
                 return False
