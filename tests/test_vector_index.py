@@ -107,14 +107,16 @@ ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete"
                          st.integers(0, 30), st.integers(0, 2**32 - 1)), min_size=1, max_size=40)
 
 
+@pytest.mark.parametrize("scan_limit", [0, None])  # the graph walk, the scan of a small collection
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=ops)
 async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory: pytest.TempPathFactory,
-                                                                script: list[tuple[str, int, int]]) -> None:
+                                                                script: list[tuple[str, int, int]],
+                                                                scan_limit: int | None) -> None:
     """Upserts, deletes, another process's writes, saves and reopenings: the index answers like exact search."""
     db = tmp_path_factory.mktemp("hnsw") / "v.db"
-    store = SQLiteVectorStore(db, exact_limit=0)  # always the HNSW index, never the exact path
-    other = SQLiteVectorStore(db, exact_limit=0)
+    store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)  # always the index, never the rows
+    other = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
     truth: dict[str, np.ndarray] = {}
     try:
         for op, n, seed in script:
@@ -135,7 +137,7 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
                 await store.save_indexes()
             else:
                 await store.close()
-                store = SQLiteVectorStore(db, exact_limit=0)
+                store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
             query = rng.standard_normal(6).astype(np.float32)
             hits = await store.search("c", query, k=5)
             want = exact_ids(truth, query, 5)  # small collections: HNSW is exact (ties in any order)
@@ -194,7 +196,7 @@ async def test_filtered_search_large_and_small_subsets(tmp_path: Path) -> None:
 
 
 async def searchable(db: Path, k: int) -> set[str]:
-    store = SQLiteVectorStore(db, exact_limit=0)
+    store = SQLiteVectorStore(db, exact_limit=0, scan_limit=0)
     try:
         return {h.id for h in await store.search("c", [1.0] * 8, k=k)}
     finally:
@@ -284,7 +286,7 @@ with sqlite3.connect(sys.argv[1]) as conn:  # a plain SQL delete (as a session's
 
 async def test_unchanged_file_skips_the_change_log_yet_other_processes_writes_are_seen(tmp_path: Path) -> None:
     db = tmp_path / "v.db"
-    store = SQLiteVectorStore(db, exact_limit=0)
+    store = SQLiteVectorStore(db, exact_limit=0, scan_limit=0)
     rng = np.random.default_rng(4)
     data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(60)}
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in data.items()])
@@ -310,7 +312,7 @@ async def test_unchanged_file_skips_the_change_log_yet_other_processes_writes_ar
 
 async def test_searches_on_the_calling_thread_never_overlap_the_worker(tmp_path: Path) -> None:
     """Searches (run on the event loop when the index is current) interleaved with upserts and deletes."""
-    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0, scan_limit=0)
     rng = np.random.default_rng(5)
     data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(200)}
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
@@ -344,7 +346,7 @@ async def test_search_of_a_clustered_collection_finds_the_exact_top_k_with_exact
         return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
     matrix, queries = draw(6000), draw(40)
-    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)  # always the index
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0, scan_limit=0)  # always the index
     await store.upsert("c", [VectorRecord(f"v{i}", v, f"t{i}") for i, v in enumerate(matrix)])
     found = 0
     for q in queries:
@@ -363,3 +365,29 @@ def test_search_depth_grows_with_the_collection(small: int, large: int, k: int) 
     (e1, c1), (e2, c2) = _depth(small, k), _depth(large, k)
     assert c1 >= 3 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
     assert c1 <= c2 and e1 <= e2
+
+
+async def test_a_small_collection_is_scanned_and_finds_the_exact_top_k(tmp_path: Path) -> None:
+    """A few vectors per cluster: walking the graph misses some of the true top 10; the scan finds them all."""
+    rng = np.random.default_rng(9)
+    centres = rng.standard_normal((1000, 48)).astype(np.float32)
+    x = centres[rng.integers(0, len(centres), 6000)] + 0.6 * rng.standard_normal((6000, 48)).astype(np.float32)
+    matrix = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    queries = rng.standard_normal((30, 48)).astype(np.float32) + centres[:30]
+    scanned = SQLiteVectorStore(tmp_path / "v.db")  # 6,000 x 48: under the default scan limit
+    walked = SQLiteVectorStore(tmp_path / "v.db", scan_limit=0)
+    await scanned.upsert("c", [VectorRecord(f"v{i}", v, f"t{i}", {"odd": i % 2}) for i, v in enumerate(matrix)])
+    found = {"scan": 0, "walk": 0}
+    for q in queries:
+        exact = matrix @ q / np.linalg.norm(q)
+        want = [f"v{i}" for i in np.argsort(-exact)[:10].tolist()]
+        hits = await scanned.search("c", q, k=10)
+        assert [h.id for h in hits] == want
+        assert all(abs(h.score - float(exact[int(h.id[1:])])) <= 1e-5 for h in hits)
+        found["scan"] += len(set(want) & {h.id for h in hits})
+        found["walk"] += len(set(want) & {h.id for h in await walked.search("c", q, k=10)})
+        odd = [f"v{i}" for i in np.argsort(-exact).tolist() if i % 2][:5]  # a filter keeping half: scanned too
+        assert [h.id for h in await scanned.search("c", q, k=5, where={"odd": 1})] == odd
+    assert found["scan"] == 300 and found["walk"] < 300  # (the walk's misses are why small collections are scanned)
+    await scanned.close()
+    await walked.close()
