@@ -60,6 +60,7 @@ async def synchronous(store: VectorStore, mode: str) -> None:
     """Switch the SQLite store's durability between upserts (the same connection, file and index)."""
     assert isinstance(store, SQLiteVectorStore)
     await store._run(lambda conn: conn.execute(f"PRAGMA synchronous = {mode}"))
+    store.synchronous = mode  # type: ignore[assignment]  # (FULL: upserts commit on the worker thread)
 
 
 async def timed_search(store: VectorStore, query: Any, want: set[int]) -> tuple[float, float, int]:

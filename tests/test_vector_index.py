@@ -391,3 +391,83 @@ async def test_a_small_collection_is_scanned_and_finds_the_exact_top_k(tmp_path:
     assert found["scan"] == 300 and found["walk"] < 300  # (the walk's misses are why small collections are scanned)
     await scanned.close()
     await walked.close()
+
+
+def on_threads(store: SQLiteVectorStore) -> list[tuple[bool, str]]:
+    """Record each statement the store's connection runs, and whether it ran on this (the event loop's) thread."""
+    import threading
+
+    ran: list[tuple[bool, str]] = []
+    here = threading.get_ident()
+    store._connection().set_trace_callback(lambda sql: ran.append((threading.get_ident() == here, sql)))
+    return ran
+
+
+def inserts(ran: list[tuple[bool, str]]) -> list[bool]:
+    """Where each committed write transaction ran (these tests write only upserts)."""
+    committed, writing = [], False
+    for here, sql in ran:
+        if sql.startswith("BEGIN"):
+            writing = sql == "BEGIN IMMEDIATE"
+        elif sql == "COMMIT" and writing:
+            committed.append(here)
+    return committed
+
+
+async def test_small_upserts_into_a_current_index_run_on_the_calling_thread_and_never_miss_other_writers(
+        tmp_path: Path) -> None:
+    db = tmp_path / "v.db"
+    store, other = SQLiteVectorStore(db, scan_limit=0), SQLiteVectorStore(db)
+    rng = np.random.default_rng(6)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(40)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
+    await store.search("c", data["v0"], k=1)
+    ran = on_threads(store)
+    await store.upsert("c", [VectorRecord("v20", data["v20"], "v20")])  # the index is current: done here
+    assert inserts(ran) == [True]
+    # Another connection commits: the next upsert must not take its own records for all that changed.
+    await other.upsert("c", [VectorRecord("v21", data["v21"], "from the other")])
+    await store.upsert("c", [VectorRecord("v22", data["v22"], "v22")])
+    assert inserts(ran) == [True, False]  # on the worker thread, which reads the change log back
+    assert any("cp_vector_changes" in sql and not here for here, sql in ran)
+    hits = await store.search("c", data["v21"], k=1)
+    assert [(h.id, h.text) for h in hits] == [("v21", "from the other")]
+    assert {h.id for h in await store.search("c", data["v0"], k=40)} == set(list(data)[:23])
+    # Another connection holds the write lock: the upsert waits for it on the worker thread, not here.
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("DELETE FROM cp_vectors WHERE id = 'v1'")
+    task = asyncio.ensure_future(store.upsert("c", [VectorRecord("v23", data["v23"], "v23")]))
+    await asyncio.sleep(0)  # the upsert runs up to its hand-off to the worker (it would block here if it waited)
+    assert not task.done()
+    holder.execute("COMMIT")
+    holder.close()
+    await task
+    assert inserts(ran)[-1] is False
+    assert {h.id for h in await store.search("c", data["v0"], k=40)} == set(list(data)[:24]) - {"v1"}
+    # Several records (more than a few): the worker thread.
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[24:40]])
+    assert inserts(ran)[-1] is False
+    await store.close()
+    await other.close()
+
+
+async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path) -> None:
+    """Upserts on the calling thread never wait for a checkpoint's fsyncs; the worker checkpoints the WAL."""
+    db = tmp_path / "v.db"
+    store = SQLiteVectorStore(db)
+    rng = np.random.default_rng(7)
+    await store.upsert("c", [VectorRecord("first", rng.standard_normal(8), "first")])
+    await store.search("c", [1.0] * 8, k=1)
+    ran = on_threads(store)
+    for i in range(450):
+        await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(8), f"v{i}")])
+    await store.count("c")  # (after the checkpoints queued on the worker thread)
+    checkpoints = [here for here, sql in ran if "wal_checkpoint" in sql]
+    assert len(checkpoints) >= 2 and not any(checkpoints)
+    # (an upsert meeting the connection busy with a queued checkpoint goes to the worker thread too)
+    assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints)
+    with sqlite3.connect(db) as conn:  # everything committed is in the file or the WAL, nothing lost
+        assert conn.execute("SELECT COUNT(*) FROM cp_vectors").fetchone()[0] == 451
+    assert len(await store.search("c", [1.0] * 8, k=500)) == 451
+    await store.close()
