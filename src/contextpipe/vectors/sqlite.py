@@ -15,10 +15,16 @@ The index is saved next to the database file (``<file>.vectors/``, named by the 
 when the store closes, so the next process loads it and applies only newer changes; a missing, stale
 (its changes pruned) or unreadable file is rebuilt from the rows.
 
+A search, and an upsert of a few records under ``synchronous=NORMAL``, runs on the calling thread
+when the index is up to date and the connection idle (an upsert also needs SQLite's write lock free
+at once): handing it to the store's worker thread and back would cost more than the work. Whatever
+may wait — another writer's lock, a catch-up, saving the index, a WAL checkpoint, an fsync — runs on
+the worker thread (this connection checkpoints the WAL there itself, every few hundred records).
+
 A small collection (``scan_limit``: about 4 MB of 8-bit vectors, 10,000 of 384 dimensions) is
 searched by scanning every vector of the index instead of walking its graph: a graph walk through a
 few thousand records finds only about 90% of the true top 10 (clustered vectors: the rest of the top
-10 lies in other clusters), a scan finds them all and still costs well under a millisecond.
+10 lies in other clusters), a scan finds them all for about the cost of a walk through 100,000.
 
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
@@ -90,10 +96,12 @@ END
 # beside it. Both the candidates and the search expansion grow with the collection (`_depth`): the
 # denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
 # distances rank below the first few dozen. Up to 200,000 records: 40 candidates (at least 3 k),
-# expansion 64 (recall@10 1.000 at 100,000 x 384); at 1,000,000: 200 candidates, expansion 500
-# (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64, which keeps an
-# insert near half a millisecond (128 doubles it for no recall gain once candidates are re-scored).
-_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 64, 40
+# expansion 40 to 100 (50 at 100,000 x 384: recall@10 1.000, as with 64, for 17% less CPU per search;
+# 40 still finds 0.993 of the true top 10 at 24,000, 0.999 at 32,000); at 1,000,000: 200 candidates,
+# expansion 500 (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64,
+# which keeps an insert near half a millisecond (128 doubles it for no recall gain once candidates
+# are re-scored).
+_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 40
 _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
 # Up to this many bytes of 8-bit vectors a search scans them all (usearch's exhaustive search, SIMD)
 # instead of walking the graph. The two cost the same near 2,000 x 384 (0.2 ms of CPU for the index
@@ -101,9 +109,6 @@ _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 102
 # of it (clustered vectors), and from about 25,000 the walk finds 0.99 at a fraction of a scan's cost
 # (1.7 ms at 20,000). So: a scan while it costs no more than a walk through 100,000 records.
 _SCAN_BYTES = 4_000_000
-# SQLite reads pages through a memory map (no system call per page): fetching the hits' texts by key
-# takes half the time. Only reads use it (SQLite writes with write(2)); capped by SQLite's own limit.
-_MMAP_BYTES = 1 << 34
 # An upsert of at most this many records, with ``synchronous=NORMAL`` (no fsync at commit), into an
 # index that is up to date runs on the calling thread when the connection is idle and no other
 # connection holds the write lock: a fraction of a millisecond per record, less than handing it to the
@@ -313,7 +318,6 @@ class SQLiteVectorStore(VectorStore):
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             use_wal(conn, self._busy_ms)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            conn.execute(f"PRAGMA mmap_size = {_MMAP_BYTES}")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # (`_wrote` checkpoints, on the worker thread)
             conn.execute("BEGIN IMMEDIATE")
             try:
