@@ -216,7 +216,9 @@ class _Collection:
         for key in keys.tolist():
             if key in self.metas:
                 self.forget(key)
-        if self.index is not None:
+        # Every known key is in the index (`put` adds both; a loaded index gets its missing keys added):
+        # when the index holds no more keys than are known, it holds none of the others.
+        if self.index is not None and len(self.index) > len(self.metas):
             held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
             if held.any():
                 self.index.remove(keys[held])
