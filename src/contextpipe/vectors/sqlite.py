@@ -24,7 +24,7 @@ the worker thread (this connection checkpoints the WAL there itself, every few h
 A small collection (``scan_limit``: about 4 MB of 8-bit vectors, 10,000 of 384 dimensions) is
 searched by scanning every vector of the index instead of walking its graph: a graph walk through a
 few thousand records finds only about 90% of the true top 10 (clustered vectors: the rest of the top
-10 lies in other clusters), a scan finds them all for about the cost of a walk through 100,000.
+10 lies in other clusters), a scan finds them all, for about half a millisecond more at 10,000.
 
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
@@ -107,7 +107,8 @@ _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 102
 # instead of walking the graph. The two cost the same near 2,000 x 384 (0.2 ms of CPU for the index
 # alone); at 10,000 a scan costs 0.55 ms and finds the whole true top 10, a walk 0.3 ms and finds 0.93
 # of it (clustered vectors), and from about 25,000 the walk finds 0.99 at a fraction of a scan's cost
-# (1.7 ms at 20,000). So: a scan while it costs no more than a walk through 100,000 records.
+# (1.7 ms at 20,000). So: a scan up to about 10,000 x 384, where a search through the store costs
+# about half a millisecond more than with a walk, for the whole top 10 instead of nine tenths of it.
 _SCAN_BYTES = 4_000_000
 # An upsert of at most this many records, with ``synchronous=NORMAL`` (no fsync at commit), into an
 # index that is up to date runs on the calling thread when the connection is idle and no other
@@ -396,45 +397,11 @@ class SQLiteVectorStore(VectorStore):
         """
         cached = self._cache.get(collection)
         version = cached.version if cached is not None else None
-        if quick:
-            if cached is None or version is None or not cached.metas:
-                return False
-            conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError:  # another connection is writing: wait for it on the worker thread
-                return False
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            if conn.execute("PRAGMA data_version").fetchone()[0] != version:  # another connection committed
-                conn.execute("ROLLBACK")
-                return False
-            self._writing(collection)
-        else:
-            self._writing(collection)
-            conn.execute("BEGIN IMMEDIATE")
+        current = self._begin(conn, collection, cached, version, quick)
+        if current is None:
+            return False
         try:
-            # The index is current when no other connection committed since it was last found so
-            # (this one holds the write lock now): then the changes this transaction logs are the
-            # only ones it lacks, and it takes them from `prepared` instead of reading them back.
-            current = quick or (cached is not None and version is not None and bool(cached.metas)
-                                and conn.execute("PRAGMA data_version").fetchone()[0] == version)
-            held = cached.dim if cached is not None and current else None
-            if held is None:
-                row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1",
-                                   (collection,)).fetchone()
-                held = None if row is None else row[0]
-            if held is not None and held not in dims:
-                raise UsageError(f"collection {collection!r} holds {held}-dimension vectors, these have "
-                                 f"{dims.pop()}; use one embedder per collection")
-            conn.executemany(
-                "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
-                "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
-                "keywords = excluded.keywords", prepared)
-            logged = conn.execute("SELECT seq, key FROM cp_vector_changes WHERE collection = ? AND seq > ? "
-                                  "ORDER BY seq", (collection, cached.seq)).fetchall() \
-                if current and cached is not None else []
+            logged = self._insert(conn, collection, prepared, dims, cached if current else None)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -446,21 +413,82 @@ class SQLiteVectorStore(VectorStore):
             self._sync(conn, collection)  # the index follows the file, not the other way round
             return True
         try:
-            rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
-            cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
-            cached.seq = logged[-1][0]
-            cached.changed += len(logged)
-            cached.dirty = True
-            if quick:
-                if self._save_due(cached):
-                    self._later(lambda c: self._maybe_save(c, collection, self._cache.get(collection)))
-            else:
-                self._maybe_save(conn, collection, cached)
+            self._put_own(conn, collection, cached, prepared, logged, quick)
         except BaseException:
             self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
             raise
         cached.version = version  # own commits leave ``data_version`` as it was
         return True
+
+    def _begin(self, conn: sqlite3.Connection, collection: str, cached: _Collection | None, version: int | None,
+               quick: bool) -> bool | None:
+        """Begin the write transaction; return whether the index is current (``None``: `quick`, and not now).
+
+        The index is current when no other connection committed since it was last found so (this one
+        holds the write lock now): then the changes the transaction logs are the only ones it lacks,
+        and it takes them from the rows written instead of reading them back.
+        """
+        if quick:
+            if cached is None or version is None or not cached.metas or not self._begin_at_once(conn, version):
+                return None
+            self._writing(collection)
+            return True
+        self._writing(collection)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            return (cached is not None and version is not None and bool(cached.metas)
+                    and conn.execute("PRAGMA data_version").fetchone()[0] == version)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _begin_at_once(self, conn: sqlite3.Connection, version: int) -> bool:
+        """Begin a write transaction if the lock is free now and no other connection committed since `version`."""
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # another connection is writing: wait for it on the worker thread
+            return False
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        if conn.execute("PRAGMA data_version").fetchone()[0] != version:  # another connection committed
+            conn.execute("ROLLBACK")
+            return False
+        return True
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, collection: str, prepared: list[tuple[Any, ...]], dims: set[int],
+                current: _Collection | None) -> list[tuple[int, int]]:
+        """Insert or replace the rows (in the open transaction); return the changes logged since `current`'s."""
+        held = current.dim if current is not None else None
+        if held is None:
+            row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
+            held = None if row is None else row[0]
+        if held is not None and held not in dims:
+            raise UsageError(f"collection {collection!r} holds {held}-dimension vectors, these have "
+                             f"{dims.pop()}; use one embedder per collection")
+        conn.executemany(
+            "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
+            "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
+            "keywords = excluded.keywords", prepared)
+        if current is None:
+            return []
+        return conn.execute("SELECT seq, key FROM cp_vector_changes WHERE collection = ? AND seq > ? ORDER BY seq",
+                            (collection, current.seq)).fetchall()
+
+    def _put_own(self, conn: sqlite3.Connection, collection: str, cached: _Collection,
+                 prepared: list[tuple[Any, ...]], logged: list[tuple[int, int]], quick: bool) -> None:
+        """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index."""
+        rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
+        cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
+        cached.seq = logged[-1][0]
+        cached.changed += len(logged)
+        cached.dirty = True
+        if not quick:
+            self._maybe_save(conn, collection, cached)
+        elif self._save_due(cached):  # (writing the whole index: not on the calling thread)
+            self._later(lambda c: self._maybe_save(c, collection, self._cache.get(collection)))
 
     def _wrote(self, conn: sqlite3.Connection, records: int, quick: bool) -> None:
         """After a commit of `records` rows: checkpoint the WAL when due (later, on the worker thread, if `quick`)."""
