@@ -171,7 +171,7 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
     rows.append((f"{label}: baseline (bare text, vectors)", await measure(old, questions)))
     memory = SemanticMemory(vectors, embedder, collection="named")
     await store_fixture(memory, turns)
-    for mode, names in (("vector", False), ("vector", True), ("keywords", True), ("hybrid", False),
+    for mode, names in (("vector", False), ("vector", True), ("keywords", False), ("hybrid", False),
                         ("hybrid", True)):
         memory.search_mode, memory.names_lookup = mode, names  # type: ignore[assignment]
         suffix = " + names_lookup" if names else " (default)" if mode == "hybrid" else ""
@@ -192,6 +192,12 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
             rows.append((f"{label}: hybrid, weights vector {weights[0]} keywords {weights[1]}",
                          await measure(memory, questions)))
         vectors.weights = (1.0, 1.0)
+        vectors.fusion = "rrf"
+        rows.append((f"{label}: hybrid, reciprocal rank fusion", await measure(memory, questions)))
+        memory.names_lookup = True
+        rows.append((f"{label}: hybrid + names_lookup, reciprocal rank fusion", await measure(memory, questions)))
+        memory.names_lookup = False
+        vectors.fusion = "combmnz"
         rows.append((f"{label}: hybrid, 3x candidates re-ranked by window similarity (multi-hop)",
                      await measure(memory, questions, rerank=True)))
     return rows

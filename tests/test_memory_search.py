@@ -32,7 +32,7 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
-from contextpipe.vectors.base import rrf
+from contextpipe.vectors.base import combmnz, rrf
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -308,20 +308,32 @@ async def test_names_lookup_searches_again_without_the_names() -> None:
     await memory.remember([Message.user("Maya: I baked sourdough bread today.", author_name="Maya"),
                            Message.assistant("Daniel: Nice, Maya! Maya, you are a star.", author_name="Daniel")],
                           session)
-    searched: list[str | None] = []
-    search = vectors.search
+    searched: list[tuple[str, object]] = []
+    by_keywords, by_vector = vectors.keyword_search, vectors.vector_search
 
-    async def spy(collection: str, vector: object = None, **options: object) -> list[SearchHit]:
-        searched.append(options.get("text"))  # type: ignore[arg-type]
-        return await search(collection, vector, **options)  # type: ignore[arg-type]
+    async def keywords_spy(collection: str, text: str, **options: object) -> list[SearchHit]:
+        searched.append(("keywords", text))
+        return await by_keywords(collection, text, **options)  # type: ignore[arg-type]
 
-    vectors.search = spy  # type: ignore[method-assign]
+    async def vector_spy(collection: str, vector: Sequence[float], **options: object) -> list[SearchHit]:
+        searched.append(("vector", list(vector)))
+        return await by_vector(collection, vector, **options)  # type: ignore[arg-type]
+
+    vectors.keyword_search = keywords_spy  # type: ignore[method-assign]
+    vectors.vector_search = vector_spy  # type: ignore[method-assign]
     hits = await memory.recall("What did Maya bake?", session)
-    assert searched == ["What did Maya bake?", "What did bake?"]
+    # The question's keywords once; the vectors of the question and of the question without the name.
+    assert [text for kind, text in searched if kind == "keywords"] == ["What did Maya bake?"]
+    assert [v for kind, v in searched if kind == "vector"] == \
+        await HashEmbedder().embed(["What did Maya bake?", "What did bake?"])
     assert len(hits) == 2 and len({h.id for h in hits}) == 2
     searched.clear()
     await memory.recall("Who is Maya?", session)  # nothing left to look for without the name
-    assert searched == ["Who is Maya?"]
+    assert sorted(kind for kind, _ in searched) == ["keywords", "vector"]
+    searched.clear()
+    memory.search_mode = "keywords"  # the keyword side searches the question as asked: nothing to add
+    await memory.recall("What did Maya bake?", session)
+    assert searched == [("keywords", "What did Maya bake?")]
 
 
 class CountingEmbedder(HashEmbedder):
@@ -349,11 +361,16 @@ async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
     embedder.calls.clear()
     hits = await memory.recall("What flour did Maya bake with?", session)
     assert embedder.calls == [["What flour did Maya bake with?", "What flour did bake with?"]]
-    # The same memories as searching each query with its own vector and fusing the two rankings.
+    # The store's fusion of the question's keywords and the two queries' vector rankings.
     where = {"tenant": session.tenant, "user_id": "maya"}
-    one, two = [await vectors.search("memory", (await embedder.embed([q]))[0], text=q, k=3, where=where)
-                for q in ("What flour did Maya bake with?", "What flour did bake with?")]
-    assert [h.id for h in hits] == [h.id for h in rrf(one, two, k=3)]
+    one, two = [await vectors.vector_search("memory", v, k=vectors.candidates, where=where)
+                for v in await embedder.embed(["What flour did Maya bake with?", "What flour did bake with?"])]
+    words = await vectors.keyword_search("memory", "What flour did Maya bake with?", k=vectors.candidates, where=where)
+    assert [h.id for h in hits] == [h.id for h in combmnz(one, words, two, k=3)]
+    vectors.fusion = "rrf"
+    assert [h.id for h in await memory.recall("What flour did Maya bake with?", session)] == \
+        [h.id for h in rrf(one, words, two, k=3)]
+    vectors.fusion = "combmnz"
     embedder.calls.clear()
     memory.names_lookup = False
     await memory.recall("What flour did Maya bake with?", session)

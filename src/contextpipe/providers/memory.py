@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id
-from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_queries, keyword_terms, rrf
+from ..vectors.base import (
+    Embedder,
+    SearchHit,
+    VectorRecord,
+    VectorStore,
+    embed_queries,
+    embed_query,
+    fuse,
+    keyword_terms,
+)
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -32,9 +41,6 @@ Scope = Literal["tenant", "user", "agent", "session"]
 SearchMode = Literal["hybrid", "vector", "keywords"]
 
 _CONTEXT_CHARS = 600  # how much of the neighbouring turn a memory keeps
-# With `names_lookup`, each query's ranking brings its best max(k, this) memories to the fusion, so the
-# first k memories do not depend on how many were asked for (10: best recall@5 on the dev fixture).
-_FUSION_DEPTH = 10
 _NAME_RE = re.compile(r"(?<![.?!:]\s)(?<!^)\b[A-Z][\w-]+(?:\s+[A-Z][\w-]+)*(?:'s)?", re.UNICODE)
 
 
@@ -45,20 +51,6 @@ def without_names(query: str) -> str:
     'What did make in the pottery class with help?'
     """
     return " ".join(_NAME_RE.sub(" ", query).split())
-
-
-def _fuse(rankings: Sequence[Sequence[SearchHit]], k: int) -> list[SearchHit]:
-    """Fuse the rankings of several queries, each hit keeping its own vector and keyword scores."""
-    first: dict[str, SearchHit] = {}
-    for ranking in rankings:
-        for hit in ranking:
-            first.setdefault(hit.id, hit)
-    return [replace(h, vector_score=first[h.id].vector_score, keyword_score=first[h.id].keyword_score)
-            for h in rrf(*rankings, k=k)]
-
-
-async def _nth(vectors: asyncio.Future[list[list[float]]], at: int) -> list[float]:
-    return (await asyncio.shield(vectors))[at]
 
 
 def _user_from_state(session: Session | None) -> str | None:
@@ -94,10 +86,11 @@ class SemanticMemory(ContextProvider):
     message; each line says when and in which session it was said, by whom, what came just before and
     the reply.
     The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup`, a
-    query naming people or places is searched a second time without the names (every memory carries
-    its author's name, so a name can outweigh what is asked about) and the two rankings are fused:
-    better recall (README), at the cost of a second search and about a tenth more embedding time
-    (both queries are embedded in one batch).
+    query naming people or places is also embedded without the names (every memory carries its
+    author's name, so a name can outweigh what is asked about): the keywords of the question and the
+    vector rankings of both queries are fused (the store's `fusion`, over its `candidates` a side).
+    Better recall (README), at the cost of a second vector search and about a tenth more embedding
+    time (both queries are embedded in one batch). With ``search="keywords"`` it changes nothing.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -180,28 +173,45 @@ class SemanticMemory(ContextProvider):
         where = self._where(session)
         if where is None or not query.strip():
             return []
-        want = self.k if k is None else k
+        want = (self.k if k is None else k) + len(exclude)
         queries = self._queries(query)
-        depth = want if len(queries) == 1 else max(want, _FUSION_DEPTH)
-        # The queries are embedded in one batch while the store's keyword side searches (hybrid).
-        embedded = None if self.search_mode == "keywords" else asyncio.ensure_future(
-            embed_queries(self.embedder, queries))
-        try:
-            rankings = await asyncio.gather(*(
-                self.vectors.search(self.collection, None if embedded is None else _nth(embedded, at),
-                                    k=depth + len(exclude), where=where, min_score=self.min_score,
-                                    text=None if self.search_mode == "vector" else q)
-                for at, q in enumerate(queries)))
-        finally:
-            if embedded is not None and not embedded.done():
-                embedded.cancel()
-        hits = rankings[0] if len(rankings) == 1 else _fuse(rankings, want + len(exclude))
+        if len(queries) == 1:
+            # The query is embedded while the store's keyword side searches (hybrid).
+            vector = None if self.search_mode == "keywords" else embed_query(self.embedder, query)
+            hits = await self.vectors.search(self.collection, vector, k=want, where=where, min_score=self.min_score,
+                                             text=None if self.search_mode == "vector" else query)
+        else:
+            hits = await self._names_lookup(queries, want, where)
         skip = set(exclude)
-        return [h for h in hits if h.id not in skip][:want]
+        return [h for h in hits if h.id not in skip][:want - len(exclude)]
+
+    async def _names_lookup(self, queries: list[str], want: int, where: dict[str, Any]) -> list[SearchHit]:
+        """Fuse the question's keywords with the vectors of the question and of the question without its names."""
+        store, depth = self.vectors, max(want, self.vectors.candidates)
+        keywords = None if self.search_mode == "vector" or not keyword_terms(queries[0]) else asyncio.ensure_future(
+            store.keyword_search(self.collection, queries[0], k=depth, where=where))
+        try:  # both queries go through the model in one batch while the keyword side searches
+            embedded = await embed_queries(self.embedder, queries)
+            by_vector = await asyncio.gather(*(store.vector_search(self.collection, v, k=depth, where=where,
+                                                                   min_score=self.min_score) for v in embedded))
+        except BaseException:
+            if keywords is not None:
+                keywords.cancel()
+            raise
+        by_keywords = [] if keywords is None else await keywords
+        vector_weight, keyword_weight = store.weights
+        fused = fuse(by_vector[0], by_keywords, *by_vector[1:], k=want, method=store.fusion,
+                     weights=[vector_weight, keyword_weight] + [vector_weight] * (len(by_vector) - 1))
+        cosine: dict[str, float] = {}
+        for ranking in by_vector:
+            for h in ranking:
+                cosine[h.id] = max(h.score, cosine.get(h.id, h.score))
+        return [replace(h, vector_score=cosine.get(h.id)) for h in fused]
 
     def _queries(self, query: str) -> list[str]:
         """Return the query and (`names_lookup`) the query without its names, when that still asks something."""
-        if self.names_lookup and (plain := without_names(query)) != query and keyword_terms(plain):
+        if (self.names_lookup and self.search_mode != "keywords" and (plain := without_names(query)) != query
+                and keyword_terms(plain)):
             return [query, plain]
         return [query]
 
