@@ -12,7 +12,7 @@ named people, 279 questions with annotated evidence turns) is stored through `Se
 one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
-``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the one
+``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the two
 after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it.
 """
 

@@ -117,6 +117,8 @@ async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -
     [reply] = [h for h in found if h.text == "Noted: vegetarian."]
     assert reply.metadata["after"] == "user: I am travelling to Suzhou next week."
     assert reply.metadata["before"] == "user: I prefer vegetarian food."
+    # So is the turn before it: a keyword window reaches two turns ahead (`window_after=2`).
+    assert "I prefer vegetarian food." in {h.text for h in found}
     assert await vectors.count("memory", where={"session_id": "alice-1"}) == 4  # replaced, not duplicated
     other_user = await agent.session("bob-1")
     other_user.state["user_id"] = "bob"

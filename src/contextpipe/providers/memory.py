@@ -3,7 +3,7 @@
 Who said what, and when: each stored turn keeps its author's name, its session and its time, and the
 name is part of what is searched and of the line the model is shown. Recall is hybrid by default —
 the store's keyword index and its vectors, fused — and each turn is keyword-indexed together with the
-two turns before it and the one after it, and shown with its neighbours, so an answer that only makes
+two turns before it and the two after it, and shown with its neighbours, so an answer that only makes
 sense with its question is found and read whole.
 """
 
@@ -113,7 +113,7 @@ class SemanticMemory(ContextProvider):
         user_name: Callable[[Session | None], str | None] = _user_name_from_state,
         search: SearchMode = "hybrid",
         window: int = 2,
-        window_after: int = 1,
+        window_after: int = 2,
         names_lookup: bool = False,
         source_id: str = "memory",
     ) -> None:
