@@ -9,13 +9,13 @@ sense with its question is found and read whole.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from ..errors import UsageError
 from ..messages import Message
@@ -27,7 +27,6 @@ from ..vectors.base import (
     VectorStore,
     embed_queries,
     embed_query,
-    fuse,
     keyword_terms,
 )
 from .base import ContextProvider
@@ -85,12 +84,11 @@ class SemanticMemory(ContextProvider):
     ``"vector"`` or ``"keywords"``. The best `k` matches not already in the context are added as one
     message; each line says when and in which session it was said, by whom, what came just before and
     the reply.
-    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup`, a
-    query naming people or places is also embedded without the names (every memory carries its
-    author's name, so a name can outweigh what is asked about): the keywords of the question and the
-    vector rankings of both queries are fused (the store's `fusion`, over its `candidates` a side).
-    Better recall (README), at the cost of a second vector search and about a tenth more embedding
-    time (both queries are embedded in one batch). With ``search="keywords"`` it changes nothing.
+    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup` (the
+    default), a query naming people or places is also embedded without the names, and the vector side
+    searches with the mean of the two vectors (every memory carries its author's name, so a name can
+    otherwise outweigh what is asked about; the keyword side searches the question as asked). Better
+    recall (README) for about a tenth more embedding time: both are embedded in one batch.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -114,7 +112,7 @@ class SemanticMemory(ContextProvider):
         search: SearchMode = "hybrid",
         window: int = 2,
         window_after: int = 2,
-        names_lookup: bool = False,
+        names_lookup: bool = True,
         source_id: str = "memory",
     ) -> None:
         super().__init__(source_id)
@@ -174,44 +172,26 @@ class SemanticMemory(ContextProvider):
         if where is None or not query.strip():
             return []
         want = (self.k if k is None else k) + len(exclude)
-        queries = self._queries(query)
-        if len(queries) == 1:
-            # The query is embedded while the store's keyword side searches (hybrid).
-            vector = None if self.search_mode == "keywords" else embed_query(self.embedder, query)
-            hits = await self.vectors.search(self.collection, vector, k=want, where=where, min_score=self.min_score,
-                                             text=None if self.search_mode == "vector" else query)
-        else:
-            hits = await self._names_lookup(queries, want, where)
+        # The query is embedded while the store's keyword side searches (hybrid).
+        vector = None if self.search_mode == "keywords" else self._query_vector(query)
+        hits = await self.vectors.search(self.collection, vector, k=want, where=where, min_score=self.min_score,
+                                         text=None if self.search_mode == "vector" else query)
         skip = set(exclude)
         return [h for h in hits if h.id not in skip][:want - len(exclude)]
 
-    async def _names_lookup(self, queries: list[str], want: int, where: dict[str, Any]) -> list[SearchHit]:
-        """Fuse the question's keywords with the vectors of the question and of the question without its names."""
-        store, depth = self.vectors, max(want, self.vectors.candidates)
-        keywords = None if self.search_mode == "vector" or not keyword_terms(queries[0]) else asyncio.ensure_future(
-            store.keyword_search(self.collection, queries[0], k=depth, where=where))
-        try:  # both queries go through the model in one batch while the keyword side searches
-            embedded = await embed_queries(self.embedder, queries)
-            by_vector = await asyncio.gather(*(store.vector_search(self.collection, v, k=depth, where=where,
-                                                                   min_score=self.min_score) for v in embedded))
-        except BaseException:
-            if keywords is not None:
-                keywords.cancel()
-            raise
-        by_keywords = [] if keywords is None else await keywords
-        vector_weight, keyword_weight = store.weights
-        fused = fuse(by_vector[0], by_keywords, *by_vector[1:], k=want, method=store.fusion,
-                     weights=[vector_weight, keyword_weight] + [vector_weight] * (len(by_vector) - 1))
-        cosine: dict[str, float] = {}
-        for ranking in by_vector:
-            for h in ranking:
-                cosine[h.id] = max(h.score, cosine.get(h.id, h.score))
-        return [replace(h, vector_score=cosine.get(h.id)) for h in fused]
+    async def _query_vector(self, query: str) -> list[float]:
+        """Embed the query (with `names_lookup`, it and the name-free query: the mean of the two)."""
+        queries = self._queries(query)
+        if len(queries) == 1:
+            return await embed_query(self.embedder, query)
+        both = np.asarray(await embed_queries(self.embedder, queries), dtype=np.float64)
+        both /= np.maximum(np.linalg.norm(both, axis=1, keepdims=True), 1e-12)
+        mean = both.mean(axis=0)
+        return [float(v) for v in mean / max(float(np.linalg.norm(mean)), 1e-12)]
 
     def _queries(self, query: str) -> list[str]:
         """Return the query and (`names_lookup`) the query without its names, when that still asks something."""
-        if (self.names_lookup and self.search_mode != "keywords" and (plain := without_names(query)) != query
-                and keyword_terms(plain)):
+        if self.names_lookup and (plain := without_names(query)) != query and keyword_terms(plain):
             return [query, plain]
         return [query]
 
