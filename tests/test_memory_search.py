@@ -86,6 +86,26 @@ async def test_sqlite_vectors_see_writes_from_another_instance(tmp_path: Path) -
     await two.close()
 
 
+async def test_semantic_memory_embeds_each_turn_once_as_its_window_grows(tmp_path: Path) -> None:
+    vectors = SQLiteVectorStore(tmp_path / "v.db")
+    embedder = CountingEmbedder()
+    memory = SemanticMemory(vectors, embedder)  # window_after=2: a turn is indexed again twice
+    session = Session("s1")
+    said: list[Message] = []
+    for i in range(6):
+        turn = [Message.user(f"question {i} about invoice {i}"), Message.assistant(f"answer {i} on invoice {i}")]
+        await memory.remember(turn, session, before=said[-4:])
+        said += turn
+    lines = [f"{m.role}: {m.text}" for m in said]
+    embedded = [text for call in embedder.calls for text in call]
+    assert sorted(embedded) == sorted(lines)  # each turn embedded once, re-indexed turns reuse it
+    for m, line in zip(said, lines, strict=True):  # and the stored vectors are the turns' own
+        [vector] = await HashEmbedder().embed([line])
+        [hit] = await vectors.search("memory", vector, k=1)
+        assert hit.id == m.id and hit.score == pytest.approx(1.0)
+    await vectors.close()
+
+
 async def test_openai_embedder_over_http(fake_openai: FakeOpenAIServer) -> None:
     embedder = OpenAIEmbedder("fake-embedding", base_url=fake_openai.base_url, batch_size=2)
     vectors = await embedder.embed(["alpha beta", "beta gamma", "delta"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -61,6 +62,10 @@ def _user_name_from_state(session: Session | None) -> str | None:
         return None
     value = session.state.get("user_name")
     return str(value) if value is not None else None
+
+
+_RECENT_LINES = 256
+"""Lines whose vectors a `SemanticMemory` keeps for the turns it indexes again (a few per session at a time)."""
 
 
 def _clip(text: str, limit: int = _CONTEXT_CHARS) -> str:
@@ -137,6 +142,7 @@ class SemanticMemory(ContextProvider):
         self.window = window
         self.window_after = window_after
         self.names_lookup = names_lookup
+        self._recent: OrderedDict[str, list[float]] = OrderedDict()  # line -> vector, newest last
 
     def _where(self, session: Session | None) -> dict[str, Any] | None:
         if session is None:
@@ -249,7 +255,7 @@ class SemanticMemory(ContextProvider):
         user = self.user(session)
         # The new turns, and the turns before them whose keyword window now reaches into them.
         indexed = [*range(max(0, first - self.window_after), first), *range(first, len(lines))]
-        vectors = await self.embedder.embed([lines[at] for at in indexed])
+        vectors = await self._embed_lines([lines[at] for at in indexed])
         records = []
         for at, vector in zip(indexed, vectors, strict=True):
             m = named[at][0]
@@ -265,6 +271,25 @@ class SemanticMemory(ContextProvider):
             records.append(VectorRecord(m.id, vector, m.text, meta, keywords="\n".join([*window, lines[at], *after])))
         await self.vectors.upsert(self.collection, records)
         return len(turns)
+
+    async def _embed_lines(self, lines: list[str]) -> list[list[float]]:
+        """Embed `lines`, reusing the vectors of lines embedded lately.
+
+        A turn is indexed again as the turns after it arrive (its keyword window grows, its text does
+        not): its vector is taken from the last `_RECENT_LINES` lines embedded instead of being
+        computed again. A line not found there is embedded (in one batch with the other new ones).
+        """
+        recent = self._recent
+        known = {line: recent[line] for line in lines if line in recent}
+        missing = list(dict.fromkeys(line for line in lines if line not in known))
+        if missing:
+            known.update(zip(missing, await self.embedder.embed(missing), strict=True))
+        for line in lines:  # the newest last; the oldest beyond the bound are dropped
+            recent[line] = known[line]
+            recent.move_to_end(line)
+        while len(recent) > _RECENT_LINES:
+            recent.popitem(last=False)
+        return [known[line] for line in lines]
 
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""
