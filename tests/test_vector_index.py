@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
-from contextpipe.vectors.base import SearchHit, keyword_terms, rrf
+from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, rrf
 from contextpipe.vectors.sqlite import _depth
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
@@ -61,9 +61,16 @@ async def test_keyword_and_hybrid_search_with_filters(vectors: VectorStore) -> N
     assert await vectors.search("notes", text="the of and", k=4) == []  # stopwords only: nothing to look for
     # Hybrid: the vector ranking says n4, n1, n3; the keywords say n3 (bread + biscuit), n4 (bread).
     hybrid = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3)
-    assert [h.id for h in hybrid][:2] == ["n4", "n3"]  # found by both first
+    assert [h.id for h in hybrid][:2] == ["n3", "n4"]  # found by both first (n3 the best keyword match)
     assert hybrid[0].vector_score is not None and hybrid[0].keyword_score is not None
-    assert hybrid[0].score == pytest.approx(1 / 61 + 1 / 62)
+    # The store's fusion (CombMNZ by default) of its own two rankings, each `candidates` deep.
+    sides = (await vectors.vector_search("notes", [1.0, 0.0, 0.6, 0.0], k=vectors.candidates),
+             await vectors.keyword_search("notes", "Biscuit bread", k=vectors.candidates))
+    assert [(h.id, h.score) for h in hybrid] == [(h.id, pytest.approx(h.score)) for h in combmnz(*sides, k=3)]
+    vectors.fusion = "rrf"
+    hybrid = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3)
+    assert [h.id for h in hybrid][:2] == ["n4", "n3"] and hybrid[0].score == pytest.approx(1 / 61 + 1 / 62)
+    vectors.fusion = "combmnz"
     filtered = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3, where={"who": "Maya"})
     assert [h.id for h in filtered] == ["n3", "n1"]
     # The keyword index holds `keywords` when given, and follows deletes and replacements.
@@ -86,8 +93,41 @@ def test_rrf_and_keyword_terms() -> None:
     fused = rrf(hits("a", "b", "c"), hits("c", "d"), k=3)
     assert [h.id for h in fused] == ["c", "a", "b"]  # 1/63 + 1/61 beats 1/61 alone
     assert fused[0].vector_score == pytest.approx(1 / 3) and fused[0].keyword_score == pytest.approx(1.0)
+    with pytest.raises(UsageError, match="fusion must be"):
+        fuse(hits("a"), method="borda")  # type: ignore[arg-type]
     assert keyword_terms("Was MAYA's dog, Biscuit, at the finish line? dog") == ["maya", "dog", "biscuit", "finish",
                                                                                   "line"]
+
+
+def test_combmnz_scales_each_ranking_and_rewards_agreement() -> None:
+    def hits(*pairs: tuple[str, float]) -> list[SearchHit]:
+        return [SearchHit(i, score, i, {}) for i, score in pairs]
+
+    by_vector = hits(("a", 0.9), ("b", 0.5), ("c", 0.1))
+    by_keywords = hits(("c", 12.0), ("d", 2.0))
+    fused = combmnz(by_vector, by_keywords, k=4)
+    # c: (0 + 1) x 2 rankings; a: 1 x 1; b: 0.5 x 1; d: 0 x 1 (the worst of its ranking).
+    assert [(h.id, h.score) for h in fused] == [("c", 2.0), ("a", 1.0), ("b", 0.5), ("d", 0.0)]
+    assert (fused[0].vector_score, fused[0].keyword_score) == (0.1, 12.0)
+    assert (fused[1].vector_score, fused[1].keyword_score) == (0.9, None)
+    weighted = combmnz(by_vector, by_keywords, k=3, weights=(1.0, 0.2))  # c: (0 + 0.2) x 2 falls below b
+    assert [(h.id, h.score) for h in weighted] == [("a", 1.0), ("b", 0.5), ("c", pytest.approx(0.4))]
+    assert [(h.id, h.score) for h in combmnz(hits(("x", 3.0), ("y", 3.0)), [])] == [("x", 1.0), ("y", 1.0)]
+    assert combmnz([], []) == [] and fuse(by_vector, by_keywords, k=4) == fused
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(-10, 10)), max_size=8), max_size=3),
+       st.integers(1, 8))
+def test_combmnz_ranks_every_record_once_and_whatever_k_first_the_same(
+        rankings: list[list[tuple[str, float]]], k: int) -> None:
+    lists = [[SearchHit(i, score, i, {}) for i, score in ranking] for ranking in rankings]
+    everything = combmnz(*lists, k=100)
+    ids = [h.id for h in everything]
+    assert sorted(ids) == sorted({h.id for ranking in lists for h in ranking})
+    assert [h.id for h in combmnz(*lists, k=k)] == ids[:k]
+    assert all(0.0 <= h.score <= len(lists) ** 2 for h in everything)
+    assert [h.score for h in everything] == sorted((h.score for h in everything), reverse=True)
 
 
 # --- the HNSW index and SQLite ---------------------------------------------------------------------------
