@@ -504,7 +504,7 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path) -> N
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(8), f"v{i}")])
     await store.count("c")  # (after the checkpoints queued on the worker thread)
     checkpoints = [here for here, sql in ran if "wal_checkpoint" in sql]
-    assert len(checkpoints) >= 2 and not any(checkpoints)
+    assert checkpoints and not any(checkpoints)  # (a second one is queued only once the first has run)
     # (an upsert meeting the connection busy with a queued checkpoint goes to the worker thread too)
     assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints)
     with sqlite3.connect(db) as conn:  # everything committed is in the file or the WAL, nothing lost
