@@ -507,7 +507,11 @@ class SQLiteVectorStore(VectorStore):
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # (never waits for other connections)
 
     def _later(self, fn: Any) -> None:
-        """Run ``fn(connection)`` on the worker thread, after what is queued there; its errors wait for the next use."""
+        """Run ``fn(connection)`` on the worker thread, after what is queued there (a WAL checkpoint, an index save).
+
+        Its SQLite and file errors are dropped: a checkpoint or a save that failed is made again when
+        next due, and SQLite, not the saved index, holds the vectors.
+        """
         def call() -> None:
             with self._lock, contextlib.suppress(sqlite3.Error, OSError):
                 if self._conn is not None:
