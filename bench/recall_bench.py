@@ -12,7 +12,7 @@ named people, 279 questions with annotated evidence turns) is stored through `Se
 one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
-``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the one
+``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the two
 after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it.
 """
 
@@ -171,10 +171,10 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
     rows.append((f"{label}: baseline (bare text, vectors)", await measure(old, questions)))
     memory = SemanticMemory(vectors, embedder, collection="named")
     await store_fixture(memory, turns)
-    for mode, names in (("vector", False), ("vector", True), ("keywords", True), ("hybrid", False),
+    for mode, names in (("vector", False), ("vector", True), ("keywords", False), ("hybrid", False),
                         ("hybrid", True)):
         memory.search_mode, memory.names_lookup = mode, names  # type: ignore[assignment]
-        suffix = " + names_lookup" if names else " (default)" if mode == "hybrid" else ""
+        suffix = (" + names_lookup" if names else "") + (" (default)" if mode == "hybrid" and names else "")
         rows.append((f"{label}: {mode}{suffix}", await measure(memory, questions)))
     if variants:
         bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0, window_after=0)
@@ -192,7 +192,17 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
             rows.append((f"{label}: hybrid, weights vector {weights[0]} keywords {weights[1]}",
                          await measure(memory, questions)))
         vectors.weights = (1.0, 1.0)
-        rows.append((f"{label}: hybrid, 3x candidates re-ranked by window similarity (multi-hop)",
+        vectors.fusion = "rrf"
+        rows.append((f"{label}: hybrid + names_lookup, reciprocal rank fusion", await measure(memory, questions)))
+        memory.names_lookup = False
+        rows.append((f"{label}: hybrid, reciprocal rank fusion", await measure(memory, questions)))
+        memory.names_lookup = True
+        vectors.fusion = "combmnz"
+        onebehind = SemanticMemory(vectors, embedder, collection="oneafter", window_after=1)
+        await store_fixture(onebehind, turns)
+        rows.append((f"{label}: hybrid + names_lookup, window of two before and one after",
+                     await measure(onebehind, questions)))
+        rows.append((f"{label}: hybrid + names_lookup, 3x candidates re-ranked by window similarity (multi-hop)",
                      await measure(memory, questions, rerank=True)))
     return rows
 
@@ -213,23 +223,23 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
             await memory.remember([Message.user(t.text, id=f"{c}-{t.id}", author_name=t.speaker,
                                                 created_at=t.created_at) for t in part], session)
         stored = await vectors.count("memory")
-        live = SemanticMemory(vectors, inner)  # queries are embedded for real, on the CPU
-        names = SemanticMemory(vectors, inner, names_lookup=True)
+        live = SemanticMemory(vectors, inner, names_lookup=False)  # queries are embedded for real, on the CPU
+        names = SemanticMemory(vectors, inner)  # the default: names_lookup
         asker = Session("ask", state={"user_id": "everyone"})
         where = {"tenant": asker.tenant, "user_id": "everyone"}
         await live.recall("warm up", asker)
         # Interleaved per question: the whole recall, the query embedding alone, the search alone.
         # CPU time is the process's (all threads); each question's text is fresh to the embedder.
-        steps = ["recall", "embedding", "search", "recall, names_lookup"]
+        steps = ["recall, no names_lookup", "embedding", "search", "recall (default)"]
         wall: dict[str, list[float]] = {step: [] for step in steps}
         cpu: dict[str, list[float]] = {step: [] for step in steps}
         for i, q in enumerate(questions[:queries]):
             vector = await cached.embed_query(q.question)
             for name in steps[i % 4:] + steps[:i % 4]:
                 t0, c0 = time.perf_counter(), time.process_time()
-                if name == "recall":
+                if name == "recall, no names_lookup":
                     await live.recall(q.question, asker)
-                elif name == "recall, names_lookup":
+                elif name == "recall (default)":
                     await names.recall(q.question, asker)
                 elif name == "embedding":
                     await embed_query(inner, q.question)
@@ -238,12 +248,12 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
         await vectors.close()
-    print(f"\nrecall latency, {embedder_name}, SQLite, {stored:,} stored turns, {len(wall['recall'])} questions "
+    print(f"\nrecall latency, {embedder_name}, SQLite, {stored:,} stored turns, {len(wall['search'])} questions "
           f"(ms; p50 / p90):")
     for name in wall:
         p50, p90 = statistics.median(wall[name]) * 1000, statistics.quantiles(wall[name], n=10)[-1] * 1000
         c50, c90 = statistics.median(cpu[name]) * 1000, statistics.quantiles(cpu[name], n=10)[-1] * 1000
-        print(f"  {name:20}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
+        print(f"  {name:24}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
 
 
 async def main() -> None:
@@ -298,7 +308,7 @@ async def run_fixture(args: argparse.Namespace, held_out: bool) -> None:
 async def drop_tables(pg: Any) -> None:
     pool = await pg._get_pool()
     async with pool.acquire() as conn:
-        for table in ("baseline", "named", "nowindow", "onebefore"):
+        for table in ("baseline", "named", "nowindow", "onebefore", "oneafter"):
             await conn.execute(f"DROP TABLE IF EXISTS {pg.table}_{table}")
 
 

@@ -4,6 +4,7 @@
     python bench/vector_bench.py                        # SQLite: 10,000 and 100,000 vectors of 384 dimensions
     python bench/vector_bench.py --size 1000000         # the 1,000,000 run (about 15 minutes on 2 idle cores)
     python bench/vector_bench.py --pgvector DSN         # also PostgreSQL + pgvector (HNSW)
+    python bench/vector_bench.py --against ../main/src  # this store against another checkout's, interleaved
 
 Per size: loading time (batches of 5,000 records, each one committed transaction, the index kept up to
 date as they land; wall and CPU), search p50/p95 (top 10) with the CPU time the process spent (a busy
@@ -14,14 +15,23 @@ and ten records per upsert (per record). Then, for the largest size: the saved i
 database file sizes, and a cold start in another process (open, load the saved index and the rows,
 first search) with that process's peak memory. The vectors are 2,000 Gaussian clusters on the unit
 sphere, shaped like sentence embeddings; the queries are drawn the same way.
+
+``--against SRC`` instead compares this tree's store with the one in another checkout's ``src``
+(before/after a change) in one process: the largest size is loaded once, each side opens its own
+copy of the file, and the same searches and one-record upserts alternate between the sides (which
+side goes first alternates too), so background load hits both alike; CPU time per operation.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import importlib.util
 import json
+import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -60,6 +70,7 @@ async def synchronous(store: VectorStore, mode: str) -> None:
     """Switch the SQLite store's durability between upserts (the same connection, file and index)."""
     assert isinstance(store, SQLiteVectorStore)
     await store._run(lambda conn: conn.execute(f"PRAGMA synchronous = {mode}"))
+    store.synchronous = mode  # type: ignore[assignment]  # (FULL: upserts commit on the worker thread)
 
 
 async def timed_search(store: VectorStore, query: Any, want: set[int]) -> tuple[float, float, int]:
@@ -168,6 +179,78 @@ async def bench(store: VectorStore, name: str, sizes: list[int], dim: int, queri
               f"(CPU {cold['cpu']:,.1f} s), that process's peak memory {cold['rss_mb']:,.0f} MB", flush=True)
 
 
+def load_other(src: str) -> Any:
+    """Import the ``contextpipe`` package under `src` as ``contextpipe_against`` (its vectors module)."""
+    init = Path(src) / "contextpipe" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("contextpipe_against", init,
+                                                  submodule_search_locations=[str(init.parent)])
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["contextpipe_against"] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module("contextpipe_against.vectors")
+
+
+def copy_store(base: Path, path: Path) -> Path:
+    """Copy the database at `base` (with its WAL and saved indexes) to `path`."""
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{base}{suffix}").exists():
+            shutil.copy(f"{base}{suffix}", f"{path}{suffix}")
+    shutil.copytree(f"{base}.vectors", f"{path}.vectors")
+    return path
+
+
+async def against(src: str, n: int, dim: int, queries: int, rounds: int) -> None:
+    other = load_other(src)
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((2000, dim), dtype=np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base.db"
+        store = SQLiteVectorStore(base)
+        blocks = []
+        for start in range(0, n, 5000):
+            vectors = clustered(rng, centres, min(5000, n - start))
+            blocks.append(vectors)
+            await store.upsert("bench", [VectorRecord(f"v{start + i}", v, f"text {start + i}",
+                                                      {"user_id": f"u{i % 100}"}) for i, v in enumerate(vectors)])
+        await store.search("bench", blocks[0][0], k=1)
+        await store.close()  # (saves the index: each side loads it)
+        matrix, probes = np.concatenate(blocks), clustered(rng, centres, queries)
+        truth = exact_top(matrix, probes, 10)
+        sides: dict[str, Any] = {}
+        for name, module in (("this", sys.modules["contextpipe.vectors"]), ("against", other)):
+            path = copy_store(base, Path(tmp) / f"{name}.db")
+            sides[name] = (module, module.SQLiteVectorStore(path))
+            await sides[name][1].search("bench", probes[0], k=10)
+        times: dict[str, dict[str, list[float]]] = {name: {"search": [], "upsert": []} for name in sides}
+        found = dict.fromkeys(sides, 0)
+        for r in range(rounds):
+            for i, q in enumerate(probes):
+                for name in (list(sides) if (i + r) % 2 == 0 else list(sides)[::-1]):
+                    c0 = time.process_time()
+                    hits = await sides[name][1].search("bench", q, k=10)
+                    times[name]["search"].append(time.process_time() - c0)
+                    if r == 0:
+                        found[name] += len(truth[i] & {int(h.id[1:]) for h in hits})
+            for i in range(queries):
+                vector = matrix[(i * 7919 + r) % len(matrix)] + 0.01
+                for name in (list(sides) if (i + r) % 2 == 0 else list(sides)[::-1]):
+                    module, side = sides[name]
+                    record = module.VectorRecord(f"x{r}-{i}", vector, "inserted", {"user_id": "new"})
+                    c0 = time.process_time()
+                    await side.upsert("bench", [record])
+                    times[name]["upsert"].append(time.process_time() - c0)
+        print(f"{n:,} x {dim}, {rounds} x {queries} searches and one-record upserts per side, alternated "
+              f"(load average {os.getloadavg()[0]:.1f}):\n")
+        print("| side | search CPU p50 ms | recall@10 vs exact | upsert one, CPU p50 ms |\n|---|---:|---:|---:|")
+        for name in sides:
+            print(f"| {name} | {ms(times[name]['search'])} | {found[name] / (10 * queries):.3f} | "
+                  f"{ms(times[name]['upsert'])} |")
+        for _, side in sides.values():
+            await side.close()
+
+
 def peak_mb() -> float:
     """This process's peak resident memory.
 
@@ -204,12 +287,17 @@ async def main() -> None:
                         help="search depths (expansion:candidates) also measured at the largest size; '' for none")
     parser.add_argument("--pgvector", default=None, help="DSN of a PostgreSQL server with pgvector")
     parser.add_argument("--pgvector-sizes", default="10000")
+    parser.add_argument("--against", default=None, help="the src directory of another checkout to compare with")
+    parser.add_argument("--rounds", type=int, default=2, help="with --against: passes over the queries")
     parser.add_argument("--cold", default=None, help=argparse.SUPPRESS)  # the cold-start child process
     args = parser.parse_args()
     if args.cold:
         await cold_start(args.cold, args.dim)
         return
     sizes = [args.size] if args.size else [int(s) for s in args.sizes.split(",")]
+    if args.against:
+        await against(args.against, sizes[-1], args.dim, args.queries, args.rounds)
+        return
     print("| store | vectors | load s (CPU s) | search ms p50 / p95 (CPU p50) | filtered to 1% ms p50 | "
           "recall@10 vs exact | upsert one ms, NORMAL p50 / p95 (CPU p50) | upsert one ms, FULL p50 | "
           "upsert 10 at once, ms per record p50 |")

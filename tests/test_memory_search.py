@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +33,6 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
-from contextpipe.vectors.base import rrf
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -86,6 +86,26 @@ async def test_sqlite_vectors_see_writes_from_another_instance(tmp_path: Path) -
     await two.close()
 
 
+async def test_semantic_memory_embeds_each_turn_once_as_its_window_grows(tmp_path: Path) -> None:
+    vectors = SQLiteVectorStore(tmp_path / "v.db")
+    embedder = CountingEmbedder()
+    memory = SemanticMemory(vectors, embedder)  # window_after=2: a turn is indexed again twice
+    session = Session("s1")
+    said: list[Message] = []
+    for i in range(6):
+        turn = [Message.user(f"question {i} about invoice {i}"), Message.assistant(f"answer {i} on invoice {i}")]
+        await memory.remember(turn, session, before=said[-4:])
+        said += turn
+    lines = [f"{m.role}: {m.text}" for m in said]
+    embedded = [text for call in embedder.calls for text in call]
+    assert sorted(embedded) == sorted(lines)  # each turn embedded once, re-indexed turns reuse it
+    for m, line in zip(said, lines, strict=True):  # and the stored vectors are the turns' own
+        [vector] = await HashEmbedder().embed([line])
+        [hit] = await vectors.search("memory", vector, k=1)
+        assert hit.id == m.id and hit.score == pytest.approx(1.0)
+    await vectors.close()
+
+
 async def test_openai_embedder_over_http(fake_openai: FakeOpenAIServer) -> None:
     embedder = OpenAIEmbedder("fake-embedding", base_url=fake_openai.base_url, batch_size=2)
     vectors = await embedder.embed(["alpha beta", "beta gamma", "delta"])
@@ -117,6 +137,8 @@ async def test_semantic_memory_recalls_across_a_users_sessions(tmp_path: Path) -
     [reply] = [h for h in found if h.text == "Noted: vegetarian."]
     assert reply.metadata["after"] == "user: I am travelling to Suzhou next week."
     assert reply.metadata["before"] == "user: I prefer vegetarian food."
+    # So is the turn before it: a keyword window reaches two turns ahead (`window_after=2`).
+    assert "I prefer vegetarian food." in {h.text for h in found}
     assert await vectors.count("memory", where={"session_id": "alice-1"}) == 4  # replaced, not duplicated
     other_user = await agent.session("bob-1")
     other_user.state["user_id"] = "bob"
@@ -301,27 +323,44 @@ async def test_sqlite_keyword_search_is_the_same_with_the_index_loaded(tmp_path:
     await other.close()
 
 
+def mean_vector(vectors: Sequence[Sequence[float]]) -> list[float]:
+    """The unit mean of unit vectors (what the names lookup searches with)."""
+    units = [np.asarray(v) / np.linalg.norm(v) for v in vectors]
+    mean = sum(units) / len(units)
+    return list(mean / np.linalg.norm(mean))
+
+
 async def test_names_lookup_searches_again_without_the_names() -> None:
     vectors = MemoryVectorStore()
-    memory = SemanticMemory(vectors, HashEmbedder(), k=2, names_lookup=True)
+    memory = SemanticMemory(vectors, HashEmbedder(), k=2)  # names_lookup is the default
     session = Session("maya-1", state={"user_id": "maya"})
     await memory.remember([Message.user("Maya: I baked sourdough bread today.", author_name="Maya"),
                            Message.assistant("Daniel: Nice, Maya! Maya, you are a star.", author_name="Daniel")],
                           session)
-    searched: list[str | None] = []
-    search = vectors.search
+    searched: list[tuple[str, object]] = []
+    by_keywords, by_vector = vectors.keyword_search, vectors.vector_search
 
-    async def spy(collection: str, vector: object = None, **options: object) -> list[SearchHit]:
-        searched.append(options.get("text"))  # type: ignore[arg-type]
-        return await search(collection, vector, **options)  # type: ignore[arg-type]
+    async def keywords_spy(collection: str, text: str, **options: object) -> list[SearchHit]:
+        searched.append(("keywords", text))
+        return await by_keywords(collection, text, **options)  # type: ignore[arg-type]
 
-    vectors.search = spy  # type: ignore[method-assign]
+    async def vector_spy(collection: str, vector: Sequence[float], **options: object) -> list[SearchHit]:
+        searched.append(("vector", list(vector)))
+        return await by_vector(collection, vector, **options)  # type: ignore[arg-type]
+
+    vectors.keyword_search = keywords_spy  # type: ignore[method-assign]
+    vectors.vector_search = vector_spy  # type: ignore[method-assign]
     hits = await memory.recall("What did Maya bake?", session)
-    assert searched == ["What did Maya bake?", "What did bake?"]
+    # The question's keywords; one vector search with the mean of the question's and the name-free question's.
+    [(_, words), (_, vector)] = sorted(searched, key=lambda s: s[0])
+    assert words == "What did Maya bake?"
+    assert vector == pytest.approx(mean_vector(await HashEmbedder().embed(["What did Maya bake?", "What did bake?"])))
+    assert vector != pytest.approx((await HashEmbedder().embed(["What did Maya bake?"]))[0], abs=1e-3)
     assert len(hits) == 2 and len({h.id for h in hits}) == 2
     searched.clear()
-    await memory.recall("Who is Maya?", session)  # nothing left to look for without the name
-    assert searched == ["Who is Maya?"]
+    await memory.recall("Who is Maya?", session)  # nothing left to look for without the name: the question alone
+    assert sorted(searched, key=lambda s: s[0]) == [("keywords", "Who is Maya?"),
+                                                    ("vector", (await HashEmbedder().embed(["Who is Maya?"]))[0])]
 
 
 class CountingEmbedder(HashEmbedder):
@@ -342,18 +381,18 @@ async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
     embedder = CountingEmbedder()
     vectors = MemoryVectorStore()
     memory = SemanticMemory(vectors, embedder, k=3, names_lookup=True)
-    session = Session("maya-1", state={"user_id": "maya"})
+    session = Session("maya-1", state={"user_id": "maya"})  # (the author's name is not in the stored text)
     await memory.remember([Message.user("I baked sourdough bread today.", author_name="Maya"),
                            Message.assistant("Nice, Maya! What flour did you use?", author_name="Daniel"),
                            Message.user("Rye, from the mill near Potsdam.", author_name="Maya")], session)
     embedder.calls.clear()
     hits = await memory.recall("What flour did Maya bake with?", session)
     assert embedder.calls == [["What flour did Maya bake with?", "What flour did bake with?"]]
-    # The same memories as searching each query with its own vector and fusing the two rankings.
+    # One hybrid search: the question's keywords, the mean of the two queries' vectors.
     where = {"tenant": session.tenant, "user_id": "maya"}
-    one, two = [await vectors.search("memory", (await embedder.embed([q]))[0], text=q, k=3, where=where)
-                for q in ("What flour did Maya bake with?", "What flour did bake with?")]
-    assert [h.id for h in hits] == [h.id for h in rrf(one, two, k=3)]
+    mean = mean_vector(await embedder.embed(["What flour did Maya bake with?", "What flour did bake with?"]))
+    alike = await vectors.search("memory", mean, text="What flour did Maya bake with?", k=3, where=where)
+    assert [(h.id, h.score) for h in hits] == [(h.id, pytest.approx(h.score)) for h in alike]
     embedder.calls.clear()
     memory.names_lookup = False
     await memory.recall("What flour did Maya bake with?", session)
@@ -431,8 +470,8 @@ async def test_names_lookup_returns_the_same_first_memories_whatever_k() -> None
         ten = await memory.recall(question, session, k=10)
         assert [h.id for h in await memory.recall(question, session, k=5)] == [h.id for h in ten[:5]]
         assert [h.id for h in await memory.recall(question, session, k=1)] == [h.id for h in ten[:1]]
-        cosines = [{h.id: h.score for h in await vectors.search("memory", vector, k=200, where={"user_id": "conv-a"})}
-                   for vector in await HashEmbedder().embed(memory._queries(question))]
-        for hit in ten:  # each side's own score (a cosine similarity of one of the queries), not a fused one
+        mean = mean_vector(await HashEmbedder().embed(memory._queries(question)))
+        cosine = {h.id: h.score for h in await vectors.search("memory", mean, k=200, where={"user_id": "conv-a"})}
+        for hit in ten:  # the vector side's own score (the cosine similarity of the searched vector), not a fused one
             if hit.vector_score is not None:
-                assert any(hit.vector_score == pytest.approx(c[hit.id]) for c in cosines if hit.id in c)
+                assert hit.vector_score == pytest.approx(cosine[hit.id])

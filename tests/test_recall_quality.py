@@ -119,14 +119,14 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
         found[mode] = await recall_at(memory, QUESTIONS, 5)
     print(f"\nrecall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, "
           + ", ".join(f"{mode} {value:.3f}" for mode, value in found.items()))
-    assert found["hybrid"] >= 0.74  # 0.78 SQLite, 0.79 pgvector (bench/recall_bench.py, the default)
+    assert found["hybrid"] >= 0.79  # 0.84 SQLite, 0.85 pgvector (bench/recall_bench.py, the default)
     assert found["hybrid"] >= max(found["vector"], found["keywords"])
     assert found["hybrid"] >= 1.5 * baseline
 
 
 async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedder, vectors: VectorStore) -> None:
-    # Never tuned on: its questions paraphrase their evidence (README: 0.45 / 0.51 SQLite without / with the
-    # names lookup, 0.44 / 0.51 pgvector; 0.23 before).
+    # Never tuned on: its questions paraphrase their evidence (README: 0.48 / 0.55 SQLite without / with the
+    # names lookup, 0.48 / 0.53 pgvector; 0.23 before).
     turns, questions = load(held_out=True)
     bare = await embedder.embed([t.text for t in turns])
     await vectors.upsert("bare", [
@@ -142,8 +142,8 @@ async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedd
     with_names_lookup = await recall_at(memory, questions, 5)
     print(f"\nheld-out recall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, hybrid {hybrid:.3f}, "
           f"names_lookup {with_names_lookup:.3f}")
-    assert hybrid >= 0.40 and hybrid >= 1.5 * baseline
-    assert with_names_lookup >= 0.46 and with_names_lookup > hybrid
+    assert hybrid >= 0.42 and hybrid >= 1.5 * baseline
+    assert with_names_lookup >= 0.50 and with_names_lookup > hybrid
 
 
 async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: CachedEmbedder, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
-from contextpipe.vectors.base import SearchHit, keyword_terms, rrf
+from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, rrf
 from contextpipe.vectors.sqlite import _depth
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
@@ -61,9 +61,16 @@ async def test_keyword_and_hybrid_search_with_filters(vectors: VectorStore) -> N
     assert await vectors.search("notes", text="the of and", k=4) == []  # stopwords only: nothing to look for
     # Hybrid: the vector ranking says n4, n1, n3; the keywords say n3 (bread + biscuit), n4 (bread).
     hybrid = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3)
-    assert [h.id for h in hybrid][:2] == ["n4", "n3"]  # found by both first
+    assert [h.id for h in hybrid][:2] == ["n3", "n4"]  # found by both first (n3 the best keyword match)
     assert hybrid[0].vector_score is not None and hybrid[0].keyword_score is not None
-    assert hybrid[0].score == pytest.approx(1 / 61 + 1 / 62)
+    # The store's fusion (CombMNZ by default) of its own two rankings, each `candidates` deep.
+    sides = (await vectors.vector_search("notes", [1.0, 0.0, 0.6, 0.0], k=vectors.candidates),
+             await vectors.keyword_search("notes", "Biscuit bread", k=vectors.candidates))
+    assert [(h.id, h.score) for h in hybrid] == [(h.id, pytest.approx(h.score)) for h in combmnz(*sides, k=3)]
+    vectors.fusion = "rrf"
+    hybrid = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3)
+    assert [h.id for h in hybrid][:2] == ["n4", "n3"] and hybrid[0].score == pytest.approx(1 / 61 + 1 / 62)
+    vectors.fusion = "combmnz"
     filtered = await vectors.search("notes", [1.0, 0.0, 0.6, 0.0], text="Biscuit bread", k=3, where={"who": "Maya"})
     assert [h.id for h in filtered] == ["n3", "n1"]
     # The keyword index holds `keywords` when given, and follows deletes and replacements.
@@ -86,8 +93,41 @@ def test_rrf_and_keyword_terms() -> None:
     fused = rrf(hits("a", "b", "c"), hits("c", "d"), k=3)
     assert [h.id for h in fused] == ["c", "a", "b"]  # 1/63 + 1/61 beats 1/61 alone
     assert fused[0].vector_score == pytest.approx(1 / 3) and fused[0].keyword_score == pytest.approx(1.0)
+    with pytest.raises(UsageError, match="fusion must be"):
+        fuse(hits("a"), method="borda")  # type: ignore[arg-type]
     assert keyword_terms("Was MAYA's dog, Biscuit, at the finish line? dog") == ["maya", "dog", "biscuit", "finish",
                                                                                   "line"]
+
+
+def test_combmnz_scales_each_ranking_and_rewards_agreement() -> None:
+    def hits(*pairs: tuple[str, float]) -> list[SearchHit]:
+        return [SearchHit(i, score, i, {}) for i, score in pairs]
+
+    by_vector = hits(("a", 0.9), ("b", 0.5), ("c", 0.1))
+    by_keywords = hits(("c", 12.0), ("d", 2.0))
+    fused = combmnz(by_vector, by_keywords, k=4)
+    # c: (0 + 1) x 2 rankings; a: 1 x 1; b: 0.5 x 1; d: 0 x 1 (the worst of its ranking).
+    assert [(h.id, h.score) for h in fused] == [("c", 2.0), ("a", 1.0), ("b", 0.5), ("d", 0.0)]
+    assert (fused[0].vector_score, fused[0].keyword_score) == (0.1, 12.0)
+    assert (fused[1].vector_score, fused[1].keyword_score) == (0.9, None)
+    weighted = combmnz(by_vector, by_keywords, k=3, weights=(1.0, 0.2))  # c: (0 + 0.2) x 2 falls below b
+    assert [(h.id, h.score) for h in weighted] == [("a", 1.0), ("b", 0.5), ("c", pytest.approx(0.4))]
+    assert [(h.id, h.score) for h in combmnz(hits(("x", 3.0), ("y", 3.0)), [])] == [("x", 1.0), ("y", 1.0)]
+    assert combmnz([], []) == [] and fuse(by_vector, by_keywords, k=4) == fused
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(-10, 10)), max_size=8), max_size=3),
+       st.integers(1, 8))
+def test_combmnz_ranks_every_record_once_and_whatever_k_first_the_same(
+        rankings: list[list[tuple[str, float]]], k: int) -> None:
+    lists = [[SearchHit(i, score, i, {}) for i, score in ranking] for ranking in rankings]
+    everything = combmnz(*lists, k=100)
+    ids = [h.id for h in everything]
+    assert sorted(ids) == sorted({h.id for ranking in lists for h in ranking})
+    assert [h.id for h in combmnz(*lists, k=k)] == ids[:k]
+    assert all(0.0 <= h.score <= len(lists) ** 2 for h in everything)
+    assert [h.score for h in everything] == sorted((h.score for h in everything), reverse=True)
 
 
 # --- the HNSW index and SQLite ---------------------------------------------------------------------------
@@ -107,14 +147,16 @@ ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete"
                          st.integers(0, 30), st.integers(0, 2**32 - 1)), min_size=1, max_size=40)
 
 
+@pytest.mark.parametrize("scan_limit", [0, None])  # the graph walk, the scan of a small collection
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=ops)
 async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory: pytest.TempPathFactory,
-                                                                script: list[tuple[str, int, int]]) -> None:
+                                                                script: list[tuple[str, int, int]],
+                                                                scan_limit: int | None) -> None:
     """Upserts, deletes, another process's writes, saves and reopenings: the index answers like exact search."""
     db = tmp_path_factory.mktemp("hnsw") / "v.db"
-    store = SQLiteVectorStore(db, exact_limit=0)  # always the HNSW index, never the exact path
-    other = SQLiteVectorStore(db, exact_limit=0)
+    store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)  # always the index, never the rows
+    other = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
     truth: dict[str, np.ndarray] = {}
     try:
         for op, n, seed in script:
@@ -135,7 +177,7 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
                 await store.save_indexes()
             else:
                 await store.close()
-                store = SQLiteVectorStore(db, exact_limit=0)
+                store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
             query = rng.standard_normal(6).astype(np.float32)
             hits = await store.search("c", query, k=5)
             want = exact_ids(truth, query, 5)  # small collections: HNSW is exact (ties in any order)
@@ -194,7 +236,7 @@ async def test_filtered_search_large_and_small_subsets(tmp_path: Path) -> None:
 
 
 async def searchable(db: Path, k: int) -> set[str]:
-    store = SQLiteVectorStore(db, exact_limit=0)
+    store = SQLiteVectorStore(db, exact_limit=0, scan_limit=0)
     try:
         return {h.id for h in await store.search("c", [1.0] * 8, k=k)}
     finally:
@@ -284,7 +326,7 @@ with sqlite3.connect(sys.argv[1]) as conn:  # a plain SQL delete (as a session's
 
 async def test_unchanged_file_skips_the_change_log_yet_other_processes_writes_are_seen(tmp_path: Path) -> None:
     db = tmp_path / "v.db"
-    store = SQLiteVectorStore(db, exact_limit=0)
+    store = SQLiteVectorStore(db, exact_limit=0, scan_limit=0)
     rng = np.random.default_rng(4)
     data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(60)}
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in data.items()])
@@ -310,7 +352,7 @@ async def test_unchanged_file_skips_the_change_log_yet_other_processes_writes_ar
 
 async def test_searches_on_the_calling_thread_never_overlap_the_worker(tmp_path: Path) -> None:
     """Searches (run on the event loop when the index is current) interleaved with upserts and deletes."""
-    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0, scan_limit=0)
     rng = np.random.default_rng(5)
     data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(200)}
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
@@ -344,7 +386,7 @@ async def test_search_of_a_clustered_collection_finds_the_exact_top_k_with_exact
         return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
     matrix, queries = draw(6000), draw(40)
-    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0)  # always the index
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=0, scan_limit=0)  # always the index
     await store.upsert("c", [VectorRecord(f"v{i}", v, f"t{i}") for i, v in enumerate(matrix)])
     found = 0
     for q in queries:
@@ -363,3 +405,109 @@ def test_search_depth_grows_with_the_collection(small: int, large: int, k: int) 
     (e1, c1), (e2, c2) = _depth(small, k), _depth(large, k)
     assert c1 >= 3 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
     assert c1 <= c2 and e1 <= e2
+
+
+async def test_a_small_collection_is_scanned_and_finds_the_exact_top_k(tmp_path: Path) -> None:
+    """A few vectors per cluster: walking the graph misses some of the true top 10; the scan finds them all."""
+    rng = np.random.default_rng(9)
+    centres = rng.standard_normal((1000, 48)).astype(np.float32)
+    x = centres[rng.integers(0, len(centres), 6000)] + 0.6 * rng.standard_normal((6000, 48)).astype(np.float32)
+    matrix = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    queries = rng.standard_normal((30, 48)).astype(np.float32) + centres[:30]
+    scanned = SQLiteVectorStore(tmp_path / "v.db")  # 6,000 x 48: under the default scan limit
+    walked = SQLiteVectorStore(tmp_path / "v.db", scan_limit=0)
+    await scanned.upsert("c", [VectorRecord(f"v{i}", v, f"t{i}", {"odd": i % 2}) for i, v in enumerate(matrix)])
+    found = {"scan": 0, "walk": 0}
+    for q in queries:
+        exact = matrix @ q / np.linalg.norm(q)
+        want = [f"v{i}" for i in np.argsort(-exact)[:10].tolist()]
+        hits = await scanned.search("c", q, k=10)
+        assert [h.id for h in hits] == want
+        assert all(abs(h.score - float(exact[int(h.id[1:])])) <= 1e-5 for h in hits)
+        found["scan"] += len(set(want) & {h.id for h in hits})
+        found["walk"] += len(set(want) & {h.id for h in await walked.search("c", q, k=10)})
+        odd = [f"v{i}" for i in np.argsort(-exact).tolist() if i % 2][:5]  # a filter keeping half: scanned too
+        assert [h.id for h in await scanned.search("c", q, k=5, where={"odd": 1})] == odd
+    assert found["scan"] == 300 and found["walk"] < 300  # (the walk's misses are why small collections are scanned)
+    await scanned.close()
+    await walked.close()
+
+
+def on_threads(store: SQLiteVectorStore) -> list[tuple[bool, str]]:
+    """Record each statement the store's connection runs, and whether it ran on this (the event loop's) thread."""
+    import threading
+
+    ran: list[tuple[bool, str]] = []
+    here = threading.get_ident()
+    store._connection().set_trace_callback(lambda sql: ran.append((threading.get_ident() == here, sql)))
+    return ran
+
+
+def inserts(ran: list[tuple[bool, str]]) -> list[bool]:
+    """Where each committed write transaction ran (these tests write only upserts)."""
+    committed, writing = [], False
+    for here, sql in ran:
+        if sql.startswith("BEGIN"):
+            writing = sql == "BEGIN IMMEDIATE"
+        elif sql == "COMMIT" and writing:
+            committed.append(here)
+    return committed
+
+
+async def test_small_upserts_into_a_current_index_run_on_the_calling_thread_and_never_miss_other_writers(
+        tmp_path: Path) -> None:
+    db = tmp_path / "v.db"
+    store, other = SQLiteVectorStore(db, scan_limit=0), SQLiteVectorStore(db)
+    rng = np.random.default_rng(6)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(40)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
+    await store.search("c", data["v0"], k=1)
+    ran = on_threads(store)
+    await store.upsert("c", [VectorRecord("v20", data["v20"], "v20")])  # the index is current: done here
+    assert inserts(ran) == [True]
+    # Another connection commits: the next upsert must not take its own records for all that changed.
+    await other.upsert("c", [VectorRecord("v21", data["v21"], "from the other")])
+    await store.upsert("c", [VectorRecord("v22", data["v22"], "v22")])
+    assert inserts(ran) == [True, False]  # on the worker thread, which reads the change log back
+    assert any("cp_vector_changes" in sql and not here for here, sql in ran)
+    hits = await store.search("c", data["v21"], k=1)
+    assert [(h.id, h.text) for h in hits] == [("v21", "from the other")]
+    assert {h.id for h in await store.search("c", data["v0"], k=40)} == set(list(data)[:23])
+    # Another connection holds the write lock: the upsert waits for it on the worker thread, not here.
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("DELETE FROM cp_vectors WHERE id = 'v1'")
+    task = asyncio.ensure_future(store.upsert("c", [VectorRecord("v23", data["v23"], "v23")]))
+    await asyncio.sleep(0)  # the upsert runs up to its hand-off to the worker (it would block here if it waited)
+    assert not task.done()
+    holder.execute("COMMIT")
+    holder.close()
+    await task
+    assert inserts(ran)[-1] is False
+    assert {h.id for h in await store.search("c", data["v0"], k=40)} == set(list(data)[:24]) - {"v1"}
+    # Several records (more than a few): the worker thread.
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[24:40]])
+    assert inserts(ran)[-1] is False
+    await store.close()
+    await other.close()
+
+
+async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path) -> None:
+    """Upserts on the calling thread never wait for a checkpoint's fsyncs; the worker checkpoints the WAL."""
+    db = tmp_path / "v.db"
+    store = SQLiteVectorStore(db)
+    rng = np.random.default_rng(7)
+    await store.upsert("c", [VectorRecord("first", rng.standard_normal(8), "first")])
+    await store.search("c", [1.0] * 8, k=1)
+    ran = on_threads(store)
+    for i in range(450):
+        await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(8), f"v{i}")])
+    await store.count("c")  # (after the checkpoints queued on the worker thread)
+    checkpoints = [here for here, sql in ran if "wal_checkpoint" in sql]
+    assert checkpoints and not any(checkpoints)  # (a second one is queued only once the first has run)
+    # (an upsert meeting the connection busy with a queued checkpoint goes to the worker thread too)
+    assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints)
+    with sqlite3.connect(db) as conn:  # everything committed is in the file or the WAL, nothing lost
+        assert conn.execute("SELECT COUNT(*) FROM cp_vectors").fetchone()[0] == 451
+    assert len(await store.search("c", [1.0] * 8, k=500)) == 451
+    await store.close()

@@ -3,24 +3,33 @@
 Who said what, and when: each stored turn keeps its author's name, its session and its time, and the
 name is part of what is searched and of the line the model is shown. Recall is hybrid by default —
 the store's keyword index and its vectors, fused — and each turn is keyword-indexed together with the
-two turns before it and the one after it, and shown with its neighbours, so an answer that only makes
+two turns before it and the two after it, and shown with its neighbours, so an answer that only makes
 sense with its question is found and read whole.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id
-from ..vectors.base import Embedder, SearchHit, VectorRecord, VectorStore, embed_queries, keyword_terms, rrf
+from ..vectors.base import (
+    Embedder,
+    SearchHit,
+    VectorRecord,
+    VectorStore,
+    embed_queries,
+    embed_query,
+    keyword_terms,
+)
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -32,9 +41,6 @@ Scope = Literal["tenant", "user", "agent", "session"]
 SearchMode = Literal["hybrid", "vector", "keywords"]
 
 _CONTEXT_CHARS = 600  # how much of the neighbouring turn a memory keeps
-# With `names_lookup`, each query's ranking brings its best max(k, this) memories to the fusion, so the
-# first k memories do not depend on how many were asked for (10: best recall@5 on the dev fixture).
-_FUSION_DEPTH = 10
 _NAME_RE = re.compile(r"(?<![.?!:]\s)(?<!^)\b[A-Z][\w-]+(?:\s+[A-Z][\w-]+)*(?:'s)?", re.UNICODE)
 
 
@@ -47,20 +53,6 @@ def without_names(query: str) -> str:
     return " ".join(_NAME_RE.sub(" ", query).split())
 
 
-def _fuse(rankings: Sequence[Sequence[SearchHit]], k: int) -> list[SearchHit]:
-    """Fuse the rankings of several queries, each hit keeping its own vector and keyword scores."""
-    first: dict[str, SearchHit] = {}
-    for ranking in rankings:
-        for hit in ranking:
-            first.setdefault(hit.id, hit)
-    return [replace(h, vector_score=first[h.id].vector_score, keyword_score=first[h.id].keyword_score)
-            for h in rrf(*rankings, k=k)]
-
-
-async def _nth(vectors: asyncio.Future[list[list[float]]], at: int) -> list[float]:
-    return (await asyncio.shield(vectors))[at]
-
-
 def _user_from_state(session: Session | None) -> str | None:
     return user_id(session)
 
@@ -70,6 +62,10 @@ def _user_name_from_state(session: Session | None) -> str | None:
         return None
     value = session.state.get("user_name")
     return str(value) if value is not None else None
+
+
+_RECENT_LINES = 256
+"""Lines whose vectors a `SemanticMemory` keeps for the turns it indexes again (a few per session at a time)."""
 
 
 def _clip(text: str, limit: int = _CONTEXT_CHARS) -> str:
@@ -93,11 +89,11 @@ class SemanticMemory(ContextProvider):
     ``"vector"`` or ``"keywords"``. The best `k` matches not already in the context are added as one
     message; each line says when and in which session it was said, by whom, what came just before and
     the reply.
-    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup`, a
-    query naming people or places is searched a second time without the names (every memory carries
-    its author's name, so a name can outweigh what is asked about) and the two rankings are fused:
-    better recall (README), at the cost of a second search and about a tenth more embedding time
-    (both queries are embedded in one batch).
+    The user is ``session.state["user_id"]`` unless `user` says otherwise. With `names_lookup` (the
+    default), a query naming people or places is also embedded without the names, and the vector side
+    searches with the mean of the two vectors (every memory carries its author's name, so a name can
+    otherwise outweigh what is asked about; the keyword side searches the question as asked). Better
+    recall (README) for about a tenth more embedding time: both are embedded in one batch.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
@@ -120,8 +116,8 @@ class SemanticMemory(ContextProvider):
         user_name: Callable[[Session | None], str | None] = _user_name_from_state,
         search: SearchMode = "hybrid",
         window: int = 2,
-        window_after: int = 1,
-        names_lookup: bool = False,
+        window_after: int = 2,
+        names_lookup: bool = True,
         source_id: str = "memory",
     ) -> None:
         super().__init__(source_id)
@@ -146,6 +142,7 @@ class SemanticMemory(ContextProvider):
         self.window = window
         self.window_after = window_after
         self.names_lookup = names_lookup
+        self._recent: OrderedDict[str, list[float]] = OrderedDict()  # line -> vector, newest last
 
     def _where(self, session: Session | None) -> dict[str, Any] | None:
         if session is None:
@@ -180,24 +177,23 @@ class SemanticMemory(ContextProvider):
         where = self._where(session)
         if where is None or not query.strip():
             return []
-        want = self.k if k is None else k
-        queries = self._queries(query)
-        depth = want if len(queries) == 1 else max(want, _FUSION_DEPTH)
-        # The queries are embedded in one batch while the store's keyword side searches (hybrid).
-        embedded = None if self.search_mode == "keywords" else asyncio.ensure_future(
-            embed_queries(self.embedder, queries))
-        try:
-            rankings = await asyncio.gather(*(
-                self.vectors.search(self.collection, None if embedded is None else _nth(embedded, at),
-                                    k=depth + len(exclude), where=where, min_score=self.min_score,
-                                    text=None if self.search_mode == "vector" else q)
-                for at, q in enumerate(queries)))
-        finally:
-            if embedded is not None and not embedded.done():
-                embedded.cancel()
-        hits = rankings[0] if len(rankings) == 1 else _fuse(rankings, want + len(exclude))
+        want = (self.k if k is None else k) + len(exclude)
+        # The query is embedded while the store's keyword side searches (hybrid).
+        vector = None if self.search_mode == "keywords" else self._query_vector(query)
+        hits = await self.vectors.search(self.collection, vector, k=want, where=where, min_score=self.min_score,
+                                         text=None if self.search_mode == "vector" else query)
         skip = set(exclude)
-        return [h for h in hits if h.id not in skip][:want]
+        return [h for h in hits if h.id not in skip][:want - len(exclude)]
+
+    async def _query_vector(self, query: str) -> list[float]:
+        """Embed the query (with `names_lookup`, it and the name-free query: the mean of the two)."""
+        queries = self._queries(query)
+        if len(queries) == 1:
+            return await embed_query(self.embedder, query)
+        both = np.asarray(await embed_queries(self.embedder, queries), dtype=np.float64)
+        both /= np.maximum(np.linalg.norm(both, axis=1, keepdims=True), 1e-12)
+        mean = both.mean(axis=0)
+        return [float(v) for v in mean / max(float(np.linalg.norm(mean)), 1e-12)]
 
     def _queries(self, query: str) -> list[str]:
         """Return the query and (`names_lookup`) the query without its names, when that still asks something."""
@@ -259,7 +255,7 @@ class SemanticMemory(ContextProvider):
         user = self.user(session)
         # The new turns, and the turns before them whose keyword window now reaches into them.
         indexed = [*range(max(0, first - self.window_after), first), *range(first, len(lines))]
-        vectors = await self.embedder.embed([lines[at] for at in indexed])
+        vectors = await self._embed_lines([lines[at] for at in indexed])
         records = []
         for at, vector in zip(indexed, vectors, strict=True):
             m = named[at][0]
@@ -275,6 +271,25 @@ class SemanticMemory(ContextProvider):
             records.append(VectorRecord(m.id, vector, m.text, meta, keywords="\n".join([*window, lines[at], *after])))
         await self.vectors.upsert(self.collection, records)
         return len(turns)
+
+    async def _embed_lines(self, lines: list[str]) -> list[list[float]]:
+        """Embed `lines`, reusing the vectors of lines embedded lately.
+
+        A turn is indexed again as the turns after it arrive (its keyword window grows, its text does
+        not): its vector is taken from the last `_RECENT_LINES` lines embedded instead of being
+        computed again. A line not found there is embedded (in one batch with the other new ones).
+        """
+        recent = self._recent
+        known = {line: recent[line] for line in lines if line in recent}
+        missing = list(dict.fromkeys(line for line in lines if line not in known))
+        if missing:
+            known.update(zip(missing, await self.embedder.embed(missing), strict=True))
+        for line in lines:  # the newest last; the oldest beyond the bound are dropped
+            recent[line] = known[line]
+            recent.move_to_end(line)
+        while len(recent) > _RECENT_LINES:
+            recent.popitem(last=False)
+        return [known[line] for line in lines]
 
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""

@@ -8,15 +8,18 @@ import inspect
 import re
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from ..errors import UsageError
 
-__all__ = ["Embedder", "SearchHit", "VectorRecord", "VectorStore", "Where", "embed_queries", "embed_query",
-           "keyword_terms", "rrf"]
+__all__ = ["Embedder", "Fusion", "SearchHit", "VectorRecord", "VectorStore", "Where", "combmnz", "embed_queries",
+           "embed_query", "fuse", "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
 """Metadata filter: every key must equal its value (or be one of the values, for a list)."""
+
+Fusion = Literal["combmnz", "rrf"]
+"""How a hybrid search fuses its rankings: `combmnz` (scores, the default) or `rrf` (ranks)."""
 
 _KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -97,14 +100,17 @@ class VectorStore(abc.ABC):
     """Vectors with text and metadata in named collections; vector, keyword and hybrid top-k search.
 
     `search` with a vector ranks by cosine similarity, with `text` by keywords (the engine's own
-    full-text search: SQLite FTS5, PostgreSQL ``tsvector``), and with both by reciprocal rank fusion
-    of the two rankings (`rrf`), each side drawing `candidates` records that match `where`.
+    full-text search: SQLite FTS5, PostgreSQL ``tsvector``), and with both by fusing the two rankings
+    (`fusion`: `combmnz` of their scores by default, or `rrf` of their ranks), each side drawing
+    `candidates` records that match `where`.
     """
 
     candidates: int = 50
     """How many records each side of a hybrid search ranks before fusion."""
     weights: tuple[float, float] = (1.0, 1.0)
     """Weights of the vector and the keyword ranking in the fusion."""
+    fusion: Fusion = "combmnz"
+    """How a hybrid search fuses the two rankings (`combmnz` or `rrf`; see `fuse`)."""
 
     @abc.abstractmethod
     async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
@@ -156,7 +162,7 @@ class VectorStore(abc.ABC):
         except BaseException:
             keywords.cancel()
             raise
-        return rrf(by_vector, await keywords, k=k, weights=self.weights)
+        return fuse(by_vector, await keywords, k=k, weights=self.weights, method=self.fusion)
 
     @abc.abstractmethod
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
@@ -225,6 +231,53 @@ def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60,
     order = sorted(fused, key=lambda i: -fused[i])[:k]
     return [replace(first[i], score=fused[i], vector_score=sides[i].get(0), keyword_score=sides[i].get(1))
             for i in order]
+
+
+def combmnz(*rankings: Sequence[SearchHit], k: int = 5, weights: Sequence[float] | None = None) -> list[SearchHit]:
+    """Score fusion (CombMNZ): each ranking's scores scaled to 0..1, summed, times how many rankings found the record.
+
+    Within each ranking the best score becomes 1 and the worst 0 (a ranking whose scores are all
+    equal gives each 1), so cosine similarities and BM25 scores add up on one scale, and a record
+    both sides found outranks one that only one side liked as much. As with `rrf`, the first ranking
+    is the vector one and the second the keyword one (their own scores are kept).
+
+    >>> from contextpipe.vectors import SearchHit
+    >>> by_vector = [SearchHit("a", 0.9, "", {}), SearchHit("b", 0.8, "", {}), SearchHit("c", 0.1, "", {})]
+    >>> by_keywords = [SearchHit("c", 7.0, "", {}), SearchHit("b", 5.0, "", {}), SearchHit("d", 1.0, "", {})]
+    >>> [(h.id, round(h.score, 3)) for h in combmnz(by_vector, by_keywords, k=4)]
+    [('b', 3.083), ('c', 2.0), ('a', 1.0), ('d', 0.0)]
+    """
+    fused: dict[str, float] = {}
+    found: dict[str, int] = {}
+    first: dict[str, SearchHit] = {}
+    sides: dict[str, dict[int, float]] = {}
+    for side, ranking in enumerate(rankings):
+        if not ranking:
+            continue
+        weight = 1.0 if weights is None else weights[side]
+        low, high = min(h.score for h in ranking), max(h.score for h in ranking)
+        for hit in ranking:
+            if side in sides.get(hit.id, {}):
+                continue  # a record twice in one ranking counts once, at its better place
+            scaled = (hit.score - low) / (high - low) if high > low else 1.0
+            fused[hit.id] = fused.get(hit.id, 0.0) + weight * scaled
+            found[hit.id] = found.get(hit.id, 0) + 1
+            first.setdefault(hit.id, hit)
+            sides.setdefault(hit.id, {})[side] = hit.score
+    total = {i: fused[i] * found[i] for i in fused}
+    order = sorted(total, key=lambda i: -total[i])[:k]
+    return [replace(first[i], score=total[i], vector_score=sides[i].get(0), keyword_score=sides[i].get(1))
+            for i in order]
+
+
+def fuse(*rankings: Sequence[SearchHit], k: int = 5, weights: Sequence[float] | None = None,
+         method: Fusion = "combmnz") -> list[SearchHit]:
+    """Fuse rankings with `method`: `combmnz` (scores; the default) or `rrf` (ranks)."""
+    if method == "combmnz":
+        return combmnz(*rankings, k=k, weights=weights)
+    if method == "rrf":
+        return rrf(*rankings, k=k, weights=weights)
+    raise UsageError(f"fusion must be 'combmnz' or 'rrf', got {method!r}")
 
 
 async def _resolve(vector: Sequence[float] | Awaitable[Sequence[float]] | None) -> Sequence[float] | None:

@@ -15,9 +15,20 @@ The index is saved next to the database file (``<file>.vectors/``, named by the 
 when the store closes, so the next process loads it and applies only newer changes; a missing, stale
 (its changes pruned) or unreadable file is rebuilt from the rows.
 
+A search, and an upsert of a few records under ``synchronous=NORMAL``, runs on the calling thread
+when the index is up to date and the connection idle (an upsert also needs SQLite's write lock free
+at once): handing it to the store's worker thread and back would cost more than the work. Whatever
+may wait — another writer's lock, a catch-up, saving the index, a WAL checkpoint, an fsync — runs on
+the worker thread (this connection checkpoints the WAL there itself, every few hundred records).
+
+A small collection (``scan_limit``: about 4 MB of 8-bit vectors, 10,000 of 384 dimensions) is
+searched by scanning every vector of the index instead of walking its graph: a graph walk through a
+few thousand records finds only about 90% of the true top 10 (clustered vectors: the rest of the top
+10 lies in other clusters), a scan finds them all, for about half a millisecond more at 10,000.
+
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
-index deeper until `k` of them are found.
+index deeper (or scanning it) until `k` of them are found.
 """
 
 from __future__ import annotations
@@ -85,11 +96,30 @@ END
 # beside it. Both the candidates and the search expansion grow with the collection (`_depth`): the
 # denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
 # distances rank below the first few dozen. Up to 200,000 records: 40 candidates (at least 3 k),
-# expansion 64 (recall@10 1.000 at 100,000 x 384); at 1,000,000: 200 candidates, expansion 500
-# (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64, which keeps an
-# insert near half a millisecond (128 doubles it for no recall gain once candidates are re-scored).
-_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 64, 40
+# expansion 40 to 100 (50 at 100,000 x 384: recall@10 1.000, as with 64, for 17% less CPU per search;
+# 40 still finds 0.993 of the true top 10 at 24,000, 0.999 at 32,000); at 1,000,000: 200 candidates,
+# expansion 500 (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64,
+# which keeps an insert near half a millisecond (128 doubles it for no recall gain once candidates
+# are re-scored).
+_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 40
 _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
+# Up to this many bytes of 8-bit vectors a search scans them all (usearch's exhaustive search, SIMD)
+# instead of walking the graph. The two cost the same near 2,000 x 384 (0.2 ms of CPU for the index
+# alone); at 10,000 a scan costs 0.55 ms and finds the whole true top 10, a walk 0.3 ms and finds 0.93
+# of it (clustered vectors), and from about 25,000 the walk finds 0.99 at a fraction of a scan's cost
+# (1.7 ms at 20,000). So: a scan up to about 10,000 x 384, where a search through the store costs
+# about half a millisecond more than with a walk, for the whole top 10 instead of nine tenths of it.
+_SCAN_BYTES = 4_000_000
+# An upsert of at most this many records, with ``synchronous=NORMAL`` (no fsync at commit), into an
+# index that is up to date runs on the calling thread when the connection is idle and no other
+# connection holds the write lock: a fraction of a millisecond per record, less than handing it to the
+# worker thread and back costs. It never waits there: a busy file, a stale index (catching up may read
+# many rows), a save of the index or a WAL checkpoint (fsyncs) go to the worker thread.
+_QUICK_RECORDS = 4
+# This connection checkpoints the WAL itself, on the worker thread, after this many records written
+# (instead of SQLite's automatic checkpoint at 1,000 pages, which a commit on the calling thread would
+# wait for): about the same amount of WAL for one-record upserts.
+_CHECKPOINT_RECORDS = 200
 
 
 def _depth(size: int, k: int) -> tuple[int, int]:
@@ -187,7 +217,9 @@ class _Collection:
         for key in keys.tolist():
             if key in self.metas:
                 self.forget(key)
-        if self.index is not None:
+        # Every known key is in the index (`put` adds both; a loaded index gets its missing keys added):
+        # when the index holds no more keys than are known, it holds none of the others.
+        if self.index is not None and len(self.index) > len(self.metas):
             held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
             if held.any():
                 self.index.remove(keys[held])
@@ -252,24 +284,31 @@ class SQLiteVectorStore(VectorStore):
     """Vectors in a SQLite file with an HNSW index (usearch) and FTS5 keyword search.
 
     Made by `SQLiteStore.vectors()` (same file as the sessions) or directly. `exact_limit`: a metadata
-    filter keeping at most this many records is searched exactly. `index_dir` is where the HNSW indexes
+    filter keeping at most this many records is searched exactly. `scan_limit`: a collection of at most
+    this many records is searched by scanning all its (8-bit) vectors instead of walking the HNSW graph,
+    then re-scoring the best exactly (default: as many as 4 MB holds, 10,416 of 384 dimensions; 0 always
+    walks the graph). `index_dir` is where the HNSW indexes
     are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
     `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
     process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
     """
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, exact_limit: int = 4096,
-                 index_dir: str | Path | None = None, synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+                 scan_limit: int | None = None, index_dir: str | Path | None = None,
+                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         self.synchronous = synchronous
         self.path = str(path)
         self.exact_limit = exact_limit
+        self.scan_limit = scan_limit
         self._busy_ms = int(busy_timeout * 1000)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-vectors")
         self._lock = threading.Lock()  # held by whichever thread uses the connection and the indexes
         self._conn: sqlite3.Connection | None = None
         self._cache: dict[str, _Collection] = {}
+        self._unchecked = 0  # records written by this connection since its last WAL checkpoint
+        self._checkpoint_queued = False
         memory = self.path == ":memory:" or self.path.startswith("file::memory:")
         default = None if memory else Path(self.path + ".vectors")
         self.index_dir = Path(index_dir) if index_dir is not None else default
@@ -282,6 +321,7 @@ class SQLiteVectorStore(VectorStore):
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             use_wal(conn, self._busy_ms)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # (`_wrote` checkpoints, on the worker thread)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 columns = [r[1] for r in conn.execute("PRAGMA table_info(cp_vectors)")]
@@ -339,55 +379,145 @@ class SQLiteVectorStore(VectorStore):
         if len(dims) > 1:
             raise UsageError(f"one upsert mixes vector sizes {sorted(dims)}; use one embedder per collection")
 
-        def op(conn: sqlite3.Connection) -> None:
-            cached = self._cache.get(collection)
-            version = cached.version if cached is not None else None
-            self._writing(collection)
-            conn.execute("BEGIN IMMEDIATE")
+        if len(prepared) <= _QUICK_RECORDS and self.synchronous == "NORMAL" and self._conn is not None \
+                and self._lock.acquire(blocking=False):
             try:
-                # The index is current when no other connection committed since it was last found so
-                # (this one holds the write lock now): then the changes this transaction logs are the
-                # only ones it lacks, and it takes them from `prepared` instead of reading them back.
-                current = (cached is not None and version is not None and bool(cached.metas)
-                           and conn.execute("PRAGMA data_version").fetchone()[0] == version)
-                held = cached.dim if cached is not None and current else None
-                if held is None:
-                    row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1",
-                                       (collection,)).fetchone()
-                    held = None if row is None else row[0]
-                if held is not None and held not in dims:
-                    raise UsageError(f"collection {collection!r} holds {held}-dimension vectors, these have "
-                                     f"{dims.pop()}; use one embedder per collection")
-                conn.executemany(
-                    "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
-                    "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
-                    "keywords = excluded.keywords", prepared)
-                logged = conn.execute("SELECT seq, key FROM cp_vector_changes WHERE collection = ? AND seq > ? "
-                                      "ORDER BY seq", (collection, cached.seq)).fetchall() \
-                    if current and cached is not None else []
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            if cached is None:
-                return
-            if not current or len(logged) != len(prepared):  # (one change per record: else read them back)
-                self._sync(conn, collection)  # the index follows the file, not the other way round
-                return
-            try:
-                rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
-                cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
-                cached.seq = logged[-1][0]
-                cached.changed += len(logged)
-                cached.dirty = True
-                self._maybe_save(conn, collection, cached)
-            except BaseException:
-                self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
-                raise
-            cached.version = version  # own commits leave ``data_version`` as it was
+                if self._conn is not None and self._write(self._conn, collection, prepared, dims, quick=True):
+                    return
+            finally:
+                self._lock.release()
+        await self._run(lambda conn: self._write(conn, collection, prepared, dims, quick=False))
 
-        await self._run(op)
+    def _write(self, conn: sqlite3.Connection, collection: str, prepared: list[tuple[Any, ...]], dims: set[int],
+               quick: bool) -> bool:
+        """Commit `prepared` rows, then bring the index up to date; return whether it was done.
+
+        With `quick` (on the calling thread) nothing is done and ``False`` returned unless the index is
+        up to date and the write lock is free at once.
+        """
+        cached = self._cache.get(collection)
+        version = cached.version if cached is not None else None
+        current = self._begin(conn, collection, cached, version, quick)
+        if current is None:
+            return False
+        try:
+            logged = self._insert(conn, collection, prepared, dims, cached if current else None)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        self._wrote(conn, len(prepared), quick)
+        if cached is None:
+            return True
+        if not current or len(logged) != len(prepared):  # (one change per record: else read them back)
+            self._sync(conn, collection)  # the index follows the file, not the other way round
+            return True
+        try:
+            self._put_own(conn, collection, cached, prepared, logged, quick)
+        except BaseException:
+            self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
+            raise
+        cached.version = version  # own commits leave ``data_version`` as it was
+        return True
+
+    def _begin(self, conn: sqlite3.Connection, collection: str, cached: _Collection | None, version: int | None,
+               quick: bool) -> bool | None:
+        """Begin the write transaction; return whether the index is current (``None``: `quick`, and not now).
+
+        The index is current when no other connection committed since it was last found so (this one
+        holds the write lock now): then the changes the transaction logs are the only ones it lacks,
+        and it takes them from the rows written instead of reading them back.
+        """
+        if quick:
+            if cached is None or version is None or not cached.metas or not self._begin_at_once(conn, version):
+                return None
+            self._writing(collection)
+            return True
+        self._writing(collection)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            return (cached is not None and version is not None and bool(cached.metas)
+                    and conn.execute("PRAGMA data_version").fetchone()[0] == version)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _begin_at_once(self, conn: sqlite3.Connection, version: int) -> bool:
+        """Begin a write transaction if the lock is free now and no other connection committed since `version`."""
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # another connection is writing: wait for it on the worker thread
+            return False
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        if conn.execute("PRAGMA data_version").fetchone()[0] != version:  # another connection committed
+            conn.execute("ROLLBACK")
+            return False
+        return True
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, collection: str, prepared: list[tuple[Any, ...]], dims: set[int],
+                current: _Collection | None) -> list[tuple[int, int]]:
+        """Insert or replace the rows (in the open transaction); return the changes logged since `current`'s."""
+        held = current.dim if current is not None else None
+        if held is None:
+            row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
+            held = None if row is None else row[0]
+        if held is not None and held not in dims:
+            raise UsageError(f"collection {collection!r} holds {held}-dimension vectors, these have "
+                             f"{dims.pop()}; use one embedder per collection")
+        conn.executemany(
+            "INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection, id) DO UPDATE SET dim = excluded.dim, "
+            "vector = excluded.vector, text = excluded.text, metadata = excluded.metadata, "
+            "keywords = excluded.keywords", prepared)
+        if current is None:
+            return []
+        return conn.execute("SELECT seq, key FROM cp_vector_changes WHERE collection = ? AND seq > ? ORDER BY seq",
+                            (collection, current.seq)).fetchall()
+
+    def _put_own(self, conn: sqlite3.Connection, collection: str, cached: _Collection,
+                 prepared: list[tuple[Any, ...]], logged: list[tuple[int, int]], quick: bool) -> None:
+        """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index."""
+        rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
+        cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
+        cached.seq = logged[-1][0]
+        cached.changed += len(logged)
+        cached.dirty = True
+        if not quick:
+            self._maybe_save(conn, collection, cached)
+        elif self._save_due(cached):  # (writing the whole index: not on the calling thread)
+            self._later(lambda c: self._maybe_save(c, collection, self._cache.get(collection)))
+
+    def _wrote(self, conn: sqlite3.Connection, records: int, quick: bool) -> None:
+        """After a commit of `records` rows: checkpoint the WAL when due (later, on the worker thread, if `quick`)."""
+        self._unchecked += records
+        if self._unchecked < _CHECKPOINT_RECORDS:
+            return
+        if quick:
+            if not self._checkpoint_queued:
+                self._checkpoint_queued = True
+                self._later(self._checkpoint)
+        else:
+            self._checkpoint(conn)
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        self._unchecked, self._checkpoint_queued = 0, False
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # (never waits for other connections)
+
+    def _later(self, fn: Any) -> None:
+        """Run ``fn(connection)`` on the worker thread, after what is queued there (a WAL checkpoint, an index save).
+
+        Its SQLite and file errors are dropped: a checkpoint or a save that failed is made again when
+        next due, and SQLite, not the saved index, holds the vectors.
+        """
+        def call() -> None:
+            with self._lock, contextlib.suppress(sqlite3.Error, OSError):
+                if self._conn is not None:
+                    fn(self._conn)
+
+        self._executor.submit(call)
 
     @staticmethod
     def _encode(record: VectorRecord) -> tuple[int, bytes, str, str, str]:
@@ -420,6 +550,7 @@ class SQLiteVectorStore(VectorStore):
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self._wrote(conn, n, quick=False)
             if collection in self._cache:
                 self._sync(conn, collection)
             return int(n)
@@ -461,8 +592,12 @@ class SQLiteVectorStore(VectorStore):
         cached.version = version  # read before the snapshot: a commit in between only costs a check
         return cached
 
-    def _maybe_save(self, conn: sqlite3.Connection, collection: str, cached: _Collection) -> None:
-        if cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE):
+    @staticmethod
+    def _save_due(cached: _Collection) -> bool:
+        return cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE)
+
+    def _maybe_save(self, conn: sqlite3.Connection, collection: str, cached: _Collection | None) -> None:
+        if cached is not None and cached.dirty and self._save_due(cached):
             self._save(conn, collection, cached)
 
     def _writing(self, collection: str) -> None:
@@ -631,9 +766,10 @@ class SQLiteVectorStore(VectorStore):
                  subset: set[int] | None) -> list[tuple[int, float]]:
         if subset is not None and not subset:
             return []
-        if len(c.metas) <= self.exact_limit or (subset is not None and len(subset) <= self.exact_limit):
+        if subset is not None and len(subset) <= self.exact_limit:
             return self._exact(c, q, k, subset)
-        return self._approximate(c, q, k, subset)
+        limit = self.scan_limit if self.scan_limit is not None else _SCAN_BYTES // max(1, c.dim)
+        return self._approximate(c, q, k, subset, scan=len(c.metas) <= limit)
 
     @staticmethod
     def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int,
@@ -652,17 +788,20 @@ class SQLiteVectorStore(VectorStore):
         return list(zip(map(keys.__getitem__, top.tolist()), scores[top].tolist(), strict=True))
 
     @classmethod
-    def _approximate(cls, c: _Collection, q: np.ndarray[Any, Any], k: int,
-                     subset: set[int] | None) -> list[tuple[int, float]]:
-        """Take candidates from the HNSW index (more while too few are in `subset`), re-score them exactly."""
+    def _approximate(cls, c: _Collection, q: np.ndarray[Any, Any], k: int, subset: set[int] | None,
+                     scan: bool = False) -> list[tuple[int, float]]:
+        """Take candidates from the HNSW index (more while too few are in `subset`), re-score them exactly.
+
+        With `scan`, the candidates are the nearest by the 8-bit vectors over the whole index (no graph walk).
+        """
         total = len(c.metas)
         expansion, want = _depth(total, k)
         if subset is not None:  # about 2 k of the subset expected among the candidates
             want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
-        if c.index.expansion_search != expansion:
+        if not scan and c.index.expansion_search != expansion:
             c.index.expansion_search = expansion
         while True:
-            keys = c.index.search(q, want, threads=1).keys.tolist()
+            keys = c.index.search(q, want, threads=1, exact=scan).keys.tolist()
             if subset is not None:
                 keys = [key for key in keys if key in subset]
             if len(keys) >= k or want >= total:
