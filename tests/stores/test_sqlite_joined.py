@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,18 +33,18 @@ def log_of(n: int) -> list[Message]:
 def rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the store read row by row (the reference the joined reads must match)."""
     read = sqlite_module._read_log
-    monkeypatch.setattr(sqlite_module, "_read_log", lambda conn, key, after, end, limit, joined: read(
-        conn, key, after, end, limit, False))
+    monkeypatch.setattr(sqlite_module, "_read_log", lambda conn, key, after, end, limit, sink: read(
+        conn, key, after, end, limit, None))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(0, 23), chunk=st.integers(1, 7), limit=st.none() | st.integers(1, 25),
+@given(n=st.integers(0, 23), chunk=st.integers(1, 7), first=st.integers(1, 7), limit=st.none() | st.integers(1, 25),
        after=st.none() | st.integers(0, 25), before=st.none() | st.integers(1, 26),
        checkpoint=st.integers(0, 23))
 async def test_joined_reads_match_row_reads_at_every_chunk_boundary(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, chunk: int, limit: int | None, after: int | None,
-        before: int | None, checkpoint: int) -> None:
-    path = tmp_path / f"s-{n}-{chunk}-{limit}-{after}-{before}-{checkpoint}.db"
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, chunk: int, first: int, limit: int | None,
+        after: int | None, before: int | None, checkpoint: int) -> None:
+    path = tmp_path / f"s-{n}-{chunk}-{first}-{limit}-{after}-{before}-{checkpoint}.db"
     path.unlink(missing_ok=True)
     log = log_of(n)
     async with SQLiteStore(path) as store:
@@ -51,6 +54,7 @@ async def test_joined_reads_match_row_reads_at_every_chunk_boundary(
             await store.save_checkpoint("t", "s", Checkpoint(checkpoint, Message.system("summary"), 1.0))
         with monkeypatch.context() as patch:
             patch.setattr(sqlite_module, "_JOINED_ROWS", chunk)
+            patch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", first)  # pieces first, 2 * first, ... up to chunk
             page = await store.load("t", "s", limit=limit, after=after, before=before)
             context = await store.load_context("t", "s", limit=limit)
         with monkeypatch.context() as patch:
@@ -84,7 +88,11 @@ async def damaged(tmp_path: Path, sql: str, *args: object) -> SQLiteStore:
     "[1, 2",  # opens the array the rows are joined into
     "1], [2",  # closes it
 ])
-async def test_a_damaged_row_is_still_named_by_its_sequence(tmp_path: Path, body: str) -> None:
+@pytest.mark.parametrize("pieces", [(256, 4096), (1, 2), (2, 3)])  # damage in the only piece, or a later one
+async def test_a_damaged_row_is_still_named_by_its_sequence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            body: str, pieces: tuple[int, int]) -> None:
+    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", pieces[0])
+    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", pieces[1])
     store = await damaged(tmp_path, "UPDATE cp_messages SET body = ? WHERE seq = 6", body)
     async with store:
         for load in (store.load("t", "s"), store.load_context("t", "s")):
@@ -94,6 +102,30 @@ async def test_a_damaged_row_is_still_named_by_its_sequence(tmp_path: Path, body
         assert len((await store.load("t", "s", limit=4)).messages) == 4  # the rows after it still load
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 15), data=st.data(), first=st.integers(1, 5), chunk=st.integers(1, 6),
+       body=st.sampled_from(['{"v": 1, "role": ', "", "[1, 2", "1], [2", '{"v": 1}']))
+async def test_damage_anywhere_in_any_piece_is_named_by_its_sequence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, data: st.DataObject, first: int, chunk: int,
+        body: str) -> None:
+    bad = data.draw(st.integers(1, n))
+    path = tmp_path / f"a-{n}-{bad}-{first}-{chunk}-{len(body)}.db"
+    path.unlink(missing_ok=True)
+    log = log_of(n)
+    async with SQLiteStore(path) as store:
+        await store.append("t", "s", log)
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("UPDATE cp_messages SET body = ? WHERE seq = ?", (body, bad))
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", first)
+            patch.setattr(sqlite_module, "_JOINED_ROWS", chunk)
+            for load in (store.load("t", "s"), store.load_context("t", "s")):
+                with pytest.raises(CorruptRecord) as info:
+                    await load
+                assert info.value.sequence == bad
+            assert (await store.load("t", "s", after=bad)).messages == log[bad:]  # the rest still loads
+
+
 async def test_a_body_indexed_under_another_id_is_named(tmp_path: Path) -> None:
     store = await damaged(tmp_path, "UPDATE cp_messages SET message_id = 'other' WHERE seq = 2")
     async with store:
@@ -101,11 +133,16 @@ async def test_a_body_indexed_under_another_id_is_named(tmp_path: Path) -> None:
             await store.load("t", "s")
 
 
-async def test_rows_missing_from_the_log_are_read_row_by_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pieces", [(256, 4096), (1, 2)])  # found in the only piece, or after pieces were decoded
+async def test_rows_missing_from_the_log_are_read_row_by_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             pieces: tuple[int, int]) -> None:
+    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", pieces[0])
+    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", pieces[1])
     store = await damaged(tmp_path, "DELETE FROM cp_messages WHERE seq = 4")
     async with store:
         page = await store.load("t", "s")
-    assert page.messages == LOG[:3] + LOG[4:]  # as before: the rows that are there, in order
+        _, context = await store.load_context("t", "s")
+    assert page.messages == context.messages == LOG[:3] + LOG[4:]  # as before: the rows that are there, in order
 
 
 async def test_ids_holding_nul_and_values_over_sqlites_limit_still_load(tmp_path: Path) -> None:
@@ -128,3 +165,96 @@ async def test_a_body_that_is_not_utf8_fails_as_row_by_row(tmp_path: Path, monke
         with pytest.raises(StoreError) as rows:
             await store.load("t", "s")
     assert str(joined.value) == str(rows.value) and "UTF-8" in str(joined.value)
+
+
+class Paced:
+    """Hold the store's thread after it hands over its first piece until the test says go (progress signals)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.handed = threading.Event()  # the first piece went to the event loop
+        self.go = threading.Event()
+        self.decoded = threading.Event()  # the event loop decoded a piece
+        self.seen_decoded = False  # the loop decoded the first piece while the thread was still reading
+        self.answers: list[bool] = []  # what each hand-over answered (False: nobody listens any more)
+        read, part = sqlite_module._read_log, sqlite_module.joined_part
+
+        def paced_read(conn: sqlite3.Connection, key: Any, after: int, end: int, limit: int | None,
+                       sink: Any) -> Any:
+            def paced_sink(piece: Any) -> bool:
+                self.answers.append(sink(piece))
+                if len(self.answers) == 1:
+                    self.handed.set()
+                    self.go.wait(30)  # a bound against a hung test only: the test sets it
+                    self.seen_decoded = self.decoded.is_set()
+                return self.answers[-1]
+            return read(conn, key, after, end, limit, paced_sink if sink is not None else None)
+
+        def decoding(piece: Any) -> Any:
+            out = part(piece)
+            self.decoded.set()
+            return out
+
+        monkeypatch.setattr(sqlite_module, "_read_log", paced_read)
+        monkeypatch.setattr(sqlite_module, "joined_part", decoding)
+        monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", 2)
+        monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", 3)
+
+
+@pytest.mark.parametrize("method", ["load", "load_context"])
+async def test_the_loop_decodes_a_piece_while_the_thread_reads_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    paced = Paced(monkeypatch)
+    async with SQLiteStore(tmp_path / "p.db") as store:
+        await store.append("t", "s", LOG)
+        task = asyncio.ensure_future(getattr(store, method)("t", "s"))
+        await asyncio.to_thread(paced.decoded.wait, 30)  # the first piece is decoded before the read goes on
+        paced.go.set()
+        result = await task
+    page = result if method == "load" else result[1]
+    assert page.messages == LOG and paced.seen_decoded and paced.answers == [True] * 4  # pieces of 2, 3, 3, 2
+
+
+@pytest.mark.parametrize("method", ["load", "load_context"])
+async def test_a_read_cancelled_midway_ends_its_transaction_and_the_store_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    paced = Paced(monkeypatch)
+    async with SQLiteStore(tmp_path / "c.db") as store:
+        await store.append("t", "s", LOG)
+        task = asyncio.ensure_future(getattr(store, method)("t", "s"))
+        await asyncio.to_thread(paced.handed.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        paced.go.set()
+        more = [Message.user("after")]
+        await store.append("t", "s", more)  # a write transaction: the read's snapshot was committed
+        assert paced.answers == [True, False]  # the read stopped at its next piece
+        paced.answers.clear()
+        assert (await store.load("t", "s")).messages == LOG + more
+    assert paced.answers == [True] * 4  # pieces of 2, 3, 3, 3
+
+
+@pytest.mark.parametrize("method", ["load", "load_context"])
+async def test_a_driver_error_midway_through_the_read_is_a_store_error_and_the_store_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    read = sqlite_module._read_log
+    handed: list[object] = []
+
+    def failing_read(conn: sqlite3.Connection, key: Any, after: int, end: int, limit: int | None, sink: Any) -> Any:
+        def failing_sink(piece: Any) -> bool:
+            handed.append(piece)
+            if len(handed) == 2:
+                raise sqlite3.OperationalError("disk I/O error")
+            return bool(sink(piece))
+        return read(conn, key, after, end, limit, failing_sink if sink is not None else None)
+
+    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", 2)
+    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", 3)
+    async with SQLiteStore(tmp_path / "e.db") as store:
+        await store.append("t", "s", LOG)
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite_module, "_read_log", failing_read)
+            with pytest.raises(StoreError, match="disk I/O error"):
+                await getattr(store, method)("t", "s")
+        await store.append("t", "s", [Message.user("after")])  # the read's transaction ended
+        assert len((await store.load("t", "s")).messages) == len(LOG) + 1

@@ -199,7 +199,7 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
 
 @dataclass(frozen=True, slots=True)
 class JoinedRows:
-    """Consecutive messages of a log read as one value instead of one row each (see `joined_page`)."""
+    """Consecutive messages of a log read as one value instead of one row each (see `joined_part`)."""
 
     first_seq: int
     """Sequence of the first message."""
@@ -214,8 +214,8 @@ class JoinedRows:
 _message_id: Final = operator.attrgetter("id")
 
 
-def joined_page(end: int, after: int | None, pieces: Sequence[JoinedRows]) -> MessagePage | None:
-    """Build a page from a log read as `JoinedRows` (in order), or return None when it must be read row by row.
+def joined_part(piece: JoinedRows) -> list[Message] | None:
+    """Decode one piece of a log read as `JoinedRows`, or return None when the log must be read row by row.
 
     Each body is one JSON value, so a piece decodes to exactly `count` messages whose ids are the
     indexed ones. Anything else (a damaged body, a body that is not one JSON value, a mismatched id,
@@ -223,20 +223,16 @@ def joined_page(end: int, after: int | None, pieces: Sequence[JoinedRows]) -> Me
     first that cannot be read, as it always has.
     """
     try:
-        decoded = loads_arrays([p.bodies for p in pieces])
+        [part] = loads_arrays([piece.bodies])
     except CodecError:
         return None
-    messages: list[Message] = []
-    for piece, part in zip(pieces, decoded, strict=True):
-        if len(part) != piece.count:
-            return None
-        ids = "\0".join(map(_message_id, part))
-        # Equal texts with count - 1 separators: neither side has a NUL inside an id, so the ids are equal.
-        if ids != piece.ids or ids.count("\0") != piece.count - 1:
-            return None
-        messages += part
-    first = pieces[0].first_seq if pieces else max(end, after or 0) + 1
-    return MessagePage(messages, first, first > 1)
+    if len(part) != piece.count:
+        return None
+    ids = "\0".join(map(_message_id, part))
+    # Equal texts with count - 1 separators: neither side has a NUL inside an id, so the ids are equal.
+    if ids != piece.ids or ids.count("\0") != piece.count - 1:
+        return None
+    return part
 
 
 # --- the one translation of driver and network errors --------------------------------------------------

@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeAlias, TypeGuard, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeAlias, TypeVar
 from urllib.parse import quote
 
 from typing_extensions import override
@@ -45,7 +47,7 @@ from ._common import (
     encode_cursor,
     encode_state,
     encode_trace,
-    joined_page,
+    joined_part,
     key_of,
     lease_is_free,
     make_page,
@@ -447,22 +449,23 @@ class SQLiteStore(SessionStore):
     ) -> MessagePage:
         key = key_of(tenant, session_id)
         check_limit(limit)
-        end, log = await self._run(self._load_rows, key, limit, before, after, True)
-        page = joined_page(end, after, log) if _all_joined(log) else None
-        if page is None:  # read row by row: a damaged message is named by its sequence
-            end, rows = await self._run(self._load_rows, key, limit, before, after, False)
-            page = make_page(self.backend, key, end, after, _rows(rows))
-        return page
+        (end, rows), messages, first = await self._read_joined(self._load_rows, key, limit, before, after)
+        if rows is None and messages is not None:
+            first = first or max(end, after or 0) + 1
+            return MessagePage(messages, first, first > 1)
+        if rows is None:  # read row by row: a damaged message is named by its sequence
+            end, rows = await self._run(self._load_rows, key, limit, before, after, None)
+        return make_page(self.backend, key, end, after, rows or [])
 
     def _load_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, before: int | None,
-                   after: int | None, joined: bool) -> tuple[int, _Log]:
+                   after: int | None, sink: _Sink | None) -> tuple[int, _Rows | None]:
         conn.execute("BEGIN")  # one snapshot for the end of the log and its messages
         try:
             row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
             if row is None:
                 return 0, []
             end = int(row["last_seq"]) if before is None else max(0, min(before - 1, int(row["last_seq"])))
-            return end, _read_log(conn, key, after or 0, end, limit, joined)
+            return end, _read_log(conn, key, after or 0, end, limit, sink)
         finally:
             conn.execute("COMMIT")
 
@@ -473,16 +476,19 @@ class SQLiteStore(SessionStore):
     ) -> tuple[Checkpoint | None, MessagePage]:
         key = key_of(tenant, session_id)
         check_limit(limit)
-        body, floor, end, log = await self._run(self._context_rows, key, limit, True)
-        page = joined_page(end, floor or None, log) if _all_joined(log) else None
-        if page is None:  # read row by row: a damaged message is named by its sequence
-            body, floor, end, log = await self._run(self._context_rows, key, limit, False)
-            page = make_page(self.backend, key, end, floor or None, _rows(log))
+        (body, floor, end, rows), messages, first = await self._read_joined(self._context_rows, key, limit)
+        if rows is None and messages is not None:
+            first = first or max(end, floor) + 1
+            page = MessagePage(messages, first, first > 1)
+        else:
+            if rows is None:  # read row by row: a damaged message is named by its sequence
+                body, floor, end, rows = await self._run(self._context_rows, key, limit, None)
+            page = make_page(self.backend, key, end, floor or None, rows or [])
         checkpoint = decode_checkpoint(self.backend, key, body) if body is not None else None
         return checkpoint, page
 
-    def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, joined: bool
-                      ) -> tuple[str | None, int, int, _Log]:
+    def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, sink: _Sink | None
+                      ) -> tuple[str | None, int, int, _Rows | None]:
         conn.execute("BEGIN")  # one snapshot for the checkpoint and the messages
         try:
             row = conn.execute(_LIVE_LAST_SEQ, (key.tenant, key.id, self._clock())).fetchone()
@@ -492,10 +498,49 @@ class SQLiteStore(SessionStore):
                                 "ORDER BY seq DESC LIMIT 1", (key.tenant, key.id)).fetchone()
             floor = int(ckpt["seq"]) if ckpt else 0
             end = int(row["last_seq"])
-            log = _read_log(conn, key, floor, end, limit, joined)
+            rows = _read_log(conn, key, floor, end, limit, sink)
         finally:
             conn.execute("COMMIT")
-        return (str(ckpt["body"]) if ckpt else None), floor, end, log
+        return (str(ckpt["body"]) if ckpt else None), floor, end, rows
+
+    async def _read_joined(self, fn: Callable[..., T], /, *args: Any) -> tuple[T, list[Message] | None, int | None]:
+        """Run ``fn(conn, *args, sink)`` on the store's thread, decoding each joined piece as it arrives.
+
+        The read stays one job in one transaction; as the thread finishes a piece, it hands it to
+        the event loop, which decodes it while the thread reads the next (SQLite works without the
+        interpreter lock). Returns fn's result, the decoded messages (None when a piece could not be
+        decoded: the reader was told to stop, and the log must be read row by row) and the first
+        piece's sequence. When fn read rows instead (a piece failed its checks on the thread),
+        whatever was decoded is to be discarded by the caller.
+
+        Cancelled, the loop stops listening; the thread ends the read after its current piece and
+        commits, so the store stays usable.
+        """
+        if self._closed:
+            raise StoreError("the SQLite store is closed", backend=self.backend, server=self.path)
+        loop = asyncio.get_running_loop()
+        arrived = _Handoff(loop)
+        job = loop.run_in_executor(self._executor, lambda: self._call(fn, *args, arrived.put))
+        job.add_done_callback(arrived.end)
+        messages: list[Message] | None = []
+        first: int | None = None
+        try:
+            while (piece := await arrived.get()) is not None:
+                if messages is None:
+                    continue
+                part = joined_part(piece)
+                if part is None:
+                    arrived.close()  # the log will be read row by row: the rest of this read is not needed
+                    messages = None
+                else:
+                    first = piece.first_seq if first is None else first
+                    messages += part
+            result, dropped = await job
+        finally:
+            arrived.close()
+        if dropped:
+            await self._notify_restarted(dropped)
+        return result, messages, first
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -632,16 +677,82 @@ class SQLiteStore(SessionStore):
         self._executor.shutdown(wait=True)
 
 
-_Log: TypeAlias = "list[JoinedRows] | list[tuple[int, str, str]]"
-"""A log as read: a few `JoinedRows`, or one ``(seq, message_id, body)`` row per message."""
+_Rows: TypeAlias = "list[tuple[int, str, str]]"
+"""A log read row by row: one ``(seq, message_id, body)`` row per message."""
+
+_Sink: TypeAlias = "Callable[[JoinedRows], bool]"
+"""Where a joined read hands each piece (on the store's thread); False when nobody listens any more."""
+
+_FIRST_JOINED_ROWS: Final = 256
+"""Messages in the first joined read: small, so that decoding starts at once (each next read is twice as large)."""
 
 _JOINED_ROWS: Final = 4096
-"""Messages per joined read: few Python objects per message, and a bounded string per read."""
+"""Largest joined read: few Python objects per message, and a bounded string per read."""
 
 _JOINED: Final = ("SELECT CAST('[' || group_concat(body, ',') || ']' AS BLOB), group_concat(seq - ?), "
                   "group_concat(message_id, char(0)), "
                   "count(*) FROM (SELECT seq, message_id, body FROM cp_messages WHERE tenant = ? AND session_id = ? "
                   "AND seq > ? AND seq <= ? ORDER BY seq)")
+
+
+class _Handoff:
+    """Pieces of a joined read, handed from the store's thread to the event loop as they are read.
+
+    The thread appends under a lock and wakes the loop only when it waits for a piece: a loop busy
+    decoding finds the next piece there when it asks, and the thread goes on to its next read
+    without giving the interpreter lock to the loop first (a wake-up writes to the loop's socket,
+    which would let the loop take the lock, and the thread wait for it until the loop lets go).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pieces: deque[JoinedRows | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def put(self, piece: JoinedRows) -> bool:
+        """Hand `piece` over (on the store's thread); return False when the loop no longer listens."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._pieces.append(piece)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            try:
+                self._loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:  # the event loop is closed: nobody is listening
+                return False
+        return True
+
+    def end(self, job: asyncio.Future[Any]) -> None:
+        """Mark the read ended (on the loop, when its job is done; its outcome is taken where it is awaited)."""
+        if not job.cancelled():
+            job.exception()  # retrieved here too: a cancelled reader no longer awaits the job
+        with self._lock:
+            self._pieces.append(None)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            _wake(waiter)
+
+    def close(self) -> None:
+        """Stop listening: the thread ends its read at its next piece."""
+        with self._lock:
+            self._closed = True
+
+    async def get(self) -> JoinedRows | None:
+        """Return the next piece, or None once the read has ended."""
+        while True:
+            with self._lock:
+                if self._pieces:
+                    return self._pieces.popleft()
+                waiter = self._waiter = self._loop.create_future()
+            await waiter
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @functools.lru_cache(maxsize=16)
@@ -650,42 +761,40 @@ def _counting(count: int) -> str:
     return ",".join(map(str, range(1, count + 1)))
 
 
-def _all_joined(log: _Log) -> TypeGuard[list[JoinedRows]]:
-    return not log or type(log[0]) is JoinedRows
-
-
-def _rows(log: _Log) -> list[tuple[int, str, str]]:
-    """`log` read row by row (``joined=False``)."""
-    return cast("list[tuple[int, str, str]]", log)
-
-
 def _read_log(conn: sqlite3.Connection, key: SessionKey, after: int, end: int, limit: int | None,
-              joined: bool) -> _Log:
+              sink: _Sink | None) -> _Rows | None:
     """Read the messages after `after` up to `end` (the newest `limit` of them), oldest first.
 
-    Joined (the fast way), a few thousand messages come as one value each (`JoinedRows`) instead of
-    one row each: far fewer Python objects to make. Sequences are contiguous, so the range is known;
-    each read is checked to hold exactly its sequences, in order (SQLite does not promise the order
-    in which ``group_concat`` sees rows), and the log is read row by row when one does not or when a
-    read would exceed SQLite's largest value. Bodies come as UTF-8 bytes, which the JSON parser
-    reads as they are (no text object to make first).
+    With a `sink` (the fast way), a few thousand messages come as one value each (`JoinedRows`)
+    instead of one row each: far fewer Python objects to make. Each piece goes to `sink` as soon as
+    it is read, and None is returned; the first pieces are small, so the reader can start decoding
+    at once. Sequences are contiguous, so the range is known; each read is checked to hold exactly
+    its sequences, in order (SQLite does not promise the order in which ``group_concat`` sees rows),
+    and the log is read row by row (and returned) when one does not or when a read would exceed
+    SQLite's largest value. Bodies come as UTF-8 bytes, which the JSON parser reads as they are (no
+    text object to make first). When the sink stops listening, the read ends there (None). Without a
+    sink, the log is read row by row.
     """
-    if not joined:
+    if sink is None:
         return _message_rows(conn, key, after, end, limit)
     start = after if limit is None else max(after, end - limit)
     cursor = conn.cursor()
     cursor.row_factory = None
-    pieces: list[JoinedRows] = []
-    for low in range(start, end, _JOINED_ROWS):
-        high = min(low + _JOINED_ROWS, end)
+    low = start
+    size = min(_FIRST_JOINED_ROWS, _JOINED_ROWS)
+    while low < end:
+        high = min(low + size, end)
         try:
             bodies, seqs, ids, count = cursor.execute(_JOINED, (low, key.tenant, key.id, low, high)).fetchone()
         except sqlite3.DataError:  # too big for one value
             return _message_rows(conn, key, after, end, limit)
         if count != high - low or seqs != _counting(count):  # sequences low + 1, low + 2, ... in order
             return _message_rows(conn, key, after, end, limit)
-        pieces.append(JoinedRows(low + 1, count, bodies, ids))
-    return pieces
+        if not sink(JoinedRows(low + 1, count, bodies, ids)):
+            return None
+        low = high
+        size = min(size * 2, _JOINED_ROWS)
+    return None
 
 
 def _message_rows(conn: sqlite3.Connection, key: SessionKey, after: int, end: int,
