@@ -114,6 +114,10 @@ def test_combmnz_scales_each_ranking_and_rewards_agreement() -> None:
     assert [(h.id, h.score) for h in weighted] == [("a", 1.0), ("b", 0.5), ("c", pytest.approx(0.4))]
     assert [(h.id, h.score) for h in combmnz(hits(("x", 3.0), ("y", 3.0)), [])] == [("x", 1.0), ("y", 1.0)]
     assert combmnz([], []) == [] and fuse(by_vector, by_keywords, k=4) == fused
+    # A ranking weighted 0 is off: the order is the other ranking's, as with `rrf`.
+    by_vector, by_keywords = hits(("a", 0.9), ("b", 0.8), ("c", 0.1)), hits(("b", 7.0), ("z", 1.0))
+    assert [h.id for h in combmnz(by_vector, by_keywords, k=4, weights=(1.0, 0.0))] == ["a", "b", "c", "z"]
+    assert combmnz(by_vector, by_keywords, k=1, weights=(0.0, 1.0))[0].id == "b"
 
 
 @settings(max_examples=200, deadline=None)

@@ -237,9 +237,10 @@ def combmnz(*rankings: Sequence[SearchHit], k: int = 5, weights: Sequence[float]
     """Score fusion (CombMNZ): each ranking's scores scaled to 0..1, summed, times how many rankings found the record.
 
     Within each ranking the best score becomes 1 and the worst 0 (a ranking whose scores are all
-    equal gives each 1), so cosine similarities and BM25 scores add up on one scale, and a record
-    both sides found outranks one that only one side liked as much. As with `rrf`, the first ranking
-    is the vector one and the second the keyword one (their own scores are kept).
+    equal gives each 1), times the ranking's weight (a ranking weighted 0 counts for nothing), so
+    cosine similarities and BM25 scores add up on one scale, and a record both sides found outranks
+    one that only one side liked as much. As with `rrf`, the first ranking is the vector one and the
+    second the keyword one (their own scores are kept).
 
     >>> from contextpipe.vectors import SearchHit
     >>> by_vector = [SearchHit("a", 0.9, "", {}), SearchHit("b", 0.8, "", {}), SearchHit("c", 0.1, "", {})]
@@ -261,7 +262,7 @@ def combmnz(*rankings: Sequence[SearchHit], k: int = 5, weights: Sequence[float]
                 continue  # a record twice in one ranking counts once, at its better place
             scaled = (hit.score - low) / (high - low) if high > low else 1.0
             fused[hit.id] = fused.get(hit.id, 0.0) + weight * scaled
-            found[hit.id] = found.get(hit.id, 0) + 1
+            found[hit.id] = found.get(hit.id, 0) + (weight > 0)  # a ranking weighted 0 is off
             first.setdefault(hit.id, hit)
             sides.setdefault(hit.id, {})[side] = hit.score
     total = {i: fused[i] * found[i] for i in fused}

@@ -504,7 +504,8 @@ class SQLiteVectorStore(VectorStore):
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         self._unchecked, self._checkpoint_queued = 0, False
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # (never waits for other connections)
+        with contextlib.suppress(sqlite3.Error):  # the write is saved already; the next one is due soon
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # (never waits for other connections)
 
     def _later(self, fn: Any) -> None:
         """Run ``fn(connection)`` on the worker thread, after what is queued there (a WAL checkpoint, an index save).
