@@ -93,7 +93,7 @@ class SemanticMemory(ContextProvider):
     default), a query naming people or places is also embedded without the names, and the vector side
     searches with the mean of the two vectors (every memory carries its author's name, so a name can
     otherwise outweigh what is asked about; the keyword side searches the question as asked). Better
-    recall (README) for about a tenth more embedding time: both are embedded in one batch.
+    recall (README) for a few milliseconds more per recall: both are embedded in one batch.
 
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
