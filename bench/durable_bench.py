@@ -93,13 +93,20 @@ def conversation(n: int, seed: int = 7) -> list[Any]:
 
 
 def fixture(workdir: Path, n: int) -> Path:
-    """Return the path of a SQLite file holding session SESSION with `n` messages (built once)."""
-    from contextpipe.stores import SQLiteStore
+    """Return the path of a SQLite file holding session SESSION with `n` messages (built once).
 
-    path = workdir / f"session-{n}.db"
+    One file per stored form (the SQLite schema version of the contextpipe running): a file built by
+    another release would hold its rows in that release's form.
+    """
+    from contextpipe.stores import SQLiteStore
+    from contextpipe.stores import sqlite as sqlite_store
+
+    schema = getattr(sqlite_store, "SQLITE_SCHEMA_VERSION", 2)
+    name = f"session-{n}" if schema == 2 else f"session-{n}-schema{schema}"
+    path = workdir / f"{name}.db"
     if path.exists():
         return path
-    tmp = workdir / f"session-{n}.building.db"
+    tmp = workdir / f"{name}.building.db"
     for suffix in ("", "-wal", "-shm"):
         Path(str(tmp) + suffix).unlink(missing_ok=True)
 

@@ -687,7 +687,7 @@ def _gc_paused(pause: bool) -> Iterator[None]:
             gc.enable()
 
 
-_PROMOTE: Final = 5000
+_PROMOTE: Final = 1000
 """Young objects (after a batch) above which they are moved to the oldest generation at once."""
 
 
@@ -735,36 +735,75 @@ def _build(data: list[Any], out: list[Message]) -> None:
     here directly, with every check `message_from_dict` makes on them; the rest go through it.
     """
     append = out.append
-    sources: dict[tuple[int, str | None], Source] = {}
+    sources: dict[tuple[int, str | None], Any] = {}  # the few sources of a log, each built once
+    message_class, shell, roles, empty, invalid = Message, _Shell, _ROLE_ORDER, _EMPTY, _INVALID
+    text_class, text_shell, call_class, call_shell = TextPart, _TextShell, FunctionCall, _CallShell
+    result_class, result_shell = FunctionResult, _ResultShell
     for d in data:
-        if type(d) is list and len(d) == 5:  # the compact form with one part and nothing optional
-            head, message_id, created_at, source_id, only = d
-            if type(head) is int and 0 <= head < _PLAIN_HEADS and type(message_id) is str and type(created_at) is float:
-                part = _compact_common(only)
-                source: Source | None = None
-                if part is not None and head >= 4:
-                    source = sources.get((head >> 2, source_id)) if source_id is None or type(source_id) is str \
-                        else None
-                    if source is None and (source_id is None or type(source_id) is str):
-                        source = sources[head >> 2, source_id] = Source(_SOURCE_ORDER[(head >> 2) - 1], source_id)
-                    if source is None:
-                        part = None
-                elif source_id is not None:
-                    part = None
-                if part is not None:
-                    m: Any = _Shell()
-                    m.role = _ROLE_ORDER[head & 3]
-                    m.parts = (part,)
-                    m.id = message_id
-                    m.author_name = None
-                    m.created_at = created_at
-                    m.metadata = _EMPTY
-                    m.source = source
-                    m._tool_flag = _TOOL_FLAG[part.kind]
-                    m.__class__ = Message
-                    append(m)
-                    continue
-        elif type(d) is dict and len(d) == 5:
+        if type(d) is list:
+            # The compact form with one part and nothing optional: built here, with every check
+            # `_from_compact` makes on it (anything else goes through it).
+            if len(d) == 5:
+                head, message_id, created_at, source_id, only = d
+                if type(head) is int and 0 <= head < _PLAIN_HEADS and type(message_id) is str \
+                        and type(created_at) is float:
+                    source: Any = None
+                    if head >= 4:
+                        if source_id is None or type(source_id) is str:
+                            source = sources.get((head, source_id))
+                            if source is None:
+                                source = sources[head, source_id] = Source(_SOURCE_ORDER[(head >> 2) - 1], source_id)
+                        else:
+                            source = invalid
+                    elif source_id is not None:
+                        source = invalid
+                    part: Any = None
+                    kind = type(only)
+                    if kind is str:
+                        part = text_shell()
+                        part.text = only
+                        part.kind = "text"
+                        part.__class__ = text_class
+                        flag = 0
+                    elif kind is list:
+                        n = len(only)
+                        if n == 3:
+                            call_id, name, arguments = only
+                            if type(call_id) is str and type(name) is str and type(arguments) is str:
+                                part = call_shell()
+                                part.call_id = call_id
+                                part.name = name
+                                part.arguments = arguments
+                                part.kind = "function_call"
+                                part.__class__ = call_class
+                                flag = 1
+                        elif n == 2:
+                            call_id, result = only
+                            if type(call_id) is str and type(result) is str:
+                                part = result_shell()
+                                part.call_id = call_id
+                                part.result = result
+                                part.is_error = False
+                                part.parts = ()
+                                part.kind = "function_result"
+                                part.__class__ = result_class
+                                flag = 2
+                    if part is not None and source is not invalid:
+                        m: Any = shell()
+                        m.role = roles[head & 3]
+                        m.parts = (part,)
+                        m.id = message_id
+                        m.author_name = None
+                        m.created_at = created_at
+                        m.metadata = empty
+                        m.source = source
+                        m._tool_flag = flag
+                        m.__class__ = message_class
+                        append(m)
+                        continue
+            append(_from_compact(d))
+            continue
+        if type(d) is dict and len(d) == 5:
             try:  # five keys, each of them present, is exactly the required ones: nothing optional
                 parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
             except KeyError:
@@ -789,6 +828,7 @@ def _build(data: list[Any], out: list[Message]) -> None:
 
 
 _TOOL_FLAG: Final = {"text": 0, "function_call": 1, "function_result": 2}
+_INVALID: Final = object()
 
 
 def _common_part(only: Any) -> Any:
@@ -823,38 +863,6 @@ def _common_part(only: Any) -> Any:
             part.parts = ()
             part.kind = "function_result"
             part.__class__ = FunctionResult
-    return part
-
-
-def _compact_common(only: Any) -> Any:
-    """Return the part `only` encodes in the compact form if it is a text, a function call or a plain result."""
-    part: Any = None
-    if type(only) is str:
-        part = _TextShell()
-        part.text = only
-        part.kind = "text"
-        part.__class__ = TextPart
-    elif type(only) is list:
-        n = len(only)
-        if n == 3:
-            call_id, name, arguments = only
-            if type(call_id) is str and type(name) is str and type(arguments) is str:
-                part = _CallShell()
-                part.call_id = call_id
-                part.name = name
-                part.arguments = arguments
-                part.kind = "function_call"
-                part.__class__ = FunctionCall
-        elif n == 2:
-            call_id, result = only
-            if type(call_id) is str and type(result) is str:
-                part = _ResultShell()
-                part.call_id = call_id
-                part.result = result
-                part.is_error = False
-                part.parts = ()
-                part.kind = "function_result"
-                part.__class__ = FunctionResult
     return part
 
 
