@@ -172,6 +172,12 @@ def test_the_compact_form_holds_every_field() -> None:
     assert loads(dumps_compact(error)) == error
     odd = Message("user", (TextPart("x"),), id=7, created_at=1.0)  # type: ignore[arg-type]
     assert dumps_compact(odd) == dumps(odd)  # what the compact form cannot hold is written in the full form
+    late = Message.user("x", created_at=2**60)
+    assert dumps_compact(late) == dumps(late)
+    # Values only the standard library parses (NaN, integers beyond 64 bits) come back too.
+    unusual = Message.user("x", metadata={"score": float("nan"), "big": 2**70})
+    [decoded_log] = loads_arrays(["[" + dumps_compact(Message.user("a")) + "," + dumps_compact(unusual) + "]"])
+    assert decoded_log[1].metadata["big"] == 2**70 and decoded_log[1].id == unusual.id
 
 
 _PLAIN_PARTS = ["hi", ["c", "n", "{}"], ["c", "ok"]]

@@ -498,7 +498,8 @@ def dumps_compact(message: Message) -> str:
     """
     role, message_id, created_at, source = message.role, message.id, message.created_at, message.source
     head = _ROLE_CODE.get(role) if type(role) is str else None
-    if head is None or type(message_id) is not str or (type(created_at) is not float and type(created_at) is not int):
+    if head is None or type(message_id) is not str or (type(created_at) is not float and (
+            type(created_at) is not int or abs(created_at) > 2**53)):  # an int that a float holds exactly
         return dumps(message)
     source_id = None
     if source is not None:
