@@ -496,48 +496,59 @@ def dumps_compact(message: Message) -> str:
 
     A message whose fields have unexpected types (which `loads` may refuse) is written by `dumps`.
     """
+    out = _compact_fields(message)
+    if out is None:
+        return dumps(message)
+    out += [_compact_part_of(part) for part in message.parts]
+    return _ENCODER.encode(out)
+
+
+def _compact_fields(message: Message) -> list[Any] | None:
+    """Return the fields before the parts of `message` in the compact form (None: it cannot hold them exactly)."""
     role, message_id, created_at, source = message.role, message.id, message.created_at, message.source
     head = _ROLE_CODE.get(role) if type(role) is str else None
     if head is None or type(message_id) is not str or (type(created_at) is not float and (
             type(created_at) is not int or abs(created_at) > 2**53)):  # an int that a float holds exactly
-        return dumps(message)
-    source_id = None
-    if source is not None:
-        code = _SOURCE_CODE.get(source.kind) if type(source) is Source and type(source.kind) is str else None
-        source_id = source.source_id
-        if code is None or (source_id is not None and type(source_id) is not str):
-            return dumps(message)
-        head |= code
-    out: list[Any] = [head, message_id, float(created_at), source_id]
+        return None
+    source_code, source_id = _compact_source(source)
+    if source_code < 0:
+        return None
+    out: list[Any] = [head | source_code, message_id, float(created_at), source_id]
     author = message.author_name
     if author is not None:
         if type(author) is not str:
-            return dumps(message)
+            return None
         out[0] |= _AUTHOR
         out.append(author)
     if message.metadata:
         out[0] |= _METADATA
         out.append(dict(message.metadata))
-    add = out.append
-    for part in message.parts:
-        kind = type(part)
-        if kind is TextPart and type(part.text) is str:
-            add(part.text)
-        elif kind is FunctionCall:
-            call: FunctionCall = part
-            if type(call.call_id) is str and type(call.name) is str and type(call.arguments) is str:
-                add([call.call_id, call.name, call.arguments])
-            else:
-                add(_part_to_dict(call))
-        elif kind is FunctionResult:
-            result: FunctionResult = part
-            if not result.is_error and not result.parts and type(result.call_id) is str and type(result.result) is str:
-                add([result.call_id, result.result])
-            else:
-                add(_part_to_dict(result))
-        else:
-            add(_part_to_dict(part))
-    return _ENCODER.encode(out)
+    return out
+
+
+def _compact_source(source: Source | None) -> tuple[int, str | None]:
+    """Return the head bits and the source id of `source` in the compact form (bits -1: it cannot hold it)."""
+    if source is None:
+        return 0, None
+    if type(source) is not Source or type(source.kind) is not str or source.kind not in _SOURCE_CODE:
+        return -1, None
+    source_id = source.source_id
+    if source_id is not None and type(source_id) is not str:
+        return -1, None
+    return _SOURCE_CODE[source.kind], source_id
+
+
+def _compact_part_of(part: Part) -> Any:
+    """Return `part` in the compact form: a string, a list of strings, or its full form (a dict)."""
+    if type(part) is TextPart and type(part.text) is str:
+        return part.text
+    if type(part) is FunctionCall and type(part.call_id) is str and type(part.name) is str \
+            and type(part.arguments) is str:
+        return [part.call_id, part.name, part.arguments]
+    if type(part) is FunctionResult and not part.is_error and not part.parts and type(part.call_id) is str \
+            and type(part.result) is str:
+        return [part.call_id, part.result]
+    return _part_to_dict(part)
 
 
 def _from_compact(d: list[Any]) -> Message:
@@ -545,37 +556,48 @@ def _from_compact(d: list[Any]) -> Message:
     if len(d) < 4:
         raise CodecError(f"a compact encoded message has at least 4 fields, got {len(d)}")
     head, message_id, created_at, source_id = d[0], d[1], d[2], d[3]
+    _check_compact(head, message_id, created_at, source_id)
+    try:
+        author, metadata, at = _compact_options(d, head)
+        parts = tuple([_compact_part(p) for p in d[at:]])
+    except CodecError:
+        raise
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
+    source_code = head >> 2 & 7
+    source = Source(_SOURCE_ORDER[source_code - 1], source_id) if source_code else None
+    return _new_message(_ROLE_ORDER[head & 3], parts, message_id, author, float(created_at), metadata, source)
+
+
+def _check_compact(head: Any, message_id: Any, created_at: Any, source_id: Any) -> None:
+    """Raise `CodecError` unless the first four fields of a compact message are valid."""
     if type(head) is not int or not 0 <= head < _HEADS or (head >> 2 & 7) > len(_SOURCE_ORDER):
         raise CodecError(f"unsupported compact message header {head!r}: written by a newer contextpipe?")
     if type(message_id) is not str:
         raise CodecError(f"field 'id' must be a string, got {type(message_id).__name__}")
     if type(created_at) is not float and type(created_at) is not int:
         raise CodecError(f"created_at must be a number, got {created_at!r}")
-    source_code = head >> 2 & 7
-    if source_id is not None and (not source_code or type(source_id) is not str):
+    if source_id is not None and (not head >> 2 & 7 or type(source_id) is not str):
         raise CodecError(f"source id must be a string with a source, got {source_id!r}")
+
+
+def _compact_options(d: list[Any], head: int) -> tuple[str | None, Mapping[str, Any], int]:
+    """Return a compact message's author name and metadata (when its head says so) and where its parts start."""
     at = 4
     author = None
     metadata: Mapping[str, Any] = _EMPTY
-    try:
-        if head & _AUTHOR:
-            author = d[at]
-            at += 1
-            if type(author) is not str:
-                raise CodecError(f"author_name must be a string, got {type(author).__name__}")
-        if head & _METADATA:
-            raw = d[at]
-            at += 1
-            if type(raw) is not dict:
-                raise CodecError(f"metadata must be a JSON object, got {type(raw).__name__}")
-            metadata = MappingProxyType(raw) if raw else _EMPTY
-        parts = tuple([_compact_part(p) for p in d[at:]])
-    except CodecError:
-        raise
-    except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
-    source = Source(_SOURCE_ORDER[source_code - 1], source_id) if source_code else None
-    return _new_message(_ROLE_ORDER[head & 3], parts, message_id, author, float(created_at), metadata, source)
+    if head & _AUTHOR:
+        author = d[at]
+        at += 1
+        if type(author) is not str:
+            raise CodecError(f"author_name must be a string, got {type(author).__name__}")
+    if head & _METADATA:
+        raw = d[at]
+        at += 1
+        if type(raw) is not dict:
+            raise CodecError(f"metadata must be a JSON object, got {type(raw).__name__}")
+        metadata = MappingProxyType(raw) if raw else _EMPTY
+    return author, metadata, at
 
 
 def _compact_part(p: Any) -> Part:
@@ -732,8 +754,10 @@ class _ResultShell:
 def _build(data: list[Any], out: list[Message]) -> None:
     """Append the message each decoded value in `data` encodes to `out` (`CodecError` on the first that is not).
 
-    One text part, one function call and one function result without anything optional are built
-    here directly, with every check `message_from_dict` makes on them; the rest go through it.
+    The common shapes (one text part, one function call or one function result, with nothing
+    optional but a source in the compact form) are built directly, with every check the general
+    decoders make on them; the rest go through those. The compact ones are built in this loop
+    itself: a function call per message would cost a tenth more instructions here.
     """
     append = out.append
     sources: dict[tuple[int, str | None], Any] = {}  # the few sources of a log, each built once
@@ -804,28 +828,35 @@ def _build(data: list[Any], out: list[Message]) -> None:
                         continue
             append(_from_compact(d))
             continue
-        if type(d) is dict and len(d) == 5:
-            try:  # five keys, each of them present, is exactly the required ones: nothing optional
-                parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
-            except KeyError:
-                parts = None
-            if (type(parts) is list and len(parts) == 1 and type(role) is str and type(message_id) is str
-                    and type(created_at) is float and version is CODEC_VERSION and role in _ROLES):
-                part = _common_part(parts[0])
-                if part is not None:
-                    m = _Shell()
-                    m.role = role
-                    m.parts = (part,)
-                    m.id = message_id
-                    m.author_name = None
-                    m.created_at = created_at
-                    m.metadata = _EMPTY
-                    m.source = None
-                    m._tool_flag = _TOOL_FLAG[part.kind]
-                    m.__class__ = Message
-                    append(m)
-                    continue
-        append(_from_data(d))
+        m = _plain_full(d)
+        append(_from_data(d) if m is None else m)
+
+
+def _plain_full(d: Any) -> Any:
+    """Return the message `d` encodes in the full form if it has one common part and nothing optional (else None)."""
+    if type(d) is not dict or len(d) != 5:
+        return None
+    try:  # five keys, each of them present, is exactly the required ones: nothing optional
+        parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
+    except KeyError:
+        return None
+    if not (type(parts) is list and len(parts) == 1 and type(role) is str and type(message_id) is str
+            and type(created_at) is float and version is CODEC_VERSION and role in _ROLES):
+        return None
+    part = _common_part(parts[0])
+    if part is None:
+        return None
+    m: Any = _Shell()
+    m.role = role
+    m.parts = (part,)
+    m.id = message_id
+    m.author_name = None
+    m.created_at = created_at
+    m.metadata = _EMPTY
+    m.source = None
+    m._tool_flag = _TOOL_FLAG[part.kind]
+    m.__class__ = Message
+    return m
 
 
 _TOOL_FLAG: Final = {"text": 0, "function_call": 1, "function_result": 2}
