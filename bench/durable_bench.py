@@ -253,7 +253,10 @@ async def case_history(path: Path, n: int, warm: bool, runs: int, budget: float)
 
 
 async def case_cold_runs(path: Path, n: int, runs: int) -> dict[str, Any]:
-    """One cold run (imports, first-use work), then `runs` more: counted under valgrind by `instructions`."""
+    """One cold run (imports, first-use work), then `runs` more: counted under valgrind by `instructions`.
+
+    No gc.collect() between runs (it would be counted): the collector runs when it would in a service.
+    """
     sent = 0
     for _ in range(runs + 1):
         store = open_store(path)
@@ -262,7 +265,6 @@ async def case_cold_runs(path: Path, n: int, runs: int) -> dict[str, Any]:
         await agent.run("Where is my order?", session=session)
         sent = agent.model.last_len
         await store.close()
-        gc.collect()
     assert sent >= n, f"the model saw {sent} messages, expected all {n}"
     return {"runs": runs}
 
@@ -420,9 +422,7 @@ def instructions(n: int, args: argparse.Namespace, source: Path | None = None) -
     subprocess.run([*base, "--runs", "0"], env=env, check=True, stdout=subprocess.DEVNULL)  # the fixture, uncounted
     totals = []
     for runs in (1, 4):
-        # Not counted: the gc.collect() between runs (outside the timed part of the timed cases too).
-        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=gc_collect", *base,
-               "--runs", str(runs)]
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *base, "--runs", str(runs)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False)
         found = [line for line in proc.stderr.splitlines() if "Collected :" in line]
         if proc.returncode != 0 or not found:
