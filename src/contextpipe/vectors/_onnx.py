@@ -66,9 +66,8 @@ def _check_digest(path: Path, expected: str, what: str) -> None:
 class OnnxMiniLM:
     """The ONNX model and its tokenizer, loaded on first use; `embed` is thread-safe."""
 
-    def __init__(self, model_path: str | None = None, tokenizer_path: str | None = None) -> None:
+    def __init__(self, model_path: str | None = None) -> None:
         self._model_path = Path(model_path) if model_path else None
-        self._tokenizer_path = Path(tokenizer_path) if tokenizer_path else None
         self._lock = threading.Lock()
         self._tokenizer: Any = None
         self._sessions: dict[int, tuple[Any, bool]] = {}  # threads -> (session, takes token_type_ids)
@@ -82,12 +81,10 @@ class OnnxMiniLM:
                 except ImportError as exc:
                     raise UsageError(f"LocalEmbedder's ONNX backend needs the tokenizers package: {_INSTALL}") \
                         from exc
-                path = self._tokenizer_path
+                path = _package_file(_TOKENIZER_FILES)
                 if path is None:
-                    path = _package_file(_TOKENIZER_FILES)
-                    if path is None:
-                        raise UsageError(f"the all-MiniLM-L6-v2 tokenizer (tokenizer.json) is missing: {_INSTALL}")
-                    _check_digest(path, TOKENIZER_SHA256, "all-MiniLM-L6-v2 tokenizer")
+                    raise UsageError(f"the all-MiniLM-L6-v2 tokenizer (tokenizer.json) is missing: {_INSTALL}")
+                _check_digest(path, TOKENIZER_SHA256, "all-MiniLM-L6-v2 tokenizer")
                 try:
                     tokenizer = Tokenizer.from_file(str(path))
                 except Exception as exc:
