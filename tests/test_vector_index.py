@@ -157,23 +157,31 @@ ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete"
 async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory: pytest.TempPathFactory,
                                                                 script: list[tuple[str, int, int]],
                                                                 scan_limit: int | None) -> None:
-    """Upserts, deletes, another process's writes, saves and reopenings: the index answers like exact search."""
+    """Upserts, deletes, another process's writes, saves and reopenings: the index answers like exact search.
+
+    Each hit's text and metadata are the record's as last written (they are held beside the index).
+    """
     db = tmp_path_factory.mktemp("hnsw") / "v.db"
     store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)  # always the index, never the rows
     other = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
     truth: dict[str, np.ndarray] = {}
+    written: dict[str, tuple[str, dict[str, int]]] = {}  # each record's text and metadata
     try:
         for op, n, seed in script:
             rng = np.random.default_rng(seed)
             if op in ("put", "other"):
                 vector = rng.standard_normal(6).astype(np.float32)
-                await (other if op == "other" else store).upsert("c", [VectorRecord(f"r{n}", vector, f"r{n}")])
+                written[f"r{n}"] = (f"r{n} by {op} {seed}", {"seed": seed})
+                record = VectorRecord(f"r{n}", vector, *written[f"r{n}"], keywords=f"words {seed}")
+                await (other if op == "other" else store).upsert("c", [record])
                 truth[f"r{n}"] = vector
             elif op == "batch":  # one transaction naming a record twice: the last one stays
                 first, second, last = (rng.standard_normal(6).astype(np.float32) for _ in range(3))
-                await store.upsert("c", [VectorRecord(f"r{n}", first, "first"), VectorRecord(f"r{n + 1}", second, "b"),
-                                         VectorRecord(f"r{n}", last, "last")])
+                await store.upsert("c", [VectorRecord(f"r{n}", first, "first", {"seed": -1}),
+                                         VectorRecord(f"r{n + 1}", second, "b", {"seed": seed}),
+                                         VectorRecord(f"r{n}", last, "last", {"seed": seed})])
                 truth[f"r{n}"], truth[f"r{n + 1}"] = last, second
+                written[f"r{n}"], written[f"r{n + 1}"] = ("last", {"seed": seed}), ("b", {"seed": seed})
             elif op == "delete":
                 await store.delete("c", ids=[f"r{n}"])
                 truth.pop(f"r{n}", None)
@@ -188,6 +196,7 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
             assert len(hits) == len(want) and all(h.id in truth for h in hits)
             assert [h.score for h in hits] == pytest.approx([cosine(truth[i], query) for i in want], abs=1e-5)
             assert all(h.score == pytest.approx(cosine(truth[h.id], query), abs=1e-5) for h in hits)
+            assert all((h.text, h.metadata) == written[h.id] for h in hits)
     finally:
         await store.close()
         await other.close()
@@ -407,7 +416,7 @@ async def test_search_of_a_clustered_collection_finds_the_exact_top_k_with_exact
 def test_search_depth_grows_with_the_collection(small: int, large: int, k: int) -> None:
     small, large = min(small, large), max(small, large)
     (e1, c1), (e2, c2) = _depth(small, k), _depth(large, k)
-    assert c1 >= 3 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
+    assert c1 >= 2 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
     assert c1 <= c2 and e1 <= e2
 
 

@@ -95,13 +95,15 @@ END
 # kernels; each search takes candidates from it and re-scores them exactly from the float32 rows held
 # beside it. Both the candidates and the search expansion grow with the collection (`_depth`): the
 # denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
-# distances rank below the first few dozen. Up to 200,000 records: 40 candidates (at least 3 k),
-# expansion 40 to 100 (50 at 100,000 x 384: recall@10 1.000, as with 64, for 17% less CPU per search;
-# 40 still finds 0.993 of the true top 10 at 24,000, 0.999 at 32,000); at 1,000,000: 200 candidates,
-# expansion 500 (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64,
+# distances rank below the first few dozen. Up to 100,000 records: 20 candidates (at least 2 k),
+# expansion 40 to 50. At 100,000 x 384 expansion 50 finds 0.999 of the true top 10 (1,000 queries)
+# whether its 8-bit top 20 or top 40 are re-scored, expansion 40 only 0.994 (so does 40 at 30,000,
+# with 20 or 40 re-scored): the expansion finds them, and re-scoring 20 instead of 40 halves the
+# float32 rows a search reads. At 1,000,000: 200 candidates, expansion 500 (bench/vector_bench.py,
+# bench/ann_compare.py). The graph is built with expansion 64,
 # which keeps an insert near half a millisecond (128 doubles it for no recall gain once candidates
 # are re-scored).
-_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 40
+_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 20
 _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
 # Up to this many bytes of 8-bit vectors a search scans them all (usearch's exhaustive search, SIMD)
 # instead of walking the graph. The two cost the same near 2,000 x 384 (0.2 ms of CPU for the index
@@ -124,7 +126,7 @@ _CHECKPOINT_RECORDS = 200
 
 def _depth(size: int, k: int) -> tuple[int, int]:
     """Return the search expansion and the number of candidates to re-score, for `size` records and top `k`."""
-    candidates = max(_CANDIDATES, 3 * k, size // _RECORDS_PER_CANDIDATE)
+    candidates = max(_CANDIDATES, 2 * k, size // _RECORDS_PER_CANDIDATE)
     return max(_EXPANSION_SEARCH, min(_EXPANSION_MAX, size // _RECORDS_PER_EXPANSION), candidates), candidates
 
 
@@ -174,6 +176,7 @@ class _Collection:
         self.rows: _Rows | None = None
         self.dim = 0
         self.ids: dict[int, str] = {}
+        self.texts: dict[int, str] = {}
         self.metas: dict[int, dict[str, Any]] = {}
         self.postings: dict[str, dict[Any, set[int]]] = {}
         self.changed = 0  # changes applied since the index was last saved or loaded
@@ -206,6 +209,7 @@ class _Collection:
         meta = self.metas.pop(key, None)
         if meta is not None:
             self.ids.pop(key, None)
+            self.texts.pop(key, None)
             self._post(key, meta, add=False)
             if self.rows is not None:
                 self.rows.forget(key)
@@ -224,8 +228,8 @@ class _Collection:
             if held.any():
                 self.index.remove(keys[held])
 
-    def put(self, rows: Sequence[tuple[int, str, int, bytes, str]]) -> None:
-        """Add or replace rows ``(key, id, dim, vector, metadata)``."""
+    def put(self, rows: Sequence[tuple[int, str, int, bytes, str, str]]) -> None:
+        """Add or replace rows ``(key, id, dim, vector, text, metadata)``."""
         if not rows:
             return
         keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
@@ -240,13 +244,14 @@ class _Collection:
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
         assert self.rows is not None
         self.rows.put([r[0] for r in rows], [r[3] for r in rows])
-        self.describe((key, id_, meta) for key, id_, _, _, meta in rows)
+        self.describe((key, id_, text, meta) for key, id_, _, _, text, meta in rows)
 
-    def describe(self, rows: Iterable[tuple[int, str, str]]) -> None:
-        """Record the id and metadata of rows ``(key, id, metadata)`` whose vectors the index holds."""
-        for key, id_, meta_json in rows:
+    def describe(self, rows: Iterable[tuple[int, str, str, str]]) -> None:
+        """Record the id, text and metadata of rows ``(key, id, text, metadata)`` whose vectors the index holds."""
+        for key, id_, text, meta_json in rows:
             meta = json.loads(meta_json)
             self.ids[key] = id_
+            self.texts[key] = text
             self.metas[key] = meta
             self._post(key, meta, add=True)
 
@@ -480,7 +485,7 @@ class SQLiteVectorStore(VectorStore):
     def _put_own(self, conn: sqlite3.Connection, collection: str, cached: _Collection,
                  prepared: list[tuple[Any, ...]], logged: list[tuple[int, int]], quick: bool) -> None:
         """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index."""
-        rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
+        rows = {key: (key, p[1], p[2], p[3], p[4], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
         cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
         cached.seq = logged[-1][0]
         cached.changed += len(logged)
@@ -619,7 +624,7 @@ class SQLiteVectorStore(VectorStore):
         step = min(5000, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
         for start in range(0, len(keys), step):
             part = keys[start:start + step]
-            rows = conn.execute(f"SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE key IN "
+            rows = conn.execute(f"SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE key IN "
                                 f"({','.join('?' * len(part))})", part).fetchall()
             present = {r[0] for r in rows}
             for key in part:
@@ -640,8 +645,8 @@ class SQLiteVectorStore(VectorStore):
             return cached
         cached = _Collection(latest)
         self._cache[collection] = cached
-        batch: list[tuple[int, str, int, bytes, str]] = []
-        for row in conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ? "
+        batch: list[tuple[int, str, int, bytes, str, str]] = []
+        for row in conn.execute("SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ? "
                                 "ORDER BY key", (collection,)):
             batch.append(row)
             if len(batch) == 5000:
@@ -656,12 +661,12 @@ class SQLiteVectorStore(VectorStore):
                   latest: int) -> None:
         """Fill a loaded index's vectors and metadata from the rows, then apply the changes after `seq`."""
         assert cached.rows is not None
-        cursor = conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ?",
+        cursor = conn.execute("SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ?",
                               (collection,))
         while chunk := cursor.fetchmany(8192):
             usable = [r for r in chunk if r[2] == cached.dim]
             cached.rows.put([r[0] for r in usable], [r[3] for r in usable])
-            cached.describe((r[0], r[1], r[4]) for r in usable)
+            cached.describe((r[0], r[1], r[4], r[5]) for r in usable)
         stale = [r[0] for r in conn.execute(
             "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
             (collection, seq, latest))]
@@ -732,13 +737,6 @@ class SQLiteVectorStore(VectorStore):
 
     # --- searches ----------------------------------------------------------------------------------
 
-    def _texts(self, conn: sqlite3.Connection, keys: Iterable[int]) -> dict[int, str]:
-        part = list(keys)
-        if not part:
-            return {}
-        return dict(conn.execute(f"SELECT key, text FROM cp_vectors WHERE key IN ({','.join('?' * len(part))})",
-                                 part).fetchall())
-
     @override
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
                             where: Where | None = None, min_score: float | None = None) -> list[SearchHit]:
@@ -752,10 +750,9 @@ class SQLiteVectorStore(VectorStore):
             if q.shape[0] != c.dim:
                 raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
             found = self._nearest(c, q, k, c.keys_matching(where) if where else None)
-            found = [(key, s) for key, s in found if min_score is None or s >= min_score]
-            texts = self._texts(conn, (key for key, _ in found))
-            return [SearchHit(c.ids[key], s, texts[key], c.metas[key], vector_score=s) for key, s in found
-                    if key in texts]
+            ids, texts, metas = c.ids, c.texts, c.metas
+            return [SearchHit(ids[key], s, texts[key], metas[key], vector_score=s) for key, s in found
+                    if min_score is None or s >= min_score]
 
         quick: list[SearchHit] | None = None if where else self._quick(collection, op)
         if quick is not None:
@@ -781,6 +778,10 @@ class SQLiteVectorStore(VectorStore):
             return []
         assert c.rows is not None
         scores = c.rows.gather(keys) @ q
+        if len(scores) <= 64:  # (a search's candidates: fewer numpy calls and temporaries than below)
+            listed = scores.tolist()
+            order = sorted(range(len(listed)), key=listed.__getitem__, reverse=True)[:k]
+            return [(keys[i], listed[i]) for i in order]
         if len(scores) > 4 * k:
             top = np.argpartition(-scores, k)[:k]
             top = top[np.argsort(-scores[top])]
@@ -877,8 +878,7 @@ class SQLiteVectorStore(VectorStore):
                 found = _ranked_within(conn, c, query, k, subset)
                 break
             limit *= 4
-        texts = self._texts(conn, (key for key, _ in found))
-        return [SearchHit(c.ids[key], float(score), texts[key], c.metas[key]) for key, score in found if key in texts]
+        return [SearchHit(c.ids[key], float(score), c.texts[key], c.metas[key]) for key, score in found]
 
     @override
     async def count(self, collection: str, *, where: Where | None = None) -> int:
