@@ -311,13 +311,12 @@ async def test_inserts_do_not_copy_the_collection(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x") for i in range(100)])
     await store.search("c", [1, 0, 0, 0], k=1)
-    rows = store._cache["c"].rows
-    assert rows is not None
-    held = dict(rows.vectors)
+    records = store._cache["c"].records
+    held = {key: record[3] for key, record in records.items()}
     for i in range(100, 300):
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(4), "x")])
-    assert all(rows.vectors[key] is vector for key, vector in held.items())  # the same objects, not copies
-    assert await store.count("c") == len(rows.vectors) == 300
+    assert all(records[key][3] is vector for key, vector in held.items())  # the same objects, not copies
+    assert await store.count("c") == len(records) == 300
     await store.close()
 
 

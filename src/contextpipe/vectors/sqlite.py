@@ -146,38 +146,24 @@ def _hashable(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
-class _Rows:
-    """The float32 vectors again, for exact re-scoring and filtered search: one ``bytes`` per record.
-
-    Each is the row's own blob as SQLite returns it (no conversion, no copy), so growing never copies
-    the collection, and gathering a search's candidates is one ``join``.
-    """
-
-    def __init__(self, dim: int) -> None:
-        self.dim = dim
-        self.vectors: dict[int, bytes] = {}
-
-    def put(self, keys: Iterable[int], vectors: Iterable[bytes]) -> None:
-        self.vectors.update(zip(keys, vectors, strict=True))
-
-    def forget(self, key: int) -> None:
-        self.vectors.pop(key, None)
-
-    def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
-        return np.frombuffer(b"".join(map(self.vectors.__getitem__, keys)), dtype=np.float32).reshape(-1, self.dim)
+_Record = tuple[str, str, dict[str, Any], bytes]
+"""A record as held beside the index: its id, text, metadata and float32 vector (the row's own blob)."""
 
 
 class _Collection:
-    """One collection's HNSW index, metadata and metadata postings, as of change `seq`."""
+    """One collection's HNSW index, records and metadata postings, as of change `seq`.
+
+    `records` holds, per row key, what a search returns and the float32 vector it re-scores with: one
+    ``bytes`` per record, the row's blob as SQLite returns it (no conversion, no copy), so growing never
+    copies the collection, gathering a search's candidates is one ``join``, and the hits' ids, texts
+    and metadata are found in the entries the re-scoring has just read.
+    """
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.index: Any = None  # usearch.index.Index, made with the first vector
-        self.rows: _Rows | None = None
         self.dim = 0
-        self.ids: dict[int, str] = {}
-        self.texts: dict[int, str] = {}
-        self.metas: dict[int, dict[str, Any]] = {}
+        self.records: dict[int, _Record] = {}
         self.postings: dict[str, dict[Any, set[int]]] = {}
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
@@ -187,7 +173,6 @@ class _Collection:
         from usearch.index import Index
 
         self.dim = dim
-        self.rows = _Rows(dim)
         self.index = Index(ndim=dim, metric="cos", dtype=_DTYPE, connectivity=_CONNECTIVITY,
                            expansion_add=_EXPANSION_ADD, expansion_search=_EXPANSION_SEARCH)
 
@@ -206,24 +191,20 @@ class _Collection:
                         del by_value[value]
 
     def forget(self, key: int) -> None:
-        meta = self.metas.pop(key, None)
-        if meta is not None:
-            self.ids.pop(key, None)
-            self.texts.pop(key, None)
-            self._post(key, meta, add=False)
-            if self.rows is not None:
-                self.rows.forget(key)
+        record = self.records.pop(key, None)
+        if record is not None:
+            self._post(key, record[2], add=False)
         if self.index is not None and key in self.index:  # (a loaded index may hold keys since deleted)
             self.index.remove(key)
 
     def _drop(self, keys: np.ndarray[Any, Any]) -> None:
         """Forget `keys` before they are added again (replaced rows, or keys a loaded index holds)."""
         for key in keys.tolist():
-            if key in self.metas:
+            if key in self.records:
                 self.forget(key)
         # Every known key is in the index (`put` adds both; a loaded index gets its missing keys added):
         # when the index holds no more keys than are known, it holds none of the others.
-        if self.index is not None and len(self.index) > len(self.metas):
+        if self.index is not None and len(self.index) > len(self.records):
             held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
             if held.any():
                 self.index.remove(keys[held])
@@ -242,24 +223,25 @@ class _Collection:
                              "use one embedder per collection")
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
-        assert self.rows is not None
-        self.rows.put([r[0] for r in rows], [r[3] for r in rows])
-        self.describe((key, id_, text, meta) for key, id_, _, _, text, meta in rows)
+        self.describe(rows)
 
-    def describe(self, rows: Iterable[tuple[int, str, str, str]]) -> None:
-        """Record the id, text and metadata of rows ``(key, id, text, metadata)`` whose vectors the index holds."""
-        for key, id_, text, meta_json in rows:
+    def describe(self, rows: Iterable[tuple[int, str, int, bytes, str, str]]) -> None:
+        """Hold rows ``(key, id, dim, vector, text, metadata)`` whose vectors the index holds."""
+        for key, id_, _, vector, text, meta_json in rows:
             meta = json.loads(meta_json)
-            self.ids[key] = id_
-            self.texts[key] = text
-            self.metas[key] = meta
+            self.records[key] = (id_, text, meta, vector)
             self._post(key, meta, add=True)
+
+    def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
+        """Return the float32 vectors of `keys` (known keys), one row each."""
+        records = self.records
+        return np.frombuffer(b"".join([records[key][3] for key in keys]), dtype=np.float32).reshape(-1, self.dim)
 
     def _field_keys(self, field: str, wanted: Any) -> set[int]:
         """Return the keys whose `field` is `wanted` (or one of them); may be a live posting set."""
         values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
         if not all(_hashable(v) for v in values):
-            return {k for k, m in self.metas.items() if matches(m, {field: wanted})}
+            return {k for k, r in self.records.items() if matches(r[2], {field: wanted})}
         by_value = self.postings.get(field, {})
         found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
         if not found:
@@ -273,7 +255,7 @@ class _Collection:
         set: read it, never change it.
         """
         parts = [self._field_keys(field, wanted) for field, wanted in where.items()]
-        parts = [p for p in parts if len(p) < len(self.metas)]  # keeps every record: no constraint
+        parts = [p for p in parts if len(p) < len(self.records)]  # keeps every record: no constraint
         if not parts:
             return None
         parts.sort(key=len)
@@ -434,14 +416,14 @@ class SQLiteVectorStore(VectorStore):
         and it takes them from the rows written instead of reading them back.
         """
         if quick:
-            if cached is None or version is None or not cached.metas or not self._begin_at_once(conn, version):
+            if cached is None or version is None or not cached.records or not self._begin_at_once(conn, version):
                 return None
             self._writing(collection)
             return True
         self._writing(collection)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            return (cached is not None and version is not None and bool(cached.metas)
+            return (cached is not None and version is not None and bool(cached.records)
                     and conn.execute("PRAGMA data_version").fetchone()[0] == version)
         except BaseException:
             conn.execute("ROLLBACK")
@@ -600,7 +582,7 @@ class SQLiteVectorStore(VectorStore):
 
     @staticmethod
     def _save_due(cached: _Collection) -> bool:
-        return cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE)
+        return cached.changed >= max(_SAVE_AFTER, len(cached.records) // _SAVE_SHARE)
 
     def _maybe_save(self, conn: sqlite3.Connection, collection: str, cached: _Collection | None) -> None:
         if cached is not None and cached.dirty and self._save_due(cached):
@@ -653,27 +635,24 @@ class SQLiteVectorStore(VectorStore):
                 cached.put(batch)
                 batch = []
         cached.put(batch)
-        cached.changed = len(cached.metas) if len(cached.metas) >= _SAVE_AFTER else 0
+        cached.changed = len(cached.records) if len(cached.records) >= _SAVE_AFTER else 0
         cached.dirty = True
         return cached
 
     def _catch_up(self, conn: sqlite3.Connection, collection: str, cached: _Collection, seq: int,
                   latest: int) -> None:
         """Fill a loaded index's vectors and metadata from the rows, then apply the changes after `seq`."""
-        assert cached.rows is not None
         cursor = conn.execute("SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ?",
                               (collection,))
         while chunk := cursor.fetchmany(8192):
-            usable = [r for r in chunk if r[2] == cached.dim]
-            cached.rows.put([r[0] for r in usable], [r[3] for r in usable])
-            cached.describe((r[0], r[1], r[4], r[5]) for r in usable)
+            cached.describe(r for r in chunk if r[2] == cached.dim)
         stale = [r[0] for r in conn.execute(
             "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
             (collection, seq, latest))]
         # (np.asarray: iterating usearch's key view element by element is quadratic)
         indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
-        missing = [k for k in cached.metas if k not in indexed]  # rows the file does not hold (defensive)
-        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.metas))))
+        missing = [k for k in cached.records if k not in indexed]  # rows the file does not hold (defensive)
+        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.records))))
         cached.seq = latest
 
     # --- the saved index ---------------------------------------------------------------------------
@@ -703,7 +682,6 @@ class SQLiteVectorStore(VectorStore):
                 continue
             cached = _Collection(seq)
             cached.index, cached.dim = index, int(index.ndim)
-            cached.rows = _Rows(cached.dim)
             return cached, seq
         return None
 
@@ -745,14 +723,14 @@ class SQLiteVectorStore(VectorStore):
 
         def op(conn: sqlite3.Connection, current: _Collection | None = None) -> list[SearchHit]:
             c = self._sync(conn, collection) if current is None else current
-            if c.index is None or not c.metas or k <= 0:
+            if c.index is None or not c.records or k <= 0:
                 return []
             if q.shape[0] != c.dim:
                 raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
             found = self._nearest(c, q, k, c.keys_matching(where) if where else None)
-            ids, texts, metas = c.ids, c.texts, c.metas
-            return [SearchHit(ids[key], s, texts[key], metas[key], vector_score=s) for key, s in found
-                    if min_score is None or s >= min_score]
+            records = c.records
+            return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in found
+                    if min_score is None or s >= min_score for r in (records[key],)]
 
         quick: list[SearchHit] | None = None if where else self._quick(collection, op)
         if quick is not None:
@@ -767,17 +745,16 @@ class SQLiteVectorStore(VectorStore):
         if subset is not None and len(subset) <= self.exact_limit:
             return self._exact(c, q, k, subset)
         limit = self.scan_limit if self.scan_limit is not None else _SCAN_BYTES // max(1, c.dim)
-        return self._approximate(c, q, k, subset, scan=len(c.metas) <= limit)
+        return self._approximate(c, q, k, subset, scan=len(c.records) <= limit)
 
     @staticmethod
     def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int,
                subset: Iterable[int] | None) -> list[tuple[int, float]]:
         """Score every record (of `subset`) against `q` from the float32 rows."""
-        keys = subset if isinstance(subset, list) else list(subset if subset is not None else c.metas)
+        keys = subset if isinstance(subset, list) else list(subset if subset is not None else c.records)
         if not keys:
             return []
-        assert c.rows is not None
-        scores = c.rows.gather(keys) @ q
+        scores = c.gather(keys) @ q
         if len(scores) <= 64:  # (a search's candidates: fewer numpy calls and temporaries than below)
             listed = scores.tolist()
             order = sorted(range(len(listed)), key=listed.__getitem__, reverse=True)[:k]
@@ -796,7 +773,7 @@ class SQLiteVectorStore(VectorStore):
 
         With `scan`, the candidates are the nearest by the 8-bit vectors over the whole index (no graph walk).
         """
-        total = len(c.metas)
+        total = len(c.records)
         expansion, want = _depth(total, k)
         if subset is not None:  # about 2 k of the subset expected among the candidates
             want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
@@ -866,7 +843,7 @@ class SQLiteVectorStore(VectorStore):
         subset = c.keys_matching(where) if where else None
         if subset is not None and not subset:
             return []
-        pool: set[int] | dict[int, Any] = c.metas if subset is None else subset  # (postings hold known keys)
+        pool: set[int] | dict[int, Any] = c.records if subset is None else subset  # (postings hold known keys)
         found: list[tuple[int, float]] = []
         while True:
             ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
@@ -878,7 +855,8 @@ class SQLiteVectorStore(VectorStore):
                 found = _ranked_within(conn, c, query, k, subset)
                 break
             limit *= 4
-        return [SearchHit(c.ids[key], float(score), c.texts[key], c.metas[key]) for key, score in found]
+        records = c.records
+        return [SearchHit(r[0], float(score), r[1], r[2]) for key, score in found for r in (records[key],)]
 
     @override
     async def count(self, collection: str, *, where: Where | None = None) -> int:
@@ -944,7 +922,7 @@ def _ranked_within(conn: sqlite3.Connection, c: _Collection, query: str, k: int,
         "SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts WHERE cp_vectors_fts MATCH ? "
         "AND rowid IN (SELECT value FROM json_each(?)) ORDER BY score DESC LIMIT ?",
         (query, json.dumps(sorted(subset)), k)).fetchall()
-    return [(key, score) for key, score in ranked if key in c.metas]
+    return [(key, score) for key, score in ranked if key in c.records]
 
 
 def _statements(script: str) -> list[str]:
