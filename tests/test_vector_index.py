@@ -23,7 +23,7 @@ from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, rrf
-from contextpipe.vectors.sqlite import _depth
+from contextpipe.vectors.sqlite import _depth, _index_keys
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
@@ -522,4 +522,24 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path) -> N
     with sqlite3.connect(db) as conn:  # everything committed is in the file or the WAL, nothing lost
         assert conn.execute("SELECT COUNT(*) FROM cp_vectors").fetchone()[0] == 451
     assert len(await store.search("c", [1.0] * 8, k=500)) == 451
+    await store.close()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+async def test_usearch_compiled_search_answers_as_its_public_search(tmp_path: Path, exact: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store calls usearch's compiled search directly when it can; it must find what `Index.search` finds."""
+    store = SQLiteVectorStore(tmp_path / "v.db")
+    rng = np.random.default_rng(5)
+    await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(16), "x") for i in range(500)])
+    await store.search("c", [1.0] * 16, k=1)
+    index = store._cache["c"].index
+    for _ in range(20):
+        q = rng.standard_normal(16).astype(np.float32)
+        direct = _index_keys(index, q, 20, exact)
+        assert direct == index.search(q, 20, threads=1, exact=exact).keys.tolist()
+        assert len(direct) == 20
+    assert _index_keys(index, q, 1000, exact=True) == index.search(q, 1000, threads=1, exact=True).keys.tolist()
+    monkeypatch.setattr("contextpipe.vectors.sqlite._direct", False)  # (as with a usearch it cannot call so)
+    assert _index_keys(index, q, 20, exact) == direct
     await store.close()
