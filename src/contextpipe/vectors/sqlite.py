@@ -11,6 +11,8 @@ bring back a deleted one. (The log is read only when SQLite's ``data_version`` s
 connection committed, or after this store's own writes.) The index holds 8-bit copies of the vectors;
 a search takes a few dozen candidates from it (a few hundred in a collection of millions) and scores
 them exactly against the float32 vectors held beside it, so scores are exact cosine similarities.
+Beside the index each record's id, text and metadata are held too (one entry per record, with its
+float32 vector), so a search reads nothing from SQLite but ``data_version``.
 The index is saved next to the database file (``<file>.vectors/``, named by the change it reflects)
 when the store closes, so the next process loads it and applies only newer changes; a missing, stale
 (its changes pruned) or unreadable file is rebuilt from the rows.
@@ -97,12 +99,13 @@ END
 # denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
 # distances rank below the first few dozen. Up to 100,000 records: 20 candidates (at least 2 k),
 # expansion 40 to 50. At 100,000 x 384 expansion 50 finds 0.999 of the true top 10 (1,000 queries)
-# whether its 8-bit top 20 or top 40 are re-scored, expansion 40 only 0.994 (so does 40 at 30,000,
-# with 20 or 40 re-scored): the expansion finds them, and re-scoring 20 instead of 40 halves the
+# whether its 8-bit top 20 or top 40 are re-scored, expansion 40 only 0.994 (and 0.995 at 30,000,
+# again with 20 or 40 re-scored): the expansion finds them, and re-scoring 20 instead of 40 halves the
 # float32 rows a search reads. At 1,000,000: 200 candidates, expansion 500 (bench/vector_bench.py,
-# bench/ann_compare.py). The graph is built with expansion 64,
-# which keeps an insert near half a millisecond (128 doubles it for no recall gain once candidates
-# are re-scored).
+# bench/ann_compare.py). The graph is built with expansion 64, which keeps an insert near half a
+# millisecond (128 doubles it for no recall gain once candidates are re-scored; 40 saves a quarter of
+# it but finds 0.982 of the true top 10 at 100,000), with connectivity 16 (12 or 8 find less at every
+# search expansion, 24 costs more per search for the same recall).
 _DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 20
 _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
 # Up to this many bytes of 8-bit vectors a search scans them all (usearch's exhaustive search, SIMD)
@@ -866,7 +869,7 @@ class SQLiteVectorStore(VectorStore):
 
     def _keyword_hits(self, conn: sqlite3.Connection, c: _Collection, query: str, k: int, where: Where | None,
                       limit: int) -> list[SearchHit]:
-        """Keyword search of a collection whose index is loaded: filtered with its postings, texts read last."""
+        """Keyword search of a collection whose index is loaded: filtered with its postings, texts from memory."""
         subset = c.keys_matching(where) if where else None
         if subset is not None and not subset:
             return []
