@@ -197,6 +197,9 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
             assert [h.score for h in hits] == pytest.approx([cosine(truth[i], query) for i in want], abs=1e-5)
             assert all(h.score == pytest.approx(cosine(truth[h.id], query), abs=1e-5) for h in hits)
             assert all((h.text, h.metadata) == written[h.id] for h in hits)
+            by_words = await store.keyword_search("c", "words", k=50)  # (the records `put` wrote last)
+            assert all((h.text, h.metadata) == written[h.id] for h in by_words)
+            assert {h.id for h in by_words} == {i for i, (text, _) in written.items() if i in truth and " by " in text}
     finally:
         await store.close()
         await other.close()
