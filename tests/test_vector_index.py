@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
+from contextpipe.vectors import sqlite as vectors_sqlite
 from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, rrf
 from contextpipe.vectors.sqlite import _depth, _index_keys
 
@@ -543,6 +544,7 @@ async def test_usearch_compiled_search_answers_as_its_public_search(tmp_path: Pa
         assert direct == index.search(q, 20, threads=1, exact=exact).keys.tolist()
         assert len(direct) == 20
     assert _index_keys(index, q, 1000, exact=True) == index.search(q, 1000, threads=1, exact=True).keys.tolist()
+    assert vectors_sqlite._direct  # the usearch installed here is called directly (else 30 µs more per search)
     monkeypatch.setattr("contextpipe.vectors.sqlite._direct", False)  # (as with a usearch it cannot call so)
     assert _index_keys(index, q, 20, exact) == direct
     await store.close()
