@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -547,4 +548,31 @@ async def test_usearch_compiled_search_answers_as_its_public_search(tmp_path: Pa
     assert vectors_sqlite._direct  # the usearch installed here is called directly (else 30 µs more per search)
     monkeypatch.setattr("contextpipe.vectors.sqlite._direct", False)  # (as with a usearch it cannot call so)
     assert _index_keys(index, q, 20, exact) == direct
+    await store.close()
+
+
+async def test_a_search_filtered_to_few_records_runs_on_the_calling_thread(tmp_path: Path) -> None:
+    """With the worker thread busy, a search filtered to a few records still answers; a broad filter waits."""
+    store = SQLiteVectorStore(tmp_path / "v.db")
+    rng = np.random.default_rng(8)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(1000)}
+    await store.upsert("c", [VectorRecord(i, v, f"text {i}", {"few": int(i[1:]) % 100 == 0, "half": int(i[1:]) % 2})
+                             for i, v in data.items()])
+    query = rng.standard_normal(8).astype(np.float32)
+    await store.search("c", query, k=1)  # (the index is loaded and current)
+    release = threading.Event()
+    busy = store._executor.submit(release.wait)  # the worker thread is taken
+    try:
+        few = asyncio.ensure_future(store.search("c", query, k=3, where={"few": True}))
+        broad = asyncio.ensure_future(store.search("c", query, k=3, where={"half": 1}))
+        await asyncio.sleep(0)
+        assert few.done() and not broad.done()
+        kept = {i: v for i, v in data.items() if int(i[1:]) % 100 == 0}
+        assert [h.id for h in few.result()] == exact_ids(kept, query, 3)
+        assert all(h.text == f"text {h.id}" and h.metadata["few"] is True for h in few.result())
+    finally:
+        release.set()
+    busy.result()
+    half = {i: v for i, v in data.items() if int(i[1:]) % 2 == 1}
+    assert [h.id for h in await broad] == exact_ids(half, query, 3)
     await store.close()

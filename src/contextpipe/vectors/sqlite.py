@@ -17,7 +17,8 @@ The index is saved next to the database file (``<file>.vectors/``, named by the 
 when the store closes, so the next process loads it and applies only newer changes; a missing, stale
 (its changes pruned) or unreadable file is rebuilt from the rows.
 
-A search, and an upsert of a few records under ``synchronous=NORMAL``, runs on the calling thread
+A search (filtered to at most 256 records, or not filtered), and an upsert of a few records under
+``synchronous=NORMAL``, runs on the calling thread
 when the index is up to date and the connection idle (an upsert also needs SQLite's write lock free
 at once): handing it to the store's worker thread and back would cost more than the work. Whatever
 may wait — another writer's lock, a catch-up, saving the index, a WAL checkpoint, an fsync — runs on
@@ -121,6 +122,9 @@ _SCAN_BYTES = 4_000_000
 # worker thread and back costs. It never waits there: a busy file, a stale index (catching up may read
 # many rows), a save of the index or a WAL checkpoint (fsyncs) go to the worker thread.
 _QUICK_RECORDS = 4
+# A search filtered to at most this many records (scored exactly) runs on the calling thread too, as an
+# unfiltered one does: about as much work (their float32 rows read once), less than the hand-off.
+_QUICK_SUBSET = 256
 # This connection checkpoints the WAL itself, on the worker thread, after this many records written
 # (instead of SQLite's automatic checkpoint at 1,000 pages, which a commit on the calling thread would
 # wait for): about the same amount of WAL for one-record upserts.
@@ -368,11 +372,13 @@ class SQLiteVectorStore(VectorStore):
     def _quick(self, collection: str, fn: Any) -> Any:
         """Run the read ``fn(connection, collection's index)`` on the calling thread when it cannot take long.
 
-        Return ``None`` (without running it) otherwise.
+        Return ``None`` (without running it) otherwise; `fn` returns ``None`` itself when its work turns
+        out not to be cheap (a filter keeping many records).
 
         That is when the connection is idle and `collection`'s index is up to date (no catch-up, which
-        may read many rows): an unfiltered search is then a fraction of a millisecond, less than
-        handing it to the worker thread and back costs on a busy machine.
+        may read many rows): an unfiltered search, or one filtered to a few hundred records, is then a
+        fraction of a millisecond, less than handing it to the worker thread and back costs on a busy
+        machine.
         """
         if self._conn is None or not self._lock.acquire(blocking=False):
             return None
@@ -762,7 +768,13 @@ class SQLiteVectorStore(VectorStore):
             return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in found
                     if min_score is None or s >= min_score for r in (records[key],)]
 
-        quick: list[SearchHit] | None = None if where else self._quick(collection, op)
+        def small(conn: sqlite3.Connection, current: _Collection) -> list[SearchHit] | None:
+            subset = current.keys_matching(where) if where else None
+            if subset is not None and len(subset) > min(_QUICK_SUBSET, self.exact_limit):
+                return None  # (not cheap: on the worker thread)
+            return op(conn, current)
+
+        quick: list[SearchHit] | None = self._quick(collection, small)
         if quick is not None:
             return quick
         hits: list[SearchHit] = await self._run(op)
