@@ -29,6 +29,12 @@ first alternating, ``--rounds`` times:
 
     python bench/durable_bench.py --only history --sizes 1000,10000 --before /tmp/cp-before --rounds 3
 
+``--only instructions`` counts the CPU instructions of a cold run instead (valgrind's callgrind, about a
+minute per size and side), before and after with ``--before``: a figure that load on a shared machine
+does not move:
+
+    python bench/durable_bench.py --only instructions --sizes 1000,10000 --before /tmp/cp-before
+
 Output: a Markdown table on stdout (and JSON with ``--json``).
 """
 
@@ -93,13 +99,20 @@ def conversation(n: int, seed: int = 7) -> list[Any]:
 
 
 def fixture(workdir: Path, n: int) -> Path:
-    """Return the path of a SQLite file holding session SESSION with `n` messages (built once)."""
-    from contextpipe.stores import SQLiteStore
+    """Return the path of a SQLite file holding session SESSION with `n` messages (built once).
 
-    path = workdir / f"session-{n}.db"
+    One file per stored form (the SQLite schema version of the contextpipe running): a file built by
+    another release would hold its rows in that release's form.
+    """
+    from contextpipe.stores import SQLiteStore
+    from contextpipe.stores import sqlite as sqlite_store
+
+    schema = getattr(sqlite_store, "SQLITE_SCHEMA_VERSION", 2)
+    name = f"session-{n}" if schema == 2 else f"session-{n}-schema{schema}"
+    path = workdir / f"{name}.db"
     if path.exists():
         return path
-    tmp = workdir / f"session-{n}.building.db"
+    tmp = workdir / f"{name}.building.db"
     for suffix in ("", "-wal", "-shm"):
         Path(str(tmp) + suffix).unlink(missing_ok=True)
 
@@ -239,6 +252,23 @@ async def case_history(path: Path, n: int, warm: bool, runs: int, budget: float)
     return {"samples_ms": [s * 1000 for s in samples], "cpu_ms": [c * 1000 for c in CPU], "sent": sent}
 
 
+async def case_cold_runs(path: Path, n: int, runs: int) -> dict[str, Any]:
+    """One cold run (imports, first-use work), then `runs` more: counted under valgrind by `instructions`.
+
+    No gc.collect() between runs (it would be counted): the collector runs when it would in a service.
+    """
+    sent = 0
+    for _ in range(runs + 1):
+        store = open_store(path)
+        agent = make_agent(store, compaction=False)
+        session = await agent.session(SESSION)
+        await agent.run("Where is my order?", session=session)
+        sent = agent.model.last_len
+        await store.close()
+    assert sent >= n, f"the model saw {sent} messages, expected all {n}"
+    return {"runs": runs}
+
+
 async def case_compaction(path: Path, n: int, runs: int, budget: float) -> dict[str, Any]:
     summariser = Summariser()
     store = open_store(path)
@@ -347,6 +377,8 @@ def child(args: argparse.Namespace) -> None:
                 result = asyncio.run(case_history(path, size, True, args.runs, args.budget))
             elif kind == "compaction":
                 result = asyncio.run(case_compaction(path, size, args.runs, args.budget))
+            elif kind == "cold-runs":
+                result = asyncio.run(case_cold_runs(path, size, args.runs))
             else:
                 raise SystemExit(f"unknown case {kind}")
         finally:
@@ -372,6 +404,32 @@ def run_child(kind: str, n: int, args: argparse.Namespace, source: Path | None =
         return None
     data: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return data
+
+
+def instructions(n: int, args: argparse.Namespace, source: Path | None = None) -> float | None:
+    """Million CPU instructions per cold run at `n` (valgrind, which machine load does not move).
+
+    A process making 1 + 4 cold runs minus one making 1 + 1, divided by 3: imports, fixture and
+    first-use work cancel out. Both threads of the run are counted (the event loop and the store's).
+    """
+    workdir = Path(args.workdir) if source is None else Path(args.workdir) / "before"
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    base = [sys.executable, __file__, "--child", f"cold-runs:{n}", "--workdir", str(workdir)]
+    print(f"instructions N={n:,}{' (before)' if source is not None else ''} ...", file=sys.stderr, flush=True)
+    subprocess.run([*base, "--runs", "0"], env=env, check=True, stdout=subprocess.DEVNULL)  # the fixture, uncounted
+    totals = []
+    for runs in (1, 4):
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *base, "--runs", str(runs)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False)
+        found = [line for line in proc.stderr.splitlines() if "Collected :" in line]
+        if proc.returncode != 0 or not found:
+            print(f"  valgrind failed: {proc.stderr[-500:]}", file=sys.stderr)
+            return None
+        totals.append(int(found[-1].split(":")[-1]))
+    return (totals[1] - totals[0]) / 3 / 1e6
 
 
 def wall_cpu(result: dict[str, Any] | None) -> str:
@@ -458,6 +516,20 @@ def main() -> None:
             out["results"][f"history-cold:{n}"] = cold
             out["results"][f"history-warm:{n}"] = warm
             lines.append(f"| {n:,} | {wall_cpu(cold)} | {wall_cpu(warm)} | {warm['rss_mb'] if warm else 0:,.0f} |")
+    if "instructions" in only:
+        lines += ["", "CPU instructions per cold run (valgrind; millions):", "",
+                  "| N stored | before | after | ratio |" if args.before else "| N stored | instructions |",
+                  "|---:|---:|---:|---:|" if args.before else "|---:|---:|"]
+        for n in [s for s in sizes if s <= 100_000]:
+            after = instructions(n, args)
+            out["results"][f"instructions:{n}"] = after
+            if args.before is None:
+                lines.append(f"| {n:,} | {after:,.0f} |" if after else f"| {n:,} | failed |")
+                continue
+            before = instructions(n, args, args.before)
+            out["results"][f"instructions-before:{n}"] = before
+            ratio = f"{before / after:.2f}x" if before and after else "n/a"
+            lines.append(f"| {n:,} | {before or 0:,.0f} | {after or 0:,.0f} | {ratio} |")
     if "compaction" in only:
         lines += ["", "History + Compaction (Summarize, then TokenBudget 8,000), SQLiteStore synchronous=FULL:", "",
                   "| N stored | first run ms | later runs ms, median (CPU) | cold run ms | summariser calls "

@@ -21,6 +21,7 @@ from contextpipe.messages import (
     UnknownPart,
     UriPart,
     dumps,
+    dumps_compact,
     loads,
     loads_arrays,
     loads_many,
@@ -120,6 +121,93 @@ def test_loads_arrays_decodes_as_loads_many(log: list[Message], cuts: list[int])
     assert [dumps(m) for m in flat] == texts
 
 
+common = st.builds(Message, role=st.sampled_from(["system", "user", "assistant", "tool"]),
+                   parts=st.one_of(st.builds(TextPart, texts), st.builds(FunctionCall, texts, texts, texts),
+                                   st.builds(FunctionResult, texts, texts, st.booleans())).map(lambda p: (p,)),
+                   created_at=st.floats(min_value=0, max_value=4e9, allow_nan=False), source=sources)
+"""The shapes most of a log is made of (one part, no author or metadata), with and without a source."""
+
+
+@given(messages | common)
+def test_compact_codec_round_trip_is_lossless(message: Message) -> None:
+    text = dumps_compact(message)
+    assert text.startswith("[")  # every message of these kinds fits the compact form
+    decoded = loads(text)
+    assert decoded == message
+    assert [type(p) for p in decoded.parts] == [type(p) for p in message.parts]
+    assert decoded.tool_flag == message.tool_flag
+    # Every field as it was (created_at a float, the same metadata, source, author): the full form is the same.
+    assert dumps(decoded) == dumps(message)
+    assert dumps_compact(decoded) == text
+
+
+@given(st.lists(st.tuples(messages | common | plain_texts, st.booleans()), max_size=60),
+       st.lists(st.integers(0, 60), max_size=3))
+def test_a_log_mixing_both_forms_decodes_as_loads_does(log: list[tuple[Message, bool]], cuts: list[int]) -> None:
+    # A store upgraded in place holds rows in the full form and, after them, rows in the compact one.
+    texts = [dumps_compact(m) if compact else dumps(m) for m, compact in log]
+    expected = [m for m, _ in log]
+    bounds = [0, *sorted(min(c, len(texts)) for c in cuts), len(texts)]
+    arrays = loads_arrays(["[" + ",".join(texts[a:b]) + "]" for a, b in itertools.pairwise(bounds)])
+    flat = [m for part in arrays for m in part]
+    assert flat == loads_many(texts) == [loads(t) for t in texts] == expected
+    assert [type(m) for m in flat] == [Message] * len(expected)
+    assert [[type(p) for p in m.parts] for m in flat] == [[type(p) for p in m.parts] for m in expected]
+    assert [m.tool_flag for m in flat] == [m.tool_flag for m in expected]
+    assert [dumps(m) for m in flat] == [dumps(m) for m in expected]
+
+
+def test_the_compact_form_holds_every_field() -> None:
+    m = Message("assistant", (TextPart("Checking."), FunctionCall("c1", "get_order", '{"id": 7}'),
+                              ReasoningPart("", "enc", "openai.reasoning", "rs_1")),
+                id="msg_1", author_name="Ann", created_at=1_700_000_000, metadata={"run": "r1", "n": [1, 2]},
+                source=Source("model", "gpt"))
+    text = dumps_compact(m)
+    head = 2 + 32 + 64 + 16  # assistant, author, metadata, source "model"
+    assert json.loads(text)[:6] == [head, "msg_1", 1_700_000_000.0, "gpt", "Ann", {"run": "r1", "n": [1, 2]}]
+    decoded = loads(text)
+    assert decoded == m and type(decoded.created_at) is float and decoded.parts[2] == m.parts[2]
+    error = Message("tool", (FunctionResult("c1", "boom", is_error=True),), id="msg_2", created_at=2.0)
+    assert json.loads(dumps_compact(error))[4] == message_to_dict(error)["parts"][0]  # full part form inside
+    assert loads(dumps_compact(error)) == error
+    odd = Message("user", (TextPart("x"),), id=7, created_at=1.0)  # type: ignore[arg-type]
+    assert dumps_compact(odd) == dumps(odd)  # what the compact form cannot hold is written in the full form
+    late = Message.user("x", created_at=2**60)
+    assert dumps_compact(late) == dumps(late)
+    # Values only the standard library parses (NaN, integers beyond 64 bits) come back too.
+    unusual = Message.user("x", metadata={"score": float("nan"), "big": 2**70})
+    [decoded_log] = loads_arrays(["[" + dumps_compact(Message.user("a")) + "," + dumps_compact(unusual) + "]"])
+    assert decoded_log[1].metadata["big"] == 2**70 and decoded_log[1].id == unusual.id
+
+
+_PLAIN_PARTS = ["hi", ["c", "n", "{}"], ["c", "ok"]]
+_COMPACT_CHANGES: list[tuple[int, object]] = [
+    (0, 0), (0, 3), (0, 4), (0, 23), (0, 24), (0, 28), (0, 32), (0, 64), (0, 128), (0, -1), (0, True), (0, 1.0),
+    (0, "1"), (1, 7), (1, None), (2, 2), (2, "now"), (2, None), (2, True), (3, "src"), (3, 5), (3, ["s"]),
+    (4, ["c", 1]), (4, ["c"]), (4, []), (4, ["c", "n", "a", "x"]), (4, 5), (4, None),
+    (4, {"kind": "text", "text": "x"}),
+    (4, {"kind": "function_result", "call_id": "c", "result": "r", "is_error": True}), (4, {"text": "x"}),
+    (5, "extra"),
+]
+NEAR_COMPACT = [
+    [*base[:at], value, *base[at + 1:]] if at < len(base) else [*base, value]
+    for part in _PLAIN_PARTS for head in (2, 14)  # without and with a source ("model")
+    for base in [[head, "m1", 1.5, None if head < 4 else "gpt", part]]
+    for at, value in [(0, head), *_COMPACT_CHANGES]
+]
+
+
+def test_loads_arrays_checks_compact_rows_as_loads_does() -> None:
+    # Each compact shape next to the ones built directly decodes as `loads` decodes it, or both refuse it.
+    for d in NEAR_COMPACT:
+        _same_decoding([json.dumps(d)])
+
+
+@given(st.lists(st.sampled_from(NEAR_COMPACT), min_size=1, max_size=8))
+def test_loads_arrays_checks_mixed_compact_arrays(log: list[list[object]]) -> None:
+    _same_decoding([json.dumps(d) for d in log])
+
+
 _TEXT = {"kind": "text", "text": "hi"}
 _CALL = {"kind": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}
 _RESULT = {"kind": "function_result", "call_id": "c", "result": "ok"}
@@ -174,7 +262,8 @@ def test_loads_arrays_checks_mixed_arrays(log: list[dict[str, object]]) -> None:
 @pytest.mark.parametrize(("payload", "fragment"), [
     ('{"v": 1}', "must be a JSON array"),
     ("[1, 2", "not valid JSON"),
-    ("[1]", "must be a JSON object"),
+    ("[1]", "must be a JSON object or array"),
+    ("[[1]]", "at least 4 fields"),
     ('[{"v": 1, "id": "m", "role": "robot", "parts": [], "created_at": 1.0}]', "unknown message role"),
 ])
 def test_loads_arrays_rejects_what_is_not_an_array_of_messages(payload: str, fragment: str) -> None:
@@ -210,7 +299,7 @@ def test_loads_arrays_reads_what_only_the_standard_library_parses() -> None:
     ("payload", "fragment"),
     [
         ("not json", "not valid JSON"),
-        ("[1, 2]", "must be a JSON object"),
+        ("[1, 2]", "at least 4 fields"),
         ('{"v": 1, "id": "m", "role": "robot", "parts": [{"kind": "text", "text": "x"}], "created_at": 1.0}',
          "unknown message role"),
         ('{"v": 1, "id": "m", "role": ["user"], "parts": [{"kind": "text", "text": "x"}], "created_at": 1.0}',
@@ -279,7 +368,7 @@ def test_text_and_function_helpers() -> None:
     ("payload", "fragment"),
     [
         ("not json", "not valid JSON"),
-        ("[1, 2]", "must be a JSON object"),
+        ("[1, 2]", "at least 4 fields"),
         ('{"id": "m", "role": "robot", "parts": [], "created_at": 1}', "unknown message role"),
         ('{"id": "m", "role": "user", "parts": [], "created_at": "yesterday"}', "created_at must be a number"),
         ('{"id": "m", "role": "user", "created_at": 1}', "not a valid encoded message"),

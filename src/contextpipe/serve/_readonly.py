@@ -13,8 +13,7 @@ from urllib.parse import quote
 
 from ..errors import StoreError
 from ..session import SessionKey
-from ..stores._common import SCHEMA_VERSION
-from ..stores.sqlite import _SESSION, SQLiteStore
+from ..stores.sqlite import _SESSION, SQLITE_SCHEMA_VERSION, SQLiteStore
 
 __all__ = ["ReadOnlySQLiteStore"]
 
@@ -36,10 +35,10 @@ def _open(path: str) -> sqlite3.Connection:
         if row is None:
             conn.close()
             raise StoreError(f"{path} is not a contextpipe session database", backend="sqlite")
-        if int(row[0]) > SCHEMA_VERSION:
+        if int(row[0]) > SQLITE_SCHEMA_VERSION:
             conn.close()
             raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release reads "
-                             f"{SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
+                             f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
         return conn
     message = "is not a contextpipe session database" if "no such table" in str(last) or \
         "not a database" in str(last) else f"cannot be read: {last}"

@@ -24,12 +24,12 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, dumps, loads, loads_arrays, loads_many
+from ..messages import Message, dumps, dumps_compact, loads, loads_arrays, loads_many
 from ..session import Session, SessionKey
 from .base import Checkpoint, Lease, MessagePage, SessionStore
 
 SCHEMA_VERSION: Final = 2
-"""Version of the durable layout (tables, keys) written by this release."""
+"""Version of the durable layout (tables, keys) written by this release (SQLite has its own, see `SQLiteStore`)."""
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
@@ -85,8 +85,12 @@ def dump_json(value: Any) -> str:
     return storable(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))
 
 
-def encode_message(message: Message) -> str:
-    return storable(dumps(message))
+def encode_message(message: Message, *, compact: bool = False) -> str:
+    """Encode a message to store: in the full form, or in the compact one (`dumps_compact`).
+
+    The compact form only goes to a backend whose schema version says so; every decoder reads both.
+    """
+    return storable(dumps_compact(message) if compact else dumps(message))
 
 
 def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
@@ -162,9 +166,9 @@ def duplicate_in_batch(key: SessionKey) -> UsageError:
     return UsageError(f"{key}: the batch to append repeats a message id")
 
 
-def check_batch(key: SessionKey, messages: Sequence[Message]) -> list[tuple[str, str]]:
+def check_batch(key: SessionKey, messages: Sequence[Message], *, compact: bool = False) -> list[tuple[str, str]]:
     """Encode a batch to append as ``(id, body)`` pairs; a batch repeating an id is a `UsageError`."""
-    encoded = [(m.id, encode_message(m)) for m in messages]
+    encoded = [(m.id, encode_message(m, compact=compact)) for m in messages]
     if len({mid for mid, _ in encoded}) != len(encoded):
         raise duplicate_in_batch(key)
     return encoded

@@ -33,7 +33,6 @@ from ..errors import ConcurrentUpdate, LeaseLost, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
 from ._common import (
-    SCHEMA_VERSION,
     JoinedRows,
     check_batch,
     check_lease,
@@ -56,6 +55,14 @@ from ._common import (
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
 
 __all__ = ["SQLiteStore"]
+
+SQLITE_SCHEMA_VERSION: Final = 3
+"""Version of the SQLite layout written by this release (cp_meta ``schema_version``).
+
+3 stores messages in the compact form (`contextpipe.messages.dumps_compact`). A file of version 2 is
+upgraded when opened (its rows keep their full form, and both forms are read); a contextpipe that
+knows only 2 refuses a file of version 3 and says to upgrade, instead of failing on its messages.
+"""
 
 if TYPE_CHECKING:
     from ..vectors.stores import SQLiteVectorStore
@@ -233,12 +240,13 @@ class SQLiteStore(SessionStore):
                 if statement.strip():
                     conn.execute(statement)
             row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
-            if row is None or int(row["value"]) < SCHEMA_VERSION:  # tables above are created as needed
-                conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row["value"]) > SCHEMA_VERSION:
+            if row is None or int(row["value"]) < SQLITE_SCHEMA_VERSION:  # tables above are created as needed
+                conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)",
+                             (str(SQLITE_SCHEMA_VERSION),))
+            elif int(row["value"]) > SQLITE_SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path} was written by a newer contextpipe (schema {row['value']}, this release knows "
-                    f"{SCHEMA_VERSION}); upgrade contextpipe", backend=self.backend, server=self.path,
+                    f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend=self.backend, server=self.path,
                 )
 
     @contextmanager
@@ -415,7 +423,7 @@ class SQLiteStore(SessionStore):
         durable: bool = True,
     ) -> int:
         key = key_of(tenant, session_id)
-        encoded = check_batch(key, messages)
+        encoded = check_batch(key, messages, compact=True)
         return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded)
 
     @staticmethod
@@ -851,9 +859,9 @@ def _open_read_only(path: str, busy_ms: int) -> sqlite3.Connection:
         row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
         if row is not None and not str(row[0]).isdigit():
             raise StoreError(f"{path}: unreadable schema version {row[0]!r}", backend="sqlite")
-        if row is not None and int(row[0]) > SCHEMA_VERSION:
+        if row is not None and int(row[0]) > SQLITE_SCHEMA_VERSION:
             raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
-                             f"{SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
+                             f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
     except BaseException:
         conn.close()
         raise
