@@ -11,11 +11,14 @@ bring back a deleted one. (The log is read only when SQLite's ``data_version`` s
 connection committed, or after this store's own writes.) The index holds 8-bit copies of the vectors;
 a search takes a few dozen candidates from it (a few hundred in a collection of millions) and scores
 them exactly against the float32 vectors held beside it, so scores are exact cosine similarities.
+Beside the index each record's id, text and metadata are held too (one entry per record, with its
+float32 vector), so a search reads nothing from SQLite but ``data_version``.
 The index is saved next to the database file (``<file>.vectors/``, named by the change it reflects)
 when the store closes, so the next process loads it and applies only newer changes; a missing, stale
 (its changes pruned) or unreadable file is rebuilt from the rows.
 
-A search, and an upsert of a few records under ``synchronous=NORMAL``, runs on the calling thread
+A search (filtered to at most 256 records, or not filtered), and an upsert of a few records under
+``synchronous=NORMAL``, runs on the calling thread
 when the index is up to date and the connection idle (an upsert also needs SQLite's write lock free
 at once): handing it to the store's worker thread and back would cost more than the work. Whatever
 may wait — another writer's lock, a catch-up, saving the index, a WAL checkpoint, an fsync — runs on
@@ -95,13 +98,16 @@ END
 # kernels; each search takes candidates from it and re-scores them exactly from the float32 rows held
 # beside it. Both the candidates and the search expansion grow with the collection (`_depth`): the
 # denser the collection, the closer its nearest neighbours, and the more of the true top k the 8-bit
-# distances rank below the first few dozen. Up to 200,000 records: 40 candidates (at least 3 k),
-# expansion 40 to 100 (50 at 100,000 x 384: recall@10 1.000, as with 64, for 17% less CPU per search;
-# 40 still finds 0.993 of the true top 10 at 24,000, 0.999 at 32,000); at 1,000,000: 200 candidates,
-# expansion 500 (bench/vector_bench.py, bench/ann_compare.py). The graph is built with expansion 64,
-# which keeps an insert near half a millisecond (128 doubles it for no recall gain once candidates
-# are re-scored).
-_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 40
+# distances rank below the first few dozen. Up to 100,000 records: 20 candidates (at least 2 k),
+# expansion 40 to 50. At 100,000 x 384 expansion 50 finds 0.999 of the true top 10 (1,000 queries)
+# whether its 8-bit top 20 or top 40 are re-scored, expansion 40 only 0.994 (and 0.995 at 30,000,
+# again with 20 or 40 re-scored): the expansion finds them, and re-scoring 20 instead of 40 halves the
+# float32 rows a search reads. At 1,000,000: 200 candidates, expansion 500 (bench/vector_bench.py,
+# bench/ann_compare.py). The graph is built with expansion 64, which keeps an insert near half a
+# millisecond (128 doubles it for no recall gain once candidates are re-scored; 40 saves a quarter of
+# it but finds 0.982 of the true top 10 at 100,000), with connectivity 16 (12 or 8 find less at every
+# search expansion, 24 costs more per search for the same recall).
+_DTYPE, _CONNECTIVITY, _EXPANSION_ADD, _EXPANSION_SEARCH, _CANDIDATES = "i8", 16, 64, 40, 20
 _RECORDS_PER_CANDIDATE, _RECORDS_PER_EXPANSION, _EXPANSION_MAX = 5000, 2000, 1024
 # Up to this many bytes of 8-bit vectors a search scans them all (usearch's exhaustive search, SIMD)
 # instead of walking the graph. The two cost the same near 2,000 x 384 (0.2 ms of CPU for the index
@@ -116,6 +122,9 @@ _SCAN_BYTES = 4_000_000
 # worker thread and back costs. It never waits there: a busy file, a stale index (catching up may read
 # many rows), a save of the index or a WAL checkpoint (fsyncs) go to the worker thread.
 _QUICK_RECORDS = 4
+# A search filtered to at most this many records (scored exactly) runs on the calling thread too, as an
+# unfiltered one does: about as much work (their float32 rows read once), less than the hand-off.
+_QUICK_SUBSET = 256
 # This connection checkpoints the WAL itself, on the worker thread, after this many records written
 # (instead of SQLite's automatic checkpoint at 1,000 pages, which a commit on the calling thread would
 # wait for): about the same amount of WAL for one-record upserts.
@@ -124,7 +133,7 @@ _CHECKPOINT_RECORDS = 200
 
 def _depth(size: int, k: int) -> tuple[int, int]:
     """Return the search expansion and the number of candidates to re-score, for `size` records and top `k`."""
-    candidates = max(_CANDIDATES, 3 * k, size // _RECORDS_PER_CANDIDATE)
+    candidates = max(_CANDIDATES, 2 * k, size // _RECORDS_PER_CANDIDATE)
     return max(_EXPANSION_SEARCH, min(_EXPANSION_MAX, size // _RECORDS_PER_EXPANSION), candidates), candidates
 
 
@@ -140,41 +149,55 @@ def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
     return array / norm if norm > 0 else array
 
 
+def _index_keys(index: Any, q: np.ndarray[Any, Any], count: int, exact: bool) -> list[int]:
+    """Return the keys of the `count` vectors of the usearch `index` nearest to `q` (with `exact`: a scan).
+
+    Through usearch's compiled search when it has the shape this was written against: its Python
+    wrapper builds result objects a search does not need (about 30 µs, a twentieth of a search at
+    100,000 records); through the public `Index.search` otherwise.
+    """
+    global _direct
+    search_many = getattr(getattr(index, "_compiled", None), "search_many", None) if _direct else None
+    if search_many is not None:
+        try:
+            if not _unknown:
+                from usearch.compiled import ScalarKind
+
+                _unknown.append(ScalarKind.Unknown)
+            keys, _, counts = search_many(q.reshape(1, -1), count=count, exact=exact, threads=1,
+                                          dtype=_unknown[0])[:3]
+            return list(keys[0, :int(counts[0])].tolist())
+        except (ImportError, AttributeError, TypeError, ValueError, IndexError):  # another usearch
+            _direct = False
+    return list(index.search(q, count, threads=1, exact=exact).keys.tolist())
+
+
+_direct = True  # `_index_keys` may call usearch's compiled search (until it fails once)
+_unknown: list[Any] = []  # usearch's ``ScalarKind.Unknown`` (the query's own dtype), once imported
+
+
 def _hashable(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
-class _Rows:
-    """The float32 vectors again, for exact re-scoring and filtered search: one ``bytes`` per record.
-
-    Each is the row's own blob as SQLite returns it (no conversion, no copy), so growing never copies
-    the collection, and gathering a search's candidates is one ``join``.
-    """
-
-    def __init__(self, dim: int) -> None:
-        self.dim = dim
-        self.vectors: dict[int, bytes] = {}
-
-    def put(self, keys: Iterable[int], vectors: Iterable[bytes]) -> None:
-        self.vectors.update(zip(keys, vectors, strict=True))
-
-    def forget(self, key: int) -> None:
-        self.vectors.pop(key, None)
-
-    def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
-        return np.frombuffer(b"".join(map(self.vectors.__getitem__, keys)), dtype=np.float32).reshape(-1, self.dim)
+_Record = tuple[str, str, dict[str, Any], bytes]
+"""A record as held beside the index: its id, text, metadata and float32 vector (the row's own blob)."""
 
 
 class _Collection:
-    """One collection's HNSW index, metadata and metadata postings, as of change `seq`."""
+    """One collection's HNSW index, records and metadata postings, as of change `seq`.
+
+    `records` holds, per row key, what a search returns and the float32 vector it re-scores with: one
+    ``bytes`` per record, the row's blob as SQLite returns it (no conversion, no copy), so growing never
+    copies the collection, gathering a search's candidates is one ``join``, and the hits' ids, texts
+    and metadata are found in the entries the re-scoring has just read.
+    """
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.index: Any = None  # usearch.index.Index, made with the first vector
-        self.rows: _Rows | None = None
         self.dim = 0
-        self.ids: dict[int, str] = {}
-        self.metas: dict[int, dict[str, Any]] = {}
+        self.records: dict[int, _Record] = {}
         self.postings: dict[str, dict[Any, set[int]]] = {}
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
@@ -184,7 +207,6 @@ class _Collection:
         from usearch.index import Index
 
         self.dim = dim
-        self.rows = _Rows(dim)
         self.index = Index(ndim=dim, metric="cos", dtype=_DTYPE, connectivity=_CONNECTIVITY,
                            expansion_add=_EXPANSION_ADD, expansion_search=_EXPANSION_SEARCH)
 
@@ -203,29 +225,26 @@ class _Collection:
                         del by_value[value]
 
     def forget(self, key: int) -> None:
-        meta = self.metas.pop(key, None)
-        if meta is not None:
-            self.ids.pop(key, None)
-            self._post(key, meta, add=False)
-            if self.rows is not None:
-                self.rows.forget(key)
+        record = self.records.pop(key, None)
+        if record is not None:
+            self._post(key, record[2], add=False)
         if self.index is not None and key in self.index:  # (a loaded index may hold keys since deleted)
             self.index.remove(key)
 
     def _drop(self, keys: np.ndarray[Any, Any]) -> None:
         """Forget `keys` before they are added again (replaced rows, or keys a loaded index holds)."""
         for key in keys.tolist():
-            if key in self.metas:
+            if key in self.records:
                 self.forget(key)
         # Every known key is in the index (`put` adds both; a loaded index gets its missing keys added):
         # when the index holds no more keys than are known, it holds none of the others.
-        if self.index is not None and len(self.index) > len(self.metas):
+        if self.index is not None and len(self.index) > len(self.records):
             held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
             if held.any():
                 self.index.remove(keys[held])
 
-    def put(self, rows: Sequence[tuple[int, str, int, bytes, str]]) -> None:
-        """Add or replace rows ``(key, id, dim, vector, metadata)``."""
+    def put(self, rows: Sequence[tuple[int, str, int, bytes, str, str]]) -> None:
+        """Add or replace rows ``(key, id, dim, vector, text, metadata)``."""
         if not rows:
             return
         keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
@@ -238,23 +257,25 @@ class _Collection:
                              "use one embedder per collection")
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
-        assert self.rows is not None
-        self.rows.put([r[0] for r in rows], [r[3] for r in rows])
-        self.describe((key, id_, meta) for key, id_, _, _, meta in rows)
+        self.describe(rows)
 
-    def describe(self, rows: Iterable[tuple[int, str, str]]) -> None:
-        """Record the id and metadata of rows ``(key, id, metadata)`` whose vectors the index holds."""
-        for key, id_, meta_json in rows:
+    def describe(self, rows: Iterable[tuple[int, str, int, bytes, str, str]]) -> None:
+        """Hold rows ``(key, id, dim, vector, text, metadata)`` whose vectors the index holds."""
+        for key, id_, _, vector, text, meta_json in rows:
             meta = json.loads(meta_json)
-            self.ids[key] = id_
-            self.metas[key] = meta
+            self.records[key] = (id_, text, meta, vector)
             self._post(key, meta, add=True)
+
+    def gather(self, keys: Iterable[int]) -> np.ndarray[Any, Any]:
+        """Return the float32 vectors of `keys` (known keys), one row each."""
+        records = self.records
+        return np.frombuffer(b"".join([records[key][3] for key in keys]), dtype=np.float32).reshape(-1, self.dim)
 
     def _field_keys(self, field: str, wanted: Any) -> set[int]:
         """Return the keys whose `field` is `wanted` (or one of them); may be a live posting set."""
         values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
         if not all(_hashable(v) for v in values):
-            return {k for k, m in self.metas.items() if matches(m, {field: wanted})}
+            return {k for k, r in self.records.items() if matches(r[2], {field: wanted})}
         by_value = self.postings.get(field, {})
         found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
         if not found:
@@ -268,7 +289,7 @@ class _Collection:
         set: read it, never change it.
         """
         parts = [self._field_keys(field, wanted) for field, wanted in where.items()]
-        parts = [p for p in parts if len(p) < len(self.metas)]  # keeps every record: no constraint
+        parts = [p for p in parts if len(p) < len(self.records)]  # keeps every record: no constraint
         if not parts:
             return None
         parts.sort(key=len)
@@ -351,11 +372,13 @@ class SQLiteVectorStore(VectorStore):
     def _quick(self, collection: str, fn: Any) -> Any:
         """Run the read ``fn(connection, collection's index)`` on the calling thread when it cannot take long.
 
-        Return ``None`` (without running it) otherwise.
+        Return ``None`` (without running it) otherwise; `fn` returns ``None`` itself when its work turns
+        out not to be cheap (a filter keeping many records).
 
         That is when the connection is idle and `collection`'s index is up to date (no catch-up, which
-        may read many rows): an unfiltered search is then a fraction of a millisecond, less than
-        handing it to the worker thread and back costs on a busy machine.
+        may read many rows): an unfiltered search, or one filtered to a few hundred records, is then a
+        fraction of a millisecond, less than handing it to the worker thread and back costs on a busy
+        machine.
         """
         if self._conn is None or not self._lock.acquire(blocking=False):
             return None
@@ -429,14 +452,14 @@ class SQLiteVectorStore(VectorStore):
         and it takes them from the rows written instead of reading them back.
         """
         if quick:
-            if cached is None or version is None or not cached.metas or not self._begin_at_once(conn, version):
+            if cached is None or version is None or not cached.records or not self._begin_at_once(conn, version):
                 return None
             self._writing(collection)
             return True
         self._writing(collection)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            return (cached is not None and version is not None and bool(cached.metas)
+            return (cached is not None and version is not None and bool(cached.records)
                     and conn.execute("PRAGMA data_version").fetchone()[0] == version)
         except BaseException:
             conn.execute("ROLLBACK")
@@ -480,7 +503,7 @@ class SQLiteVectorStore(VectorStore):
     def _put_own(self, conn: sqlite3.Connection, collection: str, cached: _Collection,
                  prepared: list[tuple[Any, ...]], logged: list[tuple[int, int]], quick: bool) -> None:
         """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index."""
-        rows = {key: (key, p[1], p[2], p[3], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
+        rows = {key: (key, p[1], p[2], p[3], p[4], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
         cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
         cached.seq = logged[-1][0]
         cached.changed += len(logged)
@@ -595,7 +618,7 @@ class SQLiteVectorStore(VectorStore):
 
     @staticmethod
     def _save_due(cached: _Collection) -> bool:
-        return cached.changed >= max(_SAVE_AFTER, len(cached.metas) // _SAVE_SHARE)
+        return cached.changed >= max(_SAVE_AFTER, len(cached.records) // _SAVE_SHARE)
 
     def _maybe_save(self, conn: sqlite3.Connection, collection: str, cached: _Collection | None) -> None:
         if cached is not None and cached.dirty and self._save_due(cached):
@@ -619,7 +642,7 @@ class SQLiteVectorStore(VectorStore):
         step = min(5000, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
         for start in range(0, len(keys), step):
             part = keys[start:start + step]
-            rows = conn.execute(f"SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE key IN "
+            rows = conn.execute(f"SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE key IN "
                                 f"({','.join('?' * len(part))})", part).fetchall()
             present = {r[0] for r in rows}
             for key in part:
@@ -640,35 +663,32 @@ class SQLiteVectorStore(VectorStore):
             return cached
         cached = _Collection(latest)
         self._cache[collection] = cached
-        batch: list[tuple[int, str, int, bytes, str]] = []
-        for row in conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ? "
+        batch: list[tuple[int, str, int, bytes, str, str]] = []
+        for row in conn.execute("SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ? "
                                 "ORDER BY key", (collection,)):
             batch.append(row)
             if len(batch) == 5000:
                 cached.put(batch)
                 batch = []
         cached.put(batch)
-        cached.changed = len(cached.metas) if len(cached.metas) >= _SAVE_AFTER else 0
+        cached.changed = len(cached.records) if len(cached.records) >= _SAVE_AFTER else 0
         cached.dirty = True
         return cached
 
     def _catch_up(self, conn: sqlite3.Connection, collection: str, cached: _Collection, seq: int,
                   latest: int) -> None:
         """Fill a loaded index's vectors and metadata from the rows, then apply the changes after `seq`."""
-        assert cached.rows is not None
-        cursor = conn.execute("SELECT key, id, dim, vector, metadata FROM cp_vectors WHERE collection = ?",
+        cursor = conn.execute("SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ?",
                               (collection,))
         while chunk := cursor.fetchmany(8192):
-            usable = [r for r in chunk if r[2] == cached.dim]
-            cached.rows.put([r[0] for r in usable], [r[3] for r in usable])
-            cached.describe((r[0], r[1], r[4]) for r in usable)
+            cached.describe(r for r in chunk if r[2] == cached.dim)
         stale = [r[0] for r in conn.execute(
             "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
             (collection, seq, latest))]
         # (np.asarray: iterating usearch's key view element by element is quadratic)
         indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
-        missing = [k for k in cached.metas if k not in indexed]  # rows the file does not hold (defensive)
-        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.metas))))
+        missing = [k for k in cached.records if k not in indexed]  # rows the file does not hold (defensive)
+        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.records))))
         cached.seq = latest
 
     # --- the saved index ---------------------------------------------------------------------------
@@ -698,7 +718,6 @@ class SQLiteVectorStore(VectorStore):
                 continue
             cached = _Collection(seq)
             cached.index, cached.dim = index, int(index.ndim)
-            cached.rows = _Rows(cached.dim)
             return cached, seq
         return None
 
@@ -732,13 +751,6 @@ class SQLiteVectorStore(VectorStore):
 
     # --- searches ----------------------------------------------------------------------------------
 
-    def _texts(self, conn: sqlite3.Connection, keys: Iterable[int]) -> dict[int, str]:
-        part = list(keys)
-        if not part:
-            return {}
-        return dict(conn.execute(f"SELECT key, text FROM cp_vectors WHERE key IN ({','.join('?' * len(part))})",
-                                 part).fetchall())
-
     @override
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
                             where: Where | None = None, min_score: float | None = None) -> list[SearchHit]:
@@ -747,17 +759,22 @@ class SQLiteVectorStore(VectorStore):
 
         def op(conn: sqlite3.Connection, current: _Collection | None = None) -> list[SearchHit]:
             c = self._sync(conn, collection) if current is None else current
-            if c.index is None or not c.metas or k <= 0:
+            if c.index is None or not c.records or k <= 0:
                 return []
             if q.shape[0] != c.dim:
                 raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
             found = self._nearest(c, q, k, c.keys_matching(where) if where else None)
-            found = [(key, s) for key, s in found if min_score is None or s >= min_score]
-            texts = self._texts(conn, (key for key, _ in found))
-            return [SearchHit(c.ids[key], s, texts[key], c.metas[key], vector_score=s) for key, s in found
-                    if key in texts]
+            records = c.records
+            return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in found
+                    if min_score is None or s >= min_score for r in (records[key],)]
 
-        quick: list[SearchHit] | None = None if where else self._quick(collection, op)
+        def small(conn: sqlite3.Connection, current: _Collection) -> list[SearchHit] | None:
+            subset = current.keys_matching(where) if where else None
+            if subset is not None and len(subset) > min(_QUICK_SUBSET, self.exact_limit):
+                return None  # (not cheap: on the worker thread)
+            return op(conn, current)
+
+        quick: list[SearchHit] | None = self._quick(collection, small)
         if quick is not None:
             return quick
         hits: list[SearchHit] = await self._run(op)
@@ -770,17 +787,20 @@ class SQLiteVectorStore(VectorStore):
         if subset is not None and len(subset) <= self.exact_limit:
             return self._exact(c, q, k, subset)
         limit = self.scan_limit if self.scan_limit is not None else _SCAN_BYTES // max(1, c.dim)
-        return self._approximate(c, q, k, subset, scan=len(c.metas) <= limit)
+        return self._approximate(c, q, k, subset, scan=len(c.records) <= limit)
 
     @staticmethod
     def _exact(c: _Collection, q: np.ndarray[Any, Any], k: int,
                subset: Iterable[int] | None) -> list[tuple[int, float]]:
         """Score every record (of `subset`) against `q` from the float32 rows."""
-        keys = subset if isinstance(subset, list) else list(subset if subset is not None else c.metas)
+        keys = subset if isinstance(subset, list) else list(subset if subset is not None else c.records)
         if not keys:
             return []
-        assert c.rows is not None
-        scores = c.rows.gather(keys) @ q
+        scores = c.gather(keys) @ q
+        if len(scores) <= 64:  # (a search's candidates: fewer numpy calls and temporaries than below)
+            listed = scores.tolist()
+            order = sorted(range(len(listed)), key=listed.__getitem__, reverse=True)[:k]
+            return [(keys[i], listed[i]) for i in order]
         if len(scores) > 4 * k:
             top = np.argpartition(-scores, k)[:k]
             top = top[np.argsort(-scores[top])]
@@ -795,14 +815,14 @@ class SQLiteVectorStore(VectorStore):
 
         With `scan`, the candidates are the nearest by the 8-bit vectors over the whole index (no graph walk).
         """
-        total = len(c.metas)
+        total = len(c.records)
         expansion, want = _depth(total, k)
         if subset is not None:  # about 2 k of the subset expected among the candidates
             want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
         if not scan and c.index.expansion_search != expansion:
             c.index.expansion_search = expansion
         while True:
-            keys = c.index.search(q, want, threads=1, exact=scan).keys.tolist()
+            keys = _index_keys(c.index, q, want, scan)
             if subset is not None:
                 keys = [key for key in keys if key in subset]
             if len(keys) >= k or want >= total:
@@ -861,11 +881,11 @@ class SQLiteVectorStore(VectorStore):
 
     def _keyword_hits(self, conn: sqlite3.Connection, c: _Collection, query: str, k: int, where: Where | None,
                       limit: int) -> list[SearchHit]:
-        """Keyword search of a collection whose index is loaded: filtered with its postings, texts read last."""
+        """Keyword search of a collection whose index is loaded: filtered with its postings, texts from memory."""
         subset = c.keys_matching(where) if where else None
         if subset is not None and not subset:
             return []
-        pool: set[int] | dict[int, Any] = c.metas if subset is None else subset  # (postings hold known keys)
+        pool: set[int] | dict[int, Any] = c.records if subset is None else subset  # (postings hold known keys)
         found: list[tuple[int, float]] = []
         while True:
             ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
@@ -877,8 +897,8 @@ class SQLiteVectorStore(VectorStore):
                 found = _ranked_within(conn, c, query, k, subset)
                 break
             limit *= 4
-        texts = self._texts(conn, (key for key, _ in found))
-        return [SearchHit(c.ids[key], float(score), texts[key], c.metas[key]) for key, score in found if key in texts]
+        records = c.records
+        return [SearchHit(r[0], float(score), r[1], r[2]) for key, score in found for r in (records[key],)]
 
     @override
     async def count(self, collection: str, *, where: Where | None = None) -> int:
@@ -944,7 +964,7 @@ def _ranked_within(conn: sqlite3.Connection, c: _Collection, query: str, k: int,
         "SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts WHERE cp_vectors_fts MATCH ? "
         "AND rowid IN (SELECT value FROM json_each(?)) ORDER BY score DESC LIMIT ?",
         (query, json.dumps(sorted(subset)), k)).fetchall()
-    return [(key, score) for key, score in ranked if key in c.metas]
+    return [(key, score) for key, score in ranked if key in c.records]
 
 
 def _statements(script: str) -> list[str]:
