@@ -391,6 +391,17 @@ def _str(d: Mapping[str, Any], key: str) -> str:
     return value
 
 
+def _time(value: Any) -> float | int:
+    """Return `value` if it is a time every decoder reads back (an int a float holds), else raise `CodecError`."""
+    if type(value) is int:
+        try:
+            float(value)
+            return value
+        except OverflowError:
+            pass
+    raise CodecError(f"created_at must be seconds since the epoch as a float or an int, got {str(value)[:40]!r}")
+
+
 def message_to_dict(message: Message) -> dict[str, Any]:
     """Encode `message` as a JSON-ready dict (codec version `CODEC_VERSION`)."""
     d: dict[str, Any] = {
@@ -398,7 +409,7 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         "id": message.id,
         "role": message.role,
         "parts": [_part_to_dict(p) for p in message.parts],
-        "created_at": message.created_at,
+        "created_at": message.created_at if type(message.created_at) is float else _time(message.created_at),
     }
     if message.author_name is not None:
         d["author_name"] = message.author_name
@@ -434,7 +445,7 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
                             MappingProxyType(dict(metadata)) if metadata else _EMPTY, source)
     except CodecError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
 
 
@@ -560,13 +571,14 @@ def _from_compact(d: list[Any]) -> Message:
     try:
         author, metadata, at = _compact_options(d, head)
         parts = tuple([_compact_part(p) for p in d[at:]])
+        at_time = float(created_at)
     except CodecError:
         raise
-    except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
     source_code = head >> 2 & 7
     source = Source(_SOURCE_ORDER[source_code - 1], source_id) if source_code else None
-    return _new_message(_ROLE_ORDER[head & 3], parts, message_id, author, float(created_at), metadata, source)
+    return _new_message(_ROLE_ORDER[head & 3], parts, message_id, author, at_time, metadata, source)
 
 
 def _check_compact(head: Any, message_id: Any, created_at: Any, source_id: Any) -> None:
@@ -692,10 +704,11 @@ _BATCH: Final = 4096
 def _gc_paused(pause: bool) -> Iterator[None]:
     """Pause the garbage collector (when `pause` and it is on) while messages are built.
 
-    Messages hold no cycles and live as long as a run (or a history cache) keeps them: after a
-    large batch, the young generation is moved to the oldest at once (``gc.freeze`` then
-    ``gc.unfreeze``) instead of being traced twice on its way there. That is skipped when the
-    application froze objects itself (a pre-fork server does), so its frozen set stays as it is.
+    Messages hold no cycles, so the collector has nothing to find among them while they are built;
+    pausing it saves tracing the growing list over and over. Nothing is moved between generations
+    by hand: objects promoted outside the collector's own accounting (``gc.freeze`` then
+    ``gc.unfreeze``) never count towards a full collection, so the application's cyclic garbage
+    promoted with them would never be collected.
     """
     collecting = pause and gc.isenabled()
     if collecting:
@@ -704,14 +717,7 @@ def _gc_paused(pause: bool) -> Iterator[None]:
         yield
     finally:
         if collecting:
-            if gc.get_count()[0] > _PROMOTE and gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
             gc.enable()
-
-
-_PROMOTE: Final = 1000
-"""Young objects (after a batch) above which they are moved to the oldest generation at once."""
 
 
 def _parse_or_raise(text: str | bytes) -> Any:

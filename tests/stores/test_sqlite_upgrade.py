@@ -118,16 +118,22 @@ async def test_an_old_file_is_read_exactly_and_new_messages_go_in_the_compact_fo
         await viewer.close()
 
 
-async def test_a_damaged_compact_row_is_named_by_its_sequence(upgraded: Path) -> None:
+@pytest.mark.parametrize("body", [
+    '[2,"n2",1.0,null,5]',
+    '[2,"n2",1' + "0" * 400 + ',null,"beyond a float"]',
+    '{"v":1,"id":"n2","role":"assistant","parts":[{"kind":"text","text":"x"}],"created_at":1' + "0" * 400 + '}',
+])
+async def test_a_damaged_compact_row_is_named_by_its_sequence(upgraded: Path, body: str) -> None:
     async with SQLiteStore(upgraded) as store:
         await store.append("default", "s1", new_log())
     n = len(old_log()) + 2
     with sqlite3.connect(upgraded) as conn:
-        conn.execute("UPDATE cp_messages SET body = '[2,\"n2\",1.0,null,5]' WHERE seq = ?", (n,))
+        conn.execute("UPDATE cp_messages SET body = ? WHERE seq = ?", (body, n))
     async with SQLiteStore(upgraded) as store:
-        with pytest.raises(CorruptRecord, match=f"message {n}") as caught:
-            await store.load("default", "s1")
-        assert caught.value.sequence == n
+        for read in (store.load, store.load_context):
+            with pytest.raises(CorruptRecord, match=f"message {n}") as caught:
+                await read("default", "s1")
+            assert caught.value.sequence == n
 
 
 async def test_a_file_of_a_newer_schema_is_refused(upgraded: Path) -> None:
