@@ -123,6 +123,42 @@ async def test_a_damaged_or_missing_model_file_is_refused_clearly(tmp_path: Path
         await LocalEmbedder(backend="onnx").embed(["hello"])
 
 
+def _small_model(path: Path, width: int, pooled: bool) -> Path:
+    """An ONNX file taking a BERT encoder's inputs: token states `width` wide, or already pooled (shape unsaid)."""
+    import onnx  # in the dev extra
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.random.default_rng(0).standard_normal((97, width)).astype(np.float32)
+    nodes = [helper.make_node("Mod", ["input_ids", "size"], ["row"]),
+             helper.make_node("Gather", ["table", "row"], ["states"])]
+    if pooled:
+        nodes.append(helper.make_node("ReduceMean", ["states"], ["out"], axes=[1], keepdims=0))
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "tokens"])
+              for name in ("input_ids", "attention_mask")]
+    output = helper.make_tensor_value_info("out" if pooled else "states", TensorProto.FLOAT,
+                                           None if pooled else ["batch", "tokens", width])
+    graph = helper.make_graph(nodes, "small", inputs, [output],
+                              [numpy_helper.from_array(np.array(97, dtype=np.int64), "size"),
+                               numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+async def test_a_model_file_that_is_not_a_384_wide_encoder_is_refused_not_misread(tmp_path: Path) -> None:
+    wide = _small_model(tmp_path / "wide.ONNX", 768, pooled=False)
+    assert LocalEmbedder(str(wide)).backend == "onnx"
+    with pytest.raises(UsageError, match=r"shape .*768.*not token states of 384"):
+        await LocalEmbedder(str(wide)).embed(["hello world"])
+    # Already pooled (the file does not say its output's shape; onnxruntime infers it, and the
+    # output is checked again at run time): three texts of three tokens would broadcast against the
+    # mask and give wrong vectors without a word.
+    pooled = _small_model(tmp_path / "pooled.onnx", 384, pooled=True)
+    for call in ("embed", "embed_queries"):
+        with pytest.raises(UsageError, match=r"output of shape .*384.*(not token states|for 3 texts)"):
+            await getattr(LocalEmbedder(str(pooled)), call)(["apple", "zebra", "queen"])
+
 USEARCH_THEN_ONNX = """
 import asyncio, sys, numpy as np
 {first}

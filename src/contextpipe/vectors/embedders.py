@@ -171,7 +171,7 @@ class LocalEmbedder:
     @staticmethod
     def _pick(model_path: str | None) -> Literal["onnx", "torch"]:
         if model_path is not None:
-            return "onnx" if str(model_path).endswith(".onnx") else "torch"
+            return "onnx" if str(model_path).lower().endswith(".onnx") else "torch"
         from . import _cxx, _onnx
 
         if not _onnx.available():
