@@ -757,22 +757,24 @@ class SQLiteVectorStore(VectorStore):
         check_where(where)
         q = _unit(vector)
 
-        def op(conn: sqlite3.Connection, current: _Collection | None = None) -> list[SearchHit]:
-            c = self._sync(conn, collection) if current is None else current
+        def search(c: _Collection, subset: set[int] | None) -> list[SearchHit]:
             if c.index is None or not c.records or k <= 0:
                 return []
             if q.shape[0] != c.dim:
                 raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
-            found = self._nearest(c, q, k, c.keys_matching(where) if where else None)
             records = c.records
-            return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in found
+            return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in self._nearest(c, q, k, subset)
                     if min_score is None or s >= min_score for r in (records[key],)]
+
+        def op(conn: sqlite3.Connection) -> list[SearchHit]:
+            c = self._sync(conn, collection)
+            return search(c, c.keys_matching(where) if where else None)
 
         def small(conn: sqlite3.Connection, current: _Collection) -> list[SearchHit] | None:
             subset = current.keys_matching(where) if where else None
             if subset is not None and len(subset) > min(_QUICK_SUBSET, self.exact_limit):
                 return None  # (not cheap: on the worker thread)
-            return op(conn, current)
+            return search(current, subset)
 
         quick: list[SearchHit] | None = self._quick(collection, small)
         if quick is not None:
