@@ -25,7 +25,7 @@ from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors import sqlite as vectors_sqlite
 from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, rrf
-from contextpipe.vectors.sqlite import _depth, _index_keys
+from contextpipe.vectors.sqlite import _PENDING_MAX, _depth, _index_keys
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
@@ -149,7 +149,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete", "reopen", "save", "other"]),
+ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "batch", "delete", "reopen", "save", "other", "held"]),
                          st.integers(0, 30), st.integers(0, 2**32 - 1)), min_size=1, max_size=40)
 
 
@@ -162,16 +162,43 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
     """Upserts, deletes, another process's writes, saves and reopenings: the index answers like exact search.
 
     Each hit's text and metadata are the record's as last written (they are held beside the index).
+    ``held``: quick upserts while the worker thread is stalled, so their records are not in the HNSW
+    graph yet (searched exactly beside it) until the worker adds them.
     """
     db = tmp_path_factory.mktemp("hnsw") / "v.db"
     store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)  # always the index, never the rows
     other = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
     truth: dict[str, np.ndarray] = {}
     written: dict[str, tuple[str, dict[str, int]]] = {}  # each record's text and metadata
+
+    async def searched_as_exact(query: np.ndarray) -> None:
+        hits = await store.search("c", query, k=5)
+        want = exact_ids(truth, query, 5)  # small collections: HNSW is exact (ties in any order)
+        assert len(hits) == len(want) and all(h.id in truth for h in hits)
+        assert [h.score for h in hits] == pytest.approx([cosine(truth[i], query) for i in want], abs=1e-5)
+        assert all(h.score == pytest.approx(cosine(truth[h.id], query), abs=1e-5) for h in hits)
+        assert all((h.text, h.metadata) == written[h.id] for h in hits)
+
     try:
         for op, n, seed in script:
             rng = np.random.default_rng(seed)
-            if op in ("put", "other"):
+            cached = store._cache.get("c")
+            if op == "held" and cached is not None and cached.version is not None and cached.records:
+                gate = threading.Event()  # (the worker thread waits; the store's lock stays free)
+                store._executor.submit(gate.wait)
+                try:
+                    for j in range(3):
+                        vector = rng.standard_normal(6).astype(np.float32)
+                        written[f"r{(n + j) % 31}"] = (f"r{(n + j) % 31} by held {seed}", {"seed": seed})
+                        await store.upsert("c", [VectorRecord(f"r{(n + j) % 31}", vector,
+                                                              *written[f"r{(n + j) % 31}"], keywords=f"words {seed}")])
+                        truth[f"r{(n + j) % 31}"] = vector
+                    assert cached.pending  # (committed, searched exactly, not yet in the graph)
+                    assert not any(key in cached.index for key in cached.pending)
+                    await searched_as_exact(rng.standard_normal(6).astype(np.float32))
+                finally:
+                    gate.set()
+            elif op in ("put", "other"):
                 vector = rng.standard_normal(6).astype(np.float32)
                 written[f"r{n}"] = (f"r{n} by {op} {seed}", {"seed": seed})
                 record = VectorRecord(f"r{n}", vector, *written[f"r{n}"], keywords=f"words {seed}")
@@ -192,16 +219,12 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
             else:
                 await store.close()
                 store = SQLiteVectorStore(db, exact_limit=0, scan_limit=scan_limit)
-            query = rng.standard_normal(6).astype(np.float32)
-            hits = await store.search("c", query, k=5)
-            want = exact_ids(truth, query, 5)  # small collections: HNSW is exact (ties in any order)
-            assert len(hits) == len(want) and all(h.id in truth for h in hits)
-            assert [h.score for h in hits] == pytest.approx([cosine(truth[i], query) for i in want], abs=1e-5)
-            assert all(h.score == pytest.approx(cosine(truth[h.id], query), abs=1e-5) for h in hits)
-            assert all((h.text, h.metadata) == written[h.id] for h in hits)
+            await searched_as_exact(rng.standard_normal(6).astype(np.float32))
             by_words = await store.keyword_search("c", "words", k=50)  # (the records `put` wrote last)
             assert all((h.text, h.metadata) == written[h.id] for h in by_words)
             assert {h.id for h in by_words} == {i for i, (text, _) in written.items() if i in truth and " by " in text}
+            if (cached := store._cache.get("c")) is not None and cached.index is not None:
+                assert not cached.pending and len(cached.index) >= len(cached.records)  # (after the worker's calls)
     finally:
         await store.close()
         await other.close()
@@ -509,7 +532,7 @@ async def test_small_upserts_into_a_current_index_run_on_the_calling_thread_and_
     await other.close()
 
 
-async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path) -> None:
+async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Upserts on the calling thread never wait for a checkpoint's fsyncs; the worker checkpoints the WAL."""
     db = tmp_path / "v.db"
     store = SQLiteVectorStore(db)
@@ -517,16 +540,87 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path) -> N
     await store.upsert("c", [VectorRecord("first", rng.standard_normal(8), "first")])
     await store.search("c", [1.0] * 8, k=1)
     ran = on_threads(store)
+    flushes: list[bool] = []  # where records went into the HNSW graph after quick upserts
+    flush = vectors_sqlite._Collection.flush
+
+    def recorded(self: vectors_sqlite._Collection) -> None:
+        flushes.append(threading.get_ident() == threading.main_thread().ident)
+        flush(self)
+
+    monkeypatch.setattr(vectors_sqlite._Collection, "flush", recorded)
     for i in range(450):
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(8), f"v{i}")])
     await store.count("c")  # (after the checkpoints queued on the worker thread)
     checkpoints = [here for here, sql in ran if "wal_checkpoint" in sql]
     assert checkpoints and not any(checkpoints)  # (a second one is queued only once the first has run)
-    # (an upsert meeting the connection busy with a queued checkpoint goes to the worker thread too)
-    assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints)
+    assert flushes and not any(flushes)
+    # (an upsert meeting the connection busy with a queued checkpoint, or with adding the records of
+    # the quick upserts before it to the graph, goes to the worker thread)
+    assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints) + len(flushes)
     with sqlite3.connect(db) as conn:  # everything committed is in the file or the WAL, nothing lost
         assert conn.execute("SELECT COUNT(*) FROM cp_vectors").fetchone()[0] == 451
     assert len(await store.search("c", [1.0] * 8, k=500)) == 451
+    await store.close()
+
+
+async def test_records_waiting_for_the_graph_are_found_at_once_saved_whole_and_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick upsert returns before its record is in the HNSW graph: a search finds it at once, scored
+    exactly; saving the index adds the waiting records first; at most `_PENDING_MAX` ever wait."""
+    from usearch.index import Index
+
+    store = SQLiteVectorStore(tmp_path / "v.db", scan_limit=0)
+    rng = np.random.default_rng(9)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(400)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:50]])
+    await store.search("c", data["v0"], k=1)
+    cached = store._cache["c"]
+    queued: list[object] = []
+    monkeypatch.setattr(store, "_later", queued.append)  # (the worker thread is left idle: never adds them)
+    extra = _PENDING_MAX + 20
+    for i in range(50, 50 + extra):
+        await store.upsert("c", [VectorRecord(f"v{i}", data[f"v{i}"], f"text {i}", {"n": i})])
+        assert len(cached.pending) <= _PENDING_MAX
+    # From the one that would have made it _PENDING_MAX + 1, each upsert added its own to the graph.
+    assert list(cached.pending) == [key for key in cached.records if key not in cached.index]
+    assert len(cached.pending) == _PENDING_MAX and len(cached.index) == 50 + extra - _PENDING_MAX
+    for i in (60, 50 + _PENDING_MAX - 1, 50 + extra - 1):  # in the graph, waiting, in the graph
+        [hit] = await store.search("c", data[f"v{i}"], k=1)
+        assert (hit.id, hit.text, hit.metadata) == (f"v{i}", f"text {i}", {"n": i})
+        assert hit.score == pytest.approx(1.0, abs=1e-6)
+        [hit] = await store.search("c", data[f"v{i}"], k=1, where={"n": i})
+        assert hit.id == f"v{i}"
+    assert queued  # (adding them to the graph was asked for)
+    waiting = f"v{50 + _PENDING_MAX - 1}"
+    store.scan_limit = None  # (a scan of the whole graph, besides the waiting records: every record, once)
+    hits = await store.search("c", data[waiting], k=len(data))
+    assert sorted(h.id for h in hits) == sorted(list(data)[:50 + extra]) and hits[0].id == waiting
+    await store.save_indexes()
+    assert not cached.pending
+    [saved] = (store.index_dir or tmp_path).glob("c.*.usearch")
+    restored = Index.restore(str(saved))
+    assert restored is not None and len(restored) == 50 + extra  # the file stands for every change it names
+    await store.close()
+
+
+async def test_a_failure_adding_records_to_the_graph_rebuilds_the_index_from_the_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SQLiteVectorStore(tmp_path / "v.db")
+    rng = np.random.default_rng(10)
+    data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(30)}
+    await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
+    await store.search("c", data["v0"], k=1)
+
+    def fails(self: vectors_sqlite._Collection) -> None:
+        raise MemoryError("no room in the graph")
+
+    monkeypatch.setattr(vectors_sqlite._Collection, "flush", fails)
+    await store.upsert("c", [VectorRecord("v20", data["v20"], "v20")])
+    assert await store.count("c") == 21  # (on the worker thread, after the failed flush)
+    assert "c" not in store._cache  # dropped: the next search builds it from the rows
+    monkeypatch.undo()
+    assert {h.id for h in await store.search("c", data["v0"], k=30)} == set(list(data)[:21])
+    assert not store._cache["c"].pending and len(store._cache["c"].index) == 21
     await store.close()
 
 

@@ -125,6 +125,10 @@ _QUICK_RECORDS = 4
 # A search filtered to at most this many records (scored exactly) runs on the calling thread too, as an
 # unfiltered one does: about as much work (their float32 rows read once), less than the hand-off.
 _QUICK_SUBSET = 256
+# A quick upsert's records are added to the HNSW graph on the worker thread after it returns (searches
+# score them exactly meanwhile); with this many waiting (the worker thread kept busy), a quick upsert
+# adds its own to the graph itself, so a search never scores more than this many besides the graph's.
+_PENDING_MAX = 256
 # This connection checkpoints the WAL itself, on the worker thread, after this many records written
 # (instead of SQLite's automatic checkpoint at 1,000 pages, which a commit on the calling thread would
 # wait for): about the same amount of WAL for one-record upserts.
@@ -191,6 +195,11 @@ class _Collection:
     ``bytes`` per record, the row's blob as SQLite returns it (no conversion, no copy), so growing never
     copies the collection, gathering a search's candidates is one ``join``, and the hits' ids, texts
     and metadata are found in the entries the re-scoring has just read.
+
+    `pending` holds the keys of records held but not yet added to the HNSW graph (a quick upsert's,
+    until the worker thread adds them, `flush`): every search scores them exactly besides the graph's
+    candidates, so a record is found from the moment its row is committed. Every other known key is
+    in the index.
     """
 
     def __init__(self, seq: int) -> None:
@@ -198,6 +207,8 @@ class _Collection:
         self.index: Any = None  # usearch.index.Index, made with the first vector
         self.dim = 0
         self.records: dict[int, _Record] = {}
+        self.pending: dict[int, None] = {}  # held, not yet in the graph (in order of arrival)
+        self.flush_queued = False  # a `flush` is queued on the worker thread
         self.postings: dict[str, dict[Any, set[int]]] = {}
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
@@ -228,6 +239,7 @@ class _Collection:
         record = self.records.pop(key, None)
         if record is not None:
             self._post(key, record[2], add=False)
+        self.pending.pop(key, None)
         if self.index is not None and key in self.index:  # (a loaded index may hold keys since deleted)
             self.index.remove(key)
 
@@ -236,15 +248,18 @@ class _Collection:
         for key in keys.tolist():
             if key in self.records:
                 self.forget(key)
-        # Every known key is in the index (`put` adds both; a loaded index gets its missing keys added):
-        # when the index holds no more keys than are known, it holds none of the others.
-        if self.index is not None and len(self.index) > len(self.records):
+        # Every known key but the pending ones is in the index (`put` adds both; a loaded index gets its
+        # missing keys added): when the index holds no more keys than that, it holds none of the others.
+        if self.index is not None and len(self.index) > len(self.records) - len(self.pending):
             held = np.asarray(self.index.contains(keys), dtype=bool).reshape(-1)
             if held.any():
                 self.index.remove(keys[held])
 
-    def put(self, rows: Sequence[tuple[int, str, int, bytes, str, str]]) -> None:
-        """Add or replace rows ``(key, id, dim, vector, text, metadata)``."""
+    def put(self, rows: Sequence[tuple[int, str, int, bytes, str, str]], *, defer: bool = False) -> None:
+        """Add or replace rows ``(key, id, dim, vector, text, metadata)``.
+
+        With `defer`, the rows are held and searched exactly, and added to the graph by the next `flush`.
+        """
         if not rows:
             return
         keys = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
@@ -255,9 +270,23 @@ class _Collection:
         if any(r[2] != self.dim for r in rows):
             raise UsageError(f"a collection mixes vector sizes {sorted({r[2] for r in rows} | {self.dim})}; "
                              "use one embedder per collection")
+        if defer:
+            self.describe(rows)
+            self.pending.update(dict.fromkeys(keys.tolist()))
+            return
         matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
         self.index.add(keys, matrix, threads=0 if len(rows) > 64 else 1)
         self.describe(rows)
+
+    def flush(self) -> None:
+        """Add the pending records to the graph."""
+        self.flush_queued = False
+        if not self.pending:
+            return
+        keys = list(self.pending)
+        matrix = self.gather(keys)
+        self.index.add(np.asarray(keys, dtype=np.uint64), matrix, threads=0 if len(keys) > 64 else 1)
+        self.pending.clear()
 
     def describe(self, rows: Iterable[tuple[int, str, int, bytes, str, str]]) -> None:
         """Hold rows ``(key, id, dim, vector, text, metadata)`` whose vectors the index holds."""
@@ -502,16 +531,39 @@ class SQLiteVectorStore(VectorStore):
 
     def _put_own(self, conn: sqlite3.Connection, collection: str, cached: _Collection,
                  prepared: list[tuple[Any, ...]], logged: list[tuple[int, int]], quick: bool) -> None:
-        """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index."""
+        """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index.
+
+        With `quick` (on the calling thread) the rows are held and searched exactly at once, and added to
+        the HNSW graph on the worker thread right after (`_flush`): the graph insert is most of an
+        upsert's work, and the caller need not wait for it. With `_PENDING_MAX` rows held already (the
+        worker thread kept busy), a quick upsert adds its own rows to the graph itself; an upsert on the
+        worker thread adds every held row.
+        """
         rows = {key: (key, p[1], p[2], p[3], p[4], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
-        cached.put(list(rows.values()))  # (a record given twice: the last one, as in the file)
+        defer = quick and len(cached.pending) + len(rows) <= _PENDING_MAX
+        cached.put(list(rows.values()), defer=defer)  # (a record given twice: the last one, as in the file)
+        if not quick:  # (and those of quick upserts before, when here first)
+            cached.flush()
         cached.seq = logged[-1][0]
         cached.changed += len(logged)
         cached.dirty = True
+        if cached.pending and not cached.flush_queued:
+            cached.flush_queued = True
+            self._later(lambda c: self._flush(collection, cached))
         if not quick:
             self._maybe_save(conn, collection, cached)
         elif self._save_due(cached):  # (writing the whole index: not on the calling thread)
             self._later(lambda c: self._maybe_save(c, collection, self._cache.get(collection)))
+
+    def _flush(self, collection: str, cached: _Collection) -> None:
+        """Add `cached`'s pending records to its graph (on the worker thread, holding the lock)."""
+        if self._cache.get(collection) is not cached:
+            return  # (dropped or replaced since: the one there now was built from the rows)
+        try:
+            cached.flush()
+        except BaseException:
+            self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
+            raise
 
     def _wrote(self, conn: sqlite3.Connection, records: int, quick: bool) -> None:
         """After a commit of `records` rows: checkpoint the WAL when due (later, on the worker thread, if `quick`)."""
@@ -726,6 +778,7 @@ class SQLiteVectorStore(VectorStore):
         if self.index_dir is None or cached.index is None:
             cached.changed, cached.dirty = 0, False
             return
+        cached.flush()  # (the file stands for every change up to `seq`)
         self.index_dir.mkdir(parents=True, exist_ok=True)
         final = self.index_dir / f"{collection}.{cached.seq}.usearch"
         temporary = self.index_dir / f".{collection}.{cached.seq}.{os.getpid()}.tmp"
@@ -823,13 +876,16 @@ class SQLiteVectorStore(VectorStore):
             want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
         if not scan and c.index.expansion_search != expansion:
             c.index.expansion_search = expansion
+        indexed = total - len(c.pending)
         while True:
-            keys = _index_keys(c.index, q, want, scan)
+            keys = _index_keys(c.index, q, want, scan) if indexed else []
+            if c.pending:  # (not in the graph yet: scored exactly with the candidates)
+                keys += c.pending
             if subset is not None:
                 keys = [key for key in keys if key in subset]
-            if len(keys) >= k or want >= total:
+            if len(keys) >= k or want >= indexed:
                 return cls._exact(c, q, k, keys)
-            want = min(total, want * 4)
+            want = min(indexed, want * 4)
 
     @override
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
