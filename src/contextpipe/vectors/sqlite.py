@@ -23,6 +23,10 @@ when the index is up to date and the connection idle (an upsert also needs SQLit
 at once): handing it to the store's worker thread and back would cost more than the work. Whatever
 may wait — another writer's lock, a catch-up, saving the index, a WAL checkpoint, an fsync — runs on
 the worker thread (this connection checkpoints the WAL there itself, every few hundred records).
+Such an upsert returns once its rows are committed: its records are held beside the index at once,
+and every search scores them exactly until the worker thread, right after, adds them to the HNSW
+graph (most of an upsert's work). Saving the index adds them first, so a saved file holds every
+change it is named by; a crash before they are added loses nothing, since the rows are in SQLite.
 
 A small collection (``scan_limit``: about 4 MB of 8-bit vectors, 10,000 of 384 dimensions) is
 searched by scanning every vector of the index instead of walking its graph: a graph walk through a
