@@ -139,6 +139,16 @@ def test_combmnz_ranks_every_record_once_and_whatever_k_first_the_same(
 # --- the HNSW index and SQLite ---------------------------------------------------------------------------
 
 
+async def settled(store: SQLiteVectorStore) -> None:
+    """Return once the store's worker thread has added the records of quick upserts to the HNSW graph.
+
+    A quick upsert asks for that once the event loop gets control back (`asyncio.sleep(0)` gives it),
+    and a call queued on the worker thread after that runs after it.
+    """
+    await asyncio.sleep(0)
+    await store._run(lambda conn: None)
+
+
 def exact_ids(rows: dict[str, np.ndarray], query: np.ndarray, k: int) -> list[str]:
     q = query / np.linalg.norm(query)
     scored = sorted(rows, key=lambda i: -float(rows[i] @ q / np.linalg.norm(rows[i])))
@@ -185,7 +195,7 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
             cached = store._cache.get("c")
             if op == "held" and cached is not None and cached.version is not None and cached.records:
                 gate = threading.Event()  # (the worker thread waits; the store's lock stays free)
-                store._executor.submit(gate.wait)
+                store._executor.submit(gate.wait, 60)  # (a bound, so that a fallback to it fails, not hangs)
                 try:
                     for j in range(3):
                         vector = rng.standard_normal(6).astype(np.float32)
@@ -223,8 +233,9 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
             by_words = await store.keyword_search("c", "words", k=50)  # (the records `put` wrote last)
             assert all((h.text, h.metadata) == written[h.id] for h in by_words)
             assert {h.id for h in by_words} == {i for i, (text, _) in written.items() if i in truth and " by " in text}
+            await settled(store)
             if (cached := store._cache.get("c")) is not None and cached.index is not None:
-                assert not cached.pending and len(cached.index) >= len(cached.records)  # (after the worker's calls)
+                assert not cached.pending and len(cached.index) >= len(cached.records)
     finally:
         await store.close()
         await other.close()
@@ -550,13 +561,13 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path, monk
     monkeypatch.setattr(vectors_sqlite._Collection, "flush", recorded)
     for i in range(450):
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(8), f"v{i}")])
+        await settled(store)  # (its record is in the graph: the next upsert finds the lock free)
     await store.count("c")  # (after the checkpoints queued on the worker thread)
     checkpoints = [here for here, sql in ran if "wal_checkpoint" in sql]
     assert checkpoints and not any(checkpoints)  # (a second one is queued only once the first has run)
     assert flushes and not any(flushes)
-    # (an upsert meeting the connection busy with a queued checkpoint, or with adding the records of
-    # the quick upserts before it to the graph, goes to the worker thread)
-    assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints) + len(flushes)
+    # (an upsert meeting the connection busy with a queued checkpoint goes to the worker thread)
+    assert len(inserts(ran)) == 450 and inserts(ran).count(False) <= len(checkpoints)
     with sqlite3.connect(db) as conn:  # everything committed is in the file or the WAL, nothing lost
         assert conn.execute("SELECT COUNT(*) FROM cp_vectors").fetchone()[0] == 451
     assert len(await store.search("c", [1.0] * 8, k=500)) == 451
@@ -603,6 +614,76 @@ async def test_records_waiting_for_the_graph_are_found_at_once_saved_whole_and_b
     await store.close()
 
 
+@pytest.mark.parametrize("scan_limit", [0, None])
+async def test_records_waiting_for_the_graph_never_stop_a_filtered_search_before_its_best(
+        tmp_path: Path, scan_limit: int | None) -> None:
+    """A broad filtered search (the graph searched deeper) finding k waiting records still finds the graph's best k."""
+    store = SQLiteVectorStore(tmp_path / "v.db", exact_limit=100, scan_limit=scan_limit)
+    rng = np.random.default_rng(11)
+    query = np.zeros(16, dtype=np.float32)
+    query[0] = 1.0
+    near = [VectorRecord(f"a{i}", query + 0.05 * rng.standard_normal(16), "", {"tag": "a"}) for i in range(200)]
+    spread = {f"b{i}": rng.standard_normal(16).astype(np.float32) for i in range(800)}
+    await store.upsert("c", near + [VectorRecord(i, v, "", {"tag": "b"}) for i, v in spread.items()])
+    await store.search("c", query, k=1)
+    gate = threading.Event()
+    store._executor.submit(gate.wait, 60)  # (the worker thread waits; the store's lock stays free)
+    try:
+        search = asyncio.ensure_future(store.search("c", query, k=5, where={"tag": "b"}))
+        await asyncio.sleep(0)  # (805 records pass the filter: queued on the worker thread)
+        assert not search.done()
+        for i in range(5):  # quick upserts passing the filter, far from the query: waiting for the graph
+            await store.upsert("c", [VectorRecord(f"p{i}", -query + 0.05 * rng.standard_normal(16), "", {"tag": "b"})])
+        assert len(store._cache["c"].pending) == 5
+    finally:
+        gate.set()
+    hits = await search
+    # (the graph's own best: records near the query, never the 5 waiting ones at about -1; the walk is
+    # approximate, so which of the true top 10 it finds may vary)
+    assert len(hits) == 5 and all(h.id in spread and h.score > 0.3 for h in hits)
+    assert len({h.id for h in hits} & set(exact_ids(spread, query, 10))) >= 4
+    await store.close()
+
+
+async def test_a_waiting_record_deleted_or_replaced_before_the_graph_takes_it(tmp_path: Path) -> None:
+    """A delete queued before a quick upsert, or another connection's replacement caught up with before the
+    graph insert: the record is found once, as last written, or not at all."""
+    db = tmp_path / "v.db"
+    store, other = SQLiteVectorStore(db), SQLiteVectorStore(db)
+    rng = np.random.default_rng(12)
+    await store.upsert("c", [VectorRecord(f"a{i}", rng.standard_normal(8), "a") for i in range(20)])
+    await store.search("c", [1.0] * 8, k=1)
+    cached = store._cache["c"]
+    gate = threading.Event()
+    store._executor.submit(gate.wait, 60)
+    try:
+        deleting = asyncio.ensure_future(store.delete("c", ids=["p0"]))
+        await asyncio.sleep(0)  # (queued on the worker thread, behind the gate)
+        await store.upsert("c", [VectorRecord("p0", [1.0] * 8, "p0")])  # (quick: waits for the graph)
+        assert list(store._cache["c"].pending) and not deleting.done()
+    finally:
+        gate.set()
+    assert await deleting == 1
+    assert [h.id for h in await store.search("c", [1.0] * 8, k=30) if h.id.startswith("p")] == []
+    gate = threading.Event()
+    store._executor.submit(gate.wait, 60)
+    try:
+        catching_up = asyncio.ensure_future(store.keyword_search("c", "zzz"))  # (reads the change log first)
+        await asyncio.sleep(0)
+        await store.upsert("c", [VectorRecord("p1", [1.0] * 8, "p1 first")])
+        await other.upsert("c", [VectorRecord("p1", [-1.0] * 8, "p1 again")])
+        assert list(store._cache["c"].pending)
+    finally:
+        gate.set()
+    await catching_up
+    hits = await store.search("c", [1.0] * 8, k=30)
+    assert [(h.id, h.text, round(h.score, 4)) for h in hits if h.id.startswith("p")] == [("p1", "p1 again", -1.0)]
+    assert not cached.pending and len(hits) == 21
+    assert store._cache["c"] is cached  # (kept in step all along: never dropped and rebuilt from the rows)
+    await store.close()
+    await other.close()
+
+
 async def test_a_failure_adding_records_to_the_graph_rebuilds_the_index_from_the_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = SQLiteVectorStore(tmp_path / "v.db")
@@ -616,7 +697,8 @@ async def test_a_failure_adding_records_to_the_graph_rebuilds_the_index_from_the
 
     monkeypatch.setattr(vectors_sqlite._Collection, "flush", fails)
     await store.upsert("c", [VectorRecord("v20", data["v20"], "v20")])
-    assert await store.count("c") == 21  # (on the worker thread, after the failed flush)
+    await settled(store)
+    assert await store.count("c") == 21
     assert "c" not in store._cache  # dropped: the next search builds it from the rows
     monkeypatch.undo()
     assert {h.id for h in await store.search("c", data["v0"], k=30)} == set(list(data)[:21])

@@ -24,8 +24,9 @@ at once): handing it to the store's worker thread and back would cost more than 
 may wait — another writer's lock, a catch-up, saving the index, a WAL checkpoint, an fsync — runs on
 the worker thread (this connection checkpoints the WAL there itself, every few hundred records).
 Such an upsert returns once its rows are committed: its records are held beside the index at once,
-and every search scores them exactly until the worker thread, right after, adds them to the HNSW
-graph (most of an upsert's work). Saving the index adds them first, so a saved file holds every
+and every search scores them exactly until the worker thread adds them to the HNSW graph (most of an
+upsert's work), as soon as the caller gives the event loop back (upserts made back to back until then
+go in together). Saving the index adds them first, so a saved file holds every
 change it is named by; a crash before they are added loses nothing, since the rows are in SQLite.
 
 A small collection (``scan_limit``: about 4 MB of 8-bit vectors, 10,000 of 384 dimensions) is
@@ -133,6 +134,9 @@ _QUICK_SUBSET = 256
 # score them exactly meanwhile); with this many waiting (the worker thread kept busy), a quick upsert
 # adds its own to the graph itself, so a search never scores more than this many besides the graph's.
 _PENDING_MAX = 256
+# How long work for the calling thread may wait for the worker thread to finish adding a few records
+# to a graph (`_take_lock`): far longer than that takes (well under a millisecond per record).
+_FLUSH_WAIT = 0.005
 # This connection checkpoints the WAL itself, on the worker thread, after this many records written
 # (instead of SQLite's automatic checkpoint at 1,000 pages, which a commit on the calling thread would
 # wait for): about the same amount of WAL for one-record upserts.
@@ -212,7 +216,7 @@ class _Collection:
         self.dim = 0
         self.records: dict[int, _Record] = {}
         self.pending: dict[int, None] = {}  # held, not yet in the graph (in order of arrival)
-        self.flush_queued = False  # a `flush` is queued on the worker thread
+        self.flush_queued = False  # a `flush` is queued on the worker thread (or ran since)
         self.postings: dict[str, dict[Any, set[int]]] = {}
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
@@ -362,6 +366,7 @@ class SQLiteVectorStore(VectorStore):
         self._conn: sqlite3.Connection | None = None
         self._cache: dict[str, _Collection] = {}
         self._unchecked = 0  # records written by this connection since its last WAL checkpoint
+        self._flushing = False  # the worker thread holds the lock only to add a few records to a graph
         self._checkpoint_queued = False
         memory = self.path == ":memory:" or self.path.startswith("file::memory:")
         default = None if memory else Path(self.path + ".vectors")
@@ -395,6 +400,19 @@ class SQLiteVectorStore(VectorStore):
             self._conn = conn
         return self._conn
 
+    def _take_lock(self) -> bool:
+        """Take the lock for work on the calling thread if it is free, or held only to add a few records to a graph.
+
+        The worker thread adds a quick upsert's records to the graph soon after it (`_flush`): an
+        upsert or search that meets that waits for it (a fraction of a millisecond per record, at most
+        `_QUICK_RECORDS` of them; `_FLUSH_WAIT` at the very most) rather than going to the worker
+        thread, which would wait for it too and then hand the result back. Held for
+        anything else (a checkpoint, a save, a catch-up, another upsert), it is not waited for.
+        """
+        if self._lock.acquire(blocking=False):
+            return True
+        return self._flushing and self._lock.acquire(timeout=_FLUSH_WAIT)
+
     async def _run(self, fn: Any, *args: Any) -> Any:
         def call() -> Any:
             with self._lock:
@@ -413,7 +431,7 @@ class SQLiteVectorStore(VectorStore):
         fraction of a millisecond, less than handing it to the worker thread and back costs on a busy
         machine.
         """
-        if self._conn is None or not self._lock.acquire(blocking=False):
+        if self._conn is None or not self._take_lock():
             return None
         try:
             cached = self._cache.get(collection)
@@ -436,7 +454,7 @@ class SQLiteVectorStore(VectorStore):
             raise UsageError(f"one upsert mixes vector sizes {sorted(dims)}; use one embedder per collection")
 
         if len(prepared) <= _QUICK_RECORDS and self.synchronous == "NORMAL" and self._conn is not None \
-                and self._lock.acquire(blocking=False):
+                and self._take_lock():
             try:
                 if self._conn is not None and self._write(self._conn, collection, prepared, dims, quick=True):
                     return
@@ -538,8 +556,8 @@ class SQLiteVectorStore(VectorStore):
         """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index.
 
         With `quick` (on the calling thread) the rows are held and searched exactly at once, and added to
-        the HNSW graph on the worker thread right after (`_flush`): the graph insert is most of an
-        upsert's work, and the caller need not wait for it. With `_PENDING_MAX` rows held already (the
+        the HNSW graph on the worker thread (`_flush`) as soon as the caller next waits: the graph insert
+        is most of an upsert's work, and the caller need not wait for it. With `_PENDING_MAX` rows held already (the
         worker thread kept busy), a quick upsert adds its own rows to the graph itself; an upsert on the
         worker thread adds every held row.
         """
@@ -551,9 +569,11 @@ class SQLiteVectorStore(VectorStore):
         cached.seq = logged[-1][0]
         cached.changed += len(logged)
         cached.dirty = True
-        if cached.pending and not cached.flush_queued:
+        if quick and cached.pending and not cached.flush_queued:
             cached.flush_queued = True
-            self._later(lambda c: self._flush(collection, cached))
+            # Once the caller gives the event loop back: upserts made back to back until then go into
+            # the graph together, and none of them meets the graph insert of the one before.
+            asyncio.get_running_loop().call_soon(self._later, lambda c: self._flush(collection, cached))
         if not quick:
             self._maybe_save(conn, collection, cached)
         elif self._save_due(cached):  # (writing the whole index: not on the calling thread)
@@ -563,11 +583,14 @@ class SQLiteVectorStore(VectorStore):
         """Add `cached`'s pending records to its graph (on the worker thread, holding the lock)."""
         if self._cache.get(collection) is not cached:
             return  # (dropped or replaced since: the one there now was built from the rows)
+        self._flushing = len(cached.pending) <= _QUICK_RECORDS
         try:
             cached.flush()
         except BaseException:
             self._cache.pop(collection, None)  # rebuilt (or loaded) from the file by the next search
             raise
+        finally:
+            self._flushing = False
 
     def _wrote(self, conn: sqlite3.Connection, records: int, quick: bool) -> None:
         """After a commit of `records` rows: checkpoint the WAL when due (later, on the worker thread, if `quick`)."""
@@ -597,7 +620,8 @@ class SQLiteVectorStore(VectorStore):
                 if self._conn is not None:
                     fn(self._conn)
 
-        self._executor.submit(call)
+        with contextlib.suppress(RuntimeError):  # (closed meanwhile: `close` saved what needed saving)
+            self._executor.submit(call)
 
     @staticmethod
     def _encode(record: VectorRecord) -> tuple[int, bytes, str, str, str]:
@@ -881,14 +905,15 @@ class SQLiteVectorStore(VectorStore):
         if not scan and c.index.expansion_search != expansion:
             c.index.expansion_search = expansion
         indexed = total - len(c.pending)
+        # Records not in the graph yet are scored exactly with its candidates, but never counted among
+        # what the graph found: k of them must not stop the search before the graph's own best k.
+        pending = [key for key in c.pending if subset is None or key in subset]
         while True:
             keys = _index_keys(c.index, q, want, scan) if indexed else []
-            if c.pending:  # (not in the graph yet: scored exactly with the candidates)
-                keys += c.pending
             if subset is not None:
                 keys = [key for key in keys if key in subset]
             if len(keys) >= k or want >= indexed:
-                return cls._exact(c, q, k, keys)
+                return cls._exact(c, q, k, keys + pending)
             want = min(indexed, want * 4)
 
     @override
