@@ -26,8 +26,8 @@ the worker thread (this connection checkpoints the WAL there itself, every few h
 Such an upsert returns once its rows are committed: its records are held beside the index at once,
 and every search scores them exactly until the worker thread adds them to the HNSW graph (most of an
 upsert's work), as soon as the caller gives the event loop back (upserts made back to back until then
-go in together). Saving the index adds them first, so a saved file holds every
-change it is named by; a crash before they are added loses nothing, since the rows are in SQLite.
+go in together). Saving the index adds them first, so a saved file holds every change it is named
+by; a crash before they are added loses nothing, since the rows are in SQLite.
 
 A small collection (``scan_limit``: about 4 MB of 8-bit vectors, 10,000 of 384 dimensions) is
 searched by scanning every vector of the index instead of walking its graph: a graph walk through a
@@ -401,13 +401,13 @@ class SQLiteVectorStore(VectorStore):
         return self._conn
 
     def _take_lock(self) -> bool:
-        """Take the lock for work on the calling thread if it is free, or held only to add a few records to a graph.
+        """Take the lock for work on the calling thread: if it is free, or held only to add a few records to a graph.
 
         The worker thread adds a quick upsert's records to the graph soon after it (`_flush`): an
         upsert or search that meets that waits for it (a fraction of a millisecond per record, at most
         `_QUICK_RECORDS` of them; `_FLUSH_WAIT` at the very most) rather than going to the worker
-        thread, which would wait for it too and then hand the result back. Held for
-        anything else (a checkpoint, a save, a catch-up, another upsert), it is not waited for.
+        thread, which would wait for it too and then hand the result back. Held for anything else (a
+        checkpoint, a save, a catch-up, another upsert), it is not waited for.
         """
         if self._lock.acquire(blocking=False):
             return True
@@ -555,11 +555,11 @@ class SQLiteVectorStore(VectorStore):
                  prepared: list[tuple[Any, ...]], logged: list[tuple[int, int]], quick: bool) -> None:
         """Apply this connection's own committed rows (`prepared`, logged as `logged`) to the index.
 
-        With `quick` (on the calling thread) the rows are held and searched exactly at once, and added to
-        the HNSW graph on the worker thread (`_flush`) as soon as the caller next waits: the graph insert
-        is most of an upsert's work, and the caller need not wait for it. With `_PENDING_MAX` rows held already (the
-        worker thread kept busy), a quick upsert adds its own rows to the graph itself; an upsert on the
-        worker thread adds every held row.
+        With `quick` (on the calling thread) the rows are held and searched exactly at once, and added
+        to the HNSW graph on the worker thread (`_flush`) as soon as the caller next waits: the graph
+        insert is most of an upsert's work, and the caller need not wait for it. With `_PENDING_MAX`
+        rows held already (the worker thread kept busy), a quick upsert adds its own rows to the graph
+        itself; an upsert on the worker thread adds every held row.
         """
         rows = {key: (key, p[1], p[2], p[3], p[4], p[5]) for (_, key), p in zip(logged, prepared, strict=True)}
         defer = quick and len(cached.pending) + len(rows) <= _PENDING_MAX
