@@ -15,10 +15,10 @@ commit) interleaved, and ten records per upsert (per record). A one-record ``NOR
 record to the HNSW graph on the store's worker thread after it returns (searches score it exactly
 until then), so it is also timed until that is done ("until in the graph": the upsert, then a
 round trip to the worker thread, which runs after the graph insert), and back to back (one after
-another with nothing between them, so each meets the graph insert of the one before). Then, for the largest size: the
-saved index file and the database file sizes, and a cold start in another process (open, load the
-saved index and the rows, first search) with that process's peak memory. The vectors are 2,000
-Gaussian clusters on the unit sphere, shaped like sentence embeddings; the queries are drawn the same way.
+another with nothing between them). Then, for the largest size: the saved index file and the
+database file sizes, and a cold start in another process (open, load the saved index and the rows,
+first search) with that process's peak memory. The vectors are 2,000 Gaussian clusters on the unit
+sphere, shaped like sentence embeddings; the queries are drawn the same way.
 
 ``--against SRC`` instead compares this tree's store with the one in another checkout's ``src``
 (before/after a change) in one process: the largest size is loaded once, each side opens its own

@@ -659,7 +659,7 @@ async def test_a_waiting_record_deleted_or_replaced_before_the_graph_takes_it(tm
     try:
         deleting = asyncio.ensure_future(store.delete("c", ids=["p0"]))
         await asyncio.sleep(0)  # (queued on the worker thread, behind the gate)
-        await store.upsert("c", [VectorRecord("p0", [1.0] * 8, "p0")])  # (quick: waits for the graph)
+        await store.upsert("c", [VectorRecord("p0", [1.0] * 8, "p0")])  # (quick: its record waits for the graph)
         assert list(store._cache["c"].pending) and not deleting.done()
     finally:
         gate.set()
