@@ -665,6 +665,7 @@ async def test_a_waiting_record_deleted_or_replaced_before_the_graph_takes_it(tm
         gate.set()
     assert await deleting == 1
     assert [h.id for h in await store.search("c", [1.0] * 8, k=30) if h.id.startswith("p")] == []
+    await settled(store)  # (p0's graph insert, queued behind the delete, must not take p1 below)
     gate = threading.Event()
     store._executor.submit(gate.wait, 60)
     try:
