@@ -344,6 +344,121 @@ async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp
     await store.close()
 
 
+# The layout of the previous version: one FTS5 table for all collections, kept by the change log's triggers.
+_SHARED_FTS_LAYOUT = """
+CREATE TABLE cp_vectors (key INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, id TEXT NOT NULL,
+    dim INTEGER NOT NULL, vector BLOB NOT NULL, text TEXT NOT NULL, metadata TEXT NOT NULL,
+    keywords TEXT NOT NULL DEFAULT '', UNIQUE (collection, id));
+CREATE VIRTUAL TABLE cp_vectors_fts USING fts5(
+    keywords, content='cp_vectors', content_rowid='key', tokenize='porter unicode61 remove_diacritics 2');
+CREATE TABLE cp_vector_changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key INTEGER NOT NULL);
+CREATE TRIGGER cp_vectors_inserted AFTER INSERT ON cp_vectors BEGIN
+    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
+    INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
+END;
+CREATE TRIGGER cp_vectors_deleted AFTER DELETE ON cp_vectors BEGIN
+    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
+    INSERT INTO cp_vector_changes (collection, key) VALUES (old.collection, old.key);
+END;
+CREATE TRIGGER cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
+    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
+    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
+    INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
+END;
+"""
+
+# Another collection of the same file, full of words the notes use: under shared word statistics
+# "pottery" and "bread" become common and the notes' BM25 scores move.
+_MANUALS = [VectorRecord(f"m{i}", [0.5, 0.5, 0.5, 0.5], f"Manual {i}: pottery wheel and bread oven, page {i}.")
+            for i in range(40)]
+
+
+# Notes that share no word with the questions below, so the words asked about are rare among the notes.
+_SMALL_TALK = [VectorRecord(f"t{i}", [0.1 * i, 0.2, 0.3, 0.4], text) for i, text in enumerate([
+    "Maya: Morning! Did you sleep well?", "Daniel: Not really, the neighbours had a party.",
+    "Maya: Ugh, Saturday nights on our street.", "Daniel: Anyway, how was the drive up north?",
+    "Maya: Long. The motorway was closed near Leeds.", "Daniel: Typical. Coffee later?",
+    "Maya: Yes please, around four?", "Daniel: Four works, see you at the usual place."])]
+
+
+def _keyword_ranking(hits: list[SearchHit]) -> list[tuple[str, float]]:
+    return [(h.id, pytest.approx(h.score)) for h in hits]
+
+
+async def test_keyword_statistics_are_each_collections_own(tmp_path: Path) -> None:
+    alone = SQLiteVectorStore(tmp_path / "alone.db")
+    shared = SQLiteVectorStore(tmp_path / "shared.db")
+    notes = [VectorRecord(i, v, t, {"who": t.split(":")[0]}) for i, (t, v) in NOTES.items()]
+    notes += [VectorRecord(r.id, r.vector, r.text, {"who": r.text.split(":")[0]}) for r in _SMALL_TALK]
+    await alone.upsert("notes", notes)
+    await shared.upsert("notes", notes)
+    await shared.upsert("manuals", _MANUALS)
+    for query in ("pottery bread", "Maya's dog Biscuit", "sourdough bread every weekend"):
+        for where in (None, {"who": "Maya"}):
+            expected = [(h.id, h.score) for h in await alone.keyword_search("notes", query, k=4, where=where)]
+            assert expected
+            assert _keyword_ranking(await shared.keyword_search("notes", query, k=4, where=where)) == expected
+    # The same with the collection's index loaded (ids, texts and filters answered from memory).
+    await shared.search("notes", [1, 0, 0, 0], k=1)
+    for where in (None, {"who": "Daniel"}):
+        expected = [(h.id, h.score) for h in await alone.keyword_search("notes", "pottery bread", k=4, where=where)]
+        assert _keyword_ranking(await shared.keyword_search("notes", "pottery bread", k=4, where=where)) == expected
+    assert len(await shared.keyword_search("manuals", "bread", k=50)) == 40
+    await alone.close()
+    await shared.close()
+
+
+async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: Path) -> None:
+    db = tmp_path / "v.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript(_SHARED_FTS_LAYOUT)
+        rows = [("notes", i, t, v) for i, (t, v) in NOTES.items()] + [("notes", r.id, r.text, r.vector)
+                                                                        for r in _SMALL_TALK]
+        rows += [("it's", r.id, r.text, r.vector) for r in _MANUALS]
+        for collection, rid, text, vector in rows:
+            conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
+                         "VALUES (?, ?, 4, ?, ?, '{}', ?)",
+                         (collection, rid, np.asarray(vector, dtype=np.float32).tobytes(), text, text))
+    fresh = SQLiteVectorStore(tmp_path / "fresh.db")
+    await fresh.upsert("notes", [*(VectorRecord(i, v, t) for i, (t, v) in NOTES.items()), *_SMALL_TALK])
+    store = SQLiteVectorStore(db)
+    assert _keyword_ranking(await store.keyword_search("notes", "pottery bread", k=4)) == \
+        [(h.id, h.score) for h in await fresh.keyword_search("notes", "pottery bread", k=4)]
+    assert len(await store.keyword_search("it's", "oven", k=50)) == 40  # (a name SQL must quote)
+    with sqlite3.connect(db) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert not names & {"cp_vectors_fts", "cp_vectors_inserted", "cp_vectors_deleted", "cp_vectors_updated"}
+    # Writes afterwards reach the collection's own index, and only its own.
+    await store.upsert("notes", [VectorRecord("n5", [0, 0, 0, 1], "Maya: the kiln cracked my vase.")])
+    await store.delete("it's", ids=["m0"])
+    assert [h.id for h in await store.keyword_search("notes", "kiln", k=4)] == ["n5"]
+    assert await store.keyword_search("it's", "kiln", k=4) == []
+    assert len(await store.keyword_search("it's", "oven", k=50)) == 39
+    await store.close()
+    await fresh.close()
+
+
+async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path: Path) -> None:
+    db = tmp_path / "v.db"
+    store = SQLiteVectorStore(db)
+    await store.upsert("notes", [VectorRecord(i, v, t) for i, (t, v) in NOTES.items()])
+    with sqlite3.connect(db) as conn:  # another program edits the rows with SQL
+        conn.execute("UPDATE cp_vectors SET keywords = 'zebra crossing' WHERE id = 'n2'")
+        conn.execute("DELETE FROM cp_vectors WHERE id = 'n3'")
+        # A collection written before it had a keyword index of its own (by an earlier version).
+        conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
+                     "VALUES ('older', 'o1', 4, ?, 'zebra', '{}', 'zebra')",
+                     (np.ones(4, dtype=np.float32).tobytes(),))
+    assert [h.id for h in await store.keyword_search("notes", "zebra", k=4)] == ["n2"]
+    assert [h.id for h in await store.keyword_search("notes", "pottery", k=4)] == ["n1"]  # (n2's words replaced)
+    assert [h.id for h in await store.keyword_search("notes", "Biscuit", k=4)] == []
+    assert [h.id for h in await store.keyword_search("older", "zebra", k=4)] == ["o1"]
+    assert await store.keyword_search("never stored", "zebra", k=4) == []
+    with pytest.raises(UsageError, match="NUL"):
+        await store.upsert("bad\x00name", [VectorRecord("x", [1, 0, 0, 0], "x")])
+    await store.close()
+
+
 async def test_inserts_do_not_copy_the_collection(tmp_path: Path) -> None:
     """Growing the collection one record at a time leaves the vectors already held where they are."""
     store = SQLiteVectorStore(tmp_path / "v.db")

@@ -2,15 +2,17 @@
 
 SQLite is the source of truth. Every record is a row of ``cp_vectors`` (in the same file as the
 sessions with `SQLiteStore.vectors()`, so deleting a session's rows, by any means, deletes its
-memories). Triggers keep two things in step inside the same transaction as the row: the FTS5
-keyword index (``cp_vectors_fts``) and a change log (``cp_vector_changes``: which row keys changed, in
-order). Each process keeps one usearch HNSW index per collection in memory, tagged with the last change
-it reflects; before every search it applies the changes logged since (its own and other processes'),
-reading the rows back from SQLite, so a crash at any point can neither lose a committed vector nor
-bring back a deleted one. (The log is read only when SQLite's ``data_version`` shows that another
-connection committed, or after this store's own writes.) The index holds 8-bit copies of the vectors;
-a search takes a few dozen candidates from it (a few hundred in a collection of millions) and scores
-them exactly against the float32 vectors held beside it, so scores are exact cosine similarities.
+memories). Triggers keep two things in step inside the same transaction as the row: the
+collection's own FTS5 keyword index (``cp_keywords_<number>``: BM25's word statistics are the
+collection's, whatever else the file holds) and a change log (``cp_vector_changes``: which row keys
+changed, in order). Each process keeps one usearch HNSW index per collection in memory, tagged with
+the last change it reflects; before every search it applies the changes logged since (its own and
+other processes'), reading the rows back from SQLite, so a crash at any point can neither lose a
+committed vector nor bring back a deleted one. (The log is read only when SQLite's ``data_version``
+shows that another connection committed, or after this store's own writes.) The index holds 8-bit
+copies of the vectors; a search takes a few dozen candidates from it (a few hundred in a collection
+of millions) and scores them exactly against the float32 vectors held beside it, so scores are exact
+cosine similarities.
 Beside the index each record's id, text and metadata are held too (one entry per record, with its
 float32 vector), so a search reads nothing from SQLite but ``data_version``.
 The index is saved next to the database file (``<file>.vectors/``, named by the change it reflects)
@@ -77,27 +79,42 @@ CREATE TABLE IF NOT EXISTS cp_vectors (
     keywords TEXT NOT NULL DEFAULT '',
     UNIQUE (collection, id)
 );
-CREATE VIRTUAL TABLE IF NOT EXISTS cp_vectors_fts USING fts5(
-    keywords, content='cp_vectors', content_rowid='key', tokenize='porter unicode61 remove_diacritics 2');
+CREATE TABLE IF NOT EXISTS cp_vector_keywords (collection TEXT PRIMARY KEY, number INTEGER NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS cp_vector_changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS cp_vector_changes_by_collection ON cp_vector_changes (collection, seq);
 CREATE TABLE IF NOT EXISTS cp_vector_pruned (collection TEXT PRIMARY KEY, below INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS cp_vector_versions (collection TEXT PRIMARY KEY, version INTEGER NOT NULL);
-CREATE TRIGGER IF NOT EXISTS cp_vectors_inserted AFTER INSERT ON cp_vectors BEGIN
-    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
+CREATE TRIGGER IF NOT EXISTS cp_vector_changes_insert AFTER INSERT ON cp_vectors BEGIN
     INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
 END;
-CREATE TRIGGER IF NOT EXISTS cp_vectors_deleted AFTER DELETE ON cp_vectors BEGIN
-    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
+CREATE TRIGGER IF NOT EXISTS cp_vector_changes_delete AFTER DELETE ON cp_vectors BEGIN
     INSERT INTO cp_vector_changes (collection, key) VALUES (old.collection, old.key);
 END;
-CREATE TRIGGER IF NOT EXISTS cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
-    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
-    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
+CREATE TRIGGER IF NOT EXISTS cp_vector_changes_update AFTER UPDATE ON cp_vectors BEGIN
     INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
 END
 """
+
+# Each collection has its own FTS5 table (``cp_keywords_<number>``, numbered in ``cp_vector_keywords``),
+# so BM25's word statistics (how many records hold a word, how long they are) are the collection's
+# own, whatever else the file holds; three triggers keep it in step with the collection's rows.
+_KEYWORDS = """
+CREATE VIRTUAL TABLE {t} USING fts5(
+    keywords, content='cp_vectors', content_rowid='key', tokenize='porter unicode61 remove_diacritics 2');
+CREATE TRIGGER {t}_insert AFTER INSERT ON cp_vectors WHEN new.collection = {c} BEGIN
+    INSERT INTO {t} (rowid, keywords) VALUES (new.key, new.keywords);
+END;
+CREATE TRIGGER {t}_delete AFTER DELETE ON cp_vectors WHEN old.collection = {c} BEGIN
+    INSERT INTO {t} ({t}, rowid, keywords) VALUES ('delete', old.key, old.keywords);
+END;
+CREATE TRIGGER {t}_update AFTER UPDATE ON cp_vectors WHEN old.collection = {c} OR new.collection = {c} BEGIN
+    INSERT INTO {t} ({t}, rowid, keywords) SELECT 'delete', old.key, old.keywords WHERE old.collection = {c};
+    INSERT INTO {t} (rowid, keywords) SELECT new.key, new.keywords WHERE new.collection = {c};
+END
+"""
+# Earlier files had one FTS5 table for every collection, kept in step by the change log's triggers.
+_SHARED_KEYWORDS = ("cp_vectors_fts", ("cp_vectors_inserted", "cp_vectors_deleted", "cp_vectors_updated"))
 
 # The index holds 8-bit copies of the (unit) vectors: a quarter of the memory and the fastest distance
 # kernels; each search takes candidates from it and re-scores them exactly from the float32 rows held
@@ -365,6 +382,7 @@ class SQLiteVectorStore(VectorStore):
         self._lock = threading.Lock()  # held by whichever thread uses the connection and the indexes
         self._conn: sqlite3.Connection | None = None
         self._cache: dict[str, _Collection] = {}
+        self._keyword_tables: dict[str, str] = {}  # collection -> its FTS5 table (numbers never change)
         self._unchecked = 0  # records written by this connection since its last WAL checkpoint
         self._flushing = False  # the worker thread holds the lock only to add a few records to a graph
         self._checkpoint_queued = False
@@ -384,14 +402,24 @@ class SQLiteVectorStore(VectorStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 columns = [r[1] for r in conn.execute("PRAGMA table_info(cp_vectors)")]
-                if columns and "key" not in columns:  # a file from before the HNSW index and keywords
+                before_keys = bool(columns) and "key" not in columns  # before the HNSW index and keywords
+                if before_keys:
                     conn.execute("ALTER TABLE cp_vectors RENAME TO cp_vectors_before_keys")
+                shared, triggers = _SHARED_KEYWORDS
+                before_own = conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (shared,)).fetchone()
+                if before_own:  # one keyword index for all collections: each gets its own below
+                    for trigger in triggers:
+                        conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+                    conn.execute(f"DROP TABLE {shared}")
                 for statement in _statements(_SCHEMA):
                     conn.execute(statement)
-                if columns and "key" not in columns:
+                if before_keys:
                     conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
                                  "SELECT collection, id, dim, vector, text, metadata, text FROM cp_vectors_before_keys")
                     conn.execute("DROP TABLE cp_vectors_before_keys")
+                if before_keys or before_own:
+                    for (collection,) in conn.execute("SELECT DISTINCT collection FROM cp_vectors").fetchall():
+                        _build_keywords(conn, collection)
             except BaseException:
                 conn.execute("ROLLBACK")
                 conn.close()
@@ -399,6 +427,32 @@ class SQLiteVectorStore(VectorStore):
             conn.execute("COMMIT")
             self._conn = conn
         return self._conn
+
+    def _keywords(self, conn: sqlite3.Connection, collection: str, *, create: bool = False) -> str | None:
+        """Return the name of `collection`'s FTS5 table (`create`: in the open write transaction, if it has none).
+
+        Without `create`, a collection with rows but no table (written by an earlier version of this
+        store since this file was last opened) gets one too, in a transaction of its own.
+        """
+        table = self._keyword_tables.get(collection)
+        if table is not None:
+            return table
+        row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
+        if row is not None:
+            table = f"cp_keywords_{int(row[0])}"
+        elif create:
+            table = _build_keywords(conn, collection)
+        elif conn.execute("SELECT 1 FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                table = self._keywords(conn, collection, create=True)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        if table is not None:
+            self._keyword_tables[collection] = table
+        return table
 
     def _take_lock(self) -> bool:
         """Take the lock for work on the calling thread: if it is free, or held only to add a few records to a graph.
@@ -530,10 +584,10 @@ class SQLiteVectorStore(VectorStore):
             return False
         return True
 
-    @staticmethod
-    def _insert(conn: sqlite3.Connection, collection: str, prepared: list[tuple[Any, ...]], dims: set[int],
+    def _insert(self, conn: sqlite3.Connection, collection: str, prepared: list[tuple[Any, ...]], dims: set[int],
                 current: _Collection | None) -> list[tuple[int, int]]:
         """Insert or replace the rows (in the open transaction); return the changes logged since `current`'s."""
+        self._keywords(conn, collection, create=True)
         held = current.dim if current is not None else None
         if held is None:
             row = conn.execute("SELECT dim FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone()
@@ -926,27 +980,29 @@ class SQLiteVectorStore(VectorStore):
         query = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
         def op(conn: sqlite3.Connection) -> list[SearchHit]:
-            # The FTS index ranks on its own (fast); the best few hundred are then checked against the
-            # collection and the filter, asking for more while too few pass.
-            limit = max(2 * k, 100)
+            table = self._keywords(conn, collection)
+            if table is None:  # (nothing was ever stored in it)
+                return []
+            # The collection's FTS table ranks on its own (fast); with a filter, the best few hundred are
+            # then checked against it, asking for more while too few pass.
+            limit = k if not where else max(2 * k, 100)
             if collection in self._cache:  # ids, metadata and filter postings are in memory already
-                return self._keyword_hits(conn, self._sync(conn, collection), query, k, where, limit)
+                return self._keyword_hits(conn, self._sync(conn, collection), table, query, k, where, limit)
             while True:
-                ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
-                                      "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?",
-                                      (query, limit)).fetchall()
+                ranked = conn.execute(f"SELECT rowid, -bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
+                                      "ORDER BY score DESC LIMIT ?", (query, limit)).fetchall()
                 rows = {r[0]: r[1:] for r in conn.execute(
-                    f"SELECT key, collection, id, text, metadata FROM cp_vectors WHERE key IN "
+                    f"SELECT key, id, text, metadata FROM cp_vectors WHERE key IN "
                     f"({','.join('?' * len(ranked))})", [r[0] for r in ranked])} if ranked else {}
                 hits = []
                 for key, score in ranked:
                     row = rows.get(key)
-                    if row is None or row[0] != collection:
+                    if row is None:
                         continue
-                    meta = json.loads(row[3])
+                    meta = json.loads(row[2])
                     if where and not matches(meta, where):
                         continue
-                    hits.append(SearchHit(row[1], float(score), row[2], meta))
+                    hits.append(SearchHit(row[0], float(score), row[1], meta))
                     if len(hits) == k:
                         return hits
                 if len(ranked) < limit:
@@ -956,18 +1012,18 @@ class SQLiteVectorStore(VectorStore):
                 limit *= 4
             # A filter that keeps few of the matches: let SQLite filter them all.
             sql_where, params = _json_where(where, "v.metadata")
-            clause = " AND ".join(["cp_vectors_fts MATCH ?", "v.collection = ?", *sql_where])
+            clause = " AND ".join([f"{table} MATCH ?", *sql_where])
             found = conn.execute(
-                f"SELECT v.id, v.text, v.metadata, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
-                f"JOIN cp_vectors v ON v.key = cp_vectors_fts.rowid WHERE {clause} ORDER BY score DESC LIMIT ?",
-                [query, collection, *params, k]).fetchall()
+                f"SELECT v.id, v.text, v.metadata, -bm25({table}) AS score FROM {table} "
+                f"JOIN cp_vectors v ON v.key = {table}.rowid WHERE {clause} ORDER BY score DESC LIMIT ?",
+                [query, *params, k]).fetchall()
             return [SearchHit(r[0], float(r[3]), r[1], json.loads(r[2])) for r in found]
 
         hits: list[SearchHit] = await self._run(op)
         return hits
 
-    def _keyword_hits(self, conn: sqlite3.Connection, c: _Collection, query: str, k: int, where: Where | None,
-                      limit: int) -> list[SearchHit]:
+    def _keyword_hits(self, conn: sqlite3.Connection, c: _Collection, table: str, query: str, k: int,
+                      where: Where | None, limit: int) -> list[SearchHit]:
         """Keyword search of a collection whose index is loaded: filtered with its postings, texts from memory."""
         subset = c.keys_matching(where) if where else None
         if subset is not None and not subset:
@@ -975,13 +1031,13 @@ class SQLiteVectorStore(VectorStore):
         pool: set[int] | dict[int, Any] = c.records if subset is None else subset  # (postings hold known keys)
         found: list[tuple[int, float]] = []
         while True:
-            ranked = conn.execute("SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts "
-                                  "WHERE cp_vectors_fts MATCH ? ORDER BY score DESC LIMIT ?", (query, limit)).fetchall()
+            ranked = conn.execute(f"SELECT rowid, -bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
+                                  "ORDER BY score DESC LIMIT ?", (query, limit)).fetchall()
             found = [(key, score) for key, score in ranked if key in pool][:k]
             if len(found) == k or len(ranked) < limit:
                 break
             if limit >= 6_400 and subset is not None:  # a filter that keeps few of the matches
-                found = _ranked_within(conn, c, query, k, subset)
+                found = _ranked_within(conn, c, table, query, k, subset)
                 break
             limit *= 4
         records = c.records
@@ -1044,14 +1100,34 @@ class SQLiteVectorStore(VectorStore):
         self._executor.shutdown(wait=True)
 
 
-def _ranked_within(conn: sqlite3.Connection, c: _Collection, query: str, k: int,
+def _ranked_within(conn: sqlite3.Connection, c: _Collection, table: str, query: str, k: int,
                    subset: set[int]) -> list[tuple[int, float]]:
     """Return the best `k` keyword matches among the records `subset` (SQLite filters them all)."""
     ranked = conn.execute(
-        "SELECT rowid, -bm25(cp_vectors_fts) AS score FROM cp_vectors_fts WHERE cp_vectors_fts MATCH ? "
+        f"SELECT rowid, -bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
         "AND rowid IN (SELECT value FROM json_each(?)) ORDER BY score DESC LIMIT ?",
         (query, json.dumps(sorted(subset)), k)).fetchall()
     return [(key, score) for key, score in ranked if key in c.records]
+
+
+def _build_keywords(conn: sqlite3.Connection, collection: str) -> str:
+    """(Re)build `collection`'s FTS5 table and its triggers from its rows, in the open write transaction."""
+    if "\x00" in collection:
+        raise UsageError(f"collection name {collection!r} holds a NUL character; name it without one")
+    row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
+    if row is None:
+        row = conn.execute("INSERT INTO cp_vector_keywords (collection, number) SELECT ?, COALESCE(MAX(number), 0) + 1 "
+                           "FROM cp_vector_keywords RETURNING number", (collection,)).fetchone()
+    table = f"cp_keywords_{int(row[0])}"
+    for trigger in ("insert", "delete", "update"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {table}_{trigger}")
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    literal = "'" + collection.replace("'", "''") + "'"
+    for statement in _statements(_KEYWORDS.format(t=table, c=literal)):
+        conn.execute(statement)
+    conn.execute(f"INSERT INTO {table} (rowid, keywords) SELECT key, keywords FROM cp_vectors WHERE collection = ?",
+                 (collection,))
+    return table
 
 
 def _statements(script: str) -> list[str]:
