@@ -53,6 +53,30 @@ NOTES = {
 }
 
 
+_WORDS = ["bake", "baking", "baked", "bakery", "pottery", "potter", "class", "classes", "running", "runner",
+          "café", "cafe", "naïve", "über", "Zürich", "the", "a", "and", "of", "I", "2023", "4", "Maya", "Maya's",
+          "don't", "well-known", "e-mail", "connection", "connected", "relational", "happiness", "happy",
+          "generalization", "generous", "Omar", "shelter", "cat", "cats", "adopted", "adoption"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.lists(st.sampled_from(_WORDS), min_size=1, max_size=25), min_size=1, max_size=12),
+       query=st.lists(st.sampled_from(_WORDS), min_size=1, max_size=5), who=st.sampled_from(["a", "b", None]))
+def test_the_in_memory_store_ranks_keywords_as_sqlite_fts5_does(texts: list[list[str]], query: list[str],
+                                                                who: str | None) -> None:
+    async def scores(store: VectorStore) -> dict[str, float]:
+        await store.upsert("c", [VectorRecord(f"r{i}", [1.0, float(i)], ", ".join(words) + ".",
+                                              {"who": "ab"[i % 2]}) for i, words in enumerate(texts)])
+        await store.upsert("other", [VectorRecord("o", [1.0, 0.0], "bake bake bake pottery cats")])
+        where = None if who is None else {"who": who}
+        hits = await store.keyword_search("c", " ".join(query), k=len(texts), where=where)
+        await store.close()
+        return {h.id: h.score for h in hits}
+
+    memory, sqlite = asyncio.run(scores(MemoryVectorStore())), asyncio.run(scores(SQLiteVectorStore(":memory:")))
+    assert memory == {i: pytest.approx(score, rel=1e-9, abs=1e-12) for i, score in sqlite.items()}
+
+
 async def test_keyword_and_hybrid_search_with_filters(vectors: VectorStore) -> None:
     await vectors.upsert("notes", [VectorRecord(i, v, t, {"who": t.split(":")[0]}) for i, (t, v) in NOTES.items()])
     found = await vectors.search("notes", text="Which class did Maya sign up for? pottery", k=4)

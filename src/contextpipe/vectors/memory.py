@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
@@ -13,12 +14,24 @@ from typing_extensions import override
 
 from ..errors import UsageError
 from ._stem import stem
-from .base import STOPWORDS, SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
+from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
 
 __all__ = ["MemoryVectorStore"]
 
 _WORD_RE: Final = re.compile(r"[^\W_]+", re.UNICODE)
 _K1, _B = 1.2, 0.75  # BM25's usual constants, as SQLite FTS5 uses them
+
+
+def _token(word: str) -> str:
+    """Return a lower-cased word as SQLite FTS5's ``porter unicode61 remove_diacritics 2`` indexes it."""
+    folded = "".join(c for c in unicodedata.normalize("NFD", word) if not unicodedata.combining(c))
+    return stem(unicodedata.normalize("NFC", folded))
+
+
+def _idf(rows: int, holding: int) -> float:
+    """Return FTS5's BM25 weight of a word `holding` of `rows` records hold (one most of them hold: almost 0)."""
+    idf = math.log((rows - holding + 0.5) / (holding + 0.5))
+    return idf if idf > 0 else 1e-6
 
 
 def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
@@ -32,22 +45,22 @@ class _Row:
 
     def __init__(self, vector: np.ndarray[Any, Any], text: str, meta: dict[str, Any], keywords: str) -> None:
         self.vector, self.text, self.meta = vector, text, meta
-        words = [stem(w) for w in _WORD_RE.findall(keywords.lower())
-                 if w not in STOPWORDS and (len(w) > 1 or w.isdigit())]
+        words = [_token(w) for w in _WORD_RE.findall(keywords.lower())]  # (every word counts in the length)
         self.terms = Counter(words)
         self.length = len(words)
 
 
-def _bm25(row: _Row, idf: dict[str, float], average: float) -> float:
+def _bm25(row: _Row, idf: list[tuple[str, float]], average: float) -> float:
     norm = _K1 * (1 - _B + _B * row.length / average)
-    return sum(weight * row.terms[t] * (_K1 + 1) / (row.terms[t] + norm) for t, weight in idf.items() if t in row.terms)
+    return sum(weight * row.terms[t] * (_K1 + 1) / (row.terms[t] + norm) for t, weight in idf if t in row.terms)
 
 
 class MemoryVectorStore(VectorStore):
     """Vectors in this process's memory; same contract (and the same hybrid ranking) as the durable stores.
 
-    Searches exactly; keyword search is BM25 over lower-cased words, Porter-stemmed as SQLite FTS5's
-    ``porter`` tokenizer stems them ("baking" finds "baked").
+    Searches exactly; keyword search ranks as SQLite FTS5's ``bm25()`` does in `SQLiteVectorStore`
+    (the same words, Porter-stemmed as its ``porter`` tokenizer stems them, so "baking" finds
+    "baked"; the same weights and scores).
     """
 
     def __init__(self) -> None:
@@ -97,14 +110,13 @@ class MemoryVectorStore(VectorStore):
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
                              where: Where | None = None) -> list[SearchHit]:
         check_where(where)
-        terms = list(dict.fromkeys(stem(t) for t in keyword_terms(text)))
+        terms = [_token(t) for t in keyword_terms(text)]  # (two words of one stem count twice, as in FTS5)
         everything = self._data.get(collection, {})
         if not terms or not everything or k <= 0:
             return []
         total = len(everything)
         average = sum(r.length for r in everything.values()) / total or 1.0
-        idf = {t: math.log(1 + (total - (n := sum(1 for r in everything.values() if t in r.terms)) + 0.5) / (n + 0.5))
-               for t in terms}
+        idf = [(t, _idf(total, sum(1 for r in everything.values() if t in r.terms))) for t in terms]
         scored = [(score, i, r) for i, r in everything.items()
                   if matches(r.meta, where) and (score := _bm25(r, idf, average)) > 0]
         scored.sort(key=lambda s: -s[0])
