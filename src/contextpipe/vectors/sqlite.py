@@ -366,6 +366,10 @@ class SQLiteVectorStore(VectorStore):
     are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
     `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
     process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
+
+    Each collection has a keyword index of its own (an FTS5 table, and three triggers that every
+    write to the file checks): keep per-user or per-tenant records in one collection with metadata
+    filters rather than a collection each.
     """
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, exact_limit: int = 4096,
