@@ -480,6 +480,12 @@ async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path:
     assert await store.keyword_search("never stored", "zebra", k=4) == []
     with pytest.raises(UsageError, match="NUL"):
         await store.upsert("bad\x00name", [VectorRecord("x", [1, 0, 0, 0], "x")])
+    # A collection's first upsert fails after its keyword index was made: both are rolled back, and
+    # the next upsert makes the index again.
+    with pytest.raises(UnicodeEncodeError):
+        await store.upsert("fresh", [VectorRecord("f0", [1, 0, 0, 0], "bad \ud800 text")])
+    await store.upsert("fresh", [VectorRecord("f1", [1, 0, 0, 0], "zebra")])
+    assert [h.id for h in await store.keyword_search("fresh", "zebra", k=4)] == ["f1"]
     await store.close()
 
 

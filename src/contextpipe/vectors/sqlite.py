@@ -436,7 +436,8 @@ class SQLiteVectorStore(VectorStore):
         """Return the name of `collection`'s FTS5 table (`create`: in the open write transaction, if it has none).
 
         Without `create`, a collection with rows but no table (written by an earlier version of this
-        store since this file was last opened) gets one too, in a transaction of its own.
+        store since this file was last opened) gets one too, in a transaction of its own. A name is
+        remembered only once its table is committed (a transaction that made it may still roll back).
         """
         table = self._keyword_tables.get(collection)
         if table is not None:
@@ -444,18 +445,19 @@ class SQLiteVectorStore(VectorStore):
         row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
         if row is not None:
             table = f"cp_keywords_{int(row[0])}"
-        elif create:
-            table = _build_keywords(conn, collection)
+        elif create:  # (remembered when the next call finds it committed)
+            return _build_keywords(conn, collection)
         elif conn.execute("SELECT 1 FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone():
             conn.execute("BEGIN IMMEDIATE")
             try:
-                table = self._keywords(conn, collection, create=True)
+                table = _build_keywords(conn, collection)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-        if table is not None:
-            self._keyword_tables[collection] = table
+        else:
+            return None
+        self._keyword_tables[collection] = table
         return table
 
     def _take_lock(self) -> bool:
