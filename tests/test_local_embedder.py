@@ -195,3 +195,26 @@ def test_onnxruntime_next_to_usearch_does_not_crash_the_process() -> None:
     refused = run("import usearch", "backend='onnx'")
     assert refused.returncode == 1, refused.stderr
     assert "UsageError" in refused.stderr and "import contextpipe.vectors first" in refused.stderr
+
+
+async def test_a_sentence_transformers_folder_embeds_as_the_model_does(tmp_path: Path) -> None:
+    """`SentenceTransformerEmbedder` on the bundled all-MiniLM-L6-v2 folder: its name, size and vectors."""
+    from contextpipe.vectors import SentenceTransformerEmbedder
+    from contextpipe.vectors.embedders import _bundled_model_path
+
+    folder = Path(_bundled_model_path())
+    embedder = SentenceTransformerEmbedder(folder, name="minilm")
+    assert (embedder.name, SentenceTransformerEmbedder(folder).name) == ("minilm", folder.name)
+    assert embedder.dimension == 384 and embedder._model is None  # (read from the folder, nothing loaded)
+    turns, questions = load()
+    texts = [f"{t.speaker}: {t.text}" for t in turns[:40]]
+    ours, reference = np.array(await embedder.embed(texts)), np.array(await TORCH.embed(texts))
+    assert ours.shape == (40, 384) and np.allclose(ours, reference, atol=1e-5)
+    asked = [q.question for q in questions[:3]]
+    assert np.allclose(await embedder.embed_queries(asked), await TORCH.embed(asked), atol=1e-5)
+    assert np.allclose(await embedder.embed_query(asked[0]), (await TORCH.embed(asked))[0], atol=1e-5)
+    assert await embedder.embed([]) == [] and await embedder.embed_queries([]) == []
+    with pytest.raises(UsageError, match=r"no modules\.json"):
+        await SentenceTransformerEmbedder(tmp_path).embed(["hello"])
+    with pytest.raises(UsageError, match="query_threads"):
+        SentenceTransformerEmbedder(folder, query_threads=0)

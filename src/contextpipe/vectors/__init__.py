@@ -13,7 +13,7 @@ from . import _cxx
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
-    from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+    from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder, SentenceTransformerEmbedder
     from .ingest import Chunk, chunk_markdown, chunk_text, ingest_folder
     from .memory import MemoryVectorStore
     from .pgvector import PgVectorStore
@@ -30,6 +30,7 @@ __all__ = [
     "PgVectorStore",
     "SQLiteVectorStore",
     "SearchHit",
+    "SentenceTransformerEmbedder",
     "VectorRecord",
     "VectorStore",
     "Where",
@@ -42,7 +43,8 @@ __all__ = [
 
 __getattr__ = lazy_exports(__name__, {
     "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
-    "OpenAIEmbedder": ".embedders", "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
+    "OpenAIEmbedder": ".embedders", "SentenceTransformerEmbedder": ".embedders", "MemoryVectorStore": ".memory",
+    "SQLiteVectorStore": ".sqlite",
     "PgVectorStore": ".pgvector",
     "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})
 
