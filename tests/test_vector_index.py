@@ -368,23 +368,25 @@ async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp
     await store.close()
 
 
-# The layout of the previous version: one FTS5 table for all collections, kept by the change log's triggers.
+# The layout of the previous version: one FTS5 table for all collections, kept by the change log's triggers
+# (what that version runs whenever it opens a file).
 _SHARED_FTS_LAYOUT = """
-CREATE TABLE cp_vectors (key INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, id TEXT NOT NULL,
-    dim INTEGER NOT NULL, vector BLOB NOT NULL, text TEXT NOT NULL, metadata TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS cp_vectors (key INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL,
+    id TEXT NOT NULL, dim INTEGER NOT NULL, vector BLOB NOT NULL, text TEXT NOT NULL, metadata TEXT NOT NULL,
     keywords TEXT NOT NULL DEFAULT '', UNIQUE (collection, id));
-CREATE VIRTUAL TABLE cp_vectors_fts USING fts5(
+CREATE VIRTUAL TABLE IF NOT EXISTS cp_vectors_fts USING fts5(
     keywords, content='cp_vectors', content_rowid='key', tokenize='porter unicode61 remove_diacritics 2');
-CREATE TABLE cp_vector_changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key INTEGER NOT NULL);
-CREATE TRIGGER cp_vectors_inserted AFTER INSERT ON cp_vectors BEGIN
+CREATE TABLE IF NOT EXISTS cp_vector_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS cp_vectors_inserted AFTER INSERT ON cp_vectors BEGIN
     INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
     INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
 END;
-CREATE TRIGGER cp_vectors_deleted AFTER DELETE ON cp_vectors BEGIN
+CREATE TRIGGER IF NOT EXISTS cp_vectors_deleted AFTER DELETE ON cp_vectors BEGIN
     INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
     INSERT INTO cp_vector_changes (collection, key) VALUES (old.collection, old.key);
 END;
-CREATE TRIGGER cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
+CREATE TRIGGER IF NOT EXISTS cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
     INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
     INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
     INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
@@ -438,7 +440,7 @@ async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: P
         conn.executescript(_SHARED_FTS_LAYOUT)
         rows = [("notes", i, t, v) for i, (t, v) in NOTES.items()] + [("notes", r.id, r.text, r.vector)
                                                                         for r in _SMALL_TALK]
-        rows += [("it's", r.id, r.text, r.vector) for r in _MANUALS]
+        rows += [("it's", r.id, r.text, r.vector) for r in _MANUALS] + [("nul\x00name", "z", "zebra", [1, 0, 0, 0])]
         for collection, rid, text, vector in rows:
             conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
                          "VALUES (?, ?, 4, ?, ?, '{}', ?)",
@@ -449,9 +451,12 @@ async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: P
     assert _keyword_ranking(await store.keyword_search("notes", "pottery bread", k=4)) == \
         [(h.id, h.score) for h in await fresh.keyword_search("notes", "pottery bread", k=4)]
     assert len(await store.keyword_search("it's", "oven", k=50)) == 40  # (a name SQL must quote)
+    assert [h.id for h in await store.keyword_search("nul\x00name", "zebra", k=5)] == ["z"]
     with sqlite3.connect(db) as conn:
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    assert not names & {"cp_vectors_fts", "cp_vectors_inserted", "cp_vectors_deleted", "cp_vectors_updated"}
+        old = {r[0]: r[1] for r in conn.execute("SELECT name, sql FROM sqlite_master WHERE name IN "
+                                                "('cp_vectors_fts', 'cp_vectors_inserted', 'cp_vectors_deleted', "
+                                                "'cp_vectors_updated')")}
+    assert "content=''" in old.pop("cp_vectors_fts") and all("WHEN 0" in sql for sql in old.values())  # (inert)
     # Writes afterwards reach the collection's own index, and only its own.
     await store.upsert("notes", [VectorRecord("n5", [0, 0, 0, 1], "Maya: the kiln cracked my vase.")])
     await store.delete("it's", ids=["m0"])
@@ -478,8 +483,26 @@ async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path:
     assert [h.id for h in await store.keyword_search("notes", "Biscuit", k=4)] == []
     assert [h.id for h in await store.keyword_search("older", "zebra", k=4)] == ["o1"]
     assert await store.keyword_search("never stored", "zebra", k=4) == []
-    with pytest.raises(UsageError, match="NUL"):
-        await store.upsert("bad\x00name", [VectorRecord("x", [1, 0, 0, 0], "x")])
+    # A record moved to another collection by SQL leaves the first one's keywords and vectors.
+    assert "n4" in {h.id for h in await store.search("notes", [0.7, 0.0, 0.7, 0.1], k=4)}
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE cp_vectors SET collection = 'older' WHERE id = 'n4'")
+    assert await store.keyword_search("notes", "sourdough", k=4) == []
+    assert [h.id for h in await store.keyword_search("older", "sourdough", k=4)] == ["n4"]
+    assert "n4" not in {h.id for h in await store.search("notes", [0.7, 0.0, 0.7, 0.1], k=4)}
+    assert "n4" in {h.id for h in await store.search("older", [0.7, 0.0, 0.7, 0.1], k=4)}
+    # Any name, even one SQL could not quote.
+    for name in ("bad\x00name", "x';\nEND; DROP TABLE cp_vectors; --", "{t}{c}"):
+        await store.upsert(name, [VectorRecord("w", [1, 0, 0, 0], f"walrus of {name}")])
+        assert [h.text for h in await store.keyword_search(name, "walrus", k=4)] == [f"walrus of {name}"]
+    # An earlier version opens the file now: the objects it would make are there (inert), so the rows
+    # can still be replaced and deleted, and keyword search stays right.
+    with sqlite3.connect(db) as conn:
+        conn.executescript(_SHARED_FTS_LAYOUT)
+    await store.upsert("notes", [VectorRecord("n1", [1, 0, 0, 0], "Maya: glazing class now.")])
+    assert await store.delete("notes", ids=["n2"]) == 1
+    assert [h.id for h in await store.keyword_search("notes", "glazing", k=4)] == ["n1"]
+    assert await store.keyword_search("notes", "pottery", k=4) == []
     # A collection's first upsert fails after its keyword index was made: both are rolled back, and
     # the next upsert makes the index again.
     with pytest.raises(UnicodeEncodeError):

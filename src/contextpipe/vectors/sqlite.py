@@ -92,8 +92,14 @@ CREATE TRIGGER IF NOT EXISTS cp_vector_changes_delete AFTER DELETE ON cp_vectors
     INSERT INTO cp_vector_changes (collection, key) VALUES (old.collection, old.key);
 END;
 CREATE TRIGGER IF NOT EXISTS cp_vector_changes_update AFTER UPDATE ON cp_vectors BEGIN
+    INSERT INTO cp_vector_changes (collection, key) SELECT old.collection, old.key
+        WHERE old.collection IS NOT new.collection;
     INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
-END
+END;
+CREATE VIRTUAL TABLE IF NOT EXISTS cp_vectors_fts USING fts5(keywords, content='');
+CREATE TRIGGER IF NOT EXISTS cp_vectors_inserted AFTER INSERT ON cp_vectors WHEN 0 BEGIN SELECT 1; END;
+CREATE TRIGGER IF NOT EXISTS cp_vectors_deleted AFTER DELETE ON cp_vectors WHEN 0 BEGIN SELECT 1; END;
+CREATE TRIGGER IF NOT EXISTS cp_vectors_updated AFTER UPDATE ON cp_vectors WHEN 0 BEGIN SELECT 1; END
 """
 
 # Each collection has its own FTS5 table (``cp_keywords_<number>``, numbered in ``cp_vector_keywords``),
@@ -113,7 +119,11 @@ CREATE TRIGGER {t}_update AFTER UPDATE ON cp_vectors WHEN old.collection = {c} O
     INSERT INTO {t} (rowid, keywords) SELECT new.key, new.keywords WHERE new.collection = {c};
 END
 """
-# Earlier files had one FTS5 table for every collection, kept in step by the change log's triggers.
+# Earlier versions kept one FTS5 table for every collection (``cp_vectors_fts``, its content the rows),
+# kept in step by the change log's triggers. Opening such a file replaces them with empty, inert objects
+# of the same names (last in `_SCHEMA`): an earlier version that opens the file afterwards finds them
+# there, so it cannot create its own again (whose triggers would fail every later update and delete,
+# whoever made them); its keyword searches find nothing.
 _SHARED_KEYWORDS = ("cp_vectors_fts", ("cp_vectors_inserted", "cp_vectors_deleted", "cp_vectors_updated"))
 
 # The index holds 8-bit copies of the (unit) vectors: a quarter of the memory and the fastest distance
@@ -410,7 +420,8 @@ class SQLiteVectorStore(VectorStore):
                 if before_keys:
                     conn.execute("ALTER TABLE cp_vectors RENAME TO cp_vectors_before_keys")
                 shared, triggers = _SHARED_KEYWORDS
-                before_own = conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (shared,)).fetchone()
+                row = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (shared,)).fetchone()
+                before_own = row is not None and "content='cp_vectors'" in row[0]
                 if before_own:  # one keyword index for all collections: each gets its own below
                     for trigger in triggers:
                         conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
@@ -450,7 +461,9 @@ class SQLiteVectorStore(VectorStore):
         elif conn.execute("SELECT 1 FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone():
             conn.execute("BEGIN IMMEDIATE")
             try:
-                table = _build_keywords(conn, collection)
+                row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?",
+                                   (collection,)).fetchone()  # (another connection may have made it meanwhile)
+                table = f"cp_keywords_{int(row[0])}" if row is not None else _build_keywords(conn, collection)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -774,16 +787,19 @@ class SQLiteVectorStore(VectorStore):
         keys = [r[0] for r in conn.execute(
             "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?",
             (collection, cached.seq, latest))]
-        self._reload(conn, cached, keys)
+        self._reload(conn, collection, cached, keys)
         cached.seq = latest
 
-    def _reload(self, conn: sqlite3.Connection, cached: _Collection, keys: Sequence[int]) -> None:
-        """Make `keys` in the index match their rows now: re-read the rows, drop keys that have none."""
-        step = min(5000, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    def _reload(self, conn: sqlite3.Connection, collection: str, cached: _Collection, keys: Sequence[int]) -> None:
+        """Make `keys` in the index match their rows now: re-read the rows, drop keys that have none.
+
+        (A row moved to another collection, by SQL, has none here any more.)
+        """
+        step = min(5000, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - 1)
         for start in range(0, len(keys), step):
             part = keys[start:start + step]
-            rows = conn.execute(f"SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE key IN "
-                                f"({','.join('?' * len(part))})", part).fetchall()
+            rows = conn.execute(f"SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE collection = ? "
+                                f"AND key IN ({','.join('?' * len(part))})", [collection, *part]).fetchall()
             present = {r[0] for r in rows}
             for key in part:
                 if key not in present:
@@ -828,7 +844,7 @@ class SQLiteVectorStore(VectorStore):
         # (np.asarray: iterating usearch's key view element by element is quadratic)
         indexed = set(np.asarray(cached.index.keys).tolist()) if cached.index is not None else set()
         missing = [k for k in cached.records if k not in indexed]  # rows the file does not hold (defensive)
-        self._reload(conn, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.records))))
+        self._reload(conn, collection, cached, sorted(set(stale) | set(missing) | (indexed - set(cached.records))))
         cached.seq = latest
 
     # --- the saved index ---------------------------------------------------------------------------
@@ -998,8 +1014,8 @@ class SQLiteVectorStore(VectorStore):
                 ranked = conn.execute(f"SELECT rowid, -bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
                                       "ORDER BY score DESC LIMIT ?", (query, limit)).fetchall()
                 rows = {r[0]: r[1:] for r in conn.execute(
-                    f"SELECT key, id, text, metadata FROM cp_vectors WHERE key IN "
-                    f"({','.join('?' * len(ranked))})", [r[0] for r in ranked])} if ranked else {}
+                    f"SELECT key, id, text, metadata FROM cp_vectors WHERE collection = ? AND key IN "
+                    f"({','.join('?' * len(ranked))})", [collection, *(r[0] for r in ranked)])} if ranked else {}
                 hits = []
                 for key, score in ranked:
                     row = rows.get(key)
@@ -1118,17 +1134,15 @@ def _ranked_within(conn: sqlite3.Connection, c: _Collection, table: str, query: 
 
 def _build_keywords(conn: sqlite3.Connection, collection: str) -> str:
     """(Re)build `collection`'s FTS5 table and its triggers from its rows, in the open write transaction."""
-    if "\x00" in collection:
-        raise UsageError(f"collection name {collection!r} holds a NUL character; name it without one")
     row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
     if row is None:
-        row = conn.execute("INSERT INTO cp_vector_keywords (collection, number) SELECT ?, COALESCE(MAX(number), 0) + 1 "
-                           "FROM cp_vector_keywords RETURNING number", (collection,)).fetchone()
+        row = conn.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM cp_vector_keywords").fetchone()
+        conn.execute("INSERT INTO cp_vector_keywords (collection, number) VALUES (?, ?)", (collection, row[0]))
     table = f"cp_keywords_{int(row[0])}"
     for trigger in ("insert", "delete", "update"):
         conn.execute(f"DROP TRIGGER IF EXISTS {table}_{trigger}")
     conn.execute(f"DROP TABLE IF EXISTS {table}")
-    literal = "'" + collection.replace("'", "''") + "'"
+    literal = f"CAST(X'{collection.encode().hex()}' AS TEXT)"  # (any name: quotes, NUL, newlines)
     for statement in _statements(_KEYWORDS.format(t=table, c=literal)):
         conn.execute(statement)
     conn.execute(f"INSERT INTO {table} (rowid, keywords) SELECT key, keywords FROM cp_vectors WHERE collection = ?",
