@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import sqlite3
 import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -13,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from contextpipe import Agent, Message, UsageError
 from contextpipe.models import ModelRequest
@@ -404,46 +400,6 @@ async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
 
     assert await embed_queries(QueryOnly(), ["a b", "c d"]) == [(await HashEmbedder().embed([t]))[0]
                                                                for t in ("A B", "C D")]
-
-
-def _fts5_stems(words: list[str]) -> list[str]:
-    """What SQLite FTS5's porter tokenizer makes of each word (the oracle for our stemmer)."""
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='porter unicode61 remove_diacritics 2')")
-    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
-    conn.executemany("INSERT INTO t (rowid, x) VALUES (?, ?)", list(enumerate(words)))
-    found = dict(conn.execute("SELECT doc, term FROM v"))
-    conn.close()
-    return [found[i] for i in range(len(words))]
-
-
-def test_in_memory_stemming_matches_sqlite_fts5_on_the_fixture_words() -> None:
-    from contextpipe.vectors._stem import stem
-
-    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("conversations_*.txt")))
-    words = sorted(set(re.findall(r"[a-z]+", text.lower())))
-    assert len(words) > 1500
-    words += ["apology", "relational", "conditional", "generalization", "oscillators", "hopefulness", "electrical",
-              "adjustment", "adoption", "controlling", "rolling", "triplicate", "formality", "sensitivity",
-              "sensibility", "decisiveness", "callousness", "digitizer", "conformabli", "analogousli", "vietnamization",
-              "predication", "operator", "feudalism", "hesitanci", "valenci", "radicalli", "differentli", "vileli"]
-    assert [stem(w) for w in words] == _fts5_stems(words)
-
-
-_SUFFIXES = ("", "s", "ies", "sses", "ed", "ing", "eed", "y", "ational", "tion", "ness", "ful", "ement", "ion", "e",
-             "ll", "ize", "ate", "iviti", "bli", "logi", "al", "ous", "icate", "alize")
-_WORD = st.builds(lambda stem, suffix: stem + suffix,
-                  st.text(alphabet="abcdefghijklmnopqrstuvwxyz", max_size=8) | st.text(alphabet="aeiouybcdlnst",
-                                                                                        max_size=6),
-                  st.sampled_from(_SUFFIXES)).filter(bool)
-
-
-@given(st.lists(_WORD, min_size=1, max_size=50))
-@settings(max_examples=300, deadline=None)
-def test_in_memory_stemming_matches_sqlite_fts5_on_any_word(words: list[str]) -> None:
-    from contextpipe.vectors._stem import stem
-
-    assert [stem(w) for w in words] == _fts5_stems(words)
 
 
 async def test_in_memory_keyword_search_finds_other_forms_of_a_word() -> None:

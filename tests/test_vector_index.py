@@ -56,7 +56,9 @@ NOTES = {
 _WORDS = ["bake", "baking", "baked", "bakery", "pottery", "potter", "class", "classes", "running", "runner",
           "café", "cafe", "naïve", "über", "Zürich", "the", "a", "and", "of", "I", "2023", "4", "Maya", "Maya's",
           "don't", "well-known", "e-mail", "connection", "connected", "relational", "happiness", "happy",
-          "generalization", "generous", "Omar", "shelter", "cat", "cats", "adopted", "adoption"]
+          "generalization", "generous", "Omar", "shelter", "cat", "cats", "adopted", "adoption", "1990s", "mp3s",
+          "3ds", "straße", "weißes", "œuvres", "søsters", "cafe\u0301s", "İstanbul", "ὈΔΥΣΣΕΎΣ", "Οδυσσευς",
+          "\ue000x", "ᏣᎳᎩ", "ႠႡ", "北京大学", "हिन्दी", "naïveté", "ÉCOLE", "école"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

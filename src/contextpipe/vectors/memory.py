@@ -2,30 +2,55 @@
 
 from __future__ import annotations
 
+import functools
 import math
-import re
-import unicodedata
+import sqlite3
+import threading
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 from typing_extensions import override
 
 from ..errors import UsageError
-from ._stem import stem
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
 
 __all__ = ["MemoryVectorStore"]
 
-_WORD_RE: Final = re.compile(r"[^\W_]+", re.UNICODE)
 _K1, _B = 1.2, 0.75  # BM25's usual constants, as SQLite FTS5 uses them
 
 
-def _token(word: str) -> str:
-    """Return a lower-cased word as SQLite FTS5's ``porter unicode61 remove_diacritics 2`` indexes it."""
-    folded = "".join(c for c in unicodedata.normalize("NFD", word) if not unicodedata.combining(c))
-    return stem(unicodedata.normalize("NFC", folded))
+class _Tokenizer:
+    """Words as `SQLiteVectorStore` indexes them: SQLite FTS5's own ``porter unicode61 remove_diacritics 2``.
+
+    Each text goes through an FTS5 table in an in-memory database, and its words are read back in
+    order (``fts5vocab``), so they are the SQLite store's exactly: Porter stems, case folding,
+    accents, digits and all.
+    """
+
+    def __init__(self) -> None:
+        self._conn = sqlite3.connect(":memory:", check_same_thread=False)
+        self._conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='porter unicode61 remove_diacritics 2')")
+        self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        with self._lock:
+            self._conn.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", (text,))
+            try:
+                return tuple(r[0] for r in self._conn.execute("SELECT term FROM v WHERE doc = 1 ORDER BY offset"))
+            finally:
+                self._conn.execute("DELETE FROM t WHERE rowid = 1")
+
+
+@functools.cache
+def _tokenizer() -> _Tokenizer:
+    return _Tokenizer()
+
+
+def _tokens(text: str) -> tuple[str, ...]:
+    return _tokenizer()(text)
 
 
 def _idf(rows: int, holding: int) -> float:
@@ -41,26 +66,31 @@ def _unit(vector: Sequence[float]) -> np.ndarray[Any, Any]:
 
 
 class _Row:
-    __slots__ = ("length", "meta", "terms", "text", "vector")
+    __slots__ = ("meta", "terms", "text", "vector", "words")
 
     def __init__(self, vector: np.ndarray[Any, Any], text: str, meta: dict[str, Any], keywords: str) -> None:
         self.vector, self.text, self.meta = vector, text, meta
-        words = [_token(w) for w in _WORD_RE.findall(keywords.lower())]  # (every word counts in the length)
-        self.terms = Counter(words)
-        self.length = len(words)
+        self.words = _tokens(keywords)
+        self.terms = Counter(self.words)
+
+    def count(self, phrase: tuple[str, ...]) -> int:
+        """How often `phrase` (one word or several in a row) occurs in the record's keywords."""
+        if len(phrase) == 1:
+            return self.terms[phrase[0]]
+        n, words = len(phrase), self.words
+        return sum(1 for i in range(len(words) - n + 1) if words[i:i + n] == phrase)
 
 
-def _bm25(row: _Row, idf: list[tuple[str, float]], average: float) -> float:
-    norm = _K1 * (1 - _B + _B * row.length / average)
-    return sum(weight * row.terms[t] * (_K1 + 1) / (row.terms[t] + norm) for t, weight in idf if t in row.terms)
+def _bm25(hits: list[int], length: int, idf: list[float], average: float) -> float:
+    norm = _K1 * (1 - _B + _B * length / average)
+    return sum(weight * tf * (_K1 + 1) / (tf + norm) for tf, weight in zip(hits, idf, strict=True) if tf)
 
 
 class MemoryVectorStore(VectorStore):
     """Vectors in this process's memory; same contract (and the same hybrid ranking) as the durable stores.
 
-    Searches exactly; keyword search ranks as SQLite FTS5's ``bm25()`` does in `SQLiteVectorStore`
-    (the same words, Porter-stemmed as its ``porter`` tokenizer stems them, so "baking" finds
-    "baked"; the same weights and scores).
+    Searches exactly; keyword search ranks as SQLite FTS5's ``bm25()`` does in `SQLiteVectorStore`:
+    the same words (FTS5's own tokenizer: Porter stems, so "baking" finds "baked"), weights and scores.
     """
 
     def __init__(self) -> None:
@@ -110,15 +140,17 @@ class MemoryVectorStore(VectorStore):
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
                              where: Where | None = None) -> list[SearchHit]:
         check_where(where)
-        terms = [_token(t) for t in keyword_terms(text)]  # (two words of one stem count twice, as in FTS5)
+        # Each query word is a phrase, as SQLiteVectorStore asks FTS5 (two words of one stem count twice).
+        phrases = [p for p in (_tokens(t) for t in keyword_terms(text)) if p]
         everything = self._data.get(collection, {})
-        if not terms or not everything or k <= 0:
+        if not phrases or not everything or k <= 0:
             return []
         total = len(everything)
-        average = sum(r.length for r in everything.values()) / total or 1.0
-        idf = [(t, _idf(total, sum(1 for r in everything.values() if t in r.terms))) for t in terms]
+        average = sum(len(r.words) for r in everything.values()) / total or 1.0
+        counts = {i: [r.count(p) for p in phrases] for i, r in everything.items()}
+        idf = [_idf(total, sum(1 for c in counts.values() if c[n])) for n in range(len(phrases))]
         scored = [(score, i, r) for i, r in everything.items()
-                  if matches(r.meta, where) and (score := _bm25(r, idf, average)) > 0]
+                  if matches(r.meta, where) and (score := _bm25(counts[i], len(r.words), idf, average)) > 0]
         scored.sort(key=lambda s: -s[0])
         return [SearchHit(i, score, r.text, r.meta) for score, i, r in scored[:k]]
 
