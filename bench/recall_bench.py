@@ -318,6 +318,8 @@ async def main() -> None:
     parser.add_argument("--fixture", choices=("dev", "held-out", "both"), default="both",
                         help="the dev conversations (tuned on), the held-out one (never tuned on), or both")
     args = parser.parse_args()
+    if args.beside is not None and not args.latency:
+        parser.error("--beside is for --latency runs")
     if args.latency:
         await latency(args.embedders.split(","), args.latency, args.latency_queries, args.beside)
         return
