@@ -58,7 +58,7 @@ _WORDS = ["bake", "baking", "baked", "bakery", "pottery", "potter", "class", "cl
           "don't", "well-known", "e-mail", "connection", "connected", "relational", "happiness", "happy",
           "generalization", "generous", "Omar", "shelter", "cat", "cats", "adopted", "adoption", "1990s", "mp3s",
           "3ds", "straße", "weißes", "œuvres", "søsters", "cafe\u0301s", "İstanbul", "ὈΔΥΣΣΕΎΣ", "Οδυσσευς",
-          "\ue000x", "ᏣᎳᎩ", "ႠႡ", "北京大学", "हिन्दी", "naïveté", "ÉCOLE", "école"]
+          "\ue000x", "ᏣᎳᎩ", "ႠႡ", "北京大学", "हिन्दी", "naïveté", "ÉCOLE", "école", "q\u19b0q", "\u19b0\u19b1"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -436,7 +436,8 @@ async def test_keyword_statistics_are_each_collections_own(tmp_path: Path) -> No
     await shared.close()
 
 
-async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: Path) -> None:
+async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "v.db"
     with sqlite3.connect(db) as conn:
         conn.executescript(_SHARED_FTS_LAYOUT)
@@ -459,6 +460,14 @@ async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: P
                                                 "('cp_vectors_fts', 'cp_vectors_inserted', 'cp_vectors_deleted', "
                                                 "'cp_vectors_updated')")}
     assert "content=''" in old.pop("cp_vectors_fts") and all("WHEN 0" in sql for sql in old.values())  # (inert)
+    # Opened again, the file is not migrated again (no keyword table is rebuilt).
+    built: list[str] = []
+    real = vectors_sqlite._build_keywords
+    monkeypatch.setattr(vectors_sqlite, "_build_keywords", lambda conn, name: built.append(name) or real(conn, name))
+    again = SQLiteVectorStore(db)
+    assert [h.id for h in await again.keyword_search("notes", "arts centre", k=1)] == ["n1"]
+    await again.close()
+    assert built == []
     # Writes afterwards reach the collection's own index, and only its own.
     await store.upsert("notes", [VectorRecord("n5", [0, 0, 0, 1], "Maya: the kiln cracked my vase.")])
     await store.delete("it's", ids=["m0"])
@@ -467,6 +476,19 @@ async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: P
     assert len(await store.keyword_search("it's", "oven", k=50)) == 39
     await store.close()
     await fresh.close()
+
+
+@pytest.mark.parametrize("encoding", ["UTF-16le", "UTF-16be"])
+async def test_keyword_indexes_work_in_a_utf16_file(tmp_path: Path, encoding: str) -> None:
+    db = tmp_path / "v.db"
+    with sqlite3.connect(db) as conn:  # (a file another program made, in its own text encoding)
+        conn.execute(f"PRAGMA encoding = '{encoding}'")
+        conn.execute("CREATE TABLE other (x)")
+    store = SQLiteVectorStore(db)
+    for name in ("notes", "it's\x00odd"):
+        await store.upsert(name, [VectorRecord(i, v, t) for i, (t, v) in NOTES.items()])
+        assert [h.id for h in await store.keyword_search(name, "Biscuit", k=4)] == ["n3"]
+    await store.close()
 
 
 async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path: Path) -> None:
@@ -494,7 +516,7 @@ async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path:
     assert "n4" not in {h.id for h in await store.search("notes", [0.7, 0.0, 0.7, 0.1], k=4)}
     assert "n4" in {h.id for h in await store.search("older", [0.7, 0.0, 0.7, 0.1], k=4)}
     # Any name, even one SQL could not quote.
-    for name in ("bad\x00name", "x';\nEND; DROP TABLE cp_vectors; --", "{t}{c}"):
+    for name in ("bad\x00name", "x';\nEND; DROP TABLE cp_vectors; --", "{t}{c}", "", "\x00", "é" * 300):
         await store.upsert(name, [VectorRecord("w", [1, 0, 0, 0], f"walrus of {name}")])
         assert [h.text for h in await store.keyword_search(name, "walrus", k=4)] == [f"walrus of {name}"]
     # An earlier version opens the file now: the objects it would make are there (inert), so the rows

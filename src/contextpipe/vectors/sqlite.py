@@ -1142,12 +1142,19 @@ def _build_keywords(conn: sqlite3.Connection, collection: str) -> str:
     for trigger in ("insert", "delete", "update"):
         conn.execute(f"DROP TRIGGER IF EXISTS {table}_{trigger}")
     conn.execute(f"DROP TABLE IF EXISTS {table}")
-    literal = f"CAST(X'{collection.encode().hex()}' AS TEXT)"  # (any name: quotes, NUL, newlines)
-    for statement in _statements(_KEYWORDS.format(t=table, c=literal)):
+    for statement in _statements(_KEYWORDS.format(t=table, c=_sql_text(collection))):
         conn.execute(statement)
     conn.execute(f"INSERT INTO {table} (rowid, keywords) SELECT key, keywords FROM cp_vectors WHERE collection = ?",
                  (collection,))
     return table
+
+
+def _sql_text(value: str) -> str:
+    """`value` as an SQL expression: quoted pieces, with ``char(0)`` for NUL (which no SQL literal may hold).
+
+    Unlike a blob cast to text, it means the same in a UTF-8 or a UTF-16 database.
+    """
+    return " || char(0) || ".join("'" + piece.replace("'", "''") + "'" for piece in value.split("\x00"))
 
 
 def _statements(script: str) -> list[str]:
