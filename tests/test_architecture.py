@@ -35,8 +35,8 @@ SURFACES = {
     ],
     "contextpipe.vectors": [
         "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore",
-        "OpenAIEmbedder", "PgVectorStore", "SQLiteVectorStore", "SearchHit", "VectorRecord", "VectorStore", "Where",
-        "chunk_markdown", "chunk_text", "embed_query", "ingest_folder",
+        "OpenAIEmbedder", "PgVectorStore", "SQLiteVectorStore", "SearchHit", "SentenceTransformerEmbedder",
+        "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "ingest_folder",
     ],
     "contextpipe.testing": [
         "AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeError", "FakeOpenAIServer", "FakeRaw",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sqlite3
 import threading
 from collections import Counter
@@ -30,7 +31,7 @@ class _Tokenizer:
     """
 
     def __init__(self) -> None:
-        self._conn = sqlite3.connect(":memory:", check_same_thread=False)
+        self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self._conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='porter unicode61 remove_diacritics 2')")
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
         self._lock = threading.Lock()
@@ -51,6 +52,9 @@ def _tokenizer() -> _Tokenizer:
 
 def _tokens(text: str) -> tuple[str, ...]:
     return _tokenizer()(text)
+
+
+os.register_at_fork(after_in_child=_tokenizer.cache_clear)  # (a child must not inherit a held lock)
 
 
 def _idf(rows: int, holding: int) -> float:
@@ -81,9 +85,17 @@ class _Row:
         return sum(1 for i in range(len(words) - n + 1) if words[i:i + n] == phrase)
 
 
-def _bm25(hits: list[int], length: int, idf: list[float], average: float) -> float:
-    norm = _K1 * (1 - _B + _B * length / average)
-    return sum(weight * tf * (_K1 + 1) / (tf + norm) for tf, weight in zip(hits, idf, strict=True) if tf)
+def _bm25_scores(rows: dict[str, _Row], phrases: list[tuple[str, ...]]) -> dict[str, float]:
+    """BM25 of every record holding one of `phrases` at least, with FTS5's weights (the collection's statistics)."""
+    average = sum(len(r.words) for r in rows.values()) / len(rows) or 1.0
+    counts = {i: [r.count(p) for p in phrases] for i, r in rows.items()}
+    idf = [_idf(len(rows), sum(1 for c in counts.values() if c[n])) for n in range(len(phrases))]
+    scores = {}
+    for i, hits in counts.items():
+        if any(hits):
+            norm = _K1 * (1 - _B + _B * len(rows[i].words) / average)
+            scores[i] = sum(weight * tf * (_K1 + 1) / (tf + norm) for tf, weight in zip(hits, idf, strict=True) if tf)
+    return scores
 
 
 class MemoryVectorStore(VectorStore):
@@ -105,8 +117,9 @@ class MemoryVectorStore(VectorStore):
         if len(dims) > 1:
             raise UsageError(f"collection {collection!r} would mix vector sizes {sorted(dims)}; "
                              "use one embedder per collection")
-        for r in records:
-            rows[r.id] = _Row(_unit(r.vector), r.text, dict(r.metadata), r.text if r.keywords is None else r.keywords)
+        made = [(r.id, _Row(_unit(r.vector), r.text, dict(r.metadata), r.text if r.keywords is None else r.keywords))
+                for r in records]  # (all or nothing: a text that cannot be read stores none of them)
+        rows.update(made)
 
     @override
     async def delete(self, collection: str, *, ids: Sequence[str] | None = None, where: Where | None = None) -> int:
@@ -145,14 +158,10 @@ class MemoryVectorStore(VectorStore):
         everything = self._data.get(collection, {})
         if not phrases or not everything or k <= 0:
             return []
-        total = len(everything)
-        average = sum(len(r.words) for r in everything.values()) / total or 1.0
-        counts = {i: [r.count(p) for p in phrases] for i, r in everything.items()}
-        idf = [_idf(total, sum(1 for c in counts.values() if c[n])) for n in range(len(phrases))]
-        scored = [(score, i, r) for i, r in everything.items()
-                  if matches(r.meta, where) and (score := _bm25(counts[i], len(r.words), idf, average)) > 0]
-        scored.sort(key=lambda s: -s[0])
-        return [SearchHit(i, score, r.text, r.meta) for score, i, r in scored[:k]]
+        scores = _bm25_scores(everything, phrases)
+        scored = sorted(((score, i) for i, score in scores.items() if matches(everything[i].meta, where)),
+                        key=lambda s: -s[0])
+        return [SearchHit(i, score, r.text, r.meta) for score, i in scored[:k] for r in (everything[i],)]
 
     @override
     async def count(self, collection: str, *, where: Where | None = None) -> int:
