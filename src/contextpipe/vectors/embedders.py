@@ -9,10 +9,10 @@ model folder, offline) and `HashEmbedder` (deterministic word hashing, for tests
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib.util
 import itertools
-import json
 import math
 import os
 import re
@@ -277,25 +277,28 @@ class SentenceTransformerEmbedder:
     """Any sentence-transformers model in a folder on this machine (torch, offline): bring your own model.
 
     For a model stronger than `LocalEmbedder`'s, at the price of its speed: all-mpnet-base-v2, for
-    one, recalls more of both fixtures' evidence but embeds a question in several times the CPU (README,
+    one, recalls more of both fixtures' evidence but takes six times as long per recall (README,
     "Memory recall, measured"). `model_path` is a folder as sentence-transformers saves one (with
-    ``modules.json``), e.g. from the Hugging Face cache; nothing is downloaded. `name` is the
-    folder's name unless given; `dimension` is read from the folder. Texts are embedded in batches
-    on all cores, search queries in a thread of their own with `query_threads` threads;
-    vectors are normalised. Needs ``pip install "contextpipe[local-torch]"``.
+    ``modules.json``), e.g. a snapshot in the Hugging Face cache; nothing is downloaded. `name` is the
+    folder's name (a cache snapshot's: its model's) unless given; `dimension` is the model's. Texts
+    are embedded as documents and search queries as queries (with the model's own prompts, if it
+    has any), texts in batches on all cores, queries in a thread of their own with `query_threads`
+    threads; vectors are normalised. Needs ``pip install "contextpipe[local-torch]"``.
 
     >>> SentenceTransformerEmbedder("/models/all-mpnet-base-v2").name
     'all-mpnet-base-v2'
+    >>> SentenceTransformerEmbedder("/hf/models--BAAI--bge-small-en-v1.5/snapshots/5c38ec7c").name
+    'bge-small-en-v1.5'
     """
 
     def __init__(self, model_path: str | os.PathLike[str], *, name: str | None = None, batch_size: int = 64,
                  query_threads: int = 1) -> None:
         if query_threads < 1:
             raise UsageError(f"query_threads must be 1 or more, got {query_threads}")
-        self.path = os.fspath(model_path)
+        self.path = os.path.abspath(os.fspath(model_path))
         self.batch_size = batch_size
         self.query_threads = query_threads
-        self._name = name or os.path.basename(os.path.normpath(self.path))
+        self._name = name or _model_name(self.path)
         self._dimension: int | None = None
         self._model: Any = None
         self._lock = threading.Lock()
@@ -308,14 +311,11 @@ class SentenceTransformerEmbedder:
 
     @property
     def dimension(self) -> int:
-        """The model's vector size, from its folder (or the model itself)."""
+        """The size of the model's vectors (the model is loaded to say)."""
         if self._dimension is None:
-            pooling = os.path.join(self.path, "1_Pooling", "config.json")
-            if os.path.isfile(pooling):
-                with open(pooling, encoding="utf-8") as f:
-                    self._dimension = int(json.load(f)["word_embedding_dimension"])
-            else:
-                self._dimension = int(self._load().get_sentence_embedding_dimension())
+            model = self._load()
+            size = (getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)()
+            self._dimension = int(size) if size else len(self._encode(["dimension"], 1, query=False)[0])
         return self._dimension
 
     def _load(self) -> Any:
@@ -329,18 +329,20 @@ class SentenceTransformerEmbedder:
                                'pip install "contextpipe[local-torch]"')
         return self._model
 
-    def _encode(self, texts: list[str], batch_size: int) -> list[list[float]]:
-        vectors = self._load().encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
+    def _encode(self, texts: list[str], batch_size: int, *, query: bool) -> list[list[float]]:
+        model = self._load()
+        encode = getattr(model, "encode_query" if query else "encode_document", None) or model.encode
+        vectors = encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
         return [[float(v) for v in row] for row in vectors.tolist()]
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """Embed `texts` in a worker thread (the model runs on the CPU)."""
+        """Embed `texts` as documents, in a worker thread (the model runs on the CPU)."""
         if not texts:
             return []
-        return await asyncio.to_thread(self._encode, list(texts), self.batch_size)
+        return await asyncio.to_thread(self._encode, list(texts), self.batch_size, query=False)
 
     async def embed_query(self, text: str) -> list[float]:
-        """Embed one search query (the same vector as `embed`)."""
+        """Embed one search query."""
         [vector] = await self.embed_queries([text])
         return vector
 
@@ -351,8 +353,16 @@ class SentenceTransformerEmbedder:
         if self._query_executor is None:
             self._query_executor = ThreadPoolExecutor(1, thread_name_prefix="contextpipe-query-embedder",
                                                       initializer=_torch_threads, initargs=(self.query_threads,))
-        return await asyncio.get_running_loop().run_in_executor(self._query_executor, self._encode, list(texts),
-                                                                len(texts))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._query_executor, functools.partial(self._encode, list(texts), len(texts), query=True))
+
+
+def _model_name(path: str) -> str:
+    """Return a model folder's name (a Hugging Face cache snapshot's, ``models--org--name/snapshots/<hash>``: name)."""
+    parts = os.path.normpath(path).split(os.sep)
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].split("--")[-1]
+    return parts[-1]
 
 
 def _torch_threads(threads: int) -> None:
