@@ -6,7 +6,8 @@ import abc
 import asyncio
 import inspect
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+import unicodedata
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
@@ -196,7 +197,18 @@ STOPWORDS: Final = frozenset([
     "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves",
 ])
 
-_TERM_RE: Final = re.compile(r"[^\W_]+", re.UNICODE)
+def _words(text: str) -> Iterator[str]:
+    """Yield the runs of letters and digits in `text`, with the combining marks inside them (Hindi's vowel signs)."""
+    start = None
+    for at, char in enumerate(text):
+        if char.isalnum() or (start is not None and unicodedata.category(char)[0] == "M"):
+            if start is None:
+                start = at
+        elif start is not None:
+            yield text[start:at]
+            start = None
+    if start is not None:
+        yield text[start:]
 
 
 def keyword_terms(text: str) -> list[str]:
@@ -204,9 +216,11 @@ def keyword_terms(text: str) -> list[str]:
 
     >>> keyword_terms("What did Maya make in the pottery class?")
     ['maya', 'make', 'pottery', 'class']
+    >>> keyword_terms("मुझे हिन्दी फ़िल्में पसंद हैं")
+    ['मुझे', 'हिन्दी', 'फ़िल्में', 'पसंद', 'हैं']
     """
     seen: dict[str, None] = {}
-    for word in _TERM_RE.findall(text.lower()):
+    for word in _words(text.lower()):
         if word not in STOPWORDS and word not in seen and (len(word) > 1 or word.isdigit()):
             seen[word] = None
     return list(seen)[:64]
