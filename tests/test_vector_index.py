@@ -79,16 +79,14 @@ def test_the_in_memory_store_ranks_keywords_as_sqlite_fts5_does(texts: list[list
     assert memory == {i: pytest.approx(score, rel=1e-9, abs=1e-12) for i, score in sqlite.items()}
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_keyword_search_finds_words_with_combining_marks(kind: str, tmp_path: Path) -> None:
+async def test_keyword_search_finds_words_with_combining_marks(vectors: VectorStore) -> None:
     """Hindi's vowel signs and Arabic's short vowels are part of their words, in the query too."""
-    store = MemoryVectorStore() if kind == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    store = vectors
     await store.upsert("c", [VectorRecord("hi", [1.0, 0.0], "मुझे हिन्दी फ़िल्में पसंद हैं"),
                              VectorRecord("ar", [0.0, 1.0], "كَتَبَ الوَلَدُ رِسالَةً طَوِيلَةً"),
                              VectorRecord("en", [0.5, 0.5], "I like films and long letters")])
     assert [h.id for h in await store.keyword_search("c", "हिन्दी फ़िल्में?", k=3)] == ["hi"]
     assert [h.id for h in await store.keyword_search("c", "رِسالَةً", k=3)] == ["ar"]
-    await store.close()
 
 
 async def test_keyword_and_hybrid_search_with_filters(vectors: VectorStore) -> None:
