@@ -300,7 +300,9 @@ def test_decoding_logs_leaves_an_applications_cyclic_garbage_to_the_collector() 
     try:
         frozen = gc.get_freeze_count()
         assert len(loads_arrays([log])[0]) == 400
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        # Neither frozen more (a freeze) nor thawed (an unfreeze empties the set). A few frozen objects
+        # may be freed meanwhile by the suite's other threads (a test server's request ending).
+        assert frozen - 100 <= gc.get_freeze_count() <= frozen and gc.isenabled()
     finally:
         gc.unfreeze()
 
