@@ -197,6 +197,7 @@ STOPWORDS: Final = frozenset([
     "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves",
 ])
 
+
 def _words(text: str) -> Iterator[str]:
     """Yield the runs of letters and digits in `text`, with the combining marks inside them (Hindi's vowel signs)."""
     start = None

@@ -450,26 +450,19 @@ class SQLiteVectorStore(VectorStore):
         store since this file was last opened) gets one too, in a transaction of its own. A name is
         remembered only once its table is committed (a transaction that made it may still roll back).
         """
-        table = self._keyword_tables.get(collection)
-        if table is not None:
-            return table
-        row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
-        if row is not None:
-            table = f"cp_keywords_{int(row[0])}"
-        elif create:  # (remembered when the next call finds it committed)
-            return _build_keywords(conn, collection)
-        elif conn.execute("SELECT 1 FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone():
+        table = self._keyword_tables.get(collection) or _keyword_table(conn, collection)
+        if table is None:
+            if create:  # (remembered when the next call finds it committed)
+                return _build_keywords(conn, collection)
+            if not conn.execute("SELECT 1 FROM cp_vectors WHERE collection = ? LIMIT 1", (collection,)).fetchone():
+                return None
             conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?",
-                                   (collection,)).fetchone()  # (another connection may have made it meanwhile)
-                table = f"cp_keywords_{int(row[0])}" if row is not None else _build_keywords(conn, collection)
+            try:  # (another connection may have made it meanwhile)
+                table = _keyword_table(conn, collection) or _build_keywords(conn, collection)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-        else:
-            return None
         self._keyword_tables[collection] = table
         return table
 
@@ -1132,13 +1125,19 @@ def _ranked_within(conn: sqlite3.Connection, c: _Collection, table: str, query: 
     return [(key, score) for key, score in ranked if key in c.records]
 
 
+def _keyword_table(conn: sqlite3.Connection, collection: str) -> str | None:
+    """Return the name of `collection`'s FTS5 table as the file records it (``None``: it has none)."""
+    row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
+    return None if row is None else f"cp_keywords_{int(row[0])}"
+
+
 def _build_keywords(conn: sqlite3.Connection, collection: str) -> str:
     """(Re)build `collection`'s FTS5 table and its triggers from its rows, in the open write transaction."""
-    row = conn.execute("SELECT number FROM cp_vector_keywords WHERE collection = ?", (collection,)).fetchone()
-    if row is None:
-        row = conn.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM cp_vector_keywords").fetchone()
-        conn.execute("INSERT INTO cp_vector_keywords (collection, number) VALUES (?, ?)", (collection, row[0]))
-    table = f"cp_keywords_{int(row[0])}"
+    table = _keyword_table(conn, collection)
+    if table is None:
+        number = int(conn.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM cp_vector_keywords").fetchone()[0])
+        conn.execute("INSERT INTO cp_vector_keywords (collection, number) VALUES (?, ?)", (collection, number))
+        table = f"cp_keywords_{number}"
     for trigger in ("insert", "delete", "update"):
         conn.execute(f"DROP TRIGGER IF EXISTS {table}_{trigger}")
     conn.execute(f"DROP TABLE IF EXISTS {table}")
