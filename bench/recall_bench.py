@@ -84,8 +84,10 @@ class Cached:
 
 
 def make_embedder(name: str) -> Embedder:
-    from contextpipe.vectors import E5SmallEmbedder, LocalEmbedder
+    from contextpipe.vectors import E5SmallEmbedder, LocalEmbedder, MPNetEmbedder
 
+    if name == "mpnet":
+        return MPNetEmbedder()  # all-mpnet-base-v2 in int8, built from the released weights on first use
     if name == "minilm":
         return LocalEmbedder()  # the default backend: ONNX when installed, else torch
     if name in ("minilm-onnx", "minilm-torch"):
@@ -96,7 +98,7 @@ def make_embedder(name: str) -> Embedder:
         from contextpipe.vectors import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder(name[3:])
-    raise SystemExit(f"unknown embedder {name!r}: minilm, minilm-onnx, minilm-torch, e5 or st:FOLDER")
+    raise SystemExit(f"unknown embedder {name!r}: mpnet, minilm, minilm-onnx, minilm-torch, e5 or st:FOLDER")
 
 
 def scope(conversation: str) -> Session:

