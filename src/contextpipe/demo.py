@@ -200,7 +200,7 @@ async def _memory(store: SQLiteStore, say: Callable[[str], None]) -> None:
     say("5. Memory across sessions: what alice said in one session is recalled in her next one.")
     vectors = store.vectors()
     try:
-        # HashEmbedder matches shared words offline; use LocalEmbedder or OpenAIEmbedder for meaning.
+        # HashEmbedder matches shared words offline; use MPNetEmbedder, LocalEmbedder or OpenAIEmbedder for meaning.
         memory = SemanticMemory(vectors, HashEmbedder(), k=1, min_score=None)
         model = ScriptedModel(["Noted: no meat for you.", "How about a vegetarian mapo tofu tonight?"])
         agent = Agent(model, providers=[History(store), memory])

