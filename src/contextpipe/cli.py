@@ -284,10 +284,11 @@ async def _fitting(vectors: VectorStore, collection: str, known: list[_Known]) -
         if await _fits(vectors, collection, entry[0]):
             dimension, name, _, installed, extra = entry
             if not installed:
-                raise UsageError(f"the {collection!r} vectors in this file were made by {name} ({dimension} "
-                                 f"dimensions), which is not installed: pip install \"{extra}\"")
+                raise UsageError(f"the {collection!r} vectors in this file have {name}'s size ({dimension} "
+                                 f"dimensions), and it is not installed: pip install \"{extra}\"")
             if entry is not best:
-                err.print(f"[dim]{collection}: stored with {name} ({dimension} dimensions), kept for it[/dim]")
+                err.print(f"[dim]{collection}: vectors of {name}'s size ({dimension} dimensions), so it is "
+                          "kept for them[/dim]")
             return entry
     raise UsageError(f"the {collection!r} vectors in this file are of a size no local embedder makes "
                      "(not 768, 384 or 256); use another --db")
