@@ -17,6 +17,7 @@ import errno
 import hashlib
 import importlib.metadata
 import io
+import itertools
 import json
 import math
 import os
@@ -93,11 +94,12 @@ def model_files(folder: Path | None = None) -> tuple[Path, Path]:
 def usable(folder: Path | None = None) -> bool:
     """Whether `model_files` will not fail on the cache: the files are there and sound, or `folder` can be written."""
     folder = folder or cache_folder()
-    if _valid(*_names(folder)):
-        return True
-    while not os.path.lexists(folder) and folder.parent != folder:
-        folder = folder.parent  # the nearest folder that exists must take the new ones
-    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+    nearest = folder
+    while not os.path.lexists(nearest) and nearest.parent != nearest:
+        nearest = nearest.parent  # the nearest folder that exists must take the new ones
+    if nearest.is_dir() and os.access(nearest, os.W_OK | os.X_OK):
+        return True  # (checked first: no need to read the files' digests, which loading does anyway)
+    return _valid(*_names(folder))
 
 
 def _names(folder: Path) -> tuple[Path, Path, Path]:
@@ -316,7 +318,7 @@ class _Graph:
         self._helper, self._numpy_helper, self._types, self._int8 = helper, numpy_helper, tensor_proto, int8
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
-        self._names = (f"t{i}" for i in range(1 << 62))
+        self._names = (f"t{i}" for i in itertools.count())
 
     def const(self, value: np.ndarray) -> str:
         name = next(self._names)

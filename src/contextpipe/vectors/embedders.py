@@ -19,9 +19,9 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ..errors import ModelError, UsageError
 
@@ -32,6 +32,7 @@ __all__ = ["E5SmallEmbedder", "HashEmbedder", "LocalEmbedder", "MPNetEmbedder", 
            "SentenceTransformerEmbedder"]
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
+_T = TypeVar("_T")
 
 
 class HashEmbedder:
@@ -169,7 +170,8 @@ class LocalEmbedder:
 
             self._onnx = OnnxMiniLM(model_path)
         self._lock = threading.Lock()
-        self._query_executor: ThreadPoolExecutor | None = None
+        # (onnx: the thread count is set per session)
+        self._query_thread = _QueryThread(0 if self._onnx is not None else query_threads)
 
     @staticmethod
     def _pick(model_path: str | None) -> Literal["onnx", "torch"]:
@@ -239,11 +241,7 @@ class LocalEmbedder:
         """
         if not texts:
             return []
-        if self._query_executor is None:
-            threads = 0 if self._onnx is not None else self.query_threads  # (onnx: set per session)
-            self._query_executor = ThreadPoolExecutor(1, thread_name_prefix="contextpipe-query-embedder",
-                                                      initializer=_torch_threads, initargs=(threads,))
-        return await asyncio.get_running_loop().run_in_executor(self._query_executor, self._embed_few, list(texts))
+        return await self._query_thread.run(functools.partial(self._embed_few, list(texts)))
 
     def _embed_few(self, texts: list[str]) -> list[list[float]]:
         if self._onnx is not None:
@@ -301,7 +299,7 @@ class MPNetEmbedder:
         self.query_threads = query_threads
         self._threads = cores  # for batches: all the cores the process may use (one session if queries use as many)
         self._onnx = OnnxMPNet(Path(cache) if cache is not None else None)
-        self._query_executor: ThreadPoolExecutor | None = None
+        self._query_thread = _QueryThread()
 
     @property
     def name(self) -> str:
@@ -330,11 +328,27 @@ class MPNetEmbedder:
         """Embed a few search queries in one run of the model, in the query thread."""
         if not texts:
             return []
-        if self._query_executor is None:
-            self._query_executor = ThreadPoolExecutor(1, thread_name_prefix="contextpipe-query-embedder")
-        found = await asyncio.get_running_loop().run_in_executor(self._query_executor, functools.partial(
+        found = await self._query_thread.run(functools.partial(
             self._onnx.embed, list(texts), threads=self.query_threads, batch_size=len(texts)))
         return [[float(v) for v in row] for row in found.tolist()]
+
+
+class _QueryThread:
+    """The one worker thread an embedder runs search queries in, made on first use.
+
+    `torch_threads`: torch's thread count in it (0 leaves torch's default, or torch unloaded).
+    """
+
+    def __init__(self, torch_threads: int = 0) -> None:
+        self._torch_threads = torch_threads
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def run(self, work: Callable[[], _T]) -> _T:
+        """Run `work` in the thread and return what it returns."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="contextpipe-query-embedder",
+                                                initializer=_torch_threads, initargs=(self._torch_threads,))
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
 
 def _usable_cores() -> int:
@@ -382,7 +396,7 @@ class SentenceTransformerEmbedder:
         self._dimension: int | None = None
         self._model: Any = None
         self._lock = threading.Lock()
-        self._query_executor: ThreadPoolExecutor | None = None
+        self._query_thread = _QueryThread(query_threads)
 
     @property
     def name(self) -> str:
@@ -430,11 +444,7 @@ class SentenceTransformerEmbedder:
         """Embed a few search queries in one run of the model, in the query thread."""
         if not texts:
             return []
-        if self._query_executor is None:
-            self._query_executor = ThreadPoolExecutor(1, thread_name_prefix="contextpipe-query-embedder",
-                                                      initializer=_torch_threads, initargs=(self.query_threads,))
-        return await asyncio.get_running_loop().run_in_executor(
-            self._query_executor, functools.partial(self._encode, list(texts), len(texts), query=True))
+        return await self._query_thread.run(functools.partial(self._encode, list(texts), len(texts), query=True))
 
 
 def _model_name(path: str) -> str:
