@@ -68,11 +68,32 @@ def test_the_float_graph_is_the_released_model(reference: np.ndarray) -> None:
     assert np.min(np.sum(vectors * reference, axis=1)) > 0.9999
 
 
+def test_smoothing_leaves_the_float_model_unchanged(reference: np.ndarray) -> None:
+    """x / s times s W is x W: smoothed but not quantised, the graph is the release's model still."""
+    import onnxruntime
+
+    weights, tokenizer = _mpnet._released_files()
+    ranges = _mpnet.activation_ranges(weights, tokenizer)
+    assert sorted(ranges) == sorted(f"encoder.layer.{n}.{part}" for n in range(12)
+                                    for part in ("attention.attn.q", "intermediate.dense"))
+    assert all(r.shape == (768,) and (r > 0).all() for r in ranges.values())
+    assert max(float(r.max() / np.median(r)) for r in ranges.values()) > 10  # the outlier features it is for
+    session = onnxruntime.InferenceSession(_mpnet._encoder(weights, ranges=ranges).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+
+    class Smoothed(_mpnet.OnnxMPNet):
+        def session(self, threads: int) -> tuple[object, bool]:
+            return session, False
+
+    vectors = Smoothed().embed(TEXTS, threads=1, batch_size=8)
+    assert np.min(np.sum(vectors * reference, axis=1)) > 0.9999
+
+
 async def test_the_int8_model_stays_close_to_the_float_one(cache: Path, reference: np.ndarray) -> None:
     embedder = MPNetEmbedder(cache)
     vectors = np.asarray(await embedder.embed(TEXTS))
     cosines = np.sum(vectors * reference, axis=1)
-    assert vectors.shape == (len(TEXTS), 768) and cosines.mean() > 0.99 and cosines.min() > 0.97, cosines
+    assert vectors.shape == (len(TEXTS), 768) and cosines.mean() > 0.996 and cosines.min() > 0.98, cosines
     # the neighbours it finds are the float model's
     ours, theirs = np.argsort(-(vectors @ vectors.T), axis=1)[:, 1:4], np.argsort(-(reference @ reference.T),
                                                                                    axis=1)[:, 1:4]
