@@ -317,8 +317,9 @@ def activation_ranges(weights: dict[str, np.ndarray], tokenizer_json: bytes) -> 
     import onnxruntime
     from tokenizers import Tokenizer
 
-    session = onnxruntime.InferenceSession(_encoder(weights, probes=True).SerializeToString(),
-                                           providers=["CPUExecutionProvider"])
+    probing = _encoder(weights, probes=True).SerializeToString()  # (the graph itself is let go first)
+    session = onnxruntime.InferenceSession(probing, providers=["CPUExecutionProvider"])
+    del probing
     probes = [o.name for o in session.get_outputs() if o.name.startswith(_PROBE)]
     tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
     largest: dict[str, np.ndarray] = {}
