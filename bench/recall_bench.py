@@ -10,6 +10,7 @@
     python bench/recall_bench.py --latency 10000 --embedders minilm-torch,minilm-onnx  # backends, interleaved
     python bench/recall_bench.py --latency 10000 --beside /usr/share/doc  # documents in the same file too
     python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
+    python bench/recall_bench.py --fixture fresh          # only the fresh one (written last, measured once)
 
 The fixture (tests/fixtures/conversations.py: 506 turns of dated multi-session conversations between
 named people, 279 questions with annotated evidence turns) is stored through `SemanticMemory.remember`
@@ -318,22 +319,23 @@ async def main() -> None:
     parser.add_argument("--latency-queries", type=int, default=100)
     parser.add_argument("--beside", type=Path, default=None,
                         help="with --latency: also store the Markdown and text files under this folder, in chunks")
-    parser.add_argument("--fixture", choices=("dev", "held-out", "both"), default="both",
-                        help="the dev conversations (tuned on), the held-out one (never tuned on), or both")
+    parser.add_argument("--fixture", choices=("dev", "held-out", "fresh", "both", "all"), default="both",
+                        help="the dev conversations (tuned on), the held-out one (never tuned on), the fresh one "
+                             "(written last, measured once), both dev and held-out, or all three")
     args = parser.parse_args()
     if args.beside is not None and not args.latency:
         parser.error("--beside is for --latency runs")
     if args.latency:
         await latency(args.embedders.split(","), args.latency, args.latency_queries, args.beside)
         return
-    for held_out in {"dev": [False], "held-out": [True], "both": [False, True]}[args.fixture]:
-        await run_fixture(args, held_out)
+    chosen = {"both": ["dev", "held-out"], "all": ["dev", "held-out", "fresh"]}.get(args.fixture, [args.fixture])
+    for fixture in chosen:
+        await run_fixture(args, fixture)
 
 
-async def run_fixture(args: argparse.Namespace, held_out: bool) -> None:
-    turns, questions = load(held_out=held_out)
+async def run_fixture(args: argparse.Namespace, fixture: str) -> None:
+    turns, questions = load(held_out=fixture == "held-out", fresh=fixture == "fresh")
     kinds = sorted({q.kind for q in questions})
-    fixture = "held-out" if held_out else "dev"
     print(f"\n## {fixture} fixture: {len(turns)} turns, {len(questions)} questions "
           + ", ".join(f"{kind} {sum(q.kind == kind for q in questions)}" for kind in kinds))
     for name in args.embedders.split(","):

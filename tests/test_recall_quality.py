@@ -182,3 +182,21 @@ async def test_local_embedder_embeds_a_query_as_it_embeds_a_text() -> None:
     assert await local.embed_queries([]) == []
     with pytest.raises(UsageError, match="query_threads"):
         LocalEmbedder(query_threads=0)
+
+
+@pytest.mark.parametrize("options", [{}, {"held_out": True}, {"fresh": True}], ids=["dev", "held-out", "fresh"])
+def test_each_recall_fixture_is_well_formed(options: dict[str, bool]) -> None:
+    turns, questions = load(**options)
+    ids = [t.id for t in turns]
+    assert len(ids) == len(set(ids)) and len(turns) >= 150 and len(questions) >= 100
+    assert all(q.evidence and set(q.evidence) <= set(ids) for q in questions)
+    assert {q.kind for q in questions} == {"single-hop", "multi-hop", "temporal", "open-domain"}
+    # multi-hop questions gather evidence from more than one session
+    assert all(len({i.split("-")[0] for i in q.evidence}) >= 2 for q in questions if q.kind == "multi-hop")
+    assert not set(ids) & {t.id for other in ({}, {"held_out": True}, {"fresh": True}) if other != options
+                           for t in load(**other)[0]}
+
+
+def test_one_recall_fixture_at_a_time() -> None:
+    with pytest.raises(ValueError, match="one fixture at a time"):
+        load(held_out=True, fresh=True)
