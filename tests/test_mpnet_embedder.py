@@ -216,6 +216,22 @@ async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVect
         await _embedders(chat_vectors, ["odd"])
 
 
+async def test_the_cli_says_when_the_model_will_be_built_first(
+        chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], cache: Path) -> None:
+    from contextpipe.cli import _embedders
+
+    monkeypatch.setenv("CONTEXTPIPE_CACHE", str(tmp_path / "empty"))
+    assert not _mpnet.built()
+    await _embedders(chat_vectors, ["memory"])
+    assert "built on first use, once" in capsys.readouterr().err
+    _mpnet.model_files(cache)
+    monkeypatch.setenv("CONTEXTPIPE_CACHE", str(cache))
+    assert _mpnet.built()
+    await _embedders(chat_vectors, ["memory"])
+    assert "built on first use" not in capsys.readouterr().err
+
+
 async def test_the_cli_does_without_mpnet_where_its_cache_cannot_be_made(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch) -> None:
     from contextpipe.cli import _embedders

