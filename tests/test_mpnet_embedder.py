@@ -78,6 +78,15 @@ def test_smoothing_leaves_the_float_model_unchanged(reference: np.ndarray) -> No
                                     for part in ("attention.attn.q", "intermediate.dense"))
     assert all(r.shape == (768,) and (r > 0).all() for r in ranges.values())
     assert max(float(r.max() / np.median(r)) for r in ranges.values()) > 10  # the outlier features it is for
+    # Factors are powers of two, the same for ranges measured a little differently (another CPU's sums).
+    rows = np.asarray(weights["encoder.layer.0.intermediate.dense.weight"], np.float32).T
+    factors = _mpnet._smoothing(ranges["encoder.layer.0.intermediate.dense"], rows)
+    assert np.array_equal(np.log2(factors), np.rint(np.log2(factors))) and len(set(factors.tolist())) > 3
+    for product, found in ranges.items():
+        parts = [product[:-1] + part for part in "qkv"] if product.endswith(".q") else [product]
+        rows = np.concatenate([np.asarray(weights[part + ".weight"], np.float32).T for part in parts], axis=1)
+        for noise in (1 - 1e-6, 1 + 1e-6):
+            assert np.array_equal(_mpnet._smoothing(found * noise, rows), _mpnet._smoothing(found, rows))
     session = onnxruntime.InferenceSession(_mpnet._encoder(weights, ranges=ranges).SerializeToString(),
                                            providers=["CPUExecutionProvider"])
 

