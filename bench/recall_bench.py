@@ -12,8 +12,9 @@
     python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
     python bench/recall_bench.py --fixture fresh          # only the fresh one (written last, measured once)
 
-The fixture (tests/fixtures/conversations.py: 506 turns of dated multi-session conversations between
-named people, 279 questions with annotated evidence turns) is stored through `SemanticMemory.remember`
+A fixture (tests/fixtures/conversations.py: dated multi-session conversations between named people
+with annotated evidence turns; dev 506 turns and 279 questions, held-out 178 and 110, fresh 155 and
+100) is stored through `SemanticMemory.remember`
 one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);

@@ -272,7 +272,7 @@ async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, 
             err.print(f"[dim]{collection}: word matching; for meaning: {hint}[/dim]")
         chosen[collection] = made.setdefault(name, make())
     if "all-mpnet-base-v2" in made and not _mpnet.built():
-        err.print(f"[dim]all-mpnet-base-v2: its int8 model is built on first use, once (about 10 seconds, 2 GB of "
+        err.print(f"[dim]all-mpnet-base-v2: its int8 model is built on first use, once (about 15 seconds, 2 GB of "
                   f"memory, in {escape(str(_mpnet.cache_folder()))})[/dim]")
     return chosen
 

