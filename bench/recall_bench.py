@@ -10,7 +10,7 @@
     python bench/recall_bench.py --latency 10000 --embedders minilm-torch,minilm-onnx  # backends, interleaved
     python bench/recall_bench.py --latency 10000 --beside /usr/share/doc  # documents in the same file too
     python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
-    python bench/recall_bench.py --fixture fresh          # only the fresh one (written last, measured once)
+    python bench/recall_bench.py --fixture fresh          # only the fresh one (written last, never tuned on)
 
 A fixture (tests/fixtures/conversations.py: dated multi-session conversations between named people
 with annotated evidence turns; dev 506 turns and 279 questions, held-out 178 and 110, fresh 155 and
@@ -322,7 +322,7 @@ async def main() -> None:
                         help="with --latency: also store the Markdown and text files under this folder, in chunks")
     parser.add_argument("--fixture", choices=("dev", "held-out", "fresh", "both", "all"), default="both",
                         help="the dev conversations (tuned on), the held-out one (never tuned on), the fresh one "
-                             "(written last, measured once), both dev and held-out, or all three")
+                             "(written last, never tuned on), both dev and held-out, or all three")
     args = parser.parse_args()
     if args.beside is not None and not args.latency:
         parser.error("--beside is for --latency runs")

