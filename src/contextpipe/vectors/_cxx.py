@@ -35,6 +35,11 @@ def prepare() -> None:
         pass
 
 
+CLASH = ("usearch was imported before contextpipe.vectors, and importing onnxruntime after it would crash this "
+         "process (their C++ runtimes clash): import contextpipe.vectors first")
+"""What to tell a user when `onnxruntime_is_safe` is false."""
+
+
 def onnxruntime_is_safe() -> bool:
     """Whether importing onnxruntime now cannot hit usearch's C++ runtime clash."""
     if sys.platform != "linux" or "onnxruntime" in sys.modules:

@@ -109,8 +109,7 @@ def model_files(folder: Path | None = None) -> tuple[Path, Path]:
     if missing:
         raise UsageError(f"building all-mpnet-base-v2's model file needs {' and '.join(missing)}: {INSTALL}")
     if not _cxx.onnxruntime_is_safe():
-        raise UsageError("usearch was imported before contextpipe.vectors, and importing onnxruntime after it would "
-                         "crash this process (their C++ runtimes clash): import contextpipe.vectors first")
+        raise UsageError(_cxx.CLASH)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with _build_lock(folder):

@@ -132,9 +132,7 @@ class OnnxMiniLM:
 
     def _open(self, threads: int) -> Any:
         if not _cxx.onnxruntime_is_safe():
-            raise UsageError("usearch was imported before contextpipe.vectors, and importing onnxruntime after it "
-                             "would crash this process (their C++ runtimes clash): import contextpipe.vectors "
-                             f"first{self.instead}")
+            raise UsageError(_cxx.CLASH + self.instead)
         try:
             import onnxruntime
         except ImportError as exc:
