@@ -24,7 +24,7 @@ from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors import sqlite as vectors_sqlite
-from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, rrf
+from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, matches, rrf
 from contextpipe.vectors.sqlite import _PENDING_MAX, _depth, _index_keys
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
@@ -77,6 +77,43 @@ def test_the_in_memory_store_ranks_keywords_as_sqlite_fts5_does(texts: list[list
 
     memory, sqlite = asyncio.run(scores(MemoryVectorStore())), asyncio.run(scores(SQLiteVectorStore(":memory:")))
     assert memory == {i: pytest.approx(score, rel=1e-9, abs=1e-12) for i, score in sqlite.items()}
+
+
+_ABSENT = object()  # a record without the field
+_VALUES = st.sampled_from([_ABSENT, None, "x", "y", 3])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(_VALUES, min_size=1, max_size=8),
+       wanted=st.one_of(_VALUES.filter(lambda v: v is not _ABSENT),
+                        st.lists(_VALUES.filter(lambda v: v is not _ABSENT), max_size=3)))
+async def test_a_filter_matches_the_same_records_in_every_search(vectors: VectorStore, values: list[object],
+                                                                  wanted: object) -> None:
+    """Vector, keyword and hybrid search, count and delete keep the records `matches` keeps; None is "no value".
+
+    A filter on None keeps records whose field is null or missing, alike on every store and every path
+    (SQLite answers from its in-memory postings once a collection is loaded, from SQL before).
+    """
+    collection = f"c{uuid.uuid4().hex[:8]}"
+    records = [VectorRecord(f"r{i}", [1.0, float(i)], f"shared words {i}",
+                            {"n": i} if value is _ABSENT else {"n": i, "agent": value})
+               for i, value in enumerate(values)]
+    await vectors.upsert(collection, records)
+    where = {"agent": wanted}
+    want = {r.id for r in records if matches(r.metadata, where)}
+    n = len(records)
+    searches = [lambda s: s.search(collection, [1.0, 0.5], k=n, where=where),
+                lambda s: s.search(collection, text="shared words", k=n, where=where),
+                lambda s: s.search(collection, [1.0, 0.5], text="shared", k=n, where=where)]
+    for search in searches:
+        if isinstance(vectors, SQLiteVectorStore):  # a store that has not loaded the collection: SQL
+            cold = SQLiteVectorStore(vectors.path)
+            assert {h.id for h in await search(cold)} == want
+            await cold.close()
+        assert {h.id for h in await search(vectors)} == want
+    assert await vectors.count(collection, where=where) == len(want)
+    assert await vectors.delete(collection, where=where) == len(want)
+    assert await vectors.count(collection) == len(records) - len(want)
 
 
 async def test_keyword_search_finds_words_with_combining_marks(vectors: VectorStore) -> None:

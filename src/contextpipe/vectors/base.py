@@ -17,7 +17,8 @@ __all__ = ["Embedder", "Fusion", "SearchHit", "VectorRecord", "VectorStore", "Wh
            "embed_query", "fuse", "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
-"""Metadata filter: every key must equal its value (or be one of the values, for a list)."""
+"""Metadata filter: every key must equal its value (or be one of the values, for a list); None matches a
+record without the key (or with it null)."""
 
 Fusion = Literal["combmnz", "rrf"]
 """How a hybrid search fuses its rankings: `combmnz` (scores, the default) or `rrf` (ranks)."""

@@ -124,12 +124,18 @@ class PgVectorStore(VectorStore):
         clauses: list[str] = []
         params: list[Any] = []
         for key, value in (where or {}).items():
+            # None stands for no value: the key missing or null.
+            empty = f"coalesce(metadata -> '{key}', 'null'::jsonb) = 'null'::jsonb"
             if isinstance(value, list | tuple | set | frozenset):
                 marks = []
                 for v in value:
-                    params.append(json.dumps(v))
-                    marks.append(f"${start + len(params)}::jsonb")
-                clauses.append(f"metadata -> '{key}' IN ({', '.join(marks)})" if marks else "false")
+                    if v is not None:
+                        params.append(json.dumps(v))
+                        marks.append(f"${start + len(params)}::jsonb")
+                clause = f"metadata -> '{key}' IN ({', '.join(marks)})" if marks else "false"
+                clauses.append(f"({clause} OR {empty})" if len(marks) < len(value) else clause)
+            elif value is None:
+                clauses.append(empty)
             else:
                 params.append(json.dumps({key: value}))
                 clauses.append(f"metadata @> ${start + len(params)}::jsonb")

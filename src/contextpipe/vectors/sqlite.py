@@ -338,7 +338,7 @@ class _Collection:
     def _field_keys(self, field: str, wanted: Any) -> set[int]:
         """Return the keys whose `field` is `wanted` (or one of them); may be a live posting set."""
         values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
-        if not all(_hashable(v) for v in values):
+        if None in values or not all(_hashable(v) for v in values):  # (None: also records without the field)
             return {k for k, r in self.records.items() if matches(r[2], {field: wanted})}
         by_value = self.postings.get(field, {})
         found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
@@ -1173,10 +1173,18 @@ def _json_where(where: Where | None, column: str = "metadata") -> tuple[list[str
     clauses: list[str] = []
     params: list[Any] = []
     for key, value in (where or {}).items():
+        # None stands for no value: the key missing or null (json_extract gives NULL for both).
         if isinstance(value, list | tuple | set | frozenset):
-            values = list(value)
-            clauses.append(f"json_extract({column}, ?) IN ({','.join('?' * len(values))})")
+            values = [v for v in value if v is not None]
+            clause = f"json_extract({column}, ?) IN ({','.join('?' * len(values))})"
             params += [f"$.{key}", *values]
+            if len(values) < len(value):
+                clause = f"({clause} OR json_extract({column}, ?) IS NULL)"
+                params.append(f"$.{key}")
+            clauses.append(clause)
+        elif value is None:
+            clauses.append(f"json_extract({column}, ?) IS NULL")
+            params.append(f"$.{key}")
         else:
             clauses.append(f"json_extract({column}, ?) = ?")
             params += [f"$.{key}", value]
