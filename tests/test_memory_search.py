@@ -431,3 +431,68 @@ async def test_names_lookup_returns_the_same_first_memories_whatever_k() -> None
         for hit in ten:  # the vector side's own score (the cosine similarity of the searched vector), not a fused one
             if hit.vector_score is not None:
                 assert hit.vector_score == pytest.approx(cosine[hit.id])
+
+
+class ShuffledEmbedder(HashEmbedder):
+    """Another model of the same size: HashEmbedder's vectors, each reversed (so cosines to them mean nothing)."""
+
+    @property
+    def name(self) -> str:
+        return "shuffled-256"
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [v[::-1] for v in await super().embed(texts)]
+
+
+async def test_a_collection_another_model_embedded_is_refused_before_anything_is_stored(
+        vectors: VectorStore, tmp_path: Path) -> None:
+    """Same vector size, other model: memory, facts, document search and ingestion refuse it, saying which."""
+    from contextpipe.providers import FactMemory
+
+    session = Session("s1", state={"user_id": "u1"})
+    first = SemanticMemory(vectors, HashEmbedder())
+    await first.remember([Message.user("My sister Rosa moved to Lisbon in March.")], session)
+    [hit] = await first.recall("Where did Rosa move?", session)
+    assert hit.metadata["embedder"] == "hash-256"
+    other = SemanticMemory(vectors, ShuffledEmbedder())
+    refused = "the 'memory' collection holds 1 record embedded by hash-256, not shuffled-256"
+    with pytest.raises(UsageError, match=refused):
+        await other.recall("Where did Rosa move?", session)
+    with pytest.raises(UsageError, match=refused):
+        await other.remember([Message.user("Rosa likes the trams there.")], session)
+    assert await vectors.count("memory") == 1  # nothing was written
+    assert [h.id for h in await SemanticMemory(vectors, HashEmbedder()).recall("Rosa Lisbon", session)] == [hit.id]
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "refunds.md").write_text("# Refunds\nCustomers can get refunds within 30 days of purchase.")
+    assert await ingest_folder(docs, vectors, HashEmbedder()) == 1
+    with pytest.raises(UsageError, match="'documents' collection holds 1 record embedded by hash-256"):
+        await ingest_folder(docs, vectors, ShuffledEmbedder())
+    search = TextSearch.from_vector_store(vectors, ShuffledEmbedder())
+    with pytest.raises(UsageError, match="embedded by hash-256, not shuffled-256"):
+        await search.search("refunds")
+    keywords = TextSearch.from_vector_store(vectors, ShuffledEmbedder(), search="keywords")  # no vectors compared
+    assert [r.source for r in await keywords.search("refunds")] == ["refunds.md"]
+
+    extractor = ScriptedModel(['{"add": ["Her sister Rosa lives in Lisbon."], "update": [], "delete": []}'])
+    await Agent(ScriptedModel(["Noted."]), providers=[FactMemory(extractor, vectors, HashEmbedder())]).run(
+        "My sister Rosa moved to Lisbon.", session=session)
+    assert await vectors.count("facts") == 1
+    other_facts = FactMemory(ScriptedModel(), vectors, ShuffledEmbedder())
+    with pytest.raises(UsageError, match="'facts' collection holds 1 record embedded by hash-256"):
+        await other_facts.facts(session, "Rosa")
+
+
+async def test_records_that_do_not_say_their_model_are_taken_as_the_embedders(vectors: VectorStore) -> None:
+    """Memories stored before the model was recorded (or an application's own records) are searched as before."""
+    session = Session("s1", state={"user_id": "u1"})
+    [vector] = await HashEmbedder().embed(["Rosa: I moved to Lisbon in March."])
+    await vectors.upsert("memory", [VectorRecord("old", vector, "I moved to Lisbon in March.",
+                                                 {"tenant": "default", "user_id": "u1", "author": "Rosa"})])
+    memory = SemanticMemory(vectors, HashEmbedder())
+    await memory.remember([Message.user("The trams there are yellow.")], session)
+    assert {h.id for h in await memory.recall("Rosa Lisbon trams", session)} >= {"old"}
+    assert await vectors.count("memory", where={"embedder": "hash-256"}) == 1
+    with pytest.raises(UsageError, match="holds 1 record embedded by hash-256, not shuffled-256"):
+        await SemanticMemory(vectors, ShuffledEmbedder()).recall("Lisbon", session)

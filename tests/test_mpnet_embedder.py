@@ -225,6 +225,23 @@ async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVect
         await _embedders(chat_vectors, ["odd"])
 
 
+async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: SQLiteVectorStore,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Records that say which model made them: that one, or a refusal when it is not one the CLI runs."""
+    from contextpipe.cli import _embedders
+
+    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.",
+                                                      {"embedder": "all-MiniLM-L6-v2"})])
+    assert isinstance((await _embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
+    assert "memory: vectors made by all-MiniLM-L6-v2, so it is kept for them" in capsys.readouterr().err
+    # Same size as all-MiniLM-L6-v2's, another model: searching them with it would rank at random.
+    await chat_vectors.upsert("notes", [VectorRecord("n1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.",
+                                                     {"embedder": "multilingual-e5-small-q4"})])
+    with pytest.raises(UsageError, match=r"'notes' collection holds 1 record embedded by multilingual-e5-small-q4, "
+                                         r"not all-MiniLM-L6-v2, .*; use another --db"):
+        await _embedders(chat_vectors, ["notes"])
+
+
 async def test_the_cli_says_when_the_model_will_be_built_first(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str], cache: Path) -> None:

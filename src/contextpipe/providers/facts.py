@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
 from ..session import ProviderState, Session, user_id
-from ..vectors.base import Embedder, VectorRecord, VectorStore
+from ..vectors.base import EMBEDDER_KEY, Embedder, VectorRecord, VectorStore, check_embedder
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class FactMemory(ContextProvider):
         self.pending = ProviderState(f"{source_id}.pending", _Pending)
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: dict[tuple[str, str], list[str]] = {}
+        self._checked = False  # whether the collection's vectors are known to be the embedder's
 
     @property
     def state_keys(self) -> tuple[str, ...]:
@@ -88,6 +89,9 @@ class FactMemory(ContextProvider):
         where = self._scope(session)
         if where is None:
             return []
+        if not self._checked:
+            await check_embedder(self.vectors, self.collection, self.embedder)
+            self._checked = True
         [vector] = await self.embedder.embed([query or "facts about the user"])
         hits = await self.vectors.search(self.collection, vector, k=k or self.k, where=where)
         return [(h.id, h.text) for h in hits]
@@ -152,7 +156,8 @@ class FactMemory(ContextProvider):
         if records:
             vectors = await self.embedder.embed([text for _, text in records])
             await self.vectors.upsert(self.collection, [
-                VectorRecord(fid, v, text, {**where, "session_id": session.id, "updated_at": time.time()})
+                VectorRecord(fid, v, text, {**where, "session_id": session.id, "updated_at": time.time(),
+                                         EMBEDDER_KEY: self.embedder.name})
                 for (fid, text), v in zip(records, vectors, strict=True)])
 
 

@@ -22,10 +22,12 @@ from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id
 from ..vectors.base import (
+    EMBEDDER_KEY,
     Embedder,
     SearchHit,
     VectorRecord,
     VectorStore,
+    check_embedder,
     embed_queries,
     embed_query,
     keyword_terms,
@@ -95,6 +97,10 @@ class SemanticMemory(ContextProvider):
     otherwise outweigh what is asked about; the keyword side searches the question as asked). Better
     recall (README) for a few milliseconds more per recall: both are embedded in one batch.
 
+    Each memory also records which model embedded it (`EMBEDDER_KEY`, the embedder's name): a
+    collection holding another model's vectors is refused (`UsageError`) on first use, before
+    anything is searched or stored, as the two models' similarities mean nothing to each other.
+
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
 
@@ -143,6 +149,7 @@ class SemanticMemory(ContextProvider):
         self.window_after = window_after
         self.names_lookup = names_lookup
         self._recent: OrderedDict[str, list[float]] = OrderedDict()  # line -> vector, newest last
+        self._checked = False  # whether the collection's vectors are known to be the embedder's
 
     def _where(self, session: Session | None) -> dict[str, Any] | None:
         if session is None:
@@ -177,6 +184,7 @@ class SemanticMemory(ContextProvider):
         where = self._where(session)
         if where is None or not query.strip():
             return []
+        await self._check_embedder()
         want = (self.k if k is None else k) + len(exclude)
         # The query is embedded while the store's keyword side searches (hybrid).
         vector = None if self.search_mode == "keywords" else self._query_vector(query)
@@ -249,6 +257,7 @@ class SemanticMemory(ContextProvider):
         turns = [m for m in messages if m.role in self.roles and m.text.strip()]
         if not turns:
             return 0
+        await self._check_embedder()
         named = [(m, self.author(m, session)) for m in [*before, *turns]]
         lines = [f"{name}: {m.text.strip()}" for m, name in named]
         first = len(before)
@@ -263,7 +272,8 @@ class SemanticMemory(ContextProvider):
             after = lines[at + 1:at + 1 + self.window_after]
             meta: dict[str, Any] = {
                 "tenant": session.tenant, "session_id": session.id, "user_id": user, "agent": self.agent_name,
-                "role": m.role, "author": named[at][1], "created_at": m.created_at or time.time()}
+                "role": m.role, "author": named[at][1], "created_at": m.created_at or time.time(),
+                EMBEDDER_KEY: self.embedder.name}
             if window:
                 meta["before"] = _clip(window[-1])
             if after:
@@ -271,6 +281,12 @@ class SemanticMemory(ContextProvider):
             records.append(VectorRecord(m.id, vector, m.text, meta, keywords="\n".join([*window, lines[at], *after])))
         await self.vectors.upsert(self.collection, records)
         return len(turns)
+
+    async def _check_embedder(self) -> None:
+        """Refuse (once it passed, no more checks) a collection whose vectors another model made."""
+        if not self._checked:
+            await check_embedder(self.vectors, self.collection, self.embedder)
+            self._checked = True
 
     async def _embed_lines(self, lines: list[str]) -> list[list[float]]:
         """Embed `lines`, reusing the vectors of lines embedded lately.

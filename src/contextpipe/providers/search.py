@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import UsageError
 from ..messages import Message
 from ..tools import Tool, ToolOutcome
-from ..vectors.base import Embedder, VectorStore, Where, embed_query
+from ..vectors.base import Embedder, VectorStore, Where, check_embedder, embed_query
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -78,13 +78,20 @@ class TextSearch(ContextProvider):
         """Search a collection of document chunks (metadata ``source`` and optional ``link``).
 
         `search`: ``"hybrid"`` (the store's keyword index and vectors, fused; the default),
-        ``"vector"`` or ``"keywords"``; `min_score` applies to the vector similarity.
+        ``"vector"`` or ``"keywords"``; `min_score` applies to the vector similarity. The first vector
+        or hybrid search refuses (`UsageError`) a collection that another model than `embedder`
+        embedded (`check_embedder`).
         """
         if search not in ("hybrid", "vector", "keywords"):
             raise UsageError(f"search must be 'hybrid', 'vector' or 'keywords', got {search!r}")
         mode = search
+        checked = False  # whether the collection's vectors are known to be the embedder's
 
         async def search_fn(query: str) -> list[SearchResult]:
+            nonlocal checked
+            if not checked and mode != "keywords":
+                await check_embedder(vectors, collection, embedder)
+                checked = True
             vector = None if mode == "keywords" else embed_query(embedder, query)  # keywords search meanwhile
             hits = await vectors.search(collection, vector, k=k, where=where, min_score=min_score,
                                         text=None if mode == "vector" else query)

@@ -13,8 +13,8 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from ..errors import UsageError
 
-__all__ = ["Embedder", "Fusion", "SearchHit", "VectorRecord", "VectorStore", "Where", "combmnz", "embed_queries",
-           "embed_query", "fuse", "keyword_terms", "rrf"]
+__all__ = ["EMBEDDER_KEY", "Embedder", "Fusion", "SearchHit", "VectorRecord", "VectorStore", "Where",
+           "check_embedder", "combmnz", "embed_queries", "embed_query", "fuse", "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
 """Metadata filter: every key must equal its value (or be one of the values, for a list); None matches a
@@ -301,6 +301,49 @@ async def _resolve(vector: Sequence[float] | Awaitable[Sequence[float]] | None) 
     if inspect.isawaitable(vector):
         return await vector
     return vector
+
+
+EMBEDDER_KEY: Final = "embedder"
+"""The metadata key naming the model that embedded a record (`Embedder.name`).
+
+`SemanticMemory`, `FactMemory` and `ingest_folder` write it on every record, and `check_embedder`
+reads it: vectors of two models cannot be compared, even when they have the same size.
+"""
+
+
+async def check_embedder(vectors: VectorStore, collection: str, embedder: Embedder) -> None:
+    """Refuse to use `embedder` on `collection` when the collection holds vectors another model made.
+
+    A record's model is its `EMBEDDER_KEY` metadata; records without one (stored before contextpipe
+    wrote it, or by the application) are taken to be `embedder`'s. Raises `UsageError` saying how
+    many records another model made (and which, when one of the nearest to a probe vector says so).
+
+    >>> import asyncio
+    >>> from contextpipe.vectors import HashEmbedder, MemoryVectorStore
+    >>> store = MemoryVectorStore()
+    >>> asyncio.run(store.upsert("notes", [VectorRecord("a", [1.0] * 64, "hi", {EMBEDDER_KEY: "model-a"})]))
+    >>> asyncio.run(check_embedder(store, "notes", HashEmbedder(64)))
+    Traceback (most recent call last):
+    ...
+    contextpipe.errors.UsageError: the 'notes' collection holds 1 record embedded by model-a, not hash-64, ...
+    """
+    name = embedder.name
+    total = await vectors.count(collection)
+    if not total:
+        return
+    others = total - await vectors.count(collection, where={EMBEDDER_KEY: [name, None]})
+    if others <= 0:
+        return
+    by = "another model"
+    try:
+        probe = [1.0] + [0.0] * (embedder.dimension - 1)
+        hits = await vectors.search(collection, probe, k=50)
+    except UsageError:  # vectors of another size
+        hits = []
+    by = next((str(m) for h in hits if (m := h.metadata.get(EMBEDDER_KEY)) not in (None, name)), by)
+    raise UsageError(f"the {collection!r} collection holds {others:,} record{'s' * (others != 1)} embedded by {by}, "
+                     f"not {name}, and vectors of two models cannot be compared: use the embedder that made them, "
+                     "or another collection")
 
 
 async def embed_query(embedder: Embedder, text: str) -> list[float]:

@@ -24,7 +24,7 @@ from typing import Final
 
 from ..errors import UsageError
 from ..tokens import Tokenizer, tokenizer_for_model
-from .base import Embedder, VectorRecord, VectorStore
+from .base import EMBEDDER_KEY, Embedder, VectorRecord, VectorStore, check_embedder
 
 __all__ = ["Chunk", "chunk_markdown", "chunk_text", "ingest_folder"]
 
@@ -264,11 +264,13 @@ async def ingest_folder(
 
     Files are cut with `chunk_markdown` (``.md`` / ``.markdown`` files by their Markdown structure,
     others by paragraphs) into chunks of at most `max_tokens`. Each chunk's metadata has ``source``
-    (the file's path relative to `folder`), ``heading`` (its section, for citations) and ``chunk``;
-    ids are stable, so indexing again replaces rather than duplicates. `progress(done, total)` is
-    called after each file.
+    (the file's path relative to `folder`), ``heading`` (its section, for citations), ``chunk`` and
+    ``embedder`` (the model's name; a collection another model embedded is refused); ids are stable,
+    so indexing again replaces rather than duplicates. `progress(done, total)` is called after each
+    file.
     """
     root = Path(folder)
+    await check_embedder(vectors, collection, embedder)
     tokenizer = tokenizer or await asyncio.to_thread(tokenizer_for_model, "text-embedding-3-small")
 
     def list_files() -> list[Path]:
@@ -286,7 +288,7 @@ async def ingest_folder(
             embedded = await embedder.embed([c.text for c in part])
             await vectors.upsert(collection, [
                 VectorRecord(hashlib.sha1(f"{rel}:{start + i}".encode()).hexdigest(), v, c.text,
-                             {"source": rel, "heading": c.heading, "chunk": start + i})
+                             {"source": rel, "heading": c.heading, "chunk": start + i, EMBEDDER_KEY: embedder.name})
                 for i, (c, v) in enumerate(zip(part, embedded, strict=True))])
         await vectors.delete(collection, where={"source": rel, "chunk": list(range(len(chunks), len(chunks) + 1000))})
         total += len(chunks)
