@@ -19,7 +19,8 @@ one session at a time, and each question is recalled through `SemanticMemory.rec
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
 Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
 ``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the two
-after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it.
+after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it, and
+rank short turns down (``short_turn_words=5``) but in the row that says ``short_turn_words=0``.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
                     questions: list[Question], variants: bool) -> list[tuple[str, Result]]:
     rows = []
     await store_baseline(vectors, embedder, "baseline", turns)
-    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0, names_lookup=False)
+    old = SemanticMemory(vectors, embedder, collection="baseline", search="vector", window=0, names_lookup=False,
+                         short_turn_words=0)
     rows.append((f"{label}: baseline (bare text, vectors)", await measure(old, questions)))
     memory = SemanticMemory(vectors, embedder, collection="named")
     await store_fixture(memory, turns)
@@ -190,6 +192,10 @@ async def run_store(label: str, vectors: VectorStore, embedder: Cached, turns: l
         memory.search_mode, memory.names_lookup = mode, names  # type: ignore[assignment]
         suffix = (" + names_lookup" if names else "") + (" (default)" if mode == "hybrid" and names else "")
         rows.append((f"{label}: {mode}{suffix}", await measure(memory, questions)))
+    memory.short_turn_words = 0
+    rows.append((f"{label}: hybrid + names_lookup, short_turn_words=0 (the default before)",
+                 await measure(memory, questions)))
+    memory.short_turn_words = 5
     if variants:
         bare = SemanticMemory(vectors, embedder, collection="nowindow", window=0, window_after=0)
         await store_fixture(bare, turns)
@@ -276,11 +282,14 @@ async def latency(embedder_names: list[str], n: int, queries: int, beside: Path 
         # Per embedder: the whole recall without and with names_lookup (the default), the query embedding alone.
         live = {name: SemanticMemory(vectors, inner, names_lookup=False) for name, inner in inners.items()}
         names = {name: SemanticMemory(vectors, inner) for name, inner in inners.items()}
+        unranked = {name: SemanticMemory(vectors, inner, short_turn_words=0) for name, inner in inners.items()}
         for name in inners:
             await live[name].recall("warm up", asker)
             await names[name].recall("warm up, Maya", asker)
+            await unranked[name].recall("warm up, Maya", asker)
         steps = [("search", "")] + [(step, name) for name in inners
-                                    for step in ("recall, no names_lookup", "embedding", "recall (default)")]
+                                    for step in ("recall, no names_lookup", "embedding", "recall (default)",
+                                                 "recall, short_turn_words=0")]
         # Interleaved per question, rotating the order. CPU time is the process's (all threads); each
         # question's text is fresh to the embedder.
         wall: dict[tuple[str, str], list[float]] = {step: [] for step in steps}
@@ -295,6 +304,8 @@ async def latency(embedder_names: list[str], n: int, queries: int, beside: Path 
                     await live[name].recall(q.question, asker)
                 elif kind == "recall (default)":
                     await names[name].recall(q.question, asker)
+                elif kind == "recall, short_turn_words=0":
+                    await unranked[name].recall(q.question, asker)
                 elif kind == "embedding":
                     await embed_query(inners[name], q.question)
                 else:

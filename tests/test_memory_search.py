@@ -376,7 +376,7 @@ async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:
 
     embedder = CountingEmbedder()
     vectors = MemoryVectorStore()
-    memory = SemanticMemory(vectors, embedder, k=3, names_lookup=True)
+    memory = SemanticMemory(vectors, embedder, k=3, names_lookup=True, short_turn_words=0)  # (the store's ranking)
     session = Session("maya-1", state={"user_id": "maya"})  # (the author's name is not in the stored text)
     await memory.remember([Message.user("I baked sourdough bread today.", author_name="Maya"),
                            Message.assistant("Nice, Maya! What flour did you use?", author_name="Daniel"),
@@ -496,3 +496,33 @@ async def test_records_that_do_not_say_their_model_are_taken_as_the_embedders(ve
     assert await vectors.count("memory", where={"embedder": "hash-256"}) == 1
     with pytest.raises(UsageError, match="holds 1 record embedded by hash-256, not shuffled-256"):
         await SemanticMemory(vectors, ShuffledEmbedder()).recall("Lisbon", session)
+
+
+async def test_turns_that_say_little_are_ranked_below_those_that_say_more(vectors: VectorStore) -> None:
+    """A reply that shares the question's words but says nothing ranks below the turn that answers it."""
+    session = Session("s1", state={"user_id": "u1"})
+    memory = SemanticMemory(vectors, HashEmbedder(), window=0, window_after=0, short_turn_words=0)
+    await memory.remember([
+        Message.user("The Riverside race went well: I finished the half marathon in two hours nineteen.",
+                     author_name="Maya"),
+        Message.assistant("Maya! The race!", author_name="Daniel"),
+        Message.user("My knees hurt.", author_name="Maya"),
+        Message.assistant("Biscuit ate a loaf of bread off the counter on Thursday.", author_name="Daniel"),
+        Message.user("I bought a pottery wheel second-hand for the living room.", author_name="Maya")], session)
+    question = "How did Maya's race go?"
+    for mode in ("keywords", "vector", "hybrid"):
+        memory.search_mode, memory.short_turn_words = mode, 0  # type: ignore[assignment]
+        plain = {h.id: h for h in await memory.recall(question, session, k=5)}
+        memory.short_turn_words = 5
+        ranked = await memory.recall(question, session, k=5)
+        for hit in ranked:  # each score is the store's times words / (words + 5), or divided by it below 0
+            weight = len(hit.text.split()) / (len(hit.text.split()) + 5)
+            store = plain[hit.id].score
+            assert hit.score == pytest.approx(store * weight if store >= 0 else store / weight)
+        assert [h.score for h in ranked] == sorted((h.score for h in ranked), reverse=True)
+        assert [h.id for h in await memory.recall(question, session, k=1)] == [ranked[0].id]  # whatever k
+        if mode == "keywords":  # "Maya! The race!" holds more of the question's words, for its size
+            assert next(iter(plain.values())).text == "Maya! The race!"
+            assert ranked[0].text.startswith("The Riverside race went well")
+    with pytest.raises(UsageError, match="short_turn_words must be 0"):
+        SemanticMemory(vectors, HashEmbedder(), short_turn_words=-1)

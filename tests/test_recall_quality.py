@@ -109,7 +109,7 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
         VectorRecord(t.id, v, t.text, {"tenant": "default", "user_id": f"conv-{t.conversation}"})
         for t, v in zip(TURNS, bare, strict=True)])
     baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0,
-                                              names_lookup=False),
+                                              names_lookup=False, short_turn_words=0),
                                QUESTIONS, 5)
     memory = SemanticMemory(vectors, embedder)
     await remember_all(memory, TURNS)
@@ -117,23 +117,26 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
     for mode in ("vector", "keywords", "hybrid"):
         memory.search_mode = mode  # type: ignore[assignment]
         found[mode] = await recall_at(memory, QUESTIONS, 5)
+    memory.short_turn_words = 0
+    found["hybrid, short turns not ranked down"] = await recall_at(memory, QUESTIONS, 5)
     print(f"\nrecall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, "
           + ", ".join(f"{mode} {value:.3f}" for mode, value in found.items()))
-    assert found["hybrid"] >= 0.79  # 0.84 SQLite, 0.85 pgvector (bench/recall_bench.py, the default)
+    assert found["hybrid"] >= 0.82  # 0.86 SQLite and pgvector (bench/recall_bench.py, the default)
     assert found["hybrid"] >= max(found["vector"], found["keywords"])
     assert found["hybrid"] >= 1.5 * baseline
+    assert found["hybrid"] > found["hybrid, short turns not ranked down"]  # 0.837 / 0.845
 
 
 async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedder, vectors: VectorStore) -> None:
-    # Never tuned on: its questions paraphrase their evidence (README: 0.48 / 0.55 SQLite without / with the
-    # names lookup, 0.48 / 0.53 pgvector; 0.23 before).
+    # Never tuned on: its questions paraphrase their evidence (README: 0.54 / 0.59 SQLite without / with the
+    # names lookup, 0.52 / 0.57 pgvector; 0.23 before).
     turns, questions = load(held_out=True)
     bare = await embedder.embed([t.text for t in turns])
     await vectors.upsert("bare", [
         VectorRecord(t.id, v, t.text, {"tenant": "default", "user_id": f"conv-{t.conversation}"})
         for t, v in zip(turns, bare, strict=True)])
     baseline = await recall_at(SemanticMemory(vectors, embedder, collection="bare", search="vector", window=0,
-                                              names_lookup=False),
+                                              names_lookup=False, short_turn_words=0),
                                questions, 5)
     memory = SemanticMemory(vectors, embedder, names_lookup=False)
     await remember_all(memory, turns)
@@ -143,7 +146,7 @@ async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedd
     print(f"\nheld-out recall@5 on {type(vectors).__name__}: baseline {baseline:.3f}, hybrid {hybrid:.3f}, "
           f"names_lookup {with_names_lookup:.3f}")
     assert hybrid >= 0.42 and hybrid >= 1.5 * baseline
-    assert with_names_lookup >= 0.50 and with_names_lookup > hybrid
+    assert with_names_lookup >= 0.55 and with_names_lookup > hybrid
 
 
 async def test_the_model_sees_who_said_it_when_and_what_came_before(embedder: CachedEmbedder, tmp_path: Path) -> None:
