@@ -461,6 +461,9 @@ async def test_a_collection_another_model_embedded_is_refused_before_anything_is
     with pytest.raises(UsageError, match=refused):
         await other.remember([Message.user("Rosa likes the trams there.")], session)
     assert await vectors.count("memory") == 1  # nothing was written
+    another_size = "holds 1 record embedded by another model, of another vector size, not hash-64"
+    with pytest.raises(UsageError, match=another_size):
+        await SemanticMemory(vectors, HashEmbedder(64)).recall("Where did Rosa move?", session)
     assert [h.id for h in await SemanticMemory(vectors, HashEmbedder()).recall("Rosa Lisbon", session)] == [hit.id]
 
     docs = tmp_path / "docs"
@@ -511,7 +514,7 @@ async def test_turns_that_say_little_are_ranked_below_those_that_say_more(vector
         Message.user("I bought a pottery wheel second-hand for the living room.", author_name="Maya")], session)
     question = "How did Maya's race go?"
     for mode in ("keywords", "vector", "hybrid"):
-        memory.search_mode, memory.short_turn_words = mode, 0  # type: ignore[assignment]
+        memory.search_mode, memory.short_turn_words = mode, 0
         plain = {h.id: h for h in await memory.recall(question, session, k=5)}
         memory.short_turn_words = 5
         ranked = await memory.recall(question, session, k=5)
@@ -526,3 +529,46 @@ async def test_turns_that_say_little_are_ranked_below_those_that_say_more(vector
             assert ranked[0].text.startswith("The Riverside race went well")
     with pytest.raises(UsageError, match="short_turn_words must be 0"):
         SemanticMemory(vectors, HashEmbedder(), short_turn_words=-1)
+
+
+class AxisEmbedder:
+    """Queries along the first axis; stored texts at the cosines they were given."""
+
+    def __init__(self, cosines: dict[str, float]) -> None:
+        self.cosines = cosines
+
+    @property
+    def name(self) -> str:
+        return "axis-8"
+
+    @property
+    def dimension(self) -> int:
+        return 8
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [[c, float(np.sqrt(1 - c * c))] + [0.0] * 6 for c in (self.cosines.get(t, 1.0) for t in texts)]
+
+
+async def test_the_first_memories_are_the_same_whatever_k_and_whatever_is_excluded(vectors: VectorStore) -> None:
+    """Up to `candidates` (50) matches are ranked again: a smaller k, or excluded ids, never change which come first."""
+    rng = np.random.default_rng(7)
+    words = ["canal", "ferry", "market", "bakery", "garden", "station", "harbour", "museum", "bridge", "tram"]
+    texts = [f"ok {i}" for i in range(40)] + [" ".join(rng.choice(words, 4 + i % 17)) + f" {i}" for i in range(30)]
+    cosines = {text: float(c) for text, c in zip(texts, rng.uniform(0.2, 0.95, len(texts)), strict=True)}
+    embedder = AxisEmbedder(cosines)
+    embedded = await embedder.embed(texts)
+    await vectors.upsert("memory", [
+        VectorRecord(f"m{i}", v, text, {"tenant": "default", "user_id": "u1", "embedder": "axis-8"})
+        for i, (text, v) in enumerate(zip(texts, embedded, strict=True))])
+    memory = SemanticMemory(vectors, embedder, search="vector")
+    session = Session("s1", state={"user_id": "u1"})
+    first = [h.id for h in await memory.recall("what happened", session, k=vectors.candidates)]
+    for k in (1, 3, 5, 20):
+        assert [h.id for h in await memory.recall("what happened", session, k=k)] == first[:k]
+    unrelated = [f"msg_{i}" for i in range(80)]  # context messages that are not memories
+    assert [h.id for h in await memory.recall("what happened", session, k=5, exclude=unrelated)] == first[:5]
+    excluded = await memory.recall("what happened", session, k=5, exclude=first[:2])
+    assert [h.id for h in excluded][:3] == first[2:5]
+    plain = [h.id for h in await SemanticMemory(vectors, embedder, search="vector", short_turn_words=0).recall(
+        "what happened", session, k=5)]
+    assert plain != first[:5]  # (the weighting changed the order: the test says something)

@@ -237,8 +237,9 @@ async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: 
     # Same size as all-MiniLM-L6-v2's, another model: searching them with it would rank at random.
     await chat_vectors.upsert("notes", [VectorRecord("n1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.",
                                                      {"embedder": "multilingual-e5-small-q4"})])
-    with pytest.raises(UsageError, match=r"'notes' collection holds 1 record embedded by multilingual-e5-small-q4, "
-                                         r"not all-MiniLM-L6-v2, .*; use another --db"):
+    with pytest.raises(UsageError, match=r"'notes' collection holds 1 record embedded by another model, of "
+                                         r"another vector size, not all-mpnet-base-v2, .*: the command line runs "
+                                         r"only all-mpnet-base-v2, all-MiniLM-L6-v2, word hashing; use another --db"):
         await _embedders(chat_vectors, ["notes"])
 
 

@@ -128,8 +128,8 @@ async def test_hybrid_recall_on_long_named_conversations(embedder: CachedEmbedde
 
 
 async def test_hybrid_recall_on_the_held_out_conversation(embedder: CachedEmbedder, vectors: VectorStore) -> None:
-    # Never tuned on: its questions paraphrase their evidence (README: 0.54 / 0.59 SQLite without / with the
-    # names lookup, 0.52 / 0.57 pgvector; 0.23 before).
+    # Never tuned on: its questions paraphrase their evidence (README: 0.544 / 0.585 SQLite without / with the
+    # names lookup, 0.524 / 0.567 pgvector; 0.23 before).
     turns, questions = load(held_out=True)
     bare = await embedder.embed([t.text for t in turns])
     await vectors.upsert("bare", [

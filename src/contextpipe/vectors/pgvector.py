@@ -12,10 +12,11 @@ once per record).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import override
@@ -30,6 +31,20 @@ __all__ = ["PgVectorStore"]
 
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 _K1, _B = 1.2, 0.75
+
+
+@contextlib.asynccontextmanager
+async def _sizes(collection: str) -> AsyncIterator[None]:
+    """Turn pgvector's refusal of a vector of another size than the collection's into a `UsageError`."""
+    import asyncpg
+
+    try:
+        yield
+    except asyncpg.DataError as e:
+        if "dimensions" not in str(e):
+            raise
+        raise UsageError(f"collection {collection!r} holds vectors of another size ({e}); use one embedder per "
+                         "collection") from None
 
 
 def _vector(values: Sequence[float]) -> str:
@@ -103,13 +118,14 @@ class PgVectorStore(VectorStore):
                 await conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_meta ON {name} USING gin (metadata)")
                 await self._add_keywords(conn, name)
                 self._ready.add(name)
-            await conn.executemany(
-                f"INSERT INTO {name} (id, embedding, text, metadata, keywords) "
-                "VALUES ($1, $2::vector, $3, $4::jsonb, $5) "
-                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, text = EXCLUDED.text, "
-                "metadata = EXCLUDED.metadata, keywords = EXCLUDED.keywords",
-                [(r.id, _vector(r.vector), r.text, json.dumps(dict(r.metadata), default=str),
-                  r.text if r.keywords is None else r.keywords) for r in records])
+            async with _sizes(collection):
+                await conn.executemany(
+                    f"INSERT INTO {name} (id, embedding, text, metadata, keywords) "
+                    "VALUES ($1, $2::vector, $3, $4::jsonb, $5) "
+                    "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, text = EXCLUDED.text, "
+                    "metadata = EXCLUDED.metadata, keywords = EXCLUDED.keywords",
+                    [(r.id, _vector(r.vector), r.text, json.dumps(dict(r.metadata), default=str),
+                      r.text if r.keywords is None else r.keywords) for r in records])
 
     @staticmethod
     async def _add_keywords(conn: asyncpg.Connection, name: str) -> None:
@@ -170,9 +186,11 @@ class PgVectorStore(VectorStore):
             await conn.execute(f"SET LOCAL hnsw.ef_search = {int(self.ef_search)}")
             await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
             clause, params = self._filter(where, 2)
-            rows = await conn.fetch(
-                f"SELECT id, text, metadata::text AS metadata, 1 - (embedding <=> $1::vector) AS score FROM {name} "
-                f"WHERE {clause} ORDER BY embedding <=> $1::vector LIMIT $2", _vector(vector), k, *params)
+            async with _sizes(collection):
+                rows = await conn.fetch(
+                    f"SELECT id, text, metadata::text AS metadata, 1 - (embedding <=> $1::vector) AS score "
+                    f"FROM {name} WHERE {clause} ORDER BY embedding <=> $1::vector LIMIT $2", _vector(vector), k,
+                    *params)
         hits = [SearchHit(r["id"], float(r["score"]), r["text"], json.loads(r["metadata"])) for r in rows]
         hits.sort(key=lambda h: -h.score)  # relaxed order: restore exact order of the returned rows
         return [h for h in hits if min_score is None or h.score >= min_score]

@@ -245,6 +245,7 @@ class _Collection:
         self.pending: dict[int, None] = {}  # held, not yet in the graph (in order of arrival)
         self.flush_queued = False  # a `flush` is queued on the worker thread (or ran since)
         self.postings: dict[str, dict[Any, set[int]]] = {}
+        self.holding: dict[str, set[int]] = {}  # field -> the keys whose metadata has it (any value)
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
         self.version: int | None = None  # the connection's ``data_version`` when last found up to date
@@ -258,6 +259,11 @@ class _Collection:
 
     def _post(self, key: int, meta: dict[str, Any], add: bool) -> None:
         for field, value in meta.items():
+            holding = self.holding.setdefault(field, set())
+            if add:
+                holding.add(key)
+            else:
+                holding.discard(key)
             if not _hashable(value):
                 continue
             by_value = self.postings.setdefault(field, {})
@@ -338,10 +344,12 @@ class _Collection:
     def _field_keys(self, field: str, wanted: Any) -> set[int]:
         """Return the keys whose `field` is `wanted` (or one of them); may be a live posting set."""
         values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
-        if None in values or not all(_hashable(v) for v in values):  # (None: also records without the field)
+        if not all(_hashable(v) for v in values):
             return {k for k, r in self.records.items() if matches(r[2], {field: wanted})}
         by_value = self.postings.get(field, {})
-        found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]
+        found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]  # (None: the field null)
+        if None in values:  # and the records without the field
+            found.append(self.records.keys() - self.holding.get(field, set()))
         if not found:
             return set()
         return found[0] if len(found) == 1 else set().union(*found)
