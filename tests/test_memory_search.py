@@ -560,15 +560,48 @@ async def test_the_first_memories_are_the_same_whatever_k_and_whatever_is_exclud
     await vectors.upsert("memory", [
         VectorRecord(f"m{i}", v, text, {"tenant": "default", "user_id": "u1", "embedder": "axis-8"})
         for i, (text, v) in enumerate(zip(texts, embedded, strict=True))])
-    memory = SemanticMemory(vectors, embedder, search="vector")
     session = Session("s1", state={"user_id": "u1"})
-    first = [h.id for h in await memory.recall("what happened", session, k=vectors.candidates)]
-    for k in (1, 3, 5, 20):
-        assert [h.id for h in await memory.recall("what happened", session, k=k)] == first[:k]
+    question = "the canal ferry"
     unrelated = [f"msg_{i}" for i in range(80)]  # context messages that are not memories
-    assert [h.id for h in await memory.recall("what happened", session, k=5, exclude=unrelated)] == first[:5]
-    excluded = await memory.recall("what happened", session, k=5, exclude=first[:2])
-    assert [h.id for h in excluded][:3] == first[2:5]
-    plain = [h.id for h in await SemanticMemory(vectors, embedder, search="vector", short_turn_words=0).recall(
-        "what happened", session, k=5)]
-    assert plain != first[:5]  # (the weighting changed the order: the test says something)
+    for mode in ("vector", "hybrid"):
+        memory = SemanticMemory(vectors, embedder, search=mode)
+        first = [h.id for h in await memory.recall(question, session, k=vectors.candidates)]
+        for k in (1, 3, 5, 20):
+            assert [h.id for h in await memory.recall(question, session, k=k)] == first[:k]
+        assert [h.id for h in await memory.recall(question, session, k=5, exclude=unrelated)] == first[:5]
+        assert [h.id for h in await memory.recall(question, session, k=5, exclude=first[:2])][:3] == first[2:5]
+        plain = [h.id for h in await SemanticMemory(vectors, embedder, search=mode, short_turn_words=0).recall(
+            question, session, k=5)]
+        assert plain != first[:5]  # (the weighting changed the order: the test says something)
+
+
+async def test_the_model_check_is_not_fooled_by_writes_between_its_counts() -> None:
+    """Records of the embedder's own model written (or deleted) while it counts are not taken for another model's."""
+    from contextpipe.vectors.base import check_embedder
+
+    class Busy(MemoryVectorStore):
+        """Another writer adds (or deletes) one of hash-256's records at each of the first four counts."""
+
+        def __init__(self, adding: bool) -> None:
+            super().__init__()
+            self.adding, self.n, self.gone = adding, 0, 0
+
+        async def count(self, collection: str, *, where: dict[str, object] | None = None) -> int:
+            self.n += 1
+            if self.n <= 4 and self.adding:
+                mine = VectorRecord(f"new{self.n}", [1.0] * 256, "x", {"embedder": "hash-256"})
+                await self.upsert(collection, [mine])
+            elif self.n <= 4:
+                self.gone += 1
+                assert await self.delete(collection, ids=[f"old{self.gone}"]) == 1
+            return await super().count(collection, where=where)
+
+    for adding in (True, False):
+        store = Busy(adding)
+        await MemoryVectorStore.upsert(store, "memory", [
+            VectorRecord(f"old{i}", [1.0] * 256, "x", {"embedder": "hash-256"}) for i in range(10)])
+        await check_embedder(store, "memory", HashEmbedder())  # no error
+        await MemoryVectorStore.upsert(store, "memory", [VectorRecord("e5", [1.0] * 256, "y", {"embedder": "e5"})])
+        store.n = 0  # (a burst of writes again)
+        with pytest.raises(UsageError, match="holds 1 record embedded by e5, not hash-256"):
+            await check_embedder(store, "memory", HashEmbedder())

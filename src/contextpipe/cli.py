@@ -267,13 +267,13 @@ async def _embedders(vectors: VectorStore, collections: list[str]) -> dict[str, 
         _Known(256, "word hashing", "hash-256", HashEmbedder, True, "")]
     made: dict[str, Embedder] = {}
     chosen: dict[str, Embedder] = {}
+    runs = ", ".join(e.name for e in known)
     for collection in collections:
         entry = await _fitting(vectors, collection, known)
         if entry.name == "word hashing" and entry is next(e for e in known if e.usable):  # none better installed
             hint = escape('pip install "contextpipe[mpnet]" (or "contextpipe[local]", smaller)')  # [..] is markup
             err.print(f"[dim]{collection}: word matching; for meaning: {hint}[/dim]")
         chosen[collection] = embedder = made.setdefault(entry.name, entry.make())
-        runs = ", ".join(e.name for e in known)
         await check_embedder(vectors, collection, embedder,  # (records of a model none of these is)
                              fix=f"the command line runs only {runs}; use another --db")
     if "all-mpnet-base-v2" in made and not _mpnet.built():

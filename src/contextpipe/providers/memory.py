@@ -228,22 +228,21 @@ class SemanticMemory(ContextProvider):
 
         Each hit's `score` is the store's (cosine, keyword or fused score) times the short-turn weight
         (`weighted`); `vector_score` and `keyword_score` keep each side's own. `min_score` applies to
-        the cosine, before the weight.
+        the vector side's cosine, before the weight (keyword matches are not held to it). `exclude`
+        is left out before anything is ranked, so it changes nothing about the other memories.
         """
         where = self._where(session)
         if where is None or not query.strip():
             return []
         await self._check_embedder()
         want = self.k if k is None else k
-        # With short turns ranked down, the first `candidates` matches (not in `exclude`) are ranked
-        # again, whatever `k`, so that a smaller `k` gives the first of the same memories.
+        # With short turns ranked down, the first `candidates` matches are ranked again, whatever `k`,
+        # so that a smaller `k` gives the first of the same memories.
         ranked = max(want, self.vectors.candidates) if self.short_turn_words else want
         # The query is embedded while the store's keyword side searches (hybrid).
         vector = None if self.search_mode == "keywords" else self._query_vector(query)
-        hits = await self.vectors.search(self.collection, vector, k=ranked + len(exclude), where=where,
-                                         min_score=self.min_score, text=None if self.search_mode == "vector" else query)
-        skip = set(exclude)
-        hits = [h for h in hits if h.id not in skip][:ranked]
+        hits = await self.vectors.search(self.collection, vector, k=ranked, where=where, min_score=self.min_score,
+                                         text=None if self.search_mode == "vector" else query, exclude=exclude)
         if self.short_turn_words:
             hits = sorted((replace(h, score=self.weighted(h.score, h.text)) for h in hits), key=lambda h: -h.score)
         return hits[:want]

@@ -7,7 +7,7 @@ import asyncio
 import inspect
 import re
 import unicodedata
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
@@ -124,12 +124,14 @@ class VectorStore(abc.ABC):
 
     async def search(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None = None, *,
                      k: int = 5, where: Where | None = None, min_score: float | None = None,
-                     text: str | None = None) -> list[SearchHit]:
+                     text: str | None = None, exclude: Collection[str] = ()) -> list[SearchHit]:
         """Return up to `k` records matching `where`, best first.
 
         Give `vector` (similarity; none below `min_score`), `text` (keywords) or both (hybrid:
         the vector side still drops records below `min_score`). `vector` may be an awaitable — the
         query still being embedded, as `SemanticMemory` passes it — so the keyword side runs meanwhile.
+        Records whose ids are in `exclude` are left out of each ranking before it is cut and fused, so
+        they change nothing about the others.
         """
         try:
             check_where(where)
@@ -144,27 +146,32 @@ class VectorStore(abc.ABC):
         if k <= 0:
             await _resolve(vector)
             return []
+        skip = frozenset(exclude)
         if text is None:
             query = await _resolve(vector)
             assert query is not None
-            hits = await self.vector_search(collection, query, k=k, where=where, min_score=min_score)
-            return [h if h.vector_score == h.score else replace(h, vector_score=h.score) for h in hits]
-        return await self._keywords_first(collection, vector, text, k, where, min_score)
+            hits = await self.vector_search(collection, query, k=k + len(skip), where=where, min_score=min_score)
+            return [h if h.vector_score == h.score else replace(h, vector_score=h.score)
+                    for h in _without(hits, skip, k)]
+        return await self._keywords_first(collection, vector, text, k, where, min_score, skip)
 
     async def _keywords_first(self, collection: str, vector: Sequence[float] | Awaitable[Sequence[float]] | None,
-                              text: str, k: int, where: Where | None, min_score: float | None) -> list[SearchHit]:
+                              text: str, k: int, where: Where | None, min_score: float | None,
+                              skip: frozenset[str]) -> list[SearchHit]:
         """Start the keyword side, then (once the vector is there) the vector side, and fuse them."""
         depth = k if vector is None else max(k, self.candidates)
-        keywords = asyncio.ensure_future(self.keyword_search(collection, text, k=depth, where=where))
+        keywords = asyncio.ensure_future(self.keyword_search(collection, text, k=depth + len(skip), where=where))
         try:
             query = await _resolve(vector)
             if query is None:
-                return [replace(h, keyword_score=h.score) for h in await keywords]
-            by_vector = await self.vector_search(collection, query, k=depth, where=where, min_score=min_score)
+                return [replace(h, keyword_score=h.score) for h in _without(await keywords, skip, depth)]
+            by_vector = await self.vector_search(collection, query, k=depth + len(skip), where=where,
+                                                 min_score=min_score)
         except BaseException:
             keywords.cancel()
             raise
-        return fuse(by_vector, await keywords, k=k, weights=self.weights, method=self.fusion)
+        return fuse(_without(by_vector, skip, depth), _without(await keywords, skip, depth), k=k,
+                    weights=self.weights, method=self.fusion)
 
     @abc.abstractmethod
     async def vector_search(self, collection: str, vector: Sequence[float], *, k: int = 5,
@@ -182,6 +189,11 @@ class VectorStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources the store owns."""
+
+
+def _without(hits: list[SearchHit], skip: frozenset[str], k: int) -> list[SearchHit]:
+    """Return the first `k` of `hits` whose ids are not in `skip`."""
+    return [h for h in hits if h.id not in skip][:k] if skip else hits[:k]
 
 
 # Words that carry no meaning for keyword search (questions are full of them).
@@ -330,11 +342,16 @@ async def check_embedder(vectors: VectorStore, collection: str, embedder: Embedd
     contextpipe.errors.UsageError: the 'notes' collection holds 1 record embedded by model-a, not hash-64, ...
     """
     name = embedder.name
-    for _ in range(3):  # (counted again when records came or went between the counts)
+    # The total is counted before and after `embedder`'s records: the same twice, nothing was written or
+    # deleted meanwhile. While records keep coming or going, the smaller is taken, so that they cannot
+    # make others appear (a refusal is for records another model made, never for a busy collection).
+    for _ in range(3):
+        before = await vectors.count(collection)
         mine = await vectors.count(collection, where={EMBEDDER_KEY: [name, None]})
-        others = await vectors.count(collection) - mine
-        if others <= 0 or await vectors.count(collection, where={EMBEDDER_KEY: [name, None]}) == mine:
+        after = await vectors.count(collection)
+        if before == after:
             break
+    others = min(before, after) - mine
     if others <= 0:
         return
     by = "another model"

@@ -41,7 +41,7 @@ async def _sizes(collection: str) -> AsyncIterator[None]:
     try:
         yield
     except asyncpg.DataError as e:
-        if "dimensions" not in str(e):
+        if not re.match(r"(expected \d+ dimensions, not \d+|different vector dimensions \d+ and \d+)", str(e)):
             raise
         raise UsageError(f"collection {collection!r} holds vectors of another size ({e}); use one embedder per "
                          "collection") from None

@@ -245,7 +245,8 @@ class _Collection:
         self.pending: dict[int, None] = {}  # held, not yet in the graph (in order of arrival)
         self.flush_queued = False  # a `flush` is queued on the worker thread (or ran since)
         self.postings: dict[str, dict[Any, set[int]]] = {}
-        self.holding: dict[str, set[int]] = {}  # field -> the keys whose metadata has it (any value)
+        self.holding: dict[str, int] = {}  # field -> how many records' metadata has it (any value)
+        self.unposted: dict[str, set[int]] = {}  # field -> the keys whose value there is not hashable
         self.changed = 0  # changes applied since the index was last saved or loaded
         self.dirty = False  # differs from the saved file (or there is none)
         self.version: int | None = None  # the connection's ``data_version`` when last found up to date
@@ -259,12 +260,13 @@ class _Collection:
 
     def _post(self, key: int, meta: dict[str, Any], add: bool) -> None:
         for field, value in meta.items():
-            holding = self.holding.setdefault(field, set())
-            if add:
-                holding.add(key)
-            else:
-                holding.discard(key)
+            self.holding[field] = self.holding.get(field, 0) + (1 if add else -1)
             if not _hashable(value):
+                unposted = self.unposted.setdefault(field, set())
+                if add:
+                    unposted.add(key)
+                else:
+                    unposted.discard(key)
                 continue
             by_value = self.postings.setdefault(field, {})
             if add:
@@ -348,8 +350,8 @@ class _Collection:
             return {k for k, r in self.records.items() if matches(r[2], {field: wanted})}
         by_value = self.postings.get(field, {})
         found = [by_value[v] for v in dict.fromkeys(values) if v in by_value]  # (None: the field null)
-        if None in values:  # and the records without the field
-            found.append(self.records.keys() - self.holding.get(field, set()))
+        if None in values and self.holding.get(field, 0) < len(self.records):  # and the records without it
+            found.append(self.records.keys() - set().union(*by_value.values(), self.unposted.get(field, ())))
         if not found:
             return set()
         return found[0] if len(found) == 1 else set().union(*found)
