@@ -36,7 +36,8 @@ SURFACES = {
     "contextpipe.vectors": [
         "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MPNetEmbedder", "MemoryVectorStore",
         "OpenAIEmbedder", "PgVectorStore", "SQLiteVectorStore", "SearchHit", "SentenceTransformerEmbedder",
-        "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "ingest_folder",
+        "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "embedder_for",
+        "ingest_folder",
     ],
     "contextpipe.testing": [
         "AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeError", "FakeOpenAIServer", "FakeRaw",

@@ -1,0 +1,5 @@
+"""``python -m contextpipe``: the ``contextpipe`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,5 @@
+"""``python -m contextpipe.cli``: the ``contextpipe`` command."""
+
+from . import main
+
+main()
