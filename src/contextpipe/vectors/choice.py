@@ -118,7 +118,10 @@ async def embedder_for(vectors: VectorStore, collection: str, models: Sequence[L
     to do instead of `check_embedder`'s default).
     """
     models = local_models() if models is None else models
-    best = next(model for model in models if model.runs)
+    best = next((model for model in models if model.runs), None)
+    if best is None:
+        fixes = "; ".join(f"{m.label}: {m.fix}" for m in models) or "no models were given"
+        raise UsageError(f"none of the models given can run here ({fixes})")
     model, note = await _model_of(vectors, collection, models, best)
     if note is None and model.name == "hash-256" and model is best:
         note = f"word matching; for meaning: {_MEANING_HINT}"  # nothing better installed
