@@ -23,7 +23,7 @@ from ..trace import preview
 
 __all__ = [
     "CONTROL_CHARACTERS", "DEFAULT_DB", "DbOption", "JsonOption", "SessionArgument", "TenantOption", "check_new_db",
-    "complete_sessions", "err", "existing", "fail", "message_line", "open_store", "out", "print_json", "shown",
+    "complete_sessions", "err", "existing_session", "fail", "message_line", "open_store", "out", "print_json", "shown",
 ]
 
 out = Console(highlight=False, soft_wrap=True)
@@ -87,7 +87,7 @@ def open_store(db: Path, *, read_only: bool = True) -> SQLiteStore:
     return SQLiteStore(db, read_only=read_only)
 
 
-async def existing(store: SQLiteStore, db: Path, tenant: str, session: str) -> Session:
+async def existing_session(store: SQLiteStore, db: Path, tenant: str, session: str) -> Session:
     """Return the stored session record, or stop with a clear error when there is no such session."""
     record = await store.get_session(tenant, session)
     if record is None:

@@ -20,7 +20,7 @@ from ._shared import (
     JsonOption,
     SessionArgument,
     TenantOption,
-    existing,
+    existing_session,
     fail,
     open_store,
     out,
@@ -39,7 +39,7 @@ def inspect_session(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant:
 
     async def run() -> list[dict[str, Any]]:
         async with open_store(db) as store:
-            await existing(store, db, tenant, session)
+            await existing_session(store, db, tenant, session)
             return await store.load_traces(tenant, session)
 
     traces = asyncio.run(run())

@@ -25,7 +25,7 @@ from ._shared import (
     SessionArgument,
     TenantOption,
     err,
-    existing,
+    existing_session,
     fail,
     message_line,
     open_store,
@@ -81,7 +81,7 @@ def sessions_show(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: T
 
     async def run() -> tuple[Session, MessagePage]:
         async with open_store(db) as store:
-            record = await existing(store, db, tenant, session)
+            record = await existing_session(store, db, tenant, session)
             return record, await store.load(tenant, session, limit=last)
 
     record, page = asyncio.run(run())
@@ -101,7 +101,7 @@ def sessions_export(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant:
 
     async def run() -> list[str]:
         async with open_store(db) as store:
-            record = await existing(store, db, tenant, session)
+            record = await existing_session(store, db, tenant, session)
             page = await store.load(tenant, session)
             traces = await store.load_traces(tenant, session)
         lines = [json.dumps({"type": "session", **record.to_dict()}, ensure_ascii=False)]
@@ -130,7 +130,7 @@ def sessions_delete(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant:
 
     async def check() -> None:
         async with open_store(db) as store:
-            await existing(store, db, tenant, session)
+            await existing_session(store, db, tenant, session)
 
     asyncio.run(check())
     if not yes and not typer.confirm(f"Delete session {session!r} and everything stored for it?", err=True):
