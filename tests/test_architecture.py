@@ -36,7 +36,8 @@ SURFACES = {
     "contextpipe.vectors": [
         "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MPNetEmbedder", "MemoryVectorStore",
         "OpenAIEmbedder", "PgVectorStore", "SQLiteVectorStore", "SearchHit", "SentenceTransformerEmbedder",
-        "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "ingest_folder",
+        "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "embedder_for",
+        "ingest_folder",
     ],
     "contextpipe.testing": [
         "AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeError", "FakeOpenAIServer", "FakeRaw",
@@ -69,7 +70,7 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy", "_sqlite"),
-    ("messages", "_media", "session", "tools", "tokens", "_calibration"),
+    ("messages", "_media", "_preview", "session", "tools", "tokens", "_calibration"),
     ("exchanges", "models.base", "vectors", "vectors.*", "stores", "stores.*"),
     ("invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),

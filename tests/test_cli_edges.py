@@ -491,3 +491,31 @@ async def test_sqlite_read_only_mode_reads_refuses_writes_and_creates_nothing(se
         with pytest.raises(StoreError, match="unable to open database file"):
             await store.list_sessions("default")
     assert not missing.parent.exists()
+
+
+def test_sessions_show_renders_every_part_of_a_message_with_trace_preview(tmp_path: Path) -> None:
+    """Calls, results (with their media), images and several text parts: one rendering, `trace.preview`."""
+    from contextpipe.messages import DataPart, FunctionCall, FunctionResult, ReasoningPart, TextPart
+    from contextpipe.trace import preview
+
+    db = tmp_path / "parts.db"
+    png = DataPart(b"\x89PNG", "image/png")
+    messages = [
+        Message("user", (TextPart("Look at "), TextPart("this:"), png)),
+        Message("assistant", (ReasoningPart("thinking"), TextPart("Checking."), FunctionCall("c1", "zoom", "{}"))),
+        Message("tool", (FunctionResult("c1", "zoomed", parts=(png,)),)),
+        Message("tool", (FunctionResult("c2", "no such tool", is_error=True),)),
+    ]
+
+    async def seed() -> None:
+        async with SQLiteStore(db) as store:
+            await store.append("default", "p", messages)
+
+    asyncio.run(seed())
+    shown = run("sessions", "show", "p", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = [line.split(maxsplit=2)[2] for line in shown.stdout.splitlines()]
+    assert lines == ["Look at this: | [image/png (4 bytes)]", "Checking. | call zoom({})",
+                     "result: zoomed [with image/png (4 bytes)]", "result (error): no such tool"]
+    assert lines == [preview(m, width=None) for m in messages]
+    assert preview(messages[1], width=12) == "Checking. |…"

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from contextpipe import (
     Agent,
+    ContextPipeError,
     ContextProvider,
     FunctionCall,
     FunctionResult,
@@ -25,6 +26,7 @@ from contextpipe.compaction import (
     ClearToolResults,
     CompactionPipeline,
     CompactionStrategy,
+    EmptySummary,
     SlidingWindow,
     Summarize,
     TokenBudget,
@@ -205,7 +207,9 @@ async def test_summarize_replaces_old_turns_with_a_summary() -> None:
     assert res.messages[0].text.startswith("[Summary of the earlier conversation]\nThe user asked")
     assert [m.text.split()[1] for m in res.messages[1:] if m.role == "user"] == ["4", "5"]
     sent = summariser.requests[0]
-    assert "question 0" in sent.messages[0].text and "assistant called lookup" in sent.messages[0].text
+    # Each message on a line of its own, as `contextpipe.trace.preview` renders it, after its role.
+    assert "user: question 0" in sent.messages[0].text and "\nassistant: call lookup({})\n" in sent.messages[0].text
+    assert "\ntool: result: data 0" in sent.messages[0].text
     assert sent.instructions is not None and "summary" in sent.instructions
     assert res.decisions[-1].action == "summarised"
     assert res.summarised == [m.id for m in msgs[:len(msgs) - len(res.messages) + 1]]
@@ -222,6 +226,11 @@ async def test_summarize_caps_its_input_and_falls_back_to_truncation_on_failure(
     res = await compact(msgs, Summarize(failing, keep_last_turns=2), estimate())
     assert [d.action for d in res.decisions] == ["dropped"]
     assert "summary failed (ConnectionError: summariser down)" in res.decisions[0].reason
+    silent = ScriptedModel(["  "])
+    res = await compact(msgs, Summarize(silent, keep_last_turns=2), estimate())
+    assert [d.action for d in res.decisions] == ["dropped"]
+    assert "summary failed (EmptySummary: the summariser model 'scripted' returned no text" in res.decisions[0].reason
+    assert issubclass(EmptySummary, ContextPipeError)
     assert [m.text.split()[1] for m in res.messages if m.role == "user"] == ["8", "9"]
 
 

@@ -211,28 +211,27 @@ async def chat_vectors(tmp_path: Path) -> AsyncIterator[SQLiteVectorStore]:
 
 
 async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVectorStore) -> None:
-    from contextpipe.cli import _embedders
+    from contextpipe.cli.index import embedders
 
-    chosen = await _embedders(chat_vectors, ["memory", "documents"])
+    chosen = await embedders(chat_vectors, ["memory", "documents"])
     assert isinstance(chosen["memory"], MPNetEmbedder) and chosen["memory"] is chosen["documents"]  # one, shared
-    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.")])
-    chosen = await _embedders(chat_vectors, ["memory", "documents"])
+    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.",
+                                                      {"embedder": "all-MiniLM-L6-v2"})])
+    chosen = await embedders(chat_vectors, ["memory", "documents"])
     assert isinstance(chosen["memory"], LocalEmbedder) and isinstance(chosen["documents"], MPNetEmbedder)
-    await chat_vectors.upsert("documents", [VectorRecord("d1", [1.0] + [0.0] * 255, "a word-hashed chunk")])
-    assert isinstance((await _embedders(chat_vectors, ["documents"]))["documents"], HashEmbedder)
-    await chat_vectors.upsert("odd", [VectorRecord("o1", [1.0] * 100, "from some other model")])
-    with pytest.raises(UsageError, match=r"'odd' vectors .* no local embedder makes"):
-        await _embedders(chat_vectors, ["odd"])
+    await chat_vectors.upsert("documents", [VectorRecord("d1", [1.0] + [0.0] * 255, "a word-hashed chunk",
+                                                         {"embedder": "hash-256"})])
+    assert isinstance((await embedders(chat_vectors, ["documents"]))["documents"], HashEmbedder)
 
 
 async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: SQLiteVectorStore,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Records that say which model made them: that one, or a refusal when it is not one the CLI runs."""
-    from contextpipe.cli import _embedders
+    from contextpipe.cli.index import embedders
 
     await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.",
                                                       {"embedder": "all-MiniLM-L6-v2"})])
-    assert isinstance((await _embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
+    assert isinstance((await embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
     assert "memory: vectors made by all-MiniLM-L6-v2, so it is kept for them" in capsys.readouterr().err
     # Same size as all-MiniLM-L6-v2's, another model: searching them with it would rank at random.
     await chat_vectors.upsert("notes", [VectorRecord("n1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.",
@@ -240,41 +239,52 @@ async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: 
     with pytest.raises(UsageError, match=r"'notes' collection holds 1 record embedded by another model, of "
                                          r"another vector size, not all-mpnet-base-v2, .*: the command line runs "
                                          r"only all-mpnet-base-v2, all-MiniLM-L6-v2, word hashing; use another --db"):
-        await _embedders(chat_vectors, ["notes"])
+        await embedders(chat_vectors, ["notes"])
 
 
 async def test_the_cli_says_when_the_model_will_be_built_first(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str], cache: Path) -> None:
-    from contextpipe.cli import _embedders
+    from contextpipe.cli.index import embedders
 
     monkeypatch.setenv("CONTEXTPIPE_CACHE", str(tmp_path / "empty"))
     assert not _mpnet.built()
-    await _embedders(chat_vectors, ["memory"])
+    await embedders(chat_vectors, ["memory"])
     assert "built on first use, once" in capsys.readouterr().err
     _mpnet.model_files(cache)
     monkeypatch.setenv("CONTEXTPIPE_CACHE", str(cache))
     assert _mpnet.built()
-    await _embedders(chat_vectors, ["memory"])
+    await embedders(chat_vectors, ["memory"])
     assert "built on first use" not in capsys.readouterr().err
 
 
 async def test_the_cli_does_without_mpnet_where_its_cache_cannot_be_made(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    from contextpipe.cli import _embedders
+    from contextpipe.cli.index import embedders
 
     monkeypatch.setenv("CONTEXTPIPE_CACHE", "/dev/null/cache")
     assert not _mpnet.usable()
-    assert isinstance((await _embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
+    assert isinstance((await embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
 
 
 async def test_a_768_collection_with_an_unbuildable_cache_says_to_fix_the_cache(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from contextpipe.cli import _embedders
+    from contextpipe.cli.index import embedders
 
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     assert not _mpnet.usable(tmp_path / "dangling")  # mkdir would fail on the link
     monkeypatch.setenv("CONTEXTPIPE_CACHE", "/dev/null/cache")
-    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 767, "Maya: I signed up for pottery.")])
+    await chat_vectors.upsert("memory", [VectorRecord("m1", [1.0] + [0.0] * 767, "Maya: I signed up for pottery.",
+                                                      {"embedder": "all-mpnet-base-v2"})])
     with pytest.raises(UsageError, match="cannot run here: set CONTEXTPIPE_CACHE"):
-        await _embedders(chat_vectors, ["memory"])
+        await embedders(chat_vectors, ["memory"])
+
+
+async def test_records_naming_no_model_are_taken_to_be_the_chosen_embedders(chat_vectors: SQLiteVectorStore) -> None:
+    """No guess by the vectors' size: unmarked records get the best model, as `check_embedder` takes them."""
+    from contextpipe.vectors import embedder_for
+
+    await chat_vectors.upsert("notes", [VectorRecord("n1", [1.0] + [0.0] * 767, "Maya: I signed up for pottery.")])
+    choice = await embedder_for(chat_vectors, "notes")
+    assert isinstance(choice.embedder, MPNetEmbedder) and choice.model.label == "all-mpnet-base-v2"
+    assert choice.note is None

@@ -43,10 +43,11 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ._media import describe, media_tokens
-from .errors import UsageError
+from ._preview import preview
+from .errors import ModelResponseError, UsageError
 from .exchanges import Group, GroupKind
 from .exchanges import group_messages as _group
-from .messages import FunctionCall, FunctionResult, Message, Part, TextPart
+from .messages import FunctionResult, Message, Part
 from .models.base import ChatModel, ModelRequest
 from .tokens import REPLY_PRIMING, TokenCounter, Tokenizer
 from .tools import ToolSpec
@@ -58,6 +59,7 @@ __all__ = [
     "CompactionResult",
     "CompactionStrategy",
     "CompactionView",
+    "EmptySummary",
     "Group",
     "GroupKind",
     "SUMMARY_KEY",
@@ -360,6 +362,10 @@ DEFAULT_SUMMARY_PROMPT = (
 )
 
 
+class EmptySummary(ModelResponseError):
+    """`Summarize`'s model answered without any text; the old messages are dropped instead of summarised."""
+
+
 class Summarize(CompactionStrategy):
     """Replace groups older than the last `keep_last_turns` turns with a summary written by `model`.
 
@@ -460,22 +466,15 @@ class Summarize(CompactionStrategy):
         return text
 
     async def _summarise(self, messages: list[Message]) -> str:
-        lines = []
-        for m in messages:
-            for p in m.parts:
-                if isinstance(p, TextPart) and p.text:
-                    lines.append(f"{m.role}: {p.text}")
-                elif isinstance(p, FunctionCall):
-                    lines.append(f"assistant called {p.name}({p.arguments})")
-                elif isinstance(p, FunctionResult):
-                    media = f" [with {', '.join(describe(m) for m in p.parts)}]" if p.parts else ""
-                    lines.append(f"tool result{' (error)' if p.is_error else ''}: {p.result}{media}")
+        lines = [f"{m.role}: {text}" for m in messages if (text := preview(m, width=None, one_line=False))]
         request = ModelRequest([Message.user("\n".join(lines))], self.prompt, (),
                                {"max_output_tokens": self.max_summary_tokens})
         response = await self.model.complete(request)
         text = response.text.strip()
         if not text:
-            raise ValueError("the summariser returned no text")
+            raise EmptySummary(f"the summariser model {self.model.name!r} returned no text for {len(messages)} "
+                               "message(s); give Summarize a model that answers its prompt (or a larger "
+                               "max_summary_tokens when it spends them on reasoning)")
         return text
 
 

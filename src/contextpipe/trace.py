@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from ._preview import preview
 from .compaction import CompactionDecision
-from .messages import Message, Source
+from .messages import Source
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
 
@@ -40,6 +41,7 @@ __all__ = [
     "TracedInstruction",
     "TracedMessage",
     "TracedTool",
+    "preview",
 ]
 
 
@@ -157,19 +159,6 @@ def _cache_text(usage: Usage | None) -> str:
     return f" (cache {usage.cache_read_tokens} read / {usage.cache_write_tokens} written)"
 
 
-def _preview(message: Message, width: int = 60) -> str:
-    text = message.text
-    if not text:
-        calls = message.function_calls
-        if calls:
-            text = "call " + ", ".join(f"{c.name}({c.arguments})" for c in calls)
-        else:
-            results = message.function_results
-            text = "result " + " | ".join(r.result for r in results) if results else ""
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 @dataclass
 class PromptTrace:
     """The provenance record of one model call (see the module docstring)."""
@@ -233,7 +222,7 @@ class PromptTrace:
         for i, m in enumerate(request.messages):
             source = m.source or _UNTAGGED
             messages.append(TracedMessage(i, m.id, m.role, source.kind, source.source_id, scale(counter.raw_message(m)),
-                                          _preview(m)))
+                                          preview(m)))
         tools = [TracedTool(spec.name, self._tool_sources.get(spec.name, "agent"), scale(counter.tools([spec])))
                  for spec in request.tools]
         self._detail = (instructions, messages, tools)

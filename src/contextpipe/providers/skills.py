@@ -26,13 +26,10 @@ capped while it streams. Folders are re-scanned before each run (unchanged files
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
 import re
-import signal
-import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..errors import SkillError, UsageError
 from ..tools import Tool, ToolOutcome
 from . import _skillfiles as files
+from . import _skillscripts as scripts
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -487,7 +485,8 @@ class Skills(ContextProvider):
                 if not decision:
                     return ToolOutcome(f"Error: running {rel!r} of skill {skill.name!r} was not approved.",
                                        is_error=True)
-                return await self._run_script(skill.path, rel, fd, argv)
+                return await scripts.run_script(skill.path, rel, fd, argv, env=scripts.environment(self.script_env),
+                                                time_limit=self.script_timeout, max_output_bytes=self.max_output_bytes)
 
         return Tool.from_schema("run_skill_script", "Run a script that belongs to a skill (needs approval).", {
             "type": "object", "properties": {
@@ -544,64 +543,3 @@ class Skills(ContextProvider):
             return ToolOutcome(f"Error: {rel!r} is a binary file ({kind}, {files.human_size(size)}), not text; "
                                "it cannot be read with read_skill_resource.", is_error=True)
         return ToolOutcome(text)
-
-    def _environment(self) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        env.update(self.script_env)
-        return env
-
-    async def _run_script(self, cwd: Path, rel: str, fd: int, argv: list[str]) -> ToolOutcome:
-        """Run the opened script `fd` (so a file swapped after approval is not what runs)."""
-        name = Path(rel).name
-        if rel.endswith(".py"):
-            command = [sys.executable, "-c", _PY_BOOT, str(fd), rel, *argv]
-        elif rel.endswith(".sh"):
-            command = ["bash", "-c", f'. /dev/fd/{fd} "$@"', rel, *argv]
-        elif os.fstat(fd).st_mode & 0o111:
-            command = [f"/dev/fd/{fd}", *argv]
-        else:
-            return ToolOutcome(f"Error: {name!r} is not a .py or .sh file nor executable.", is_error=True)
-        process = await asyncio.create_subprocess_exec(
-            *command, cwd=cwd, env=self._environment(), pass_fds=(fd,), start_new_session=True,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        kept = bytearray()
-        dropped = 0
-
-        async def drain() -> None:
-            nonlocal dropped
-            assert process.stdout is not None
-            while chunk := await process.stdout.read(65536):
-                room = self.max_output_bytes - len(kept)
-                kept.extend(chunk[:max(room, 0)])
-                dropped += max(len(chunk) - max(room, 0), 0)
-            await process.wait()
-
-        try:
-            await asyncio.wait_for(drain(), timeout=self.script_timeout)
-        except TimeoutError:
-            _kill_group(process.pid)
-            await process.wait()
-            return ToolOutcome(f"Error: {name!r} did not finish within {self.script_timeout:g} s and was "
-                               "stopped.", is_error=True)
-        text = kept.decode(errors="replace")
-        if dropped:
-            text += f"\n[output truncated: {dropped} more bytes]"
-        return ToolOutcome(f"exit code {process.returncode}\n{text}", is_error=process.returncode != 0)
-
-
-# Runs a Python script from an inherited file descriptor, with __file__, sys.argv and sys.path[0] as if
-# it had been started by its path inside the skill's folder.
-_PY_BOOT: Final = (
-    "import os, sys\n"
-    "fd, path = int(sys.argv[1]), sys.argv[2]\n"
-    "with os.fdopen(fd, 'rb') as f:\n"
-    "    code = compile(f.read(), path, 'exec')\n"
-    "sys.argv = [path, *sys.argv[3:]]\n"
-    "sys.path[0] = os.path.dirname(os.path.abspath(path))\n"
-    "exec(code, {'__name__': '__main__', '__file__': path, '__builtins__': __builtins__})\n"
-)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)

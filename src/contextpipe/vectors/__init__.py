@@ -13,6 +13,7 @@ from . import _cxx
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
+    from .choice import embedder_for
     from .embedders import (
         E5SmallEmbedder,
         HashEmbedder,
@@ -45,6 +46,7 @@ __all__ = [
     "chunk_markdown",
     "chunk_text",
     "embed_query",
+    "embedder_for",
     "ingest_folder",
 ]
 
@@ -53,7 +55,7 @@ __getattr__ = lazy_exports(__name__, {
     "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
     "MPNetEmbedder": ".embedders", "OpenAIEmbedder": ".embedders", "SentenceTransformerEmbedder": ".embedders",
     "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
-    "PgVectorStore": ".pgvector",
+    "PgVectorStore": ".pgvector", "embedder_for": ".choice",
     "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})
 
 _cxx.prepare()  # before anything here loads usearch (see _cxx)

@@ -1,4 +1,4 @@
-"""The offline demonstration behind ``contextpipe demo``: no network, no API key.
+"""The offline demonstration ``contextpipe demo`` runs: no network, no API key.
 
 A weather agent (the seeds' scenario) runs on the deterministic `ScriptedModel`, with its sessions
 in SQLite:
@@ -22,21 +22,22 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from .agent import Agent, RunResult
-from .compaction import TokenBudget
-from .events import StepPersisted
-from .messages import FunctionCall, FunctionResult, Message, TextPart
-from .providers.compaction import Compaction
-from .providers.history import History
-from .providers.memory import SemanticMemory
-from .session import Session, set_user_id
-from .stores.sqlite import SQLiteStore
-from .testing.scripted import ScriptedModel, tool_call
-from .tokens import EstimateTokenizer
-from .tools import tool
-from .vectors.embedders import HashEmbedder
+from ..agent import Agent, RunResult
+from ..compaction import TokenBudget
+from ..events import StepPersisted
+from ..messages import Message
+from ..providers.compaction import Compaction
+from ..providers.history import History
+from ..providers.memory import SemanticMemory
+from ..session import Session, set_user_id
+from ..stores.sqlite import SQLiteStore
+from ..testing.scripted import ScriptedModel, tool_call
+from ..tokens import EstimateTokenizer
+from ..tools import tool
+from ..trace import preview
+from ..vectors.embedders import HashEmbedder
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "usage_table"]
 
 _CODES = {"suzhou": "SZ", "beijing": "BJ"}
 _FORECASTS = {"SZ": "Sunny, 25 °C, north-west wind force 4.", "BJ": "Cloudy, 22 °C, east wind force 3."}
@@ -73,15 +74,7 @@ def get_weather_forecast(location_code: str) -> str:
 
 
 def _describe(message: Message) -> str:
-    bits = []
-    for part in message.parts:
-        if isinstance(part, TextPart):
-            bits.append(repr(part.text if len(part.text) < 60 else part.text[:57] + "..."))
-        elif isinstance(part, FunctionCall):
-            bits.append(f"call {part.name}({part.arguments})")
-        elif isinstance(part, FunctionResult):
-            bits.append(f"result {part.result[:70]!r}")
-    return f"{message.role:<9} " + ", ".join(bits)
+    return f"{message.role:<9} {preview(message)}"
 
 
 def _weather_agent(store: SQLiteStore, model: ScriptedModel, **options: object) -> Agent:
@@ -139,7 +132,7 @@ async def _crash_and_resume(store: SQLiteStore, path: str, say: Callable[[str], 
     say("2. A crash: a worker process is killed (SIGKILL) while the forecast tool runs; nothing is lost.")
     env = {**os.environ, _SLOW_FORECAST: "1"}
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "contextpipe.demo", "crash-worker", path, env=env,
+        sys.executable, "-m", "contextpipe.cli._demonstration", "crash-worker", path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert worker.stdout is not None
     line = await worker.stdout.readline()
@@ -239,8 +232,8 @@ async def _prompt_caching(store: SQLiteStore, say: Callable[[str], None]) -> Non
     if importlib.util.find_spec("anthropic") is None:
         say('   (skipped: pip install "contextpipe[anthropic]" to see it)')
         return
-    from .models.anthropic import AnthropicChatModel
-    from .testing.fake_anthropic import AnthropicReply, FakeAnthropicServer
+    from ..models.anthropic import AnthropicChatModel
+    from ..testing.fake_anthropic import AnthropicReply, FakeAnthropicServer
 
     with FakeAnthropicServer() as server:
         server.enqueue(

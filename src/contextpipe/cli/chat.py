@@ -1,4 +1,8 @@
-"""The interactive side of ``contextpipe chat``: the prompt, slash commands, streamed answers, Ctrl-C.
+"""``contextpipe chat``: the model, the agent over the session file, and the interactive prompt.
+
+The model comes from flags or the usual environment variables (``OPENAI_API_KEY``,
+``OPENAI_BASE_URL``, ``OPENAI_MODEL``; with ``--provider anthropic`` the ``ANTHROPIC_`` ones); any
+OpenAI-compatible server works, and ``--demo-model`` chats offline with `DemoChatModel`.
 
 The chat runs on one event loop (`asyncio.Runner`) driven turn by turn from the main thread, and
 the prompt is read between turns in the main thread too: so Ctrl-C at the prompt leaves at once, and
@@ -12,24 +16,48 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
+import shlex
 import sys
 from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
+import typer
 from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 
-from .agent import Agent
-from .errors import ContextPipeError
-from .events import ToolCallFinished, ToolCallStarted
-from .messages import Message, Source
-from .models.base import TextDelta
-from .session import Session
+from ..agent import Agent
+from ..errors import ContextPipeError, UsageError
+from ..events import ToolCallFinished, ToolCallStarted
+from ..messages import Message, Source
+from ..models.base import ChatModel, ModelRequest, ModelResponse, ResponseComplete, TextDelta
+from ..providers.compaction import Compaction
+from ..providers.history import History
+from ..session import DEFAULT_TENANT, Session
+from ..stores.sqlite import SQLiteStore
+from ._shared import (
+    CONTROL_CHARACTERS,
+    DEFAULT_DB,
+    DbOption,
+    TenantOption,
+    check_new_db,
+    complete_sessions,
+    err,
+    fail,
+    message_line,
+    out,
+    shown,
+)
+from .index import embedders
+from .inspect import show_trace
 
-__all__ = ["COMMANDS", "ChatRepl", "WordWrap", "shown"]
+if TYPE_CHECKING:
+    from ..providers import McpTools
+
+__all__ = ["COMMANDS", "PROVIDERS", "ChatRepl", "DemoChatModel", "WordWrap", "chat"]
 
 T = TypeVar("T")
 
@@ -44,17 +72,185 @@ COMMANDS: dict[str, str] = {
 send a line that begins with /)."""
 
 _INPUT = Source("input")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""Control characters (escape sequences included) a model's text must not send to the terminal."""
 
 
-def shown(text: str) -> str:
-    r"""Return text from a model, a store or an error, safe to print as Rich markup on a terminal.
+# --- the command ---------------------------------------------------------------------------------
 
-    >>> shown("[b]bold?[/b] \x1b[2Jcleared")
-    '\\[b]bold?\\[/b] [2Jcleared'
-    """
-    return escape(_CONTROL.sub("", text))
+
+NO_MODEL = """No model is configured. Either:
+  - set OPENAI_API_KEY and OPENAI_MODEL (e.g. gpt-4o-mini) for OpenAI,
+  - or point at any OpenAI-compatible server:
+      contextpipe chat --base-url http://127.0.0.1:11434/v1 --model llama3.2      (Ollama)
+  - or chat with the offline demo model:  contextpipe chat --demo-model"""
+NO_CLAUDE = ("No Claude model is configured: set ANTHROPIC_API_KEY and ANTHROPIC_MODEL (e.g. claude-sonnet-5), "
+             "or pass --api-key and --model")
+PROVIDERS = ("openai", "openai-responses", "anthropic")
+
+
+class DemoChatModel:
+    """The offline model `chat --demo-model` talks to: it answers from what the session holds."""
+
+    name = "demo"
+
+    async def complete(self, request: ModelRequest) -> Any:
+        """Answer with what the user said last and how many messages came before it."""
+        users = [m for m in request.messages if m.role == "user"]
+        last = users[-1].text if users else ""
+        reply = (f"(demo model) You said {last!r}. I can see {len(request.messages) - 1} earlier message(s) "
+                 "in this session. Configure a real model to get real answers.")
+        return ModelResponse([Message.assistant(reply)], finish_reason="stop", model="demo")
+
+    async def stream(self, request: ModelRequest) -> Any:
+        """Stream the same answer word by word."""
+        response = await self.complete(request)
+        for word in response.text.split(" "):
+            yield TextDelta(word + " ")
+        yield ResponseComplete(response)
+
+
+def _model(model: str | None, base_url: str | None, api_key: str | None, demo_model: bool,
+           provider: str = "openai") -> ChatModel:
+    """Return the model the flags and the environment name (the demo model when asked or accepted)."""
+    if demo_model:
+        return DemoChatModel()
+    if provider not in PROVIDERS:
+        raise fail(f"unknown --provider {provider!r}; choose one of: {', '.join(PROVIDERS)}", code=2)
+    env = "ANTHROPIC" if provider == "anthropic" else "OPENAI"
+    model = model or os.environ.get(f"{env}_MODEL")
+    base_url = base_url or os.environ.get(f"{env}_BASE_URL")
+    api_key = api_key or os.environ.get(f"{env}_API_KEY")
+    if not model or not (api_key or base_url):
+        return _without_a_model(NO_MODEL if env == "OPENAI" else NO_CLAUDE)
+    return _client(provider, model, base_url, api_key)
+
+
+def _without_a_model(message: str) -> ChatModel:
+    """Offer the demo model on a terminal; else stop, saying how to configure one."""
+    if sys.stdin.isatty() and typer.confirm(message + "\n\nUse the offline demo model now?", default=False, err=True):
+        return DemoChatModel()
+    raise fail(message, code=2)
+
+
+def _client(provider: str, model: str, base_url: str | None, api_key: str | None) -> ChatModel:
+    if provider == "anthropic":
+        from ..models.anthropic import AnthropicChatModel
+
+        return AnthropicChatModel(model, base_url=base_url, api_key=api_key)
+    if provider == "openai-responses":
+        from ..models.openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(model, base_url=base_url, api_key=api_key)
+    from ..models.openai import OpenAIChatModel
+
+    return OpenAIChatModel(model, base_url=base_url, api_key=api_key)
+
+
+def chat(
+    session: Annotated[str, typer.Option("--session", "-s", help="Session to continue (created if new).",
+                                         autocompletion=complete_sessions)] = "chat",
+    db: DbOption = DEFAULT_DB,
+    tenant: TenantOption = DEFAULT_TENANT,
+    provider: Annotated[str, typer.Option(help="Model API: openai, openai-responses or anthropic.")] = "openai",
+    model: Annotated[str | None, typer.Option(help="Model name (default: $OPENAI_MODEL, or $ANTHROPIC_MODEL).")]
+    = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL).")]
+    = None,
+    api_key: Annotated[str | None, typer.Option(help="API key (default: $OPENAI_API_KEY or $ANTHROPIC_API_KEY).")]
+    = None,
+    demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
+    instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
+    max_input_tokens: Annotated[int | None, typer.Option(min=1, help="Compact the context to this many tokens.")]
+    = None,
+    skills: Annotated[list[Path] | None, typer.Option("--skills", help="Folder of Agent Skills (repeatable).")]
+    = None,
+    memory: Annotated[bool, typer.Option("--memory", help="Recall what this user said in other sessions.")] = False,
+    user: Annotated[str, typer.Option(help="User id that memory is kept under.")] = "me",
+    search: Annotated[bool, typer.Option("--search", help="Let the model search the documents indexed with "
+                                         "`contextpipe index`.")] = False,
+    mcp: Annotated[list[str] | None, typer.Option(
+        "--mcp", help="MCP server whose tools the model may call: a command line (run over stdio) or an "
+        "http(s) URL (repeatable).")] = None,
+) -> None:
+    """Chat with a model; every turn is stored in the session (type /help for commands, /exit to leave)."""
+    chat_model = _model(model, base_url, api_key, demo_model, provider)
+    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [])
+    check_new_db(db)
+    with asyncio.Runner() as runner:
+        stack = AsyncExitStack()
+        try:
+            agent, chat_session = runner.run(_open_chat(stack, chat_model, session, db, tenant, options))
+            earlier = runner.run(agent.history(chat_session))
+            out.print(f"[dim]session {escape(repr(session))} in {escape(str(db))} ({len(earlier)} earlier "
+                      f"message(s)); model {escape(chat_model.name)}. Type /help for commands, /exit to leave.[/dim]")
+            code = ChatRepl(runner, agent, chat_session, str(db), out, err,
+                            render_trace=lambda n, trace: show_trace(n, trace, session, tenant, db)).run()
+        finally:
+            runner.run(stack.aclose())
+    if code:
+        raise typer.Exit(code)
+
+
+@dataclass(frozen=True)
+class _ChatOptions:
+    instructions: str
+    max_input_tokens: int | None
+    skills: list[Path]
+    memory: bool
+    user: str
+    search: bool
+    mcp: list[str]
+
+
+async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, db: Path, tenant: str,
+                     options: _ChatOptions) -> tuple[Agent, Session]:
+    """Build the chat's agent; everything opened is closed by `stack` (store, vectors, MCP servers)."""
+    store = await stack.enter_async_context(SQLiteStore(db))
+    providers: list[Any] = [History(store)]
+    if options.memory or options.search:
+        vectors = store.vectors()
+        stack.push_async_callback(vectors.close)
+        chosen = await embedders(vectors, [c for c, on in (("memory", options.memory),
+                                                            ("documents", options.search)) if on])
+        if options.memory:
+            from ..providers.memory import SemanticMemory
+
+            providers.append(SemanticMemory(vectors, chosen["memory"]))
+        if options.search:
+            from ..providers.search import TextSearch
+
+            providers.append(TextSearch.from_vector_store(vectors, chosen["documents"], mode="tool"))
+    if options.skills:
+        from ..providers.skills import Skills
+
+        providers.append(Skills(*options.skills))
+    for number, spec in enumerate(options.mcp, 1):
+        tools = _mcp_tools(spec, "mcp" if number == 1 else f"mcp{number}")
+        stack.push_async_callback(tools.close)
+        providers.append(tools)
+    if options.max_input_tokens:
+        providers.append(Compaction(max_input_tokens=options.max_input_tokens))
+    agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
+    session = await agent.session(session_id, tenant=tenant)
+    session.state.setdefault("user_id", options.user)
+    return agent, session
+
+
+def _mcp_tools(spec: str, source_id: str) -> McpTools:
+    """Return the tools of the MCP server `spec` names: an http(s) URL, else a command line run over stdio."""
+    from ..providers import HttpServer, McpTools, StdioServer
+
+    if spec.startswith(("http://", "https://")):
+        return McpTools(HttpServer(spec), source_id=source_id)
+    try:
+        argv = shlex.split(spec)
+    except ValueError as exc:
+        raise UsageError(f"--mcp {spec!r} is not a command line: {exc}") from None
+    if not argv:
+        raise UsageError("--mcp needs a command line (run over stdio) or an http(s) URL")
+    return McpTools(StdioServer(argv[0], argv[1:]), source_id=source_id)
+
+
+# --- the prompt ----------------------------------------------------------------------------------
 
 
 class WordWrap:
@@ -83,7 +279,7 @@ class WordWrap:
 
     def feed(self, text: str) -> None:
         """Take the next piece of the stream."""
-        text = _CONTROL.sub("", text)
+        text = CONTROL_CHARACTERS.sub("", text)
         if self.width is None:
             self._write(text)
             return
@@ -133,7 +329,6 @@ class ChatRepl:
         out: Console,
         err: Console,
         *,
-        describe: Callable[[Message], str],
         render_trace: Callable[[int, dict[str, Any]], None],
     ) -> None:
         self.runner = runner
@@ -142,7 +337,6 @@ class ChatRepl:
         self.where = where
         self.out = out
         self.err = err
-        self._describe = describe
         self._render_trace = render_trace
         self._history_file: Path | None = None
 
@@ -291,8 +485,6 @@ class ChatRepl:
         if not argument:
             return default
         if not argument.isdigit() or int(argument) < 1:
-            from .errors import UsageError
-
             raise UsageError(f"expected a number from 1, got {argument!r}")
         return int(argument)
 
@@ -312,7 +504,7 @@ class ChatRepl:
         if not page.messages:
             self.out.print("[dim]no messages yet[/dim]")
         for seq, m in enumerate(page.messages, page.first_seq):
-            self.out.print(f"[dim]{seq:>5}[/dim] [bold]{m.role:<9}[/bold] {shown(self._describe(m))}")
+            self.out.print(message_line(seq, m))
 
     async def _inspect(self, number: int | None) -> None:
         traces = await self.agent.store.load_traces(self.session.tenant, self.session.id)

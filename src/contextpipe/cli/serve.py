@@ -1,0 +1,72 @@
+"""``contextpipe serve`` and ``contextpipe ui``: their options; what they do is in `contextpipe.serve._cli`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ..errors import ContextPipeError
+from ..session import DEFAULT_TENANT
+from ._shared import DEFAULT_DB, DbOption, TenantOption, fail, out
+
+__all__ = ["serve", "ui"]
+
+
+def serve(
+    target: Annotated[str | None, typer.Argument(help="The agent to serve, as MODULE:ATTRIBUTE (like "
+                                                 "examples.weather:agent).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    workers: Annotated[int, typer.Option(help="Worker processes (use a PostgreSQL or Redis store for more "
+                                         "than one machine).")] = 1,
+    keys: Annotated[str | None, typer.Option("--keys", help="File of API keys ('TENANT sha256:HEX' lines); also "
+                                             "read: $CONTEXTPIPE_API_KEYS. Without any, a key is made for this "
+                                             "run.")] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant of the key made when none is configured.")] = DEFAULT_TENANT,
+    on_disconnect: Annotated[str, typer.Option(help="When a client disconnects mid-run: 'finish' (run on and "
+                                               "persist) or 'cancel'.")] = "finish",
+    drain_timeout: Annotated[float, typer.Option(help="On SIGTERM, seconds runs in flight get to finish.")] = 30.0,
+    max_body: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 1 << 20,
+    app_dir: Annotated[str, typer.Option(help="Folder to import the module from.")] = ".",
+    log_level: Annotated[str, typer.Option(help="uvicorn log level: debug, info (with access log), warning, "
+                                           "error.")] = "info",
+    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="Browser origin allowed to call "
+                                                          "the API (repeatable).")] = None,
+    new_key: Annotated[str | None, typer.Option("--new-key", metavar="TENANT", help="Make an API key for TENANT "
+                                                "(appended to --keys FILE when given) and exit.")] = None,
+) -> None:
+    """Serve an agent over HTTP: sessions, runs (JSON or server-sent events), AG-UI and the /ui inspector."""
+    try:
+        from ..serve import _cli as serve_cli
+
+        if new_key is not None:
+            serve_cli.make_key(new_key, keys, say=lambda line: out.print(line, markup=False))
+            return
+        if target is None:
+            raise fail("give the agent to serve, as MODULE:ATTRIBUTE (like examples.weather:agent)", code=2)
+        serve_cli.run_server(target, host=host, port=port, workers=workers, keys_file=keys, tenant=tenant,
+                             on_disconnect=on_disconnect, drain_timeout=drain_timeout, max_body_bytes=max_body,
+                             app_dir=app_dir, log_level=log_level, cors_origins=tuple(cors_origin or ()),
+                             say=lambda line: print(line, file=sys.stderr, flush=True))
+    except ContextPipeError as exc:
+        raise fail(str(exc)) from None
+
+
+def ui(
+    db: DbOption = DEFAULT_DB,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
+    tenant: TenantOption = DEFAULT_TENANT,
+    keys: Annotated[str | None, typer.Option("--keys", help="File of API keys (default: a key for this run).")]
+    = None,
+) -> None:
+    """Open the web inspector on a SQLite session file, read-only."""
+    try:
+        from ..serve import _cli as serve_cli
+
+        serve_cli.run_ui(str(db), host=host, port=port, tenant=tenant, keys_file=keys,
+                         say=lambda line: print(line, file=sys.stderr, flush=True))
+    except ContextPipeError as exc:
+        raise fail(str(exc)) from None

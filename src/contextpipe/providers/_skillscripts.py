@@ -1,0 +1,86 @@
+"""Running an approved skill script (POSIX): what ``run_skill_script`` does once the application said yes.
+
+The script runs from the file descriptor `Skills` opened before asking for approval, so a file
+swapped on disk afterwards is not what runs; in its own process group (killed whole on timeout);
+with a minimal environment (``PATH``, ``LANG`` plus the skill's `script_env`: no API keys); and
+with its output (stdout and stderr together) capped while it streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from ..tools import ToolOutcome
+
+__all__ = ["environment", "run_script"]
+
+
+def environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """Return a script's environment: ``PATH``, ``LANG`` and UTF-8 Python I/O, plus `extra`."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    env.update(extra)
+    return env
+
+
+async def run_script(cwd: Path, rel: str, fd: int, argv: list[str], *, env: dict[str, str], time_limit: float,
+                     max_output_bytes: int) -> ToolOutcome:
+    """Run the opened script `fd` (``rel`` inside the skill folder `cwd`) with `argv`; its output is the outcome."""
+    name = Path(rel).name
+    if rel.endswith(".py"):
+        command = [sys.executable, "-c", _PY_BOOT, str(fd), rel, *argv]
+    elif rel.endswith(".sh"):
+        command = ["bash", "-c", f'. /dev/fd/{fd} "$@"', rel, *argv]
+    elif os.fstat(fd).st_mode & 0o111:
+        command = [f"/dev/fd/{fd}", *argv]
+    else:
+        return ToolOutcome(f"Error: {name!r} is not a .py or .sh file nor executable.", is_error=True)
+    process = await asyncio.create_subprocess_exec(
+        *command, cwd=cwd, env=env, pass_fds=(fd,), start_new_session=True,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    kept = bytearray()
+    dropped = 0
+
+    async def drain() -> None:
+        nonlocal dropped
+        assert process.stdout is not None
+        while chunk := await process.stdout.read(65536):
+            room = max_output_bytes - len(kept)
+            kept.extend(chunk[:max(room, 0)])
+            dropped += max(len(chunk) - max(room, 0), 0)
+        await process.wait()
+
+    try:
+        await asyncio.wait_for(drain(), timeout=time_limit)
+    except TimeoutError:
+        _kill_group(process.pid)
+        await process.wait()
+        return ToolOutcome(f"Error: {name!r} did not finish within {time_limit:g} s and was stopped.", is_error=True)
+    text = kept.decode(errors="replace")
+    if dropped:
+        text += f"\n[output truncated: {dropped} more bytes]"
+    return ToolOutcome(f"exit code {process.returncode}\n{text}", is_error=process.returncode != 0)
+
+
+# Runs a Python script from an inherited file descriptor, with __file__, sys.argv and sys.path[0] as if
+# it had been started by its path inside the skill's folder.
+_PY_BOOT: Final = (
+    "import os, sys\n"
+    "fd, path = int(sys.argv[1]), sys.argv[2]\n"
+    "with os.fdopen(fd, 'rb') as f:\n"
+    "    code = compile(f.read(), path, 'exec')\n"
+    "sys.argv = [path, *sys.argv[3:]]\n"
+    "sys.path[0] = os.path.dirname(os.path.abspath(path))\n"
+    "exec(code, {'__name__': '__main__', '__file__': path, '__builtins__': __builtins__})\n"
+)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
