@@ -27,43 +27,22 @@ import json
 import os
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack
 
 from .._media import Media, only_readable, with_left_out
-from ..errors import ModelResponseError, UsageError
-from ..messages import (
-    DataPart,
-    FunctionCall,
-    FunctionResult,
-    Message,
-    Part,
-    ReasoningPart,
-    TextPart,
-    UnknownPart,
-    UriPart,
-)
+from ..errors import UsageError
+from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
+from ._anthropic_answers import REDACTED, THINKING, Merged, StreamAssembly, message_usage
 from ._client import IMAGE_TYPES, ClientModel, Connection, Vendor, dropped_notes, model_name, stream_unfinished
-from .base import (
-    ModelRequest,
-    ModelResponse,
-    ModelSettings,
-    ModelStreamEvent,
-    ReasoningDelta,
-    ResponseComplete,
-    TextDelta,
-    Usage,
-)
+from .base import ModelRequest, ModelResponse, ModelSettings, ModelStreamEvent, ResponseComplete
 
 if TYPE_CHECKING:
     import anthropic
 
+    from ..messages import Part
+
 __all__ = ["AnthropicChatModel"]
 
-THINKING: Literal["anthropic.thinking"] = "anthropic.thinking"
-REDACTED: Literal["anthropic.redacted_thinking"] = "anthropic.redacted_thinking"
-_STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
-                 "model_context_window_exceeded": "length", "refusal": "content_filter", "pause_turn": "pause_turn"}
 _NO_CACHE_BLOCKS = ("thinking", "redacted_thinking")
 _MAX_PAUSES = 5
 
@@ -165,14 +144,14 @@ class AnthropicChatModel(ClientModel["anthropic.AsyncAnthropic"]):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send `request` and return the whole response (a ``pause_turn`` is continued)."""
         kwargs, notes = self._build(request)
-        merged: _Merged | None = None
+        merged: Merged | None = None
         for _ in range(_MAX_PAUSES + 1):
             try:
                 message = await self.client.messages.create(**kwargs)
             except Exception as exc:
                 raise self._translate(exc) from exc
             blocks = [b.model_dump(exclude_none=True) for b in message.content]
-            merged = _Merged.add(merged, blocks, message.stop_reason, _usage(message.usage), message.model,
+            merged = Merged.add(merged, blocks, message.stop_reason, message_usage(message.usage), message.model,
                                  getattr(message, "id", None))
             if message.stop_reason != "pause_turn":
                 break
@@ -183,9 +162,9 @@ class AnthropicChatModel(ClientModel["anthropic.AsyncAnthropic"]):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream `request`: text and thinking deltas, then the assembled response."""
         kwargs, notes = self._build(request)
-        merged: _Merged | None = None
+        merged: Merged | None = None
         for _ in range(_MAX_PAUSES + 1):
-            assembly = _StreamAssembly()
+            assembly = StreamAssembly()
             try:
                 stream = await self.client.messages.create(**kwargs, stream=True)
                 async with stream:  # closes the connection even when the caller stops early
@@ -198,7 +177,7 @@ class AnthropicChatModel(ClientModel["anthropic.AsyncAnthropic"]):
             if not assembly.stopped:
                 raise stream_unfinished(self.provider, self._model,
                                         f"after {assembly.events} event(s) without message_stop")
-            merged = _Merged.add(merged, assembly.blocks(self.provider), assembly.stop_reason, assembly.usage(),
+            merged = Merged.add(merged, assembly.blocks(self.provider), assembly.stop_reason, assembly.usage(),
                                  assembly.model, assembly.message_id)
             if assembly.stop_reason != "pause_turn":
                 break
@@ -498,146 +477,3 @@ def _thinking_can_continue(wire: list[dict[str, Any]]) -> bool:
 def _continue(kwargs: dict[str, Any], blocks: list[dict[str, Any]]) -> dict[str, Any]:
     """Return the request that continues a paused turn: the same one, with the partial answer appended."""
     return dict(kwargs, messages=[*kwargs["messages"], {"role": "assistant", "content": blocks}])
-
-
-def _usage(usage: Any) -> Usage:
-    if usage is None:
-        return Usage()
-    read = getattr(usage, "cache_read_input_tokens", None) or 0
-    write = getattr(usage, "cache_creation_input_tokens", None) or 0
-    details = getattr(usage, "output_tokens_details", None)
-    reasoning = getattr(details, "thinking_tokens", 0) if details is not None else 0
-    return Usage((getattr(usage, "input_tokens", None) or 0) + read + write, getattr(usage, "output_tokens", 0) or 0,
-                 read, write, reasoning or 0)
-
-
-def _parts(blocks: list[dict[str, Any]]) -> list[Part]:
-    parts: list[Part] = []
-    for block in blocks:
-        kind = block.get("type")
-        if kind == "text":
-            if block.get("text"):
-                parts.append(TextPart(block["text"]))
-        elif kind == "thinking":
-            parts.append(ReasoningPart(block.get("thinking", ""), block.get("signature", ""), THINKING))
-        elif kind == "redacted_thinking":
-            parts.append(ReasoningPart("", block.get("data", ""), REDACTED))
-        elif kind == "tool_use":
-            parts.append(FunctionCall(block["id"], block["name"], json.dumps(block.get("input") or {})))
-        else:
-            parts.append(UnknownPart(f"anthropic.{kind}", dict(block)))
-    return parts
-
-
-@dataclass
-class _Merged:
-    """The content of one answer, over the calls that continue a paused turn."""
-
-    blocks: list[dict[str, Any]]
-    stop_reason: str | None
-    usage: Usage
-    model: str | None
-    id: str | None
-
-    @classmethod
-    def add(cls, merged: _Merged | None, blocks: list[dict[str, Any]], stop_reason: str | None, usage: Usage,
-            model: str | None, message_id: str | None) -> _Merged:
-        """Add one call's answer; the id is the last call's (the message that finished the turn)."""
-        if merged is None:
-            return cls(list(blocks), stop_reason, usage, model, message_id)
-        return cls([*merged.blocks, *blocks], stop_reason, merged.usage + usage, model or merged.model,
-                   message_id or merged.id)
-
-    def response(self, model: str, notes: list[str], raw: Any = None) -> ModelResponse:
-        reason = self.stop_reason
-        return ModelResponse([Message("assistant", tuple(_parts(self.blocks)))], usage=self.usage,
-                             finish_reason=_STOP_REASONS.get(reason or "", reason), model=self.model or model,
-                             raw=raw, notes=tuple(notes), id=self.id)
-
-
-@dataclass
-class _Block:
-    data: dict[str, Any]
-    pieces: list[str] = field(default_factory=list)
-
-
-class _StreamAssembly:
-    """Assembles Messages API stream events into content blocks."""
-
-    def __init__(self) -> None:
-        self.events = 0
-        self.stopped = False
-        self.stop_reason: str | None = None
-        self.model: str | None = None
-        self.message_id: str | None = None
-        self._blocks: dict[int, _Block] = {}
-        self._start_usage: Any = None
-        self._delta_usage: Any = None
-
-    def feed(self, event: Any) -> list[ModelStreamEvent]:
-        kind = event.type
-        if kind == "message_start":
-            self.model = event.message.model
-            self.message_id = getattr(event.message, "id", None)
-            self._start_usage = event.message.usage
-        elif kind == "content_block_start":
-            self._blocks[event.index] = _Block(event.content_block.model_dump(exclude_none=True))
-        elif kind == "content_block_delta":
-            block = self._blocks.get(event.index)
-            if block is None:
-                raise ValueError(f"delta for content block {event.index} that was never started")
-            delta = event.delta
-            if delta.type == "text_delta":
-                block.pieces.append(delta.text)
-                return [TextDelta(delta.text)]
-            if delta.type == "thinking_delta":
-                block.pieces.append(delta.thinking)
-                return [ReasoningDelta(delta.thinking)]
-            if delta.type == "input_json_delta":
-                block.pieces.append(delta.partial_json)
-            elif delta.type == "signature_delta":
-                block.data["signature"] = delta.signature
-            elif delta.type == "citations_delta":
-                block.data.setdefault("citations", []).append(delta.citation.model_dump(exclude_none=True))
-        elif kind == "message_delta":
-            self.stop_reason = event.delta.stop_reason
-            self._delta_usage = event.usage
-        elif kind == "message_stop":
-            self.stopped = True
-        return []
-
-    def blocks(self, provider: str) -> list[dict[str, Any]]:
-        out = []
-        for index in sorted(self._blocks):
-            block = self._blocks[index]
-            data = dict(block.data)
-            kind = data.get("type")
-            if kind == "text":
-                data["text"] = data.get("text", "") + "".join(block.pieces)
-            elif kind == "thinking":
-                data["thinking"] = data.get("thinking", "") + "".join(block.pieces)
-            elif kind in ("tool_use", "server_tool_use"):
-                text = "".join(block.pieces)
-                try:
-                    data["input"] = json.loads(text) if text.strip() else data.get("input") or {}
-                except ValueError as exc:
-                    raise ModelResponseError(f"the {provider} stream sent tool input that is not JSON: {text[:200]!r}",
-                                             provider=provider) from exc
-            out.append(data)
-        return out
-
-    def usage(self) -> Usage:
-        start, delta = self._start_usage, self._delta_usage
-        if start is None and delta is None:
-            return Usage()
-
-        def pick(name: str) -> int:
-            value = getattr(delta, name, None) if delta is not None else None
-            if value is None and start is not None:
-                value = getattr(start, name, None)
-            return int(value or 0)
-
-        read, write = pick("cache_read_input_tokens"), pick("cache_creation_input_tokens")
-        details = getattr(delta, "output_tokens_details", None) if delta is not None else None
-        return Usage(pick("input_tokens") + read + write, pick("output_tokens"), read, write,
-                     int(getattr(details, "thinking_tokens", 0) or 0) if details is not None else 0)

@@ -23,25 +23,18 @@ import base64
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .._media import Media, only_readable, with_left_out
 from ..errors import ModelResponseError, UsageError
 from ..exchanges import carries_results
-from ..messages import (
-    DataPart,
-    FunctionCall,
-    FunctionResult,
-    Message,
-    Part,
-    ReasoningPart,
-    TextPart,
-    UnknownPart,
-    UriPart,
-)
+from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from ._client import IMAGE_TYPES, dropped_notes, stream_cut, stream_unfinished
 from ._openai import OpenAIModel, OpenAIOptions
 from .base import ModelRequest, ModelResponse, ModelStreamEvent, ReasoningDelta, ResponseComplete, TextDelta, Usage
+
+if TYPE_CHECKING:
+    from ..messages import Part
 
 __all__ = ["OpenAIChatModel"]
 
@@ -187,12 +180,10 @@ def _chat_usage(usage: Any) -> Usage | None:
     """`Usage` from a chat completion's usage, with cached prompt and reasoning tokens when reported."""
     if usage is None:
         return None
-    prompt_details = getattr(usage, "prompt_tokens_details", None)
-    completion_details = getattr(usage, "completion_tokens_details", None)
-    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0,
-                 cache_read_tokens=(getattr(prompt_details, "cached_tokens", None) or 0) if prompt_details else 0,
-                 reasoning_tokens=(getattr(completion_details, "reasoning_tokens", None) or 0)
-                 if completion_details else 0)
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
+    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0, cache_read_tokens=cached or 0,
+                 reasoning_tokens=reasoning or 0)
 
 
 class _ToolMedia:

@@ -24,33 +24,18 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .._media import Media, only_readable, with_left_out
 from ..errors import ModelBadRequest, ModelError, ModelRateLimited, ModelResponseError, ModelServerError, UsageError
-from ..messages import (
-    DataPart,
-    FunctionCall,
-    FunctionResult,
-    Message,
-    Part,
-    ReasoningPart,
-    TextPart,
-    UnknownPart,
-    UriPart,
-)
+from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from ._client import IMAGE_TYPES, dropped_notes, stream_cut, stream_unfinished
 from ._openai import OpenAIModel, OpenAIOptions
-from .base import (
-    ModelRequest,
-    ModelResponse,
-    ModelSettings,
-    ModelStreamEvent,
-    ReasoningDelta,
-    ResponseComplete,
-    TextDelta,
-    Usage,
-)
+from .base import ModelRequest, ModelResponse, ModelStreamEvent, ReasoningDelta, ResponseComplete, TextDelta, Usage
+
+if TYPE_CHECKING:
+    from ..messages import Part
+    from .base import ModelSettings
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -193,14 +178,13 @@ class OpenAIResponsesModel(OpenAIModel):
 
 
 def _usage(usage: Any) -> Usage | None:
+    """`Usage` from a response's usage, with cached input and reasoning tokens when reported."""
     if usage is None:
         return None
     inputs = getattr(usage, "input_tokens_details", None)
-    outputs = getattr(usage, "output_tokens_details", None)
-    return Usage(usage.input_tokens or 0, usage.output_tokens or 0,
-                 (getattr(inputs, "cached_tokens", 0) or 0) if inputs is not None else 0,
-                 (getattr(inputs, "cache_write_tokens", 0) or 0) if inputs is not None else 0,
-                 (getattr(outputs, "reasoning_tokens", 0) or 0) if outputs is not None else 0)
+    reasoning = getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", None)
+    return Usage(usage.input_tokens or 0, usage.output_tokens or 0, getattr(inputs, "cached_tokens", None) or 0,
+                 getattr(inputs, "cache_write_tokens", None) or 0, reasoning or 0)
 
 
 def _output_parts(item: Any, parts: list[Part]) -> bool:
