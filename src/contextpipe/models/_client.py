@@ -34,7 +34,7 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 """Image types every vendor's API reads inline (an image by URL is fetched by the service, whatever its type)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Vendor:
     """What one vendor's API is called and says: its SDK, its environment variables, its errors' words."""
 
@@ -128,7 +128,7 @@ class Connection(Generic[ClientT]):
     and closes it; a client passed in is closed by whoever made it.
     """
 
-    __slots__ = ("client", "owned", "provider", "sdk", "vendor")
+    __slots__ = ("client", "owned", "provider", "vendor")
 
     def __init__(self, client: ClientT, vendor: Vendor, *, provider: str, owned: bool) -> None:
         self.client = client
@@ -139,8 +139,11 @@ class Connection(Generic[ClientT]):
         """The provider, as OpenTelemetry's ``gen_ai.provider.name`` spells it."""
         self.owned = owned
         """Whether `close` closes the client."""
-        self.sdk = vendor.sdk()
+
+    @property
+    def sdk(self) -> Any:
         """The SDK module (its exception classes)."""
+        return self.vendor.sdk()
 
     @property
     def where(self) -> str:

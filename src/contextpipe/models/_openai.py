@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["OPENAI", "OpenAIModel", "OpenAIOptions"]
 
 OPENAI = Vendor(
-    "OpenAI", "openai", "OpenAIError", "OPENAI_API_KEY", "OPENAI_BASE_URL", "chat completion",
+    label="OpenAI", package="openai", error_base="OpenAIError", key_env="OPENAI_API_KEY", url_env="OPENAI_BASE_URL",
+    answer="chat completion",
     keyless="; for a local OpenAI-compatible server (Ollama, vLLM, llama.cpp) pass base_url=... instead",
     reach="that the server runs", model_words="model (or deployment) name",
     overflow_phrases=("maximum context length", "context window", "context_length_exceeded", "too many tokens",

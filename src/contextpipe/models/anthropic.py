@@ -47,7 +47,8 @@ _NO_CACHE_BLOCKS = ("thinking", "redacted_thinking")
 _MAX_PAUSES = 5
 
 ANTHROPIC = Vendor(
-    "Anthropic", "anthropic", "AnthropicError", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "message",
+    label="Anthropic", package="anthropic", error_base="AnthropicError", key_env="ANTHROPIC_API_KEY",
+    url_env="ANTHROPIC_BASE_URL", answer="message",
     window_hint="History(store, max_messages=...), Compaction", overloaded=529, too_large=True,
     stream_statuses={"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
                      "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403},
