@@ -10,9 +10,12 @@ assembly. What they all need is here, written once, after pydantic-ai's model / 
   ``async with``, `ModelInfo` for telemetry;
 - `Connection.translate` and `status_error`: SDK exceptions and HTTP statuses to the most specific
   `ModelError`, with a hint saying what to do;
-- `retry_after`, `error_detail`, `dropped_notes`, `stream_cut`, `stream_unfinished`.
+- `model_name`, `retry_after`, `error_detail`, `dropped_notes`, `stream_cut`, `stream_unfinished`,
+  and `IMAGE_TYPES` (the image types every vendor reads inline).
 
-Nothing here imports a vendor SDK: a `Vendor` imports its own on first use.
+The OpenAI connection, which both OpenAI modules use (with Azure), is `models._openai`; Claude's
+(with Bedrock and Vertex AI) stays in `models.anthropic`. Nothing here imports a vendor SDK: a
+`Vendor` imports its own on first use.
 """
 
 from __future__ import annotations
