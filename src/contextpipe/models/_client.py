@@ -123,6 +123,7 @@ class SDKClient(Protocol):
 ClientT = TypeVar("ClientT", bound=SDKClient)
 
 
+@dataclass(frozen=True, slots=True)
 class Connection(Generic[ClientT]):
     """An SDK client, who owns it, and the provider it speaks for (pydantic-ai calls this the provider).
 
@@ -131,17 +132,14 @@ class Connection(Generic[ClientT]):
     and closes it; a client passed in is closed by whoever made it.
     """
 
-    __slots__ = ("client", "owned", "provider", "vendor")
-
-    def __init__(self, client: ClientT, vendor: Vendor, *, provider: str, owned: bool) -> None:
-        self.client = client
-        """The SDK client."""
-        self.vendor = vendor
-        """The vendor whose API the client speaks."""
-        self.provider = provider
-        """The provider, as OpenTelemetry's ``gen_ai.provider.name`` spells it."""
-        self.owned = owned
-        """Whether `close` closes the client."""
+    client: ClientT
+    """The SDK client."""
+    vendor: Vendor
+    """The vendor whose API the client speaks."""
+    provider: str
+    """The provider, as OpenTelemetry's ``gen_ai.provider.name`` spells it."""
+    owned: bool
+    """Whether `close` closes the client."""
 
     @property
     def sdk(self) -> Any:
@@ -299,7 +297,7 @@ class ClientModel(Generic[ClientT]):
 
     def _adopt(self, client: ClientT, provider: str) -> Self:
         """Take `client` (built by a factory such as ``azure``) as this model's own, speaking for `provider`."""
-        self._connection = Connection(client, self._connection.vendor, provider=provider, owned=True)
+        self._connection = Connection(client, self._connection.vendor, provider, owned=True)
         return self
 
     @property

@@ -75,7 +75,7 @@ class OpenAIModel(ClientModel["openai.AsyncOpenAI"]):
             client = OPENAI.sdk().AsyncOpenAI(api_key=api_key, base_url=base_url, organization=organization,
                                               timeout=timeout, max_retries=max_retries)
         provider = "azure.ai.openai" if type(client).__name__ == "AsyncAzureOpenAI" else "openai"
-        super().__init__(name, Connection(client, OPENAI, provider=provider, owned=owned), settings, media_types)
+        super().__init__(name, Connection(client, OPENAI, provider, owned), settings, media_types)
 
     @classmethod
     def azure(cls, deployment: str, *, endpoint: str | None = None, api_key: str | None = None,

@@ -99,7 +99,7 @@ class AnthropicChatModel(ClientModel["anthropic.AsyncAnthropic"]):
             api_key, base_url = ANTHROPIC.credentials(api_key, base_url)
             client = ANTHROPIC.sdk().AsyncAnthropic(api_key=api_key, base_url=base_url, timeout=timeout,
                                                     max_retries=max_retries)
-        super().__init__(name, Connection(client, ANTHROPIC, provider="anthropic", owned=owned), settings,
+        super().__init__(name, Connection(client, ANTHROPIC, "anthropic", owned), settings,
                          media_types)
         self.cache = cache
         """Prompt-cache TTL for the automatic breakpoints, or None for no caching."""
