@@ -62,7 +62,7 @@ def bench_build(sizes: list[int], repeats: int) -> None:
     for n in sizes:
         request = ModelRequest(session(n), instructions="Be brief.", tools=[lookup.spec])
         row = []
-        builders: list[Any] = [claude._build, responses._build_responses, chat._build]
+        builders: list[Any] = [claude._build, responses._build, chat._build]
         for build in builders:
             times = []
             for _ in range(repeats):
@@ -125,7 +125,7 @@ def bench_media(repeats: int) -> None:
     request = ModelRequest(messages, instructions="Be brief.")
     builders: list[tuple[str, Any]] = [
         ("Messages API", AnthropicChatModel("claude-fake", api_key="k")._build),
-        ("Responses API", OpenAIResponsesModel("gpt-fake", api_key="k")._build_responses),
+        ("Responses API", OpenAIResponsesModel("gpt-fake", api_key="k")._build),
         ("chat completions", OpenAIChatModel("gpt-fake", api_key="k")._build),
         ("token estimate", lambda r: TokenCounter(EstimateTokenizer()).messages(r.messages)),
     ]

@@ -11,8 +11,16 @@ from typing import Any
 
 import pytest
 
-from contextpipe import Agent, ModelServerError, StepPersisted
-from contextpipe.models import AnthropicChatModel, ChatModel, OpenAIChatModel, OpenAIResponsesModel
+from contextpipe import Agent, Message, ModelServerError, StepPersisted
+from contextpipe.errors import ModelAuthError, ModelBadRequest, ModelError, ModelRateLimited
+from contextpipe.models import (
+    AnthropicChatModel,
+    ChatModel,
+    ModelInfo,
+    ModelRequest,
+    OpenAIChatModel,
+    OpenAIResponsesModel,
+)
 from contextpipe.providers import History
 from contextpipe.providers.compaction import Compaction
 from contextpipe.stores import MemoryStore
@@ -229,3 +237,22 @@ async def test_demo_shows_a_cached_token_column_only_when_the_model_reports_cach
     assert rows[0][2] == 0 and all(r[2] > 0 for r in rows[1:])
     plain = await Agent(ScriptedModel([Turn("hi", usage=Usage(12, 3))])).run("x")
     assert [line.split() for line in usage_table(plain)] == [["call", "input", "output"], ["1", "12", "3"]]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize(("status", "error"), [
+    (401, ModelAuthError), (403, ModelAuthError), (404, ModelBadRequest), (400, ModelBadRequest),
+    (429, ModelRateLimited), (500, ModelServerError), (503, ModelServerError),
+])
+async def test_every_client_maps_an_http_error_through_the_one_ladder(
+    kind: str, status: int, error: type[ModelError], fake_openai: FakeOpenAIServer, fake_anthropic: FakeAnthropicServer
+) -> None:
+    v = vendor(kind, fake_openai, fake_anthropic)
+    v.server.enqueue(FakeError(status, "no", headers={"retry-after": "3"} if status == 429 else {}))
+    with pytest.raises(error) as info:
+        await v.model.complete(ModelRequest([Message.user("x")]))
+    assert (info.value.status_code, info.value.provider) == (status, v.model.provider)  # type: ignore[attr-defined]
+    assert str(info.value).startswith(f"{v.model.provider} ({v.model.client.base_url}) ")  # type: ignore[attr-defined]
+    if isinstance(info.value, ModelRateLimited):
+        assert info.value.retry_after == 3.0
+    assert v.model.info == ModelInfo(v.model.provider, str(v.model.client.base_url))  # type: ignore[attr-defined]

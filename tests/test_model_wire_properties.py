@@ -112,7 +112,7 @@ def test_every_session_becomes_a_valid_messages_api_request(messages: list[Messa
 @settings(max_examples=80, deadline=None)
 @given(conversations())
 def test_every_session_becomes_a_valid_responses_api_request(messages: list[Message]) -> None:
-    body, notes = RESPONSES._build_responses(ModelRequest(messages, tools=[get_weather_forecast.spec]))
+    body, notes = RESPONSES._build(ModelRequest(messages, tools=[get_weather_forecast.spec]))
     fake = FakeOpenAIServer()
     fake.issued_reasoning.update({f"rs_{i}": f"enc_{i}" for i in range(6)})
     _, problem = _responses_input(fake, body)

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from contextpipe import Agent, Message, ModelError, ToolOutcome, tool
 from contextpipe.messages import DataPart
-from contextpipe.models import ModelRequest, ResponseComplete
+from contextpipe.models import DescribedModel, ModelInfo, ModelRequest, ResponseComplete
 from contextpipe.models.anthropic import AnthropicChatModel
 from contextpipe.models.openai import OpenAIChatModel
 from contextpipe.models.openai_responses import OpenAIResponsesModel
@@ -267,3 +267,34 @@ async def test_every_client_reports_the_response_id(kind: str, streamed: bool) -
     [sent] = fake.response_ids
     assert response.id == sent and sent.startswith({"chat": "chatcmpl-", "responses": "resp_",
                                                     "anthropic": "msg_"}[kind])
+
+
+class _Described:
+    """A model of one's own that says who serves it."""
+
+    name = "mistral-small"
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo("mistral", "https://api.mistral.ai/v1")
+
+
+class _Undeclared:
+    """A model whose private attributes look like a client's: telemetry reads only what is declared."""
+
+    name = "m"
+    _provider = "openai"
+    _client = type("Client", (), {"base_url": "https://example.com/v1"})()
+
+
+async def test_telemetry_reads_the_declared_model_info_and_nothing_private() -> None:
+    from contextpipe._semconv import agent_attributes
+
+    assert isinstance(_Described(), DescribedModel)
+    assert agent_attributes(_Described()) == {"gen_ai.provider.name": "mistral_ai", "server.address": "api.mistral.ai",
+                                              "server.port": 443}
+    assert agent_attributes(_Undeclared()) == {"gen_ai.provider.name": "_undeclared"}
+    async with AnthropicChatModel("claude", api_key="k", base_url="http://127.0.0.1:9") as claude:
+        assert claude.info == ModelInfo("anthropic", str(claude.client.base_url))
+        assert agent_attributes(claude) == {"gen_ai.provider.name": "anthropic", "server.address": "127.0.0.1",
+                                            "server.port": 9}

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
+from .models.base import DescribedModel
 
 __all__ = [
     "agent_attributes",
@@ -50,17 +51,22 @@ _FINISH: Final = {"tool_calls": "tool_call", "tool_use": "tool_call", "function_
 _DEFAULT_PORTS: Final = {"https": 443, "http": 80}
 
 
+def _innermost(model: object) -> object:
+    inner = getattr(model, "model", None)
+    if inner is not None and not isinstance(inner, str) and hasattr(inner, "complete"):
+        return _innermost(inner)
+    return model
+
+
 def provider_name(model: object) -> str:
     """Return the ``gen_ai.provider.name`` of a chat model: a well-known value (``openai``, ``anthropic``, ...) or ours.
 
-    Reads the model's ``provider`` (or ``_provider``) attribute, else its class name; wrappers with a
-    ``model`` attribute are looked through.
+    Reads the provider of a `DescribedModel`'s `ModelInfo`, else the model's class name; wrappers
+    with a ``model`` attribute are looked through.
     """
-    inner = getattr(model, "model", None)
-    if inner is not None and not isinstance(inner, str) and hasattr(inner, "complete"):
-        return provider_name(inner)
-    declared = getattr(model, "provider", None) or getattr(model, "_provider", None)
-    if isinstance(declared, str) and declared:
+    model = _innermost(model)
+    declared = model.info.provider if isinstance(model, DescribedModel) else None
+    if declared:
         return _PROVIDERS.get(declared.lower(), declared.lower())
     cls = type(model).__name__.lower()
     for fragment, name in _CLASS_PROVIDERS:
@@ -71,16 +77,13 @@ def provider_name(model: object) -> str:
 
 def server_attributes(model: object) -> dict[str, Any]:
     """``server.address`` and ``server.port`` of the endpoint a model calls ({} when it calls none)."""
-    inner = getattr(model, "model", None)
-    if inner is not None and not isinstance(inner, str) and hasattr(inner, "complete"):
-        return server_attributes(inner)
-    client = getattr(model, "client", None) or getattr(model, "_client", None)
-    base = getattr(client, "base_url", None) or getattr(model, "base_url", None)
+    model = _innermost(model)
+    base = model.info.base_url if isinstance(model, DescribedModel) else None
     if base is None:
         return {}
     from urllib.parse import urlsplit  # here, not at the top: importing the agent need not load it
 
-    parts = urlsplit(str(base))
+    parts = urlsplit(base)
     if not parts.hostname:
         return {}
     port = parts.port or _DEFAULT_PORTS.get(parts.scheme)

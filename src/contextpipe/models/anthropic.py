@@ -27,67 +27,49 @@ import json
 import os
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack
 
 from .._media import Media, only_readable, with_left_out
-from ..errors import (
-    ContextWindowExceeded,
-    ModelAuthError,
-    ModelBadRequest,
-    ModelConnectionError,
-    ModelError,
-    ModelRateLimited,
-    ModelResponseError,
-    ModelServerError,
-    ModelTimeout,
-    UsageError,
-)
-from ..messages import (
-    DataPart,
-    FunctionCall,
-    FunctionResult,
-    Message,
-    Part,
-    ReasoningPart,
-    TextPart,
-    UnknownPart,
-    UriPart,
-)
-from .base import (
-    ModelRequest,
-    ModelResponse,
-    ModelSettings,
-    ModelStreamEvent,
-    ReasoningDelta,
-    ResponseComplete,
-    TextDelta,
-    Usage,
-)
+from ..errors import UsageError
+from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
+from ._anthropic_answers import REDACTED, THINKING, Merged, StreamAssembly, message_usage
+from ._client import IMAGE_TYPES, ClientModel, Connection, Vendor, dropped_notes, model_name, stream_unfinished
+from .base import ModelRequest, ModelResponse, ModelSettings, ModelStreamEvent, ResponseComplete
 
 if TYPE_CHECKING:
     import anthropic
 
+    from ..messages import Part
+
 __all__ = ["AnthropicChatModel"]
 
-_INSTALL_HINT = 'the Anthropic client needs the anthropic package: pip install "contextpipe[anthropic]"'
-THINKING: Literal["anthropic.thinking"] = "anthropic.thinking"
-REDACTED: Literal["anthropic.redacted_thinking"] = "anthropic.redacted_thinking"
-_STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
-                 "model_context_window_exceeded": "length", "refusal": "content_filter", "pause_turn": "pause_turn"}
 _NO_CACHE_BLOCKS = ("thinking", "redacted_thinking")
 _MAX_PAUSES = 5
 
+ANTHROPIC = Vendor(
+    label="Anthropic", package="anthropic", error_base="AnthropicError", key_env="ANTHROPIC_API_KEY",
+    url_env="ANTHROPIC_BASE_URL", answer="message",
+    window_hint="History(store, max_messages=...), Compaction", overloaded=529, too_large=True,
+    stream_statuses={"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
+                     "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403},
+)
+"""The Messages API as error messages and configuration name it (and the status of each stream error type)."""
 
-def _import_anthropic() -> Any:
-    try:
-        import anthropic
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise UsageError(_INSTALL_HINT) from exc
-    return anthropic
+
+class AnthropicOptions(TypedDict, total=False):
+    """The constructor's options that `AnthropicChatModel.bedrock` and `AnthropicChatModel.vertex` pass on."""
+
+    max_tokens: int
+    """``max_tokens`` sent when the settings give no ``max_output_tokens`` (default 4096)."""
+    cache: Literal["5m", "1h"] | None
+    """Prompt-cache TTL for the automatic breakpoints, or None for no caching (default ``5m``)."""
+    settings: ModelSettings | None
+    """Default settings for every call."""
+    media_types: Sequence[str] | None
+    """Patterns of the media types the model reads in tool results (default: whatever the API takes)."""
 
 
-class AnthropicChatModel:
+class AnthropicChatModel(ClientModel["anthropic.AsyncAnthropic"]):
     """Claude over the Anthropic Messages API (see the module docstring).
 
     >>> model = AnthropicChatModel("claude-sonnet-5", api_key="sk-ant-example")
@@ -103,156 +85,74 @@ class AnthropicChatModel:
     the API takes; ``()`` suits a text-only model.
     """
 
-    provider: str = "anthropic"
-    """The provider's name, as OpenTelemetry's ``gen_ai.provider.name`` spells it."""
-
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 2,
-        max_tokens: int = 4096,
-        cache: Literal["5m", "1h"] | None = "5m",
-        settings: ModelSettings | None = None,
-        client: anthropic.AsyncAnthropic | None = None,
-        media_types: Sequence[str] | None = None,
-    ) -> None:
-        self._model = model or os.environ.get("ANTHROPIC_MODEL") or ""
-        self.media_types = None if media_types is None else tuple(media_types)
-        """Patterns of the media types this model reads in tool results (None: whatever the API takes)."""
-        if not self._model:
-            raise UsageError("no model name: pass AnthropicChatModel('claude-sonnet-5') or set ANTHROPIC_MODEL")
+    def __init__(self, model: str | None = None, *, api_key: str | None = None, base_url: str | None = None,
+                 timeout: float = 600.0, max_retries: int = 2, max_tokens: int = 4096,
+                 cache: Literal["5m", "1h"] | None = "5m", settings: ModelSettings | None = None,
+                 client: anthropic.AsyncAnthropic | None = None, media_types: Sequence[str] | None = None) -> None:
+        name = model_name(model, "ANTHROPIC_MODEL", "AnthropicChatModel('claude-sonnet-5')")
         if cache not in ("5m", "1h", None):
             raise UsageError(f"cache must be '5m', '1h' or None (off), got {cache!r}")
         if max_tokens < 1:
             raise UsageError(f"max_tokens must be at least 1, got {max_tokens}")
+        owned = client is None
+        if client is None:
+            api_key, base_url = ANTHROPIC.credentials(api_key, base_url)
+            client = ANTHROPIC.sdk().AsyncAnthropic(api_key=api_key, base_url=base_url, timeout=timeout,
+                                                    max_retries=max_retries)
+        super().__init__(name, Connection(client, ANTHROPIC, "anthropic", owned), settings,
+                         media_types)
         self.cache = cache
         """Prompt-cache TTL for the automatic breakpoints, or None for no caching."""
         self.max_tokens = max_tokens
         """``max_tokens`` sent when the settings give no ``max_output_tokens``."""
-        self.settings: ModelSettings = settings or ModelSettings()
-        """Default settings for every call; a request's settings override them."""
-        if client is not None:
-            self._client = client
-        else:
-            sdk = _import_anthropic()
-            base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-            api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
-            if not api_key:
-                if base_url is None:
-                    raise UsageError("no API key: set ANTHROPIC_API_KEY or pass api_key=...")
-                api_key = "unused"  # a local or proxy endpoint
-            self._client = sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, timeout=timeout,
-                                              max_retries=max_retries)
-        self._owns_client = client is None
 
     @classmethod
-    def bedrock(
-        cls,
-        model: str,
-        *,
-        aws_region: str | None = None,
-        aws_access_key: str | None = None,
-        aws_secret_key: str | None = None,
-        aws_session_token: str | None = None,
-        aws_profile: str | None = None,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 2,
-        **options: Any,
-    ) -> AnthropicChatModel:
+    def bedrock(cls, model: str, *, aws_region: str | None = None, aws_access_key: str | None = None,
+                aws_secret_key: str | None = None, aws_session_token: str | None = None,
+                aws_profile: str | None = None, api_key: str | None = None, base_url: str | None = None,
+                timeout: float = 600.0, max_retries: int = 2, **options: Unpack[AnthropicOptions]) -> Self:
         """Return Claude on Amazon Bedrock, through the SDK's ``AsyncAnthropicBedrock``.
 
         Credentials follow the SDK (arguments, ``AWS_*`` variables, a profile, or a Bedrock API key
         in `api_key` / ``AWS_BEARER_TOKEN_BEDROCK``). `model` is a Bedrock model id such as
         ``anthropic.claude-sonnet-5-v1:0``. Other options go to the constructor.
         """
-        sdk = _import_anthropic()
-        try:
-            client = sdk.AsyncAnthropicBedrock(
-                aws_region=aws_region, aws_access_key=aws_access_key, aws_secret_key=aws_secret_key,
-                aws_session_token=aws_session_token, aws_profile=aws_profile, api_key=api_key, base_url=base_url,
-                timeout=timeout, max_retries=max_retries)
-        except (ValueError, sdk.AnthropicError) as exc:
-            raise UsageError(f"cannot set up the Bedrock client: {exc}") from exc
-        instance = cls(model, client=client, **options)
-        instance._owns_client = True
-        instance.provider = "aws.bedrock"
-        return instance
+        client = _cloud_client("AsyncAnthropicBedrock", "Bedrock", aws_region=aws_region,
+                               aws_access_key=aws_access_key, aws_secret_key=aws_secret_key,
+                               aws_session_token=aws_session_token, aws_profile=aws_profile, api_key=api_key,
+                               base_url=base_url, timeout=timeout, max_retries=max_retries)
+        return cls(model, client=client, **options)._adopt(client, "aws.bedrock")
 
     @classmethod
-    def vertex(
-        cls,
-        model: str,
-        *,
-        region: str | None = None,
-        project_id: str | None = None,
-        access_token: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 2,
-        **options: Any,
-    ) -> AnthropicChatModel:
+    def vertex(cls, model: str, *, region: str | None = None, project_id: str | None = None,
+               access_token: str | None = None, base_url: str | None = None, timeout: float = 600.0,
+               max_retries: int = 2, **options: Unpack[AnthropicOptions]) -> Self:
         """Return Claude on Google Cloud Vertex AI, through the SDK's ``AsyncAnthropicVertex``.
 
         `region` / ``CLOUD_ML_REGION`` and `project_id` / ``ANTHROPIC_VERTEX_PROJECT_ID`` are needed;
         without `access_token` the SDK uses Google application-default credentials (``google-auth``).
         """
-        sdk = _import_anthropic()
         region = region or os.environ.get("CLOUD_ML_REGION")
         if not region:
             raise UsageError("Vertex AI needs a region: pass region=... or set CLOUD_ML_REGION")
-        kwargs: dict[str, Any] = {"region": region, "access_token": access_token, "base_url": base_url,
-                                  "timeout": timeout, "max_retries": max_retries}
-        if project_id:
-            kwargs["project_id"] = project_id
-        try:
-            client = sdk.AsyncAnthropicVertex(**kwargs)
-        except (ValueError, sdk.AnthropicError) as exc:
-            raise UsageError(f"cannot set up the Vertex AI client: {exc}") from exc
-        instance = cls(model, client=client, **options)
-        instance._owns_client = True
-        instance.provider = "gcp.vertex_ai"
-        return instance
-
-    async def close(self) -> None:
-        """Close the HTTP client, unless it was passed in (then its owner closes it)."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> AnthropicChatModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    @property
-    def name(self) -> str:
-        """The model name."""
-        return self._model
-
-    @property
-    def client(self) -> anthropic.AsyncAnthropic:
-        """The underlying SDK client."""
-        return self._client
+        project = {"project_id": project_id} if project_id else {}
+        client = _cloud_client("AsyncAnthropicVertex", "Vertex AI", region=region, access_token=access_token,
+                               base_url=base_url, timeout=timeout, max_retries=max_retries, **project)
+        return cls(model, client=client, **options)._adopt(client, "gcp.vertex_ai")
 
     # --- calls --------------------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send `request` and return the whole response (a ``pause_turn`` is continued)."""
         kwargs, notes = self._build(request)
-        merged: _Merged | None = None
+        merged: Merged | None = None
         for _ in range(_MAX_PAUSES + 1):
             try:
-                message = await self._client.messages.create(**kwargs)
+                message = await self.client.messages.create(**kwargs)
             except Exception as exc:
                 raise self._translate(exc) from exc
             blocks = [b.model_dump(exclude_none=True) for b in message.content]
-            merged = _Merged.add(merged, blocks, message.stop_reason, _usage(message.usage), message.model,
+            merged = Merged.add(merged, blocks, message.stop_reason, message_usage(message.usage), message.model,
                                  getattr(message, "id", None))
             if message.stop_reason != "pause_turn":
                 break
@@ -263,11 +163,11 @@ class AnthropicChatModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream `request`: text and thinking deltas, then the assembled response."""
         kwargs, notes = self._build(request)
-        merged: _Merged | None = None
+        merged: Merged | None = None
         for _ in range(_MAX_PAUSES + 1):
-            assembly = _StreamAssembly()
+            assembly = StreamAssembly()
             try:
-                stream = await self._client.messages.create(**kwargs, stream=True)
+                stream = await self.client.messages.create(**kwargs, stream=True)
                 async with stream:  # closes the connection even when the caller stops early
                     async for event in stream:
                         assembly.events += 1
@@ -276,12 +176,9 @@ class AnthropicChatModel:
             except Exception as exc:
                 raise self._translate(exc, streamed=assembly.events) from exc
             if not assembly.stopped:
-                raise ModelResponseError(
-                    f"the {self.provider} stream for model {self._model!r} ended after {assembly.events} event(s) "
-                    "without message_stop; the connection was probably cut: retry the call",
-                    provider=self.provider,
-                )
-            merged = _Merged.add(merged, assembly.blocks(self.provider), assembly.stop_reason, assembly.usage(),
+                raise stream_unfinished(self.provider, self._model,
+                                        f"after {assembly.events} event(s) without message_stop")
+            merged = Merged.add(merged, assembly.blocks(self.provider), assembly.stop_reason, assembly.usage(),
                                  assembly.model, assembly.message_id)
             if assembly.stop_reason != "pause_turn":
                 break
@@ -299,7 +196,7 @@ class AnthropicChatModel:
         for key in ("max_tokens", "stream", "temperature", "extra_body", "stop_sequences"):
             kwargs.pop(key, None)
         try:
-            counted = await self._client.messages.count_tokens(**kwargs)
+            counted = await self.client.messages.count_tokens(**kwargs)
         except Exception as exc:
             raise self._translate(exc) from exc
         return int(counted.input_tokens)
@@ -307,7 +204,7 @@ class AnthropicChatModel:
     # --- request ------------------------------------------------------------------------------------
 
     def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
-        settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
+        settings = self._settings(request)
         notes: list[str] = []
         messages = only_readable(request.messages, self.media_types, self._model, notes)
         wire, system_texts = _conversation(request, messages, notes)
@@ -341,77 +238,14 @@ class AnthropicChatModel:
             # The API needs max_tokens above the thinking budget; leave the usual room for the answer.
             kwargs["max_tokens"] = budget + self.max_tokens
 
-    # --- errors -------------------------------------------------------------------------------------
 
-    def _translate(self, exc: Exception, *, streamed: int = 0) -> ModelError:
-        """Map an SDK (or transport) exception to the most specific contextpipe `ModelError`."""
-        sdk = _import_anthropic()
-        provider, model = self.provider, self._model
-        where = f"{provider} ({self._client.base_url})"
-        if isinstance(exc, ModelError):
-            return exc
-        if isinstance(exc, sdk.APITimeoutError):
-            return ModelTimeout(f"{where} did not answer in time for model {model!r}; raise timeout=... or retry "
-                                "later", provider=provider)
-        if isinstance(exc, sdk.APIConnectionError):
-            if streamed:
-                return ModelResponseError(
-                    f"the {provider} stream for model {model!r} was cut after {streamed} event(s) ({exc}); retry "
-                    "the call", provider=provider)
-            return ModelConnectionError(f"could not reach {where}: {exc}; check base_url / ANTHROPIC_BASE_URL and "
-                                        "the network", provider=provider)
-        if isinstance(exc, sdk.APIResponseValidationError):
-            return ModelResponseError(f"{where} sent a response that is not a valid message: {exc}",
-                                      provider=provider, status_code=exc.status_code, body=exc.body)
-        if isinstance(exc, sdk.APIStatusError):
-            return self._status_error(exc, where, streamed)
-        if isinstance(exc, ValueError | TypeError | KeyError):
-            return ModelResponseError(f"{where} sent a response that could not be read: {exc}", provider=provider)
-        if isinstance(exc, sdk.AnthropicError):
-            return ModelError(f"{where}: {exc}", provider=provider)
-        if streamed:
-            return ModelResponseError(f"the {provider} stream for model {model!r} was cut after {streamed} event(s) "
-                                      f"({type(exc).__name__}: {exc}); retry the call", provider=provider)
-        return ModelConnectionError(f"the connection to {where} failed: {type(exc).__name__}: {exc}",
-                                    provider=provider)
-
-
-    def _status_error(self, exc: Any, where: str, streamed: int) -> ModelError:
-        """Map an HTTP error answer (or an ``error`` event in a stream) to a `ModelError` with a hint."""
-        provider, model = self.provider, self._model
-        status, body = exc.status_code, exc.body
-        error_type, detail = _error_detail(body, exc)
-        if status == 200:  # an `error` event in the middle of a stream
-            status = _STREAM_ERROR_STATUS.get(error_type or "", 500)
-            detail = f"{detail} (sent in the stream after {streamed} event(s))"
-        info: dict[str, Any] = {"provider": provider, "status_code": status, "body": body}
-        if status in (401, 403):
-            return ModelAuthError(f"{where} refused the credentials (HTTP {status}): {detail}; check "
-                                  "ANTHROPIC_API_KEY / api_key and that the key may use this model", **info)
-        if status == 429:
-            retry_after = _retry_after(exc.response.headers)
-            hint = f"retry after {retry_after:g} s" if retry_after is not None else "retry later"
-            return ModelRateLimited(f"{where} is rate limiting (HTTP 429): {detail}; {hint}", retry_after=retry_after,
-                                    **info)
-        if status == 529:
-            return ModelServerError(f"{where} is overloaded (HTTP 529): {detail}; retry in a little while", **info)
-        if status >= 500:
-            return ModelServerError(f"{where} failed with HTTP {status}: {detail}; retry later", **info)
-        if status == 413:
-            return ModelBadRequest(f"the request is larger than {where} accepts (HTTP 413): {detail}; send fewer or "
-                                   "smaller images and documents", **info)
-        if any(s in detail.lower() for s in ("prompt is too long", "context window", "too many tokens")):
-            return ContextWindowExceeded(
-                f"the request is larger than model {model!r}'s context window: {detail}; bound what is sent "
-                "(History(store, max_messages=...), Compaction) or use a model with a larger window", **info)
-        if status == 404:
-            return ModelBadRequest(f"{where} answered 404 for model {model!r}: {detail}; check the model name and "
-                                   "the base URL", **info)
-        return ModelBadRequest(f"{where} rejected the request (HTTP {status}): {detail}", **info)
-
-
-_STREAM_ERROR_STATUS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500,
-                        "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403}
+def _cloud_client(kind: str, cloud: str, **arguments: Any) -> Any:
+    """Build the SDK's client for Claude on a cloud (``AsyncAnthropicBedrock``, ``AsyncAnthropicVertex``)."""
+    sdk = ANTHROPIC.sdk()
+    try:
+        return getattr(sdk, kind)(**arguments)
+    except (ValueError, sdk.AnthropicError) as exc:
+        raise UsageError(f"cannot set up the {cloud} client: {exc}") from exc
 
 
 # --- wire format -------------------------------------------------------------------------------------
@@ -429,20 +263,11 @@ def _conversation(request: ModelRequest, messages: Sequence[Message],
                 system_texts.append(message.text)
             continue
         _append(wire, message, dropped, notes)
-    notes.extend(_dropped_notes(dropped, "Claude"))
+    notes.extend(dropped_notes(dropped, "Claude"))
     if not wire or wire[0]["role"] != "user":
         wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
         notes.append("added a placeholder user turn: the Messages API needs the conversation to start with one")
     return wire, system_texts
-
-
-def _dropped_notes(dropped: dict[str, int], who: str) -> list[str]:
-    """One note per kind of part left out (keys ``part:KIND`` for content parts, else reasoning formats)."""
-    notes = []
-    for key, count in sorted(dropped.items()):
-        what = f"part(s) of kind {key[5:]!r}" if key.startswith("part:") else f"reasoning part(s) of format {key!r}"
-        notes.append(f"left out {count} {what}: {who} cannot accept them")
-    return notes
 
 
 def _tools(request: ModelRequest, settings: ModelSettings, control: dict[str, Any] | None) -> dict[str, Any]:
@@ -525,9 +350,6 @@ def _user_block(part: Part, role: str, dropped: dict[str, int], notes: list[str]
     return _content_block(part, role)
 
 
-_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
-
-
 def _tool_result_content(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]:
     """Return the blocks of a result with media: its text, then the images and documents Claude accepts."""
     media: list[dict[str, Any]] = []
@@ -549,8 +371,8 @@ def _accepted_in_result(part: Media) -> bool:
         return False
     media_type = part.media_type
     if isinstance(part, UriPart):
-        return media_type in _IMAGE_TYPES or media_type == "application/pdf"
-    return media_type in _IMAGE_TYPES or media_type in ("application/pdf", "text/plain")
+        return media_type in IMAGE_TYPES or media_type == "application/pdf"
+    return media_type in IMAGE_TYPES or media_type in ("application/pdf", "text/plain")
 
 
 def _unknown_block(part: UnknownPart, dropped: dict[str, int]) -> dict[str, Any] | None:
@@ -656,166 +478,3 @@ def _thinking_can_continue(wire: list[dict[str, Any]]) -> bool:
 def _continue(kwargs: dict[str, Any], blocks: list[dict[str, Any]]) -> dict[str, Any]:
     """Return the request that continues a paused turn: the same one, with the partial answer appended."""
     return dict(kwargs, messages=[*kwargs["messages"], {"role": "assistant", "content": blocks}])
-
-
-def _usage(usage: Any) -> Usage:
-    if usage is None:
-        return Usage()
-    read = getattr(usage, "cache_read_input_tokens", None) or 0
-    write = getattr(usage, "cache_creation_input_tokens", None) or 0
-    details = getattr(usage, "output_tokens_details", None)
-    reasoning = getattr(details, "thinking_tokens", 0) if details is not None else 0
-    return Usage((getattr(usage, "input_tokens", None) or 0) + read + write, getattr(usage, "output_tokens", 0) or 0,
-                 read, write, reasoning or 0)
-
-
-def _parts(blocks: list[dict[str, Any]]) -> list[Part]:
-    parts: list[Part] = []
-    for block in blocks:
-        kind = block.get("type")
-        if kind == "text":
-            if block.get("text"):
-                parts.append(TextPart(block["text"]))
-        elif kind == "thinking":
-            parts.append(ReasoningPart(block.get("thinking", ""), block.get("signature", ""), THINKING))
-        elif kind == "redacted_thinking":
-            parts.append(ReasoningPart("", block.get("data", ""), REDACTED))
-        elif kind == "tool_use":
-            parts.append(FunctionCall(block["id"], block["name"], json.dumps(block.get("input") or {})))
-        else:
-            parts.append(UnknownPart(f"anthropic.{kind}", dict(block)))
-    return parts
-
-
-@dataclass
-class _Merged:
-    """The content of one answer, over the calls that continue a paused turn."""
-
-    blocks: list[dict[str, Any]]
-    stop_reason: str | None
-    usage: Usage
-    model: str | None
-    id: str | None
-
-    @classmethod
-    def add(cls, merged: _Merged | None, blocks: list[dict[str, Any]], stop_reason: str | None, usage: Usage,
-            model: str | None, message_id: str | None) -> _Merged:
-        """Add one call's answer; the id is the last call's (the message that finished the turn)."""
-        if merged is None:
-            return cls(list(blocks), stop_reason, usage, model, message_id)
-        return cls([*merged.blocks, *blocks], stop_reason, merged.usage + usage, model or merged.model,
-                   message_id or merged.id)
-
-    def response(self, model: str, notes: list[str], raw: Any = None) -> ModelResponse:
-        reason = self.stop_reason
-        return ModelResponse([Message("assistant", tuple(_parts(self.blocks)))], usage=self.usage,
-                             finish_reason=_STOP_REASONS.get(reason or "", reason), model=self.model or model,
-                             raw=raw, notes=tuple(notes), id=self.id)
-
-
-@dataclass
-class _Block:
-    data: dict[str, Any]
-    pieces: list[str] = field(default_factory=list)
-
-
-class _StreamAssembly:
-    """Assembles Messages API stream events into content blocks."""
-
-    def __init__(self) -> None:
-        self.events = 0
-        self.stopped = False
-        self.stop_reason: str | None = None
-        self.model: str | None = None
-        self.message_id: str | None = None
-        self._blocks: dict[int, _Block] = {}
-        self._start_usage: Any = None
-        self._delta_usage: Any = None
-
-    def feed(self, event: Any) -> list[ModelStreamEvent]:
-        kind = event.type
-        if kind == "message_start":
-            self.model = event.message.model
-            self.message_id = getattr(event.message, "id", None)
-            self._start_usage = event.message.usage
-        elif kind == "content_block_start":
-            self._blocks[event.index] = _Block(event.content_block.model_dump(exclude_none=True))
-        elif kind == "content_block_delta":
-            block = self._blocks.get(event.index)
-            if block is None:
-                raise ValueError(f"delta for content block {event.index} that was never started")
-            delta = event.delta
-            if delta.type == "text_delta":
-                block.pieces.append(delta.text)
-                return [TextDelta(delta.text)]
-            if delta.type == "thinking_delta":
-                block.pieces.append(delta.thinking)
-                return [ReasoningDelta(delta.thinking)]
-            if delta.type == "input_json_delta":
-                block.pieces.append(delta.partial_json)
-            elif delta.type == "signature_delta":
-                block.data["signature"] = delta.signature
-            elif delta.type == "citations_delta":
-                block.data.setdefault("citations", []).append(delta.citation.model_dump(exclude_none=True))
-        elif kind == "message_delta":
-            self.stop_reason = event.delta.stop_reason
-            self._delta_usage = event.usage
-        elif kind == "message_stop":
-            self.stopped = True
-        return []
-
-    def blocks(self, provider: str) -> list[dict[str, Any]]:
-        out = []
-        for index in sorted(self._blocks):
-            block = self._blocks[index]
-            data = dict(block.data)
-            kind = data.get("type")
-            if kind == "text":
-                data["text"] = data.get("text", "") + "".join(block.pieces)
-            elif kind == "thinking":
-                data["thinking"] = data.get("thinking", "") + "".join(block.pieces)
-            elif kind in ("tool_use", "server_tool_use"):
-                text = "".join(block.pieces)
-                try:
-                    data["input"] = json.loads(text) if text.strip() else data.get("input") or {}
-                except ValueError as exc:
-                    raise ModelResponseError(f"the {provider} stream sent tool input that is not JSON: {text[:200]!r}",
-                                             provider=provider) from exc
-            out.append(data)
-        return out
-
-    def usage(self) -> Usage:
-        start, delta = self._start_usage, self._delta_usage
-        if start is None and delta is None:
-            return Usage()
-
-        def pick(name: str) -> int:
-            value = getattr(delta, name, None) if delta is not None else None
-            if value is None and start is not None:
-                value = getattr(start, name, None)
-            return int(value or 0)
-
-        read, write = pick("cache_read_input_tokens"), pick("cache_creation_input_tokens")
-        details = getattr(delta, "output_tokens_details", None) if delta is not None else None
-        return Usage(pick("input_tokens") + read + write, pick("output_tokens"), read, write,
-                     int(getattr(details, "thinking_tokens", 0) or 0) if details is not None else 0)
-
-
-def _error_detail(body: Any, exc: Any) -> tuple[str | None, str]:
-    if isinstance(body, dict):
-        inner = body.get("error") if isinstance(body.get("error"), dict) else body
-        if isinstance(inner, dict) and inner.get("message"):
-            return inner.get("type"), str(inner["message"])
-    return None, str(getattr(exc, "message", exc))
-
-
-def _retry_after(headers: Any) -> float | None:
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return float(value) * scale
-        except ValueError:
-            continue
-    return None

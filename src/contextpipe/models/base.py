@@ -12,6 +12,8 @@ from ..tools import ToolSpec
 __all__ = [
     "CallModel",
     "ChatModel",
+    "DescribedModel",
+    "ModelInfo",
     "ModelMiddleware",
     "ModelRequest",
     "ModelResponse",
@@ -153,7 +155,8 @@ ModelStreamEvent: TypeAlias = TextDelta | ReasoningDelta | ResponseComplete
 class ChatModel(Protocol):
     """A chat model: one-shot `complete`, or `stream` ending with `ResponseComplete`.
 
-    Implementations raise `contextpipe.errors.ModelError` subclasses for every failure.
+    Implementations raise `contextpipe.errors.ModelError` subclasses for every failure. One that
+    also has an ``info`` property (`DescribedModel`) tells telemetry who serves it.
     """
 
     @property
@@ -167,6 +170,29 @@ class ChatModel(Protocol):
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Send `request` and yield deltas as they arrive, then one `ResponseComplete`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Who serves a chat model, as telemetry reports it (OpenTelemetry's ``gen_ai.provider.name``, ``server.*``)."""
+
+    provider: str
+    """The provider, as ``gen_ai.provider.name`` spells it: ``openai``, ``anthropic``, ``aws.bedrock``, ..."""
+    base_url: str | None = None
+    """The URL of the endpoint the model calls (``server.address`` / ``server.port``), or None."""
+
+
+@runtime_checkable
+class DescribedModel(Protocol):
+    """A chat model that says who serves it; telemetry names any other model by its class.
+
+    The OpenAI and Anthropic clients are described models. A model of your own may add the property.
+    """
+
+    @property
+    def info(self) -> ModelInfo:
+        """The provider and endpoint this model calls."""
         ...
 
 

@@ -24,39 +24,18 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .._media import Media, only_readable, with_left_out
-from ..errors import (
-    ModelBadRequest,
-    ModelError,
-    ModelRateLimited,
-    ModelResponseError,
-    ModelServerError,
-    UsageError,
-)
-from ..messages import (
-    DataPart,
-    FunctionCall,
-    FunctionResult,
-    Message,
-    Part,
-    ReasoningPart,
-    TextPart,
-    UnknownPart,
-    UriPart,
-)
-from .base import (
-    ModelRequest,
-    ModelResponse,
-    ModelSettings,
-    ModelStreamEvent,
-    ReasoningDelta,
-    ResponseComplete,
-    TextDelta,
-    Usage,
-)
-from .openai import _IMAGE_TYPES, OpenAIChatModel
+from ..errors import ModelBadRequest, ModelError, ModelRateLimited, ModelResponseError, ModelServerError, UsageError
+from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
+from ._client import IMAGE_TYPES, dropped_notes, stream_cut, stream_unfinished
+from ._openai import OpenAIModel, OpenAIOptions
+from .base import ModelRequest, ModelResponse, ModelStreamEvent, ReasoningDelta, ResponseComplete, TextDelta, Usage
+
+if TYPE_CHECKING:
+    from ..messages import Part
+    from .base import ModelSettings
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -65,21 +44,21 @@ RESPONSE_ID = "openai_response_id"
 """Metadata key of an assistant message: the id of the response that produced it."""
 
 
-class OpenAIResponsesModel(OpenAIChatModel):
+class OpenAIResponsesModel(OpenAIModel):
     """A model served over the OpenAI Responses API (see the module docstring).
 
     >>> model = OpenAIResponsesModel("gpt-5-mini", api_key="sk-example")
     >>> model.name, model.provider, model.previous_response
     ('gpt-5-mini', 'openai', False)
 
-    Takes the arguments of `OpenAIChatModel` (and `OpenAIResponsesModel.azure`), plus
-    `previous_response` (use the service's stored conversation) and `encrypted_reasoning` (ask for
-    encrypted reasoning in stateless mode; turn off for servers or models that refuse it).
+    Takes the connection's arguments, as `OpenAIChatModel` does (and `OpenAIResponsesModel.azure`),
+    plus `previous_response` (use the service's stored conversation) and `encrypted_reasoning` (ask
+    for encrypted reasoning in stateless mode; turn off for servers or models that refuse it).
     """
 
     def __init__(self, model: str | None = None, *, previous_response: bool = False,
-                 encrypted_reasoning: bool = True, **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
+                 encrypted_reasoning: bool = True, **options: Unpack[OpenAIOptions]) -> None:
+        super().__init__(model, **options)
         self.previous_response = previous_response
         """Whether calls continue the service's stored conversation (``previous_response_id``)."""
         self.encrypted_reasoning = encrypted_reasoning
@@ -87,20 +66,20 @@ class OpenAIResponsesModel(OpenAIChatModel):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send `request` and return the whole response."""
-        kwargs, notes = self._build_responses(request)
+        kwargs, notes = self._build(request)
         try:
-            response = await self._client.responses.create(**kwargs)
+            response = await self.client.responses.create(**kwargs)
         except Exception as exc:
             raise self._translate(exc) from exc
-        return self._parse_response(response, notes)
+        return self._parse(response, notes)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Stream `request`: text and reasoning-summary deltas, then the assembled response."""
-        kwargs, notes = self._build_responses(request)
+        kwargs, notes = self._build(request)
         events = 0
         final: Any = None
         try:
-            stream = await self._client.responses.create(**kwargs, stream=True)
+            stream = await self.client.responses.create(**kwargs, stream=True)
             async with stream:  # closes the connection even when the caller stops early
                 async for event in stream:
                     events += 1
@@ -118,21 +97,16 @@ class OpenAIResponsesModel(OpenAIChatModel):
             raise
         except Exception as exc:
             if events:
-                raise ModelResponseError(
-                    f"the {self._provider} stream for model {self._model!r} was cut after {events} event(s) "
-                    f"({type(exc).__name__}: {exc}); retry the call", provider=self._provider,
-                ) from exc
+                raise stream_cut(self.provider, self._model, events, "event", exc) from exc
             raise self._translate(exc) from exc
         if final is None:
-            raise ModelResponseError(
-                f"the {self._provider} stream for model {self._model!r} ended after {events} event(s) without "
-                "response.completed; the connection was probably cut: retry the call", provider=self._provider)
-        yield ResponseComplete(self._parse_response(final, notes))
+            raise stream_unfinished(self.provider, self._model, f"after {events} event(s) without response.completed")
+        yield ResponseComplete(self._parse(final, notes))
 
     # --- request ------------------------------------------------------------------------------------
 
-    def _build_responses(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
-        settings: ModelSettings = self.settings | request.settings if self.settings else request.settings
+    def _build(self, request: ModelRequest) -> tuple[dict[str, Any], list[str]]:
+        settings = self._settings(request)
         notes: list[str] = []
         kwargs: dict[str, Any] = {"model": self._model}
         messages = only_readable(self._continuation(request.messages, kwargs), self.media_types, self._model, notes)
@@ -140,7 +114,7 @@ class OpenAIResponsesModel(OpenAIChatModel):
         items: list[dict[str, Any]] = []
         for message in messages:
             _append_items(items, message, dropped, notes)
-        notes.extend(_dropped_notes(dropped, "the Responses API"))
+        notes.extend(dropped_notes(dropped, "the Responses API"))
         kwargs["input"] = items
         if request.instructions:
             kwargs["instructions"] = request.instructions
@@ -167,7 +141,7 @@ class OpenAIResponsesModel(OpenAIChatModel):
 
     # --- response -----------------------------------------------------------------------------------
 
-    def _parse_response(self, response: Any, notes: list[str]) -> ModelResponse:
+    def _parse(self, response: Any, notes: list[str]) -> ModelResponse:
         status = getattr(response, "status", None)
         if status == "failed":
             error = getattr(response, "error", None)
@@ -175,8 +149,8 @@ class OpenAIResponsesModel(OpenAIChatModel):
                                      0)
         output = getattr(response, "output", None)
         if output is None:
-            raise ModelResponseError(f"{self._provider} returned a response without output for model "
-                                     f"{self._model!r}: {str(response)[:300]}", provider=self._provider, body=response)
+            raise ModelResponseError(f"{self.provider} returned a response without output for model "
+                                     f"{self._model!r}: {str(response)[:300]}", provider=self.provider, body=response)
         parts: list[Part] = []
         refused = False
         for item in output:
@@ -194,24 +168,23 @@ class OpenAIResponsesModel(OpenAIChatModel):
                              id=response_id if isinstance(response_id, str) else None)
 
     def _stream_error(self, code: str | None, message: str, events: int) -> ModelError:
-        where = f"{self._provider} ({self._client.base_url})"
+        where = self._connection.where
         detail = f"{message} (code {code}, after {events} event(s))" if code else message
         if code in ("rate_limit_exceeded", "insufficient_quota"):
-            return ModelRateLimited(f"{where} is rate limiting: {detail}; retry later", provider=self._provider)
+            return ModelRateLimited(f"{where} is rate limiting: {detail}; retry later", provider=self.provider)
         if code in ("invalid_prompt", "invalid_request_error", "invalid_value"):
-            return ModelBadRequest(f"{where} rejected the request: {detail}", provider=self._provider)
-        return ModelServerError(f"{where} failed while answering: {detail}; retry later", provider=self._provider)
+            return ModelBadRequest(f"{where} rejected the request: {detail}", provider=self.provider)
+        return ModelServerError(f"{where} failed while answering: {detail}; retry later", provider=self.provider)
 
 
 def _usage(usage: Any) -> Usage | None:
+    """`Usage` from a response's usage, with cached input and reasoning tokens when reported."""
     if usage is None:
         return None
     inputs = getattr(usage, "input_tokens_details", None)
-    outputs = getattr(usage, "output_tokens_details", None)
-    return Usage(usage.input_tokens or 0, usage.output_tokens or 0,
-                 (getattr(inputs, "cached_tokens", 0) or 0) if inputs is not None else 0,
-                 (getattr(inputs, "cache_write_tokens", 0) or 0) if inputs is not None else 0,
-                 (getattr(outputs, "reasoning_tokens", 0) or 0) if outputs is not None else 0)
+    reasoning = getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", None)
+    return Usage(usage.input_tokens or 0, usage.output_tokens or 0, getattr(inputs, "cached_tokens", None) or 0,
+                 getattr(inputs, "cache_write_tokens", None) or 0, reasoning or 0)
 
 
 def _output_parts(item: Any, parts: list[Part]) -> bool:
@@ -234,15 +207,6 @@ def _output_parts(item: Any, parts: list[Part]) -> bool:
     else:
         parts.append(UnknownPart(f"openai.{kind}", item.model_dump(exclude_none=True)))
     return False
-
-
-def _dropped_notes(dropped: dict[str, int], who: str) -> list[str]:
-    """One note per kind of part left out (keys ``part:KIND`` for content parts, else reasoning formats)."""
-    notes = []
-    for key, count in sorted(dropped.items()):
-        what = f"part(s) of kind {key[5:]!r}" if key.startswith("part:") else f"reasoning part(s) of format {key!r}"
-        notes.append(f"left out {count} {what}: {who} cannot accept them")
-    return notes
 
 
 def _tools(request: ModelRequest, settings: ModelSettings) -> dict[str, Any]:
@@ -306,7 +270,7 @@ def _tool_output(part: FunctionResult, notes: list[str]) -> list[dict[str, Any]]
         if isinstance(item, UnknownPart):
             left_out.append(item)
             continue
-        image = item.media_type in _IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
+        image = item.media_type in IMAGE_TYPES or (isinstance(item, UriPart) and item.media_type.startswith("image/"))
         if image or item.media_type == "application/pdf":
             media.append(_media(item, "tool"))
         else:
