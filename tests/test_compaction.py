@@ -21,6 +21,7 @@ from contextpipe import (
     Usage,
     tool,
 )
+from contextpipe._run.invariants import check_messages
 from contextpipe.compaction import (
     ClearToolResults,
     CompactionPipeline,
@@ -32,7 +33,7 @@ from contextpipe.compaction import (
     compact,
     group_messages,
 )
-from contextpipe.invariants import check_messages, tool_exchange_problem
+from contextpipe.exchanges import exchange_problem
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import MemoryStore
@@ -169,7 +170,7 @@ async def test_sliding_window_by_messages_and_turns() -> None:
     assert [m.text.split()[1] for m in by_turns.messages if m.role == "user"] == ["4", "5"]
     by_messages = await compact(msgs, SlidingWindow(max_messages=5), estimate())
     assert len(by_messages.messages) <= 5
-    assert tool_exchange_problem(by_messages.messages) is None
+    assert exchange_problem(by_messages.messages) is None
 
 
 async def test_triggers_decide_when_a_strategy_runs() -> None:
@@ -276,7 +277,7 @@ def strategies_under_test(budget: int) -> list[CompactionStrategy]:
 @settings(max_examples=60, deadline=None)
 @given(msgs=conversations(), budget=st.integers(20, 3000))
 async def test_every_strategy_keeps_every_invariant(msgs: list[Message], budget: int) -> None:
-    assert tool_exchange_problem(msgs) is None  # the generator makes valid conversations
+    assert exchange_problem(msgs) is None  # the generator makes valid conversations
     latest = msgs[-1]
     systems = [m for m in msgs if m.role == "system"]
     originals = {m.id: m for m in msgs}
@@ -304,7 +305,7 @@ async def test_sixty_step_tool_loop_stays_under_budget_and_loses_nothing() -> No
     problems: list[str] = []
 
     def step(request: ModelRequest) -> Any:
-        problem = tool_exchange_problem(request.messages)
+        problem = exchange_problem(request.messages)
         if problem:
             problems.append(problem)
         seen.append(counter.text(request.instructions) + counter.tools(request.tools)

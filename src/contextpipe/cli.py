@@ -30,6 +30,7 @@ from rich.table import Table
 from . import __version__
 from ._cli_chat import ChatRepl, shown
 from .agent import Agent
+from .config import Durability
 from .errors import ContextPipeError, CorruptRecord, UsageError
 from .messages import Message, message_to_dict
 from .models.base import ChatModel, ModelRequest, TextDelta
@@ -356,7 +357,8 @@ async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, d
         providers.append(tools)
     if options.max_input_tokens:
         providers.append(Compaction(max_input_tokens=options.max_input_tokens))
-    agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
+    agent = Agent(model, instructions=options.instructions, providers=providers,
+                  durability=Durability(store_traces=True))
     session = await agent.session(session_id, tenant=tenant)
     session.state.setdefault("user_id", options.user)
     return agent, session
@@ -578,7 +580,7 @@ def inspect(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantO
     traces = asyncio.run(run())
     if not traces:
         raise _fail(f"session {session!r} has no stored traces; traces are stored by `contextpipe chat` and by "
-                    "agents made with Agent(store_traces=True)")
+                    "agents made with Agent(durability=Durability(store_traces=True))")
     if call is not None:
         if not 1 <= call <= len(traces):
             raise _fail(f"--call must be between 1 and {len(traces)}")

@@ -1,8 +1,8 @@
 """The provider-facing context of one run: what providers read and contribute, and where it came from.
 
 `RunContext` is what a provider's `before_run` writes into and `after_run` reads; it holds nothing
-else (no store, lease, spans or timings: saving is `_persistence.StepWriter`'s, the hooks and
-their timings are `_hooks`', and the record of the run is `trace.RunJournal`).
+else (no store, lease, spans or timings: saving is `_run.writer.StepWriter`'s, the hooks and
+their timings are `_run.hooks`', and the record of the run is `trace.RunJournal`).
 
 Messages are kept as *segments*, each a list of messages plus the `Source` they came from, so a
 10,000-message history is attributed in O(1) instead of by copying every message. What providers

@@ -13,19 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import RequestInvariantError
-from .exchanges import exchange_problem
-from .messages import Message
+from ..errors import RequestInvariantError
+from ..exchanges import exchange_problem
+from ..messages import Message
 
-__all__ = ["check_messages", "tool_exchange_problem"]
-
-
-def tool_exchange_problem(messages: Sequence[Message]) -> str | None:
-    """Describe the first unanswered call or orphan result in `messages`, or return None.
-
-    The rules live in `contextpipe.exchanges` (`exchange_problem`).
-    """
-    return exchange_problem(messages)
+__all__ = ["check_messages"]
 
 
 def check_messages(messages: Sequence[Message], *, latest_input: Message | None) -> None:

@@ -1,72 +1,55 @@
 """`StepWriter`: everything a run saves, fenced by the one lease the run holds.
 
-The agent acquires the lease and creates the writer; the loop hands it each step; the agent alone
-releases the lease at the end. The writer saves:
+``async with StepWriter.open(store, session, ...) as writer:`` takes the session's lease, starts
+its heartbeat (`contextpipe._run.heartbeat`), brings the caller's `Session` up to date with the
+store, and on the way out stops the heartbeat and gives the lease back. Inside, the loop hands the
+writer each step. The writer saves:
 
 - per step (the default): the request messages each storing history provider keeps, with the first
   model output; then every model output and every tool result as soon as it exists; a run
   interrupted before its first model output was saved (a cancelled task, Ctrl-C) still saves the
   request messages, so the caller's input is never lost;
 - per run: everything once, when the run has succeeded;
-- summary checkpoints (for compaction), the session's state and, when asked, the run's traces.
+- summary checkpoints (for compaction), the session's state (with the run's token calibration)
+  and, when asked, the run's traces.
 
-While the run lives, a background *heartbeat* renews the lease every ``lease.ttl / 3`` seconds (by
-default; until the first renewal a run only waits on one timer shared by the event loop's runs,
-so a run shorter than that starts no task and arms no timer of its own), whatever the
-run is doing: a slow model call, a long tool, a provider hook. If a renewal
-fails with `LeaseLost` (another worker took the session over, or it was deleted), the writer
-refuses every further write and `guard` stops whatever the run is awaiting at once (in-flight
-tools are cancelled) with that error.
+If a renewal fails with `LeaseLost` (another worker took the session over, or it was deleted),
+the writer refuses every further write and `guard` stops whatever the run is awaiting at once
+(in-flight tools are cancelled) with that error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-import math
+import os
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import LeaseLost
-from .providers.base import accepts_keyword
-from .stores.base import Checkpoint
+from ..errors import LeaseLost, StoreError
+from ..providers.base import accepts_keyword
+from ..stores.base import Checkpoint
+from .heartbeat import LeaseHeartbeat
 
 if TYPE_CHECKING:
-    from .messages import Message
-    from .pipeline import RunContext
-    from .providers.base import HistoryProvider
-    from .session import Session
-    from .stores.base import Lease, SessionStore
+    from ..config import Durability
+    from ..messages import Message
+    from ..pipeline import RunContext
+    from ..providers.base import HistoryProvider
+    from ..session import Session
+    from ..stores.base import Lease, SessionStore
 
-__all__ = ["Heartbeat", "StepWriter"]
+__all__ = ["StepWriter"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """How a run keeps its session's lease alive in the background.
-
-    The lease is renewed every `interval` seconds (None: a third of the lease's TTL), waiting with
-    `sleep`; tests pass a `sleep` that waits for an explicit signal instead of the clock.
-    """
-
-    interval: float | None = None
-    """Seconds between renewals; None renews every ``ttl / 3``, well inside the TTL."""
-    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
-    """Waits between renewals (``asyncio.sleep`` unless a test drives the beats itself)."""
 
 
 class StepWriter:
     """Saves one run's messages, checkpoints and session state, fenced by the run's lease."""
 
     def __init__(self, *, store: SessionStore, session: Session | None, lease: Lease | None,
-                 history_providers: Sequence[HistoryProvider], per_step: bool,
-                 heartbeat: Heartbeat | None = None) -> None:
+                 history_providers: Sequence[HistoryProvider], per_step: bool) -> None:
         self.store = store
         """The store holding the session (and the lease)."""
         self.session = session
@@ -88,51 +71,29 @@ class StepWriter:
         """Set when a renewal failed: the run no longer holds the session and must stop."""
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
         self._stopped = False  # the heartbeat cancelled that task
-        self._beating: asyncio.Task[None] | None = None
-        self._waiting: _FirstRenewals | None = None  # holds this writer until its first renewal is due
-        if lease is not None:
-            beat = heartbeat or Heartbeat()
-            if beat.sleep is asyncio.sleep:  # no task until the first renewal is due: a short run starts none
-                self._waiting = _FirstRenewals.of(asyncio.get_running_loop())
-                self._waiting.add(self, beat)
-            else:
-                self._beating = asyncio.ensure_future(self._beat(beat))
+        self._heartbeat: LeaseHeartbeat | None = None
+
+    @staticmethod
+    def open(store: SessionStore, session: Session | None, *, history_providers: Sequence[HistoryProvider],
+             durability: Durability, lease_wait: float = 0.0) -> _Open:
+        """Return an async context manager that holds a writer for one run on `session` (or on none).
+
+        Entering it takes the session's lease (waiting up to `lease_wait` seconds for a concurrent
+        run), starts the heartbeat and brings `session` up to date with the store; leaving it stops
+        the heartbeat and gives the lease back.
+        """
+        return _Open(store, session, history_providers, durability, lease_wait)
 
     # --- the lease ----------------------------------------------------------------------------------
 
-    def _interval(self, heartbeat: Heartbeat) -> float:
-        assert self.lease is not None
-        return heartbeat.interval if heartbeat.interval is not None else self.lease.ttl / 3
-
-    def _start(self, heartbeat: Heartbeat) -> None:
-        """Renew now (the run outlived one renewal interval), then keep renewing in the background."""
-        self._waiting = None
-        if self.lease is not None:
-            self._beating = asyncio.ensure_future(self._beat(heartbeat, waited=True))
-
-    async def _beat(self, heartbeat: Heartbeat, *, waited: bool = False) -> None:
-        """Renew the lease until the run ends or a renewal fails (then stop the run)."""
-        while self.lease is not None:
-            if not waited:
-                await heartbeat.sleep(self._interval(heartbeat))
-            waited = False
-            lease = self.lease
-            if lease is None:
-                return
-            try:
-                renewed = await self.store.renew_lease(lease)
-            except LeaseLost as exc:
-                exc.add_note("the run was stopped: another run took this session over (or it was deleted) "
-                             "while this one was still working; nothing more was saved")
-                self.lost = exc
-                if self._inside is not None:
-                    self._stopped = True
-                    self._inside.cancel()
-                return
-            except Exception:
-                continue
-            if self.lease is lease:
-                self.lease = renewed
+    def lease_lost(self, error: LeaseLost) -> None:
+        """Refuse every further write and stop what the run is awaiting (the heartbeat calls it)."""
+        error.add_note("the run was stopped: another run took this session over (or it was deleted) "
+                       "while this one was still working; nothing more was saved")
+        self.lost = error
+        if self._inside is not None:
+            self._stopped = True
+            self._inside.cancel()
 
     def check(self) -> None:
         """Raise the `LeaseLost` that stopped the run, if the lease was lost."""
@@ -245,87 +206,66 @@ class StepWriter:
         if traces:
             await self.store.append_traces(session.tenant, session.id, list(traces), lease=self.lease)
 
+    async def refresh(self) -> None:
+        """Bring a stale `Session` object up to date with the store (another worker may have run)."""
+        session = self.session
+        assert session is not None
+        stored = await self.store.get_session(session.tenant, session.id)
+        if stored is None and session.version > 0:
+            raise StoreError(
+                f"session {session.id!r} (tenant {session.tenant!r}) no longer exists: it was deleted or it "
+                "expired; start a new one with agent.session(...)",
+                backend=self.store.backend, tenant=session.tenant, session_id=session.id,
+            )
+        if stored is not None and stored.version != session.version:
+            session.state = stored.state
+            session.version = stored.version
+
     async def release(self) -> None:
         """Stop the heartbeat and give the session's lease back (the run is over)."""
-        if self._waiting is not None:
-            self._waiting.discard(self)
-            self._waiting = None
-        if self._beating is not None:
-            self._beating.cancel()
-            await asyncio.gather(self._beating, return_exceptions=True)
-            self._beating = None
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
+            self._heartbeat = None
         if self.lease is not None:
             lease, self.lease = self.lease, None
             if self.lost is None:
                 await self.store.release_lease(lease)
 
 
-class _FirstRenewals:
-    """The runs of one event loop waiting for their lease's first renewal, all on one timer.
+class _Open:
+    """``async with StepWriter.open(...)``: the writer of one run, from taking the lease to giving it back."""
 
-    A run is over long before its first renewal is due (a third of the lease's TTL) almost
-    always: registering it costs a dict entry instead of a timer of its own, and the timer is armed
-    again only when a run is due before the one it is armed for. When the timer fires, every run
-    that is due starts its heartbeat (`StepWriter._start`), and the timer is armed for the next one.
-    The runs wait in a heap by due time, so a firing touches only the runs that are due (and entries
-    of runs already over, dropped as they come to the top): many long runs at once cost
-    O(log n) each, not a scan of all of them per firing.
-    """
+    __slots__ = ("_durability", "_providers", "_session", "_store", "_wait", "_writer")
 
-    __slots__ = ("_at", "_due", "_loop", "_order", "_queue", "_timer")
+    def __init__(self, store: SessionStore, session: Session | None, providers: Sequence[HistoryProvider],
+                 durability: Durability, lease_wait: float) -> None:
+        self._store, self._session, self._providers = store, session, providers
+        self._durability, self._wait = durability, lease_wait
+        self._writer: StepWriter | None = None
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._due: dict[StepWriter, tuple[float, Heartbeat]] = {}
-        self._queue: list[tuple[float, int, StepWriter]] = []  # (due, order, writer); over runs' entries stay
-        self._order = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
-        self._at = math.inf  # when the timer fires
+    async def __aenter__(self) -> StepWriter:
+        store, session, durability = self._store, self._session, self._durability
+        per_step = durability.persistence == "per_step"
+        if session is None:
+            self._writer = StepWriter(store=store, session=None, lease=None, history_providers=self._providers,
+                                      per_step=per_step)
+            return self._writer
+        lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
+                                          ttl=durability.lease_ttl, wait=self._wait)
+        writer = self._writer = StepWriter(store=store, session=session, lease=lease,
+                                           history_providers=self._providers, per_step=per_step)
+        writer._heartbeat = LeaseHeartbeat(writer, durability.heartbeat)
+        writer._heartbeat.start()
+        try:
+            await writer.refresh()
+        except BaseException:
+            self._writer = None
+            await writer.release()
+            raise
+        return writer
 
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> _FirstRenewals:
-        """Return the waiting runs of `loop`."""
-        renewals = _BY_LOOP.get(loop)
-        if renewals is None:
-            renewals = _BY_LOOP[loop] = cls(loop)
-        return renewals
-
-    def add(self, writer: StepWriter, heartbeat: Heartbeat) -> None:
-        """Start `writer`'s heartbeat when its first renewal is due (unless it is discarded first)."""
-        when = self._loop.time() + writer._interval(heartbeat)
-        self._due[writer] = (when, heartbeat)
-        heapq.heappush(self._queue, (when, next(self._order), writer))
-        if when < self._at:
-            self._arm(when)
-
-    def discard(self, writer: StepWriter) -> None:
-        """Forget `writer` (its run is over)."""
-        self._due.pop(writer, None)
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._at = self._loop.call_at(when, self._fire), when
-
-    def _fire(self) -> None:
-        self._timer, self._at = None, math.inf
-        now = self._loop.time() + _EARLY
-        queue, due = self._queue, self._due
-        while queue:
-            when, _, writer = queue[0]
-            waiting = due.get(writer)
-            if waiting is None or waiting[0] != when:  # the run is over (or waits under a newer entry)
-                heapq.heappop(queue)
-            elif when <= now:
-                heapq.heappop(queue)
-                del due[writer]
-                writer._start(waiting[1])
-            else:
-                self._arm(when)
-                break
-
-
-_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _FirstRenewals] = weakref.WeakKeyDictionary()
-
-_EARLY = 0.001
-"""Seconds a first renewal may start early (the event loop runs a timer up to its clock resolution early)."""
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            await writer.release()
