@@ -64,10 +64,11 @@ class LeaseHeartbeat:
 
     def start(self) -> None:
         """Start renewing: from the event loop's shared timer, or from a task of the run's own."""
-        # The seam: both branches renew at the same times. Waiting on the shared timer makes a run
-        # that ends before its first renewal (almost all of them) cheaper: measured with 20,000
-        # concurrent short runs on one event loop (MemoryStore, a one-call model),
-        # 41.6 µs per run against 58.8 µs with a heartbeat task per run (bench/heartbeat_bench.py).
+        # The seam: both branches renew at the same times (tests/test_heartbeat.py). The shared timer
+        # makes a run that ends before its first renewal (almost all of them) start no task and arm
+        # no timer: 20,000 short runs at once on one event loop (MemoryStore, a one-call model) take
+        # 505 µs each with it against 914 µs with a heartbeat task per run, 1,000 at once 415 against
+        # 698 µs (bench/heartbeat_bench.py, best of 5, on a shared 2-core machine).
         if self._beat.shared_timer:
             self._waiting = _FirstRenewals.of(asyncio.get_running_loop())
             self._waiting.add(self, self.interval())
