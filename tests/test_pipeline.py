@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from contextpipe import (
     Agent,
     ContextProvider,
+    HistoryPolicy,
     Message,
     ModelServerError,
     ProviderError,
@@ -265,8 +266,8 @@ def test_construction_rejects_duplicate_ids_keys_and_loaders() -> None:
     with pytest.raises(UsageError, match="only one history provider may load"):
         Agent(model, providers=[History(MemoryStore()), History(MemoryStore(), source_id="second")])
     Agent(model, providers=[History(MemoryStore()),
-                            History(MemoryStore(), source_id="audit", load_messages=False,
-                                    store_context_messages=True)])
+                            History(MemoryStore(), source_id="audit",
+                                    policy=HistoryPolicy(load_messages=False, store_context_messages=True))])
 
 
 class Prefs(BaseModel):
@@ -358,10 +359,10 @@ async def test_history_is_never_stored_twice() -> None:
 
 
 async def test_store_inputs_and_outputs_switches() -> None:
-    no_inputs = RecordingHistory(MemoryStore(), store_inputs=False)
+    no_inputs = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_inputs=False))
     await run_twice(no_inputs)
     assert [describe(b) for b in no_inputs.saves] == [["assistant:a1"], ["assistant:a2"]]
-    no_outputs = RecordingHistory(MemoryStore(), store_outputs=False)
+    no_outputs = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_outputs=False))
     await run_twice(no_outputs)
     assert [describe(b) for b in no_outputs.saves] == [["user:q1"], ["user:q2"]]
 
@@ -369,7 +370,8 @@ async def test_store_inputs_and_outputs_switches() -> None:
 async def test_context_messages_stored_only_when_asked_and_audit_pattern() -> None:
     log: list[str] = []
     primary = RecordingHistory(MemoryStore())
-    audit = RecordingHistory(MemoryStore(), source_id="audit", load_messages=False, store_context_messages=True)
+    audit = RecordingHistory(MemoryStore(), source_id="audit",
+                             policy=HistoryPolicy(load_messages=False, store_context_messages=True))
     agent = Agent(ScriptedModel(["a1", "a2"]), providers=[primary, Recorder("memory", log, message=True), audit])
     session = await agent.session("s")
     await agent.run("q1", session=session)
@@ -386,9 +388,11 @@ async def test_context_messages_stored_only_when_asked_and_audit_pattern() -> No
 async def test_custom_filters() -> None:
     history = RecordingHistory(
         MemoryStore(),
-        provide_filter=lambda msgs: [m for m in msgs if m.role == "user"],
-        store_request_filter=lambda msgs: [m for m in msgs if m.source is not None and m.source.kind == "input"],
-        store_response_filter=lambda msgs: [m.with_source(Source("model", "redacted")) for m in msgs],
+        policy=HistoryPolicy(
+            provide_filter=lambda msgs: [m for m in msgs if m.role == "user"],
+            store_request_filter=lambda msgs: [m for m in msgs if m.source is not None and m.source.kind == "input"],
+            store_response_filter=lambda msgs: [m.with_source(Source("model", "redacted")) for m in msgs],
+        ),
     )
     agent, session = await run_twice(history)
     model = agent.model
@@ -408,6 +412,6 @@ async def test_request_filter_sees_sources_of_every_request_message() -> None:
         return [m for m in msgs if m.source is not None and m.source.kind == "input"]
 
     log: list[str] = []
-    history = RecordingHistory(MemoryStore(), store_request_filter=keep_inputs)
+    history = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_request_filter=keep_inputs))
     await run_twice(history, extra=[Recorder("memory", log)])
     assert seen == [["context", "input"], ["history", "history", "context", "input"]]

@@ -169,8 +169,9 @@ class Agent:
         if len(loaders) > 1:
             names = ", ".join(repr(p) for p in loaders)
             raise UsageError(
-                f"only one history provider may load messages, but {names} all do; set load_messages=False "
-                "on the others (for audit logs: load_messages=False, store_context_messages=True)"
+                f"only one history provider may load messages, but {names} all do; give the others "
+                "policy=HistoryPolicy(load_messages=False) (for audit logs: "
+                "HistoryPolicy(load_messages=False, store_context_messages=True))"
             )
 
     # --- sessions -----------------------------------------------------------------------------------

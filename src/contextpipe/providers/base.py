@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..config import HistoryPolicy
 from ..errors import UsageError
 from ..messages import Message
 
@@ -153,44 +154,50 @@ class ContextProvider:
 class HistoryProvider(ContextProvider):
     """A context provider that loads and stores a session's messages.
 
-    Implement `load` and `save`. Options:
-
-    - `load_messages`: add the loaded messages to the context (only one provider of an agent may).
-    - `store_inputs` / `store_outputs`: store the caller's messages / the model's and tools' messages.
-    - `store_context_messages`: also store messages other context providers added (audit logs).
-    - `provide_filter`: applied to loaded messages before they enter the context.
-    - `store_request_filter`: chooses which request messages to store. By default messages loaded
-      from history are dropped (they are stored already), and context messages are dropped unless
-      `store_context_messages` is set.
-    - `store_response_filter`: chooses which response messages (model output, tool results) to store.
+    Implement `load` and `save`. What it loads and stores is its `policy` (a `HistoryPolicy`:
+    `load_messages`, `store_inputs`, `store_outputs`, `store_context_messages` and the three
+    filters; by default it loads the history and stores the caller's input and the model's and
+    tools' messages). Only one provider of an agent may load messages.
     """
 
     kind = "history"
 
-    def __init__(
-        self,
-        source_id: str = "history",
-        *,
-        load_messages: bool = True,
-        store_inputs: bool = True,
-        store_outputs: bool = True,
-        store_context_messages: bool = False,
-        provide_filter: MessageFilter | None = None,
-        store_request_filter: MessageFilter | None = None,
-        store_response_filter: MessageFilter | None = None,
-    ) -> None:
-        super().__init__(source_id, store_request_filter=store_request_filter,
-                         store_response_filter=store_response_filter)
-        self.load_messages = load_messages
-        self.store_inputs = store_inputs
-        self.store_outputs = store_outputs
-        self.store_context_messages = store_context_messages
-        self.provide_filter = provide_filter
+    def __init__(self, source_id: str = "history", *, policy: HistoryPolicy | None = None) -> None:
+        policy = policy if policy is not None else HistoryPolicy()
+        super().__init__(source_id, store_request_filter=policy.store_request_filter,
+                         store_response_filter=policy.store_response_filter)
+        self.policy = policy
+        """What this provider loads and stores."""
+
+    @property
+    def load_messages(self) -> bool:
+        """Add the loaded messages to the context (``policy.load_messages``)."""
+        return self.policy.load_messages
+
+    @property
+    def store_inputs(self) -> bool:
+        """Store the caller's messages (``policy.store_inputs``)."""
+        return self.policy.store_inputs
+
+    @property
+    def store_outputs(self) -> bool:
+        """Store the model's and tools' messages (``policy.store_outputs``)."""
+        return self.policy.store_outputs
+
+    @property
+    def store_context_messages(self) -> bool:
+        """Also store messages other context providers added (``policy.store_context_messages``)."""
+        return self.policy.store_context_messages
+
+    @property
+    def provide_filter(self) -> MessageFilter | None:
+        """Applied to loaded messages before they enter the context (``policy.provide_filter``)."""
+        return self.policy.provide_filter
 
     @property
     def stores_anything(self) -> bool:
         """False when this provider would never save a message."""
-        return self.store_inputs or self.store_outputs or self.store_context_messages
+        return self.policy.stores_anything
 
     async def load(self, session: Session) -> Sequence[Message]:
         """Return the session's messages to put into the context, oldest first."""
