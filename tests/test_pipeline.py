@@ -11,6 +11,7 @@ from contextpipe import (
     Agent,
     ContextProvider,
     HistoryPolicy,
+    HistoryProvider,
     Message,
     ModelServerError,
     ProviderError,
@@ -415,3 +416,40 @@ async def test_request_filter_sees_sources_of_every_request_message() -> None:
     history = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_request_filter=keep_inputs))
     await run_twice(history, extra=[Recorder("memory", log)])
     assert seen == [["context", "input"], ["history", "history", "context", "input"]]
+
+
+async def test_a_custom_history_provider_gets_the_lease_token_the_durable_flag_and_fencing() -> None:
+    """What `History` gets from a run, a `HistoryProvider` written from scratch gets too (declared, not probed)."""
+    from contextpipe.providers import LoadedHistory
+    from contextpipe.stores import Lease
+    from contextpipe.testing import tool_call
+
+    @tool(idempotent=True)
+    def ping() -> str:
+        """Answers pong."""
+        return "pong"
+
+    class Custom(HistoryProvider):
+        def __init__(self, store: MemoryStore) -> None:
+            super().__init__("custom")
+            self.store = store
+            self.tokens: list[int | None] = []
+            self.saves: list[tuple[list[str], bool, bool]] = []
+
+        async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
+            self.tokens.append(lease_token)
+            return LoadedHistory([])
+
+        async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                       durable: bool = True) -> None:
+            self.saves.append((describe(messages), lease is not None, durable))
+
+    store = MemoryStore()
+    custom = Custom(store)
+    agent = Agent(ScriptedModel([tool_call("ping"), "done"]), tools=[ping], providers=[custom])
+    assert agent.store is store  # the provider's declared store is the agent's
+    await agent.run("go", session=await agent.session("s"))
+    assert len(custom.tokens) == 1 and isinstance(custom.tokens[0], int)
+    assert custom.saves == [(["user:go", "assistant:call:ping"], True, True),
+                            (["tool:result:pong"], True, False),  # an idempotent tool's result: not fsynced
+                            (["assistant:done"], True, True)]

@@ -135,8 +135,7 @@ class Agent:
             p for p in self.providers if isinstance(p, HistoryProvider)
         )
         if store is None:
-            store = next((getattr(p, "store", None) for p in self.history_providers
-                          if isinstance(getattr(p, "store", None), SessionStore)), None)
+            store = next((p.store for p in self.history_providers if p.store is not None), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
         self._tokenizer: Tokenizer | None = None

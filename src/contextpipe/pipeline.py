@@ -20,6 +20,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, overload
 
 from .errors import UsageError
+from .exchanges import ValidatedChunks
 from .messages import INPUT, Message, Source
 from .models.base import ModelMiddleware, ModelSettings
 from .tools import Tool, as_tool
@@ -59,7 +60,7 @@ class Segment:
         return self._tagged
 
 
-class MessageView(Sequence[Message]):
+class MessageView(Sequence[Message], ValidatedChunks):
     """A read-only sequence of segments' messages, each tagged with its source in this run.
 
     Creating a view costs O(segments); a segment's tagged copies are made when first read.
@@ -68,7 +69,7 @@ class MessageView(Sequence[Message]):
     __slots__ = ("_checked", "_len", "_parts")
 
     def __init__(self, segments: Sequence[Segment], tail: Sequence[Message] = (), *, checked_tail: int = 0) -> None:
-        """`checked_tail` leading messages of `tail` were checked complete before (see `chunks`)."""
+        """`checked_tail` leading messages of `tail` were validated complete before (see `validated_chunks`)."""
         self._len = len(tail)
         for s in segments:
             self._len += len(s.messages)
@@ -93,7 +94,7 @@ class MessageView(Sequence[Message]):
         """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
         return chain.from_iterable(part.messages if isinstance(part, Segment) else part for part in self._parts)
 
-    def chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
+    def validated_chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
         """Iterate the untagged messages part by part, each with whether its tool exchanges are known complete.
 
         A part is known complete when the run checked it once and it cannot change since (an

@@ -28,7 +28,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import LeaseLost, StoreError
-from ..providers.base import accepts_keyword
 from ..stores.base import Checkpoint
 from .heartbeat import LeaseHeartbeat
 
@@ -132,7 +131,7 @@ class StepWriter:
         That is the run's lease when the provider writes to the store holding it, and None for
         providers writing elsewhere (an audit log in another store).
         """
-        return self.lease if getattr(provider, "store", None) is self.store else None
+        return self.lease if provider.store is self.store else None
 
     async def save_step(self, ctx: RunContext, response: Sequence[Message], *,
                         with_request: bool = True, durable: bool = True) -> list[Message]:
@@ -180,10 +179,8 @@ class StepWriter:
         for provider in self._providers:
             batch = provider.select_request(ctx) if with_request else []
             batch.extend(provider.select_response(response))
-            if batch and not durable and not with_request and accepts_keyword(provider.save, "durable"):
-                await provider.save(session, batch, lease=self.lease_for(provider), durable=False)  # type: ignore[call-arg]
-            elif batch:
-                await provider.save(session, batch, lease=self.lease_for(provider))
+            if batch:
+                await provider.save(session, batch, lease=self.lease_for(provider), durable=durable or with_request)
             if saved is None:
                 saved = batch
         return saved or []

@@ -25,11 +25,9 @@ tool result right after it is produced), or once at the end in per-run mode.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import HistoryPolicy
 from ..errors import UsageError
@@ -38,27 +36,12 @@ from ..messages import Message
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
     from ..session import Session
-    from ..stores.base import Checkpoint, Lease
+    from ..stores.base import Checkpoint, Lease, SessionStore
 
-__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "accepts_keyword",
-           "external_input"]
+__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "external_input"]
 
 MessageFilter = Callable[[Sequence[Message]], Sequence[Message]]
 """Takes messages (tagged with their `Source` in this run) and returns the ones to keep, in order."""
-
-
-@functools.cache
-def _keywords(function: Callable[..., Any]) -> frozenset[str]:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return frozenset()
-    return frozenset(p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-def accepts_keyword(method: Callable[..., Any], name: str) -> bool:
-    """Tell whether `method` takes keyword `name` (so an older override is never passed one it lacks)."""
-    return name in _keywords(getattr(method, "__func__", method))
 
 
 def external_input(messages: Sequence[Message]) -> list[Message]:
@@ -162,6 +145,10 @@ class HistoryProvider(ContextProvider):
 
     kind = "history"
 
+    store: SessionStore | None = None
+    """The session store this provider writes to, if it writes to one. An agent given no store uses
+    it, and a run fences this provider's writes with its lease when this is the store holding it."""
+
     def __init__(self, source_id: str = "history", *, policy: HistoryPolicy | None = None) -> None:
         policy = policy if policy is not None else HistoryPolicy()
         super().__init__(source_id, store_request_filter=policy.store_request_filter,
@@ -203,20 +190,23 @@ class HistoryProvider(ContextProvider):
         """Return the session's messages to put into the context, oldest first."""
         raise NotImplementedError(f"{type(self).__name__} must implement load()")
 
-    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
         """Append `messages` to the session's history; `lease` fences the write when given.
 
-        An implementation may also take ``durable: bool = True``: the run passes ``durable=False``
-        for writes a crash would repair anyway (results of idempotent tools), and always follows
-        them with a durable write before the next model call is answered.
+        The run passes ``durable=False`` for writes a crash would repair anyway (results of
+        idempotent tools), and always follows them with a durable write before the next model call
+        is answered; an implementation may ignore it.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement save()")
 
-    async def load_view(self, session: Session) -> LoadedHistory:
+    async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
         """Return what to load for a run; by default `load`'s messages, with no log positions.
 
         Override it (instead of `load`) to report where the messages sit in the log and a summary
-        checkpoint, so compaction can save summaries through `save_checkpoint`.
+        checkpoint, so compaction can save summaries through `save_checkpoint`. `lease_token` is the
+        fencing token of the run's lease, when the run holds one (`History` keeps a session's
+        loaded messages for its next run while the tokens follow one another).
         """
         return LoadedHistory(await self.load(session))
 
@@ -228,7 +218,7 @@ class HistoryProvider(ContextProvider):
         """Load the session's history into the context (when `load_messages` is set)."""
         if not self.load_messages or ctx.session is None:
             return
-        view = await self.load_view(ctx.session)
+        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
         if self.provide_filter is not None:
             loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
             ctx.add_history(self.provide_filter(loaded))

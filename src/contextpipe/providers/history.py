@@ -14,7 +14,6 @@ from .base import HistoryProvider, LoadedHistory
 
 if TYPE_CHECKING:
     from ..config import HistoryPolicy
-    from ..pipeline import RunContext
     from ..session import Session
     from ..stores.base import Checkpoint, Lease, SessionStore
 
@@ -57,7 +56,7 @@ class History(HistoryProvider):
         super().__init__(source_id, policy=policy)
         if max_messages is not None and max_messages < 1:
             raise UsageError(f"max_messages must be at least 1 (or None for all), got {max_messages}")
-        self.store = store
+        self.store: SessionStore = store
         """Where the messages live."""
         self.max_messages = max_messages
         if cache_messages < 0:
@@ -75,19 +74,6 @@ class History(HistoryProvider):
         """
         view = await self.load_view(session)
         return view.messages if view.summary is None else [view.summary, *view.messages]
-
-    async def before_run(self, ctx: RunContext) -> None:
-        """Load the checkpoint summary and the log after it (the session's kept tail when the lease allows)."""
-        if not self.load_messages or ctx.session is None:
-            return
-        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
-        if self.provide_filter is not None:
-            loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
-            ctx.add_history(self.provide_filter(loaded))
-            return
-        if view.summary is not None:
-            ctx.add_history([view.summary])
-        ctx.add_history(view.messages, first_seq=view.first_seq)
 
     async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
         """Load the checkpoint summary and the log after it, with the log positions (for compaction).
