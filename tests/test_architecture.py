@@ -69,7 +69,7 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy", "_sqlite"),
-    ("messages", "_media", "session", "tools", "tokens", "_calibration", "config"),
+    ("messages", "_media", "session", "tools", "tokens", "config"),
     ("exchanges", "models.base", "vectors", "vectors.*", "stores", "stores.*"),
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),

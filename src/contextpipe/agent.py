@@ -12,51 +12,27 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
 from ._run.writer import StepWriter
 from .config import Durability, RunLimits
-from .errors import AfterRunError, UsageError
+from .errors import AfterRunError, CodecError, UsageError
 from .events import RunDone, RunResult, StreamEvent
 from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
-from .session import DEFAULT_TENANT, ProviderState, Session, validate_session_id, validate_tenant
+from .session import DEFAULT_TENANT, Session, validate_session_id, validate_tenant
 from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
-from .tokens import TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
+from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .tools import Tool, as_tool
 from .trace import RunJournal
 
-__all__ = ["CALIBRATION", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
-
-if TYPE_CHECKING:
-    from .tokens import Calibration
-
-    CALIBRATION: ProviderState[Calibration]
-    """Session state holding how far token estimates are off for this session's model (the agent's)."""
-
-CALIBRATION_KEY = "contextpipe.calibration"
-_calibration: list[ProviderState[Calibration]] = []
-
-
-def _calibration_state() -> ProviderState[Calibration]:
-    # Built on first use: `Calibration` is a pydantic model, and importing contextpipe does not import pydantic.
-    if not _calibration:
-        from .tokens import Calibration
-
-        _calibration.append(ProviderState(CALIBRATION_KEY, Calibration))
-    return _calibration[0]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "CALIBRATION":
-        return _calibration_state()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
 
 
 class Agent:
@@ -319,11 +295,10 @@ class Agent:
         outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
         failures = await run_after(self.providers, ctx, outcome, spans)
         traces = ctx.journal.traces
-        if ctx.session is not None and ctx.tokens.calibrated:
-            ctx.session.state[CALIBRATION_KEY] = ctx.tokens.calibration
         try:
             await writer.save_session([t.to_dict(compact_runs=True) for t in traces]
-                                      if self.durability.store_traces else ())
+                                      if self.durability.store_traces else (),
+                                      calibration=ctx.tokens.calibration if ctx.tokens.calibrated else None)
         except Exception as exc:
             if error is None:
                 raise
@@ -342,12 +317,23 @@ class Agent:
         """
         if self._tokenizer is None:
             self._tokenizer = tokenizer_for_model(self.model.name)
-        known = session is not None and CALIBRATION_KEY in session.state
-        calibration = _calibration_state().get(session) if known else None
+        calibration = _calibration(session) if session is not None and CALIBRATION_KEY in session.state else None
         # Each session counts into its own bounded part of the cache: a busy one cannot evict the others'.
         scope = (session.tenant, session.id) if session is not None else None
         return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
                             cache_size=self._token_cache.max_per_session)
+
+
+def _calibration(session: Session) -> Calibration:
+    """Return the calibration kept in `session`'s state."""
+    kept = session.state[CALIBRATION_KEY]
+    if isinstance(kept, Calibration):
+        return kept
+    try:
+        return Calibration.from_dict(kept)
+    except ValueError as exc:
+        raise CodecError(f"session {session.id!r}: state under key {CALIBRATION_KEY!r} does not match "
+                         f"Calibration: {exc}") from exc
 
 
 async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseException) -> None:

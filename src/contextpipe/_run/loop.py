@@ -350,6 +350,8 @@ class StepLoop:
         sent = (response.request or request) if ctx.middleware or self.stream else request
         if sent.messages is self._view:  # the check ran on the loop's own view: its tail need not be scanned again
             self._checked = len(self._tail)
+        if response.usage is not None:  # every agent's estimates learn from what the model reports
+            ctx.tokens.learn(sent.instructions, sent.tools, sent.messages, response.usage.input_tokens)
         self._trace(step, sent, response, latency, ratio)
         self._tail.extend(produced)
         state.new_messages.extend(produced)

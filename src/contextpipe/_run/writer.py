@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import LeaseLost, StoreError
 from ..stores.base import Checkpoint
+from ..tokens import CALIBRATION_KEY
 from .heartbeat import LeaseHeartbeat
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from ..providers.base import HistoryProvider
     from ..session import Session
     from ..stores.base import Lease, SessionStore
+    from ..tokens import Calibration
 
 __all__ = ["StepWriter"]
 
@@ -193,12 +195,15 @@ class StepWriter:
         checkpoint = Checkpoint(seq, summary, time.time())
         return await self._loader.save_checkpoint(self.session, checkpoint, lease=self.lease_for(self._loader))
 
-    async def save_session(self, traces: Sequence[dict[str, Any]] = ()) -> None:
-        """Save the session's state (compare-and-swap) and, when given, the run's traces."""
+    async def save_session(self, traces: Sequence[dict[str, Any]] = (), *,
+                           calibration: Calibration | None = None) -> None:
+        """Save the session's state (compare-and-swap) with the run's token `calibration`, and the run's traces."""
         session = self.session
         if session is None:
             return
         self.check()
+        if calibration is not None:
+            session.state[CALIBRATION_KEY] = calibration.to_dict()
         await self.store.save_session(session, lease=self.lease)
         if traces:
             await self.store.append_traces(session.tenant, session.id, list(traces), lease=self.lease)
