@@ -59,7 +59,7 @@ def test_each_concept_has_one_home() -> None:
     assert not hasattr(models, "ScriptedModel")  # test doubles live in contextpipe.testing only
     from contextpipe import errors
 
-    assert errors.ProviderError is errors.AfterRunError  # the old name still works
+    assert not hasattr(errors, "ProviderError")  # AfterRunError has one name (0.1.0 was never released)
 
 
 # --- the import graph ------------------------------------------------------------------------------------

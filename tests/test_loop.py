@@ -483,3 +483,22 @@ def test_a_firing_of_the_shared_renewal_timer_starts_only_the_runs_that_are_due(
         assert renewals._queue == [] and renewals._due == {} and renewals._at == math.inf
     finally:
         loop.close()
+
+
+def test_run_sync_runs_without_an_event_loop_and_refuses_inside_one() -> None:
+    from contextpipe import UsageError
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel(["hello from a script"]), providers=[History(store)])
+    session = asyncio.run(agent.session("sync"))
+    result = agent.run_sync("hi", session=session)  # keyword arguments go through to run()
+    assert result.text == "hello from a script"
+    assert describe(asyncio.run(agent.history(session))) == ["user:hi", "assistant:hello from a script"]
+
+    async def inside_a_loop() -> None:
+        with pytest.raises(UsageError, match=r"run_sync\(\) cannot be called from a running event loop; "
+                                             r"use 'await agent.run\(...\)'"):
+            agent.run_sync("hi again", session=session)
+
+    asyncio.run(inside_a_loop())
+    assert len(asyncio.run(agent.history(session))) == 2  # the refused call ran nothing

@@ -52,7 +52,7 @@ def test_public_api_is_pinned() -> None:
         "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "LeaseLost", "Message", "ModelAuthError",
         "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",
-        "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderError", "ProviderState", "ReasoningPart",
+        "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderState", "ReasoningPart",
         "RequestInvariantError", "RunContext",
         "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Session",
         "SessionBusy", "Source", "StepPersisted", "StoreError", "StreamEvent", "TextDelta", "TextPart", "Tool",

@@ -8,13 +8,13 @@ import pytest
 from pydantic import BaseModel
 
 from contextpipe import (
+    AfterRunError,
     Agent,
     ContextProvider,
     HistoryPolicy,
     HistoryProvider,
     Message,
     ModelServerError,
-    ProviderError,
     ProviderState,
     RunContext,
     RunOutcome,
@@ -194,7 +194,7 @@ async def test_after_run_failures_are_reported_after_all_ran_and_keep_the_result
     log: list[str] = []
     a, b, c = Recorder("a", log, fail_after=True), Recorder("b", log), Recorder("c", log, fail_after=True)
     agent = Agent(ScriptedModel(["answer"]), providers=[a, b, c])
-    with pytest.raises(ProviderError) as info:
+    with pytest.raises(AfterRunError) as info:
         await agent.run("hi")
     assert log[3:] == ["after:c", "after:b", "after:a"]
     assert [sid for sid, _ in info.value.errors] == ["c", "a"]

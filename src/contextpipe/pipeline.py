@@ -370,10 +370,6 @@ class RunContext:
         """Model middleware added by providers, outermost first."""
         return self._middleware
 
-    def tagged_request_messages(self) -> list[Message]:
-        """Return the request messages, each tagged with its source (a new list, for custom filters)."""
-        return list(self.messages)
-
     # --- compaction ---------------------------------------------------------------------------------
 
     def record_compaction(self, decisions: Iterable[CompactionDecision]) -> None:
