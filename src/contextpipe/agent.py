@@ -17,7 +17,7 @@ from typing import Any
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
 from ._run.writer import StepWriter
-from .config import Durability, RunLimits
+from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
 from .events import RunDone, RunResult, StreamEvent
 from .messages import Message, as_messages
@@ -79,7 +79,7 @@ class Agent:
         settings: ModelSettings | None = None,
         store: SessionStore | None = None,
         limits: RunLimits | None = None,
-        durability: Durability | None = None,
+        durability: Durability = DEFAULT_DURABILITY,
         telemetry: Telemetry | None = None,
         name: str | None = None,
     ) -> None:
@@ -95,7 +95,7 @@ class Agent:
         """Default model settings; `run(settings=...)` overrides them per run."""
         self.limits = limits or RunLimits()
         """Bounds of the tool loop."""
-        self.durability = durability or Durability()
+        self.durability = durability
         """How runs save, hold their session's lease and keep it alive."""
         self.tools: dict[str, Tool] = {}
         """The agent's own tools by name."""
@@ -139,7 +139,7 @@ class Agent:
                         "give each its own key"
                     )
                 seen_keys[key] = p
-            if isinstance(p, HistoryProvider) and p.load_messages:
+            if isinstance(p, HistoryProvider) and p.policy.load_messages:
                 loaders.append(p)
         if len(loaders) > 1:
             names = ", ".join(repr(p) for p in loaders)

@@ -24,7 +24,8 @@ from .errors import UsageError
 if TYPE_CHECKING:
     from .messages import Message
 
-__all__ = ["DEFAULT_LEASE_TTL", "Durability", "Heartbeat", "HistoryPolicy", "Persistence", "RunLimits"]
+__all__ = ["DEFAULT_DURABILITY", "DEFAULT_LEASE_TTL", "Durability", "Heartbeat", "HistoryPolicy", "Persistence",
+           "RunLimits"]
 
 DEFAULT_LEASE_TTL = 15.0
 """Seconds a session's lease lives without renewal: a killed worker's session is free again after this.
@@ -89,6 +90,10 @@ class Durability:
             raise UsageError(f"persistence must be 'per_step' or 'per_run', got {self.persistence!r}")
         if self.lease_ttl <= 0:
             raise UsageError(f"lease_ttl must be positive seconds, got {self.lease_ttl!r}")
+
+
+DEFAULT_DURABILITY = Durability()
+"""What an `Agent` given no `durability` does: saves per step, 15-second leases renewed in the background."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ class StepWriter:
         for p in history_providers:
             if p.stores_anything:
                 self._providers.append(p)
-            if self._loader is None and p.load_messages:
+            if self._loader is None and p.policy.load_messages:
                 self._loader = p
         self._request_saved = False  # the request messages were handed to a save
         self._request_stored = False  # ... and that save returned

@@ -157,31 +157,6 @@ class HistoryProvider(ContextProvider):
         """What this provider loads and stores."""
 
     @property
-    def load_messages(self) -> bool:
-        """Add the loaded messages to the context (``policy.load_messages``)."""
-        return self.policy.load_messages
-
-    @property
-    def store_inputs(self) -> bool:
-        """Store the caller's messages (``policy.store_inputs``)."""
-        return self.policy.store_inputs
-
-    @property
-    def store_outputs(self) -> bool:
-        """Store the model's and tools' messages (``policy.store_outputs``)."""
-        return self.policy.store_outputs
-
-    @property
-    def store_context_messages(self) -> bool:
-        """Also store messages other context providers added (``policy.store_context_messages``)."""
-        return self.policy.store_context_messages
-
-    @property
-    def provide_filter(self) -> MessageFilter | None:
-        """Applied to loaded messages before they enter the context (``policy.provide_filter``)."""
-        return self.policy.provide_filter
-
-    @property
     def stores_anything(self) -> bool:
         """False when this provider would never save a message."""
         return self.policy.stores_anything
@@ -215,13 +190,14 @@ class HistoryProvider(ContextProvider):
         return False
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Load the session's history into the context (when `load_messages` is set)."""
-        if not self.load_messages or ctx.session is None:
+        """Load the session's history into the context (when ``policy.load_messages`` is set)."""
+        policy = self.policy
+        if not policy.load_messages or ctx.session is None:
             return
         view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
-        if self.provide_filter is not None:
+        if policy.provide_filter is not None:
             loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
-            ctx.add_history(self.provide_filter(loaded))
+            ctx.add_history(policy.provide_filter(loaded))
             return
         if view.summary is not None:
             ctx.add_history([view.summary])
@@ -235,17 +211,17 @@ class HistoryProvider(ContextProvider):
         if self.store_request_filter is not None:
             return list(self.store_request_filter(ctx.messages))
         selected: list[Message] = []
-        if self.store_context_messages:
+        if self.policy.store_context_messages:
             for segment in ctx.segments:
                 if segment.source.kind == "context":
                     selected.extend(segment.messages)
-        if self.store_inputs:
+        if self.policy.store_inputs:
             selected.extend(ctx.input)
         return selected
 
     def select_response(self, messages: Sequence[Message]) -> Sequence[Message]:
         """Return the response messages (model output, tool results) this provider stores."""
-        if not self.store_outputs:
+        if not self.policy.store_outputs:
             return ()
         if self.store_response_filter is not None:
             return self.store_response_filter(messages)
