@@ -33,7 +33,7 @@ from ..tokens import CALIBRATION_KEY
 from .heartbeat import LeaseHeartbeat
 
 if TYPE_CHECKING:
-    from ..config import Durability
+    from ..config import Durability, Heartbeat
     from ..messages import Message
     from ..pipeline import RunContext
     from ..providers.base import HistoryProvider
@@ -86,6 +86,11 @@ class StepWriter:
         return _Open(store, session, history_providers, durability, lease_wait)
 
     # --- the lease ----------------------------------------------------------------------------------
+
+    def keep_alive(self, heartbeat: Heartbeat) -> None:
+        """Start renewing the lease in the background with `heartbeat` (until `release`)."""
+        self._heartbeat = LeaseHeartbeat(self, heartbeat)
+        self._heartbeat.start()
 
     def lease_lost(self, error: LeaseLost) -> None:
         """Refuse every further write and stop what the run is awaiting (the heartbeat calls it)."""
@@ -256,8 +261,7 @@ class _Open:
                                           ttl=durability.lease_ttl, wait=self._wait)
         writer = self._writer = StepWriter(store=store, session=session, lease=lease,
                                            history_providers=self._providers, per_step=per_step)
-        writer._heartbeat = LeaseHeartbeat(writer, durability.heartbeat)
-        writer._heartbeat.start()
+        writer.keep_alive(durability.heartbeat)
         try:
             await writer.refresh()
         except BaseException:
