@@ -28,7 +28,7 @@ import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from contextpipe import Agent, ContextProvider, Message, RunContext, RunOutcome, TextDelta, tool
+from contextpipe import Agent, ContextProvider, Durability, Message, RunContext, RunOutcome, TextDelta, tool
 from contextpipe.messages import FunctionCall, TextPart, dumps, loads
 from contextpipe.models import ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete
 from contextpipe.providers import History
@@ -342,7 +342,7 @@ async def w3_tool_loop() -> None:
         model = FakeModel()
         store = MemoryStore()
         agent = Agent(model, tools=[lookup_tool], providers=[History(store)],
-                      persistence=persistence)  # type: ignore[arg-type]
+                      durability=Durability(persistence=persistence))  # type: ignore[arg-type]
         current: dict[str, Session] = {}
         per_call = persistence == "per_step"
         for t in W3_TS:

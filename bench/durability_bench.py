@@ -53,7 +53,8 @@ def lookup(step: int) -> str:
 class RelaxedToolResults(History):
     """History that appends idempotent tool results without an fsync (``durable=False``)."""
 
-    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
         only_results = all(m.role == "tool" for m in messages)
         await self.store.append(session.tenant, session.id, messages, lease=lease, durable=not only_results)
 

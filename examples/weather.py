@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import AsyncIterator
 
-from contextpipe import Agent, Message, TextDelta, tool
+from contextpipe import Agent, Durability, Message, TextDelta, tool
 from contextpipe.messages import FunctionCall
 from contextpipe.models import ChatModel, ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete, Usage
 from contextpipe.providers import History
@@ -123,6 +123,6 @@ agent = Agent(
     instructions="You are a helpful assistant. Use the tools to check the weather before you answer.",
     tools=[lookup_location_code, get_weather_forecast],
     providers=[History(_store())],
-    store_traces=True,
+    durability=Durability(store_traces=True),
 )
 """The agent ``contextpipe serve examples.weather:agent`` serves."""

@@ -34,9 +34,10 @@ class RecordingHistory(History):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.saves = []
 
-    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
         self.saves.append(list(messages))
-        await super().save(session, messages, lease=lease)
+        await super().save(session, messages, lease=lease, durable=durable)
 
 
 def describe(messages: Sequence[Message]) -> list[str]:

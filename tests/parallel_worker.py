@@ -13,7 +13,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from contextpipe import Agent, StepPersisted, tool
+from contextpipe import Agent, Durability, StepPersisted, tool
 from contextpipe.providers import History
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
@@ -41,7 +41,8 @@ def tools(effects: Path) -> list[object]:
 async def main(db: str, effects: str) -> None:
     store = SQLiteStore(db)
     model = ScriptedModel([tool_call("charge", amount=5) + tool_call("audit"), "never reached"])
-    agent = Agent(model, tools=tools(Path(effects)), providers=[History(store)], lease_ttl=0.5)
+    agent = Agent(model, tools=tools(Path(effects)), providers=[History(store)],
+                  durability=Durability(lease_ttl=0.5))
     session = await agent.session("pay")
     async for event in agent.stream("Charge 5 and audit", session=session):
         if isinstance(event, StepPersisted) and any(r.result == "charged 5" for m in event.messages

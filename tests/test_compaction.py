@@ -22,6 +22,7 @@ from contextpipe import (
     Usage,
     tool,
 )
+from contextpipe._run.invariants import check_messages
 from contextpipe.compaction import (
     ClearToolResults,
     CompactionPipeline,
@@ -34,7 +35,7 @@ from contextpipe.compaction import (
     compact,
     group_messages,
 )
-from contextpipe.invariants import check_messages, tool_exchange_problem
+from contextpipe.exchanges import exchange_problem
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import Compaction, History
 from contextpipe.stores import MemoryStore
@@ -102,7 +103,7 @@ def test_calibration_learns_from_reported_usage() -> None:
     assert counter.message(m) == 155
     exact = TokenCounter(TiktokenTokenizer("cl100k_base"), calibration=Calibration(ratio=3.0, samples=5))
     assert exact.message(Message.user("hello world")) == 5  # exact counts are never scaled
-    restored = Calibration.model_validate(counter.calibration.model_dump())
+    restored = Calibration.from_dict(json.loads(json.dumps(counter.calibration.to_dict())))
     assert restored.ratio == counter.calibration.ratio
 
 
@@ -171,7 +172,7 @@ async def test_sliding_window_by_messages_and_turns() -> None:
     assert [m.text.split()[1] for m in by_turns.messages if m.role == "user"] == ["4", "5"]
     by_messages = await compact(msgs, SlidingWindow(max_messages=5), estimate())
     assert len(by_messages.messages) <= 5
-    assert tool_exchange_problem(by_messages.messages) is None
+    assert exchange_problem(by_messages.messages) is None
 
 
 async def test_triggers_decide_when_a_strategy_runs() -> None:
@@ -285,7 +286,7 @@ def strategies_under_test(budget: int) -> list[CompactionStrategy]:
 @settings(max_examples=60, deadline=None)
 @given(msgs=conversations(), budget=st.integers(20, 3000))
 async def test_every_strategy_keeps_every_invariant(msgs: list[Message], budget: int) -> None:
-    assert tool_exchange_problem(msgs) is None  # the generator makes valid conversations
+    assert exchange_problem(msgs) is None  # the generator makes valid conversations
     latest = msgs[-1]
     systems = [m for m in msgs if m.role == "system"]
     originals = {m.id: m for m in msgs}
@@ -313,7 +314,7 @@ async def test_sixty_step_tool_loop_stays_under_budget_and_loses_nothing() -> No
     problems: list[str] = []
 
     def step(request: ModelRequest) -> Any:
-        problem = tool_exchange_problem(request.messages)
+        problem = exchange_problem(request.messages)
         if problem:
             problems.append(problem)
         seen.append(counter.text(request.instructions) + counter.tools(request.tools)
@@ -386,6 +387,27 @@ async def test_calibration_is_learned_per_session_from_usage() -> None:
     assert state["samples"] == 3 and state["ratio"] > 1.5
 
 
+async def test_an_agent_without_compaction_calibrates_its_estimates_too() -> None:
+    """The run learns the calibration after every model call that reports usage, whatever its providers."""
+    def reply(request: ModelRequest) -> ModelResponse:
+        return ModelResponse([Message.assistant("ok")], usage=Usage(input_tokens=500, output_tokens=1))
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([reply] * 2), providers=[History(store)])  # no Compaction
+    session = await agent.session("plain")
+    first = await agent.run("hello there", session=session)
+    stored = await store.get_session("default", "plain")
+    assert stored is not None
+    kept = stored.state["contextpipe.calibration"]
+    assert kept["samples"] == 1 and kept["ratio"] > 5  # reported 500 for a request estimated at a few dozen
+    second = await agent.run("and again", session=session)
+    # The first run's call was estimated uncalibrated; the second run starts from the learned ratio.
+    assert first.traces[0]._ratio == 1.0 and second.traces[0]._ratio == pytest.approx(kept["ratio"])
+    estimate = EstimateTokenizer().count_text("hello there") + MESSAGE_OVERHEAD
+    assert first.traces[0].tokens_by_source()["input"] == estimate
+    assert second.traces[0].tokens_by_source()["history:history"] > 5 * estimate  # the same message, calibrated
+
+
 async def test_a_broken_request_never_reaches_the_model() -> None:
     class Breaker(ContextProvider):
         async def before_run(self, ctx: RunContext) -> None:
@@ -423,6 +445,6 @@ async def test_traces_and_compaction_count_with_one_calibrated_counter() -> None
     session = await agent.session("one-count")
     for _ in range(4):
         result = await agent.run("hello there, how are you today?", session=session)
-    ratio = session.state["contextpipe.calibration"].ratio
+    ratio = session.state["contextpipe.calibration"]["ratio"]
     assert ratio > 5  # the model reports far more than the estimate: calibration matters here
     assert result.traces[0].tokens_by_source()["history:history"] == budgets[-1]

@@ -31,7 +31,7 @@ from contextpipe.providers import History
 from contextpipe.stores import SQLiteStore
 assert 'pydantic' not in sys.modules, 'import contextpipe loaded pydantic'
 from contextpipe.tokens import Calibration
-assert Calibration().ratio == 1.0 and 'pydantic' in sys.modules
+assert Calibration().ratio == 1.0 and 'pydantic' not in sys.modules, 'the calibration loaded pydantic'
 """
 
 CHECK_TOOL = '''

@@ -402,8 +402,8 @@ async def test_the_request_check_reads_each_message_of_a_long_loop_a_bounded_num
 
 async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner_one_is_not_delayed() -> None:
     """A run whose first renewal is due before the shared timer's re-arms it; finished runs leave nothing waiting."""
-    from contextpipe import _persistence
-    from contextpipe._persistence import Heartbeat
+    from contextpipe import Durability, Heartbeat
+    from contextpipe._run import heartbeat
 
     store = MemoryStore()
     renewed: dict[str, int] = {"slow": 0, "fast": 0}
@@ -428,7 +428,7 @@ async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner
 
     def agent(interval: float) -> Agent:
         return Agent(ScriptedModel([tool_call("wait"), "ok"]), tools=[wait], providers=[History(store)],
-                     heartbeat=Heartbeat(interval=interval))
+                     durability=Durability(heartbeat=Heartbeat(interval=interval)))
 
     slow_agent, fast_agent = agent(3600.0), agent(0.01)
     slow = asyncio.ensure_future(slow_agent.run("slow", session=await slow_agent.session("slow")))
@@ -438,7 +438,7 @@ async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner
     assert renewed["slow"] == 0
     release.set()
     assert (await slow).text == (await fast).text == "ok"
-    waiting = _persistence._BY_LOOP[asyncio.get_running_loop()]
+    waiting = heartbeat._BY_LOOP[asyncio.get_running_loop()]
     assert waiting._due == {}
     # A short run registers and leaves again without a renewal.
     assert (await Agent(ScriptedModel(["hi"]), providers=[History(store)]).run(
@@ -448,7 +448,7 @@ async def test_runs_waiting_for_their_first_renewal_share_one_timer_and_a_sooner
 
 def test_a_firing_of_the_shared_renewal_timer_starts_only_the_runs_that_are_due() -> None:
     """Runs due later stay waiting, runs already over are dropped, and the timer is armed for the next one."""
-    from contextpipe._persistence import _FirstRenewals
+    from contextpipe._run.heartbeat import _FirstRenewals
 
     class ClockLoop(asyncio.SelectorEventLoop):
         now = 1000.0
@@ -456,24 +456,21 @@ def test_a_firing_of_the_shared_renewal_timer_starts_only_the_runs_that_are_due(
         def time(self) -> float:
             return self.now
 
-    class Writer:
+    class Run:
         def __init__(self, interval: float) -> None:
             self.interval, self.started = interval, 0
 
-        def _interval(self, heartbeat: object) -> float:
-            return self.interval
-
-        def _start(self, heartbeat: object) -> None:
+        def first_renewal_due(self) -> None:
             self.started += 1
 
     loop = ClockLoop()
     try:
         renewals = _FirstRenewals(loop)
-        writers = [Writer(float(i)) for i in range(1, 201)]  # due 1 s, 2 s, ... 200 s from now
+        writers = [Run(float(i)) for i in range(1, 201)]  # due 1 s, 2 s, ... 200 s from now
         for w in writers:
-            renewals.add(w, None)  # type: ignore[arg-type]
+            renewals.add(w, w.interval)
         for w in writers[100:150]:  # these runs are over before their renewal is due
-            renewals.discard(w)  # type: ignore[arg-type]
+            renewals.discard(w)
         loop.now += 120.0
         renewals._fire()
         assert [w.started for w in writers[:100]] == [1] * 100
@@ -486,3 +483,22 @@ def test_a_firing_of_the_shared_renewal_timer_starts_only_the_runs_that_are_due(
         assert renewals._queue == [] and renewals._due == {} and renewals._at == math.inf
     finally:
         loop.close()
+
+
+def test_run_sync_runs_without_an_event_loop_and_refuses_inside_one() -> None:
+    from contextpipe import UsageError
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel(["hello from a script"]), providers=[History(store)])
+    session = asyncio.run(agent.session("sync"))
+    result = agent.run_sync("hi", session=session)  # keyword arguments go through to run()
+    assert result.text == "hello from a script"
+    assert describe(asyncio.run(agent.history(session))) == ["user:hi", "assistant:hello from a script"]
+
+    async def inside_a_loop() -> None:
+        with pytest.raises(UsageError, match=r"run_sync\(\) cannot be called from a running event loop; "
+                                             r"use 'await agent.run\(...\)'"):
+            agent.run_sync("hi again", session=session)
+
+    asyncio.run(inside_a_loop())
+    assert len(asyncio.run(agent.history(session))) == 2  # the refused call ran nothing

@@ -222,7 +222,7 @@ async def test_a_session_started_on_openai_continues_on_claude(fake_openai: Fake
 
 
 async def test_demo_shows_a_cached_token_column_only_when_the_model_reports_cache_use(tmp_path: Any) -> None:
-    from contextpipe.demo import _prompt_caching, usage_table
+    from contextpipe.cli._demonstration import _prompt_caching, usage_table
     from contextpipe.models import Usage
     from contextpipe.stores import SQLiteStore
     from contextpipe.testing import ScriptedModel, Turn

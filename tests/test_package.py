@@ -48,10 +48,11 @@ def test_anthropic_and_responses_models_load_their_sdks_on_first_use() -> None:
 def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
         "AfterRunError", "Agent", "AgentStream", "CodecError", "ConcurrentUpdate", "ContextPipeError",
-        "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "FunctionCall",
-        "FunctionResult", "HistoryProvider", "LeaseLost", "Message", "ModelAuthError", "ModelBadRequest",
+        "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "Durability", "FunctionCall",
+        "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "LeaseLost", "Message", "ModelAuthError",
+        "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",
-        "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderError", "ProviderState", "ReasoningPart",
+        "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderState", "ReasoningPart",
         "RequestInvariantError", "RunContext",
         "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Session",
         "SessionBusy", "Source", "StepPersisted", "StoreError", "StreamEvent", "TextDelta", "TextPart", "Tool",

@@ -8,11 +8,13 @@ import pytest
 from pydantic import BaseModel
 
 from contextpipe import (
+    AfterRunError,
     Agent,
     ContextProvider,
+    HistoryPolicy,
+    HistoryProvider,
     Message,
     ModelServerError,
-    ProviderError,
     ProviderState,
     RunContext,
     RunOutcome,
@@ -192,7 +194,7 @@ async def test_after_run_failures_are_reported_after_all_ran_and_keep_the_result
     log: list[str] = []
     a, b, c = Recorder("a", log, fail_after=True), Recorder("b", log), Recorder("c", log, fail_after=True)
     agent = Agent(ScriptedModel(["answer"]), providers=[a, b, c])
-    with pytest.raises(ProviderError) as info:
+    with pytest.raises(AfterRunError) as info:
         await agent.run("hi")
     assert log[3:] == ["after:c", "after:b", "after:a"]
     assert [sid for sid, _ in info.value.errors] == ["c", "a"]
@@ -265,8 +267,8 @@ def test_construction_rejects_duplicate_ids_keys_and_loaders() -> None:
     with pytest.raises(UsageError, match="only one history provider may load"):
         Agent(model, providers=[History(MemoryStore()), History(MemoryStore(), source_id="second")])
     Agent(model, providers=[History(MemoryStore()),
-                            History(MemoryStore(), source_id="audit", load_messages=False,
-                                    store_context_messages=True)])
+                            History(MemoryStore(), source_id="audit",
+                                    policy=HistoryPolicy(load_messages=False, store_context_messages=True))])
 
 
 class Prefs(BaseModel):
@@ -358,10 +360,10 @@ async def test_history_is_never_stored_twice() -> None:
 
 
 async def test_store_inputs_and_outputs_switches() -> None:
-    no_inputs = RecordingHistory(MemoryStore(), store_inputs=False)
+    no_inputs = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_inputs=False))
     await run_twice(no_inputs)
     assert [describe(b) for b in no_inputs.saves] == [["assistant:a1"], ["assistant:a2"]]
-    no_outputs = RecordingHistory(MemoryStore(), store_outputs=False)
+    no_outputs = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_outputs=False))
     await run_twice(no_outputs)
     assert [describe(b) for b in no_outputs.saves] == [["user:q1"], ["user:q2"]]
 
@@ -369,7 +371,8 @@ async def test_store_inputs_and_outputs_switches() -> None:
 async def test_context_messages_stored_only_when_asked_and_audit_pattern() -> None:
     log: list[str] = []
     primary = RecordingHistory(MemoryStore())
-    audit = RecordingHistory(MemoryStore(), source_id="audit", load_messages=False, store_context_messages=True)
+    audit = RecordingHistory(MemoryStore(), source_id="audit",
+                             policy=HistoryPolicy(load_messages=False, store_context_messages=True))
     agent = Agent(ScriptedModel(["a1", "a2"]), providers=[primary, Recorder("memory", log, message=True), audit])
     session = await agent.session("s")
     await agent.run("q1", session=session)
@@ -386,9 +389,11 @@ async def test_context_messages_stored_only_when_asked_and_audit_pattern() -> No
 async def test_custom_filters() -> None:
     history = RecordingHistory(
         MemoryStore(),
-        provide_filter=lambda msgs: [m for m in msgs if m.role == "user"],
-        store_request_filter=lambda msgs: [m for m in msgs if m.source is not None and m.source.kind == "input"],
-        store_response_filter=lambda msgs: [m.with_source(Source("model", "redacted")) for m in msgs],
+        policy=HistoryPolicy(
+            provide_filter=lambda msgs: [m for m in msgs if m.role == "user"],
+            store_request_filter=lambda msgs: [m for m in msgs if m.source is not None and m.source.kind == "input"],
+            store_response_filter=lambda msgs: [m.with_source(Source("model", "redacted")) for m in msgs],
+        ),
     )
     agent, session = await run_twice(history)
     model = agent.model
@@ -408,6 +413,43 @@ async def test_request_filter_sees_sources_of_every_request_message() -> None:
         return [m for m in msgs if m.source is not None and m.source.kind == "input"]
 
     log: list[str] = []
-    history = RecordingHistory(MemoryStore(), store_request_filter=keep_inputs)
+    history = RecordingHistory(MemoryStore(), policy=HistoryPolicy(store_request_filter=keep_inputs))
     await run_twice(history, extra=[Recorder("memory", log)])
     assert seen == [["context", "input"], ["history", "history", "context", "input"]]
+
+
+async def test_a_custom_history_provider_gets_the_lease_token_the_durable_flag_and_fencing() -> None:
+    """What `History` gets from a run, a `HistoryProvider` written from scratch gets too (declared, not probed)."""
+    from contextpipe.providers import LoadedHistory
+    from contextpipe.stores import Lease
+    from contextpipe.testing import tool_call
+
+    @tool(idempotent=True)
+    def ping() -> str:
+        """Answers pong."""
+        return "pong"
+
+    class Custom(HistoryProvider):
+        def __init__(self, store: MemoryStore) -> None:
+            super().__init__("custom")
+            self.store = store
+            self.tokens: list[int | None] = []
+            self.saves: list[tuple[list[str], bool, bool]] = []
+
+        async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
+            self.tokens.append(lease_token)
+            return LoadedHistory([])
+
+        async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                       durable: bool = True) -> None:
+            self.saves.append((describe(messages), lease is not None, durable))
+
+    store = MemoryStore()
+    custom = Custom(store)
+    agent = Agent(ScriptedModel([tool_call("ping"), "done"]), tools=[ping], providers=[custom])
+    assert agent.store is store  # the provider's declared store is the agent's
+    await agent.run("go", session=await agent.session("s"))
+    assert len(custom.tokens) == 1 and isinstance(custom.tokens[0], int)
+    assert custom.saves == [(["user:go", "assistant:call:ping"], True, True),
+                            (["tool:result:pong"], True, False),  # an idempotent tool's result: not fsynced
+                            (["assistant:done"], True, True)]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from contextpipe import Agent, ModelServerError, StepPersisted
+from contextpipe import Agent, Durability, ModelServerError, StepPersisted
 from contextpipe.models import ModelRequest
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
@@ -40,7 +40,7 @@ def make_agent(persistence: str, *, fail_third: bool = False) -> tuple[Agent, Re
     history = RecordingHistory(store)
     model = ScriptedModel(weather_script(store, seen, fail_third=fail_third))
     agent = Agent(model, tools=[lookup_location_code, get_weather_forecast], providers=[history],
-                  persistence=persistence)  # type: ignore[arg-type]
+                  durability=Durability(persistence=persistence))  # type: ignore[arg-type]
     return agent, history, store, seen
 
 

@@ -15,6 +15,7 @@ from ._lazy import lazy_exports
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING (mypy reads it so), without importing typing
 if TYPE_CHECKING:
     from .agent import Agent, AgentStream
+    from .config import Durability, Heartbeat, HistoryPolicy, RunLimits
     from .errors import (
         AfterRunError,
         CodecError,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
         ModelResponseError,
         ModelServerError,
         ModelTimeout,
-        ProviderError,
         RequestInvariantError,
         ScriptExhausted,
         SessionBusy,
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
         ToolCallFinished,
         ToolCallStarted,
     )
-    from .loop import RunLimits
     from .messages import (
         DataPart,
         FunctionCall,
@@ -84,8 +83,11 @@ __all__ = [
     "ContextWindowExceeded",
     "CorruptRecord",
     "DataPart",
+    "Durability",
     "FunctionCall",
     "FunctionResult",
+    "Heartbeat",
+    "HistoryPolicy",
     "HistoryProvider",
     "LeaseLost",
     "McpError",
@@ -99,7 +101,6 @@ __all__ = [
     "ModelServerError",
     "ModelSettings",
     "ModelTimeout",
-    "ProviderError",
     "PromptTrace",
     "ProviderState",
     "ReasoningDelta",
@@ -141,11 +142,11 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("AfterRunError", "CodecError", "ConcurrentUpdate", "ContextPipeError", "ContextWindowExceeded",
                      "CorruptRecord", "LeaseLost", "McpError", "ModelAuthError", "ModelBadRequest",
                      "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError",
-                     "ModelServerError", "ModelTimeout", "ProviderError", "RequestInvariantError", "ScriptExhausted",
+                     "ModelServerError", "ModelTimeout", "RequestInvariantError", "ScriptExhausted",
                      "SessionBusy", "SkillError", "StoreError", "UsageError"), ".errors"),
     **dict.fromkeys(("ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason", "StreamEvent",
                      "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
-    "RunLimits": ".loop",
+    **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),
     **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",
                      "UnknownPart", "UriPart"), ".messages"),
     "ModelSettings": ".models.base", "Usage": ".models.base",
@@ -156,8 +157,8 @@ _EXPORTS: dict[str, str] = {
     "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools",
     "PromptTrace": ".trace",
 }
-_SUBMODULES = ("agent", "compaction", "errors", "events", "exchanges", "invariants", "loop", "messages", "models",
-               "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tools", "trace", "vectors")
+_SUBMODULES = ("agent", "compaction", "config", "errors", "events", "exchanges", "messages", "models", "pipeline",
+               "providers", "session", "stores", "telemetry", "tokens", "tools", "trace", "vectors")
 
 __getattr__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)
 

@@ -1,70 +1,38 @@
 """`Agent`: the public face of contextpipe (`run`, `stream`, `session`).
 
-A run, in order: take the session's lease (`StepWriter` then owns it), call the providers'
-`before_run` (`_hooks`), drive the `StepLoop`, call `after_run` in reverse, save the session's
-state, and give the lease back. Everything the run records goes into one `RunJournal`.
+A run, in order: ``async with StepWriter.open(...)`` (the writer takes the session's lease and owns
+it until the run is over), call the providers' `before_run` (`_run.hooks`), drive the `StepLoop`
+(`_run.loop`), save the run, call `after_run` in reverse and save the session's state. Everything
+the run records goes into one `RunJournal`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any
 
-from ._hooks import run_after, run_before
-from ._persistence import Heartbeat, StepWriter
-from .errors import AfterRunError, StoreError, UsageError
+from ._run.hooks import run_after, run_before
+from ._run.loop import StepLoop
+from ._run.writer import StepWriter
+from .config import DEFAULT_DURABILITY, Durability, RunLimits
+from .errors import AfterRunError, CodecError, UsageError
 from .events import RunDone, RunResult, StreamEvent
-from .loop import RunLimits, StepLoop
 from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
-from .session import DEFAULT_TENANT, ProviderState, Session, validate_session_id, validate_tenant
+from .session import DEFAULT_TENANT, Session, validate_session_id, validate_tenant
 from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
-from .tokens import TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
+from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .tools import Tool, as_tool
 from .trace import RunJournal
 
-__all__ = ["CALIBRATION", "DEFAULT_RUN_LEASE_TTL", "Agent", "AgentStream", "Heartbeat", "RunDone", "RunResult",
-           "StreamEvent"]
-
-DEFAULT_RUN_LEASE_TTL = 15.0
-"""Seconds a run's lease lives without renewal: a killed worker's session is free again after this.
-
-A live run renews it in the background every ``ttl / 3`` seconds (see `Heartbeat`), however long
-its model calls and tools take."""
-
-Persistence: TypeAlias = Literal["per_step", "per_run"]
-
-if TYPE_CHECKING:
-    from .tokens import Calibration
-
-    CALIBRATION: ProviderState[Calibration]
-    """Session state holding how far token estimates are off for this session's model (the agent's)."""
-
-CALIBRATION_KEY = "contextpipe.calibration"
-_calibration: list[ProviderState[Calibration]] = []
-
-
-def _calibration_state() -> ProviderState[Calibration]:
-    # Built on first use: `Calibration` is a pydantic model, and importing contextpipe does not import pydantic.
-    if not _calibration:
-        from .tokens import Calibration
-
-        _calibration.append(ProviderState(CALIBRATION_KEY, Calibration))
-    return _calibration[0]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "CALIBRATION":
-        return _calibration_state()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
 
 
 class Agent:
@@ -89,15 +57,16 @@ class Agent:
     ('Suzhou is SZ.', 4)
 
     Sessions live in `store`: given, or the store of the agent's `History` provider, or a private
-    in-memory store. `persistence` is ``per_step`` (save after every model call and tool result; the
-    default) or ``per_run`` (save once when the run succeeds).
+    in-memory store. `durability` (a `Durability`) says how runs save: ``per_step`` (after every
+    model call and tool result; the default) or ``per_run`` (once when the run succeeds), and
+    whether each run's traces are stored with its session.
 
-    A run on a session holds the session's lease, `lease_ttl` seconds (15 by default) renewed in the
-    background every ``lease_ttl / 3`` (`heartbeat`) for as long as the run lives, through model
-    calls and tools of any length. If the lease is lost anyway (the session was deleted, or a
-    paused process let it expire and another worker took over), the run stops at once with
-    `LeaseLost`: in-flight tools are cancelled and nothing more is written. A killed worker's
-    session is free for another worker after at most `lease_ttl` seconds.
+    A run on a session holds the session's lease, ``durability.lease_ttl`` seconds (15 by default)
+    renewed in the background every ``lease_ttl / 3`` (``durability.heartbeat``) for as long as the
+    run lives, through model calls and tools of any length. If the lease is lost anyway (the
+    session was deleted, or a paused process let it expire and another worker took over), the run
+    stops at once with `LeaseLost`: in-flight tools are cancelled and nothing more is written. A
+    killed worker's session is free for another worker after at most `lease_ttl` seconds.
     """
 
     def __init__(
@@ -110,11 +79,8 @@ class Agent:
         settings: ModelSettings | None = None,
         store: SessionStore | None = None,
         limits: RunLimits | None = None,
-        persistence: Persistence = "per_step",
-        lease_ttl: float = DEFAULT_RUN_LEASE_TTL,
-        heartbeat: Heartbeat | None = None,
+        durability: Durability = DEFAULT_DURABILITY,
         telemetry: Telemetry | None = None,
-        store_traces: bool = False,
         name: str | None = None,
     ) -> None:
         self.model = model
@@ -125,21 +91,12 @@ class Agent:
         """Optional agent name."""
         self.telemetry = telemetry or Telemetry()
         """OpenTelemetry settings (spans only when a tracer provider is configured)."""
-        self.store_traces = store_traces
-        """Store each run's prompt traces with its session (for ``contextpipe inspect``)."""
         self.settings: ModelSettings = settings or ModelSettings()
         """Default model settings; `run(settings=...)` overrides them per run."""
         self.limits = limits or RunLimits()
         """Bounds of the tool loop."""
-        if persistence not in ("per_step", "per_run"):
-            raise UsageError(f"persistence must be 'per_step' or 'per_run', got {persistence!r}")
-        self.persistence: Persistence = persistence
-        if lease_ttl <= 0:
-            raise UsageError(f"lease_ttl must be positive seconds, got {lease_ttl!r}")
-        self.lease_ttl = lease_ttl
-        """Seconds a run's lease on its session lives without renewal (the heartbeat renews it)."""
-        self.heartbeat = heartbeat or Heartbeat()
-        """How a run keeps its lease alive in the background."""
+        self.durability = durability
+        """How runs save, hold their session's lease and keep it alive."""
         self.tools: dict[str, Tool] = {}
         """The agent's own tools by name."""
         for item in tools:
@@ -154,8 +111,7 @@ class Agent:
             p for p in self.providers if isinstance(p, HistoryProvider)
         )
         if store is None:
-            store = next((getattr(p, "store", None) for p in self.history_providers
-                          if isinstance(getattr(p, "store", None), SessionStore)), None)
+            store = next((p.store for p in self.history_providers if p.store is not None), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
         self._tokenizer: Tokenizer | None = None
@@ -183,13 +139,14 @@ class Agent:
                         "give each its own key"
                     )
                 seen_keys[key] = p
-            if isinstance(p, HistoryProvider) and p.load_messages:
+            if isinstance(p, HistoryProvider) and p.policy.load_messages:
                 loaders.append(p)
         if len(loaders) > 1:
             names = ", ".join(repr(p) for p in loaders)
             raise UsageError(
-                f"only one history provider may load messages, but {names} all do; set load_messages=False "
-                "on the others (for audit logs: load_messages=False, store_context_messages=True)"
+                f"only one history provider may load messages, but {names} all do; give the others "
+                "policy=HistoryPolicy(load_messages=False) (for audit logs: "
+                "HistoryPolicy(load_messages=False, store_context_messages=True))"
             )
 
     # --- sessions -----------------------------------------------------------------------------------
@@ -272,58 +229,38 @@ class Agent:
         traced = spans.tracer is not None
         if traced:
             spans.start_run(session.id if session is not None else None, self.model)
-        writer: StepWriter | None = None
         run_error: BaseException | None = None
         try:
-            writer = await self._writer(session, lease_wait)
-            ctx = self._context(session, input_messages, settings, writer)
-            loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
-                            writer, stream=stream, want_events=want_events,
-                            instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
-            error: BaseException | None = None
-            try:
-                await run_before(self.providers, ctx, spans, writer.guard)
-                async for event in loop.events():
-                    yield event
-                await writer.save_run(ctx, loop.state.new_messages)
-            except BaseException as exc:
-                error = exc
-                await _keep_input(writer, ctx, exc)
-                raise
-            finally:
-                failures = await self._finish(ctx, loop, writer, spans, error)
-            result = self._result(ctx, loop, session)
-            if failures:
-                raise AfterRunError(failures, result)
-            if spans.root is not None:
-                spans.root.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
-                spans.root.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
-            yield RunDone(result)
+            async with StepWriter.open(self.store, session, history_providers=self.history_providers,
+                                       durability=self.durability, lease_wait=lease_wait) as writer:
+                ctx = self._context(session, input_messages, settings, writer)
+                loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
+                                writer, stream=stream, want_events=want_events,
+                                instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
+                error: BaseException | None = None
+                try:
+                    await run_before(self.providers, ctx, spans, writer.guard)
+                    async for event in loop.events():
+                        yield event
+                    await writer.save_run(ctx, loop.state.new_messages)
+                except BaseException as exc:
+                    error = exc
+                    await _keep_input(writer, ctx, exc)
+                    raise
+                finally:
+                    failures = await self._finish(ctx, loop, writer, spans, error)
+                result = self._result(ctx, loop, session)
+                if failures:
+                    raise AfterRunError(failures, result)
+                if spans.root is not None:
+                    spans.root.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
+                    spans.root.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
+                yield RunDone(result)
         except BaseException as exc:
             run_error = exc
             raise
         finally:
-            if writer is not None:
-                await writer.release()
             Spans.end(spans.root, run_error if not isinstance(run_error, GeneratorExit) else None)
-
-    async def _writer(self, session: Session | None, lease_wait: float) -> StepWriter:
-        """Take the session's lease (if there is a session) and make the run's step writer own it."""
-        lease = None
-        if session is not None:
-            lease = await self.store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
-                                                   ttl=self.lease_ttl, wait=lease_wait)
-            writer = StepWriter(store=self.store, session=session, lease=lease,
-                                history_providers=self.history_providers, per_step=self.persistence == "per_step",
-                                heartbeat=self.heartbeat)
-            try:
-                await self._refresh(session)
-            except BaseException:
-                await writer.release()
-                raise
-            return writer
-        return StepWriter(store=self.store, session=None, lease=None, history_providers=self.history_providers,
-                          per_step=self.persistence == "per_step")
 
     def _context(self, session: Session | None, input_messages: list[Message], settings: ModelSettings | None,
                  writer: StepWriter) -> RunContext:
@@ -358,10 +295,10 @@ class Agent:
         outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
         failures = await run_after(self.providers, ctx, outcome, spans)
         traces = ctx.journal.traces
-        if ctx.session is not None and ctx.tokens.calibrated:
-            ctx.session.state[CALIBRATION_KEY] = ctx.tokens.calibration
         try:
-            await writer.save_session([t.to_dict(compact_runs=True) for t in traces] if self.store_traces else ())
+            await writer.save_session([t.to_dict(compact_runs=True) for t in traces]
+                                      if self.durability.store_traces else (),
+                                      calibration=ctx.tokens.calibration if ctx.tokens.calibrated else None)
         except Exception as exc:
             if error is None:
                 raise
@@ -380,25 +317,23 @@ class Agent:
         """
         if self._tokenizer is None:
             self._tokenizer = tokenizer_for_model(self.model.name)
-        known = session is not None and CALIBRATION_KEY in session.state
-        calibration = _calibration_state().get(session) if known else None
+        calibration = _calibration(session) if session is not None and CALIBRATION_KEY in session.state else None
         # Each session counts into its own bounded part of the cache: a busy one cannot evict the others'.
         scope = (session.tenant, session.id) if session is not None else None
         return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
                             cache_size=self._token_cache.max_per_session)
 
-    async def _refresh(self, session: Session) -> None:
-        """Bring a stale `Session` object up to date with the store (another worker may have run)."""
-        stored = await self.store.get_session(session.tenant, session.id)
-        if stored is None and session.version > 0:
-            raise StoreError(
-                f"session {session.id!r} (tenant {session.tenant!r}) no longer exists: it was deleted or it "
-                "expired; start a new one with agent.session(...)",
-                backend=self.store.backend, tenant=session.tenant, session_id=session.id,
-            )
-        if stored is not None and stored.version != session.version:
-            session.state = stored.state
-            session.version = stored.version
+
+def _calibration(session: Session) -> Calibration:
+    """Return the calibration kept in `session`'s state."""
+    kept = session.state[CALIBRATION_KEY]
+    if isinstance(kept, Calibration):
+        return kept
+    try:
+        return Calibration.from_dict(kept)
+    except ValueError as exc:
+        raise CodecError(f"session {session.id!r}: state under key {CALIBRATION_KEY!r} does not match "
+                         f"Calibration: {exc}") from exc
 
 
 async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseException) -> None:

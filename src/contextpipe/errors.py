@@ -23,7 +23,7 @@ ContextPipeError                 root: catch this to catch everything contextpip
 │   ├── ConcurrentUpdate         session state changed since it was read (compare-and-swap failed)
 │   └── CorruptRecord            a stored row could not be decoded
 └── AfterRunError                one or more context providers failed in `after_run` (the run's
-                                 result is kept on the error); ``ProviderError`` is its old name
+                                 result is kept on the error)
 ```
 
 Each adapter (model client, store backend) translates its library's errors into these in one place,
@@ -52,7 +52,6 @@ __all__ = [
     "ModelResponseError",
     "ModelServerError",
     "ModelTimeout",
-    "ProviderError",
     "SkillError",
     "RequestInvariantError",
     "ScriptExhausted",
@@ -262,10 +261,6 @@ class AfterRunError(ContextPipeError):
         super().__init__(f"after_run failed in context provider(s): {names}")
         self.errors = list(errors)
         self.result = result
-
-
-ProviderError = AfterRunError
-"""Deprecated alias of `AfterRunError` (kept so existing ``except ProviderError`` code still works)."""
 
 
 class SkillError(UsageError):

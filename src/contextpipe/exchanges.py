@@ -21,7 +21,7 @@ is produced: they still form one exchange, in any order, as long as no other mes
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -30,6 +30,7 @@ from .messages import FunctionCall, FunctionResult, Message, Part, Source, TextP
 __all__ = [
     "Group",
     "GroupKind",
+    "ValidatedChunks",
     "carries_results",
     "drop_leading_orphans",
     "exchange_problem",
@@ -53,10 +54,33 @@ def _flag(message: Message) -> int:
     return flag if flag >= 0 else message.tool_flag  # computed once, then cached on the message
 
 
+class ValidatedChunks:
+    """A sequence of messages that knows which of its parts were already validated.
+
+    A run's request view (`pipeline.MessageView`) is one: it is made of parts (the providers'
+    segments, the run's own messages), and a part the run validated once (its tool exchanges
+    complete) cannot change afterwards. The checks of this module and `_run.invariants` use it to
+    skip work they did before; any other sequence is checked message by message.
+    """
+
+    __slots__ = ()
+
+    def untagged(self) -> Iterator[Message]:
+        """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
+        raise NotImplementedError
+
+    def validated_chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
+        """Iterate the untagged messages part by part, each with whether it was already validated complete."""
+        raise NotImplementedError
+
+    def has_id(self, message_id: str) -> bool:
+        """Return True when a message with this id is in the sequence (without tagging it)."""
+        raise NotImplementedError
+
+
 def untagged(messages: Iterable[Message]) -> Iterable[Message]:
     """Return `messages` without per-message tagging when they are a run's lazily tagged view."""
-    untagged = getattr(messages, "untagged", None)
-    return untagged() if untagged is not None else messages
+    return messages.untagged() if isinstance(messages, ValidatedChunks) else messages
 
 
 def carries_results(message: Message) -> bool:
@@ -136,11 +160,11 @@ def _close_exchange(groups: list[Group], open_by_call: dict[str, Group], message
 def exchange_problem(messages: Sequence[Message]) -> str | None:
     """Describe the first unanswered call or orphan result in `messages`, or return None.
 
-    A run's request view (`MessageView`) says which of its parts were already checked complete;
-    those are skipped when no call is open before them (they cannot change: see `MessageView.chunks`).
+    A run's request view (a `ValidatedChunks`) says which of its parts were already validated
+    complete; those are skipped when no call is open before them (they cannot change).
     """
-    chunks = getattr(messages, "chunks", None)
-    pieces: Iterable[tuple[Sequence[Message], bool]] = chunks() if chunks is not None else ((messages, False),)
+    pieces: Iterable[tuple[Sequence[Message], bool]] = (
+        messages.validated_chunks() if isinstance(messages, ValidatedChunks) else ((messages, False),))
     open_calls: dict[str, str] = {}
     start = 0
     for chunk, checked in pieces:

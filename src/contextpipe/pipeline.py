@@ -1,8 +1,8 @@
 """The provider-facing context of one run: what providers read and contribute, and where it came from.
 
 `RunContext` is what a provider's `before_run` writes into and `after_run` reads; it holds nothing
-else (no store, lease, spans or timings: saving is `_persistence.StepWriter`'s, the hooks and
-their timings are `_hooks`', and the record of the run is `trace.RunJournal`).
+else (no store, lease, spans or timings: saving is `_run.writer.StepWriter`'s, the hooks and
+their timings are `_run.hooks`', and the record of the run is `trace.RunJournal`).
 
 Messages are kept as *segments*, each a list of messages plus the `Source` they came from, so a
 10,000-message history is attributed in O(1) instead of by copying every message. What providers
@@ -20,6 +20,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, overload
 
 from .errors import UsageError
+from .exchanges import ValidatedChunks
 from .messages import INPUT, Message, Source
 from .models.base import ModelMiddleware, ModelSettings
 from .tools import Tool, as_tool
@@ -59,7 +60,7 @@ class Segment:
         return self._tagged
 
 
-class MessageView(Sequence[Message]):
+class MessageView(Sequence[Message], ValidatedChunks):
     """A read-only sequence of segments' messages, each tagged with its source in this run.
 
     Creating a view costs O(segments); a segment's tagged copies are made when first read.
@@ -68,7 +69,7 @@ class MessageView(Sequence[Message]):
     __slots__ = ("_checked", "_len", "_parts")
 
     def __init__(self, segments: Sequence[Segment], tail: Sequence[Message] = (), *, checked_tail: int = 0) -> None:
-        """`checked_tail` leading messages of `tail` were checked complete before (see `chunks`)."""
+        """`checked_tail` leading messages of `tail` were validated complete before (see `validated_chunks`)."""
         self._len = len(tail)
         for s in segments:
             self._len += len(s.messages)
@@ -93,7 +94,7 @@ class MessageView(Sequence[Message]):
         """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
         return chain.from_iterable(part.messages if isinstance(part, Segment) else part for part in self._parts)
 
-    def chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
+    def validated_chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
         """Iterate the untagged messages part by part, each with whether its tool exchanges are known complete.
 
         A part is known complete when the run checked it once and it cannot change since (an
@@ -368,10 +369,6 @@ class RunContext:
     def middleware(self) -> list[ModelMiddleware]:
         """Model middleware added by providers, outermost first."""
         return self._middleware
-
-    def tagged_request_messages(self) -> list[Message]:
-        """Return the request messages, each tagged with its source (a new list, for custom filters)."""
-        return list(self.messages)
 
     # --- compaction ---------------------------------------------------------------------------------
 

@@ -63,11 +63,6 @@ class Spans:
         self.agent_name = agent_name or "agent"
         self.root: Any = None
 
-    @property
-    def active(self) -> bool:
-        """True when spans are recorded (a tracer provider is configured)."""
-        return self.tracer is not None
-
     def _context(self, parent: Any) -> Any:
         from opentelemetry import trace
 

@@ -22,30 +22,18 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, MutableMapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from ._media import media_tokens
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from .tools import ToolSpec
 
-if TYPE_CHECKING:
-    from ._calibration import Calibration
-
-
-def __getattr__(name: str) -> Any:
-    # `Calibration` is a pydantic model: it is defined in a module of its own, imported on first use,
-    # so that importing contextpipe does not import pydantic.
-    if name == "Calibration":
-        from ._calibration import Calibration
-
-        return Calibration
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 __all__ = [
+    "CALIBRATION_KEY",
     "Calibration",
     "EstimateTokenizer",
     "TokenCache",
@@ -54,6 +42,53 @@ __all__ = [
     "Tokenizer",
     "tokenizer_for_model",
 ]
+
+CALIBRATION_KEY: Final = "contextpipe.calibration"
+"""Session state key under which a run saves its `Calibration` (as `Calibration.to_dict`)."""
+
+
+@dataclass(slots=True)
+class Calibration:
+    """How far estimates are off, learned from the input tokens models report (kept in session state).
+
+    `ratio` multiplies estimates; it moves toward each observed ``reported / estimated`` by `weight`.
+
+    >>> c = Calibration()
+    >>> c.observe(estimated=100, reported=150)
+    >>> c.ratio, Calibration.from_dict(c.to_dict()) == c
+    (1.5, True)
+    """
+
+    ratio: float = 1.0
+    samples: int = 0
+    weight: float = 0.3
+
+    def observe(self, estimated: int, reported: int) -> None:
+        """Learn from one model call: `estimated` tokens by us, `reported` by the model."""
+        if estimated <= 0 or reported <= 0:
+            return
+        observed = reported / estimated
+        self.ratio = observed if self.samples == 0 else self.ratio + self.weight * (observed - self.ratio)
+        self.samples += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the calibration as JSON data (what session state keeps)."""
+        return {"ratio": self.ratio, "samples": self.samples, "weight": self.weight}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        """Return the calibration `to_dict` made; raise `ValueError` for anything else."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object with ratio, samples and weight, got {type(data).__name__}")
+        ratio, samples, weight = data.get("ratio", 1.0), data.get("samples", 0), data.get("weight", 0.3)
+        if not (_is_number(ratio) and _is_number(weight) and type(samples) is int):
+            raise ValueError(f"ratio and weight must be numbers and samples an integer, got {dict(data)!r}")
+        return cls(float(ratio), samples, float(weight))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
 
 # Chat formatting overhead of OpenAI models: each message is wrapped in a few special tokens, and
 # every reply is primed with three more.
@@ -285,10 +320,8 @@ class TokenCounter:
 
     @property
     def calibration(self) -> Calibration:
-        """Scale applied to estimates (a session's, when a provider keeps it in session state)."""
+        """Scale applied to estimates (the session's, kept in its state by the run)."""
         if self._calibration is None:
-            from ._calibration import Calibration
-
             self._calibration = Calibration()
         return self._calibration
 
@@ -356,6 +389,14 @@ class TokenCounter:
                     count = raw(m)
             out.append(count)
         return out
+
+    def learn(self, instructions: str | None, tools: Sequence[ToolSpec], messages: Iterable[Message],
+              reported: int) -> None:
+        """Calibrate estimates with the input tokens a model reported for a request (exact counts need none)."""
+        if self.tokenizer.exact:
+            return
+        estimate = self.text(instructions) + self.tools(tools) + sum(self.messages(messages))
+        self.calibration.observe(estimate, reported)
 
     def text(self, text: str | None) -> int:
         """Raw tokens of free text (instructions)."""

@@ -10,7 +10,7 @@ from typing import Any
 import httpx2 as httpx
 import uvicorn
 
-from contextpipe import Agent, Message, TextDelta, Usage
+from contextpipe import Agent, Durability, Message, TextDelta, Usage
 from contextpipe.models import ModelRequest, ModelResponse, ResponseComplete
 from contextpipe.providers import History
 from contextpipe.serve import ApiKeys, ServeSettings, create_app
@@ -58,7 +58,7 @@ class GateModel:
 
 
 def make_app(store: SessionStore, model: Any, **settings: Any) -> Any:
-    agent = Agent(model, providers=[History(store)], store_traces=True, name="test")
+    agent = Agent(model, providers=[History(store)], durability=Durability(store_traces=True), name="test")
     return create_app(agent, keys=keys(), settings=ServeSettings(**settings))
 
 

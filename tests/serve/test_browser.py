@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from contextpipe import Agent, FunctionCall, Message
+from contextpipe import Agent, Durability, FunctionCall, Message
 from contextpipe.providers import History
 from contextpipe.serve import create_app
 from contextpipe.stores import Checkpoint, SQLiteStore
@@ -39,7 +39,8 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
                            tool_call("get_weather_forecast", location_code="SZ"),
                            "Sunny and 25 C in Suzhou: a T-shirt and a light jacket."])
     agent = Agent(model, instructions="You are a weather assistant.", providers=[History(store)],
-                  tools=[lookup_location_code, get_weather_forecast], store_traces=True, name="weather")
+                  tools=[lookup_location_code, get_weather_forecast], durability=Durability(store_traces=True),
+                  name="weather")
     app = create_app(agent, keys=keys())
     async with serving(app) as base:
         async with httpx.AsyncClient(base_url=base) as c:
@@ -54,8 +55,8 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
             Message("assistant", (FunctionCall("c1", "lookup_location_code", '{"city": "Suzhou"}'),))])
         await store.save_checkpoint("acme", "carol/crash", Checkpoint(2, Message.assistant(
             "Summary: carol asked for a story and got one."), 0.0))
-        repairer = Agent(ScriptedModel(["Suzhou is SZ."]), providers=[History(store)], store_traces=True,
-                         tools=[lookup_location_code, get_weather_forecast])
+        repairer = Agent(ScriptedModel(["Suzhou is SZ."]), providers=[History(store)],
+                         durability=Durability(store_traces=True), tools=[lookup_location_code, get_weather_forecast])
         await repairer.run(None, session=crashed)
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=executable, args=["--no-sandbox"])

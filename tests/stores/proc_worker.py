@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from backends import open_spec
 
-from contextpipe import Agent, Message, RunLimits, tool
+from contextpipe import Agent, Durability, Message, RunLimits, tool
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.testing import ScriptedModel, Turn, tool_call
@@ -164,7 +164,7 @@ async def storm_worker(spec: str, tenant: str, slot: str, session_id: str, runs:
 
     try:
         model = ScriptedModel([plan] * (runs * (steps + 2) * 2 + 10))
-        agent = Agent(model, tools=[record, lookup], providers=[History(store)], lease_ttl=ttl,
+        agent = Agent(model, tools=[record, lookup], providers=[History(store)], durability=Durability(lease_ttl=ttl),
                       limits=RunLimits(max_steps=steps * 4, max_consecutive_tool_errors=steps * 4))
         session = await agent.session(session_id, tenant=tenant)
         for r in range(runs):

@@ -6,7 +6,17 @@ import asyncio
 
 import pytest
 
-from contextpipe import Agent, FunctionCall, FunctionResult, Message, ModelServerError, SessionBusy, StoreError, tool
+from contextpipe import (
+    Agent,
+    Durability,
+    FunctionCall,
+    FunctionResult,
+    Message,
+    ModelServerError,
+    SessionBusy,
+    StoreError,
+    tool,
+)
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.stores import SessionStore
@@ -126,7 +136,8 @@ async def test_history_loads_checkpoint_then_tail(store: SessionStore, tenant: s
 
 async def test_agent_stores_traces_with_the_session(store: SessionStore, tenant: str) -> None:
     agent = Agent(ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "SZ it is."]),
-                  tools=[lookup_location_code], providers=[History(store)], store_traces=True)
+                  tools=[lookup_location_code], providers=[History(store)],
+                  durability=Durability(store_traces=True))
     session = await agent.session("traced", tenant=tenant)
     await agent.run("Code for Suzhou?", session=session)
     traces = await store.load_traces(tenant, "traced")

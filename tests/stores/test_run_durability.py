@@ -7,8 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from contextpipe import Agent, FunctionCall, FunctionResult, LeaseLost, Message, tool
-from contextpipe._persistence import Heartbeat
+from contextpipe import Agent, Durability, FunctionCall, FunctionResult, Heartbeat, LeaseLost, Message, tool
 from contextpipe.exchanges import exchange_problem
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import History
@@ -70,7 +69,8 @@ async def test_heartbeat_renews_the_lease_during_a_long_tool_call(store: Session
     beats = Beats()
     renewals = counting_renewals(store)
     agent = Agent(ScriptedModel([tool_call("slow_report"), "Here it is."]), tools=[slow_report],
-                  providers=[History(store)], lease_ttl=9.0, heartbeat=Heartbeat(sleep=beats.sleep))
+                  providers=[History(store)],
+                  durability=Durability(lease_ttl=9.0, heartbeat=Heartbeat(sleep=beats.sleep, shared_timer=False)))
     session = await agent.session("long", tenant=tenant)
     run = asyncio.ensure_future(agent.run("Make the report", session=session))
     await started.wait()
@@ -107,7 +107,7 @@ async def test_the_default_heartbeat_starts_once_a_run_outlives_one_interval(sto
         return "report ready"
 
     agent = Agent(ScriptedModel([tool_call("slow_report"), "Here it is."]), tools=[slow_report],
-                  providers=[History(store)], heartbeat=Heartbeat(interval=0.01))
+                  providers=[History(store)], durability=Durability(heartbeat=Heartbeat(interval=0.01)))
     session = await agent.session("timer", tenant=tenant)
     run = asyncio.ensure_future(agent.run("Make the report", session=session))
     await started.wait()
@@ -137,7 +137,8 @@ async def test_a_lost_lease_stops_the_run_at_once_and_nothing_more_is_written(st
 
     beats = Beats()
     agent = Agent(ScriptedModel([tool_call("transfer", amount=5), "never"]), tools=[transfer],
-                  providers=[History(store)], heartbeat=Heartbeat(sleep=beats.sleep))
+                  providers=[History(store)],
+                  durability=Durability(heartbeat=Heartbeat(sleep=beats.sleep, shared_timer=False)))
     session = await agent.session("lost", tenant=tenant)
     run = asyncio.ensure_future(agent.run("Pay", session=session))
     await started.wait()
@@ -164,7 +165,8 @@ async def test_a_session_taken_over_after_expiry_stops_the_old_run(store: Sessio
 
     beats = Beats()  # never beaten: the first run behaves as a paused process whose lease runs out
     first = Agent(ScriptedModel([tool_call("wait_forever"), "never"]), tools=[wait_forever],
-                  providers=[History(store)], lease_ttl=0.05, heartbeat=Heartbeat(sleep=beats.sleep))
+                  providers=[History(store)],
+                  durability=Durability(lease_ttl=0.05, heartbeat=Heartbeat(sleep=beats.sleep, shared_timer=False)))
     session = await first.session("taken", tenant=tenant)
     run = asyncio.ensure_future(first.run("Start", session=session))
     await started.wait()
@@ -233,7 +235,7 @@ async def test_a_stored_log_that_breaks_the_rules_is_repaired_in_view_with_a_vis
         Message.assistant("ok"),
     ])
     model = ScriptedModel(["repaired and answering", "again"])
-    agent = Agent(model, providers=[History(store)], store_traces=True)
+    agent = Agent(model, providers=[History(store)], durability=Durability(store_traces=True))
     session = await agent.session("broken", tenant=tenant)
     before = await agent.history(session)
     for expected in ("repaired and answering", "again"):  # every later run works, not only the first

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from ..agent import Agent, RunResult
 from ..compaction import TokenBudget
+from ..config import Durability
 from ..events import StepPersisted
 from ..messages import Message
 from ..providers.compaction import Compaction
@@ -159,7 +160,7 @@ async def _crash_worker(path: str) -> None:
     async with SQLiteStore(path) as store:
         model = ScriptedModel([tool_call("lookup_location_code", city="Beijing"),
                                tool_call("get_weather_forecast", location_code="BJ"), "unreachable"])
-        agent = _weather_agent(store, model, lease_ttl=0.5)
+        agent = _weather_agent(store, model, durability=Durability(lease_ttl=0.5))
         session = await agent.session("demo-crash")
         await agent.run("And what about Beijing?", session=session)
 
@@ -175,7 +176,7 @@ async def _compaction_and_inspect(store: SQLiteStore, say: Callable[[str], None]
     budget = Compaction(TokenBudget(400), tokenizer=EstimateTokenizer())
     model = ScriptedModel(["I can see points 6 to 11 here; the earlier ones are stored but not in view."])
     agent = Agent(model, instructions="Answer from the conversation.", providers=[History(store), budget],
-                  store_traces=True)
+                  durability=Durability(store_traces=True))
     result = await agent.run("What did I tell you?", session=session)
     trace = result.traces[0]
     for decision in trace.compaction:

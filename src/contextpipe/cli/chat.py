@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..agent import Agent
+from ..config import Durability
 from ..errors import ContextPipeError, UsageError
 from ..events import ToolCallFinished, ToolCallStarted
 from ..messages import Message, Source
@@ -229,7 +230,8 @@ async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, d
         providers.append(tools)
     if options.max_input_tokens:
         providers.append(Compaction(max_input_tokens=options.max_input_tokens))
-    agent = Agent(model, instructions=options.instructions, providers=providers, store_traces=True)
+    agent = Agent(model, instructions=options.instructions, providers=providers,
+                  durability=Durability(store_traces=True))
     session = await agent.session(session_id, tenant=tenant)
     session.state.setdefault("user_id", options.user)
     return agent, session

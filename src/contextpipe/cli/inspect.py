@@ -45,7 +45,7 @@ def inspect_session(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant:
     traces = asyncio.run(run())
     if not traces:
         raise fail(f"session {session!r} has no stored traces; traces are stored by `contextpipe chat` and by "
-                   "agents made with Agent(store_traces=True)")
+                   "agents made with Agent(durability=Durability(store_traces=True))")
     if call is not None:
         if not 1 <= call <= len(traces):
             raise fail(f"--call must be between 1 and {len(traces)}")

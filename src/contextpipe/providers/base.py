@@ -25,39 +25,23 @@ tool result right after it is produced), or once at the end in per-run mode.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..config import HistoryPolicy
 from ..errors import UsageError
 from ..messages import Message
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
     from ..session import Session
-    from ..stores.base import Checkpoint, Lease
+    from ..stores.base import Checkpoint, Lease, SessionStore
 
-__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "accepts_keyword",
-           "external_input"]
+__all__ = ["ContextProvider", "HistoryProvider", "LoadedHistory", "MessageFilter", "external_input"]
 
 MessageFilter = Callable[[Sequence[Message]], Sequence[Message]]
 """Takes messages (tagged with their `Source` in this run) and returns the ones to keep, in order."""
-
-
-@functools.cache
-def _keywords(function: Callable[..., Any]) -> frozenset[str]:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return frozenset()
-    return frozenset(p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-def accepts_keyword(method: Callable[..., Any], name: str) -> bool:
-    """Tell whether `method` takes keyword `name` (so an older override is never passed one it lacks)."""
-    return name in _keywords(getattr(method, "__func__", method))
 
 
 def external_input(messages: Sequence[Message]) -> list[Message]:
@@ -153,63 +137,51 @@ class ContextProvider:
 class HistoryProvider(ContextProvider):
     """A context provider that loads and stores a session's messages.
 
-    Implement `load` and `save`. Options:
-
-    - `load_messages`: add the loaded messages to the context (only one provider of an agent may).
-    - `store_inputs` / `store_outputs`: store the caller's messages / the model's and tools' messages.
-    - `store_context_messages`: also store messages other context providers added (audit logs).
-    - `provide_filter`: applied to loaded messages before they enter the context.
-    - `store_request_filter`: chooses which request messages to store. By default messages loaded
-      from history are dropped (they are stored already), and context messages are dropped unless
-      `store_context_messages` is set.
-    - `store_response_filter`: chooses which response messages (model output, tool results) to store.
+    Implement `load` and `save`. What it loads and stores is its `policy` (a `HistoryPolicy`:
+    `load_messages`, `store_inputs`, `store_outputs`, `store_context_messages` and the three
+    filters; by default it loads the history and stores the caller's input and the model's and
+    tools' messages). Only one provider of an agent may load messages.
     """
 
     kind = "history"
 
-    def __init__(
-        self,
-        source_id: str = "history",
-        *,
-        load_messages: bool = True,
-        store_inputs: bool = True,
-        store_outputs: bool = True,
-        store_context_messages: bool = False,
-        provide_filter: MessageFilter | None = None,
-        store_request_filter: MessageFilter | None = None,
-        store_response_filter: MessageFilter | None = None,
-    ) -> None:
-        super().__init__(source_id, store_request_filter=store_request_filter,
-                         store_response_filter=store_response_filter)
-        self.load_messages = load_messages
-        self.store_inputs = store_inputs
-        self.store_outputs = store_outputs
-        self.store_context_messages = store_context_messages
-        self.provide_filter = provide_filter
+    store: SessionStore | None = None
+    """The session store this provider writes to, if it writes to one. An agent given no store uses
+    it, and a run fences this provider's writes with its lease when this is the store holding it."""
+
+    def __init__(self, source_id: str = "history", *, policy: HistoryPolicy | None = None) -> None:
+        policy = policy if policy is not None else HistoryPolicy()
+        super().__init__(source_id, store_request_filter=policy.store_request_filter,
+                         store_response_filter=policy.store_response_filter)
+        self.policy = policy
+        """What this provider loads and stores."""
 
     @property
     def stores_anything(self) -> bool:
         """False when this provider would never save a message."""
-        return self.store_inputs or self.store_outputs or self.store_context_messages
+        return self.policy.stores_anything
 
     async def load(self, session: Session) -> Sequence[Message]:
         """Return the session's messages to put into the context, oldest first."""
         raise NotImplementedError(f"{type(self).__name__} must implement load()")
 
-    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None) -> None:
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
         """Append `messages` to the session's history; `lease` fences the write when given.
 
-        An implementation may also take ``durable: bool = True``: the run passes ``durable=False``
-        for writes a crash would repair anyway (results of idempotent tools), and always follows
-        them with a durable write before the next model call is answered.
+        The run passes ``durable=False`` for writes a crash would repair anyway (results of
+        idempotent tools), and always follows them with a durable write before the next model call
+        is answered; an implementation may ignore it.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement save()")
 
-    async def load_view(self, session: Session) -> LoadedHistory:
+    async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
         """Return what to load for a run; by default `load`'s messages, with no log positions.
 
         Override it (instead of `load`) to report where the messages sit in the log and a summary
-        checkpoint, so compaction can save summaries through `save_checkpoint`.
+        checkpoint, so compaction can save summaries through `save_checkpoint`. `lease_token` is the
+        fencing token of the run's lease, when the run holds one (`History` keeps a session's
+        loaded messages for its next run while the tokens follow one another).
         """
         return LoadedHistory(await self.load(session))
 
@@ -218,13 +190,14 @@ class HistoryProvider(ContextProvider):
         return False
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Load the session's history into the context (when `load_messages` is set)."""
-        if not self.load_messages or ctx.session is None:
+        """Load the session's history into the context (when ``policy.load_messages`` is set)."""
+        policy = self.policy
+        if not policy.load_messages or ctx.session is None:
             return
-        view = await self.load_view(ctx.session)
-        if self.provide_filter is not None:
+        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
+        if policy.provide_filter is not None:
             loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
-            ctx.add_history(self.provide_filter(loaded))
+            ctx.add_history(policy.provide_filter(loaded))
             return
         if view.summary is not None:
             ctx.add_history([view.summary])
@@ -238,17 +211,17 @@ class HistoryProvider(ContextProvider):
         if self.store_request_filter is not None:
             return list(self.store_request_filter(ctx.messages))
         selected: list[Message] = []
-        if self.store_context_messages:
+        if self.policy.store_context_messages:
             for segment in ctx.segments:
                 if segment.source.kind == "context":
                     selected.extend(segment.messages)
-        if self.store_inputs:
+        if self.policy.store_inputs:
             selected.extend(ctx.input)
         return selected
 
     def select_response(self, messages: Sequence[Message]) -> Sequence[Message]:
         """Return the response messages (model output, tool results) this provider stores."""
-        if not self.store_outputs:
+        if not self.policy.store_outputs:
             return ()
         if self.store_response_filter is not None:
             return self.store_response_filter(messages)

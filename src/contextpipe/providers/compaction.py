@@ -110,7 +110,7 @@ class Compaction(ContextProvider):
 
 
 class _LoopCompaction:
-    """Model middleware: compacts each request of one run and learns the token calibration."""
+    """Model middleware: compacts each request of one run."""
 
     def __init__(self, provider: Compaction, ctx: RunContext, counter: TokenCounter) -> None:
         self.provider = provider
@@ -129,12 +129,13 @@ class _LoopCompaction:
             if result.summarised:
                 summary = next(m for m in request.messages if is_summary(m))
                 self.summaries.append((tuple(result.summarised), summary))
-        counter = self.counter
-        estimate = (counter.text(request.instructions) + counter.tools(request.tools)
-                    + sum(counter.messages(request.messages)))
         response = await call_next(request)
-        if response.usage is not None and not counter.tokenizer.exact:
-            counter.calibration.observe(estimate, response.usage.input_tokens)
+        counter, run_counter = self.counter, self.ctx.tokens
+        if response.usage is not None and counter is not run_counter and run_counter.tokenizer.exact:
+            # The run learns the calibration after every model call, with its own counter (`_run.loop`).
+            # An exact counter needs none, so when this provider estimates with a tokenizer of its own,
+            # it learns the (shared) calibration itself.
+            counter.learn(request.instructions, request.tools, request.messages, response.usage.input_tokens)
         return response
 
     def _reuse_summaries(self, messages: Sequence[Message]) -> Sequence[Message]:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from ..errors import UsageError
 from ..exchanges import drop_leading_orphans
 from ..messages import Message, Source
-from .base import HistoryProvider, LoadedHistory, MessageFilter
+from .base import HistoryProvider, LoadedHistory
 
 if TYPE_CHECKING:
-    from ..pipeline import RunContext
+    from ..config import HistoryPolicy
     from ..session import Session
     from ..stores.base import Checkpoint, Lease, SessionStore
 
@@ -26,7 +26,12 @@ class History(HistoryProvider):
     >>> from contextpipe.stores import MemoryStore
     >>> store = MemoryStore()
     >>> primary = History(store)
-    >>> audit = History(MemoryStore(), source_id="audit", load_messages=False, store_context_messages=True)
+    >>> from contextpipe import HistoryPolicy
+    >>> audit = History(MemoryStore(), source_id="audit",
+    ...                 policy=HistoryPolicy(load_messages=False, store_context_messages=True))
+
+    `policy` says what is loaded and stored (`HistoryPolicy`; by default the history is loaded,
+    and the caller's input and the model's and tools' messages are stored).
 
     `max_messages` bounds how much of the log is loaded per run (the newest messages; a tool
     exchange cut by the bound is dropped whole rather than sent half). None loads the whole log.
@@ -43,25 +48,15 @@ class History(HistoryProvider):
         self,
         store: SessionStore,
         *,
+        policy: HistoryPolicy | None = None,
         source_id: str = "history",
         max_messages: int | None = None,
-        load_messages: bool = True,
-        store_inputs: bool = True,
-        store_outputs: bool = True,
-        store_context_messages: bool = False,
-        provide_filter: MessageFilter | None = None,
-        store_request_filter: MessageFilter | None = None,
-        store_response_filter: MessageFilter | None = None,
         cache_messages: int = 200_000,
     ) -> None:
-        super().__init__(
-            source_id, load_messages=load_messages, store_inputs=store_inputs, store_outputs=store_outputs,
-            store_context_messages=store_context_messages, provide_filter=provide_filter,
-            store_request_filter=store_request_filter, store_response_filter=store_response_filter,
-        )
+        super().__init__(source_id, policy=policy)
         if max_messages is not None and max_messages < 1:
             raise UsageError(f"max_messages must be at least 1 (or None for all), got {max_messages}")
-        self.store = store
+        self.store: SessionStore = store
         """Where the messages live."""
         self.max_messages = max_messages
         if cache_messages < 0:
@@ -79,19 +74,6 @@ class History(HistoryProvider):
         """
         view = await self.load_view(session)
         return view.messages if view.summary is None else [view.summary, *view.messages]
-
-    async def before_run(self, ctx: RunContext) -> None:
-        """Load the checkpoint summary and the log after it (the session's kept tail when the lease allows)."""
-        if not self.load_messages or ctx.session is None:
-            return
-        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
-        if self.provide_filter is not None:
-            loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
-            ctx.add_history(self.provide_filter(loaded))
-            return
-        if view.summary is not None:
-            ctx.add_history([view.summary])
-        ctx.add_history(view.messages, first_seq=view.first_seq)
 
     async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
         """Load the checkpoint summary and the log after it, with the log positions (for compaction).

@@ -239,7 +239,7 @@ class _Api:
         if agent is not None:
             about = {"name": agent.name, "model": agent.model.name, "tools": sorted(agent.tools),
                      "providers": [{"source_id": p.source_id, "kind": p.kind} for p in agent.providers],
-                     "store_traces": agent.store_traces}
+                     "store_traces": agent.durability.store_traces}
         return JSONResponse({"tenant": tenant, "version": __version__, "store": self.store.backend,
                              "read_only": self.settings.read_only or agent is None, "agent": about})
 

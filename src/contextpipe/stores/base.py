@@ -35,8 +35,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Self
+from typing import Any, Self
 
+from ..config import DEFAULT_LEASE_TTL
 from ..errors import SessionBusy, StoreError
 from ..messages import Message
 from ..session import Session, SessionKey
@@ -49,7 +50,6 @@ __all__ = [
 SessionDeletedHook = Callable[[SessionKey], Awaitable[None]]
 """An ``async`` callback told the key of each session a store deleted (see `on_session_deleted`)."""
 
-DEFAULT_LEASE_TTL: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 One step is a model call and the tool calls it asked for. `StepLoop.events` reads like the
 algorithm: build the request, call the model, record the `ModelStep`, then the tool step, until a `Stop`.
 The model is always called through one chain: the providers' middleware, then the innermost call,
-which checks the request (`contextpipe.invariants`), streams or completes, and returns the
+which checks the request (`contextpipe._run.invariants`), streams or completes, and returns the
 response with the request it actually sent, so the trace shows what the model saw.
 
 With per-step persistence (the default) the model's new messages are saved right after the call
@@ -29,12 +29,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from .errors import ModelResponseError
-from .events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from .exchanges import exchange_problem, normalise_calls, repair_exchanges, tool_message, unanswered_calls
-from .invariants import check_messages
-from .messages import INPUT, FunctionCall, FunctionResult, Message, Source
-from .models.base import (
+from ..errors import ModelResponseError
+from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
+from ..exchanges import exchange_problem, normalise_calls, repair_exchanges, tool_message, unanswered_calls
+from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
+from ..models.base import (
     CallModel,
     ChatModel,
     ModelMiddleware,
@@ -46,26 +45,18 @@ from .models.base import (
     TextDelta,
     Usage,
 )
-from .pipeline import MessageView, Segment
-from .trace import ContextChange, PromptTrace
+from ..pipeline import MessageView, Segment
+from ..trace import ContextChange, PromptTrace
+from .invariants import check_messages
 
 if TYPE_CHECKING:
-    from ._persistence import StepWriter
-    from .pipeline import RunContext
-    from .telemetry import ExecuteTool
-    from .tools import Tool, ToolSpec
+    from ..config import RunLimits
+    from ..pipeline import RunContext
+    from ..telemetry import ExecuteTool
+    from ..tools import Tool, ToolSpec
+    from .writer import StepWriter
 
-__all__ = ["ModelStep", "RunLimits", "StepLoop", "Stop", "execute_tool"]
-
-
-@dataclass(frozen=True, slots=True)
-class RunLimits:
-    """Bounds on one run's tool loop."""
-
-    max_steps: int = 20
-    """Model calls that may request tools; after that, one final call without tools."""
-    max_consecutive_tool_errors: int = 3
-    """Steps in a row whose tool calls all failed before the loop stops calling tools."""
+__all__ = ["ModelStep", "StepLoop", "Stop", "execute_tool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +350,8 @@ class StepLoop:
         sent = (response.request or request) if ctx.middleware or self.stream else request
         if sent.messages is self._view:  # the check ran on the loop's own view: its tail need not be scanned again
             self._checked = len(self._tail)
+        if response.usage is not None:  # every agent's estimates learn from what the model reports
+            ctx.tokens.learn(sent.instructions, sent.tools, sent.messages, response.usage.input_tokens)
         self._trace(step, sent, response, latency, ratio)
         self._tail.extend(produced)
         state.new_messages.extend(produced)

@@ -13,19 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import RequestInvariantError
-from .exchanges import exchange_problem
-from .messages import Message
+from ..errors import RequestInvariantError
+from ..exchanges import ValidatedChunks, exchange_problem
+from ..messages import Message
 
-__all__ = ["check_messages", "tool_exchange_problem"]
-
-
-def tool_exchange_problem(messages: Sequence[Message]) -> str | None:
-    """Describe the first unanswered call or orphan result in `messages`, or return None.
-
-    The rules live in `contextpipe.exchanges` (`exchange_problem`).
-    """
-    return exchange_problem(messages)
+__all__ = ["check_messages"]
 
 
 def check_messages(messages: Sequence[Message], *, latest_input: Message | None) -> None:
@@ -37,8 +29,10 @@ def check_messages(messages: Sequence[Message], *, latest_input: Message | None)
         raise RequestInvariantError(f"broken tool exchange in the request: {problem}")
     if latest_input is not None:
         wanted = latest_input.id
-        has_id = getattr(messages, "has_id", None)  # a run's view finds its input without a scan of its tail
-        if not (has_id(wanted) if has_id is not None else any(m.id == wanted for m in reversed(messages))):
+        # A run's view finds its input without a scan of its tail.
+        found = (messages.has_id(wanted) if isinstance(messages, ValidatedChunks)
+                 else any(m.id == wanted for m in reversed(messages)))
+        if not found:
             raise RequestInvariantError(
                 f"the caller's latest input ({latest_input.text[:60]!r}) was dropped from the request"
             )

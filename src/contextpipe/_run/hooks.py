@@ -10,12 +10,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .telemetry import Spans, hook_span
-from .trace import ProviderTiming
+from ..telemetry import Spans, hook_span
+from ..trace import ProviderTiming
 
 if TYPE_CHECKING:
-    from .pipeline import RunContext, RunOutcome
-    from .providers.base import ContextProvider
+    from ..pipeline import RunContext, RunOutcome
+    from ..providers.base import ContextProvider
 
 __all__ = ["run_after", "run_before"]
 

@@ -1,0 +1,277 @@
+"""`StepWriter`: everything a run saves, fenced by the one lease the run holds.
+
+``async with StepWriter.open(store, session, ...) as writer:`` takes the session's lease, starts
+its heartbeat (`contextpipe._run.heartbeat`), brings the caller's `Session` up to date with the
+store, and on the way out stops the heartbeat and gives the lease back. Inside, the loop hands the
+writer each step. The writer saves:
+
+- per step (the default): the request messages each storing history provider keeps, with the first
+  model output; then every model output and every tool result as soon as it exists; a run
+  interrupted before its first model output was saved (a cancelled task, Ctrl-C) still saves the
+  request messages, so the caller's input is never lost;
+- per run: everything once, when the run has succeeded;
+- summary checkpoints (for compaction), the session's state (with the run's token calibration)
+  and, when asked, the run's traces.
+
+If a renewal fails with `LeaseLost` (another worker took the session over, or it was deleted),
+the writer refuses every further write and `guard` stops whatever the run is awaiting at once
+(in-flight tools are cancelled) with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import LeaseLost, StoreError
+from ..stores.base import Checkpoint
+from ..tokens import CALIBRATION_KEY
+from .heartbeat import LeaseHeartbeat
+
+if TYPE_CHECKING:
+    from ..config import Durability, Heartbeat
+    from ..messages import Message
+    from ..pipeline import RunContext
+    from ..providers.base import HistoryProvider
+    from ..session import Session
+    from ..stores.base import Lease, SessionStore
+    from ..tokens import Calibration
+
+__all__ = ["StepWriter"]
+
+T = TypeVar("T")
+
+
+class StepWriter:
+    """Saves one run's messages, checkpoints and session state, fenced by the run's lease."""
+
+    def __init__(self, *, store: SessionStore, session: Session | None, lease: Lease | None,
+                 history_providers: Sequence[HistoryProvider], per_step: bool) -> None:
+        self.store = store
+        """The store holding the session (and the lease)."""
+        self.session = session
+        """The session, or None for a run without one."""
+        self.lease = lease
+        """The run's current lease (renewals replace it), None without a session."""
+        self.per_step = per_step
+        """True when each step is saved as it happens; False saves once at the end."""
+        self._providers: list[HistoryProvider] = []
+        self._loader: HistoryProvider | None = None
+        for p in history_providers:
+            if p.stores_anything:
+                self._providers.append(p)
+            if self._loader is None and p.policy.load_messages:
+                self._loader = p
+        self._request_saved = False  # the request messages were handed to a save
+        self._request_stored = False  # ... and that save returned
+        self.lost: LeaseLost | None = None
+        """Set when a renewal failed: the run no longer holds the session and must stop."""
+        self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
+        self._stopped = False  # the heartbeat cancelled that task
+        self._heartbeat: LeaseHeartbeat | None = None
+
+    @staticmethod
+    def open(store: SessionStore, session: Session | None, *, history_providers: Sequence[HistoryProvider],
+             durability: Durability, lease_wait: float = 0.0) -> _Open:
+        """Return an async context manager that holds a writer for one run on `session` (or on none).
+
+        Entering it takes the session's lease (waiting up to `lease_wait` seconds for a concurrent
+        run), starts the heartbeat and brings `session` up to date with the store; leaving it stops
+        the heartbeat and gives the lease back.
+        """
+        return _Open(store, session, history_providers, durability, lease_wait)
+
+    # --- the lease ----------------------------------------------------------------------------------
+
+    def keep_alive(self, heartbeat: Heartbeat) -> None:
+        """Start renewing the lease in the background with `heartbeat` (until `release`)."""
+        self._heartbeat = LeaseHeartbeat(self, heartbeat)
+        self._heartbeat.start()
+
+    def lease_lost(self, error: LeaseLost) -> None:
+        """Refuse every further write and stop what the run is awaiting (the heartbeat calls it)."""
+        error.add_note("the run was stopped: another run took this session over (or it was deleted) "
+                       "while this one was still working; nothing more was saved")
+        self.lost = error
+        if self._inside is not None:
+            self._stopped = True
+            self._inside.cancel()
+
+    def check(self) -> None:
+        """Raise the `LeaseLost` that stopped the run, if the lease was lost."""
+        if self.lost is not None:
+            raise self.lost
+
+    async def guard(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable`, but stop it at once (and raise `LeaseLost`) if the lease is lost meanwhile."""
+        if self.lost is not None:
+            raise self.lost
+        if self.lease is None or self._inside is not None:
+            return await awaitable
+        task = asyncio.current_task()
+        if task is None:
+            return await awaitable
+        self._inside = task
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if self._stopped:  # the heartbeat cancelled it: the lease is gone, not the caller's doing
+                self._stopped = False
+                task.uncancel()
+                raise self.lost from None  # type: ignore[misc]
+            raise
+        finally:
+            self._inside = None
+
+    @property
+    def stores_messages(self) -> bool:
+        """True when some history provider stores this run's messages."""
+        return self.session is not None and bool(self._providers)
+
+    def lease_for(self, provider: HistoryProvider) -> Lease | None:
+        """Return the lease that fences `provider`'s writes.
+
+        That is the run's lease when the provider writes to the store holding it, and None for
+        providers writing elsewhere (an audit log in another store).
+        """
+        return self.lease if provider.store is self.store else None
+
+    async def save_step(self, ctx: RunContext, response: Sequence[Message], *,
+                        with_request: bool = True, durable: bool = True) -> list[Message]:
+        """Save a step now (per-step mode only) and return what the first storing provider was given.
+
+        Each storing provider gets `response`, preceded on the first such call by the request
+        messages it stores (unless `with_request` is False). ``durable=False`` is for writes a crash
+        would repair anyway (the result of an idempotent tool: a resumed run runs it again); the
+        next model output is saved durably, which makes them durable too.
+        """
+        if not self.per_step or not self.stores_messages:
+            return []
+        first = with_request and not self._request_saved
+        self._request_saved = self._request_saved or with_request
+        saved = await self._save(ctx, response, with_request=first, durable=durable)
+        self._request_stored = self._request_stored or first
+        return saved
+
+    async def save_input(self, ctx: RunContext) -> None:
+        """Keep the request messages of a run stopped before they were saved (per-step mode only).
+
+        A run interrupted (a cancelled task, Ctrl-C) before its first model answer was saved would
+        otherwise lose the caller's input, which is saved with that answer. Appending is idempotent
+        by message id, so the input is stored once even if an interrupted save did land.
+        """
+        if self._request_stored or not self.per_step or not self.stores_messages:
+            return
+        self._request_saved = True
+        await self._save(ctx, [], with_request=True)
+        self._request_stored = True
+
+    async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
+        """Save a whole successful run at once (per-run mode only)."""
+        if self.per_step or not self.stores_messages:
+            return
+        await self._save(ctx, response, with_request=True)
+
+    async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool,
+                    durable: bool = True) -> list[Message]:
+        session = self.session
+        assert session is not None
+        if self.lost is not None:
+            raise self.lost
+        saved: list[Message] | None = None
+        for provider in self._providers:
+            batch = provider.select_request(ctx) if with_request else []
+            batch.extend(provider.select_response(response))
+            if batch:
+                await provider.save(session, batch, lease=self.lease_for(provider), durable=durable or with_request)
+            if saved is None:
+                saved = batch
+        return saved or []
+
+    async def save_checkpoint(self, seq: int, summary: Message) -> bool:
+        """Have the history provider that loaded the messages keep `summary` as standing for the log up to `seq`."""
+        if self.session is None or self._loader is None:
+            return False
+        self.check()
+        checkpoint = Checkpoint(seq, summary, time.time())
+        return await self._loader.save_checkpoint(self.session, checkpoint, lease=self.lease_for(self._loader))
+
+    async def save_session(self, traces: Sequence[dict[str, Any]] = (), *,
+                           calibration: Calibration | None = None) -> None:
+        """Save the session's state (compare-and-swap) with the run's token `calibration`, and the run's traces."""
+        session = self.session
+        if session is None:
+            return
+        self.check()
+        if calibration is not None:
+            session.state[CALIBRATION_KEY] = calibration.to_dict()
+        await self.store.save_session(session, lease=self.lease)
+        if traces:
+            await self.store.append_traces(session.tenant, session.id, list(traces), lease=self.lease)
+
+    async def refresh(self) -> None:
+        """Bring a stale `Session` object up to date with the store (another worker may have run)."""
+        session = self.session
+        assert session is not None
+        stored = await self.store.get_session(session.tenant, session.id)
+        if stored is None and session.version > 0:
+            raise StoreError(
+                f"session {session.id!r} (tenant {session.tenant!r}) no longer exists: it was deleted or it "
+                "expired; start a new one with agent.session(...)",
+                backend=self.store.backend, tenant=session.tenant, session_id=session.id,
+            )
+        if stored is not None and stored.version != session.version:
+            session.state = stored.state
+            session.version = stored.version
+
+    async def release(self) -> None:
+        """Stop the heartbeat and give the session's lease back (the run is over)."""
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
+            self._heartbeat = None
+        if self.lease is not None:
+            lease, self.lease = self.lease, None
+            if self.lost is None:
+                await self.store.release_lease(lease)
+
+
+class _Open:
+    """``async with StepWriter.open(...)``: the writer of one run, from taking the lease to giving it back."""
+
+    __slots__ = ("_durability", "_providers", "_session", "_store", "_wait", "_writer")
+
+    def __init__(self, store: SessionStore, session: Session | None, providers: Sequence[HistoryProvider],
+                 durability: Durability, lease_wait: float) -> None:
+        self._store, self._session, self._providers = store, session, providers
+        self._durability, self._wait = durability, lease_wait
+        self._writer: StepWriter | None = None
+
+    async def __aenter__(self) -> StepWriter:
+        store, session, durability = self._store, self._session, self._durability
+        per_step = durability.persistence == "per_step"
+        if session is None:
+            self._writer = StepWriter(store=store, session=None, lease=None, history_providers=self._providers,
+                                      per_step=per_step)
+            return self._writer
+        lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
+                                          ttl=durability.lease_ttl, wait=self._wait)
+        writer = self._writer = StepWriter(store=store, session=session, lease=lease,
+                                           history_providers=self._providers, per_step=per_step)
+        writer.keep_alive(durability.heartbeat)
+        try:
+            await writer.refresh()
+        except BaseException:
+            self._writer = None
+            await writer.release()
+            raise
+        return writer
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            await writer.release()
