@@ -9,10 +9,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import operator
 import re
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from ..errors import (
@@ -24,7 +22,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, dumps, dumps_compact, loads, loads_arrays, loads_many
+from ..messages import Message, dumps, dumps_compact, loads, loads_many
 from ..session import Session, SessionKey
 from .base import Checkpoint, Lease, MessagePage, SessionStore
 
@@ -199,44 +197,6 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
     messages = decoded
     first = int(rows[0][0]) if rows else max(end, after or 0) + 1
     return MessagePage(messages, first, first > 1)
-
-
-@dataclass(frozen=True, slots=True)
-class JoinedRows:
-    """Consecutive messages of a log read as one value instead of one row each (see `joined_part`)."""
-
-    first_seq: int
-    """Sequence of the first message."""
-    count: int
-    """How many messages (sequences ``first_seq`` to ``first_seq + count - 1``, checked by the reader)."""
-    bodies: bytes
-    """Their stored bodies as one JSON array in UTF-8: ``"[" + ",".join(bodies) + "]"``, in sequence order."""
-    ids: str
-    """The ids their rows are indexed under, joined by NUL characters."""
-
-
-_message_id: Final = operator.attrgetter("id")
-
-
-def joined_part(piece: JoinedRows) -> list[Message] | None:
-    """Decode one piece of a log read as `JoinedRows`, or return None when the log must be read row by row.
-
-    Each body is one JSON value, so a piece decodes to exactly `count` messages whose ids are the
-    indexed ones. Anything else (a damaged body, a body that is not one JSON value, a mismatched id,
-    an id holding a NUL) returns None: the caller reads the rows one by one, and `make_page` names the
-    first that cannot be read, as it always has.
-    """
-    try:
-        [part] = loads_arrays([piece.bodies])
-    except CodecError:
-        return None
-    if len(part) != piece.count:
-        return None
-    ids = "\0".join(map(_message_id, part))
-    # Equal texts with count - 1 separators: neither side has a NUL inside an id, so the ids are equal.
-    if ids != piece.ids or ids.count("\0") != piece.count - 1:
-        return None
-    return part
 
 
 # --- the one translation of driver and network errors --------------------------------------------------
