@@ -241,15 +241,10 @@ class SQLiteStore(SessionStore):
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
-            if row is None or int(row["value"]) < SQLITE_SCHEMA_VERSION:  # tables above are created as needed
+            stored = _schema_version(conn, self.path)
+            if stored is None or stored < SQLITE_SCHEMA_VERSION:  # tables above are created as needed
                 conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)",
                              (str(SQLITE_SCHEMA_VERSION),))
-            elif int(row["value"]) > SQLITE_SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} was written by a newer contextpipe (schema {row['value']}, this release knows "
-                    f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend=self.backend, server=self.path,
-                )
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection, *, durable: bool) -> Iterator[None]:
@@ -277,7 +272,8 @@ class SQLiteStore(SessionStore):
         """Return the live session row (an expired session is deleted on the spot and reads as absent)."""
         row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
         if row is not None and row["expires_at"] is not None and row["expires_at"] <= now:
-            self._delete(conn, key)
+            if not self.read_only:  # read-only, it reads as absent without being deleted
+                self._delete(conn, key)
             return None
         return row
 
@@ -353,6 +349,8 @@ class SQLiteStore(SessionStore):
     def _get_row(self, conn: sqlite3.Connection, key: SessionKey) -> sqlite3.Row | None:
         row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
         if row is not None and row["expires_at"] is not None and row["expires_at"] <= self._clock():
+            if self.read_only:
+                return None
             with self._transaction(conn, durable=True):
                 row = self._session_row(conn, key, self._clock())
         return row
@@ -677,9 +675,8 @@ def _open_read_only(path: str, busy_ms: int) -> sqlite3.Connection:
     conn = sqlite3.connect(f"{target}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
     try:
         conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-        conn.row_factory = sqlite3.Row  # rows read by name or position, like the writer's
         try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = _tables(conn, path)
         except sqlite3.OperationalError as exc:
             wal = Path(f"{path}-wal")
             if wal.exists() and wal.stat().st_size > 0:
@@ -688,17 +685,35 @@ def _open_read_only(path: str, busy_ms: int) -> sqlite3.Connection:
             conn.close()
             conn = sqlite3.connect(f"{target}?mode=ro&immutable=1", uri=True, isolation_level=None,
                                    check_same_thread=False)
-            conn.row_factory = sqlite3.Row
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = _tables(conn, path)
+        conn.row_factory = sqlite3.Row  # rows read by name or position, like the writer's
         if "cp_meta" not in tables:
             raise StoreError(f"{path} is not a contextpipe session database", backend="sqlite")
-        row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
-        if row is not None and not str(row[0]).isdigit():
-            raise StoreError(f"{path}: unreadable schema version {row[0]!r}", backend="sqlite")
-        if row is not None and int(row[0]) > SQLITE_SCHEMA_VERSION:
-            raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
-                             f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite")
+        _schema_version(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _tables(conn: sqlite3.Connection, path: str) -> set[str]:
+    """Return the database's tables (`OperationalError` when it cannot be opened; other damage: `StoreError`)."""
+    try:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.OperationalError:
+        raise
+    except sqlite3.DatabaseError as exc:  # not a database at all, or a damaged one
+        raise StoreError(f"{path} is not a contextpipe session database ({exc})", backend="sqlite") from exc
+
+
+def _schema_version(conn: sqlite3.Connection, path: str) -> int | None:
+    """Return the file's schema version (None when it has none yet), or raise `StoreError` saying what to do."""
+    row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        return None
+    if not str(row[0]).isdigit():
+        raise StoreError(f"{path}: unreadable schema version {row[0]!r}", backend="sqlite", server=path)
+    if int(row[0]) > SQLITE_SCHEMA_VERSION:
+        raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
+                         f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite", server=path)
+    return int(row[0])
