@@ -54,6 +54,29 @@ async def test_a_file_of_a_newer_schema_is_refused_with_one_message(tmp_path: Pa
                                   f"{sqlite_module.SQLITE_SCHEMA_VERSION}); upgrade contextpipe")
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_a_file_of_an_older_schema_is_refused_and_left_as_it_was(tmp_path: Path, read_only: bool) -> None:
+    path = await written(tmp_path / "o.db")
+    raw(path, "UPDATE cp_meta SET value = '2' WHERE key = 'schema_version'")
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as refused:
+        async with SQLiteStore(path, read_only=read_only) as store:
+            await store.load("default", "s1")
+    assert str(refused.value) == (
+        f"{path} was written by an earlier, unreleased contextpipe (schema 2, this release reads only "
+        f"{sqlite_module.SQLITE_SCHEMA_VERSION}): export its sessions with the contextpipe that wrote it "
+        "(contextpipe sessions export), or start a new database file")
+    assert path.read_bytes() == before and raw(path, "SELECT value FROM cp_meta") == [("2",)]
+
+
+async def test_a_new_file_gets_this_releases_schema_version(tmp_path: Path) -> None:
+    path = await written(tmp_path / "v.db")
+    assert raw(path, "SELECT value FROM cp_meta WHERE key = 'schema_version'") == [
+        (str(sqlite_module.SQLITE_SCHEMA_VERSION),)]
+    async with SQLiteStore(path) as store:  # opened again: the same version, the same messages
+        assert [m.id for m in (await store.load("default", "s1")).messages] == ["a", "b"]
+
+
 @pytest.mark.parametrize("content", [b"name,email\nann,ann@example.com\n", b""])
 async def test_a_file_that_is_not_a_session_database_says_so_read_only(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "notes.db"

@@ -58,9 +58,8 @@ __all__ = ["SQLiteStore"]
 SQLITE_SCHEMA_VERSION: Final = 3
 """Version of the SQLite layout written by this release (cp_meta ``schema_version``).
 
-3 stores messages in the compact form (`contextpipe.messages.dumps_compact`). A file of version 2 is
-upgraded when opened (its rows keep their full form, and both forms are read); a contextpipe that
-knows only 2 refuses a file of version 3 and says to upgrade, instead of failing on its messages.
+3 stores messages in the compact form (`contextpipe.messages.dumps_compact`). A file of another
+version is refused with a `StoreError` saying what to do; nothing in it is changed.
 """
 
 if TYPE_CHECKING:
@@ -241,8 +240,7 @@ class SQLiteStore(SessionStore):
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            stored = _schema_version(conn, self.path)
-            if stored is None or stored < SQLITE_SCHEMA_VERSION:  # tables above are created as needed
+            if _schema_version(conn, self.path) is None:  # a new file
                 conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)",
                              (str(SQLITE_SCHEMA_VERSION),))
 
@@ -707,7 +705,11 @@ def _tables(conn: sqlite3.Connection, path: str) -> set[str]:
 
 
 def _schema_version(conn: sqlite3.Connection, path: str) -> int | None:
-    """Return the file's schema version (None when it has none yet), or raise `StoreError` saying what to do."""
+    """Return the file's schema version (None when it has none yet), or raise `StoreError` saying what to do.
+
+    A file of another version is refused: a newer one needs a newer contextpipe, an older one was
+    written by an unreleased development version.
+    """
     row = conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         return None
@@ -716,4 +718,8 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int | None:
     if int(row[0]) > SQLITE_SCHEMA_VERSION:
         raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
                          f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite", server=path)
+    if int(row[0]) < SQLITE_SCHEMA_VERSION:
+        raise StoreError(f"{path} was written by an earlier, unreleased contextpipe (schema {row[0]}, this release "
+                         f"reads only {SQLITE_SCHEMA_VERSION}): export its sessions with the contextpipe that wrote it "
+                         "(contextpipe sessions export), or start a new database file", backend="sqlite", server=path)
     return int(row[0])
