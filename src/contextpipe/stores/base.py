@@ -41,9 +41,9 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
+from typing import Any, Final, Self
 
 from ..errors import ContextPipeError, SessionBusy, StoreError, UsageError
 from ..messages import Message
@@ -137,7 +137,7 @@ class SessionListing:
     """Pass to the next call to continue; None on the last page."""
 
 
-# --- the contract's checks and the one translation of driver errors, used by the public methods ---------
+# --- the contract's checks and the one translation of driver errors, used by the public methods ----------
 
 _known_key = functools.lru_cache(maxsize=4096)(SessionKey)
 
@@ -155,17 +155,23 @@ def key_of(tenant: str, session_id: str) -> SessionKey:
 
 def check_limit(limit: int | None) -> None:
     if limit is not None and limit < 1:
-        raise UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
+        raise _bad_limit(limit)
+
+
+def key_and_limit(tenant: str, session_id: str, limit: int | None) -> SessionKey:
+    """Return the validated key (`key_of`), after which `limit` is checked (`check_limit`)."""
+    key = key_of(tenant, session_id)
+    if limit is not None and limit < 1:
+        raise _bad_limit(limit)
+    return key
+
+
+def _bad_limit(limit: int) -> UsageError:
+    return UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
 
 
 def duplicate_in_batch(key: SessionKey) -> UsageError:
     return UsageError(f"{key}: the batch to append repeats a message id")
-
-
-def check_batch(key: SessionKey, messages: Sequence[Message]) -> None:
-    """Refuse a batch to append that repeats a message id (`UsageError`)."""
-    if len({m.id for m in messages}) != len(messages):
-        raise duplicate_in_batch(key)
 
 
 def encode_cursor(updated_at: float, session_id: str) -> str:
@@ -200,29 +206,6 @@ def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str
     return None
 
 
-S = TypeVar("S", bound="SessionStore")
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def translated(fn: Callable[Concatenate[S, P], Coroutine[Any, Any, R]]
-               ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
-    """Wrap a store method so that driver and network errors surface as `StoreError` (`to_store_error`)."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(self, *args, **kwargs)
-        except Exception as exc:
-            error = to_store_error(exc, backend=self.backend, server=self.server, driver=self.driver,
-                                   timeout=self.answer_timeout)
-            if error is None:
-                raise
-            raise error from exc
-
-    return wrapper
-
-
 class SessionStore(abc.ABC):
     """A durable (or in-memory) log of sessions; see the module docstring for the contract.
 
@@ -242,16 +225,30 @@ class SessionStore(abc.ABC):
         """What errors name as the place that failed: ``host:port`` of a server, a file's path."""
         return self.backend
 
+    def _store_error(self, exc: Exception) -> StoreError:
+        """Return the `StoreError` standing for a driver or network error `exc` (`to_store_error`).
+
+        Any other exception (contextpipe's own, a programming error) is raised again as it is. The
+        public methods raise what it returns, so every backend's errors are translated here, once.
+        """
+        error = to_store_error(exc, backend=self.backend, server=self.server, driver=self.driver,
+                               timeout=self.answer_timeout)
+        if error is None:
+            raise exc  # unchanged (not chained to itself)
+        return error
+
     # --- session records -------------------------------------------------------------------------
 
-    @translated
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
         """Return the stored session, or None if there is none (or it expired).
 
         A session exists once it has saved state or messages; taking its lease alone does not
         create it.
         """
-        return await self._get(key_of(tenant, session_id))
+        try:
+            return await self._get(key_of(tenant, session_id))
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def load_or_create(self, tenant: str, session_id: str, *, ttl: float | None = None) -> Session:
         """Return the stored session, creating and storing an empty one if there is none."""
@@ -268,7 +265,6 @@ class SessionStore(abc.ABC):
             return raced
         return session
 
-    @translated
     async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
         """Store `session`'s state if the stored version still equals ``session.version``.
 
@@ -276,16 +272,21 @@ class SessionStore(abc.ABC):
         version differs, `LeaseLost` when `lease` is stale and `SessionBusy` when another run holds
         the lease and none is given.
         """
-        session.version = await self._save(session.key, session, lease)
+        try:
+            session.version = await self._save(session.key, session, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def delete_session(self, tenant: str, session_id: str) -> bool:
         """Delete the session and everything stored for it; return whether it existed.
 
         The `on_session_deleted` hooks run after the session is gone.
         """
         key = key_of(tenant, session_id)
-        existed = await self._delete(key)
+        try:
+            existed = await self._delete(key)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
         if existed:
             await self._notify_deleted([key])
         return existed
@@ -356,26 +357,29 @@ class SessionStore(abc.ABC):
             logging.getLogger("contextpipe.stores").exception(
                 "%s store: deletion hooks failed for expired sessions started afresh", self.backend)
 
-    @translated
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
         """List the tenant's sessions, most recently updated first, `limit` per page."""
         validate_tenant(tenant)
         check_limit(limit)
-        found = await self._list(tenant, limit, decode_cursor(cursor) if cursor is not None else (float("inf"), ""))
+        try:
+            found = await self._list(tenant, limit, decode_cursor(cursor) if cursor is not None else (float("inf"), ""))
+        except Exception as exc:
+            raise self._store_error(exc) from exc
         page = found[:limit]
         next_cursor = encode_cursor(page[-1].updated_at, page[-1].session_id) if len(found) > limit else None
         return SessionListing(page, next_cursor)
 
-    @translated
     async def purge_expired(self) -> int:
         """Delete every session whose TTL has passed (all tenants); return how many were deleted."""
-        gone = await self._purge()
+        try:
+            gone = await self._purge()
+        except Exception as exc:
+            raise self._store_error(exc) from exc
         await self._notify_deleted(gone)
         return len(gone)
 
     # --- message log -----------------------------------------------------------------------------
 
-    @translated
     async def append(
         self,
         tenant: str,
@@ -395,10 +399,13 @@ class SessionStore(abc.ABC):
         Stores whose every write is equally durable (servers, memory) ignore it.
         """
         key = key_of(tenant, session_id)
-        check_batch(key, messages)
-        return await self._append(key, messages, lease, durable)
+        if len({m.id for m in messages}) != len(messages):
+            raise duplicate_in_batch(key)
+        try:
+            return await self._append(key, messages, lease, durable)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def load(
         self,
         tenant: str,
@@ -412,11 +419,12 @@ class SessionStore(abc.ABC):
 
         Raises `CorruptRecord` naming the session and sequence of any message that cannot be read.
         """
-        key = key_of(tenant, session_id)
-        check_limit(limit)
-        return await self._load(key, limit, before, after)
+        key = key_and_limit(tenant, session_id, limit)
+        try:
+            return await self._load(key, limit, before, after)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def load_context(
         self, tenant: str, session_id: str, *, limit: int | None = None
     ) -> tuple[Checkpoint | None, MessagePage]:
@@ -425,40 +433,52 @@ class SessionStore(abc.ABC):
         At most the newest `limit` messages after the checkpoint are returned. Backends may do
         this in one round trip.
         """
-        key = key_of(tenant, session_id)
-        check_limit(limit)
-        return await self._load_context(key, limit)
+        key = key_and_limit(tenant, session_id, limit)
+        try:
+            return await self._load_context(key, limit)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    @translated
     async def save_checkpoint(
         self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
     ) -> None:
         """Store a summary checkpoint; its `seq` must not be past the end of the log."""
-        await self._save_checkpoint(key_of(tenant, session_id), checkpoint, lease)
+        try:
+            await self._save_checkpoint(key_of(tenant, session_id), checkpoint, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
         """Return the checkpoint with the highest sequence, or None."""
-        return await self._latest_checkpoint(key_of(tenant, session_id))
+        try:
+            return await self._latest_checkpoint(key_of(tenant, session_id))
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     # --- leases ----------------------------------------------------------------------------------
 
-    @translated
     async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
         """Take the session's lease if it is free or expired; None if another run holds it."""
-        return await self._try_acquire_lease(key_of(tenant, session_id), owner, ttl)
+        try:
+            return await self._try_acquire_lease(key_of(tenant, session_id), owner, ttl)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def renew_lease(self, lease: Lease) -> Lease:
         """Extend `lease` by its ttl; raises `LeaseLost` if it was taken over."""
-        return await self._renew_lease(lease)
+        try:
+            return await self._renew_lease(lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up (a no-op if it was already taken over)."""
-        await self._release_lease(lease)
+        try:
+            await self._release_lease(lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def acquire_lease(
         self, tenant: str, session_id: str, owner: str, *, ttl: float = DEFAULT_LEASE_TTL, wait: float = 0.0
@@ -478,19 +498,22 @@ class SessionStore(abc.ABC):
 
     # --- traces ----------------------------------------------------------------------------------
 
-    @translated
     async def append_traces(
         self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
     ) -> None:
         """Store prompt traces (``PromptTrace.to_dict`` output) with the session, after the earlier ones."""
-        await self._append_traces(key_of(tenant, session_id), traces, lease)
+        try:
+            await self._append_traces(key_of(tenant, session_id), traces, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @translated
     async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         """Return the session's stored traces, oldest first (the newest `limit` when given)."""
-        key = key_of(tenant, session_id)
-        check_limit(limit)
-        return await self._load_traces(key, limit)
+        key = key_and_limit(tenant, session_id, limit)
+        try:
+            return await self._load_traces(key, limit)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores that own nothing
         """Release connections and other resources the store owns."""
@@ -533,9 +556,8 @@ class SessionStore(abc.ABC):
 
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
         """Return the latest checkpoint and the messages after it (`load_context`): by default two calls."""
-        checkpoint = await self.latest_checkpoint(key.tenant, key.id)
-        page = await self.load(key.tenant, key.id, limit=limit, after=checkpoint.seq if checkpoint else None)
-        return checkpoint, page
+        checkpoint = await self._latest_checkpoint(key)
+        return checkpoint, await self._load(key, limit, None, checkpoint.seq if checkpoint else None)
 
     @abc.abstractmethod
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:

@@ -143,13 +143,13 @@ class SQLiteStore(SessionStore):
     async def _execute(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
                        **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
         """Run ``fn(conn, ...)`` on the store's thread; return its result and the sessions it deleted."""
-        self._check_open()
+        if self._closed:
+            raise self._closed_error()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: self._call(fn, *args, **kwargs))
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("the SQLite store is closed", backend=self.backend, server=self.path)
+    def _closed_error(self) -> StoreError:
+        return StoreError("the SQLite store is closed", backend=self.backend, server=self.path)
 
     def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
               **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
@@ -355,7 +355,8 @@ class SQLiteStore(SessionStore):
         # Streamed, a 10,000-message tail loads in 0.66x the plain read's time (bench/results/sqlite_log.json).
         (end, rows), messages, first = await self._streamed(self._load_rows, key, limit, before, after)
         if rows is None and messages is not None:
-            return log.page_from(messages, first, end, after or 0)
+            first = first or max(end, after or 0) + 1
+            return MessagePage(messages, first, first > 1)
         if rows is None:  # read row by row: a damaged message is named by its sequence
             end, rows = await self._run(self._load_rows, key, limit, before, after, None)
         return make_page(self.backend, key, end, after, rows or [])
@@ -376,7 +377,8 @@ class SQLiteStore(SessionStore):
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
         (body, floor, end, rows), messages, first = await self._streamed(self._context_rows, key, limit)
         if rows is None and messages is not None:
-            page = log.page_from(messages, first, end, floor)
+            first = first or max(end, floor) + 1
+            page = MessagePage(messages, first, first > 1)
         else:
             if rows is None:  # read row by row: a damaged message is named by its sequence
                 body, floor, end, rows = await self._run(self._context_rows, key, limit, None)
@@ -402,7 +404,8 @@ class SQLiteStore(SessionStore):
 
     async def _streamed(self, fn: Callable[..., T], /, *args: Any) -> tuple[T, list[Message] | None, int | None]:
         """Run ``fn(conn, *args, sink)`` on the store's thread as a streamed read (`_sqlite_log.stream_log`)."""
-        self._check_open()
+        if self._closed:
+            raise self._closed_error()
         (result, dropped), messages, first = await log.stream_log(
             self._executor, lambda sink: self._call(fn, *args, sink))
         if dropped:
