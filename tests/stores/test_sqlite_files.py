@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from .backends import FakeClock
 
 
 def raw(path: Path, sql: str, *args: object) -> list[tuple[object, ...]]:
-    with sqlite3.connect(path) as conn:
+    """Run `sql` on its own connection, committed and closed (so the write-ahead log is folded into the file)."""
+    with closing(sqlite3.connect(path)) as conn, conn:
         return conn.execute(sql, args).fetchall()
 
 
