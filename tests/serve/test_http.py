@@ -304,8 +304,6 @@ async def test_agui_protocol_run() -> None:
 
 
 async def test_read_only_inspector_app(tmp_path: Path) -> None:
-    from contextpipe.serve._readonly import ReadOnlySQLiteStore
-
     path = tmp_path / "ro.db"
     writer = SQLiteStore(path)
     app = make_app(writer, GateModel())
@@ -316,7 +314,7 @@ async def test_read_only_inspector_app(tmp_path: Path) -> None:
     os.chmod(path, 0o444)
     os.chmod(tmp_path, 0o555)  # not even a journal can be created next to it (for users other than root)
     try:
-        store = ReadOnlySQLiteStore(path)
+        store = SQLiteStore(path, read_only=True)
         ro = create_app(None, keys=app.state.api.keys, store=store, settings=ServeSettings(read_only=True))
         async with client(ro) as c:
             assert (await c.get("/v1/info", headers=auth())).json()["read_only"] is True

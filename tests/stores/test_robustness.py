@@ -26,7 +26,7 @@ from contextpipe import (
     UsageError,
 )
 from contextpipe.stores import Checkpoint, SessionKey, SessionStore, SQLiteStore
-from contextpipe.stores._common import to_store_error
+from contextpipe.stores.base import to_store_error
 
 from .backends import elapse
 

@@ -7,6 +7,7 @@ user's module and so opens its own store connection.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -86,9 +87,9 @@ def app_from_env() -> Any:
         raise UsageError("no API keys: pass --keys FILE or set CONTEXTPIPE_API_KEYS")
     settings = ServeSettings(**{**config["settings"], "cors_origins": tuple(config["settings"]["cors_origins"])})
     if config["mode"] == "ui":
-        from ._readonly import ReadOnlySQLiteStore
+        from ..stores.sqlite import SQLiteStore
 
-        return create_app(None, keys=keys, store=ReadOnlySQLiteStore(config["db"]), settings=settings,
+        return create_app(None, keys=keys, store=SQLiteStore(config["db"], read_only=True), settings=settings,
                           close_store=True)
     agent = load_agent(config["target"], app_dir=config.get("app_dir"))
     return create_app(agent, keys=keys, settings=settings, close_store=True)
@@ -166,12 +167,18 @@ def run_ui(db: str, *, host: str = "127.0.0.1", port: int = 8001, tenant: str = 
     path = Path(db)
     if not path.is_file():
         raise UsageError(f"no session database at {db}" + (" (it is a directory)" if path.is_dir() else ""))
-    from ._readonly import ReadOnlySQLiteStore
-
-    ReadOnlySQLiteStore.check(str(path))
+    asyncio.run(_check_readable(path))
     config = {"mode": "ui", "db": str(path.resolve()), "keys_file": keys_file,
               "settings": asdict(ServeSettings(read_only=True))}
     _run(config, host=host, port=port, workers=1, say=say, tenant=tenant, drain_timeout=1, log_level=log_level)
+
+
+async def _check_readable(path: Path) -> None:
+    """Raise `StoreError` saying what is wrong unless `path` is a session database this release can read."""
+    from ..stores.sqlite import SQLiteStore
+
+    async with SQLiteStore(path, read_only=True) as store:
+        await store.list_sessions("default", limit=1)
 
 
 def make_key(tenant: str, keys_file: str | None, say: Callable[[str], None] = print) -> None:

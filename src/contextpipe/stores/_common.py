@@ -1,56 +1,25 @@
 """Pieces every store backend shares.
 
-Keys, the lease check, the row codec with corruption errors, cursors and the one translation of driver
-errors into `StoreError`.
+The lease check and the row codec with corruption errors (the contract's checks and the translation of
+driver errors are done once, by `SessionStore`'s public methods).
 """
 
 from __future__ import annotations
 
-import base64
-import functools
 import json
-import operator
 import re
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final
 
-from ..errors import (
-    CodecError,
-    ContextPipeError,
-    CorruptRecord,
-    LeaseLost,
-    SessionBusy,
-    StoreError,
-    UsageError,
-)
-from ..messages import Message, dumps, dumps_compact, loads, loads_arrays, loads_many
+from ..errors import CodecError, CorruptRecord, LeaseLost, SessionBusy, UsageError
+from ..messages import Message, dumps, dumps_compact, loads, loads_many
 from ..session import Session, SessionKey
-from .base import Checkpoint, Lease, MessagePage, SessionStore
+from .base import Checkpoint, Lease, MessagePage
 
 SCHEMA_VERSION: Final = 2
 """Version of the durable layout (tables, keys) written by this release (SQLite has its own, see `SQLiteStore`)."""
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
-
-
-_known_key = functools.lru_cache(maxsize=4096)(SessionKey)
-
-
-def key_of(tenant: str, session_id: str) -> SessionKey:
-    """Return the validated key of a session (`UsageError` naming what is allowed otherwise).
-
-    Keys are immutable and a run makes several store calls on one session: the latest few thousand
-    are kept, so each is validated once rather than on every call.
-    """
-    if type(tenant) is str and type(session_id) is str:
-        return _known_key(tenant, session_id)
-    return SessionKey(tenant, session_id)
-
-
-def check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 1:
-        raise UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
 
 
 def check_lease(backend: str, key: SessionKey, lease: Lease | None, owner: str | None, token: int,
@@ -146,32 +115,13 @@ def decode_trace(backend: str, key: SessionKey, body: str | bytes) -> dict[str, 
     return decode_object(backend, key, body, "a trace")
 
 
-def encode_cursor(updated_at: float, session_id: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps([updated_at, session_id]).encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        value: Any = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return float(value[0]), str(value[1])
-    except (ValueError, TypeError, IndexError) as exc:
-        raise UsageError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
-
-
 def checkpoint_past_end(backend: str, key: SessionKey, seq: int, last: int) -> UsageError:
     return UsageError(f"{backend} store: a checkpoint of {key} cannot cover sequence {seq}: the log ends at {last}")
 
 
-def duplicate_in_batch(key: SessionKey) -> UsageError:
-    return UsageError(f"{key}: the batch to append repeats a message id")
-
-
-def check_batch(key: SessionKey, messages: Sequence[Message], *, compact: bool = False) -> list[tuple[str, str]]:
-    """Encode a batch to append as ``(id, body)`` pairs; a batch repeating an id is a `UsageError`."""
-    encoded = [(m.id, encode_message(m, compact=compact)) for m in messages]
-    if len({mid for mid, _ in encoded}) != len(encoded):
-        raise duplicate_in_batch(key)
-    return encoded
+def encode_batch(messages: Sequence[Message], *, compact: bool = False) -> list[tuple[str, str]]:
+    """Encode a batch to append as ``(id, body)`` pairs (its ids were checked by `SessionStore.append`)."""
+    return [(m.id, encode_message(m, compact=compact)) for m in messages]
 
 
 def _indexed_ids(messages: list[Message], ids: Sequence[str | None]) -> bool:
@@ -199,87 +149,3 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
     messages = decoded
     first = int(rows[0][0]) if rows else max(end, after or 0) + 1
     return MessagePage(messages, first, first > 1)
-
-
-@dataclass(frozen=True, slots=True)
-class JoinedRows:
-    """Consecutive messages of a log read as one value instead of one row each (see `joined_part`)."""
-
-    first_seq: int
-    """Sequence of the first message."""
-    count: int
-    """How many messages (sequences ``first_seq`` to ``first_seq + count - 1``, checked by the reader)."""
-    bodies: bytes
-    """Their stored bodies as one JSON array in UTF-8: ``"[" + ",".join(bodies) + "]"``, in sequence order."""
-    ids: str
-    """The ids their rows are indexed under, joined by NUL characters."""
-
-
-_message_id: Final = operator.attrgetter("id")
-
-
-def joined_part(piece: JoinedRows) -> list[Message] | None:
-    """Decode one piece of a log read as `JoinedRows`, or return None when the log must be read row by row.
-
-    Each body is one JSON value, so a piece decodes to exactly `count` messages whose ids are the
-    indexed ones. Anything else (a damaged body, a body that is not one JSON value, a mismatched id,
-    an id holding a NUL) returns None: the caller reads the rows one by one, and `make_page` names the
-    first that cannot be read, as it always has.
-    """
-    try:
-        [part] = loads_arrays([piece.bodies])
-    except CodecError:
-        return None
-    if len(part) != piece.count:
-        return None
-    ids = "\0".join(map(_message_id, part))
-    # Equal texts with count - 1 separators: neither side has a NUL inside an id, so the ids are equal.
-    if ids != piece.ids or ids.count("\0") != piece.count - 1:
-        return None
-    return part
-
-
-# --- the one translation of driver and network errors --------------------------------------------------
-
-
-def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str,
-                   timeout: float | None = None) -> StoreError | None:
-    """Return the `StoreError` standing for `exc`, or None when `exc` is not a driver or network error.
-
-    contextpipe's own errors, cancellation and programming errors pass through unchanged. Timeouts
-    (the builtin one or the driver's) say which server did not answer; every other error of the
-    driver package `driver`, of the network (`OSError`) or of text encoding becomes a `StoreError`.
-    """
-    if isinstance(exc, ContextPipeError) or not isinstance(exc, Exception):
-        return None
-    from_driver = type(exc).__module__.split(".")[0] == driver
-    if isinstance(exc, TimeoutError) or (from_driver and type(exc).__name__ == "TimeoutError"):
-        if timeout is not None:
-            return StoreError.unreachable(backend, server, timeout, "waiting for an answer")
-        return StoreError.from_driver(backend, server, exc)
-    if from_driver or isinstance(exc, OSError | UnicodeError | EOFError):
-        return StoreError.from_driver(backend, server, exc)
-    return None
-
-
-S = TypeVar("S", bound=SessionStore)
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def translated(fn: Callable[Concatenate[S, P], Coroutine[Any, Any, R]]
-               ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
-    """Wrap a store method so that driver and network errors surface as `StoreError` (`to_store_error`)."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(self, *args, **kwargs)
-        except Exception as exc:
-            error = to_store_error(exc, backend=self.backend, server=self.server, driver=self.driver,
-                                   timeout=self.answer_timeout)
-            if error is None:
-                raise
-            raise error from exc
-
-    return wrapper

@@ -15,6 +15,11 @@ A session is named by a `SessionKey` (tenant and id); the public methods take ``
 and validate them into a key first. Every failure is a `ContextPipeError`: driver and network
 errors become `StoreError` naming the backend (and, for servers, the server that failed).
 
+The contract's ceremony is done once, here: each public method validates its arguments (keys,
+limits, batches, cursors), translates driver errors and runs the deletion hooks, around one
+protected method on a `SessionKey` (`_get`, `_save`, `_append`, `_load`, ...) that a backend
+implements. Adding a method means a public template here and one protected method per backend.
+
 Text is stored as Unicode. Any Python string can be stored, including lone surrogates such as
 ``"\\ud800"`` (which UTF-8 cannot encode): they are written as JSON escapes and come back unchanged.
 The one documented replacement: two surrogate code points that form a valid pair
@@ -31,6 +36,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import base64
+import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from ..config import DEFAULT_LEASE_TTL
-from ..errors import SessionBusy, StoreError
+from ..errors import ContextPipeError, SessionBusy, StoreError, UsageError
 from ..messages import Message
-from ..session import Session, SessionKey
+from ..session import Session, SessionKey, validate_tenant
 
 __all__ = [
     "Checkpoint", "Lease", "MessagePage", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing",
@@ -129,8 +137,81 @@ class SessionListing:
     """Pass to the next call to continue; None on the last page."""
 
 
+# --- the contract's checks and the one translation of driver errors, used by the public methods ----------
+
+_known_key = functools.lru_cache(maxsize=4096)(SessionKey)
+
+
+def key_of(tenant: str, session_id: str) -> SessionKey:
+    """Return the validated key of a session (`UsageError` naming what is allowed otherwise).
+
+    Keys are immutable and a run makes several store calls on one session: the latest few thousand
+    are kept, so each is validated once rather than on every call.
+    """
+    if type(tenant) is str and type(session_id) is str:
+        return _known_key(tenant, session_id)
+    return SessionKey(tenant, session_id)
+
+
+def check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise _bad_limit(limit)
+
+
+def key_and_limit(tenant: str, session_id: str, limit: int | None) -> SessionKey:
+    """Return the validated key (`key_of`), after which `limit` is checked (`check_limit`)."""
+    key = key_of(tenant, session_id)
+    if limit is not None and limit < 1:
+        raise _bad_limit(limit)
+    return key
+
+
+def _bad_limit(limit: int) -> UsageError:
+    return UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
+
+
+def duplicate_in_batch(key: SessionKey) -> UsageError:
+    return UsageError(f"{key}: the batch to append repeats a message id")
+
+
+def encode_cursor(updated_at: float, session_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([updated_at, session_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        value: Any = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return float(value[0]), str(value[1])
+    except (ValueError, TypeError, IndexError) as exc:
+        raise UsageError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
+
+
+def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str,
+                   timeout: float | None = None) -> StoreError | None:
+    """Return the `StoreError` standing for `exc`, or None when `exc` is not a driver or network error.
+
+    contextpipe's own errors, cancellation and programming errors pass through unchanged. Timeouts
+    (the builtin one or the driver's) say which server did not answer; every other error of the
+    driver package `driver`, of the network (`OSError`) or of text encoding becomes a `StoreError`.
+    """
+    if isinstance(exc, ContextPipeError) or not isinstance(exc, Exception):
+        return None
+    from_driver = type(exc).__module__.split(".")[0] == driver
+    if isinstance(exc, TimeoutError) or (from_driver and type(exc).__name__ == "TimeoutError"):
+        if timeout is not None:
+            return StoreError.unreachable(backend, server, timeout, "waiting for an answer")
+        return StoreError.from_driver(backend, server, exc)
+    if from_driver or isinstance(exc, OSError | UnicodeError | EOFError):
+        return StoreError.from_driver(backend, server, exc)
+    return None
+
+
 class SessionStore(abc.ABC):
-    """A durable (or in-memory) log of sessions; see the module docstring for the contract."""
+    """A durable (or in-memory) log of sessions; see the module docstring for the contract.
+
+    A backend implements the protected methods (``_get``, ``_save``, ...), each on a validated
+    `SessionKey`; the public ones around them are the same for every backend.
+    """
 
     backend: str = "abstract"
     """Short backend name used in errors (``memory``, ``sqlite``, ...)."""
@@ -144,15 +225,30 @@ class SessionStore(abc.ABC):
         """What errors name as the place that failed: ``host:port`` of a server, a file's path."""
         return self.backend
 
+    def _store_error(self, exc: Exception) -> StoreError:
+        """Return the `StoreError` standing for a driver or network error `exc` (`to_store_error`).
+
+        Any other exception (contextpipe's own, a programming error) is raised again as it is. The
+        public methods raise what it returns, so every backend's errors are translated here, once.
+        """
+        error = to_store_error(exc, backend=self.backend, server=self.server, driver=self.driver,
+                               timeout=self.answer_timeout)
+        if error is None:
+            raise exc  # unchanged (not chained to itself)
+        return error
+
     # --- session records -------------------------------------------------------------------------
 
-    @abc.abstractmethod
     async def get_session(self, tenant: str, session_id: str) -> Session | None:
         """Return the stored session, or None if there is none (or it expired).
 
         A session exists once it has saved state or messages; taking its lease alone does not
         create it.
         """
+        try:
+            return await self._get(key_of(tenant, session_id))
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def load_or_create(self, tenant: str, session_id: str, *, ttl: float | None = None) -> Session:
         """Return the stored session, creating and storing an empty one if there is none."""
@@ -169,7 +265,6 @@ class SessionStore(abc.ABC):
             return raced
         return session
 
-    @abc.abstractmethod
     async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
         """Store `session`'s state if the stored version still equals ``session.version``.
 
@@ -177,13 +272,24 @@ class SessionStore(abc.ABC):
         version differs, `LeaseLost` when `lease` is stale and `SessionBusy` when another run holds
         the lease and none is given.
         """
+        try:
+            session.version = await self._save(session.key, session, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @abc.abstractmethod
     async def delete_session(self, tenant: str, session_id: str) -> bool:
         """Delete the session and everything stored for it; return whether it existed.
 
         The `on_session_deleted` hooks run after the session is gone.
         """
+        key = key_of(tenant, session_id)
+        try:
+            existed = await self._delete(key)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+        if existed:
+            await self._notify_deleted([key])
+        return existed
 
     def on_session_deleted(self, hook: SessionDeletedHook) -> Callable[[], None]:
         """Call `hook` with the key of every session this store deletes; return a function that unregisters it.
@@ -251,13 +357,29 @@ class SessionStore(abc.ABC):
             logging.getLogger("contextpipe.stores").exception(
                 "%s store: deletion hooks failed for expired sessions started afresh", self.backend)
 
-    @abc.abstractmethod
     async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
         """List the tenant's sessions, most recently updated first, `limit` per page."""
+        validate_tenant(tenant)
+        check_limit(limit)
+        try:
+            found = await self._list(tenant, limit, decode_cursor(cursor) if cursor is not None else (float("inf"), ""))
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+        page = found[:limit]
+        next_cursor = encode_cursor(page[-1].updated_at, page[-1].session_id) if len(found) > limit else None
+        return SessionListing(page, next_cursor)
+
+    async def purge_expired(self) -> int:
+        """Delete every session whose TTL has passed (all tenants); return how many were deleted."""
+        try:
+            gone = await self._purge()
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+        await self._notify_deleted(gone)
+        return len(gone)
 
     # --- message log -----------------------------------------------------------------------------
 
-    @abc.abstractmethod
     async def append(
         self,
         tenant: str,
@@ -276,8 +398,14 @@ class SessionStore(abc.ABC):
         and everything written before it, durable. Use it for writes a crash would repair anyway.
         Stores whose every write is equally durable (servers, memory) ignore it.
         """
+        key = key_of(tenant, session_id)
+        if len({m.id for m in messages}) != len(messages):
+            raise duplicate_in_batch(key)
+        try:
+            return await self._append(key, messages, lease, durable)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @abc.abstractmethod
     async def load(
         self,
         tenant: str,
@@ -291,6 +419,11 @@ class SessionStore(abc.ABC):
 
         Raises `CorruptRecord` naming the session and sequence of any message that cannot be read.
         """
+        key = key_and_limit(tenant, session_id, limit)
+        try:
+            return await self._load(key, limit, before, after)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def load_context(
         self, tenant: str, session_id: str, *, limit: int | None = None
@@ -300,35 +433,52 @@ class SessionStore(abc.ABC):
         At most the newest `limit` messages after the checkpoint are returned. Backends may do
         this in one round trip.
         """
-        checkpoint = await self.latest_checkpoint(tenant, session_id)
-        page = await self.load(tenant, session_id, limit=limit, after=checkpoint.seq if checkpoint else None)
-        return checkpoint, page
+        key = key_and_limit(tenant, session_id, limit)
+        try:
+            return await self._load_context(key, limit)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    @abc.abstractmethod
     async def save_checkpoint(
         self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
     ) -> None:
         """Store a summary checkpoint; its `seq` must not be past the end of the log."""
+        try:
+            await self._save_checkpoint(key_of(tenant, session_id), checkpoint, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @abc.abstractmethod
     async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
         """Return the checkpoint with the highest sequence, or None."""
+        try:
+            return await self._latest_checkpoint(key_of(tenant, session_id))
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     # --- leases ----------------------------------------------------------------------------------
 
-    @abc.abstractmethod
     async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
         """Take the session's lease if it is free or expired; None if another run holds it."""
+        try:
+            return await self._try_acquire_lease(key_of(tenant, session_id), owner, ttl)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @abc.abstractmethod
     async def renew_lease(self, lease: Lease) -> Lease:
         """Extend `lease` by its ttl; raises `LeaseLost` if it was taken over."""
+        try:
+            return await self._renew_lease(lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @abc.abstractmethod
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up (a no-op if it was already taken over)."""
+        try:
+            await self._release_lease(lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def acquire_lease(
         self, tenant: str, session_id: str, owner: str, *, ttl: float = DEFAULT_LEASE_TTL, wait: float = 0.0
@@ -348,19 +498,22 @@ class SessionStore(abc.ABC):
 
     # --- traces ----------------------------------------------------------------------------------
 
-    @abc.abstractmethod
     async def append_traces(
         self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
     ) -> None:
         """Store prompt traces (``PromptTrace.to_dict`` output) with the session, after the earlier ones."""
+        try:
+            await self._append_traces(key_of(tenant, session_id), traces, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
-    @abc.abstractmethod
     async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         """Return the session's stored traces, oldest first (the newest `limit` when given)."""
-
-    @abc.abstractmethod
-    async def purge_expired(self) -> int:
-        """Delete every session whose TTL has passed (all tenants); return how many were deleted."""
+        key = key_and_limit(tenant, session_id, limit)
+        try:
+            return await self._load_traces(key, limit)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores that own nothing
         """Release connections and other resources the store owns."""
@@ -370,3 +523,66 @@ class SessionStore(abc.ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    # --- what each backend implements, on a validated key (the public methods above call them) --------
+
+    @abc.abstractmethod
+    async def _get(self, key: SessionKey) -> Session | None:
+        """Return the stored session (`get_session`)."""
+
+    @abc.abstractmethod
+    async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
+        """Store the session's state (`save_session`); return its new version."""
+
+    @abc.abstractmethod
+    async def _delete(self, key: SessionKey) -> bool:
+        """Delete the session (`delete_session`, which runs the hooks); return whether it existed."""
+
+    @abc.abstractmethod
+    async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:
+        """Return the tenant's sessions after `after` (updated_at, id), in order: `limit` and one more if any."""
+
+    @abc.abstractmethod
+    async def _purge(self) -> list[SessionKey]:
+        """Delete the expired sessions (`purge_expired`, which runs the hooks); return their keys."""
+
+    @abc.abstractmethod
+    async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
+        """Append a batch without repeated ids (`append`); return the last sequence."""
+
+    @abc.abstractmethod
+    async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
+        """Return a page of the log (`load`)."""
+
+    async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
+        """Return the latest checkpoint and the messages after it (`load_context`): by default two calls."""
+        checkpoint = await self._latest_checkpoint(key)
+        return checkpoint, await self._load(key, limit, None, checkpoint.seq if checkpoint else None)
+
+    @abc.abstractmethod
+    async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
+        """Store a checkpoint (`save_checkpoint`)."""
+
+    @abc.abstractmethod
+    async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
+        """Return the checkpoint with the highest sequence (`latest_checkpoint`)."""
+
+    @abc.abstractmethod
+    async def _try_acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        """Take the lease if free (`try_acquire_lease`)."""
+
+    @abc.abstractmethod
+    async def _renew_lease(self, lease: Lease) -> Lease:
+        """Extend the lease (`renew_lease`)."""
+
+    @abc.abstractmethod
+    async def _release_lease(self, lease: Lease) -> None:
+        """Give the lease up (`release_lease`)."""
+
+    @abc.abstractmethod
+    async def _append_traces(self, key: SessionKey, traces: Sequence[dict[str, Any]], lease: Lease | None) -> None:
+        """Store traces after the earlier ones (`append_traces`)."""
+
+    @abc.abstractmethod
+    async def _load_traces(self, key: SessionKey, limit: int | None) -> list[dict[str, Any]]:
+        """Return the session's traces, oldest first (`load_traces`)."""

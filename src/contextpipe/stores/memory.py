@@ -17,20 +17,9 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, LeaseLost
 from ..messages import Message
-from ..session import Session, SessionKey, validate_tenant
-from ._common import (
-    check_lease,
-    check_limit,
-    checkpoint_past_end,
-    decode_cursor,
-    decode_trace,
-    duplicate_in_batch,
-    encode_cursor,
-    encode_trace,
-    key_of,
-    lease_is_free,
-)
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from ..session import Session, SessionKey
+from ._common import check_lease, checkpoint_past_end, decode_trace, encode_trace, lease_is_free
+from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 __all__ = ["MemoryStore"]
 
@@ -97,15 +86,14 @@ class MemoryStore(SessionStore):
     # --- session records ---------------------------------------------------------------------------
 
     @override
-    async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        entry = await self._entry(key_of(tenant, session_id))
+    async def _get(self, key: SessionKey) -> Session | None:
+        entry = await self._entry(key)
         if entry is None or not entry.visible():
             return None
-        return Session(session_id, tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
+        return Session(key.id, key.tenant, json.loads(entry.state_json), entry.version, entry.created_at, entry.ttl)
 
     @override
-    async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
-        key = session.key
+    async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
         state_json = json.dumps(session.state_to_json(), separators=(",", ":"))
         entry = await self._writable(key, lease)
         if entry.version != session.version:
@@ -116,59 +104,37 @@ class MemoryStore(SessionStore):
         if entry.version == 1:
             entry.created_at = session.created_at
         entry.updated_at = self._clock()
-        session.version = entry.version
+        return entry.version
 
     @override
-    async def delete_session(self, tenant: str, session_id: str) -> bool:
-        key = key_of(tenant, session_id)
-        existed = self._entries.pop(key, None) is not None
-        if existed:
-            await self._notify_deleted([key])
-        return existed
+    async def _delete(self, key: SessionKey) -> bool:
+        return self._entries.pop(key, None) is not None
 
     @override
-    async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        validate_tenant(tenant)
-        check_limit(limit)
+    async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:
         now = self._clock()
         rows = sorted(
             ((e.updated_at, k.id, e) for k, e in self._entries.items()
              if k.tenant == tenant and e.visible() and not e.expired(now)),
             key=lambda r: (-r[0], r[1]),
         )
-        if cursor is not None:
-            after_time, after_id = decode_cursor(cursor)
-            rows = [r for r in rows if (-r[0], r[1]) > (-after_time, after_id)]
-        page = rows[:limit]
-        infos = [SessionInfo(tenant, sid, e.version, len(e.log), e.created_at, e.updated_at) for _, sid, e in page]
-        next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(rows) > limit else None
-        return SessionListing(infos, next_cursor)
+        after_time, after_id = after
+        return [SessionInfo(tenant, sid, e.version, len(e.log), e.created_at, e.updated_at) for t, sid, e in rows
+                if (-t, sid) > (-after_time, after_id)]
 
     @override
-    async def purge_expired(self) -> int:
+    async def _purge(self) -> list[SessionKey]:
         now = self._clock()
         expired = [key for key, e in self._entries.items() if e.expired(now)]
         for key in expired:
             del self._entries[key]
-        await self._notify_deleted(expired)
-        return len(expired)
+        return expired
 
     # --- message log -------------------------------------------------------------------------------
 
     @override
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        messages: Sequence[Message],
-        *,
-        lease: Lease | None = None,
-        durable: bool = True,
-    ) -> int:
-        key = key_of(tenant, session_id)
+    async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         entry = await self._writable(key, lease)
-        if len({m.id for m in messages}) != len(messages):
-            raise duplicate_in_batch(key)
         ids = entry.ids
         fresh = [m for m in messages if m.id not in ids]
         entry.log.extend(fresh)
@@ -177,17 +143,7 @@ class MemoryStore(SessionStore):
         return len(entry.log)
 
     @override
-    async def load(
-        self,
-        tenant: str,
-        session_id: str,
-        *,
-        limit: int | None = None,
-        before: int | None = None,
-        after: int | None = None,
-    ) -> MessagePage:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
+    async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
         entry = await self._entry(key)
         log = entry.log if entry is not None else []
         end = len(log) if before is None else max(0, min(before - 1, len(log)))
@@ -198,10 +154,7 @@ class MemoryStore(SessionStore):
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
-    async def save_checkpoint(
-        self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
-    ) -> None:
-        key = key_of(tenant, session_id)
+    async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
         entry = await self._writable(key, lease)
         if checkpoint.seq > len(entry.log) or checkpoint.seq < 1:
             raise checkpoint_past_end(self.backend, key, checkpoint.seq, len(entry.log))
@@ -210,23 +163,19 @@ class MemoryStore(SessionStore):
         entry.updated_at = self._clock()
 
     @override
-    async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
-        entry = await self._entry(key_of(tenant, session_id))
+    async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
+        entry = await self._entry(key)
         return entry.checkpoints[-1] if entry is not None and entry.checkpoints else None
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
-    async def append_traces(
-        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
-    ) -> None:
-        entry = await self._writable(key_of(tenant, session_id), lease)
+    async def _append_traces(self, key: SessionKey, traces: Sequence[dict[str, Any]], lease: Lease | None) -> None:
+        entry = await self._writable(key, lease)
         entry.traces.extend(encode_trace(t) for t in traces)
 
     @override
-    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
+    async def _load_traces(self, key: SessionKey, limit: int | None) -> list[dict[str, Any]]:
         entry = await self._entry(key)
         if entry is None:
             return []
@@ -236,8 +185,8 @@ class MemoryStore(SessionStore):
     # --- leases ------------------------------------------------------------------------------------
 
     @override
-    async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
-        entry = await self._entry(key_of(tenant, session_id), create=True)
+    async def _try_acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
+        entry = await self._entry(key, create=True)
         assert entry is not None
         now = self._clock()
         if not lease_is_free(entry.lease_owner, entry.lease_expires, now, owner):
@@ -245,10 +194,10 @@ class MemoryStore(SessionStore):
         entry.lease_owner = owner
         entry.lease_token += 1
         entry.lease_expires = now + ttl
-        return Lease(tenant, session_id, owner, entry.lease_token, entry.lease_expires, ttl)
+        return Lease(key.tenant, key.id, owner, entry.lease_token, entry.lease_expires, ttl)
 
     @override
-    async def renew_lease(self, lease: Lease) -> Lease:
+    async def _renew_lease(self, lease: Lease) -> Lease:
         entry = await self._entry(lease.key)
         if entry is None or entry.lease_token != lease.token or entry.lease_owner != lease.owner:
             raise LeaseLost.taken_over(self.backend, lease.key, lease.token, entry.lease_token if entry else None)
@@ -256,7 +205,7 @@ class MemoryStore(SessionStore):
         return lease.renewed(entry.lease_expires)
 
     @override
-    async def release_lease(self, lease: Lease) -> None:
+    async def _release_lease(self, lease: Lease) -> None:
         entry = await self._entry(lease.key)
         if entry is not None and entry.lease_token == lease.token and entry.lease_owner == lease.owner:
             entry.lease_owner = None

@@ -27,27 +27,22 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, ContextPipeError, LeaseLost, StoreError, UsageError
 from ..messages import Message
-from ..session import Session, SessionKey, validate_tenant
+from ..session import Session, SessionKey
 from ._common import (
     SCHEMA_VERSION,
-    check_batch,
     check_lease,
-    check_limit,
     checkpoint_past_end,
     decode_checkpoint,
-    decode_cursor,
     decode_state,
     decode_trace,
+    encode_batch,
     encode_checkpoint,
-    encode_cursor,
     encode_state,
     encode_trace,
-    key_of,
     lease_is_free,
     make_page,
-    translated,
 )
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
     import asyncpg
@@ -242,7 +237,7 @@ class PostgresStore(SessionStore):
             f"RETURNING {_ROW}, {_NOW} AS now", key.tenant, key.id)
         assert row is not None
         if row["expires_at"] is not None and row["expires_at"] <= row["now"]:
-            await self._delete(conn, key, keep_row=True)
+            await self._delete_rows(conn, key, keep_row=True)
             restarted = _RESTARTED.get()
             if restarted is not None:  # the transaction runs the deletion hooks once it has committed
                 restarted.append(key)
@@ -254,7 +249,7 @@ class PostgresStore(SessionStore):
                         row["now"])
         return row
 
-    async def _delete(self, conn: asyncpg.Connection, key: SessionKey, *, keep_row: bool = False) -> bool:
+    async def _delete_rows(self, conn: asyncpg.Connection, key: SessionKey, *, keep_row: bool = False) -> bool:
         p = self._p
         for table in ("messages", "checkpoints", "traces"):
             await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2", key.tenant, key.id)
@@ -277,23 +272,19 @@ class PostgresStore(SessionStore):
     # --- session records ---------------------------------------------------------------------------
 
     @override
-    @translated
-    async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        key = key_of(tenant, session_id)
+    async def _get(self, key: SessionKey) -> Session | None:
         async with self._connection() as conn:
             row = await conn.fetchrow(
                 f"SELECT state, version, created_at, ttl FROM {self._p}sessions WHERE tenant = $1 AND session_id = $2 "
                 f"AND (expires_at IS NULL OR expires_at > {_NOW}) AND (version > 0 OR last_seq > 0)",
-                tenant, session_id)
+                key.tenant, key.id)
         if row is None:
             return None
         state = decode_state(self.backend, key, row["state"])
-        return Session(session_id, tenant, state, row["version"], row["created_at"], row["ttl"])
+        return Session(key.id, key.tenant, state, row["version"], row["created_at"], row["ttl"])
 
     @override
-    @translated
-    async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
-        key = session.key
+    async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
         state = encode_state(session)
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, lease)
@@ -304,24 +295,16 @@ class PostgresStore(SessionStore):
                 f"UPDATE {self._p}sessions SET state = $3, version = version + 1, ttl = $4, created_at = $5, "
                 f"updated_at = {_NOW}, expires_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE {_NOW} + $4 END "
                 "WHERE tenant = $1 AND session_id = $2", key.tenant, key.id, state, session.ttl, created)
-        session.version = int(row["version"]) + 1
+        return int(row["version"]) + 1
 
     @override
-    @translated
-    async def delete_session(self, tenant: str, session_id: str) -> bool:
-        key = key_of(tenant, session_id)
+    async def _delete(self, key: SessionKey) -> bool:
         async with self._transaction() as conn:
-            existed = await self._delete(conn, key)
-        if existed:
-            await self._notify_deleted([key])
-        return existed
+            return await self._delete_rows(conn, key)
 
     @override
-    @translated
-    async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        validate_tenant(tenant)
-        check_limit(limit)
-        after_time, after_id = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
+    async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:
+        after_time, after_id = after
         async with self._connection() as conn:
             rows = await conn.fetch(
                 f"SELECT session_id, version, last_seq, created_at, updated_at FROM {self._p}sessions "
@@ -329,38 +312,22 @@ class PostgresStore(SessionStore):
                 "AND (version > 0 OR last_seq > 0) "
                 "AND (updated_at < $2 OR (updated_at = $2 AND session_id > $3)) "
                 "ORDER BY updated_at DESC, session_id ASC LIMIT $4", tenant, after_time, after_id, limit + 1)
-        page = rows[:limit]
-        infos = [SessionInfo(tenant, r["session_id"], r["version"], r["last_seq"], r["created_at"], r["updated_at"])
-                 for r in page]
-        next_cursor = encode_cursor(page[-1]["updated_at"], page[-1]["session_id"]) if len(rows) > limit else None
-        return SessionListing(infos, next_cursor)
+        return [SessionInfo(tenant, r["session_id"], r["version"], r["last_seq"], r["created_at"], r["updated_at"])
+                for r in rows]
 
     @override
-    @translated
-    async def purge_expired(self) -> int:
+    async def _purge(self) -> list[SessionKey]:
         async with self._transaction() as conn:
             rows = await conn.fetch(f"SELECT tenant, session_id FROM {self._p}sessions WHERE expires_at <= {_NOW} "
                                     "FOR UPDATE SKIP LOCKED")
             keys = [SessionKey(r["tenant"], r["session_id"]) for r in rows]
-            gone = [key for key in keys if await self._delete(conn, key)]
-        await self._notify_deleted(gone)
-        return len(gone)
+            return [key for key in keys if await self._delete_rows(conn, key)]
 
     # --- message log -------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        messages: Sequence[Message],
-        *,
-        lease: Lease | None = None,
-        durable: bool = True,
-    ) -> int:
-        key = key_of(tenant, session_id)
-        encoded = check_batch(key, messages)
+    async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
+        encoded = encode_batch(messages)
         ids = [mid for mid, _ in encoded]
         bodies = [body for _, body in encoded]
         p = self._p
@@ -392,39 +359,23 @@ class PostgresStore(SessionStore):
         return int(done["last_seq"])
 
     @override
-    @translated
-    async def load(
-        self,
-        tenant: str,
-        session_id: str,
-        *,
-        limit: int | None = None,
-        before: int | None = None,
-        after: int | None = None,
-    ) -> MessagePage:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
+    async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
         async with self._transaction(readonly=True) as conn:
             last = await conn.fetchval(
                 f"SELECT last_seq FROM {self._p}sessions WHERE tenant = $1 AND session_id = $2 "
-                f"AND (expires_at IS NULL OR expires_at > {_NOW})", tenant, session_id)
+                f"AND (expires_at IS NULL OR expires_at > {_NOW})", key.tenant, key.id)
             if last is None:
                 return MessagePage([], 1, False)
             end = int(last) if before is None else max(0, min(before - 1, int(last)))
             rows = await conn.fetch(
                 f"SELECT seq, message_id, body FROM {self._p}messages WHERE tenant = $1 AND session_id = $2 "
                 "AND seq > $3 AND seq <= $4 ORDER BY seq DESC LIMIT $5",
-                tenant, session_id, after or 0, end, limit)
+                key.tenant, key.id, after or 0, end, limit)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
         return make_page(self.backend, key, end, after, ordered)
 
     @override
-    @translated
-    async def load_context(
-        self, tenant: str, session_id: str, *, limit: int | None = None
-    ) -> tuple[Checkpoint | None, MessagePage]:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
+    async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
         p = self._p
         async with self._transaction(readonly=True) as conn:
             head = await conn.fetchrow(
@@ -432,13 +383,13 @@ class PostgresStore(SessionStore):
                 f"LEFT JOIN LATERAL (SELECT seq, body FROM {p}checkpoints c WHERE c.tenant = s.tenant "
                 "AND c.session_id = s.session_id ORDER BY seq DESC LIMIT 1) c ON true "
                 f"WHERE s.tenant = $1 AND s.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW})",
-                tenant, session_id)
+                key.tenant, key.id)
             if head is None:
                 return None, MessagePage([], 1, False)
             floor = int(head["ckpt_seq"] or 0)
             rows = await conn.fetch(
                 f"SELECT seq, message_id, body FROM {p}messages WHERE tenant = $1 AND session_id = $2 "
-                "AND seq > $3 ORDER BY seq DESC LIMIT $4", tenant, session_id, floor, limit)
+                "AND seq > $3 ORDER BY seq DESC LIMIT $4", key.tenant, key.id, floor, limit)
         checkpoint = (decode_checkpoint(self.backend, key, head["ckpt_body"])
                       if head["ckpt_body"] is not None else None)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
@@ -447,11 +398,7 @@ class PostgresStore(SessionStore):
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def save_checkpoint(
-        self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
-    ) -> None:
-        key = key_of(tenant, session_id)
+    async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
         body = encode_checkpoint(checkpoint)
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, lease)
@@ -464,24 +411,18 @@ class PostgresStore(SessionStore):
             await self._touch(conn, key)
 
     @override
-    @translated
-    async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
-        key = key_of(tenant, session_id)
+    async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
         async with self._connection() as conn:
             body = await conn.fetchval(
                 f"SELECT c.body FROM {self._p}checkpoints c JOIN {self._p}sessions s USING (tenant, session_id) "
                 f"WHERE c.tenant = $1 AND c.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
-                "ORDER BY c.seq DESC LIMIT 1", tenant, session_id)
+                "ORDER BY c.seq DESC LIMIT 1", key.tenant, key.id)
         return None if body is None else decode_checkpoint(self.backend, key, body)
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def append_traces(
-        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
-    ) -> None:
-        key = key_of(tenant, session_id)
+    async def _append_traces(self, key: SessionKey, traces: Sequence[dict[str, Any]], lease: Lease | None) -> None:
         bodies = [encode_trace(t) for t in traces]
         async with self._transaction() as conn:
             await self._locked_row(conn, key, lease)
@@ -492,23 +433,18 @@ class PostgresStore(SessionStore):
                 key.tenant, key.id, bodies)
 
     @override
-    @translated
-    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
+    async def _load_traces(self, key: SessionKey, limit: int | None) -> list[dict[str, Any]]:
         async with self._connection() as conn:
             rows = await conn.fetch(
                 f"SELECT t.body FROM {self._p}traces t JOIN {self._p}sessions s USING (tenant, session_id) "
                 f"WHERE t.tenant = $1 AND t.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
-                "ORDER BY t.n DESC LIMIT $3", tenant, session_id, limit)
+                "ORDER BY t.n DESC LIMIT $3", key.tenant, key.id, limit)
         return [decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
 
     # --- leases ------------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
-        key = key_of(tenant, session_id)
+    async def _try_acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, None, check=False)
             if not lease_is_free(row["lease_owner"], row["lease_expires"], row["now"], owner):
@@ -518,11 +454,10 @@ class PostgresStore(SessionStore):
                 f"UPDATE {self._p}sessions SET lease_owner = $3, lease_token = $4, lease_expires = {_NOW} + $5 "
                 "WHERE tenant = $1 AND session_id = $2 RETURNING lease_expires", key.tenant, key.id, owner, token,
                 float(ttl))
-        return Lease(tenant, session_id, owner, token, float(expires), ttl)
+        return Lease(key.tenant, key.id, owner, token, float(expires), ttl)
 
     @override
-    @translated
-    async def renew_lease(self, lease: Lease) -> Lease:
+    async def _renew_lease(self, lease: Lease) -> Lease:
         async with self._connection() as conn:
             expires = await conn.fetchval(
                 f"UPDATE {self._p}sessions SET lease_expires = {_NOW} + $5 WHERE tenant = $1 AND session_id = $2 "
@@ -533,8 +468,7 @@ class PostgresStore(SessionStore):
         return lease.renewed(float(expires))
 
     @override
-    @translated
-    async def release_lease(self, lease: Lease) -> None:
+    async def _release_lease(self, lease: Lease) -> None:
         async with self._connection() as conn:
             await conn.execute(
                 f"UPDATE {self._p}sessions SET lease_owner = NULL, lease_expires = 0 WHERE tenant = $1 "

@@ -26,24 +26,19 @@ from typing_extensions import override
 
 from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError
 from ..messages import Message
-from ..session import Session, SessionKey, validate_tenant
+from ..session import Session, SessionKey
 from ._common import (
-    check_batch,
-    check_limit,
     checkpoint_past_end,
     decode_checkpoint,
-    decode_cursor,
     decode_message,
     decode_state,
     decode_trace,
+    encode_batch,
     encode_checkpoint,
-    encode_cursor,
     encode_state,
     encode_trace,
-    key_of,
-    translated,
 )
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionListing, SessionStore
+from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -213,13 +208,10 @@ def _server_of(connection_kwargs: dict[str, Any]) -> str:
 _Listed = tuple[float, str, list[Any]]
 
 
-def _listing(tenant: str, found: list[_Listed], limit: int) -> SessionListing:
-    """Return the first `limit` of `found` in listing order (newest first, then by id) and the next cursor."""
+def _listing(tenant: str, found: list[_Listed]) -> list[SessionInfo]:
+    """Return `found` in listing order (newest first, then by id)."""
     found.sort(key=lambda r: (-r[0], r[1]))
-    page = found[:limit]
-    infos = [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in page]
-    next_cursor = encode_cursor(page[-1][0], page[-1][1]) if len(found) > limit else None
-    return SessionListing(infos, next_cursor)
+    return [SessionInfo(tenant, sid, int(m[0]), int(m[1] or 0), float(m[2] or t), t) for t, sid, m in found]
 
 class RedisStore(SessionStore):
     """Sessions in Redis.
@@ -287,15 +279,15 @@ class RedisStore(SessionStore):
         self._prefix = prefix
         self._server = _server_of(self._client.connection_pool.connection_kwargs)
         c = client
-        self._append = c.register_script(_APPEND)
-        self._save = c.register_script(_SAVE)
-        self._checkpoint = c.register_script(_CHECKPOINT)
-        self._acquire = c.register_script(_ACQUIRE)
-        self._renew = c.register_script(_RENEW)
-        self._release = c.register_script(_RELEASE)
-        self._load = c.register_script(_LOAD)
-        self._delete = c.register_script(_DELETE)
-        self._traces = c.register_script(_TRACES)
+        self._lua_append = c.register_script(_APPEND)
+        self._lua_save = c.register_script(_SAVE)
+        self._lua_checkpoint = c.register_script(_CHECKPOINT)
+        self._lua_acquire = c.register_script(_ACQUIRE)
+        self._lua_renew = c.register_script(_RENEW)
+        self._lua_release = c.register_script(_RELEASE)
+        self._lua_load = c.register_script(_LOAD)
+        self._lua_delete = c.register_script(_DELETE)
+        self._lua_traces = c.register_script(_TRACES)
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "cp") -> RedisStore:
@@ -325,56 +317,42 @@ class RedisStore(SessionStore):
     def _lease_args(lease: Lease | None) -> list[str]:
         return [lease.owner, str(lease.token)] if lease is not None else ["", "0"]
 
-    async def _unindex(self, tenant: str, session_ids: Sequence[str]) -> int:
-        """Drop sessions Redis expired from the tenant's index, running the deletion hooks for each."""
+    async def _unindex(self, tenant: str, session_ids: Sequence[str]) -> list[SessionKey]:
+        """Drop sessions Redis expired from the tenant's index; return their keys (for the deletion hooks)."""
         gone = []
         for sid in session_ids:
             if await self._client.zrem(self._index(tenant), sid):
                 gone.append(SessionKey(tenant, sid))
-        await self._notify_deleted(gone)
-        return len(gone)
+        return gone
 
     # --- session records ---------------------------------------------------------------------------
 
     @override
-    @translated
-    async def get_session(self, tenant: str, session_id: str) -> Session | None:
-        key = key_of(tenant, session_id)
+    async def _get(self, key: SessionKey) -> Session | None:
         raw = await self._client.hmget(self._keys(key)[0], ["state", "version", "created_at", "ttl", "last_seq"])
         if raw[1] is None or (int(raw[1]) == 0 and not int(raw[4] or 0)):  # only a lease: not a session yet
             return None
         state = decode_state(self.backend, key, raw[0] or b"{}")
         ttl = float(raw[3]) if raw[3] else None
-        return Session(session_id, tenant, state, int(raw[1]), float(raw[2]), ttl)
+        return Session(key.id, key.tenant, state, int(raw[1]), float(raw[2]), ttl)
 
     @override
-    @translated
-    async def save_session(self, session: Session, *, lease: Lease | None = None) -> None:
-        key = session.key
-        result = await self._save(keys=self._keys(key), args=[
+    async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
+        result = await self._lua_save(keys=self._keys(key), args=[
             session.id, *self._lease_args(lease), session.version, encode_state(session),
             "" if session.ttl is None else repr(float(session.ttl)), repr(session.created_at)])
         status, value = result[0].decode(), result[1].decode()
         if status == "conflict":
             raise ConcurrentUpdate.stale(self.backend, key, int(value), session.version)
         self._raise(status, value, key, lease)
-        session.version = int(value)
+        return int(value)
 
     @override
-    @translated
-    async def delete_session(self, tenant: str, session_id: str) -> bool:
-        key = key_of(tenant, session_id)
-        existed = bool(await self._delete(keys=self._keys(key), args=[session_id]))
-        if existed:
-            await self._notify_deleted([key])
-        return existed
+    async def _delete(self, key: SessionKey) -> bool:
+        return bool(await self._lua_delete(keys=self._keys(key), args=[key.id]))
 
     @override
-    @translated
-    async def list_sessions(self, tenant: str, *, limit: int = 50, cursor: str | None = None) -> SessionListing:
-        validate_tenant(tenant)
-        check_limit(limit)
-        after = decode_cursor(cursor) if cursor is not None else (float("inf"), "")
+    async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:
         found: list[_Listed] = []
         offset = 0
         while len(found) <= limit:  # read the index newest first, in slices, until a page and one more
@@ -384,7 +362,7 @@ class RedisStore(SessionStore):
             listed, expired = await self._live_sessions(tenant, candidates)
             offset += read - expired  # expired members left the index, so later ones moved up
             found += listed
-        return _listing(tenant, found, limit)
+        return _listing(tenant, found)
 
     async def _index_slice(
         self, tenant: str, after: tuple[float, str], offset: int, count: int
@@ -412,16 +390,16 @@ class RedisStore(SessionStore):
             metas = await pipe.execute()
         rows = list(zip(candidates, metas, strict=True))
         stale = [sid for (_, sid), meta in rows if meta[0] is None]
-        expired = await self._unindex(tenant, stale) if stale else 0
+        expired = await self._unindex(tenant, stale) if stale else []
+        await self._notify_deleted(expired)
         listed = [(t, sid, meta) for (t, sid), meta in rows
                   if meta[0] is not None and (int(meta[0]) > 0 or int(meta[1] or 0) > 0)]
-        return listed, expired
+        return listed, len(expired)
 
     @override
-    @translated
-    async def purge_expired(self) -> int:
-        """Redis deletes expired sessions itself; this drops them from the indexes and runs the deletion hooks."""
-        removed = 0
+    async def _purge(self) -> list[SessionKey]:
+        """Redis deletes expired sessions itself; this drops them from the indexes (the hooks run after)."""
+        removed: list[SessionKey] = []
         async for index in self._client.scan_iter(match=f"{self._prefix}:index:*"):
             tenant = index.decode().split(":index:", 1)[1]
             members = [m.decode() for m in await self._client.zrange(index, 0, -1)]
@@ -432,40 +410,19 @@ class RedisStore(SessionStore):
     # --- message log -------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        messages: Sequence[Message],
-        *,
-        lease: Lease | None = None,
-        durable: bool = True,
-    ) -> int:
-        key = key_of(tenant, session_id)
+    async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         flat: list[str] = []
-        for mid, body in check_batch(key, messages):
+        for mid, body in encode_batch(messages):
             flat += [mid, body]
-        result = await self._append(keys=self._keys(key),
-                                    args=[session_id, *self._lease_args(lease), len(messages), *flat])
+        result = await self._lua_append(keys=self._keys(key),
+                                        args=[key.id, *self._lease_args(lease), len(messages), *flat])
         status, value = result[0].decode(), result[1].decode()
         self._raise(status, value, key, lease)
         return int(value)
 
     @override
-    @translated
-    async def load(
-        self,
-        tenant: str,
-        session_id: str,
-        *,
-        limit: int | None = None,
-        before: int | None = None,
-        after: int | None = None,
-    ) -> MessagePage:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
-        result = await self._load(keys=self._keys(key)[:2], args=[
+    async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
+        result = await self._lua_load(keys=self._keys(key)[:2], args=[
             -1 if limit is None else limit, -1 if before is None else before, after or 0])
         if result[0] == -1:
             return MessagePage([], 1, False)
@@ -478,44 +435,31 @@ class RedisStore(SessionStore):
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def save_checkpoint(
-        self, tenant: str, session_id: str, checkpoint: Checkpoint, *, lease: Lease | None = None
-    ) -> None:
-        key = key_of(tenant, session_id)
-        result = await self._checkpoint(keys=self._keys(key), args=[
-            session_id, *self._lease_args(lease), checkpoint.seq, encode_checkpoint(checkpoint)])
+    async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
+        result = await self._lua_checkpoint(keys=self._keys(key), args=[
+            key.id, *self._lease_args(lease), checkpoint.seq, encode_checkpoint(checkpoint)])
         status, value = result[0].decode(), result[1].decode()
         if status == "past_end":
             raise checkpoint_past_end(self.backend, key, checkpoint.seq, int(value))
         self._raise(status, value, key, lease)
 
     @override
-    @translated
-    async def latest_checkpoint(self, tenant: str, session_id: str) -> Checkpoint | None:
-        key = key_of(tenant, session_id)
+    async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
         rows = await self._client.zrevrange(self._keys(key)[3], 0, 0)
         return decode_checkpoint(self.backend, key, rows[0]) if rows else None
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def append_traces(
-        self, tenant: str, session_id: str, traces: Sequence[dict[str, Any]], *, lease: Lease | None = None
-    ) -> None:
-        key = key_of(tenant, session_id)
+    async def _append_traces(self, key: SessionKey, traces: Sequence[dict[str, Any]], lease: Lease | None) -> None:
         if not traces:
             return
-        result = await self._traces(keys=self._keys(key), args=[
-            session_id, *self._lease_args(lease), *(encode_trace(t) for t in traces)])
+        result = await self._lua_traces(keys=self._keys(key), args=[
+            key.id, *self._lease_args(lease), *(encode_trace(t) for t in traces)])
         self._raise(result[0].decode(), result[1].decode(), key, lease)
 
     @override
-    @translated
-    async def load_traces(self, tenant: str, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
-        key = key_of(tenant, session_id)
-        check_limit(limit)
+    async def _load_traces(self, key: SessionKey, limit: int | None) -> list[dict[str, Any]]:
         keys = self._keys(key)
         if not await self._client.exists(keys[0]):
             return []
@@ -525,29 +469,25 @@ class RedisStore(SessionStore):
     # --- leases ------------------------------------------------------------------------------------
 
     @override
-    @translated
-    async def try_acquire_lease(self, tenant: str, session_id: str, owner: str, ttl: float) -> Lease | None:
-        key = key_of(tenant, session_id)
+    async def _try_acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         if "|" in owner:
             raise UsageError(f"lease owner {owner!r} must not contain '|'")
-        result = await self._acquire(keys=self._keys(key), args=[session_id, owner, max(1, int(ttl * 1000))])
+        result = await self._lua_acquire(keys=self._keys(key), args=[key.id, owner, max(1, int(ttl * 1000))])
         if result[0].decode() != "ok":
             return None
-        return Lease(tenant, session_id, owner, int(result[1]), float(result[2]), ttl)
+        return Lease(key.tenant, key.id, owner, int(result[1]), float(result[2]), ttl)
 
     @override
-    @translated
-    async def renew_lease(self, lease: Lease) -> Lease:
-        result = await self._renew(keys=self._keys(lease.key), args=[
+    async def _renew_lease(self, lease: Lease) -> Lease:
+        result = await self._lua_renew(keys=self._keys(lease.key), args=[
             lease.session_id, lease.owner, str(lease.token), max(1, int(lease.ttl * 1000))])
         if result[0].decode() != "ok":
             raise LeaseLost.taken_over(self.backend, lease.key, lease.token, int(result[1]))
         return lease.renewed(float(result[1]))
 
     @override
-    @translated
-    async def release_lease(self, lease: Lease) -> None:
-        await self._release(keys=[self._keys(lease.key)[4]], args=[f"{lease.owner}|{lease.token}"])
+    async def _release_lease(self, lease: Lease) -> None:
+        await self._lua_release(keys=[self._keys(lease.key)[4]], args=[f"{lease.owner}|{lease.token}"])
 
     @override
     async def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import CorruptRecord, FunctionCall, FunctionResult, Message, StoreError
+from contextpipe.session import SessionKey
 from contextpipe.stores import SQLiteStore
-from contextpipe.stores import sqlite as sqlite_module
+from contextpipe.stores import _sqlite_log as log_module
+from contextpipe.stores._common import decode_checkpoint
 from contextpipe.stores.base import Checkpoint
 
 
@@ -32,8 +35,8 @@ def log_of(n: int) -> list[Message]:
 
 def rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the store read row by row (the reference the joined reads must match)."""
-    read = sqlite_module._read_log
-    monkeypatch.setattr(sqlite_module, "_read_log", lambda conn, key, after, end, limit, sink: read(
+    read = log_module.read_log
+    monkeypatch.setattr(log_module, "read_log", lambda conn, key, after, end, limit, sink: read(
         conn, key, after, end, limit, None))
 
 
@@ -53,8 +56,8 @@ async def test_joined_reads_match_row_reads_at_every_chunk_boundary(
         if 1 <= checkpoint <= n:
             await store.save_checkpoint("t", "s", Checkpoint(checkpoint, Message.system("summary"), 1.0))
         with monkeypatch.context() as patch:
-            patch.setattr(sqlite_module, "_JOINED_ROWS", chunk)
-            patch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", first)  # pieces first, 2 * first, ... up to chunk
+            patch.setattr(log_module, "_MAX_ARRAY_ROWS", chunk)
+            patch.setattr(log_module, "_FIRST_ARRAY_ROWS", first)  # pieces first, 2 * first, ... up to chunk
             page = await store.load("t", "s", limit=limit, after=after, before=before)
             context = await store.load_context("t", "s", limit=limit)
         with monkeypatch.context() as patch:
@@ -68,6 +71,105 @@ async def test_joined_reads_match_row_reads_at_every_chunk_boundary(
         expected = expected[-limit:]
     assert page.messages == expected
     assert [type(m) for m in page.messages] == [Message] * len(expected)
+
+
+# --- streamed loads equal the plain reference read (one query, each row decoded on its own) ---------------
+
+REAL_THRESHOLDS = (log_module._FIRST_ARRAY_ROWS, log_module._MAX_ARRAY_ROWS)
+
+message = st.one_of(
+    st.builds(lambda text, meta: Message.user(text, metadata={"k": meta} if meta is not None else {}),
+              st.text(max_size=12), st.none() | st.integers()),
+    st.builds(lambda name, args: Message("assistant", (FunctionCall("c", name, args),)),
+              st.sampled_from(["lookup", "book"]), st.sampled_from(['{"q": 1}', "{not json", ""])),
+    st.builds(lambda out, error: Message("tool", (FunctionResult("c", out, is_error=error),)),
+              st.text(max_size=8), st.booleans()),
+    st.builds(Message.assistant, st.text(max_size=12)),
+)
+
+
+async def plain_load(store: SQLiteStore, limit: int | None, before: int | None, after: int | None) -> Any:
+    """`SQLiteStore.load` by the reference read."""
+    key = SessionKey("t", "s")
+    end, rows = await store._run(store._load_rows, key, limit, before, after, None)
+    return log_module.decode_rows_one_by_one(store.backend, key, end, after, rows or [])
+
+
+async def plain_load_context(store: SQLiteStore, limit: int | None) -> Any:
+    """`SQLiteStore.load_context` by the reference read."""
+    key = SessionKey("t", "s")
+    body, floor, end, rows = await store._run(store._context_rows, key, limit, None)
+    checkpoint = decode_checkpoint(store.backend, key, body) if body is not None else None
+    return checkpoint, log_module.decode_rows_one_by_one(store.backend, key, end, floor or None, rows or [])
+
+
+def streamed_only(patch: pytest.MonkeyPatch, thresholds: tuple[int, int]) -> list[bool]:
+    """Set the array sizes; return a list noting, per array decoded, whether it decoded (no fall-back)."""
+    decoded: list[bool] = []
+    decode = log_module.decode_array
+
+    def noting(array: Any) -> Any:
+        part = decode(array)
+        decoded.append(part is not None)
+        return part
+
+    patch.setattr(log_module, "_FIRST_ARRAY_ROWS", thresholds[0])
+    patch.setattr(log_module, "_MAX_ARRAY_ROWS", thresholds[1])
+    patch.setattr(log_module, "decode_array", noting)
+    return decoded
+
+
+async def assert_streamed_equals_plain(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch,
+                                       thresholds: tuple[int, int], windows: list[tuple[Any, Any, Any]]) -> None:
+    for limit, before, after in windows:
+        with monkeypatch.context() as patch:
+            decoded = streamed_only(patch, thresholds)
+            page = await store.load("t", "s", limit=limit, before=before, after=after)
+            context = await store.load_context("t", "s", limit=limit)
+        assert all(decoded)  # a healthy log is never read row by row
+        assert page == await plain_load(store, limit, before, after), (limit, before, after)
+        assert context == await plain_load_context(store, limit), limit
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(data=st.data())
+async def test_streamed_loads_equal_plain_loads_on_generated_logs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: st.DataObject) -> None:
+    small = data.draw(st.booleans(), "small arrays")
+    if small:  # arrays of a few messages: many cross the largest size within a short log
+        first = data.draw(st.integers(1, 4), "first array")
+        thresholds, batch = (first, data.draw(st.integers(first, 9), "largest array")), 12
+    else:  # the store's own sizes: logs crossing the first array (256) and the second (768)
+        thresholds, batch = REAL_THRESHOLDS, 400
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "g.db"  # a new file for every example, replays included
+    log: list[Message] = []
+    async with SQLiteStore(path) as store:
+        for _ in range(data.draw(st.integers(0, 4), "appends")):
+            fresh = data.draw(st.lists(message, min_size=1, max_size=batch), "batch")
+            retried = log[-data.draw(st.integers(0, 3), "retried"):] if log else []  # already stored: skipped
+            await store.append("t", "s", retried + fresh)
+            log += fresh
+            if log and data.draw(st.booleans(), "checkpoint?"):
+                seq = data.draw(st.integers(1, len(log)), "checkpoint")
+                await store.save_checkpoint("t", "s", Checkpoint(seq, Message.system(f"up to {seq}"), 1.0))
+        n = len(log)
+        bound = st.none() | st.integers(0, n + 2)
+        windows = [(data.draw(st.none() | st.integers(1, n + 2), "limit"), data.draw(st.none() | st.integers(1, n + 2),
+                    "before"), data.draw(bound, "after")) for _ in range(3)]
+        await assert_streamed_equals_plain(store, monkeypatch, thresholds, [(None, None, None), *windows])
+        assert (await store.load("t", "s")).messages == log
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 768, 769, 7936, 7937, 8200])
+async def test_streamed_loads_equal_plain_loads_across_the_real_array_sizes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    log = log_of(n)
+    async with SQLiteStore(tmp_path / "big.db") as store:
+        await store.append("t", "s", log)
+        await store.save_checkpoint("t", "s", Checkpoint(n // 3, Message.system("summary"), 1.0))
+        windows = [(None, None, None), (1000, None, None), (None, n - 4000, 7), (257, n, n // 2), (n, None, 1)]
+        await assert_streamed_equals_plain(store, monkeypatch, REAL_THRESHOLDS, windows)
 
 
 LOG = log_of(10)
@@ -91,8 +193,8 @@ async def damaged(tmp_path: Path, sql: str, *args: object) -> SQLiteStore:
 @pytest.mark.parametrize("pieces", [(256, 4096), (1, 2), (2, 3)])  # damage in the only piece, or a later one
 async def test_a_damaged_row_is_still_named_by_its_sequence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             body: str, pieces: tuple[int, int]) -> None:
-    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", pieces[0])
-    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", pieces[1])
+    monkeypatch.setattr(log_module, "_FIRST_ARRAY_ROWS", pieces[0])
+    monkeypatch.setattr(log_module, "_MAX_ARRAY_ROWS", pieces[1])
     store = await damaged(tmp_path, "UPDATE cp_messages SET body = ? WHERE seq = 6", body)
     async with store:
         for load in (store.load("t", "s"), store.load_context("t", "s")):
@@ -117,8 +219,8 @@ async def test_damage_anywhere_in_any_piece_is_named_by_its_sequence(
         with sqlite3.connect(store.path) as conn:
             conn.execute("UPDATE cp_messages SET body = ? WHERE seq = ?", (body, bad))
         with monkeypatch.context() as patch:
-            patch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", first)
-            patch.setattr(sqlite_module, "_JOINED_ROWS", chunk)
+            patch.setattr(log_module, "_FIRST_ARRAY_ROWS", first)
+            patch.setattr(log_module, "_MAX_ARRAY_ROWS", chunk)
             for load in (store.load("t", "s"), store.load_context("t", "s")):
                 with pytest.raises(CorruptRecord) as info:
                     await load
@@ -136,8 +238,8 @@ async def test_a_body_indexed_under_another_id_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize("pieces", [(256, 4096), (1, 2)])  # found in the only piece, or after pieces were decoded
 async def test_rows_missing_from_the_log_are_read_row_by_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              pieces: tuple[int, int]) -> None:
-    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", pieces[0])
-    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", pieces[1])
+    monkeypatch.setattr(log_module, "_FIRST_ARRAY_ROWS", pieces[0])
+    monkeypatch.setattr(log_module, "_MAX_ARRAY_ROWS", pieces[1])
     store = await damaged(tmp_path, "DELETE FROM cp_messages WHERE seq = 4")
     async with store:
         page = await store.load("t", "s")
@@ -176,7 +278,7 @@ class Paced:
         self.decoded = threading.Event()  # the event loop decoded a piece
         self.seen_decoded = False  # the loop decoded the first piece while the thread was still reading
         self.answers: list[bool] = []  # what each hand-over answered (False: nobody listens any more)
-        read, part = sqlite_module._read_log, sqlite_module.joined_part
+        read, part = log_module.read_log, log_module.decode_array
 
         def paced_read(conn: sqlite3.Connection, key: Any, after: int, end: int, limit: int | None,
                        sink: Any) -> Any:
@@ -194,10 +296,10 @@ class Paced:
             self.decoded.set()
             return out
 
-        monkeypatch.setattr(sqlite_module, "_read_log", paced_read)
-        monkeypatch.setattr(sqlite_module, "joined_part", decoding)
-        monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", 2)
-        monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", 3)
+        monkeypatch.setattr(log_module, "read_log", paced_read)
+        monkeypatch.setattr(log_module, "decode_array", decoding)
+        monkeypatch.setattr(log_module, "_FIRST_ARRAY_ROWS", 2)
+        monkeypatch.setattr(log_module, "_MAX_ARRAY_ROWS", 3)
 
 
 @pytest.mark.parametrize("method", ["load", "load_context"])
@@ -237,7 +339,7 @@ async def test_a_read_cancelled_midway_ends_its_transaction_and_the_store_goes_o
 @pytest.mark.parametrize("method", ["load", "load_context"])
 async def test_a_driver_error_midway_through_the_read_is_a_store_error_and_the_store_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
-    read = sqlite_module._read_log
+    read = log_module.read_log
     handed: list[object] = []
 
     def failing_read(conn: sqlite3.Connection, key: Any, after: int, end: int, limit: int | None, sink: Any) -> Any:
@@ -248,12 +350,12 @@ async def test_a_driver_error_midway_through_the_read_is_a_store_error_and_the_s
             return bool(sink(piece))
         return read(conn, key, after, end, limit, failing_sink if sink is not None else None)
 
-    monkeypatch.setattr(sqlite_module, "_FIRST_JOINED_ROWS", 2)
-    monkeypatch.setattr(sqlite_module, "_JOINED_ROWS", 3)
+    monkeypatch.setattr(log_module, "_FIRST_ARRAY_ROWS", 2)
+    monkeypatch.setattr(log_module, "_MAX_ARRAY_ROWS", 3)
     async with SQLiteStore(tmp_path / "e.db") as store:
         await store.append("t", "s", LOG)
         with monkeypatch.context() as patch:
-            patch.setattr(sqlite_module, "_read_log", failing_read)
+            patch.setattr(log_module, "read_log", failing_read)
             with pytest.raises(StoreError, match="disk I/O error"):
                 await getattr(store, method)("t", "s")
         await store.append("t", "s", [Message.user("after")])  # the read's transaction ended
