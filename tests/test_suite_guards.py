@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import socket
@@ -43,3 +44,17 @@ def test_loopback_and_unix_sockets_still_connect(tmp_path: Path) -> None:
         listener.bind(path)
         listener.listen()
         client.connect(path)
+
+
+def test_bench_imports_nothing_from_tests() -> None:
+    """The benchmarks stand alone: no import of ``tests``, no path into it (shared data is in fixtures/)."""
+    root = Path(__file__).resolve().parents[1]
+    reaching = []
+    for path in sorted((root / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "tests" or n.startswith("tests.") for n in names) or \
+                    (isinstance(node, ast.Constant) and node.value == "tests"):
+                reaching.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert reaching == []
