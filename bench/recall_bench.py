@@ -12,7 +12,7 @@
     python bench/recall_bench.py --fixture held-out       # only the held-out conversation (never tuned on)
     python bench/recall_bench.py --fixture fresh          # only the fresh one (written last, never tuned on)
 
-A fixture (tests/fixtures/conversations.py: dated multi-session conversations between named people
+A fixture (fixtures/recall/conversations.py: dated multi-session conversations between named people
 with annotated evidence turns; dev 506 turns and 279 questions, held-out 178 and 110, fresh 155 and
 100) is stored through `SemanticMemory.remember`
 one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
@@ -38,15 +38,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
-
-from conversations import Question, Turn, load
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "recall"))
 
 from contextpipe.messages import Message
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
 from contextpipe.vectors import Embedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
 from contextpipe.vectors.base import embed_queries, embed_query, rrf
+from conversations import Question, Turn, load
 
 KS = (1, 3, 5, 10)
 

@@ -43,7 +43,7 @@ from contextpipe.testing import (
     FakeStreamError,
 )
 from contextpipe.testing.fake_anthropic import signature_for
-from wire_schema import check_anthropic
+from contextpipe.testing.wire import assert_messages_request
 
 _open: list[AnthropicChatModel] = []
 THINK = {"anthropic_thinking": {"type": "enabled", "budget_tokens": 1024}}
@@ -102,7 +102,7 @@ async def test_text_reply_request_shape_and_usage(fake: FakeAnthropicServer) -> 
     assert response.usage.input_tokens == 42 + response.usage.cache_write_tokens
     assert response.usage.cache_write_tokens > 0 and response.usage.cache_read_tokens == 0
     body = fake.requests[0]
-    check_anthropic(body)
+    assert_messages_request(body)
     assert body["max_tokens"] == 4096
     assert body["system"] == [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
     assert body["tools"] == [{"name": "add", "description": "Add two integers.", "input_schema": add.spec.parameters,
@@ -129,7 +129,7 @@ async def test_history_wire_format_merges_turns_and_orders_tool_results(fake: Fa
     ]
     await make_model(fake, cache=None).complete(ModelRequest(history, settings={"max_output_tokens": 100}))
     body = fake.requests[0]
-    check_anthropic(body)
+    assert_messages_request(body)
     assert body["max_tokens"] == 100
     wire = body["messages"]
     assert [m["role"] for m in wire] == ["user", "assistant", "user"]
@@ -191,7 +191,7 @@ async def test_thinking_signatures_and_redacted_thinking_go_back_unchanged_in_a_
         assert result.text == "The total is 10."
         # Every request passed the server's checks: signatures verified, redacted data recognised.
         for body in fake.requests:
-            check_anthropic(body)
+            assert_messages_request(body)
         third = fake.requests[2]["messages"]
         assert third[1]["content"][:2] == [
             {"type": "redacted_thinking", "data": "opaque-blob-1"},
@@ -230,7 +230,7 @@ async def test_prompt_caching_reads_the_previous_prefix_in_a_multi_step_loop(fak
         assert current.cache_write_tokens < current.cache_read_tokens  # type: ignore[union-attr]
     assert result.usage.cache_read_tokens == sum(u.cache_read_tokens for u in usages)  # type: ignore[union-attr]
     for body in fake.requests:
-        check_anthropic(body)
+        assert_messages_request(body)
         assert str(body).count("cache_control") <= 4
     assert "cache 0 read" in result.traces[0].table()
     assert result.traces[1].to_dict()["usage"]["cache_read_tokens"] > 0

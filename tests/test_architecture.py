@@ -41,7 +41,7 @@ SURFACES = {
     ],
     "contextpipe.testing": [
         "AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeError", "FakeOpenAIServer", "FakeRaw",
-        "FakeReply", "FakeStreamCut", "FakeStreamError", "ScriptedModel", "Turn", "tool_call",
+        "FakeReply", "FakeStreamCut", "FakeStreamError", "ScriptStep", "ScriptedModel", "Turn", "tool_call",
     ],
 }
 

@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 
 from contextpipe import UsageError
 from contextpipe.vectors import LocalEmbedder, _onnx
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from conversations import load
 
 HAS_ONNX = _onnx.available()

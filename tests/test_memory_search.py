@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -29,8 +28,6 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
@@ -411,7 +408,6 @@ async def test_in_memory_keyword_search_finds_other_forms_of_a_word() -> None:
 
 
 async def test_names_lookup_returns_the_same_first_memories_whatever_k() -> None:
-    sys.path.insert(0, str(FIXTURES))
     from conversations import load
 
     turns, questions = load()

@@ -25,8 +25,8 @@ from contextpipe.providers import History
 from contextpipe.providers.compaction import Compaction
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeError, FakeOpenAIServer, FakeReply
+from contextpipe.testing.wire import assert_chat_request, assert_messages_request, assert_responses_request
 from helpers import RecordingHistory, describe, get_weather_forecast, lookup_location_code
-from wire_schema import check_anthropic, check_chat, check_responses
 
 ANSWER = "Sunny and 25 C: a T-shirt and a light windbreaker."
 QUESTION = "What should I wear in Suzhou today?"
@@ -66,11 +66,11 @@ class Vendor:
     def check(self) -> None:
         for body in self.server.requests:
             if self.kind == "anthropic":
-                check_anthropic(body)
+                assert_messages_request(body)
             elif self.kind == "openai-responses":
-                check_responses(body)
+                assert_responses_request(body)
             else:
-                check_chat(body)
+                assert_chat_request(body)
 
     async def close(self) -> None:
         await self.model.close()  # type: ignore[attr-defined]
@@ -179,7 +179,7 @@ async def test_compaction_never_separates_thinking_from_its_tool_call(fake_opena
     assert any(t.compaction for t in result.traces), "the budget must have made compaction drop messages"
     assert len(fake_anthropic.requests[-1]["messages"]) < len(await agent.history(session))
     for body in fake_anthropic.requests:
-        check_anthropic(body)  # and the server verified every signature and tool pairing
+        assert_messages_request(body)  # and the server verified every signature and tool pairing
         for message in body["messages"]:
             if any(b["type"] == "tool_use" for b in message["content"]):
                 assert message["content"][0]["type"] == "thinking"

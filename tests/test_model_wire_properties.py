@@ -20,12 +20,16 @@ from contextpipe.exchanges import group_messages
 from contextpipe.messages import DataPart, UnknownPart, UriPart
 from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply
-from contextpipe.testing.fake_anthropic import check_request, signature_for
-from contextpipe.testing.fake_openai import _responses_input, check_chat
+from contextpipe.testing.wire import (
+    assert_chat_request,
+    assert_messages_request,
+    assert_responses_request,
+    chat_request_problem,
+    messages_request_problem,
+    responses_request_items,
+    signature_for,
+)
 from helpers import get_weather_forecast
-from wire_schema import check_anthropic as schema_anthropic
-from wire_schema import check_chat as schema_chat
-from wire_schema import check_responses as schema_responses
 
 VENDORS = ("anthropic", "anthropic-redacted", "openai", "plain", None)
 MEDIA = st.sampled_from([
@@ -94,8 +98,8 @@ def test_every_session_becomes_a_valid_messages_api_request(messages: list[Messa
                            settings={"anthropic_thinking": {"type": "enabled", "budget_tokens": 1024}}
                            if thinking else {})
     body, notes = ANTHROPIC._build(request)
-    assert check_request(body, {"blob"}) is None, (body, notes)
-    schema_anthropic(body)
+    assert messages_request_problem(body, {"blob"}) is None, (body, notes)
+    assert_messages_request(body)
     media_accounted(messages, sum(1 for m in body["messages"] for b in m["content"] if b["type"] == "tool_result"
                                   for c in b.get("content") or () if isinstance(c, dict) and c["type"] != "text"),
                     notes)
@@ -113,11 +117,10 @@ def test_every_session_becomes_a_valid_messages_api_request(messages: list[Messa
 @given(conversations())
 def test_every_session_becomes_a_valid_responses_api_request(messages: list[Message]) -> None:
     body, notes = RESPONSES._build(ModelRequest(messages, tools=[get_weather_forecast.spec]))
-    fake = FakeOpenAIServer()
-    fake.issued_reasoning.update({f"rs_{i}": f"enc_{i}" for i in range(6)})
-    _, problem = _responses_input(fake, body)
+    issued = {f"rs_{i}": f"enc_{i}" for i in range(6)}
+    _, problem = responses_request_items(body, issued=issued.get)
     assert problem is None, (body, notes)
-    schema_responses(body)
+    assert_responses_request(body)
     media_accounted(messages, sum(1 for i in body["input"] if i.get("type") == "function_call_output"
                                   for o in i["output"] if isinstance(o, dict) and o["type"] != "input_text"), notes)
     sent = [i["id"] for i in body["input"] if i.get("type") == "reasoning"]
@@ -131,8 +134,8 @@ def test_every_session_becomes_a_valid_responses_api_request(messages: list[Mess
 @given(conversations())
 def test_every_session_becomes_a_valid_chat_completions_request(messages: list[Message]) -> None:
     body, notes = CHAT._build(ModelRequest(messages, tools=[get_weather_forecast.spec]))
-    assert check_chat(body) is None, (body, notes)
-    schema_chat(body)
+    assert chat_request_problem(body) is None, (body, notes)
+    assert_chat_request(body)
     media = [c for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], list)
              for c in m["content"]]
     media_accounted(messages, sum(1 for c in media if c["type"] != "text"), notes)

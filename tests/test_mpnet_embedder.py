@@ -17,8 +17,6 @@ from hypothesis import strategies as st
 from contextpipe.errors import UsageError
 from contextpipe.vectors import SQLiteVectorStore, VectorRecord, _mpnet
 from contextpipe.vectors.embedders import HashEmbedder, LocalEmbedder, MPNetEmbedder
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from conversations import load
 
 if not _mpnet.available():

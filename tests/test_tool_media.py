@@ -31,8 +31,8 @@ from contextpipe.providers import History
 from contextpipe.providers.mcp import McpTools, StdioServer
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import AnthropicReply, FakeAnthropicServer, FakeOpenAIServer, FakeReply, ScriptedModel
+from contextpipe.testing.wire import assert_chat_request, assert_messages_request, assert_responses_request
 from contextpipe.tokens import EstimateTokenizer, TokenCounter
-from wire_schema import check_anthropic, check_chat, check_responses
 
 SERVER = str(Path(__file__).parent / "fixtures" / "mcp_server.py")
 CLIENTS = ["chat", "responses", "anthropic"]
@@ -65,7 +65,9 @@ class Side:
             self.fake.enqueue(FakeReply(tool_calls=((name, "{}"),)), FakeReply("A red pixel."))
 
     def check(self, body: dict[str, Any]) -> None:
-        {"chat": check_chat, "responses": check_responses, "anthropic": check_anthropic}[self.kind](body)
+        checks = {"chat": assert_chat_request, "responses": assert_responses_request,
+                  "anthropic": assert_messages_request}
+        checks[self.kind](body)
 
 
 @pytest.fixture(params=CLIENTS)
@@ -181,7 +183,7 @@ async def test_chat_completions_sends_media_after_every_tool_message_of_the_turn
         async with OpenAIChatModel("gpt-test", base_url=fake.base_url, api_key="k", max_retries=0) as model:
             await model.complete(ModelRequest([Message.user("go"), calls, *results, Message.user("and?")]))
     [body] = fake.requests
-    check_chat(body)
+    assert_chat_request(body)
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "tool", "user", "user"]
     assert body["messages"][4]["content"][0]["text"] == "Image returned by tool 'chart' (call id a):"
     assert body["messages"][2]["content"].endswith("[1 attachment(s) of this result follow in the next user message]")
@@ -297,7 +299,7 @@ async def test_a_text_only_model_gets_the_text_and_a_note() -> None:
                                    media_types=()) as model:
             response = await model.complete(ModelRequest(call_and_result(DataPart(png(1, 1), "image/png"))))
     [body] = fake.requests
-    check_chat(body)
+    assert_chat_request(body)
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool"]  # no media message
     assert body["messages"][2]["content"].startswith("Here it is.\n[left out of this result: image/png (")
     assert any("reads only text" in n for n in response.notes)

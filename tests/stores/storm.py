@@ -1,6 +1,6 @@
 """The crash storm: worker processes on shared sessions, SIGKILLed at points chosen from a seed and their
 own progress reports, then a check of every session's log. Used by the test suite (small) and by
-``bench/crash_storm.py`` (full size).
+``crash_storm.py`` beside it (full size: ``python -m tests.stores.crash_storm``).
 
 No decision here depends on wall-clock time: a worker is killed when it has printed its n-th progress
 line (n drawn from the seed), never after a sleep. A killed worker's lease lapses through a short

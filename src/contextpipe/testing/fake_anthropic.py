@@ -11,6 +11,7 @@ of the four accepted types), thinking blocks sent back unchanged (their
 signatures are verified), at most four cache breakpoints, ``max_tokens`` present. Prompt caching is
 simulated: prefixes ending at a ``cache_control`` breakpoint are remembered, and later requests that
 repeat them report ``cache_read_input_tokens`` (tokens are counted as 4 characters of canonical JSON).
+The checks live in `contextpipe.testing.wire` (`messages_request_problem`).
 
 >>> with FakeAnthropicServer() as server:
 ...     server.enqueue(AnthropicReply("Hello!"))
@@ -21,19 +22,19 @@ True
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import re
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeStreamError, _Handler
+from ._http import FakeHandler
+from .fake_openai import FakeError, FakeOpenAIServer, FakeRaw, FakeStreamError
+from .wire import message_blocks, messages_request_problem, signature_for
 
 __all__ = ["AnthropicReply", "FakeAnthropicCut", "FakeAnthropicServer", "FakeStreamError", "signature_for"]
 
-_SECRET = b"contextpipe-fake-anthropic"
 _BEDROCK = re.compile(r"/model/(?P<model>[^/]+)/invoke$")
 _VERTEX = re.compile(r"/publishers/anthropic/models/(?P<model>[^/:]+):(?P<verb>rawPredict|streamRawPredict)$")
 
@@ -67,11 +68,6 @@ class FakeAnthropicCut:
     after_events: int = 3
 
 
-def signature_for(thinking: str) -> str:
-    """Return the signature the fake server gives a thinking block (and expects back unchanged)."""
-    return "sig_" + hmac.new(_SECRET, thinking.encode(), hashlib.sha256).hexdigest()[:32]
-
-
 def _tokens(obj: Any) -> int:
     return max(1, len(json.dumps(obj, sort_keys=True, separators=(",", ":"))) // 4)
 
@@ -83,6 +79,8 @@ class FakeAnthropicServer(FakeOpenAIServer):
     bodies received and `headers` their headers. When the script is empty a text reply ``"ok"`` is
     served, unless `strict` is set. `min_cache_tokens` is the smallest prefix the simulated cache keeps.
     """
+
+    _idle_reply: ClassVar[Any] = AnthropicReply("ok")
 
     def __init__(self, *, model: str = "claude-fake", strict: bool = False, min_cache_tokens: int = 0) -> None:
         super().__init__(model=model, strict=strict)
@@ -100,21 +98,6 @@ class FakeAnthropicServer(FakeOpenAIServer):
     def base_url(self) -> str:
         """The URL to pass as an Anthropic client's ``base_url``."""
         return super().base_url.removesuffix("/v1")
-
-    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
-        with self._lock:
-            self.requests.append(body)
-            self.headers.append(headers)
-            self._counter += 1
-            if self._script:
-                step = self._script.popleft()
-            elif self.strict:
-                step = FakeError(500, "the fake server's script is empty")
-            else:
-                step = AnthropicReply("ok")
-        if callable(step):
-            step = step(body)
-        return step
 
     # --- prompt cache ------------------------------------------------------------------------------
 
@@ -143,7 +126,7 @@ def _prefix_blocks(body: dict[str, Any]) -> tuple[list[Any], list[int]]:
     system = body.get("system")
     sections: list[tuple[str | None, Any]] = [(None, t) for t in body.get("tools") or ()]
     sections += [(None, b) for b in ([{"type": "text", "text": system}] if isinstance(system, str) else system or ())]
-    sections += [(m.get("role"), b) for m in body.get("messages") or () for b in _blocks_of(m) or ()]
+    sections += [(m.get("role"), b) for m in body.get("messages") or () for b in message_blocks(m) or ()]
     for role, block in sections:
         bare = {k: v for k, v in block.items() if k != "cache_control"}
         blocks.append(bare if role is None else [role, bare])
@@ -159,168 +142,6 @@ def _error_body(error_type: str, message: str) -> dict[str, Any]:
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                 529: "overloaded_error"}
-
-
-def check_request(body: dict[str, Any], redacted: set[str]) -> str | None:
-    """Return what the real Messages API would reject in `body`, or None when it is valid."""
-    problem = _check_top(body) or _check_tools_and_system(body)
-    if problem:
-        return problem
-    messages = body["messages"]
-    thinking_on = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
-    pending: set[str] = set()
-    for i in range(len(messages)):
-        problem, pending = _check_message(i, messages, pending, redacted)
-        if problem:
-            return problem
-        if thinking_on and i == len(messages) - 2 and pending:
-            problem = _thinking_first(i, messages[i])
-            if problem:
-                return problem
-    if pending:
-        return "messages: the last message has tool_use blocks without tool_result"
-    return _check_breakpoints(body)
-
-
-def _check_top(body: dict[str, Any]) -> str | None:
-    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
-        return "max_tokens: Field required"
-    if not isinstance(body.get("model"), str):
-        return "model: Field required"
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
-        return "messages: at least one message is required"
-    return None
-
-
-def _thinking_first(i: int, message: dict[str, Any]) -> str | None:
-    """With thinking on, the assistant turn whose calls the request answers must open with its thinking."""
-    first = _blocks_of(message)[0].get("type")
-    if first in ("thinking", "redacted_thinking"):
-        return None
-    return (f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. When "
-            "`thinking` is enabled, a final `assistant` message must start with a thinking block")
-
-
-def _check_breakpoints(body: dict[str, Any]) -> str | None:
-    system = body.get("system")
-    marked = [*(body.get("tools") or ()), *(system if isinstance(system, list) else ()),
-              *(b for m in body["messages"] for b in _blocks_of(m))]
-    breakpoints = sum(1 for b in marked if isinstance(b, dict) and b.get("cache_control"))
-    if breakpoints > 4:
-        return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
-    return None
-
-
-def _blocks_of(message: dict[str, Any]) -> Any:
-    content = message.get("content")
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
-
-
-def _check_tools_and_system(body: dict[str, Any]) -> str | None:
-    for tool in body.get("tools") or ():
-        if set(tool) - {"name", "description", "input_schema", "cache_control", "type", "strict"}:
-            return f"tools: unexpected field in tool {tool.get('name')!r}"
-        if not isinstance(tool.get("input_schema"), dict) or tool["input_schema"].get("type") != "object":
-            return f"tools.{tool.get('name')}.input_schema.type: Input should be 'object'"
-    system = body.get("system")
-    if system is not None and not isinstance(system, str) and any(b.get("type") != "text" for b in system):
-        return "system: only text blocks are accepted"
-    return None
-
-
-def _check_message(i: int, messages: list[dict[str, Any]], pending: set[str],
-                   redacted: set[str]) -> tuple[str | None, set[str]]:
-    """Check message `i` given the tool calls left open before it; return a problem and the calls it opens."""
-    message = messages[i]
-    role = message.get("role")
-    if role not in ("user", "assistant"):
-        return f"messages.{i}.role: Input should be 'user' or 'assistant'", pending
-    if (i == 0 and role != "user") or (i and messages[i - 1].get("role") == role):
-        return f"messages.{i}: roles must alternate between \"user\" and \"assistant\", starting with \"user\"", pending
-    blocks = _blocks_of(message)
-    if not isinstance(blocks, list) or not blocks:
-        return f"messages.{i}.content: at least one content block is required", pending
-    problem = _check_pairing(i, role, blocks, pending)
-    if problem:
-        return problem, pending
-    opened: set[str] = set()
-    for j, block in enumerate(blocks):
-        problem = _check_block(f"messages.{i}.content.{j}", role, block, redacted)
-        if problem:
-            return problem, opened
-        if block.get("type") == "tool_use":
-            opened.add(block.get("id"))
-    return None, opened
-
-
-def _check_pairing(i: int, role: str, blocks: list[dict[str, Any]], pending: set[str]) -> str | None:
-    """Every open call is answered, first thing, in the next user turn; no result answers nothing."""
-    results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
-    if pending and (role != "user" or set(results) != pending):
-        return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-                f"{sorted(pending)}")
-    if pending and any(b.get("type") != "tool_result" for b in blocks[:len(results)]):
-        return f"messages.{i}: tool_result blocks must come first in the user message"
-    if results and not pending:
-        return f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: {results}"
-    return None
-
-
-_BLOCK_ROLES = {"text": ("user", "assistant"), "image": ("user", "assistant"), "document": ("user", "assistant"),
-                "tool_use": ("assistant",), "tool_result": ("user",), "thinking": ("assistant",),
-                "redacted_thinking": ("assistant",)}
-
-
-def _check_block(where: str, role: str, block: dict[str, Any], redacted: set[str]) -> str | None:
-    kind = block.get("type")
-    if kind not in _BLOCK_ROLES:
-        return f"{where}.type: unknown content block type {kind!r}"
-    if role not in _BLOCK_ROLES[kind]:
-        return f"{where}: {kind} blocks do not belong in {role} messages"
-    source = (block.get("source") or {}).get("type")
-    if kind == "image" and source == "base64" and block["source"].get("media_type") not in _IMAGE_TYPES:
-        return (f"{where}.source.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or "
-                "'image/webp'")
-    if kind == "tool_result":
-        return _check_result_content(where, block.get("content"), redacted)
-    if source == "url" and not str(block["source"].get("url", "")).startswith(("https://", "http://")):
-        return f"{where}.source.url: only http and https URLs are supported"
-    problems = {
-        "text": not isinstance(block.get("text"), str) or not block["text"],
-        "image": source not in ("base64", "url"),
-        "document": source not in ("base64", "url", "text"),
-        "tool_use": not isinstance(block.get("input"), dict),
-        "thinking": block.get("signature") != signature_for(block.get("thinking", "")),
-        "redacted_thinking": block.get("data") not in redacted,
-    }
-    if not problems[kind]:
-        return None
-    return {"text": f"{where}: text content blocks must be non-empty",
-            "image": f"{where}.source: unknown image source", "document": f"{where}.source: unknown document source",
-            "tool_use": f"{where}: tool_use needs an object input",
-            "thinking": f"{where}: Invalid `signature` in `thinking` block",
-            "redacted_thinking": f"{where}: Invalid `data` in `redacted_thinking` block"}[kind]
-
-
-_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
-_RESULT_BLOCKS = ("text", "image", "document", "search_result")
-
-
-def _check_result_content(where: str, content: Any, redacted: set[str]) -> str | None:
-    """Check a ``tool_result``'s content: absent, a string, or text / image / document / search_result blocks."""
-    if content is None or isinstance(content, str):
-        return None
-    if not isinstance(content, list):
-        return f"{where}.content: Input should be a valid string or a list of content blocks"
-    for j, inner in enumerate(content):
-        kind = inner.get("type") if isinstance(inner, dict) else None
-        if kind not in _RESULT_BLOCKS:
-            return (f"{where}.content.{j}.type: Input tag '{kind}' does not match any of the expected tags: "
-                    f"{', '.join(repr(k) for k in _RESULT_BLOCKS)}")
-        problem = None if kind == "search_result" else _check_block(f"{where}.content.{j}", "user", inner, redacted)
-        if problem:
-            return problem
-    return None
 
 
 def _route(path: str, body: dict[str, Any]) -> str:
@@ -339,14 +160,12 @@ def _route(path: str, body: dict[str, Any]) -> str:
     return "/v1/messages"
 
 
-class _AnthropicHandler(_Handler):
+class _AnthropicHandler(FakeHandler):
     fake: FakeAnthropicServer
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
         try:
-            body = json.loads(raw)
+            body = self._read_json()
         except ValueError:
             self._json(400, _error_body("invalid_request_error", "request body is not JSON"))
             return
@@ -362,7 +181,7 @@ class _AnthropicHandler(_Handler):
         with self.fake._lock:
             self.fake.requests.append(body)
             self.fake.headers.append(dict(self.headers.items()))
-        problem = check_request(dict(body, max_tokens=1), self.fake.redacted)
+        problem = messages_request_problem(dict(body, max_tokens=1), self.fake.redacted)
         if problem:
             self._json(400, _error_body("invalid_request_error", problem))
             return
@@ -378,7 +197,7 @@ class _AnthropicHandler(_Handler):
         if isinstance(step, FakeRaw):
             self._send(step.status, step.body, step.content_type)
             return
-        problem = check_request(body, self.fake.redacted)
+        problem = messages_request_problem(body, self.fake.redacted)
         if problem:
             self._json(400, _error_body("invalid_request_error", problem))
             return
@@ -459,21 +278,15 @@ class _AnthropicHandler(_Handler):
                                          "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
                                          "usage": {"output_tokens": usage["output_tokens"]}}))
         events.append(("message_stop", {"type": "message_stop"}))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("request-id", "req_fake")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._start_stream({"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+                            "request-id": "req_fake"})
         for n, (name, data) in enumerate(events):
             if interrupt is not None and n >= interrupt.after_events:
                 if isinstance(interrupt, FakeStreamError):
                     self._event("error", _error_body(interrupt.error_type or "overloaded_error", interrupt.message))
                     self._write_chunk(b"")
                 else:
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
+                    self._drop()
                 return
             self._event(name, data)
         self._write_chunk(b"")

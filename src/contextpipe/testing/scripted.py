@@ -70,15 +70,19 @@ function (sync or async) of the request returning any of these."""
 _WORD_RE = re.compile(r"\S+\s*|\s+")
 
 
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class ScriptedModel:
     """A chat model that replays a script.
 
     Each call takes the next step of the script. Function calls without an id get deterministic ids
-    (``call_1``, ``call_2``, ...). When the script runs out the call raises `ScriptExhausted`.
-    `requests` holds every request received, in order.
+    (``call_1``, ``call_2``, ...). When the script runs out the call raises `ScriptExhausted`;
+    `assert_done` fails when steps are left over. `requests` holds every request received, in order.
     """
 
-    def __init__(self, script: Iterable[Any] = (), *, name: str = "scripted") -> None:
+    def __init__(self, script: Iterable[ScriptStep] = (), *, name: str = "scripted") -> None:
         self._script: deque[Any] = deque(script)
         self._name = name
         self._call_counter = 0
@@ -90,7 +94,7 @@ class ScriptedModel:
         """The model's name (``scripted`` unless given)."""
         return self._name
 
-    def enqueue(self, *steps: Any) -> None:
+    def enqueue(self, *steps: ScriptStep) -> None:
         """Append steps to the script."""
         self._script.extend(steps)
 
@@ -98,6 +102,19 @@ class ScriptedModel:
     def remaining(self) -> int:
         """How many scripted steps have not been used yet."""
         return len(self._script)
+
+    def assert_done(self) -> None:
+        """Raise AssertionError naming the unused steps when the script was not used up.
+
+        Call it at the end of a test: a step left over means the agent made fewer model calls than
+        the script expected.
+        """
+        if self._script:
+            unused = ", ".join(_shorten(repr(step)) for step in self._script)
+            raise AssertionError(
+                f"ScriptedModel {self._name!r} received {len(self.requests)} calls but {len(self._script)} "
+                f"scripted steps were never used: {unused}"
+            )
 
     async def _next_turn(self, request: ModelRequest) -> tuple[ModelResponse, Turn | None]:
         self.requests.append(request)

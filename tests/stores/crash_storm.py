@@ -1,8 +1,10 @@
-#!/usr/bin/env python3
 """The full crash storm: ≥300 SIGKILLs on SQLite and ≥50 on PostgreSQL and on Redis, then the check.
 
-    python bench/crash_storm.py                                    # all three, servers from the env
-    python bench/crash_storm.py --backends sqlite --sqlite-kills 300
+Run from the repository root (a stress test, not collected by pytest; ``test_processes.py`` runs the
+same storm small):
+
+    python -m tests.stores.crash_storm                             # all three, servers from the env
+    python -m tests.stores.crash_storm --backends sqlite --sqlite-kills 300
 
 Several worker processes, some sharing a session, run agents whose every step makes two parallel
 tool calls (one not idempotent); each worker is SIGKILLed at its n-th progress report (n from the
@@ -11,23 +13,21 @@ message is there) or duplicated, every call answered exactly once, no non-idempo
 twice, no completed call reported as interrupted, no model ever sent a broken tool exchange.
 Prints the counts per backend; exits non-zero when a check failed. Servers come from
 ``CONTEXTPIPE_TEST_POSTGRES_DSN`` and ``CONTEXTPIPE_TEST_REDIS_URL`` (``source scripts/services.sh``).
-The engine is the one the test suite runs small (``tests/stores/storm.py``).
+The engine is ``storm.py`` beside it, with the store specs of ``backends.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.stores.backends import ENV, store_spec  # noqa: E402
-from tests.stores.storm import run_storm  # noqa: E402
+from .backends import ENV, store_spec
+from .storm import run_storm
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     failed = False
     for backend in args.backends.split(","):
-        if backend in ENV and not __import__("os").environ.get(ENV[backend]):
+        if backend in ENV and not os.environ.get(ENV[backend]):
             print(f"{backend}: skipped, {ENV[backend]} is not set", flush=True)
             continue
         workdir = Path(tempfile.mkdtemp(prefix=f"cp-storm-{backend}-"))
