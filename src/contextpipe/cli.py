@@ -30,8 +30,9 @@ from rich.table import Table
 from . import __version__
 from ._cli_chat import ChatRepl, shown
 from .agent import Agent
+from .codec import message_to_dict
 from .errors import ContextPipeError, CorruptRecord, UsageError
-from .messages import Message, message_to_dict
+from .messages import Message
 from .models.base import ChatModel, ModelRequest, TextDelta
 from .providers.compaction import Compaction
 from .providers.history import History

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
+from ..codec import dumps
 from ..errors import (
     CodecError,
     ContextPipeError,
@@ -24,8 +25,9 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, dumps, dumps_compact, loads, loads_arrays, loads_many
+from ..messages import Message
 from ..session import Session, SessionKey
+from ._fastdecode import dumps_compact, loads_arrays, loads_many, loads_stored
 from .base import Checkpoint, Lease, MessagePage, SessionStore
 
 SCHEMA_VERSION: Final = 2
@@ -97,7 +99,7 @@ def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
                    message_id: str | None = None) -> Message:
     """Decode a stored message, raising `CorruptRecord` that names the session and sequence."""
     try:
-        message = loads(body)
+        message = loads_stored(body)
     except (CodecError, UnicodeDecodeError) as exc:
         raise CorruptRecord.unreadable(backend, key, f"message {seq}", exc, seq) from exc
     if message_id is not None and message.id != message_id:
@@ -114,7 +116,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> str:
 def decode_checkpoint(backend: str, key: SessionKey, body: str | bytes) -> Checkpoint:
     try:
         data = json.loads(body)
-        return Checkpoint(int(data["seq"]), loads(json.dumps(data["summary"])), float(data["created_at"]))
+        return Checkpoint(int(data["seq"]), loads_stored(json.dumps(data["summary"])), float(data["created_at"]))
     except (ValueError, KeyError, TypeError, CodecError) as exc:
         raise CorruptRecord.unreadable(backend, key, "a checkpoint", exc) from exc
 

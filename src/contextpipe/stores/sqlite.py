@@ -59,7 +59,7 @@ __all__ = ["SQLiteStore"]
 SQLITE_SCHEMA_VERSION: Final = 3
 """Version of the SQLite layout written by this release (cp_meta ``schema_version``).
 
-3 stores messages in the compact form (`contextpipe.messages.dumps_compact`). A file of version 2 is
+3 stores messages in the compact form (`contextpipe.stores._fastdecode.dumps_compact`). A file of version 2 is
 upgraded when opened (its rows keep their full form, and both forms are read); a contextpipe that
 knows only 2 refuses a file of version 3 and says to upgrade, instead of failing on its messages.
 """
