@@ -186,9 +186,6 @@ def test_the_graph_scan_sees_type_checking_and_relative_imports() -> None:
 # reported to its owner. Remove an entry when its function is split; the test then keeps it small.
 KNOWN_COMPLEX = {
     "models/openai.py:_StreamAssembly.feed",
-    # The loop building a stored log's messages, kept whole on purpose: a function call per message
-    # costs a tenth more instructions in a cold run's decoding (see its docstring).
-    "stores/_fastdecode.py:_build",
 }
 
 

@@ -306,96 +306,97 @@ def _build(data: list[Any], out: list[Message]) -> None:
 
     The common shapes (one text part, one function call or one function result, with nothing
     optional but a source in the compact form) are built directly, with every check the general
-    decoders make on them; the rest go through those. The compact ones are built in this loop
-    itself: a function call per message would cost a tenth more instructions here.
+    decoders make on them; the rest go through those (`decode_compact`, `_from_full`). The compact
+    ones are built in this loop itself, without a function call per message.
     """
     append = out.append
-    sources: dict[tuple[int, str | None], Any] = {}  # the few sources of a log, each built once
+    sources = _Sources()
     message_class, shell, roles, empty, invalid = Message, _Shell, _ROLE_ORDER, EMPTY_METADATA, _INVALID
     text_class, text_shell, call_class, call_shell = TextPart, _TextShell, FunctionCall, _CallShell
     result_class, result_shell = FunctionResult, _ResultShell
     for d in data:
-        if type(d) is list:
-            # The compact form with one part and nothing optional: built here, with every check
-            # `decode_compact` makes on it (anything else goes through it).
-            if len(d) == 5:
-                head, message_id, created_at, source_id, only = d
-                if type(head) is int and 0 <= head < _PLAIN_HEADS and type(message_id) is str \
-                        and type(created_at) is float:
-                    source: Any = None
-                    if head >= 4:
-                        if source_id is None or type(source_id) is str:
-                            source = sources.get((head, source_id))
-                            if source is None:
-                                source = sources[head, source_id] = Source(_SOURCE_ORDER[(head >> 2) - 1], source_id)
-                        else:
-                            source = invalid
-                    elif source_id is not None:
-                        source = invalid
-                    part: Any = None
-                    kind = type(only)
-                    if kind is str:
-                        part = text_shell()
-                        part.text = only
-                        part.kind = "text"
-                        part.__class__ = text_class
-                        flag = 0
-                    elif kind is list:
-                        n = len(only)
-                        if n == 3:
-                            call_id, name, arguments = only
-                            if type(call_id) is str and type(name) is str and type(arguments) is str:
-                                part = call_shell()
-                                part.call_id = call_id
-                                part.name = name
-                                part.arguments = arguments
-                                part.kind = "function_call"
-                                part.__class__ = call_class
-                                flag = 1
-                        elif n == 2:
-                            call_id, result = only
-                            if type(call_id) is str and type(result) is str:
-                                part = result_shell()
-                                part.call_id = call_id
-                                part.result = result
-                                part.is_error = False
-                                part.parts = ()
-                                part.kind = "function_result"
-                                part.__class__ = result_class
-                                flag = 2
-                    if part is not None and source is not invalid:
-                        m: Any = shell()
-                        m.role = roles[head & 3]
-                        m.parts = (part,)
-                        m.id = message_id
-                        m.author_name = None
-                        m.created_at = created_at
-                        m.metadata = empty
-                        m.source = source
-                        m._tool_flag = flag
-                        m.__class__ = message_class
-                        append(m)
-                        continue
+        if type(d) is not list or len(d) != 5:  # the full form, or a compact one with more than one part
+            append(_from_full(d))
+            continue
+        head, message_id, created_at, source_id, only = d
+        try:
+            source = sources[type(head), head, source_id]
+        except TypeError:  # an unhashable field, which no compact message has
+            source = invalid
+        part: Any = None
+        if source is not invalid and type(message_id) is str and type(created_at) is float:
+            kind = type(only)
+            if kind is str:
+                part = text_shell()
+                part.text = only
+                part.kind = "text"
+                part.__class__ = text_class
+                flag = 0
+            elif kind is list:
+                n = len(only)
+                if n == 3 and type(only[0]) is type(only[1]) is type(only[2]) is str:
+                    part = call_shell()
+                    part.call_id, part.name, part.arguments = only
+                    part.kind = "function_call"
+                    part.__class__ = call_class
+                    flag = 1
+                elif n == 2 and type(only[0]) is type(only[1]) is str:
+                    part = result_shell()
+                    part.call_id, part.result = only
+                    part.is_error = False
+                    part.parts = ()
+                    part.kind = "function_result"
+                    part.__class__ = result_class
+                    flag = 2
+        if part is None:
             append(decode_compact(d))
             continue
-        m = _plain_full(d)
-        append(_from_data(d) if m is None else m)
+        m: Any = shell()
+        m.role = roles[head & 3]
+        m.parts = (part,)
+        m.id = message_id
+        m.author_name = None
+        m.created_at = created_at
+        m.metadata = empty
+        m.source = source
+        m._tool_flag = flag
+        m.__class__ = message_class
+        append(m)
 
 
-def _plain_full(d: Any) -> Any:
-    """Return the message `d` encodes in the full form if it has one common part and nothing optional (else None)."""
+class _Sources(dict[tuple[type, Any, Any], Any]):
+    """The source of the compact messages built directly, by the type and value of their head and their source id.
+
+    None for a head without a source, `_INVALID` for a pair no such message has (a head that is not
+    an int, out of range or with author_name or metadata; a source id that is not a string, or
+    without a source kind). One a batch: it holds the few sources of a log, each built once.
+    """
+
+    __slots__ = ()
+
+    def __missing__(self, key: tuple[type, Any, Any]) -> Any:
+        kind, head, source_id = key
+        source: Any = _INVALID
+        if kind is int and 0 <= head < _PLAIN_HEADS and (source_id is None or (head >= 4 and type(source_id) is str)):
+            source = Source(_SOURCE_ORDER[(head >> 2) - 1], source_id) if head >= 4 else None
+        self[key] = source
+        return source
+
+
+def _from_full(d: Any) -> Message:
+    """Return the message `d` encodes: built directly in the full form with one common part and nothing optional."""
     if type(d) is not dict or len(d) != 5:
-        return None
+        return _from_data(d)
     try:  # five keys, each of them present, is exactly the required ones: nothing optional
         parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
     except KeyError:
-        return None
+        return _from_data(d)
     if not (type(parts) is list and len(parts) == 1 and type(role) is str and type(message_id) is str
             and type(created_at) is float and version is CODEC_VERSION and role in _ROLES):
-        return None
+        return _from_data(d)
     part = _common_part(parts[0])
     if part is None:
-        return None
+        return _from_data(d)
     m: Any = _Shell()
     m.role = role
     m.parts = (part,)
@@ -406,7 +407,8 @@ def _plain_full(d: Any) -> Any:
     m.source = None
     m._tool_flag = _TOOL_FLAG[part.kind]
     m.__class__ = Message
-    return m
+    message: Message = m
+    return message
 
 
 _TOOL_FLAG: Final = {"text": 0, "function_call": 1, "function_result": 2}
