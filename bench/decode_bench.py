@@ -14,7 +14,7 @@ Each figure is the best of `--repeat` timings of the process's CPU time (steadie
 on a shared machine), in milliseconds for the whole log.
 
     python bench/decode_bench.py                      # this tree, one process
-    python bench/decode_bench.py --compare /work/base/src src --rounds 6 --out bench/results/decode.json
+    python bench/decode_bench.py --compare OTHER_TREE/src src --rounds 8 --out bench/results/decode.json
 
 `--compare` runs this script under each ``src`` directory in turn (PYTHONPATH), interleaved round
 by round, and reports each tree's best and median round and the ratios of the best to the first tree's.
@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import contextpipe.stores._common  # noqa: F401 - loaded as in a store's process, so every tree has the same objects
 from contextpipe.messages import FunctionCall, FunctionResult, Message, Source, TextPart
 
 try:  # this tree

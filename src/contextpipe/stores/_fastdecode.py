@@ -4,7 +4,7 @@ Everything here exists for speed and must equal a plain reference (`tests/test_f
 checks both on generated messages):
 
 - the compact form (`dumps_compact`): the fields of `contextpipe.codec`'s full form in a JSON array,
-  without field names; a store's log decodes about twice as fast. `decode_compact` is its plain
+  without field names, which a store's log decodes faster from. `decode_compact` is its plain
   decoder, with every check `message_from_dict` makes; `loads_stored` reads one stored text in either
   form;
 - the batch decoders (`loads_many`, `loads_arrays`): a log's common shapes (one text part, one
@@ -210,7 +210,7 @@ def loads_stored(text: str | bytes) -> Message:
 
 
 def loads_many(texts: Iterable[str | bytes]) -> list[Message]:
-    """Decode many texts written by `dumps` (a stored log), as `loads_stored` would each, several times faster.
+    """Decode many texts written by `dumps` or `dumps_compact` (a stored log), as `loads_stored` would each.
 
     The common shapes (one text part, one function call or one function result, with no metadata,
     source or author) are recognised and built at once; anything else goes through
@@ -301,6 +301,7 @@ class _ResultShell:
     __slots__ = tuple(f.name for f in fields(FunctionResult))
 
 
+# Measured (bench/results/decode.json): a compact log decodes 2.5x faster here than through decode_compact.
 def _build(data: list[Any], out: list[Message]) -> None:
     """Append the message each decoded value in `data` encodes to `out` (`CodecError` on the first that is not).
 
