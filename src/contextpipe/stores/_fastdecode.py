@@ -27,6 +27,7 @@ from ..codec import (
     _ENCODER,
     _ROLES,
     CODEC_VERSION,
+    _fast_loads,
     _parse_or_raise,
     _part_from_dict,
     _part_to_dict,
@@ -45,11 +46,6 @@ from ..messages import (
     _new_message,
     _new_text,
 )
-
-try:
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a dependency; the standard library still works
-    from json import loads as _fast_loads  # type: ignore[assignment]
 
 __all__ = ["decode_compact", "dumps_compact", "loads_arrays", "loads_many", "loads_stored"]
 
@@ -398,15 +394,9 @@ def _from_full(d: Any) -> Message:
     part = _common_part(parts[0])
     if part is None:
         return _from_data(d)
-    m: Any = _Shell()
-    m.role = role
-    m.parts = (part,)
-    m.id = message_id
-    m.author_name = None
-    m.created_at = created_at
-    m.metadata = EMPTY_METADATA
-    m.source = None
-    m._tool_flag = _TOOL_FLAG[part.kind]
+    m: Any = _Shell()  # as in `_build`
+    m.role, m.parts, m.id, m.author_name, m.created_at = role, (part,), message_id, None, created_at
+    m.metadata, m.source, m._tool_flag = EMPTY_METADATA, None, _TOOL_FLAG[part.kind]
     m.__class__ = Message
     message: Message = m
     return message
