@@ -29,7 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from contextpipe import Agent, ContextProvider, Durability, Message, RunContext, RunOutcome, TextDelta, tool
-from contextpipe.messages import FunctionCall, TextPart, dumps, loads
+from contextpipe.codec import dumps, loads
+from contextpipe.messages import FunctionCall, TextPart
 from contextpipe.models import ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete
 from contextpipe.providers import History
 from contextpipe.session import Session

@@ -30,7 +30,7 @@ from contextpipe import (
     UsageError,
     tool,
 )
-from contextpipe.messages import dumps, loads
+from contextpipe.codec import dumps, loads
 from contextpipe.models import AnthropicChatModel, ModelRequest, ReasoningDelta, ResponseComplete
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore

@@ -22,7 +22,7 @@ from contextpipe import (
     TextPart,
     tool,
 )
-from contextpipe.messages import dumps, loads
+from contextpipe.codec import dumps, loads
 from contextpipe.models import ModelRequest, OpenAIChatModel, OpenAIResponsesModel, ReasoningDelta, ResponseComplete
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore

@@ -157,8 +157,8 @@ _EXPORTS: dict[str, str] = {
     "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools",
     "PromptTrace": ".trace",
 }
-_SUBMODULES = ("agent", "compaction", "config", "errors", "events", "exchanges", "messages", "models", "pipeline",
-               "providers", "session", "stores", "telemetry", "tokens", "tools", "trace", "vectors")
+_SUBMODULES = ("agent", "codec", "compaction", "config", "errors", "events", "exchanges", "messages", "models",
+               "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tools", "trace", "vectors")
 
 __getattr__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)
 

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..messages import message_to_dict
+from ..codec import message_to_dict
 from ..session import DEFAULT_TENANT, Session
 from ..stores.base import MessagePage, SessionListing
 from ._shared import (

@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import Agent, __version__
+from ..codec import message_from_dict, message_to_dict
 from ..errors import (
     CodecError,
     ConcurrentUpdate,
@@ -42,7 +43,7 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, message_from_dict, message_to_dict, new_message_id
+from ..messages import Message, new_message_id
 from ..session import validate_session_id
 from ..stores import SessionStore
 from ._keys import ApiKeys

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from .. import Agent, RunResult, Session
+from ..codec import message_to_dict
 from ..errors import ContextPipeError
-from ..messages import Message, message_to_dict
+from ..messages import Message
 
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_json"]
 

@@ -11,9 +11,11 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ..codec import dumps
 from ..errors import CodecError, CorruptRecord, LeaseLost, SessionBusy, UsageError
-from ..messages import Message, dumps, dumps_compact, loads, loads_many
+from ..messages import Message
 from ..session import Session, SessionKey
+from ._fastdecode import dumps_compact, loads_many, loads_stored
 from .base import Checkpoint, Lease, MessagePage
 
 SCHEMA_VERSION: Final = 2
@@ -66,7 +68,7 @@ def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
                    message_id: str | None = None) -> Message:
     """Decode a stored message, raising `CorruptRecord` that names the session and sequence."""
     try:
-        message = loads(body)
+        message = loads_stored(body)
     except (CodecError, UnicodeDecodeError) as exc:
         raise CorruptRecord.unreadable(backend, key, f"message {seq}", exc, seq) from exc
     if message_id is not None and message.id != message_id:
@@ -83,7 +85,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> str:
 def decode_checkpoint(backend: str, key: SessionKey, body: str | bytes) -> Checkpoint:
     try:
         data = json.loads(body)
-        return Checkpoint(int(data["seq"]), loads(json.dumps(data["summary"])), float(data["created_at"]))
+        return Checkpoint(int(data["seq"]), loads_stored(json.dumps(data["summary"])), float(data["created_at"]))
     except (ValueError, KeyError, TypeError, CodecError) as exc:
         raise CorruptRecord.unreadable(backend, key, "a checkpoint", exc) from exc
 

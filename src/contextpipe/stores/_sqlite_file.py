@@ -18,7 +18,7 @@ from ..errors import StoreError
 SQLITE_SCHEMA_VERSION: Final = 3
 """Version of the SQLite layout written by this release (cp_meta ``schema_version``).
 
-3 stores messages in the compact form (`contextpipe.messages.dumps_compact`). A file of another
+3 stores messages in the compact form (`contextpipe.stores._fastdecode.dumps_compact`). A file of another
 version is refused with a `StoreError` saying what to do; nothing in it is changed.
 """
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
 from ..errors import CodecError
-from ..messages import Message, loads_arrays
+from ..messages import Message
 from ..session import SessionKey
 from ._common import decode_message
+from ._fastdecode import loads_arrays
 from .base import MessagePage
 
 T = TypeVar("T")
