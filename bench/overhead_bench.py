@@ -104,9 +104,14 @@ def worker(case: str, runs: int) -> None:
 
 def side(case: str, runs: int, src: Path | None) -> dict[str, Any]:
     env = dict(os.environ)
+    script = Path(__file__)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, __file__, "--worker", case, "--runs", str(runs)],
+        # The earlier tree's own copy of this harness, when it has one: the same cases, spelled in the
+        # API of that tree (a renamed argument would otherwise stop the comparison).
+        own = src.parent / "bench" / script.name
+        script = own if own.exists() else script
+    proc = subprocess.run([sys.executable, str(script), "--worker", case, "--runs", str(runs)],
                           stdout=subprocess.PIPE, text=True, check=True, env=env)
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
