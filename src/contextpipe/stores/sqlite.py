@@ -65,7 +65,7 @@ knows only 2 refuses a file of version 3 and says to upgrade, instead of failing
 """
 
 if TYPE_CHECKING:
-    from ..vectors.stores import SQLiteVectorStore
+    from ..vectors.sqlite import SQLiteVectorStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -662,7 +662,7 @@ class SQLiteStore(SessionStore):
 
         The vector store registers for this store's `on_session_deleted` hook (once per store).
         """
-        from ..vectors.stores import SQLiteVectorStore
+        from ..vectors.sqlite import SQLiteVectorStore
 
         vectors = SQLiteVectorStore(self.path, synchronous=self._synchronous)
         if not self._vector_cascade:
