@@ -103,13 +103,13 @@ async def timed_search(store: VectorStore, query: Any, want: set[int]) -> tuple[
 async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: list[set[int]],
                       depths: list[tuple[int, int]]) -> list[str]:
     """recall@10 and search p50 through the store with other search depths (expansion, candidates re-scored)."""
-    from contextpipe.vectors import sqlite as module
+    from contextpipe.vectors import _hnsw as module
 
-    default = module._depth
+    default = module.search_depth
     rows = []
     try:
         for expansion, candidates in depths:
-            module._depth = lambda size, k, e=expansion, c=candidates: (max(e, c), c)  # type: ignore[misc]
+            module.search_depth = lambda size, k, e=expansion, c=candidates: (max(e, c), c)  # type: ignore[misc]
             times, cpu, found = [], [], 0
             for q, want in zip(probes, truth, strict=True):
                 wall, used, got = await timed_search(store, q, want)
@@ -118,7 +118,7 @@ async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: l
                 found += got
             rows.append(f"| {expansion} | {candidates} | {found / (10 * len(probes)):.3f} | {ms(times)} ({ms(cpu)}) |")
     finally:
-        module._depth = default
+        module.search_depth = default
     return rows
 
 

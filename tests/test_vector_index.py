@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore, _hnsw
-from contextpipe.vectors._hnsw import PENDING_MAX, IndexSearch, search_depth
+from contextpipe.vectors._hnsw import PENDING_MAX, IndexSearch, public_search, search_depth
 from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, matches, rrf
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
@@ -916,3 +916,154 @@ async def test_a_search_filtered_to_few_records_runs_on_the_calling_thread(tmp_p
     half = {i: v for i, v in data.items() if int(i[1:]) % 2 == 1}
     assert [h.id for h in await broad] == exact_ids(half, query, 3)
     await store.close()
+
+
+# --- each fast path against its plain version ---------------------------------------------------------------
+
+
+def _usearch_index(size: int, dim: int, seed: int) -> object:
+    """A usearch index made as a collection's is, holding `size` random vectors (keys 0 to size - 1)."""
+    from usearch.index import Index
+
+    index = Index(ndim=dim, metric="cos", dtype=_hnsw.DTYPE, connectivity=_hnsw.CONNECTIVITY,
+                  expansion_add=_hnsw.EXPANSION_ADD, expansion_search=_hnsw.EXPANSION_SEARCH)
+    vectors = np.random.default_rng(seed).standard_normal((size, dim)).astype(np.float32)
+    index.add(np.arange(size, dtype=np.uint64), vectors, threads=1)
+    return index
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(size=st.integers(1, 400), dim=st.integers(2, 40), count=st.integers(1, 80), exact=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_usearch_search_equals_the_public_one(size: int, dim: int, count: int, exact: bool,
+                                                           seed: int) -> None:
+    """`IndexSearch`'s shortcut through usearch's compiled search: the keys and distances of `Index.search`."""
+    index = _usearch_index(size, dim, seed)
+    search = IndexSearch()
+    for q in np.random.default_rng(seed + 1).standard_normal((4, dim)).astype(np.float32):
+        found = search.compiled_search(index, q, count, exact)
+        assert found is not None  # (the usearch installed here has the compiled search)
+        keys, distances = public_search(index, q, count, exact)
+        assert found[0].tolist() == keys.tolist()
+        assert found[1].tolist() == distances.tolist()
+        assert search.keys(index, q, count, exact) == keys.tolist()
+    assert search.compiled
+
+
+def test_a_usearch_without_the_compiled_search_is_asked_through_its_public_one() -> None:
+    index = _usearch_index(50, 8, 1)
+    q = np.ones(8, dtype=np.float32)
+    want = public_search(index, q, 5, False)[0].tolist()
+
+    class Other:  # another usearch: its compiled search takes other arguments
+        class _compiled:
+            @staticmethod
+            def search_many(*args: object, **kwargs: object) -> None:
+                raise TypeError("search_many() got an unexpected keyword argument 'dtype'")
+
+        search = index.search
+
+    search = IndexSearch()
+    assert search.keys(Other(), q, 5, False) == want and not search.compiled  # (never tried again)
+    assert search.keys(index, q, 5, False) == want
+
+
+def _clustered(size: int, dim: int, clusters: int, spread: float, seed: int) -> tuple[_hnsw.CollectionIndex,
+                                                                                     np.ndarray]:
+    """A collection of `size` clustered unit vectors, added to its graph 64 at a time (one thread: the same graph
+    on every run), and 20 queries drawn the same way."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
+
+    def draw(m: int) -> np.ndarray:
+        x = centres[rng.integers(0, clusters, m)] + spread * rng.standard_normal((m, dim)).astype(np.float32)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    matrix = draw(size)
+    c = _hnsw.CollectionIndex(0)
+    rows = [(i + 1, f"v{i}", dim, matrix[i].tobytes(), f"t{i}", "{}") for i in range(size)]
+    for start in range(0, size, 64):
+        c.put(rows[start:start + 64])
+    return c, draw(20)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(size=st.integers(200, 3000), dim=st.sampled_from([8, 16, 32, 64]), clusters=st.integers(1, 1000),
+       spread=st.floats(0.2, 1.0), seed=st.integers(0, 2**32 - 1))
+def test_the_graph_search_finds_the_documented_share_of_the_exact_top_k(size: int, dim: int, clusters: int,
+                                                                        spread: float, seed: int) -> None:
+    """`approximate_top` against `exact_top`: at least the recall its docstring states, with exact scores."""
+    c, queries = _clustered(size, dim, clusters, spread, seed)
+    search = IndexSearch()
+    found = {"walk": 0, "scan": 0}
+    for q in queries:
+        exact = _hnsw.exact_top(c, q, 10, None)
+        want = {key for key, _ in exact}
+        for way in found:
+            hits = _hnsw.approximate_top(c, q, 10, None, search, scan=way == "scan")
+            assert len(hits) == 10 and [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+            scores = dict(_hnsw.exact_top(c, q, size, None))
+            assert all(s == pytest.approx(scores[key], abs=1e-6) for key, s in hits)  # re-scored exactly
+            found[way] += len(want & {key for key, _ in hits})
+    assert found["walk"] / (10 * len(queries)) >= _hnsw.WALK_RECALL
+    assert found["scan"] / (10 * len(queries)) >= _hnsw.SCAN_RECALL
+
+
+def _same_hits(fast: list[SearchHit], plain: list[SearchHit], truth: dict[str, VectorRecord]) -> None:
+    """The same hits (records tied at a score in any order), but for which of several tied at the last made the cut."""
+    assert [h.score for h in fast] == [h.score for h in plain]
+    last = plain[-1].score if plain else None
+    by_id = {h.id: h for h in plain}
+    assert all(by_id.get(h.id) == h for h in fast if h.score != last)
+    assert all((h.text, h.metadata) == (truth[h.id].text, truth[h.id].metadata) for h in fast)
+
+
+_KEYWORD_WORDS = ["pottery", "bread", "class", "dog", "biscuit", "bake", "maya", "walrus"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.one_of(st.integers(1, 30), st.integers(300, 700)), seed=st.integers(0, 2**32 - 1),
+       query=st.lists(st.sampled_from(_KEYWORD_WORDS), min_size=1, max_size=3), k=st.integers(1, 20),
+       where=st.sampled_from([None, {"g": 1}, {"g": [0, 2]}, {"g": None}, {"h": [1]}, {"g": 3}, *[
+           {"g": 1, "h": 0}, {"g": "x", "h": 0}, {"g": [2, "x"], "h": 1}] * 3]),  # (some keeping few records)
+       ceiling=st.sampled_from([None, 100, 100]))
+async def test_keyword_search_from_the_held_index_equals_the_search_from_the_rows(
+        tmp_path_factory: pytest.TempPathFactory, n: int, seed: int, query: list[str], k: int,
+        where: dict[str, object] | None, ceiling: int | None) -> None:
+    """`search_held` (ids, texts and filters from memory) against `search_rows` (all read from SQLite).
+
+    With `ceiling`, both let SQLite filter all the matches after the first hundred (else after thousands).
+    """
+    from unittest.mock import patch
+
+    from contextpipe.vectors import _keywords
+
+    rng = random.Random(seed)
+    groups: list[object] = [None, 0, 1, 1, 2, "x", [1, 2]]
+    records = []
+    for i in range(n):
+        group = rng.choice(groups)
+        meta = {"h": i % 3} if group is None else {"g": group, "h": i % 3}
+        text = " ".join(rng.choice(_KEYWORD_WORDS[:4] * 3 + _KEYWORD_WORDS) for _ in range(rng.randint(1, 6)))
+        records.append(VectorRecord(f"r{i}", [1.0, float(i), 0.5], text, meta))
+    store = SQLiteVectorStore(tmp_path_factory.mktemp("kw") / "v.db")
+    await store.upsert("c", records)
+    await store.search("c", [1.0, 0.0, 0.0], k=1)  # (the index is held)
+    fts = _keywords.fts_query(keyword_terms(" ".join(query)))
+
+    def both(conn: sqlite3.Connection) -> tuple[list[SearchHit], list[SearchHit]]:
+        table = store._keyword_tables.table(conn, "c")
+        assert table is not None
+        held = store._indexes.sync(conn, "c")
+        return (_keywords.search_held(conn, held, table, fts, k, where),
+                _keywords.search_rows(conn, table, "c", fts, k, where))
+
+    try:
+        with patch.object(_keywords, "_HELD_MAX", ceiling or _keywords._HELD_MAX), \
+                patch.object(_keywords, "_ROWS_MAX", ceiling or _keywords._ROWS_MAX):
+            fast, plain = await store._run(both)
+        _same_hits(fast, plain, {r.id: r for r in records})
+        assert all(matches(h.metadata, where) for h in fast)
+    finally:
+        await store.close()
