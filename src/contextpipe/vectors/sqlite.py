@@ -67,7 +67,7 @@ from ._hnsw import (
     nearest,
 )
 from ._sql import json_where, statements
-from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms
+from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, searched_terms
 
 if TYPE_CHECKING:
     from ..session import SessionKey
@@ -440,9 +440,7 @@ class SQLiteVectorStore(VectorStore):
     @override
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
                              where: Where | None = None) -> list[SearchHit]:
-        check_where(where)
-        terms = keyword_terms(text)
-        if not terms or k <= 0:
+        if not (terms := searched_terms(text, k, where)):
             return []
         query = _keywords.fts_query(terms)
 
