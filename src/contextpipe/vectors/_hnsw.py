@@ -34,16 +34,14 @@ from .base import Where, matches
 
 # The graph and its search depth (bench/results/vectors.md, "Graph and search depth").
 DTYPE = "i8"  # 8-bit copies: a quarter of float32's memory and the fastest kernels (candidates re-scored exactly)
-CONNECTIVITY = 16  # edges per node: 8 or 12 find less at every expansion, 24 costs more per search for the same
+CONNECTIVITY = 16  # edges per node: 8 or 12 find less at every expansion, 24 costs more for the same recall
 EXPANSION_ADD = 64  # build depth: an insert near 0.5 ms; 128 doubles it for no recall, 40 finds 0.982 at 100,000
 EXPANSION_SEARCH = 40  # least search depth: 0.994 of the true top 10 at 100,000 x 384 (grows with the size)
 CANDIDATES = 20  # least candidates re-scored: as many of the top 10 as 40 at 100,000, half the float32 rows read
 RECORDS_PER_CANDIDATE = 5000  # one candidate more per 5,000 records: 200 at 1,000,000 (denser: closer neighbours)
 RECORDS_PER_EXPANSION = 2000  # one expansion step more per 2,000 records: 50 at 100,000, 500 at 1,000,000
 EXPANSION_MAX = 1024  # the deepest a search walks, whatever the size
-# A scan of the 8-bit vectors, not a graph walk, up to this many bytes (10,416 x 384): the whole true top 10
-# where a walk finds nine tenths (clustered vectors), for about half a millisecond more at 10,000 records.
-SCAN_BYTES = 4_000_000
+SCAN_BYTES = 4_000_000  # scan, not walk, up to this many bytes (10,416 x 384): all of the top 10 for 0.5 ms more
 WALK_RECALL = 0.9  # the share of the true top 10 a graph walk finds at the least (clustered, a few thousand)
 SCAN_RECALL = 0.99  # the share a scan finds at the least (its 8-bit top candidates, re-scored)
 
@@ -54,9 +52,9 @@ PENDING_MAX = 256  # at most this many quick upserts' records wait for the graph
 FLUSH_WAIT = 0.005  # how long the calling thread waits for the worker adding a few records to a graph
 CHECKPOINT_RECORDS = 200  # records written between this connection's own WAL checkpoints (on the worker thread)
 
-# Saving the index (it writes the whole index): after at least this many changes applied ...
-SAVE_AFTER = 20_000
-SAVE_SHARE = 4  # ... and a quarter of the collection: a bounded share of the inserts, a bounded catch-up
+# Saving the index (bench/results/vectors.md, "Saving the index"): due after this many changes applied ...
+SAVE_AFTER = 20_000  # ... at least (a crash leaves at most about that many to catch up) ...
+SAVE_SHARE = 4  # ... and a quarter of the collection: saving the whole index costs a bounded share of the inserts
 
 Row = tuple[int, str, int, bytes, str, str]
 """A row as read from ``cp_vectors``: its key, id, vector size, float32 vector, text and metadata (JSON)."""
@@ -122,7 +120,7 @@ class IndexSearch:
     def keys(self, index: Any, q: np.ndarray[Any, Any], count: int, exact: bool) -> list[int]:
         """Return the keys of the `count` vectors of `index` nearest to `q` (with `exact`: a scan), nearest first."""
         if self.compiled:
-            # The shortcut saves about 30 µs a search, a twentieth of one at 100,000 records (bench/results/vectors.md).
+            # The shortcut saves 5 to 9 µs a search, 1 to 3 % of one through the store (bench/results/vectors.md).
             try:
                 found = self.compiled_search(index, q, count, exact)
                 if found is not None:
@@ -353,6 +351,7 @@ def nearest(c: CollectionIndex, q: np.ndarray[Any, Any], k: int, subset: set[int
     if subset is not None and len(subset) <= exact_limit:
         return exact_top(c, q, k, subset)
     limit = scan_limit if scan_limit is not None else SCAN_BYTES // max(1, c.dim)
+    # The index: top 10 of 50,000 x 384 in 0.65 ms where `exact_top` takes 251 ms (bench/results/vectors.md).
     return approximate_top(c, q, k, subset, search, scan=len(c.records) <= limit)
 
 
