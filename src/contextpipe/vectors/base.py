@@ -243,7 +243,7 @@ def keyword_terms(text: str) -> list[str]:
 def searched_terms(text: str, k: int, where: Where | None) -> list[str]:
     """Return what a store's keyword search of `text` looks for (`keyword_terms`), after checking `where`.
 
-    None when there is nothing to search: no such words, or `k` below 1.
+    Empty when there is nothing to search: no such words, or `k` below 1.
     """
     check_where(where)
     return keyword_terms(text) if k > 0 else []

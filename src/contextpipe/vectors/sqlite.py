@@ -168,6 +168,10 @@ class SQLiteVectorStore(VectorStore):
         """Where the HNSW indexes are saved (``None``: they are not)."""
         return self._indexes.index_dir
 
+    @index_dir.setter
+    def index_dir(self, value: Path | None) -> None:
+        self._indexes.index_dir = value
+
     # --- connection, and where work runs -----------------------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
