@@ -5,6 +5,7 @@
     python bench/vector_bench.py --size 1000000         # the 1,000,000 run (about 15 minutes on 2 idle cores)
     python bench/vector_bench.py --pgvector DSN         # also PostgreSQL + pgvector (HNSW)
     python bench/vector_bench.py --against ../main/src  # this store against another checkout's, interleaved
+    python bench/vector_bench.py --seams --size 50000   # each fast path against its plain version
 
 Per size: loading time (batches of 5,000 records, each one committed transaction, the index kept up to
 date as they land; wall and CPU), search p50/p95 (top 10) with the CPU time the process spent (a busy
@@ -103,13 +104,13 @@ async def timed_search(store: VectorStore, query: Any, want: set[int]) -> tuple[
 async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: list[set[int]],
                       depths: list[tuple[int, int]]) -> list[str]:
     """recall@10 and search p50 through the store with other search depths (expansion, candidates re-scored)."""
-    from contextpipe.vectors import sqlite as module
+    from contextpipe.vectors import _hnsw as module
 
-    default = module._depth
+    default = module.search_depth
     rows = []
     try:
         for expansion, candidates in depths:
-            module._depth = lambda size, k, e=expansion, c=candidates: (max(e, c), c)  # type: ignore[misc]
+            module.search_depth = lambda size, k, e=expansion, c=candidates: (max(e, c), c)  # type: ignore[misc]
             times, cpu, found = [], [], 0
             for q, want in zip(probes, truth, strict=True):
                 wall, used, got = await timed_search(store, q, want)
@@ -118,7 +119,7 @@ async def depth_sweep(store: VectorStore, probes: np.ndarray[Any, Any], truth: l
                 found += got
             rows.append(f"| {expansion} | {candidates} | {found / (10 * len(probes)):.3f} | {ms(times)} ({ms(cpu)}) |")
     finally:
-        module._depth = default
+        module.search_depth = default
     return rows
 
 
@@ -302,6 +303,65 @@ async def against(src: str, n: int, dim: int, queries: int, rounds: int) -> None
                   f"{found[name] / (10 * queries):.3f} | {ms(times[name]['upsert'])} | {ms(times[name]['graph'])} |")
 
 
+def p50_us(work: Any, sides: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Wall-clock p50 in µs of each side's ``work(side, i)``, the sides alternated call by call."""
+    times: dict[str, list[int]] = {name: [] for name in sides}
+    names = list(sides)
+    for i in range(rounds):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter_ns()
+            work(sides[name], i)
+            times[name].append(time.perf_counter_ns() - t0)
+    return {name: sorted(t)[len(t) // 2] / 1000 for name, t in times.items()}
+
+
+async def seams(n: int, dim: int, queries: int) -> None:
+    """What each fast path of the store buys over the plain version beside it, on one collection of `n`."""
+    import random
+
+    from contextpipe.vectors import _hnsw, _keywords
+
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((2000, dim), dtype=np.float32)
+    words = random.Random(1)
+    vocabulary = [f"w{i}" for i in range(2000)]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteVectorStore(Path(tmp) / "seams.db")
+        for start in range(0, n, 5000):
+            vectors = clustered(rng, centres, min(5000, n - start))
+            await store.upsert("bench", [VectorRecord(f"v{start + i}", v, " ".join(words.choices(vocabulary, k=12)),
+                                                      {"user_id": f"u{i % 100}"}) for i, v in enumerate(vectors)])
+        probes = clustered(rng, centres, queries)
+        await store.search("bench", probes[0], k=10)
+        c = store._cache["bench"]
+        expansion, want = _hnsw.search_depth(len(c.records), 10)
+        c.index.expansion_search = expansion
+        search = _hnsw.IndexSearch()
+        keys = p50_us(lambda way, i: way(probes[i % queries]), {
+            "compiled": lambda q: search.keys(c.index, q, want, False),
+            "public": lambda q: _hnsw.public_search(c.index, q, want, False)[0].tolist()}, 6 * queries)
+        top = p50_us(lambda way, i: way(probes[i % queries]), {
+            "graph": lambda q: _hnsw.approximate_top(c, q, 10, None, search),
+            "exact": lambda q: _hnsw.exact_top(c, q, 10, None)}, min(queries, 100))
+        print(f"{n:,} x {dim}, wall p50, alternated: keys from the graph (top {want}) compiled "
+              f"{keys['compiled']:,.1f} µs, public {keys['public']:,.1f} µs; top 10 through the graph "
+              f"{top['graph']:,.0f} µs, exact {top['exact']:,.0f} µs", flush=True)
+
+        def keyword(conn: Any, where: Any) -> dict[str, float]:
+            table = store._keyword_tables.table(conn, "bench")
+            held = store._indexes.sync(conn, "bench")
+            asked = [_keywords.fts_query(words.sample(vocabulary, 2)) for _ in range(queries)]
+            return p50_us(lambda way, i: way(asked[i % queries]), {
+                "held": lambda q: _keywords.search_held(conn, held, table, q, 10, where),
+                "rows": lambda q: _keywords.search_rows(conn, table, "bench", q, 10, where)}, 2 * queries)
+
+        for where in (None, {"user_id": "u7"}):
+            found = await store._run(keyword, where)
+            print(f"keyword top 10 of two words, where={where}: from the held index {found['held']:,.0f} µs, "
+                  f"from the rows {found['rows']:,.0f} µs", flush=True)
+        await store.close()
+
+
 def peak_mb() -> float:
     """This process's peak resident memory.
 
@@ -340,6 +400,8 @@ async def main() -> None:
     parser.add_argument("--pgvector-sizes", default="10000")
     parser.add_argument("--against", default=None, help="the src directory of another checkout to compare with")
     parser.add_argument("--rounds", type=int, default=2, help="with --against: passes over the queries")
+    parser.add_argument("--seams", action="store_true",
+                        help="what each fast path buys over its plain version, at the largest size")
     parser.add_argument("--cold", default=None, help=argparse.SUPPRESS)  # the cold-start child process
     args = parser.parse_args()
     if args.cold:
@@ -348,6 +410,9 @@ async def main() -> None:
     sizes = [args.size] if args.size else [int(s) for s in args.sizes.split(",")]
     if args.against:
         await against(args.against, sizes[-1], args.dim, args.queries, args.rounds)
+        return
+    if args.seams:
+        await seams(sizes[-1], args.dim, args.queries)
         return
     print("| store | vectors | load s (CPU s) | search ms p50 / p95 (CPU p50) | filtered to 1% ms p50 | "
           "recall@10 vs exact | upsert one ms, NORMAL p50 / p95 (CPU p50) | until in the graph, NORMAL p50 | "

@@ -198,9 +198,9 @@ def test_onnxruntime_next_to_usearch_does_not_crash_the_process() -> None:
 async def test_a_sentence_transformers_folder_embeds_as_the_model_does(tmp_path: Path) -> None:
     """`SentenceTransformerEmbedder` on the bundled all-MiniLM-L6-v2 folder: its name, size and vectors."""
     from contextpipe.vectors import SentenceTransformerEmbedder
-    from contextpipe.vectors.embedders import _bundled_model_path
+    from contextpipe.vectors.embedders.minilm import bundled_model_path
 
-    folder = Path(_bundled_model_path())
+    folder = Path(bundled_model_path())
     embedder = SentenceTransformerEmbedder(folder, name="minilm")
     assert (embedder.name, SentenceTransformerEmbedder(folder).name) == ("minilm", folder.name)
     assert embedder.dimension == 384

@@ -1,9 +1,8 @@
-"""The embedded vector store's HNSW index kept in step with SQLite, hybrid search on every store, migration."""
+"""The embedded vector store's HNSW index kept in step with SQLite, and hybrid search on every store."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -22,10 +21,9 @@ from hypothesis import strategies as st
 
 from contextpipe import UsageError
 from contextpipe.stores import SQLiteStore
-from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
-from contextpipe.vectors import sqlite as vectors_sqlite
+from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore, _hnsw
+from contextpipe.vectors._hnsw import PENDING_MAX, IndexSearch, public_search, search_depth
 from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, matches, rrf
-from contextpipe.vectors.sqlite import _PENDING_MAX, _depth, _index_keys
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
@@ -397,20 +395,14 @@ def test_a_killed_writer_never_loses_or_resurrects_a_vector(tmp_path: Path) -> N
         assert asyncio.run(searchable(db, len(rows) + 10)) == rows
 
 
-async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp_path: Path) -> None:
+async def test_session_deletion_reaches_the_index(tmp_path: Path) -> None:
     db = tmp_path / "agent.db"
-    with sqlite3.connect(db) as conn:  # the layout of earlier versions
-        conn.execute("CREATE TABLE cp_vectors (collection TEXT NOT NULL, id TEXT NOT NULL, dim INTEGER NOT NULL, "
-                     "vector BLOB NOT NULL, text TEXT NOT NULL, metadata TEXT NOT NULL, "
-                     "PRIMARY KEY (collection, id)) WITHOUT ROWID")
-        conn.execute("CREATE TABLE cp_vector_versions (collection TEXT PRIMARY KEY, version INTEGER NOT NULL)")
-        for i, (text, vector) in enumerate(NOTES.values()):
-            meta = {"tenant": "default", "session_id": f"s{i % 2}"}
-            conn.execute("INSERT INTO cp_vectors VALUES ('memory', ?, 4, ?, ?, ?)",
-                         (f"n{i}", np.asarray(vector, dtype=np.float32).tobytes(), text, json.dumps(meta)))
     store = SQLiteStore(db)
     await store.load_or_create("default", "s0")  # the memories' session (deletion cascades from a real one)
     vectors = store.vectors()
+    await vectors.upsert("memory", [VectorRecord(f"n{i}", vector, text, {"tenant": "default",
+                                                                          "session_id": f"s{i % 2}"})
+                                    for i, (text, vector) in enumerate(NOTES.values())])
     assert {h.id for h in await vectors.search("memory", text="pottery", k=5)} == {"n0", "n1"}
     assert await vectors.count("memory") == 4
     await store.delete_session("default", "s0")  # deletes its memories in the same file
@@ -419,31 +411,6 @@ async def test_old_files_are_migrated_and_session_deletion_reaches_the_index(tmp
     await vectors.close()
     await store.close()
 
-
-# The layout of the previous version: one FTS5 table for all collections, kept by the change log's triggers
-# (what that version runs whenever it opens a file).
-_SHARED_FTS_LAYOUT = """
-CREATE TABLE IF NOT EXISTS cp_vectors (key INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL,
-    id TEXT NOT NULL, dim INTEGER NOT NULL, vector BLOB NOT NULL, text TEXT NOT NULL, metadata TEXT NOT NULL,
-    keywords TEXT NOT NULL DEFAULT '', UNIQUE (collection, id));
-CREATE VIRTUAL TABLE IF NOT EXISTS cp_vectors_fts USING fts5(
-    keywords, content='cp_vectors', content_rowid='key', tokenize='porter unicode61 remove_diacritics 2');
-CREATE TABLE IF NOT EXISTS cp_vector_changes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key INTEGER NOT NULL);
-CREATE TRIGGER IF NOT EXISTS cp_vectors_inserted AFTER INSERT ON cp_vectors BEGIN
-    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
-    INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
-END;
-CREATE TRIGGER IF NOT EXISTS cp_vectors_deleted AFTER DELETE ON cp_vectors BEGIN
-    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
-    INSERT INTO cp_vector_changes (collection, key) VALUES (old.collection, old.key);
-END;
-CREATE TRIGGER IF NOT EXISTS cp_vectors_updated AFTER UPDATE ON cp_vectors BEGIN
-    INSERT INTO cp_vectors_fts (cp_vectors_fts, rowid, keywords) VALUES ('delete', old.key, old.keywords);
-    INSERT INTO cp_vectors_fts (rowid, keywords) VALUES (new.key, new.keywords);
-    INSERT INTO cp_vector_changes (collection, key) VALUES (new.collection, new.key);
-END;
-"""
 
 # Another collection of the same file, full of words the notes use: under shared word statistics
 # "pottery" and "bread" become common and the notes' BM25 scores move.
@@ -486,48 +453,6 @@ async def test_keyword_statistics_are_each_collections_own(tmp_path: Path) -> No
     await shared.close()
 
 
-async def test_a_file_with_one_keyword_index_gets_one_per_collection(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    db = tmp_path / "v.db"
-    with sqlite3.connect(db) as conn:
-        conn.executescript(_SHARED_FTS_LAYOUT)
-        rows = [("notes", i, t, v) for i, (t, v) in NOTES.items()] + [("notes", r.id, r.text, r.vector)
-                                                                        for r in _SMALL_TALK]
-        rows += [("it's", r.id, r.text, r.vector) for r in _MANUALS] + [("nul\x00name", "z", "zebra", [1, 0, 0, 0])]
-        for collection, rid, text, vector in rows:
-            conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
-                         "VALUES (?, ?, 4, ?, ?, '{}', ?)",
-                         (collection, rid, np.asarray(vector, dtype=np.float32).tobytes(), text, text))
-    fresh = SQLiteVectorStore(tmp_path / "fresh.db")
-    await fresh.upsert("notes", [*(VectorRecord(i, v, t) for i, (t, v) in NOTES.items()), *_SMALL_TALK])
-    store = SQLiteVectorStore(db)
-    assert _keyword_ranking(await store.keyword_search("notes", "pottery bread", k=4)) == \
-        [(h.id, h.score) for h in await fresh.keyword_search("notes", "pottery bread", k=4)]
-    assert len(await store.keyword_search("it's", "oven", k=50)) == 40  # (a name SQL must quote)
-    assert [h.id for h in await store.keyword_search("nul\x00name", "zebra", k=5)] == ["z"]
-    with sqlite3.connect(db) as conn:
-        old = {r[0]: r[1] for r in conn.execute("SELECT name, sql FROM sqlite_master WHERE name IN "
-                                                "('cp_vectors_fts', 'cp_vectors_inserted', 'cp_vectors_deleted', "
-                                                "'cp_vectors_updated')")}
-    assert "content=''" in old.pop("cp_vectors_fts") and all("WHEN 0" in sql for sql in old.values())  # (inert)
-    # Opened again, the file is not migrated again (no keyword table is rebuilt).
-    built: list[str] = []
-    real = vectors_sqlite._build_keywords
-    monkeypatch.setattr(vectors_sqlite, "_build_keywords", lambda conn, name: built.append(name) or real(conn, name))
-    again = SQLiteVectorStore(db)
-    assert [h.id for h in await again.keyword_search("notes", "arts centre", k=1)] == ["n1"]
-    await again.close()
-    assert built == []
-    # Writes afterwards reach the collection's own index, and only its own.
-    await store.upsert("notes", [VectorRecord("n5", [0, 0, 0, 1], "Maya: the kiln cracked my vase.")])
-    await store.delete("it's", ids=["m0"])
-    assert [h.id for h in await store.keyword_search("notes", "kiln", k=4)] == ["n5"]
-    assert await store.keyword_search("it's", "kiln", k=4) == []
-    assert len(await store.keyword_search("it's", "oven", k=50)) == 39
-    await store.close()
-    await fresh.close()
-
-
 @pytest.mark.parametrize("encoding", ["UTF-16le", "UTF-16be"])
 async def test_keyword_indexes_work_in_a_utf16_file(tmp_path: Path, encoding: str) -> None:
     db = tmp_path / "v.db"
@@ -548,7 +473,7 @@ async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path:
     with sqlite3.connect(db) as conn:  # another program edits the rows with SQL
         conn.execute("UPDATE cp_vectors SET keywords = 'zebra crossing' WHERE id = 'n2'")
         conn.execute("DELETE FROM cp_vectors WHERE id = 'n3'")
-        # A collection written before it had a keyword index of its own (by an earlier version).
+        # A collection another program writes: it has no keyword index yet.
         conn.execute("INSERT INTO cp_vectors (collection, id, dim, vector, text, metadata, keywords) "
                      "VALUES ('older', 'o1', 4, ?, 'zebra', '{}', 'zebra')",
                      (np.ones(4, dtype=np.float32).tobytes(),))
@@ -569,10 +494,6 @@ async def test_rows_written_by_other_means_stay_in_their_keyword_index(tmp_path:
     for name in ("bad\x00name", "x';\nEND; DROP TABLE cp_vectors; --", "{t}{c}", "", "\x00", "é" * 300):
         await store.upsert(name, [VectorRecord("w", [1, 0, 0, 0], f"walrus of {name}")])
         assert [h.text for h in await store.keyword_search(name, "walrus", k=4)] == [f"walrus of {name}"]
-    # An earlier version opens the file now: the objects it would make are there (inert), so the rows
-    # can still be replaced and deleted, and keyword search stays right.
-    with sqlite3.connect(db) as conn:
-        conn.executescript(_SHARED_FTS_LAYOUT)
     await store.upsert("notes", [VectorRecord("n1", [1, 0, 0, 0], "Maya: glazing class now.")])
     assert await store.delete("notes", ids=["n2"]) == 1
     assert [h.id for h in await store.keyword_search("notes", "glazing", k=4)] == ["n1"]
@@ -695,7 +616,7 @@ async def test_search_of_a_clustered_collection_finds_the_exact_top_k_with_exact
 @given(st.integers(0, 10**8), st.integers(0, 10**8), st.integers(1, 100))
 def test_search_depth_grows_with_the_collection(small: int, large: int, k: int) -> None:
     small, large = min(small, large), max(small, large)
-    (e1, c1), (e2, c2) = _depth(small, k), _depth(large, k)
+    (e1, c1), (e2, c2) = search_depth(small, k), search_depth(large, k)
     assert c1 >= 2 * k and e1 >= c1 and e2 >= c2  # usearch needs expansion >= candidates
     assert c1 <= c2 and e1 <= e2
 
@@ -794,13 +715,13 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path, monk
     await store.search("c", [1.0] * 8, k=1)
     ran = on_threads(store)
     flushes: list[bool] = []  # where records went into the HNSW graph after quick upserts
-    flush = vectors_sqlite._Collection.flush
+    flush = _hnsw.CollectionIndex.flush
 
-    def recorded(self: vectors_sqlite._Collection) -> None:
+    def recorded(self: _hnsw.CollectionIndex) -> None:
         flushes.append(threading.get_ident() == threading.main_thread().ident)
         flush(self)
 
-    monkeypatch.setattr(vectors_sqlite._Collection, "flush", recorded)
+    monkeypatch.setattr(_hnsw.CollectionIndex, "flush", recorded)
     for i in range(450):
         await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(8), f"v{i}")])
         await settled(store)  # (its record is in the graph: the next upsert finds the lock free)
@@ -819,7 +740,7 @@ async def test_the_wal_is_checkpointed_on_the_worker_thread(tmp_path: Path, monk
 async def test_records_waiting_for_the_graph_are_found_at_once_saved_whole_and_bounded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A quick upsert returns before its record is in the HNSW graph: a search finds it at once, scored
-    exactly; saving the index adds the waiting records first; at most `_PENDING_MAX` ever wait."""
+    exactly; saving the index adds the waiting records first; at most `PENDING_MAX` ever wait."""
     from usearch.index import Index
 
     store = SQLiteVectorStore(tmp_path / "v.db", scan_limit=0)
@@ -829,22 +750,22 @@ async def test_records_waiting_for_the_graph_are_found_at_once_saved_whole_and_b
     await store.search("c", data["v0"], k=1)
     cached = store._cache["c"]
     queued: list[object] = []
-    monkeypatch.setattr(store, "_later", queued.append)  # (the worker thread is left idle: never adds them)
-    extra = _PENDING_MAX + 20
+    monkeypatch.setattr(store, "_queue_on_worker", queued.append)  # (the worker thread is left idle: never adds them)
+    extra = PENDING_MAX + 20
     for i in range(50, 50 + extra):
         await store.upsert("c", [VectorRecord(f"v{i}", data[f"v{i}"], f"text {i}", {"n": i})])
-        assert len(cached.pending) <= _PENDING_MAX
-    # From the one that would have made it _PENDING_MAX + 1, each upsert added its own to the graph.
+        assert len(cached.pending) <= PENDING_MAX
+    # From the one that would have made it PENDING_MAX + 1, each upsert added its own to the graph.
     assert list(cached.pending) == [key for key in cached.records if key not in cached.index]
-    assert len(cached.pending) == _PENDING_MAX and len(cached.index) == 50 + extra - _PENDING_MAX
-    for i in (60, 50 + _PENDING_MAX - 1, 50 + extra - 1):  # in the graph, waiting, in the graph
+    assert len(cached.pending) == PENDING_MAX and len(cached.index) == 50 + extra - PENDING_MAX
+    for i in (60, 50 + PENDING_MAX - 1, 50 + extra - 1):  # in the graph, waiting, in the graph
         [hit] = await store.search("c", data[f"v{i}"], k=1)
         assert (hit.id, hit.text, hit.metadata) == (f"v{i}", f"text {i}", {"n": i})
         assert hit.score == pytest.approx(1.0, abs=1e-6)
         [hit] = await store.search("c", data[f"v{i}"], k=1, where={"n": i})
         assert hit.id == f"v{i}"
     assert queued  # (adding them to the graph was asked for)
-    waiting = f"v{50 + _PENDING_MAX - 1}"
+    waiting = f"v{50 + PENDING_MAX - 1}"
     store.scan_limit = None  # (a scan of the whole graph, besides the waiting records: every record, once)
     hits = await store.search("c", data[waiting], k=len(data))
     assert sorted(h.id for h in hits) == sorted(list(data)[:50 + extra]) and hits[0].id == waiting
@@ -935,10 +856,10 @@ async def test_a_failure_adding_records_to_the_graph_rebuilds_the_index_from_the
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
     await store.search("c", data["v0"], k=1)
 
-    def fails(self: vectors_sqlite._Collection) -> None:
+    def fails(self: _hnsw.CollectionIndex) -> None:
         raise MemoryError("no room in the graph")
 
-    monkeypatch.setattr(vectors_sqlite._Collection, "flush", fails)
+    monkeypatch.setattr(_hnsw.CollectionIndex, "flush", fails)
     await store.upsert("c", [VectorRecord("v20", data["v20"], "v20")])
     await settled(store)
     assert await store.count("c") == 21
@@ -950,23 +871,23 @@ async def test_a_failure_adding_records_to_the_graph_rebuilds_the_index_from_the
 
 
 @pytest.mark.parametrize("exact", [False, True])
-async def test_usearch_compiled_search_answers_as_its_public_search(tmp_path: Path, exact: bool,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_usearch_compiled_search_answers_as_its_public_search(tmp_path: Path, exact: bool) -> None:
     """The store calls usearch's compiled search directly when it can; it must find what `Index.search` finds."""
     store = SQLiteVectorStore(tmp_path / "v.db")
     rng = np.random.default_rng(5)
     await store.upsert("c", [VectorRecord(f"v{i}", rng.standard_normal(16), "x") for i in range(500)])
     await store.search("c", [1.0] * 16, k=1)
     index = store._cache["c"].index
+    search = IndexSearch()
     for _ in range(20):
         q = rng.standard_normal(16).astype(np.float32)
-        direct = _index_keys(index, q, 20, exact)
+        direct = search.keys(index, q, 20, exact)
         assert direct == index.search(q, 20, threads=1, exact=exact).keys.tolist()
         assert len(direct) == 20
-    assert _index_keys(index, q, 1000, exact=True) == index.search(q, 1000, threads=1, exact=True).keys.tolist()
-    assert vectors_sqlite._direct  # the usearch installed here is called directly (else 30 µs more per search)
-    monkeypatch.setattr("contextpipe.vectors.sqlite._direct", False)  # (as with a usearch it cannot call so)
-    assert _index_keys(index, q, 20, exact) == direct
+    assert search.keys(index, q, 1000, exact=True) == index.search(q, 1000, threads=1, exact=True).keys.tolist()
+    assert search.compiled  # the usearch installed here is called directly (else 30 µs more per search)
+    assert store._index_search.compiled
+    assert IndexSearch(compiled=False).keys(index, q, 20, exact) == direct  # (as with a usearch it cannot call so)
     await store.close()
 
 
@@ -995,3 +916,154 @@ async def test_a_search_filtered_to_few_records_runs_on_the_calling_thread(tmp_p
     half = {i: v for i, v in data.items() if int(i[1:]) % 2 == 1}
     assert [h.id for h in await broad] == exact_ids(half, query, 3)
     await store.close()
+
+
+# --- each fast path against its plain version ---------------------------------------------------------------
+
+
+def _usearch_index(size: int, dim: int, seed: int) -> object:
+    """A usearch index made as a collection's is, holding `size` random vectors (keys 0 to size - 1)."""
+    from usearch.index import Index
+
+    index = Index(ndim=dim, metric="cos", dtype=_hnsw.DTYPE, connectivity=_hnsw.CONNECTIVITY,
+                  expansion_add=_hnsw.EXPANSION_ADD, expansion_search=_hnsw.EXPANSION_SEARCH)
+    vectors = np.random.default_rng(seed).standard_normal((size, dim)).astype(np.float32)
+    index.add(np.arange(size, dtype=np.uint64), vectors, threads=1)
+    return index
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(size=st.integers(1, 400), dim=st.integers(2, 40), count=st.integers(1, 80), exact=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_usearch_search_equals_the_public_one(size: int, dim: int, count: int, exact: bool,
+                                                           seed: int) -> None:
+    """`IndexSearch`'s shortcut through usearch's compiled search: the keys and distances of `Index.search`."""
+    index = _usearch_index(size, dim, seed)
+    search = IndexSearch()
+    for q in np.random.default_rng(seed + 1).standard_normal((4, dim)).astype(np.float32):
+        found = search.compiled_search(index, q, count, exact)
+        assert found is not None  # (the usearch installed here has the compiled search)
+        keys, distances = public_search(index, q, count, exact)
+        assert found[0].tolist() == keys.tolist()
+        assert found[1].tolist() == distances.tolist()
+        assert search.keys(index, q, count, exact) == keys.tolist()
+    assert search.compiled
+
+
+def test_a_usearch_without_the_compiled_search_is_asked_through_its_public_one() -> None:
+    index = _usearch_index(50, 8, 1)
+    q = np.ones(8, dtype=np.float32)
+    want = public_search(index, q, 5, False)[0].tolist()
+
+    class Other:  # another usearch: its compiled search takes other arguments
+        class _compiled:
+            @staticmethod
+            def search_many(*args: object, **kwargs: object) -> None:
+                raise TypeError("search_many() got an unexpected keyword argument 'dtype'")
+
+        search = index.search
+
+    search = IndexSearch()
+    assert search.keys(Other(), q, 5, False) == want and not search.compiled  # (never tried again)
+    assert search.keys(index, q, 5, False) == want
+
+
+def _clustered(size: int, dim: int, clusters: int, spread: float, seed: int) -> tuple[_hnsw.CollectionIndex,
+                                                                                     np.ndarray]:
+    """A collection of `size` clustered unit vectors, added to its graph 64 at a time (one thread: the same graph
+    on every run), and 20 queries drawn the same way."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
+
+    def draw(m: int) -> np.ndarray:
+        x = centres[rng.integers(0, clusters, m)] + spread * rng.standard_normal((m, dim)).astype(np.float32)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    matrix = draw(size)
+    c = _hnsw.CollectionIndex(0)
+    rows = [(i + 1, f"v{i}", dim, matrix[i].tobytes(), f"t{i}", "{}") for i in range(size)]
+    for start in range(0, size, 64):
+        c.put(rows[start:start + 64])
+    return c, draw(20)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(size=st.integers(200, 3000), dim=st.sampled_from([8, 16, 32, 64]), clusters=st.integers(1, 1000),
+       spread=st.floats(0.2, 1.0), seed=st.integers(0, 2**32 - 1))
+def test_the_graph_search_finds_the_documented_share_of_the_exact_top_k(size: int, dim: int, clusters: int,
+                                                                        spread: float, seed: int) -> None:
+    """`approximate_top` against `exact_top`: at least the recall its docstring states, with exact scores."""
+    c, queries = _clustered(size, dim, clusters, spread, seed)
+    search = IndexSearch()
+    found = {"walk": 0, "scan": 0}
+    for q in queries:
+        exact = _hnsw.exact_top(c, q, 10, None)
+        want = {key for key, _ in exact}
+        for way in found:
+            hits = _hnsw.approximate_top(c, q, 10, None, search, scan=way == "scan")
+            assert len(hits) == 10 and [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+            scores = dict(_hnsw.exact_top(c, q, size, None))
+            assert all(s == pytest.approx(scores[key], abs=1e-6) for key, s in hits)  # re-scored exactly
+            found[way] += len(want & {key for key, _ in hits})
+    assert found["walk"] / (10 * len(queries)) >= _hnsw.WALK_RECALL
+    assert found["scan"] / (10 * len(queries)) >= _hnsw.SCAN_RECALL
+
+
+def _same_hits(fast: list[SearchHit], plain: list[SearchHit], truth: dict[str, VectorRecord]) -> None:
+    """The same hits (records tied at a score in any order), but for which of several tied at the last made the cut."""
+    assert [h.score for h in fast] == [h.score for h in plain]
+    last = plain[-1].score if plain else None
+    by_id = {h.id: h for h in plain}
+    assert all(by_id.get(h.id) == h for h in fast if h.score != last)
+    assert all((h.text, h.metadata) == (truth[h.id].text, truth[h.id].metadata) for h in fast)
+
+
+_KEYWORD_WORDS = ["pottery", "bread", "class", "dog", "biscuit", "bake", "maya", "walrus"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.one_of(st.integers(1, 30), st.integers(300, 700)), seed=st.integers(0, 2**32 - 1),
+       query=st.lists(st.sampled_from(_KEYWORD_WORDS), min_size=1, max_size=3), k=st.integers(1, 20),
+       where=st.sampled_from([None, {"g": 1}, {"g": [0, 2]}, {"g": None}, {"h": [1]}, {"g": 3}, *[
+           {"g": 1, "h": 0}, {"g": "x", "h": 0}, {"g": [2, "x"], "h": 1}] * 3]),  # (some keeping few records)
+       ceiling=st.sampled_from([None, 100, 100]))
+async def test_keyword_search_from_the_held_index_equals_the_search_from_the_rows(
+        tmp_path_factory: pytest.TempPathFactory, n: int, seed: int, query: list[str], k: int,
+        where: dict[str, object] | None, ceiling: int | None) -> None:
+    """`search_held` (ids, texts and filters from memory) against `search_rows` (all read from SQLite).
+
+    With `ceiling`, both let SQLite filter all the matches after the first hundred (else after thousands).
+    """
+    from unittest.mock import patch
+
+    from contextpipe.vectors import _keywords
+
+    rng = random.Random(seed)
+    groups: list[object] = [None, 0, 1, 1, 2, "x", [1, 2]]
+    records = []
+    for i in range(n):
+        group = rng.choice(groups)
+        meta = {"h": i % 3} if group is None else {"g": group, "h": i % 3}
+        text = " ".join(rng.choice(_KEYWORD_WORDS[:4] * 3 + _KEYWORD_WORDS) for _ in range(rng.randint(1, 6)))
+        records.append(VectorRecord(f"r{i}", [1.0, float(i), 0.5], text, meta))
+    store = SQLiteVectorStore(tmp_path_factory.mktemp("kw") / "v.db")
+    await store.upsert("c", records)
+    await store.search("c", [1.0, 0.0, 0.0], k=1)  # (the index is held)
+    fts = _keywords.fts_query(keyword_terms(" ".join(query)))
+
+    def both(conn: sqlite3.Connection) -> tuple[list[SearchHit], list[SearchHit]]:
+        table = store._keyword_tables.table(conn, "c")
+        assert table is not None
+        held = store._indexes.sync(conn, "c")
+        return (_keywords.search_held(conn, held, table, fts, k, where),
+                _keywords.search_rows(conn, table, "c", fts, k, where))
+
+    try:
+        with patch.object(_keywords, "_HELD_MAX", ceiling or _keywords._HELD_MAX), \
+                patch.object(_keywords, "_ROWS_MAX", ceiling or _keywords._ROWS_MAX):
+            fast, plain = await store._run(both)
+        _same_hits(fast, plain, {r.id: r for r in records})
+        assert all(matches(h.metadata, where) for h in fast)
+    finally:
+        await store.close()

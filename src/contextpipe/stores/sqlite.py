@@ -51,7 +51,7 @@ from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 __all__ = ["SQLiteStore"]
 
 if TYPE_CHECKING:
-    from ..vectors.stores import SQLiteVectorStore
+    from ..vectors.sqlite import SQLiteVectorStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -509,7 +509,7 @@ class SQLiteStore(SessionStore):
 
         The vector store registers for this store's `on_session_deleted` hook (once per store).
         """
-        from ..vectors.stores import SQLiteVectorStore
+        from ..vectors.sqlite import SQLiteVectorStore
 
         vectors = SQLiteVectorStore(self.path, synchronous=self._synchronous)
         if not self._vector_cascade:

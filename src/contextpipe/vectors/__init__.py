@@ -1,7 +1,15 @@
 """Vectors for memory and search: embedders, vector stores, and document ingestion.
 
-The stores (numpy), embedders (their SDKs and models) and ingestion (`chunk_markdown`,
-`ingest_folder`, in ``vectors/ingest.py``) are imported when first named.
+The stores (numpy), embedders (their SDKs and models; one module each in ``vectors/embedders/``) and
+ingestion (`chunk_markdown`, `ingest_folder`, in ``vectors/ingest.py``) are imported when first named.
+
+Importing this package has one side effect, on Linux: it calls into the system's C++ runtime
+(``libstdc++.so.6``) through ctypes to set up its standard locale (`_cxx.prepare`, i.e.
+``std::locale::classic()``), before anything here can load usearch. usearch's wheels carry their own
+copy of the C++ runtime whose locale facet ids the dynamic linker shares process-wide; if usearch is
+loaded first, the ids collide and the next library to use a locale facet (onnxruntime from 1.23 on,
+at its import) crashes the process with SIGSEGV. Importing ``contextpipe.vectors`` before usearch
+itself keeps `LocalEmbedder` and `MPNetEmbedder` safe; see ``vectors/_cxx.py``.
 """
 
 from __future__ import annotations

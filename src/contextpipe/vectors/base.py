@@ -240,6 +240,15 @@ def keyword_terms(text: str) -> list[str]:
     return list(seen)[:64]
 
 
+def searched_terms(text: str, k: int, where: Where | None) -> list[str]:
+    """Return what a store's keyword search of `text` looks for (`keyword_terms`), after checking `where`.
+
+    Empty when there is nothing to search: no such words, or `k` below 1.
+    """
+    check_where(where)
+    return keyword_terms(text) if k > 0 else []
+
+
 def rrf(*rankings: Sequence[SearchHit], k: int = 5, constant: int = 60,
         weights: Sequence[float] | None = None) -> list[SearchHit]:
     """Reciprocal rank fusion: each record scores the sum of ``weight / (constant + rank)`` over the rankings.

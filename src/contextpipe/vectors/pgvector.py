@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 from typing_extensions import override
 
 from ..errors import StoreError, UsageError
-from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms
+from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, searched_terms
 
 if TYPE_CHECKING:
     import asyncpg
@@ -198,9 +198,7 @@ class PgVectorStore(VectorStore):
     @override
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
                              where: Where | None = None) -> list[SearchHit]:
-        check_where(where)
-        terms = keyword_terms(text)
-        if not terms or k <= 0:
+        if not (terms := searched_terms(text, k, where)):
             return []
         name = self._name(collection)
         pool = await self._get_pool()
