@@ -58,22 +58,19 @@ T = TypeVar("T", bound="pydantic.BaseModel")
 
 def validate_session_id(session_id: str) -> str:
     """Return `session_id` if it is valid, else raise `UsageError` saying what is allowed."""
-    if not isinstance(session_id, str) or not _ID_RE.fullmatch(session_id):
-        raise UsageError(
-            f"invalid session id {session_id!r}: use 1-200 characters, starting with a letter or digit, "
-            "made of letters, digits and . _ : @ / = + -"
-        )
-    return session_id
+    return _valid(session_id, _ID_RE, "session id", "1-200 characters", ". _ : @ / = + -")
 
 
 def validate_tenant(tenant: str) -> str:
     """Return `tenant` if it is valid, else raise `UsageError` saying what is allowed."""
-    if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
-        raise UsageError(
-            f"invalid tenant {tenant!r}: use 1-64 characters, starting with a letter or digit, "
-            "made of letters, digits and . _ -"
-        )
-    return tenant
+    return _valid(tenant, _TENANT_RE, "tenant", "1-64 characters", ". _ -")
+
+
+def _valid(value: str, pattern: re.Pattern[str], what: str, length: str, punctuation: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise UsageError(f"invalid {what} {value!r}: use {length}, starting with a letter or digit, "
+                         f"made of letters, digits and {punctuation}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

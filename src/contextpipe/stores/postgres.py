@@ -28,20 +28,7 @@ from typing_extensions import override
 from ..errors import ConcurrentUpdate, ContextPipeError, LeaseLost, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
-from ._common import (
-    SCHEMA_VERSION,
-    check_lease,
-    checkpoint_past_end,
-    decode_checkpoint,
-    decode_state,
-    decode_trace,
-    encode_batch,
-    encode_checkpoint,
-    encode_state,
-    encode_trace,
-    lease_is_free,
-    make_page,
-)
+from . import _common as common
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
@@ -216,9 +203,10 @@ class PostgresStore(SessionStore):
             await conn.execute(f"CREATE TABLE IF NOT EXISTS {p}schema (id INT PRIMARY KEY CHECK (id = 1), "
                                "version INT NOT NULL)")
             current = await conn.fetchval(f"SELECT version FROM {p}schema WHERE id = 1") or 0
-            if current > SCHEMA_VERSION:
+            if current > common.SCHEMA_VERSION:
                 raise StoreError(f"the database holds contextpipe schema {current}, newer than this release's "
-                                 f"{SCHEMA_VERSION}; upgrade contextpipe", backend=self.backend, server=self._server)
+                                 f"{common.SCHEMA_VERSION}; upgrade contextpipe",
+                                 backend=self.backend, server=self._server)
             for version, steps in enumerate(_migrations(p), start=1):
                 if version <= current:
                     continue
@@ -245,7 +233,7 @@ class PostgresStore(SessionStore):
                                       "AND session_id = $2", key.tenant, key.id)
             assert row is not None
         if check:
-            check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], row["lease_expires"],
+            common.check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], row["lease_expires"],
                         row["now"])
         return row
 
@@ -280,12 +268,12 @@ class PostgresStore(SessionStore):
                 key.tenant, key.id)
         if row is None:
             return None
-        state = decode_state(self.backend, key, row["state"])
+        state = common.decode_state(self.backend, key, row["state"])
         return Session(key.id, key.tenant, state, row["version"], row["created_at"], row["ttl"])
 
     @override
     async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
-        state = encode_state(session)
+        state = common.encode_state(session)
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, lease)
             if row["version"] != session.version:
@@ -327,7 +315,7 @@ class PostgresStore(SessionStore):
 
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
-        encoded = encode_batch(messages)
+        encoded = common.encode_batch(messages)
         ids = [mid for mid, _ in encoded]
         bodies = [body for _, body in encoded]
         p = self._p
@@ -372,7 +360,7 @@ class PostgresStore(SessionStore):
                 "AND seq > $3 AND seq <= $4 ORDER BY seq DESC LIMIT $5",
                 key.tenant, key.id, after or 0, end, limit)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return make_page(self.backend, key, end, after, ordered)
+        return common.make_page(self.backend, key, end, after, ordered)
 
     @override
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
@@ -390,20 +378,20 @@ class PostgresStore(SessionStore):
             rows = await conn.fetch(
                 f"SELECT seq, message_id, body FROM {p}messages WHERE tenant = $1 AND session_id = $2 "
                 "AND seq > $3 ORDER BY seq DESC LIMIT $4", key.tenant, key.id, floor, limit)
-        checkpoint = (decode_checkpoint(self.backend, key, head["ckpt_body"])
+        checkpoint = (common.decode_checkpoint(self.backend, key, head["ckpt_body"])
                       if head["ckpt_body"] is not None else None)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return checkpoint, make_page(self.backend, key, int(head["last_seq"]), floor or None, ordered)
+        return checkpoint, common.make_page(self.backend, key, int(head["last_seq"]), floor or None, ordered)
 
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
-        body = encode_checkpoint(checkpoint)
+        body = common.encode_checkpoint(checkpoint)
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, lease)
             if not 1 <= checkpoint.seq <= row["last_seq"]:
-                raise checkpoint_past_end(self.backend, key, checkpoint.seq, row["last_seq"])
+                raise common.checkpoint_past_end(self.backend, key, checkpoint.seq, row["last_seq"])
             await conn.execute(
                 f"INSERT INTO {self._p}checkpoints (tenant, session_id, seq, body) VALUES ($1, $2, $3, $4) "
                 "ON CONFLICT (tenant, session_id, seq) DO UPDATE SET body = EXCLUDED.body",
@@ -417,13 +405,13 @@ class PostgresStore(SessionStore):
                 f"SELECT c.body FROM {self._p}checkpoints c JOIN {self._p}sessions s USING (tenant, session_id) "
                 f"WHERE c.tenant = $1 AND c.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
                 "ORDER BY c.seq DESC LIMIT 1", key.tenant, key.id)
-        return None if body is None else decode_checkpoint(self.backend, key, body)
+        return None if body is None else common.decode_checkpoint(self.backend, key, body)
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
     async def _append_traces(self, key: SessionKey, traces: Sequence[dict[str, Any]], lease: Lease | None) -> None:
-        bodies = [encode_trace(t) for t in traces]
+        bodies = [common.encode_trace(t) for t in traces]
         async with self._transaction() as conn:
             await self._locked_row(conn, key, lease)
             await conn.execute(
@@ -439,7 +427,7 @@ class PostgresStore(SessionStore):
                 f"SELECT t.body FROM {self._p}traces t JOIN {self._p}sessions s USING (tenant, session_id) "
                 f"WHERE t.tenant = $1 AND t.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
                 "ORDER BY t.n DESC LIMIT $3", key.tenant, key.id, limit)
-        return [decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
+        return [common.decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
 
     # --- leases ------------------------------------------------------------------------------------
 
@@ -447,7 +435,7 @@ class PostgresStore(SessionStore):
     async def _try_acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, None, check=False)
-            if not lease_is_free(row["lease_owner"], row["lease_expires"], row["now"], owner):
+            if not common.lease_is_free(row["lease_owner"], row["lease_expires"], row["now"], owner):
                 return None
             token = int(row["lease_token"]) + 1
             expires = await conn.fetchval(

@@ -27,17 +27,7 @@ from typing_extensions import override
 from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
-from ._common import (
-    checkpoint_past_end,
-    decode_checkpoint,
-    decode_message,
-    decode_state,
-    decode_trace,
-    encode_batch,
-    encode_checkpoint,
-    encode_state,
-    encode_trace,
-)
+from . import _common as common
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
@@ -332,14 +322,14 @@ class RedisStore(SessionStore):
         raw = await self._client.hmget(self._keys(key)[0], ["state", "version", "created_at", "ttl", "last_seq"])
         if raw[1] is None or (int(raw[1]) == 0 and not int(raw[4] or 0)):  # only a lease: not a session yet
             return None
-        state = decode_state(self.backend, key, raw[0] or b"{}")
+        state = common.decode_state(self.backend, key, raw[0] or b"{}")
         ttl = float(raw[3]) if raw[3] else None
         return Session(key.id, key.tenant, state, int(raw[1]), float(raw[2]), ttl)
 
     @override
     async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
         result = await self._lua_save(keys=self._keys(key), args=[
-            session.id, *self._lease_args(lease), session.version, encode_state(session),
+            session.id, *self._lease_args(lease), session.version, common.encode_state(session),
             "" if session.ttl is None else repr(float(session.ttl)), repr(session.created_at)])
         status, value = result[0].decode(), result[1].decode()
         if status == "conflict":
@@ -412,7 +402,7 @@ class RedisStore(SessionStore):
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         flat: list[str] = []
-        for mid, body in encode_batch(messages):
+        for mid, body in common.encode_batch(messages):
             flat += [mid, body]
         result = await self._lua_append(keys=self._keys(key),
                                         args=[key.id, *self._lease_args(lease), len(messages), *flat])
@@ -428,7 +418,7 @@ class RedisStore(SessionStore):
             return MessagePage([], 1, False)
         start = int(result[1])
         bodies = result[2] if len(result) > 2 else []
-        messages = [decode_message(self.backend, key, start + i + 1, body) for i, body in enumerate(bodies)]
+        messages = [common.decode_message(self.backend, key, start + i + 1, body) for i, body in enumerate(bodies)]
         first = start + 1
         return MessagePage(messages, first, first > 1)
 
@@ -437,16 +427,16 @@ class RedisStore(SessionStore):
     @override
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
         result = await self._lua_checkpoint(keys=self._keys(key), args=[
-            key.id, *self._lease_args(lease), checkpoint.seq, encode_checkpoint(checkpoint)])
+            key.id, *self._lease_args(lease), checkpoint.seq, common.encode_checkpoint(checkpoint)])
         status, value = result[0].decode(), result[1].decode()
         if status == "past_end":
-            raise checkpoint_past_end(self.backend, key, checkpoint.seq, int(value))
+            raise common.checkpoint_past_end(self.backend, key, checkpoint.seq, int(value))
         self._raise(status, value, key, lease)
 
     @override
     async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
         rows = await self._client.zrevrange(self._keys(key)[3], 0, 0)
-        return decode_checkpoint(self.backend, key, rows[0]) if rows else None
+        return common.decode_checkpoint(self.backend, key, rows[0]) if rows else None
 
     # --- traces ------------------------------------------------------------------------------------
 
@@ -455,7 +445,7 @@ class RedisStore(SessionStore):
         if not traces:
             return
         result = await self._lua_traces(keys=self._keys(key), args=[
-            key.id, *self._lease_args(lease), *(encode_trace(t) for t in traces)])
+            key.id, *self._lease_args(lease), *(common.encode_trace(t) for t in traces)])
         self._raise(result[0].decode(), result[1].decode(), key, lease)
 
     @override
@@ -464,7 +454,7 @@ class RedisStore(SessionStore):
         if not await self._client.exists(keys[0]):
             return []
         bodies = await self._client.lrange(keys[6], 0 if limit is None else -limit, -1)
-        return [decode_trace(self.backend, key, b) for b in bodies]
+        return [common.decode_trace(self.backend, key, b) for b in bodies]
 
     # --- leases ------------------------------------------------------------------------------------
 

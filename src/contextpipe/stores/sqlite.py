@@ -30,20 +30,8 @@ from typing_extensions import override
 from ..errors import ConcurrentUpdate, LeaseLost, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
+from . import _common as common
 from . import _sqlite_log as log
-from ._common import (
-    check_lease,
-    checkpoint_past_end,
-    decode_checkpoint,
-    decode_state,
-    decode_trace,
-    encode_batch,
-    encode_checkpoint,
-    encode_state,
-    encode_trace,
-    lease_is_free,
-    make_page,
-)
 from ._sqlite_file import SQLITE_SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from ._sqlite_file import create_tables, open_for_writing, open_read_only
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
@@ -210,7 +198,7 @@ class SQLiteStore(SessionStore):
                          (key.tenant, key.id, now, now))
             row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
             assert row is not None
-        check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], row["lease_expires"], now)
+        common.check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], row["lease_expires"], now)
         return row
 
     async def _write(
@@ -265,7 +253,7 @@ class SQLiteStore(SessionStore):
         row = await self._run(self._get_row, key)
         if row is None or not _is_session(row):
             return None
-        state = decode_state(self.backend, key, row["state"])
+        state = common.decode_state(self.backend, key, row["state"])
         return Session(key.id, key.tenant, state, row["version"], row["created_at"], row["ttl"])
 
     def _get_row(self, conn: sqlite3.Connection, key: SessionKey) -> sqlite3.Row | None:
@@ -279,7 +267,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _save(self, key: SessionKey, session: Session, lease: Lease | None) -> int:
-        return await self._write(key, lease, self._save_state, session, encode_state(session))
+        return await self._write(key, lease, self._save_state, session, common.encode_state(session))
 
     def _save_state(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
                     session: Session, state: str) -> int:
@@ -329,7 +317,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
-        encoded = encode_batch(messages, compact=True)
+        encoded = common.encode_batch(messages, compact=True)
         return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded)
 
     @staticmethod
@@ -359,7 +347,7 @@ class SQLiteStore(SessionStore):
             return MessagePage(messages, first, first > 1)
         if rows is None:  # read row by row: a damaged message is named by its sequence
             end, rows = await self._run(self._load_rows, key, limit, before, after, None)
-        return make_page(self.backend, key, end, after, rows or [])
+        return common.make_page(self.backend, key, end, after, rows or [])
 
     def _load_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, before: int | None,
                    after: int | None, sink: log.ArraySink | None) -> tuple[int, log.LogRows | None]:
@@ -382,8 +370,8 @@ class SQLiteStore(SessionStore):
         else:
             if rows is None:  # read row by row: a damaged message is named by its sequence
                 body, floor, end, rows = await self._run(self._context_rows, key, limit, None)
-            page = make_page(self.backend, key, end, floor or None, rows or [])
-        checkpoint = decode_checkpoint(self.backend, key, body) if body is not None else None
+            page = common.make_page(self.backend, key, end, floor or None, rows or [])
+        checkpoint = common.decode_checkpoint(self.backend, key, body) if body is not None else None
         return checkpoint, page
 
     def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None,
@@ -416,12 +404,12 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
-        await self._write(key, lease, self._write_checkpoint, checkpoint, encode_checkpoint(checkpoint))
+        await self._write(key, lease, self._write_checkpoint, checkpoint, common.encode_checkpoint(checkpoint))
 
     def _write_checkpoint(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
                          checkpoint: Checkpoint, body: str) -> None:
         if not 1 <= checkpoint.seq <= row["last_seq"]:
-            raise checkpoint_past_end(self.backend, key, checkpoint.seq, row["last_seq"])
+            raise common.checkpoint_past_end(self.backend, key, checkpoint.seq, row["last_seq"])
         conn.execute("INSERT OR REPLACE INTO cp_checkpoints (tenant, session_id, seq, body) VALUES (?, ?, ?, ?)",
                      (key.tenant, key.id, checkpoint.seq, body))
         self._touch(conn, key, now)
@@ -432,13 +420,13 @@ class SQLiteStore(SessionStore):
             "SELECT c.body FROM cp_checkpoints c JOIN cp_sessions s USING (tenant, session_id) "
             "WHERE c.tenant = ? AND c.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) "
             "ORDER BY c.seq DESC LIMIT 1", (key.tenant, key.id, self._clock())).fetchone())
-        return None if row is None else decode_checkpoint(self.backend, key, row["body"])
+        return None if row is None else common.decode_checkpoint(self.backend, key, row["body"])
 
     # --- traces ------------------------------------------------------------------------------------
 
     @override
     async def _append_traces(self, key: SessionKey, traces: Sequence[dict[str, Any]], lease: Lease | None) -> None:
-        await self._write(key, lease, self._insert_traces, [encode_trace(t) for t in traces])
+        await self._write(key, lease, self._insert_traces, [common.encode_trace(t) for t in traces])
 
     @staticmethod
     def _insert_traces(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
@@ -454,7 +442,7 @@ class SQLiteStore(SessionStore):
             "SELECT t.body FROM cp_traces t JOIN cp_sessions s USING (tenant, session_id) WHERE t.tenant = ? "
             "AND t.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) ORDER BY t.n DESC LIMIT ?",
             (key.tenant, key.id, self._clock(), -1 if limit is None else limit)).fetchall())
-        return [decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
+        return [common.decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
 
     # --- leases ------------------------------------------------------------------------------------
     # Lease bookkeeping is committed without an fsync: a power loss or OS crash ends every run on this
@@ -472,7 +460,7 @@ class SQLiteStore(SessionStore):
                 conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
                              (key.tenant, key.id, now, now))
                 token = 0
-            elif not lease_is_free(row["lease_owner"], row["lease_expires"], now, owner):
+            elif not common.lease_is_free(row["lease_owner"], row["lease_expires"], now, owner):
                 return None
             else:
                 token = int(row["lease_token"])
