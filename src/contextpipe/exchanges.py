@@ -39,7 +39,6 @@ __all__ = [
     "repair_exchanges",
     "tool_message",
     "unanswered_calls",
-    "untagged",
 ]
 
 GroupKind: TypeAlias = Literal["system", "summary", "user", "assistant", "tool_exchange", "orphan"]
@@ -65,10 +64,6 @@ class ValidatedChunks:
 
     __slots__ = ()
 
-    def untagged(self) -> Iterator[Message]:
-        """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
-        raise NotImplementedError
-
     def validated_chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
         """Iterate the untagged messages part by part, each with whether it was already validated complete."""
         raise NotImplementedError
@@ -76,11 +71,6 @@ class ValidatedChunks:
     def has_id(self, message_id: str) -> bool:
         """Return True when a message with this id is in the sequence (without tagging it)."""
         raise NotImplementedError
-
-
-def untagged(messages: Iterable[Message]) -> Iterable[Message]:
-    """Return `messages` without per-message tagging when they are a run's lazily tagged view."""
-    return messages.untagged() if isinstance(messages, ValidatedChunks) else messages
 
 
 def carries_results(message: Message) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import TYPE_CHECKING, Any, overload
 
 from .errors import UsageError
@@ -89,10 +88,6 @@ class MessageView(Sequence[Message], ValidatedChunks):
     def __iter__(self) -> Iterator[Message]:
         for part in self._parts:
             yield from self._items(part)
-
-    def untagged(self) -> Iterator[Message]:
-        """Iterate the messages as contributed, without making tagged copies (for checks that read no source)."""
-        return chain.from_iterable(part.messages if isinstance(part, Segment) else part for part in self._parts)
 
     def validated_chunks(self) -> Iterator[tuple[Sequence[Message], bool]]:
         """Iterate the untagged messages part by part, each with whether its tool exchanges are known complete.
