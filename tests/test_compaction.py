@@ -448,3 +448,40 @@ async def test_traces_and_compaction_count_with_one_calibrated_counter() -> None
     ratio = session.state["contextpipe.calibration"]["ratio"]
     assert ratio > 5  # the model reports far more than the estimate: calibration matters here
     assert result.traces[0].tokens_by_source()["history:history"] == budgets[-1]
+
+
+async def test_a_run_learns_the_calibration_once_whatever_its_steps() -> None:
+    """Learning passes over the whole request: once a run, not once a model call of a long tool loop."""
+    @tool
+    def ping() -> str:
+        """Answer pong."""
+        return "pong"
+
+    def calls(request: ModelRequest) -> ModelResponse:
+        return ModelResponse([Message("assistant", (FunctionCall(f"c{len(request.messages)}", "ping", "{}"),))],
+                             usage=Usage(input_tokens=400, output_tokens=1))
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        return ModelResponse([Message.assistant("done")], usage=Usage(input_tokens=900, output_tokens=1))
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([calls, calls, answer]), tools=[ping], providers=[History(store)])
+    session = await agent.session("loop")
+    result = await agent.run("ping twice", session=session)
+    assert len(result.traces) == 3
+    assert session.state["contextpipe.calibration"]["samples"] == 1
+
+
+async def test_compaction_with_a_tokenizer_of_its_own_learns_the_ratio_of_its_own_estimates() -> None:
+    """Compaction scales its own counts with the calibration, so it must learn from its own estimates."""
+    def reply(request: ModelRequest) -> ModelResponse:
+        return ModelResponse([Message.assistant("ok")], usage=Usage(input_tokens=3_000, output_tokens=1))
+
+    ratios = []
+    for chars_per_token in (4.0, 8.0):  # the second counts half as many tokens for the same request
+        compaction = Compaction(max_input_tokens=100_000, tokenizer=EstimateTokenizer(chars_per_token))
+        agent = Agent(ScriptedModel([reply]), providers=[History(MemoryStore()), compaction])
+        session = await agent.session("own")
+        await agent.run("a question long enough to be counted in tokens " * 4, session=session)
+        ratios.append(session.state["contextpipe.calibration"]["ratio"])
+    assert ratios[1] == pytest.approx(2 * ratios[0], rel=0.2)

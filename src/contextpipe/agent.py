@@ -111,7 +111,7 @@ class Agent:
             p for p in self.providers if isinstance(p, HistoryProvider)
         )
         if store is None:
-            store = next((p.store for p in self.history_providers if p.store is not None), None)
+            store = next((p.store for p in self.history_providers if isinstance(p.store, SessionStore)), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
         self._tokenizer: Tokenizer | None = None

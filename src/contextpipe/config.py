@@ -66,6 +66,11 @@ class Heartbeat:
     shared_timer: bool = True
     """Wait for the first renewal on the event loop's shared timer (False: the run's own task, at once)."""
 
+    def __post_init__(self) -> None:
+        if self.shared_timer and self.sleep is not asyncio.sleep:
+            raise UsageError("the shared timer waits on the event loop's clock, not on a sleep of your own: "
+                             "pass Heartbeat(sleep=..., shared_timer=False) so the run's own task uses it")
+
 
 @dataclass(frozen=True, slots=True)
 class Durability:

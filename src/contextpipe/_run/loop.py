@@ -24,14 +24,22 @@ unanswered call.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from ..errors import ModelResponseError
 from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from ..exchanges import exchange_problem, normalise_calls, repair_exchanges, tool_message, unanswered_calls
+from ..exchanges import (
+    ValidatedChunks,
+    exchange_problem,
+    normalise_calls,
+    repair_exchanges,
+    tool_message,
+    unanswered_calls,
+)
 from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from ..models.base import (
     CallModel,
@@ -170,6 +178,13 @@ def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list
     return out
 
 
+def _untagged(messages: Sequence[Message]) -> Iterable[Message]:
+    """Return the messages as contributed, without the tagged copies a run's view makes (counts read no source)."""
+    if isinstance(messages, ValidatedChunks):
+        return itertools.chain.from_iterable(chunk for chunk, _ in messages.validated_chunks())
+    return messages
+
+
 def _checked(segment: Segment) -> Segment:
     """Return `segment` frozen and marked checked when its tool exchanges are complete, else as it is."""
     if segment._checked or exchange_problem(segment.messages) is not None:
@@ -212,6 +227,7 @@ class StepLoop:
         self._parts: list[Segment] = []
         self._tail: list[Message] = []
         self._checked = 0  # leading messages of `_tail` a request check found complete (never scanned again)
+        self._calibrated = False  # whether this run taught the token calibration (once a run)
         self._view: MessageView | None = None  # the messages of the latest request the loop built
         self._specs: list[ToolSpec] = []
         self._tools: dict[str, Tool] = {}
@@ -350,8 +366,11 @@ class StepLoop:
         sent = (response.request or request) if ctx.middleware or self.stream else request
         if sent.messages is self._view:  # the check ran on the loop's own view: its tail need not be scanned again
             self._checked = len(self._tail)
-        if response.usage is not None:  # every agent's estimates learn from what the model reports
-            ctx.tokens.learn(sent.instructions, sent.tools, sent.messages, response.usage.input_tokens)
+        if response.usage is not None and not self._calibrated and ctx.tokens.ratio == ratio:
+            # Every agent's estimates learn from what the model reports: once a run (a pass over the
+            # whole request, untagged), and not when a middleware learned from this call already.
+            self._calibrated = True
+            ctx.tokens.learn(sent.instructions, sent.tools, _untagged(sent.messages), response.usage.input_tokens)
         self._trace(step, sent, response, latency, ratio)
         self._tail.extend(produced)
         state.new_messages.extend(produced)

@@ -25,9 +25,10 @@ tool result right after it is produced), or once at the end in per-run mode.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import HistoryPolicy
 from ..errors import UsageError
@@ -148,6 +149,15 @@ class HistoryProvider(ContextProvider):
     store: SessionStore | None = None
     """The session store this provider writes to, if it writes to one. An agent given no store uses
     it, and a run fences this provider's writes with its lease when this is the store holding it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, when it is defined, a subclass whose `save` or `load_view` misses a keyword the run passes."""
+        super().__init_subclass__(**kwargs)
+        for method, keyword in (("save", "durable"), ("load_view", "lease_token")):
+            parameters = inspect.signature(getattr(cls, method)).parameters
+            if keyword not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                raise UsageError(f"{cls.__name__}.{method} must take the keyword argument {keyword!r}, which the "
+                                 f"run passes: add it to the signature (see HistoryProvider.{method})")
 
     def __init__(self, source_id: str = "history", *, policy: HistoryPolicy | None = None) -> None:
         policy = policy if policy is not None else HistoryPolicy()

@@ -131,10 +131,9 @@ class _LoopCompaction:
                 self.summaries.append((tuple(result.summarised), summary))
         response = await call_next(request)
         counter, run_counter = self.counter, self.ctx.tokens
-        if response.usage is not None and counter is not run_counter and run_counter.tokenizer.exact:
-            # The run learns the calibration after every model call, with its own counter (`_run.loop`).
-            # An exact counter needs none, so when this provider estimates with a tokenizer of its own,
-            # it learns the (shared) calibration itself.
+        if response.usage is not None and counter is not run_counter:
+            # With a tokenizer of its own this provider learns the (shared) calibration from its own
+            # estimates, which it scales; the run then does not learn from this call (`_run.loop`).
             counter.learn(request.instructions, request.tools, request.messages, response.usage.input_tokens)
         return response
 
