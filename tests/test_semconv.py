@@ -298,3 +298,16 @@ async def test_telemetry_reads_the_declared_model_info_and_nothing_private() -> 
         assert claude.info == ModelInfo("anthropic", str(claude.client.base_url))
         assert agent_attributes(claude) == {"gen_ai.provider.name": "anthropic", "server.address": "127.0.0.1",
                                             "server.port": 9}
+
+
+class _OtherInfo:
+    name = "m"
+
+    def info(self) -> str:  # an attribute that happens to be called info: no ModelInfo
+        return "not telemetry"
+
+
+def test_an_unrelated_info_attribute_is_not_read_as_model_info() -> None:
+    from contextpipe._semconv import agent_attributes
+
+    assert agent_attributes(_OtherInfo()) == {"gen_ai.provider.name": "_otherinfo"}

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
-from .models.base import DescribedModel
+from .models.base import DescribedModel, ModelInfo
 
 __all__ = [
     "agent_attributes",
@@ -58,6 +58,12 @@ def _innermost(model: object) -> object:
     return model
 
 
+def _info(model: object) -> ModelInfo | None:
+    """Return the `ModelInfo` a described model declares; None for any other (an unrelated ``info`` too)."""
+    info = model.info if isinstance(model, DescribedModel) else None
+    return info if isinstance(info, ModelInfo) else None
+
+
 def provider_name(model: object) -> str:
     """Return the ``gen_ai.provider.name`` of a chat model: a well-known value (``openai``, ``anthropic``, ...) or ours.
 
@@ -65,7 +71,8 @@ def provider_name(model: object) -> str:
     with a ``model`` attribute are looked through.
     """
     model = _innermost(model)
-    declared = model.info.provider if isinstance(model, DescribedModel) else None
+    info = _info(model)
+    declared = info.provider if info is not None else None
     if declared:
         return _PROVIDERS.get(declared.lower(), declared.lower())
     cls = type(model).__name__.lower()
@@ -78,7 +85,8 @@ def provider_name(model: object) -> str:
 def server_attributes(model: object) -> dict[str, Any]:
     """``server.address`` and ``server.port`` of the endpoint a model calls ({} when it calls none)."""
     model = _innermost(model)
-    base = model.info.base_url if isinstance(model, DescribedModel) else None
+    info = _info(model)
+    base = info.base_url if info is not None else None
     if base is None:
         return {}
     from urllib.parse import urlsplit  # here, not at the top: importing the agent need not load it

@@ -194,7 +194,7 @@ class Connection(Generic[ClientT]):
         status = exc.status_code
         error_type, detail = error_detail(exc.body, exc)
         if status == 200 and self.vendor.stream_statuses:
-            status = self.vendor.stream_statuses.get(error_type or "", 500)
+            status = self.vendor.stream_statuses.get(error_type if isinstance(error_type, str) else "", 500)
             detail = f"{detail} (sent in the stream after {streamed} event(s))"
         return status_error(status, detail, where=self.where, model=model, provider=self.provider, vendor=self.vendor,
                             body=exc.body, headers=exc.response.headers, code=getattr(exc, "code", None))
