@@ -306,3 +306,16 @@ def test_loads_many_rejects_what_loads_rejects(payload: str, fragment: str) -> N
 def test_a_stored_text_that_is_not_a_message_raises_codec_error(payload: str, fragment: str) -> None:
     with pytest.raises(CodecError, match=fragment):
         loads_stored(payload)
+
+
+def test_a_long_log_decodes_to_messages_that_share_nothing_mutable() -> None:
+    # Past the batch size where the cache of sources starts afresh (4,096) and the GC pause (100 texts):
+    # every message has parts and metadata of its own, even when its stored text repeats another's.
+    source = Source("history", "h")
+    one = Message("assistant", (TextPart("same"), FunctionCall("c", "f", "{}")), created_at=1.0, source=source,
+                  metadata={"k": [1, 2]})
+    texts = [dumps_compact(one)] * 5000
+    for fast in (loads_many(texts), [m for array in loads_arrays(["[" + ",".join(texts) + "]"]) for m in array]):
+        assert len(fast) == 5000 and all(m == one for m in fast)
+        assert len({id(m.parts) for m in fast}) == len({id(m.metadata) for m in fast}) == 5000
+        assert len({id(m.metadata["k"]) for m in fast}) == 5000
