@@ -19,8 +19,8 @@ from contextpipe.messages import (
     UriPart,
 )
 
-json_scalars = (st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False)
-                | st.text(max_size=20))
+json_scalars = (st.none() | st.booleans() | st.integers(-(2**53), 2**53)
+                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
 json_values = st.recursive(
     json_scalars,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
