@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import sqlite3
 import time
 import uuid
@@ -361,3 +362,43 @@ def test_switching_a_new_file_to_wal_is_retried_while_another_process_holds_it(t
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         use_wal(conn, busy_ms=0)
     conn.close()
+
+
+async def test_a_redis_purge_cut_short_still_runs_the_hooks_of_what_it_removed() -> None:
+    """A purge drops expired sessions from each tenant's index; those it dropped before an error get their hooks."""
+    url = os.environ.get("CONTEXTPIPE_TEST_REDIS_URL")
+    if not url:
+        pytest.skip("no Redis server (CONTEXTPIPE_TEST_REDIS_URL)")
+    from contextpipe.stores import RedisStore
+
+    store = RedisStore(url, prefix=f"cp-purge-{uuid.uuid4().hex[:8]}")
+    seen: list[SessionKey] = []
+
+    async def note(key: SessionKey) -> None:
+        seen.append(key)
+
+    store.on_session_deleted(note)
+    keys = [SessionKey("ta", "s"), SessionKey("tb", "s")]
+    client: Any = store._client
+    for key in keys:
+        await store.append(key.tenant, key.id, [Message.user("hi")])
+        await client.delete(store._keys(key)[0])  # as Redis does when the session's TTL passes
+    real_zrange, calls = client.zrange, []
+
+    async def zrange_failing_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:
+            raise ConnectionError("the server went away")
+        return await real_zrange(*args, **kwargs)
+
+    client.zrange = zrange_failing_second
+    try:
+        with pytest.raises(StoreError):
+            await store.purge_expired()
+        assert len(seen) == 1  # the tenant whose index was cleaned before the error
+        client.zrange = real_zrange
+        assert await store.purge_expired() == 1
+        assert sorted(seen, key=str) == sorted(keys, key=str)  # every removed session's hooks ran, once
+    finally:
+        client.zrange = real_zrange
+        await store.close()

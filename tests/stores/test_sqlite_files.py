@@ -71,6 +71,18 @@ async def test_a_file_of_an_older_schema_is_refused_and_left_as_it_was(tmp_path:
     assert path.read_bytes() == before and raw(path, "SELECT value FROM cp_meta") == [("2",)]
 
 
+async def test_an_older_file_in_rollback_journal_mode_is_refused_unchanged(tmp_path: Path) -> None:
+    # Refused before the store switches it to write-ahead logging (which rewrites the file's header).
+    path = tmp_path / "journal.db"
+    raw(path, "CREATE TABLE cp_meta (key TEXT PRIMARY KEY, value TEXT)")
+    raw(path, "INSERT INTO cp_meta VALUES ('schema_version', '2')")
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="schema 2"):
+        async with SQLiteStore(path) as store:
+            await store.load("default", "s1")
+    assert path.read_bytes() == before
+
+
 async def test_a_new_file_gets_this_releases_schema_version(tmp_path: Path) -> None:
     path = await written(tmp_path / "v.db")
     assert raw(path, "SELECT value FROM cp_meta WHERE key = 'schema_version'") == [

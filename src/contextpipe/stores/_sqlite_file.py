@@ -72,9 +72,15 @@ def open_for_writing(path: str, busy_ms: int, synchronous: Literal["FULL", "NORM
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
-    conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-    use_wal(conn, busy_ms)
-    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cp_meta'").fetchone():
+            schema_version(conn, path)  # a file of another schema is refused before anything in it changes
+        use_wal(conn, busy_ms)
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 

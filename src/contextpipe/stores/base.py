@@ -347,9 +347,10 @@ class SessionStore(abc.ABC):
             ) from first
 
     async def _notify_restarted(self, keys: Sequence[SessionKey]) -> None:
-        """Run the hooks for expired sessions a write met and started afresh; a failure is logged.
+        """Run the hooks for sessions already deleted by an operation that goes on (or fails); a failure is logged.
 
-        The write has been done when the hooks run, so their failure must not read as the write's.
+        Used for expired sessions a write met and started afresh (the write has been done, so a hook's
+        failure must not read as the write's), and for those a purge removed before it failed.
         """
         try:
             await self._notify_deleted(keys)

@@ -390,11 +390,18 @@ class RedisStore(SessionStore):
     async def _purge(self) -> list[SessionKey]:
         """Redis deletes expired sessions itself; this drops them from the indexes (the hooks run after)."""
         removed: list[SessionKey] = []
-        async for index in self._client.scan_iter(match=f"{self._prefix}:index:*"):
-            tenant = index.decode().split(":index:", 1)[1]
-            members = [m.decode() for m in await self._client.zrange(index, 0, -1)]
-            stale = [sid for sid in members if not await self._client.exists(self._keys(SessionKey(tenant, sid))[0])]
-            removed += await self._unindex(tenant, stale)
+        try:
+            async for index in self._client.scan_iter(match=f"{self._prefix}:index:*"):
+                tenant = index.decode().split(":index:", 1)[1]
+                members = [m.decode() for m in await self._client.zrange(index, 0, -1)]
+                stale = [sid for sid in members
+                         if not await self._client.exists(self._keys(SessionKey(tenant, sid))[0])]
+                removed += await self._unindex(tenant, stale)
+        except Exception:
+            # Sessions already dropped from their index are found by no later purge: their hooks run
+            # now (a failure logged), and the error that stopped the scan is raised.
+            await self._notify_restarted(removed)
+            raise
         return removed
 
     # --- message log -------------------------------------------------------------------------------
