@@ -275,7 +275,7 @@ async def test_summaries_name_the_media_of_the_results_they_fold() -> None:
     result = await compact(messages, Summarize(summariser, keep_last_turns=1), TokenCounter(EstimateTokenizer()))
     assert result.changed
     [request] = summariser.requests
-    assert "tool result: A chart. [with image/png (" in request.messages[0].text
+    assert "tool: result: A chart. [with image/png (" in request.messages[0].text
 
 
 async def test_a_model_told_what_it_reads_gets_only_that(side: Side) -> None:
