@@ -58,19 +58,21 @@ T = TypeVar("T", bound="pydantic.BaseModel")
 
 def validate_session_id(session_id: str) -> str:
     """Return `session_id` if it is valid, else raise `UsageError` saying what is allowed."""
-    return _valid(session_id, _ID_RE, "session id", "1-200 characters", ". _ : @ / = + -")
+    if isinstance(session_id, str) and _ID_RE.fullmatch(session_id):  # inline: every store call checks ids
+        return session_id
+    raise _invalid(session_id, "session id", "1-200 characters", ". _ : @ / = + -")
 
 
 def validate_tenant(tenant: str) -> str:
     """Return `tenant` if it is valid, else raise `UsageError` saying what is allowed."""
-    return _valid(tenant, _TENANT_RE, "tenant", "1-64 characters", ". _ -")
+    if isinstance(tenant, str) and _TENANT_RE.fullmatch(tenant):
+        return tenant
+    raise _invalid(tenant, "tenant", "1-64 characters", ". _ -")
 
 
-def _valid(value: str, pattern: re.Pattern[str], what: str, length: str, punctuation: str) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise UsageError(f"invalid {what} {value!r}: use {length}, starting with a letter or digit, "
-                         f"made of letters, digits and {punctuation}")
-    return value
+def _invalid(value: object, what: str, length: str, punctuation: str) -> UsageError:
+    return UsageError(f"invalid {what} {value!r}: use {length}, starting with a letter or digit, "
+                      f"made of letters, digits and {punctuation}")
 
 
 @dataclass(frozen=True, slots=True)
