@@ -69,7 +69,10 @@ def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse non-loopback connections for the whole session (collection and session fixtures included)."""
+    """Refuse non-loopback connections and drop vendor credentials for the whole session (collection included)."""
+    for name in list(os.environ):  # modules build clients while they are collected, before any fixture runs
+        if name.startswith(VENDOR_PREFIXES) or name in VENDOR_NAMES:
+            del os.environ[name]
     socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
     socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 

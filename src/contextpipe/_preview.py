@@ -6,10 +6,15 @@ messages it sends to its model the way traces, ``contextpipe sessions show`` and
 
 from __future__ import annotations
 
+import re
+
 from ._media import describe
+from .errors import UsageError
 from .messages import FunctionCall, FunctionResult, Message, Part, ReasoningPart, TextPart
 
 __all__ = ["preview"]
+
+_WORD = re.compile(r"\S+")
 
 
 def preview(message: Message, width: int | None = 60, *, one_line: bool = True) -> str:
@@ -30,12 +35,26 @@ def preview(message: Message, width: int | None = 60, *, one_line: bool = True) 
     >>> preview(Message.user("word " * 20), width=16)
     'word word word …'
     """
+    if width is not None and width < 1:
+        raise UsageError(f"preview width must be at least 1 character (or None for the whole text), got {width}")
     parts = message.parts
     # The usual message, one text part, needs no list of pieces.
     text = parts[0].text if len(parts) == 1 and type(parts[0]) is TextPart else " | ".join(_pieces(parts))
     if one_line:
-        text = " ".join(text.split())
+        text = " ".join(text.split()) if width is None else _first_words(text, width)
     return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def _first_words(text: str, width: int) -> str:
+    """`text` with its white space runs made single spaces, as far as past `width` (a 50 MB result is not split)."""
+    words: list[str] = []
+    length = -1
+    for match in _WORD.finditer(text):
+        words.append(match.group())
+        length += len(words[-1]) + 1
+        if length > width:
+            break
+    return " ".join(words)
 
 
 def _pieces(parts: tuple[Part, ...]) -> list[str]:
@@ -44,19 +63,21 @@ def _pieces(parts: tuple[Part, ...]) -> list[str]:
     after_text = False
     for part in parts:
         if isinstance(part, TextPart):
-            if part.text:
+            if part.text.strip():
                 if after_text:
                     pieces[-1] += part.text
                 else:
                     pieces.append(part.text)
                 after_text = True
             continue
+        if isinstance(part, ReasoningPart):
+            continue  # left out, and it does not part the texts around it
         after_text = False
         if isinstance(part, FunctionCall):
             pieces.append(f"call {part.name}({part.arguments})")
         elif isinstance(part, FunctionResult):
             media = f" [with {', '.join(describe(m) for m in part.parts)}]" if part.parts else ""
             pieces.append(f"result{' (error)' if part.is_error else ''}: {part.result}{media}")
-        elif not isinstance(part, ReasoningPart):
+        else:
             pieces.append(f"[{describe(part)}]")
     return pieces
