@@ -92,3 +92,17 @@ def anatomy(value: Any) -> Any:
     if isinstance(value, dict) or type(value).__name__ == "mappingproxy":
         return (type(value).__name__, *[(k, anatomy(v)) for k, v in value.items()])
     return (type(value).__name__, value)
+
+BAD_FULL_FORM = [
+    ("not json", "not valid JSON"),
+    ('{"id": "m", "role": "robot", "parts": [], "created_at": 1}', "unknown message role"),
+    ('{"id": "m", "role": "user", "parts": [], "created_at": "yesterday"}', "created_at must be a number"),
+    ('{"id": "m", "role": "user", "created_at": 1}', "not a valid encoded message"),
+    ('{"id": "m", "role": "user", "parts": [{"kind": "text", "text": 3}], "created_at": 1}', "must be a string"),
+    ('{"v": 0, "id": "m", "role": "user", "parts": [], "created_at": 1}', "unsupported message codec version"),
+    ('{"id": "m", "role": "tool", "parts": [{"kind": "function_result", "call_id": "c", "result": "r", '
+     '"parts": [{"kind": "text", "text": "x"}]}], "created_at": 1}', "only carry data and uri parts"),
+    ('{"id": "m", "role": "tool", "parts": [{"kind": "function_result", "call_id": "c", "result": "r", '
+     '"parts": {"kind": "data"}}], "created_at": 1}', "parts must be a list"),
+]
+"""Texts that are not an encoded message in the full (JSON object) form, each with what the error says."""

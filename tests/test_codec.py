@@ -10,7 +10,7 @@ from hypothesis import given
 from contextpipe import CodecError, Message
 from contextpipe.codec import CODEC_VERSION, dumps, loads, message_from_dict, message_to_dict
 from contextpipe.messages import DataPart, FunctionResult, UnknownPart, UriPart
-from message_strategies import messages
+from message_strategies import BAD_FULL_FORM, messages
 
 
 @given(messages)
@@ -51,18 +51,9 @@ def test_unknown_part_from_newer_version_is_preserved() -> None:
 
 
 BAD_INPUT = [
-    ("not json", "not valid JSON"),
     ("[1, 2]", "must be a JSON object, got list"),  # a store's compact form: `contextpipe.stores._fastdecode`
     ('"text"', "must be a JSON object, got str"),
-    ('{"id": "m", "role": "robot", "parts": [], "created_at": 1}', "unknown message role"),
-    ('{"id": "m", "role": "user", "parts": [], "created_at": "yesterday"}', "created_at must be a number"),
-    ('{"id": "m", "role": "user", "created_at": 1}', "not a valid encoded message"),
-    ('{"id": "m", "role": "user", "parts": [{"kind": "text", "text": 3}], "created_at": 1}', "must be a string"),
-    ('{"v": 0, "id": "m", "role": "user", "parts": [], "created_at": 1}', "unsupported message codec version"),
-    ('{"id": "m", "role": "tool", "parts": [{"kind": "function_result", "call_id": "c", "result": "r", '
-     '"parts": [{"kind": "text", "text": "x"}]}], "created_at": 1}', "only carry data and uri parts"),
-    ('{"id": "m", "role": "tool", "parts": [{"kind": "function_result", "call_id": "c", "result": "r", '
-     '"parts": {"kind": "data"}}], "created_at": 1}', "parts must be a list"),
+    *BAD_FULL_FORM,
 ]
 
 
