@@ -45,6 +45,8 @@ PYTHON = {"python", "py", "python3"}
 SHELL = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent> *)(?P<ticks>`{3,}|~{3,})(?P<info>[^`]*)$")
 MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<what>[^>]*?)\s*-->")
+SIDE_EFFECTS = {"install_completion", "show_completion"}
+"""Root options whose callbacks act on the machine when parsed (typer's shell completion): parsed, never run."""
 BLOCK_TIMEOUT = 300
 """Seconds a block may take before it counts as hung (a guard against a stuck example, not a timing check)."""
 
@@ -168,7 +170,10 @@ def parse_command(args: list[str]) -> None:
     """Parse a ``contextpipe`` command line as the real command would, without running it."""
     from contextpipe.cli import app
 
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(app)  # a new command tree each call: changing it here changes nothing else
+    for param in command.params:
+        if param.name in SIDE_EFFECTS:
+            param.callback = None  # parse the flag, do not install or print shell completion
     name = "contextpipe"
     parent = None
     while True:
@@ -207,3 +212,10 @@ def test_a_bad_command_fails_to_parse() -> None:
     with pytest.raises((click_errors.UsageError, AssertionError)):
         parse_command(["no-such-command"])
     parse_command(["sessions", "list", "--help"])
+
+
+def test_parsing_a_command_changes_nothing_on_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    parse_command(["--install-completion"])
+    assert list(tmp_path.iterdir()) == [], "parsing --install-completion installed shell completion"
