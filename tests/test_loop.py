@@ -84,7 +84,7 @@ async def test_calls_in_the_final_call_are_answered_not_left_dangling() -> None:
     assert result.stop_reason == "max_steps"
     log = await agent.history(session)
     assert describe(log)[-2:] == [
-        "assistant:call:again", "tool:result:Error: not run; the run's step limit was reached."]
+        "assistant:call:again", "tool:result:Error: not run; the run's step limit (max_steps=1) was reached."]
 
 
 async def test_consecutive_tool_errors_stop_the_loop() -> None:
@@ -100,6 +100,22 @@ async def test_consecutive_tool_errors_stop_the_loop() -> None:
     assert [len(r.tools) for r in model.requests] == [1, 1, 0]
     errors = [r for m in result.messages for r in m.function_results]
     assert all(r.is_error and "ConnectionError: service down" in r.result for r in errors)
+
+
+async def test_a_call_after_the_tool_error_limit_is_answered_with_that_limit() -> None:
+    @tool
+    def flaky() -> str:
+        """Always fails."""
+        raise ConnectionError("service down")
+
+    model = ScriptedModel([tool_call("flaky"), tool_call("flaky"), tool_call("flaky")])
+    agent = Agent(model, tools=[flaky], limits=RunLimits(max_consecutive_tool_errors=2))
+    result = await agent.run("try")
+    assert result.stop_reason == "tool_errors"
+    last = [r for m in result.messages for r in m.function_results][-1]
+    assert last.is_error
+    assert last.result == ("Error: not run; the run stopped after 2 steps in a row whose tool calls failed "
+                           "(max_consecutive_tool_errors).")
 
 
 async def test_unknown_tool_and_bad_arguments_go_back_to_the_model() -> None:

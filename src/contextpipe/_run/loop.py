@@ -461,8 +461,12 @@ class StepLoop:
         """
         if not (step.final and step.calls):
             return step.produced, step.calls
+        why = (f"the run's step limit (max_steps={self.limits.max_steps}) was reached"
+               if self._stop_reason(step) == "max_steps" else
+               f"the run stopped after {self.limits.max_consecutive_tool_errors} steps in a row whose tool calls "
+               "failed (max_consecutive_tool_errors)")
         withdrawn = self._add_tool_message(step.calls, [FunctionResult(
-            c.call_id, "Error: not run; the run's step limit was reached.", is_error=True) for c in step.calls])
+            c.call_id, f"Error: not run; {why}.", is_error=True) for c in step.calls])
         return [*step.produced, withdrawn], []
 
     def _stop_reason(self, step: ModelStep) -> StopReason:
