@@ -184,6 +184,28 @@ async def test_text_search_as_a_tool_over_ingested_documents(tmp_path: Path) -> 
     assert "search_documents" in (model.requests[0].instructions or "")
 
 
+async def test_fact_memory_embeds_its_search_as_a_query() -> None:
+    """A retrieval-trained embedder (E5) embeds queries and passages differently: facts are searched as a query."""
+    from contextpipe.providers import FactMemory
+    from contextpipe.session import Session
+
+    class QueryAware(HashEmbedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.queries: list[str] = []
+
+        async def embed_query(self, text: str) -> list[float]:
+            self.queries.append(text)
+            [vector] = await self.embed([text])
+            return vector
+
+    embedder = QueryAware()
+    facts = FactMemory(ScriptedModel(), MemoryVectorStore(), embedder)
+    session = Session("s", state={"user_id": "alice"})
+    await facts.facts(session, "what does alice eat")
+    assert embedder.queries == ["what does alice eat"]
+
+
 async def test_fact_memory_extracts_merges_and_recalls(tmp_path: Path) -> None:
     from contextpipe.providers import FactMemory
     from contextpipe.stores import MemoryStore

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
 from ..session import ProviderState, Session, user_id
-from ..vectors.base import EMBEDDER_KEY, Embedder, VectorRecord, VectorStore, check_embedder
+from ..vectors.base import EMBEDDER_KEY, Embedder, VectorRecord, VectorStore, check_embedder, embed_query
 from .base import ContextProvider
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class FactMemory(ContextProvider):
         if not self._checked:
             await check_embedder(self.vectors, self.collection, self.embedder)
             self._checked = True
-        [vector] = await self.embedder.embed([query or "facts about the user"])
+        vector = await embed_query(self.embedder, query or "facts about the user")
         hits = await self.vectors.search(self.collection, vector, k=k or self.k, where=where)
         return [(h.id, h.text) for h in hits]
 
