@@ -276,6 +276,8 @@ async def test_skills_defined_in_code(tmp_path: Path) -> None:
     assert (await invoke(skills, "read_skill_resource", skill="refunds", path="policy.md")).result == "30 days."
     with pytest.raises(SkillError):
         Skills(skills=[Skill("Bad Name", "d", "b")])
+    with pytest.raises(SkillError, match="two skills defined in code are named 'refunds'"):
+        Skills(skills=[Skill("refunds", "Old.", "a"), Skill("refunds", "New.", "b")])
 
 
 # --- scripts -------------------------------------------------------------------------------------------

@@ -306,9 +306,13 @@ class Skills(ContextProvider):
         self.max_output_bytes = max_output_bytes
         self.follow_symlinks = follow_symlinks
         self._code_skills = list(skills)
+        names: set[str] = set()
         for skill in self._code_skills:
             if (why := name_problem(skill.name)) is not None:
                 raise SkillError(f"skill defined in code: {why}")
+            if skill.name in names:
+                raise SkillError(f"two skills defined in code are named {skill.name!r}: give each its own name")
+            names.add(skill.name)
         self._parsed: dict[Path, tuple[tuple[int, int, int], Skill | None, list[SkillProblem]]] = {}
         self._problems: list[SkillProblem] = []
         self._logged: set[str] = set()
