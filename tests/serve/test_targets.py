@@ -24,7 +24,8 @@ MODULES = {
         "async def later():\n    return agent\n\n\n"
         "def fails():\n    raise ValueError('bad settings')\n\n\n"
         "def number():\n    return 42\n\n\n"
-        "class Builder:\n    pass\n"
+        "class Builder:\n    pass\n\n\n"
+        "class Holder:\n    agent = agent\n"
     ),
 }
 
@@ -34,6 +35,7 @@ CASES = [  # target, what the one line must say (besides the target)
     ("os:abort", "it is of type builtin_function_or_method"),  # a builtin is never called (this one would abort)
     ("os.path:sep", "it is of type str"),
     ("json:nothing", "module 'json' has no attribute 'nothing'"),
+    ("os:path.nothing", "module 'os' has no attribute 'path.nothing'"),
     ("factories:nothing", "has no attribute 'nothing' (its Agents: agent)"),
     ("no_such_module:agent", "cannot import 'no_such_module'"),
     ("raises:agent", "importing 'raises' failed: RuntimeError: no database configured (at "),
@@ -108,7 +110,7 @@ def test_the_traceback_switch_shows_where_the_users_code_raised(folder: Path) ->
     assert last.startswith("error: cannot serve 'raises:agent'") and "--traceback" not in last
 
 
-def test_a_factory_is_called_and_the_target_is_checked_before_the_port(folder: Path) -> None:
+def test_factories_dotted_attributes_and_the_target_checked_before_the_port(folder: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -116,5 +118,6 @@ def test_a_factory_is_called_and_the_target_is_checked_before_the_port(folder: P
         assert "cannot serve 'json:dumps'" in serve(folder, "json:dumps", "--port", port).stderr
         assert "cannot listen on" in serve(folder, "factories:agent", "--port", port).stderr
     (folder / "ok.py").write_text(MODULES["factories.py"] + "\n\ndef make():\n    return agent\n", encoding="utf-8")
-    done = serve(folder, "ok:make", "--workers", "2")  # the factory ran: its agent's store is checked
-    assert done.returncode == 1 and "--workers needs a store the workers share" in done.stderr
+    for target in ("ok:make", "ok:Holder.agent"):  # the factory ran / the dotted attribute was found
+        done = serve(folder, target, "--workers", "2")  # and the agent's store is checked
+        assert done.returncode == 1 and "--workers needs a store the workers share" in done.stderr, target
