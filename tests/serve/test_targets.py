@@ -23,6 +23,8 @@ MODULES = {
         "def needs(model):\n    return agent\n\n\n"
         "async def later():\n    return agent\n\n\n"
         "def fails():\n    raise ValueError('bad settings')\n\n\n"
+        "def invalid():\n    raise ValueError('2 errors in the settings:\\n  model: missing\\n  store: missing')\n\n\n"
+        "def later_too():\n    return later()\n\n\n"
         "def number():\n    return 42\n\n\n"
         "class Builder:\n    pass\n\n\n"
         "class Holder:\n    agent = agent\n"
@@ -46,6 +48,9 @@ CASES = [  # target, what the one line must say (besides the target)
     ("factories:needs", "a function that needs arguments (model)"),
     ("factories:later", "it is an async function"),
     ("factories:fails", "calling it failed: ValueError: bad settings"),
+    ("factories:invalid", "calling it failed: ValueError: 2 errors in the settings: (at "),  # its first line
+    ("factories:later_too", "it returned a coroutine"),  # and no warning that it was never awaited
+    ("factories:Agent", "it is a class that needs arguments (model)"),
     ("factories:number", "calling it returned an object of type int"),
     ("factories:Builder", "it is the class Builder"),
     ("json", "serve expects MODULE:ATTRIBUTE"),
@@ -55,7 +60,35 @@ CASES = [  # target, what the one line must say (besides the target)
     ("examples/weather:agent", "neither a module name (like examples.weather) nor a path to a .py file"),
 ]
 
-RAISED_BY_USER_CODE = ("raises", "needs_dep", "broken", "factories:fails")
+OK = """
+
+import functools
+
+
+def make():
+    return agent
+
+
+@functools.cache
+def cached():
+    return agent
+
+
+class Factory:
+    def __call__(self):
+        return agent
+
+
+factory = Factory()
+
+
+class MyAgent(Agent):
+    def __init__(self):
+        super().__init__(ScriptedModel([]))
+"""
+"""Factories serve calls: a function, a cached one, a callable object and a subclass of Agent."""
+
+RAISED_BY_USER_CODE = ("raises", "needs_dep", "broken", "factories:fails", "factories:invalid")
 
 
 ENV = {**os.environ, "CONTEXTPIPE_API_KEYS": "", "COLUMNS": "80"}
@@ -117,7 +150,7 @@ def test_factories_dotted_attributes_and_the_target_checked_before_the_port(fold
         port = str(busy.getsockname()[1])
         assert "cannot serve 'json:dumps'" in serve(folder, "json:dumps", "--port", port).stderr
         assert "cannot listen on" in serve(folder, "factories:agent", "--port", port).stderr
-    (folder / "ok.py").write_text(MODULES["factories.py"] + "\n\ndef make():\n    return agent\n", encoding="utf-8")
-    for target in ("ok:make", "ok:Holder.agent"):  # the factory ran / the dotted attribute was found
+    (folder / "ok.py").write_text(MODULES["factories.py"] + OK, encoding="utf-8")
+    for target in ("ok:make", "ok:Holder.agent", "ok:cached", "ok:factory", "ok:MyAgent"):  # each gave the agent
         done = serve(folder, target, "--workers", "2")  # and the agent's store is checked
         assert done.returncode == 1 and "--workers needs a store the workers share" in done.stderr, target

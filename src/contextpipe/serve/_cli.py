@@ -8,7 +8,6 @@ user's module and so opens its own store connection.
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib
 import importlib.util
 import inspect
@@ -35,11 +34,16 @@ _CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
 
 _EXPECTED: Final = "serve expects MODULE:ATTRIBUTE naming an Agent in the module (like examples.weather:agent)"
 _EXPECTED_OBJECT: Final = "serve expects a contextpipe Agent, or a function without arguments returning one"
+_NOT_AWAITED: Final = "serve calls a factory without awaiting it, so make it a plain function returning the Agent"
 
 
 def _cause(exc: BaseException) -> str:
-    """`exc` in one line: its type, message and where it was raised (the deepest frame outside importlib)."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """`exc` in one line: its type, its message's first line and where it was raised (deepest frame outside importlib).
+
+    The rest of a message of several lines (a validation error's) is for ``--traceback`` to show.
+    """
+    message = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
     if isinstance(exc, SyntaxError) or not frames:  # a SyntaxError's text says where already
         return text
@@ -87,7 +91,13 @@ def _attribute(target: str, module: ModuleType, attribute: str) -> Any:
 
 
 def _is_factory(obj: object) -> bool:
-    return inspect.isfunction(obj) or inspect.ismethod(obj) or isinstance(obj, functools.partial)
+    """Whether serve calls `obj` for the agent: any callable but a builtin, and of classes only `Agent` and its own.
+
+    A cached function or an object with ``__call__`` is called; a builtin is not (``os:abort`` would abort).
+    """
+    if inspect.isclass(obj):
+        return issubclass(obj, Agent)
+    return callable(obj) and not inspect.isbuiltin(obj)
 
 
 def _kind(obj: object) -> str:
@@ -97,28 +107,33 @@ def _kind(obj: object) -> str:
 
 
 def _call_factory(target: str, factory: Callable[..., Any]) -> Any:
-    """Call the function `target` names, which takes no arguments, to get the agent."""
+    """Call the factory `target` names, which takes no arguments, to get the agent."""
     if inspect.iscoroutinefunction(factory):
-        raise UsageError(f"cannot serve {target!r}: it is an async function; serve calls a factory without "
-                         "awaiting it, so make it a plain function returning the Agent")
+        raise UsageError(f"cannot serve {target!r}: it is an async function; {_NOT_AWAITED}")
     try:
         parameters = list(inspect.signature(factory).parameters.values())
-    except ValueError:  # no signature to read: the call will say
+    except (ValueError, TypeError):  # no signature to read: the call will say
         parameters = []
     needed = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if needed:
-        raise UsageError(f"cannot serve {target!r}: it is a function that needs arguments ({', '.join(needed)}); "
+        what = "a class" if inspect.isclass(factory) else "a function"
+        raise UsageError(f"cannot serve {target!r}: it is {what} that needs arguments ({', '.join(needed)}); "
                          f"{_EXPECTED_OBJECT}")
     try:
-        return factory()
+        made = factory()
     except Exception as exc:
         raise UsageError(f"cannot serve {target!r}: calling it failed: {_cause(exc)}") from exc
+    if inspect.iscoroutine(made):
+        made.close()  # never awaited, and closed so that Python does not warn about it on exit
+        raise UsageError(f"cannot serve {target!r}: it returned a coroutine; {_NOT_AWAITED}")
+    return made
 
 
 def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
     """Import ``module:attribute`` (or ``path/to/file.py:attribute``) and return the `Agent` it names.
 
-    The attribute may be an `Agent` or a function without arguments returning one. Every way this can
+    The attribute may be an `Agent` or a callable without arguments returning one (a function, a cached
+    one, an object with ``__call__``, a subclass of `Agent`; never a builtin). Every way this can
     fail (bad form, no module, an import that raises, no attribute, not an agent) is one `UsageError`
     naming `target`; when the user's code raised, that exception is its ``__cause__``.
     """
