@@ -34,6 +34,8 @@ def test_a_chosen_port_and_a_busy_one(server_class: type[FakeOpenAIServer]) -> N
         assert f"127.0.0.1:{port}" in again.base_url
     with pytest.raises(UsageError, match="port must be 0"):
         server_class(port=70000)
+    with pytest.raises(UsageError, match=r"cannot listen on 192.0.2.1:0: .*; give an address of this machine"):
+        server_class(host="192.0.2.1").start()  # TEST-NET-1, on no machine: the host is wrong, not the port
 
 
 def test_an_ipv6_host_and_a_default_reply() -> None:

@@ -8,6 +8,7 @@ answer (JSON bodies, chunked server-sent events, a connection dropped mid-stream
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import threading
@@ -90,8 +91,11 @@ class FakeHTTPServer:
         try:
             self._httpd = (_Server6 if ":" in self.host else _Server)((self.host, self.port), Handler)
         except OSError as exc:
+            the_port = isinstance(exc, PermissionError) or exc.errno == errno.EADDRINUSE  # else: the host is not ours
+            hint = ("pick another port, or port 0 for a free one" if the_port
+                    else "give an address of this machine (like 127.0.0.1 or ::1)")
             raise UsageError(f"the fake server cannot listen on {self.host}:{self.port}: {exc.strerror or exc}; "
-                             "pick another port, or port 0 for a free one") from None
+                             f"{hint}") from None
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="fake-openai",
                                         daemon=True)
         self._thread.start()
