@@ -58,6 +58,8 @@ CASES = [  # target, what the one line must say (besides the target)
     (":agent", "serve expects MODULE:ATTRIBUTE"),
     ("", "serve expects MODULE:ATTRIBUTE"),
     ("examples/weather:agent", "neither a module name (like examples.weather) nor a path to a .py file"),
+    (".weather:agent", "neither a module name (like examples.weather) nor a path to a .py file"),
+    ("examples..weather:agent", "neither a module name (like examples.weather) nor a path to a .py file"),
 ]
 
 OK = """
@@ -151,6 +153,7 @@ def test_factories_dotted_attributes_and_the_target_checked_before_the_port(fold
         assert "cannot serve 'json:dumps'" in serve(folder, "json:dumps", "--port", port).stderr
         assert "cannot listen on" in serve(folder, "factories:agent", "--port", port).stderr
     (folder / "ok.py").write_text(MODULES["factories.py"] + OK, encoding="utf-8")
-    for target in ("ok:make", "ok:Holder.agent", "ok:cached", "ok:factory", "ok:MyAgent"):  # each gave the agent
+    (folder / "my-app.py").write_text(MODULES["factories.py"], encoding="utf-8")  # importable, if not by `import`
+    for target in ("ok:make", "ok:Holder.agent", "ok:cached", "ok:factory", "ok:MyAgent", "my-app:agent"):
         done = serve(folder, target, "--workers", "2")  # and the agent's store is checked
         assert done.returncode == 1 and "--workers needs a store the workers share" in done.stderr, target

@@ -56,7 +56,7 @@ def _import(target: str, module_name: str) -> ModuleType:
     if module_name.endswith(".py"):
         if not path.is_file():
             raise UsageError(f"cannot serve {target!r}: no such file: {module_name}")
-    elif not all(part.isidentifier() for part in module_name.split(".")):
+    elif "/" in module_name or "\\" in module_name or not all(module_name.split(".")):  # my-app.py imports as my-app
         raise UsageError(f"cannot serve {target!r}: {module_name!r} is neither a module name (like "
                          f"examples.weather) nor a path to a .py file; {_EXPECTED}")
     try:
