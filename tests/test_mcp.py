@@ -118,7 +118,9 @@ async def test_mcp_tools_over_streamable_http() -> None:
 
 @pytest.mark.parametrize(("prefix", "remote", "expected"), [
     ("", "math.mul", "math_mul"), ("git.", "log", "git_log"), ("fs/", "read file", "fs_read_file"),
-    ("", "ünïcode", "_n_code"), ("", "x" * 70, None)])
+    ("", "ünïcode", "_n_code"), ("", "x" * 70, None),
+    ("git.", "git_status", "git_status"), ("git.", "git.log", "git_log"), ("git_", "git.log", "git_log"),
+    ("git.", "gitk", "git_gitk"), ("git.", "Git_log", "git_Git_log"), ("git.", "x" * 70, None)])
 def test_model_tool_names(prefix: str, remote: str, expected: str | None) -> None:
     name = model_tool_name(prefix, remote)
     assert len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
@@ -237,8 +239,8 @@ def repo(tmp_path: Path) -> Path:
 
 async def test_real_mcp_server_git(repo: Path) -> None:
     server = StdioServer(sys.executable, ["-m", "mcp_server_git", "--repository", str(repo)])
-    model = ScriptedModel([tool_call("git_git_log", repo_path=str(repo), max_count=5)
-                           + tool_call("git_git_status", repo_path=str(repo)), "One commit, one draft."])
+    model = ScriptedModel([tool_call("git_log", repo_path=str(repo), max_count=5)
+                           + tool_call("git_status", repo_path=str(repo)), "One commit, one draft."])
     async with McpTools(server, prefix="git.") as mcp:
         result = await Agent(model, providers=[mcp]).run("What happened in the repo?")
         tools = {t.name: t for t in await mcp.tools()}
@@ -246,7 +248,9 @@ async def test_real_mcp_server_git(repo: Path) -> None:
     log, status = (by_call[c.call_id] for c in result.messages[0].function_calls)
     assert not log.is_error and "Add the release notes" in log.result and "Ada" in log.result
     assert not status.is_error and "draft.md" in status.result
-    assert tools["git_git_status"].idempotent and not tools["git_git_commit"].idempotent
+    assert tools["git_status"].idempotent and not tools["git_commit"].idempotent
+    assert {"git_diff", "git_show", "git_branch"} <= set(tools)  # the server's own names: "git." is not doubled
+    assert not [name for name in tools if name.startswith("git_git")]
 
 
 async def test_tool_names_that_clash_or_are_too_long_are_mapped_apart() -> None:
@@ -254,12 +258,35 @@ async def test_tool_names_that_clash_or_are_too_long_are_mapped_apart() -> None:
     async with McpTools(StdioServer(sys.executable, [odd])) as mcp:
         tools = {t.name: t for t in await mcp.tools()}
         outcomes = {name: await t.invoke('{"text": "hi"}') for name, t in tools.items()}
-    assert len(tools) == 3 and "weird_name_v2" in tools and all(len(n) <= 64 for n in tools)
+    assert len(tools) == 5 and "weird_name_v2" in tools and all(len(n) <= 64 for n in tools)
     assert sorted(o.result for o in outcomes.values()) == sorted(
-        ["weird.name/v2: hi", "weird_name_v2: hi", f"{'x' * 80}: hi"])  # each called by its server name
+        ["weird.name/v2: hi", "weird_name_v2: hi", f"{'x' * 80}: hi", "echo: hi", "odd_echo: hi"])  # by server name
     assert mcp.problems == []
+
+
+async def test_two_tools_one_name_by_the_prefix_rule_is_a_clear_error() -> None:
+    odd = StdioServer(sys.executable, [str(Path(__file__).parent / "fixtures" / "mcp_odd_server.py")])
+    mcp = McpTools(odd, prefix="odd.")
+    try:
+        with pytest.raises(McpError, match=r"tools 'echo' and 'odd_echo' would both be offered as 'odd_echo'.*"
+                                           r"include=") as info:
+            await mcp.tools()
+    finally:
+        await mcp.close()
+    assert "mcp_odd_server.py" in str(info.value)
+    async with McpTools(odd, prefix="odd.", include=["echo", "weird.name/v2", "weird_name_v2"]) as mcp:
+        tools = {t.name: t for t in await mcp.tools()}
+        assert (await tools["odd_echo"].invoke('{"text": "hi"}')).result == "echo: hi"
+    assert len(tools) == 3 and "odd_weird_name_v2" in tools  # the character clash is still told apart
 
 
 @given(st.text(max_size=20), st.text(min_size=1, max_size=120))
 def test_every_mapped_tool_name_is_accepted_by_model_apis(prefix: str, remote: str) -> None:
     assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", model_tool_name(prefix, remote))
+
+
+@given(st.text(max_size=10), st.text(min_size=1, max_size=40))
+def test_a_mapped_name_starts_with_the_prefix_once(prefix: str, remote: str) -> None:
+    name = model_tool_name(prefix, remote)
+    assert name.startswith(model_tool_name("", prefix) if prefix else "")
+    assert model_tool_name(prefix, name) == name  # mapping an offered name again adds nothing

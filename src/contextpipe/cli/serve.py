@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Annotated
 
 import typer
@@ -36,6 +37,8 @@ def serve(
                                                           "the API (repeatable).")] = None,
     new_key: Annotated[str | None, typer.Option("--new-key", metavar="TENANT", help="Make an API key for TENANT "
                                                 "(appended to --keys FILE when given) and exit.")] = None,
+    show_traceback: Annotated[bool, typer.Option("--traceback", help="When your code raises (importing the "
+                                                 "module, calling the factory), print its full traceback.")] = False,
 ) -> None:
     """Serve an agent over HTTP: sessions, runs (JSON or server-sent events), AG-UI and the /ui inspector."""
     try:
@@ -51,7 +54,12 @@ def serve(
                              app_dir=app_dir, log_level=log_level, cors_origins=tuple(cors_origin or ()),
                              say=lambda line: print(line, file=sys.stderr, flush=True))
     except ContextPipeError as exc:
-        raise fail(str(exc)) from None
+        if exc.__cause__ is None:
+            raise fail(str(exc)) from None
+        if show_traceback:  # the user's code raised (importing the module, calling the factory): show where
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
+            raise fail(str(exc)) from None
+        raise fail(f"{exc}; run again with --traceback to see the full traceback") from None
 
 
 def ui(

@@ -5,9 +5,13 @@ subprocess) or streamable HTTP. The connection is opened on first use and kept f
 life, in a background task that owns it (the MCP client's task groups must be entered and left in
 one task); call `close()` (or use ``async with``) when done.
 
-- Tool names are mapped to what model APIs accept (``^[a-zA-Z0-9_-]{1,64}$``): ``math.mul`` with
-  ``prefix="calc."`` is offered as ``calc_math_mul`` and called on the server as ``math.mul``. A tool
-  that cannot be offered is skipped with a warning and listed in `McpTools.problems`.
+- Tool names are mapped to what model APIs accept (``^[a-zA-Z0-9_-]{1,64}$``): every other character,
+  in the prefix as in the name, becomes ``_``, so ``math.mul`` with ``prefix="calc."`` is offered as
+  ``calc_math_mul`` and called on the server as ``math.mul``. A name that already starts with the
+  prefix (so written) does not get it twice: mcp-server-git's ``git_status`` with ``prefix="git."``
+  stays ``git_status``. Two tools mapped to one name by that rule are an `McpError`; two mapped to
+  one name by the character mapping alone are told apart by a hash. A tool that cannot be offered is
+  skipped with a warning and listed in `McpTools.problems`.
 - ``readOnlyHint`` / ``idempotentHint`` make a tool idempotent, so crash repair re-runs it.
 - Text results become the tool's text; images and audio become `DataPart` s in `ToolOutcome.parts`
   (and are described in the text); resource links become `UriPart` s.
@@ -21,8 +25,8 @@ one task); call `close()` (or use ``async with``) when done.
 >>> server = StdioServer("python", ["my_mcp_server.py"])
 >>> McpTools(server, source_id="files").kind
 'mcp'
->>> model_tool_name("git.", "git.log")
-'git_git_log'
+>>> model_tool_name("git.", "log"), model_tool_name("git.", "git_log")
+('git_log', 'git_log')
 """
 
 from __future__ import annotations
@@ -82,13 +86,20 @@ class HttpServer:
 def model_tool_name(prefix: str, remote: str) -> str:
     """Return the name a model may call for server tool `remote` with `prefix` (any separator allowed).
 
-    Characters model APIs refuse become ``_``; a name over 64 characters is shortened and made
-    unique with a hash of the original.
+    Characters model APIs refuse become ``_`` (``git.`` reads ``git_``); `prefix` is not added to a
+    name that already starts with it, both so mapped (``git.`` and ``git_status`` give ``git_status``).
+    A name over 64 characters is shortened and made unique with a hash of the original.
     """
-    name = _BAD_CHARS.sub("_", f"{prefix}{remote}") or "_"
+    full = remote if _prefixed(prefix, remote) else f"{prefix}{remote}"
+    name = _BAD_CHARS.sub("_", full) or "_"
     if len(name) > 64:
-        name = f"{name[:55]}_{hashlib.sha1(f'{prefix}{remote}'.encode()).hexdigest()[:8]}"
+        name = f"{name[:55]}_{hashlib.sha1(full.encode()).hexdigest()[:8]}"
     return name
+
+
+def _prefixed(prefix: str, remote: str) -> bool:
+    """Whether `remote`, mapped to the characters model APIs accept, already starts with `prefix` so mapped."""
+    return _BAD_CHARS.sub("_", remote).startswith(_BAD_CHARS.sub("_", prefix))
 
 
 @dataclass
@@ -100,8 +111,10 @@ class _Op:
 class McpTools(ContextProvider):
     """Offers the tools (and resources) of one MCP server; optionally only `include`, and with a name `prefix`.
 
-    `include` names the server's tools (their names on the server). `context_resources` are resource
-    URIs read before every run and added to the context.
+    `include` names the server's tools (their names on the server). `prefix` goes before each tool's
+    name unless the name already starts with it (``.`` and other characters model APIs refuse read
+    ``_``: see `model_tool_name`). `context_resources` are resource URIs read before every run and
+    added to the context.
     """
 
     kind = "mcp"
@@ -387,9 +400,7 @@ class McpTools(ContextProvider):
             remote = str(spec.name)
             if self.include is not None and remote not in self.include:
                 continue
-            name = model_tool_name(self.prefix, remote)
-            if name in taken:
-                name = model_tool_name(self.prefix, f"{remote}_{hashlib.sha1(remote.encode()).hexdigest()[:6]}")
+            name = self._offered_name(remote, taken)
             raw = _field(spec, "input_schema", "inputSchema")
             schema = dict(raw) if isinstance(raw, dict) else {"type": "object", "properties": {}}
             if schema.get("type", "object") != "object":
@@ -411,6 +422,17 @@ class McpTools(ContextProvider):
                 logger.warning("MCP server %s: %s", self._describe(), problem)
         self._problems = problems
         return tools
+
+    def _offered_name(self, remote: str, taken: dict[str, str]) -> str:
+        """Return the model's name for server tool `remote`, none of `taken` (model name -> server name)."""
+        name = model_tool_name(self.prefix, remote)
+        if name not in taken:
+            return name
+        if _prefixed(self.prefix, remote) != _prefixed(self.prefix, taken[name]):
+            raise McpError(f"MCP server {self._describe()}: its tools {taken[name]!r} and {remote!r} would both be "
+                           f"offered as {name!r} (the prefix {self.prefix!r} is not added to a name that already "
+                           "starts with it); leave one out with include=[...], or choose another prefix")
+        return model_tool_name(self.prefix, f"{remote}_{hashlib.sha1(remote.encode()).hexdigest()[:6]}")
 
     def _caller(self, remote: str) -> Callable[[dict[str, Any]], Awaitable[ToolOutcome]]:
         async def call(arguments: dict[str, Any]) -> ToolOutcome:

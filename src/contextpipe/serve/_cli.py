@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -31,47 +32,125 @@ __all__ = ["app_from_env", "load_agent", "run_server", "run_ui"]
 _CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
 
 
-def _import(module_name: str) -> ModuleType:
-    """Import a dotted module name, or a ``.py`` file by its path."""
+_EXPECTED: Final = "serve expects MODULE:ATTRIBUTE naming an Agent in the module (like examples.weather:agent)"
+_EXPECTED_OBJECT: Final = "serve expects a contextpipe Agent, or a function without arguments returning one"
+_NOT_AWAITED: Final = "serve calls a factory without awaiting it, so make it a plain function returning the Agent"
+
+
+def _cause(exc: BaseException) -> str:
+    """`exc` in one line: its type, its message's first line and where it was raised (deepest frame outside importlib).
+
+    The rest of a message of several lines (a validation error's) is for ``--traceback`` to show.
+    """
+    message = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    if isinstance(exc, SyntaxError) or not frames:  # a SyntaxError's text says where already
+        return text
+    return f"{text} (at {frames[-1].filename}, line {frames[-1].lineno})"
+
+
+def _import(target: str, module_name: str) -> ModuleType:
+    """Import a dotted module name, or a ``.py`` file by its path; any failure is a `UsageError` naming it."""
+    path = Path(module_name)
+    if module_name.endswith(".py"):
+        if not path.is_file():
+            raise UsageError(f"cannot serve {target!r}: no such file: {module_name}")
+    elif "/" in module_name or "\\" in module_name or not all(module_name.split(".")):  # my-app.py imports as my-app
+        raise UsageError(f"cannot serve {target!r}: {module_name!r} is neither a module name (like "
+                         f"examples.weather) nor a path to a .py file; {_EXPECTED}")
     try:
         if not module_name.endswith(".py"):
             return importlib.import_module(module_name)
-        path = Path(module_name)
-        if not path.is_file():
-            raise UsageError(f"no such file: {module_name}")
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec is not None
         assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise UsageError(f"cannot import {module_name!r}: no module named {exc.name!r} (run from the folder "
-                             "that holds it, or pass --app-dir)") from None
-        raise
+    except Exception as exc:
+        name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if name and (module_name == name or module_name.startswith(name + ".")):  # not the module's own import
+            raise UsageError(f"cannot serve {target!r}: cannot import {module_name!r}, there is no module named "
+                             f"{name!r} (run from the folder that holds it, or pass --app-dir)") from None
+        raise UsageError(f"cannot serve {target!r}: importing {module_name!r} failed: {_cause(exc)}") from exc
+
+
+def _attribute(target: str, module: ModuleType, attribute: str) -> Any:
+    """Return ``module.attribute`` (dotted: ``module.a.b``), or say which agents the module has."""
+    obj: Any = module
+    for name in attribute.split("."):
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            agents = sorted(n for n, v in vars(module).items() if isinstance(v, Agent))
+            has = f" (its Agents: {', '.join(agents)})" if agents else ""
+            raise UsageError(f"cannot serve {target!r}: module {module.__name__!r} has no attribute "
+                             f"{attribute!r}{has}") from None
+    return obj
+
+
+def _is_factory(obj: object) -> bool:
+    """Whether serve calls `obj` for the agent: any callable but a builtin, and of classes only `Agent` and its own.
+
+    A cached function or an object with ``__call__`` is called; a builtin is not (``os:abort`` would abort).
+    """
+    if inspect.isclass(obj):
+        return issubclass(obj, Agent)
+    return callable(obj) and not inspect.isbuiltin(obj)
+
+
+def _kind(obj: object) -> str:
+    if inspect.isclass(obj):
+        return f"it is the class {obj.__qualname__}, not an instance"
+    return f"it is of type {type(obj).__name__}"
+
+
+def _call_factory(target: str, factory: Callable[..., Any]) -> Any:
+    """Call the factory `target` names, which takes no arguments, to get the agent."""
+    if inspect.iscoroutinefunction(factory):
+        raise UsageError(f"cannot serve {target!r}: it is an async function; {_NOT_AWAITED}")
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (ValueError, TypeError):  # no signature to read: the call will say
+        parameters = []
+    needed = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needed:
+        what = "a class" if inspect.isclass(factory) else "a function"
+        raise UsageError(f"cannot serve {target!r}: it is {what} that needs arguments ({', '.join(needed)}); "
+                         f"{_EXPECTED_OBJECT}")
+    try:
+        made = factory()
+    except Exception as exc:
+        raise UsageError(f"cannot serve {target!r}: calling it failed: {_cause(exc)}") from exc
+    if inspect.iscoroutine(made):
+        made.close()  # never awaited, and closed so that Python does not warn about it on exit
+        raise UsageError(f"cannot serve {target!r}: it returned a coroutine; {_NOT_AWAITED}")
+    return made
 
 
 def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
     """Import ``module:attribute`` (or ``path/to/file.py:attribute``) and return the `Agent` it names.
 
-    The attribute may be an `Agent` or a function without arguments returning one.
+    The attribute may be an `Agent` or a callable without arguments returning one (a function, a cached
+    one, an object with ``__call__``, a subclass of `Agent`; never a builtin). Every way this can
+    fail (bad form, no module, an import that raises, no attribute, not an agent) is one `UsageError`
+    naming `target`; when the user's code raised, that exception is its ``__cause__``.
     """
-    module_name, sep, attribute = target.partition(":")
+    module_name, sep, attribute = target.strip().rpartition(":")  # a Windows drive's colon stays in the path
     if not sep or not module_name or not attribute:
-        raise UsageError(f"expected MODULE:ATTRIBUTE (like examples.weather:agent), got {target!r}")
+        raise UsageError(f"cannot serve {target!r}: {_EXPECTED}")
     if app_dir is not None and str(Path(app_dir).resolve()) not in sys.path:
         sys.path.insert(0, str(Path(app_dir).resolve()))
-    module = _import(module_name)
-    try:
-        obj = getattr(module, attribute)
-    except AttributeError:
-        raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(obj, Agent) and callable(obj) and not inspect.iscoroutinefunction(obj):
-        obj = obj()
+    obj = _attribute(target, _import(target, module_name), attribute)
+    if _is_factory(obj):
+        made = _call_factory(target, obj)
+        if not isinstance(made, Agent):
+            raise UsageError(f"cannot serve {target!r}: calling it returned an object of type "
+                             f"{type(made).__name__}; {_EXPECTED_OBJECT}")
+        return made
     if not isinstance(obj, Agent):
-        raise UsageError(f"{target} is not a contextpipe Agent (or a function returning one): it is of type "
-                         f"{type(obj).__name__}")
+        raise UsageError(f"cannot serve {target!r}: {_kind(obj)}; {_EXPECTED_OBJECT}")
     return obj
 
 
@@ -117,13 +196,13 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
         validate_tenant(tenant)
         ephemeral = "cp_" + os.urandom(24).hex()
         config["hashes"] = [[tenant, hash_key(ephemeral)]]
-    _free(host, port)
-    os.environ[_CONFIG_ENV] = json.dumps(config)
     if config["mode"] == "serve":
         agent = load_agent(config["target"], app_dir=config.get("app_dir"))  # fail here, not in every worker
         if workers > 1 and agent.store.backend == "memory":
             raise UsageError("--workers needs a store the workers share (SQLite file, PostgreSQL or Redis); "
                              f"{config['target']} keeps its sessions in memory, in each worker apart")
+    _free(host, port)
+    os.environ[_CONFIG_ENV] = json.dumps(config)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     say(f"contextpipe on {url}  (API docs: {url}/docs)")

@@ -1,13 +1,14 @@
 """What the fake vendor servers share: a scripted HTTP server in a background thread, and its handler base.
 
-`FakeHTTPServer` holds the lifecycle (``with`` block, `start` / `stop`, `base_url`), the script of
-steps and the record of every request; `FakeHandler` the plumbing of an answer (JSON bodies, chunked
-server-sent events, a connection dropped mid-stream). `FakeOpenAIServer` and `FakeAnthropicServer`
-build on both and add only what their vendor's API says.
+`FakeHTTPServer` holds the lifecycle (``with`` block, `start` / `stop`, `base_url`, the address it
+listens on), the script of steps and the record of every request; `FakeHandler` the plumbing of an
+answer (JSON bodies, chunked server-sent events, a connection dropped mid-stream).
+`FakeOpenAIServer` and `FakeAnthropicServer` build on both and add only what their vendor's API says.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import threading
@@ -16,14 +17,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
+from ..errors import UsageError
+
 __all__ = ["FakeHTTPServer", "FakeHandler"]
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class FakeHTTPServer:
-    """A scripted HTTP server on a free port of 127.0.0.1, served from a background thread.
+    """A scripted HTTP server on `host`:`port` (default: a free port of 127.0.0.1), served from a background thread.
 
     Each request takes the next step of the script (`enqueue`); when the script is empty the
-    `_idle_reply` is served, or `_exhausted` when `strict` is set.
+    `default_reply` is served, or `_exhausted` when `strict` is set.
     """
 
     _handler: ClassVar[type[FakeHandler]]
@@ -33,9 +44,17 @@ class FakeHTTPServer:
     _exhausted: ClassVar[Any]
     """The step served when the script is empty and `strict` is set."""
 
-    def __init__(self, *, model: str, strict: bool = False) -> None:
+    def __init__(self, *, model: str, strict: bool = False, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not 0 <= port <= 65535:
+            raise UsageError(f"port must be 0 (a free port) to 65535, got {port}")
         self.model = model
         self.strict = strict
+        self.host = host
+        """The address to listen on (``::1`` and other IPv6 addresses too)."""
+        self.port = port
+        """The port to listen on; 0 picks a free one (`base_url` says which)."""
+        self.default_reply: Any = self._idle_reply
+        """The step served when the script is empty (unless `strict`): a text reply ``"ok"`` until changed."""
         self.requests: list[dict[str, Any]] = []
         """JSON bodies of the requests received, oldest first."""
         self.headers: list[dict[str, str]] = []
@@ -54,7 +73,8 @@ class FakeHTTPServer:
         if self._httpd is None:
             raise RuntimeError("the server is not running; call start() or use it in a with block")
         host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
+        shown = f"[{host!s}]" if ":" in str(host) else str(host)
+        return f"http://{shown}:{port}/v1"
 
     def enqueue(self, *steps: Any) -> None:
         """Append steps to the script."""
@@ -62,14 +82,20 @@ class FakeHTTPServer:
             self._script.extend(steps)
 
     def start(self) -> Self:
-        """Start serving on a free port of 127.0.0.1."""
+        """Start serving on `host`:`port`; a port already in use is a `UsageError` saying so."""
         server = self
 
         class Handler(self._handler):  # type: ignore[name-defined,misc]
             fake = server
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        try:
+            self._httpd = (_Server6 if ":" in self.host else _Server)((self.host, self.port), Handler)
+        except OSError as exc:
+            the_port = isinstance(exc, PermissionError) or exc.errno == errno.EADDRINUSE  # else: the host is not ours
+            hint = ("pick another port, or port 0 for a free one" if the_port
+                    else "give an address of this machine (like 127.0.0.1 or ::1)")
+            raise UsageError(f"the fake server cannot listen on {self.host}:{self.port}: {exc.strerror or exc}; "
+                             f"{hint}") from None
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="fake-openai",
                                         daemon=True)
         self._thread.start()
@@ -100,7 +126,7 @@ class FakeHTTPServer:
             elif self.strict:
                 step = self._exhausted
             else:
-                step = self._idle_reply
+                step = self.default_reply
         if callable(step):
             step = step(body)
         return step

@@ -76,14 +76,17 @@ class FakeAnthropicServer(FakeOpenAIServer):
     """An Anthropic Messages API server in a background thread (see the module docstring).
 
     `base_url` is what to give ``anthropic.AsyncAnthropic(base_url=...)``; `requests` holds the JSON
-    bodies received and `headers` their headers. When the script is empty a text reply ``"ok"`` is
-    served, unless `strict` is set. `min_cache_tokens` is the smallest prefix the simulated cache keeps.
+    bodies received and `headers` their headers. When the script is empty the `default_reply` (a text
+    ``"ok"``) is served, unless `strict` is set. `min_cache_tokens` is the smallest prefix the
+    simulated cache keeps. `host` and `port` are as for `FakeOpenAIServer`; on its own:
+    ``python -m contextpipe.testing.fake_anthropic [--port N] [--reply TEXT]...``.
     """
 
     _idle_reply: ClassVar[Any] = AnthropicReply("ok")
 
-    def __init__(self, *, model: str = "claude-fake", strict: bool = False, min_cache_tokens: int = 0) -> None:
-        super().__init__(model=model, strict=strict)
+    def __init__(self, *, model: str = "claude-fake", strict: bool = False, min_cache_tokens: int = 0,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(model=model, strict=strict, host=host, port=port)
         self.min_cache_tokens = min_cache_tokens
         self.redacted: set[str] = set()
         self._cache: set[str] = set()
@@ -296,4 +299,13 @@ class _AnthropicHandler(FakeHandler):
 
 
 FakeAnthropicServer._handler = _AnthropicHandler
+
+if __name__ == "__main__":  # python -m contextpipe.testing.fake_anthropic --help
+    import sys
+
+    from ._standalone import Vendor, serve
+
+    raise SystemExit(serve(Vendor("Anthropic", "contextpipe.testing.fake_anthropic", FakeAnthropicServer,
+                                  AnthropicReply, "ANTHROPIC", "claude-fake", "contextpipe chat --provider anthropic"),
+                           sys.argv[1:]))
 

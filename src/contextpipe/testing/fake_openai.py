@@ -17,6 +17,10 @@ bodies and streams cut mid-way, to test how clients fail.
 ...     server.enqueue(FakeReply("Hello!"))
 ...     server.base_url.startswith("http://127.0.0.1:")
 True
+
+On its own, for ``contextpipe chat`` or any OpenAI client: ``python -m contextpipe.testing.fake_openai
+[--port N] [--reply TEXT]...`` prints its ``base_url`` and the lines to use it, and serves until
+Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -102,16 +106,18 @@ FakeStep: TypeAlias = "FakeReply | FakeError | FakeRaw | FakeStreamCut | Callabl
 class FakeOpenAIServer(FakeHTTPServer):
     """An OpenAI-compatible chat completions server in a background thread.
 
-    Use as a context manager (or call `start` / `stop`). `base_url` is what to give an OpenAI
-    client; `requests` holds the JSON bodies received. When the script is empty a plain text reply
-    ``"ok"`` is served, unless `strict` is set, in which case the call fails with HTTP 500.
+    Use as a context manager (or call `start` / `stop`). It listens on `host`:`port` (default: a free
+    port of 127.0.0.1; a port in use is a `UsageError`). `base_url` is what to give an OpenAI client;
+    `requests` holds the JSON bodies received. When the script is empty the `default_reply` (a plain
+    text ``"ok"``) is served, unless `strict` is set, in which case the call fails with HTTP 500.
     """
 
     _idle_reply: ClassVar[Any] = FakeReply("ok")
     _exhausted: ClassVar[Any] = FakeError(500, "the fake server's script is empty")
 
-    def __init__(self, *, model: str = "fake-model", strict: bool = False) -> None:
-        super().__init__(model=model, strict=strict)
+    def __init__(self, *, model: str = "fake-model", strict: bool = False, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        super().__init__(model=model, strict=strict, host=host, port=port)
         self.stored: dict[str, list[dict[str, Any]]] = {}
         """Responses API: the full item list (input and output) of each stored response, by id."""
         self.issued_reasoning: dict[str, str] = {}
@@ -395,3 +401,11 @@ def _chat_usage(reply: FakeReply) -> dict[str, Any]:
 
 
 FakeOpenAIServer._handler = _OpenAIHandler
+
+if __name__ == "__main__":  # python -m contextpipe.testing.fake_openai --help
+    import sys
+
+    from ._standalone import Vendor, serve
+
+    raise SystemExit(serve(Vendor("OpenAI", "contextpipe.testing.fake_openai", FakeOpenAIServer, FakeReply, "OPENAI",
+                                  "fake-model", "contextpipe chat"), sys.argv[1:]))
