@@ -86,8 +86,9 @@ class HttpServer:
 def model_tool_name(prefix: str, remote: str) -> str:
     """Return the name a model may call for server tool `remote` with `prefix` (any separator allowed).
 
-    Characters model APIs refuse become ``_`` (``git.`` reads ``git_``); `prefix` is not added to a
-    name that already starts with it, both so mapped (``git.`` and ``git_status`` give ``git_status``).
+    Characters model APIs refuse become ``_`` (``git.`` reads ``git_``); a `prefix` ending in a
+    separator is not added to a name that already starts with it, both so mapped (``git.`` and
+    ``git_status`` give ``git_status``; ``a`` and ``add`` give ``aadd``).
     A name over 64 characters is shortened and made unique with a hash of the original.
     """
     full = remote if _prefixed(prefix, remote) else f"{prefix}{remote}"
@@ -98,8 +99,13 @@ def model_tool_name(prefix: str, remote: str) -> str:
 
 
 def _prefixed(prefix: str, remote: str) -> bool:
-    """Whether `remote`, mapped to the characters model APIs accept, already starts with `prefix` so mapped."""
-    return _BAD_CHARS.sub("_", remote).startswith(_BAD_CHARS.sub("_", prefix))
+    """Whether `remote`, mapped to the characters model APIs accept, already starts with `prefix` so mapped.
+
+    Only a prefix that ends in a separator (``_`` or ``-`` once mapped: ``git.``, ``git_``) counts:
+    with ``prefix="a"``, ``add`` is ``aadd`` like every other tool, not left as it is.
+    """
+    mapped = _BAD_CHARS.sub("_", prefix)
+    return mapped.endswith(("_", "-")) and _BAD_CHARS.sub("_", remote).startswith(mapped)
 
 
 @dataclass
