@@ -19,12 +19,14 @@ Markers, as an HTML comment on the line before a fence:
 - ``<!-- docs-test: peer=NAME -->`` before a Python block: the block is another framework's code
   (``NAME`` is a key of `PEERS`, such as ``openai-agents``) and runs with the interpreter of a
   virtualenv holding the pinned `PEER_REQUIREMENTS`, built once under ``.venv-peers/`` (about 40 s
-  and 140 MB the first time; rebuilt when the pins change) and never skipped. It gets the same fakes,
-  and ``OPENAI_AGENTS_DISABLE_TRACING=1`` so the Agents SDK sends no traces to OpenAI.
+  and 140 MB the first time; rebuilt when the pins change; a second test process waits for the
+  first's build) and never skipped. It gets the same fakes, and ``OPENAI_AGENTS_DISABLE_TRACING=1``
+  so the Agents SDK sends no traces to OpenAI.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shlex
@@ -55,6 +57,8 @@ PEER_REQUIREMENTS = ("openai-agents==0.24.0", "agent-framework-core==1.23.0", "a
 PEERS = {"openai-agents", "agent-framework"}
 """The names a ``peer=`` marker may give: the OpenAI Agents SDK and Microsoft Agent Framework."""
 PEER_VENV = ROOT / ".venv-peers"
+PEER_LOCK = ROOT / ".venv-peers.lock"
+"""Held while the peer virtualenv is checked or built, so a second test process waits for the first's build."""
 BLOCK_TIMEOUT = 300
 """Seconds a block may take before it counts as hung (a guard against a stuck example, not a timing check)."""
 
@@ -143,14 +147,17 @@ def peer_python() -> Path:
     """The interpreter of the virtualenv the peer blocks run in (made on first use, kept while its pins hold)."""
     python, stamp = PEER_VENV / "bin" / "python", PEER_VENV / "docs-test-requirements.txt"
     wanted = "\n".join(PEER_REQUIREMENTS) + "\n"
-    if python.exists() and stamp.exists() and stamp.read_text(encoding="utf-8") == wanted:
-        return python
-    for command in ([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)],
-                    [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PEER_REQUIREMENTS]):
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        assert done.returncode == 0, f"cannot build {PEER_VENV} for the peer examples: {shlex.join(command)}\n" \
-                                     f"{done.stdout}{done.stderr}"
-    stamp.write_text(wanted, encoding="utf-8")
+    with PEER_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when a build fails
+        if python.exists() and stamp.exists() and stamp.read_text(encoding="utf-8") == wanted:
+            return python
+        for command in ([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)],
+                        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                         *PEER_REQUIREMENTS]):
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            assert done.returncode == 0, f"cannot build {PEER_VENV} for the peer examples: {shlex.join(command)}\n" \
+                                         f"{done.stdout}{done.stderr}"
+        stamp.write_text(wanted, encoding="utf-8")
     return python
 
 
