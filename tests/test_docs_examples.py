@@ -17,7 +17,7 @@ Markers, as an HTML comment on the line before a fence:
 - ``<!-- docs-test: output -->`` before a ``text`` fence that follows a Python block: that block's
   standard output must be exactly this text.
 - ``<!-- docs-test: peer=NAME -->`` before a Python block: the block is another framework's code
-  (``NAME`` is a key of `PEERS`, such as ``openai-agents``) and runs with the interpreter of a
+  (``NAME`` is one of `PEERS`, such as ``openai-agents``) and runs with the interpreter of a
   virtualenv holding the pinned `PEER_REQUIREMENTS`, built once under ``.venv-peers/`` (about 40 s
   and 140 MB the first time; rebuilt when the pins change; a second test process waits for the
   first's build) and never skipped. It gets the same fakes, and ``OPENAI_AGENTS_DISABLE_TRACING=1``
