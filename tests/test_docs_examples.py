@@ -16,10 +16,17 @@ Markers, as an HTML comment on the line before a fence:
   (a module, a ``SKILL.md``); it is written to PATH in each later block's folder, not run.
 - ``<!-- docs-test: output -->`` before a ``text`` fence that follows a Python block: that block's
   standard output must be exactly this text.
+- ``<!-- docs-test: peer=NAME -->`` before a Python block: the block is another framework's code
+  (``NAME`` is one of `PEERS`, such as ``openai-agents``) and runs with the interpreter of a
+  virtualenv holding the pinned `PEER_REQUIREMENTS`, built once under ``.venv-peers/`` (about 40 s
+  and 140 MB the first time; rebuilt when the pins change; a second test process waits for the
+  first's build) and never skipped. It gets the same fakes, and ``OPENAI_AGENTS_DISABLE_TRACING=1``
+  so the Agents SDK sends no traces to OpenAI.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shlex
@@ -47,6 +54,13 @@ FENCE = re.compile(r"^(?P<indent> *)(?P<ticks>`{3,}|~{3,})(?P<info>[^`]*)$")
 MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<what>[^>]*?)\s*-->")
 SIDE_EFFECTS = {"install_completion", "show_completion"}
 """Root options whose callbacks act on the machine when parsed (typer's shell completion): parsed, never run."""
+PEER_REQUIREMENTS = ("openai-agents==0.24.0", "agent-framework-core==1.23.0", "agent-framework-openai==1.17.0")
+"""What the peer frameworks' blocks run on (the versions bench/peers/setup.sh pins)."""
+PEERS = {"openai-agents", "agent-framework"}
+"""The names a ``peer=`` marker may give: the OpenAI Agents SDK and Microsoft Agent Framework."""
+PEER_VENV = ROOT / ".venv-peers"
+PEER_LOCK = ROOT / ".venv-peers.lock"
+"""Held while the peer virtualenv is checked or built, so a second test process waits for the first's build."""
 BLOCK_TIMEOUT = 300
 """Seconds a block may take before it counts as hung (a guard against a stuck example, not a timing check)."""
 
@@ -130,17 +144,47 @@ def fakes() -> Iterator[dict[str, str]]:
         yield env
 
 
+@pytest.fixture(scope="session")
+def peer_python() -> Path:
+    """The interpreter of the virtualenv the peer blocks run in (made on first use, kept while its pins hold)."""
+    python, stamp = PEER_VENV / "bin" / "python", PEER_VENV / "docs-test-requirements.txt"
+    wanted = "\n".join(PEER_REQUIREMENTS) + "\n"
+    with PEER_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when a build fails
+        if python.exists() and stamp.exists() and stamp.read_text(encoding="utf-8") == wanted:
+            return python
+        for command in ([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)],
+                        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                         *PEER_REQUIREMENTS]):
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            assert done.returncode == 0, f"cannot build {PEER_VENV} for the peer examples: {shlex.join(command)}\n" \
+                                         f"{done.stdout}{done.stderr}"
+        stamp.write_text(wanted, encoding="utf-8")
+    return python
+
+
+def _interpreter(block: Block, request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:
+    """The interpreter that runs `block` and what it adds to the environment (a peer's, for a ``peer=`` block)."""
+    if not block.marker.startswith("peer="):
+        return sys.executable, {}
+    peer = block.marker.removeprefix("peer=").strip()
+    assert peer in PEERS, f"{block.id}: unknown peer {peer!r}; known: {', '.join(sorted(PEERS))}"
+    return str(request.getfixturevalue("peer_python")), {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
+
+
 @pytest.mark.parametrize("block", SCRIPTS, ids=[b.id for b in SCRIPTS])
-def test_python_block_runs(block: Block, fakes: dict[str, str], tmp_path: Path) -> None:
+def test_python_block_runs(block: Block, fakes: dict[str, str], tmp_path: Path,
+                           request: pytest.FixtureRequest) -> None:
     for name, text in _files_before(block).items():
         target = tmp_path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     script = tmp_path / "docs_example.py"
     script.write_text(block.code, encoding="utf-8")
-    env = {**os.environ, **fakes, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
-                                                                            os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+    python, extra = _interpreter(block, request)
+    env = {**os.environ, **fakes, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                                                      os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([python, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=BLOCK_TIMEOUT, check=False)
     assert done.returncode == 0, (
         f"{block.id}: the example exits {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
@@ -204,6 +248,13 @@ def test_shell_block_commands_parse(block: Block) -> None:
 def test_the_collector_finds_the_readme_example() -> None:
     readme = [b for b in SCRIPTS if b.page.name == "README.md"]
     assert readme, "README.md has no Python example (the README must show one complete example that runs)"
+
+
+def test_peer_markers_name_known_peers_on_python_blocks() -> None:
+    marked = [b for b in ALL if b.marker.startswith("peer=")]
+    for block in marked:
+        assert block.lang in PYTHON, f"{block.id}: a peer= marker belongs before a python block"
+        assert block.marker.removeprefix("peer=").strip() in PEERS, f"{block.id}: unknown peer in {block.marker!r}"
 
 
 def test_a_bad_command_fails_to_parse() -> None:
