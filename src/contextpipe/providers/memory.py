@@ -127,13 +127,13 @@ class SemanticMemory(ContextProvider):
     default), a query naming people or places is also embedded without the names, and the vector side
     searches with the mean of the two vectors (every memory carries its author's name, so a name can
     otherwise outweigh what is asked about; the keyword side searches the question as asked). Better
-    recall (README) for a few milliseconds more per recall: both are embedded in one batch.
+    recall (docs/recall.md) for a few milliseconds more per recall: both are embedded in one batch.
 
     Turns that say little ("Wow, Maya!", "How did it go?") share their neighbours' keywords, and often
     a name, so they crowd out the turns that hold answers. With `short_turn_words` (default 5) the
     store's first `candidates` matches are ranked again, each score times ``words / (words +
     short_turn_words)``: a five-word turn counts half, a twenty-word one 0.8; 0 turns this off. Better
-    recall on every conversation measured (README). Of a short statement and a long reply about the
+    recall on every conversation measured (docs/recall.md). Of a short statement and a long reply about the
     same thing, the reply now tends to come first; its line shows the statement as what came just
     before.
 

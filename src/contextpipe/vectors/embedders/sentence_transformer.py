@@ -16,8 +16,8 @@ class SentenceTransformerEmbedder(QueryBatches):
     """Any sentence-transformers model in a folder on this machine (torch, offline): bring your own model.
 
     For a model stronger than `LocalEmbedder`'s, at the price of its speed: all-mpnet-base-v2, for
-    one, recalls more of both fixtures' evidence but takes six times as long per recall (README,
-    "Memory recall, measured"). `model_path` is a folder as sentence-transformers saves one (with
+    one, recalls more of both fixtures' evidence but takes six times as long per recall (docs/recall.md,
+    "Memory recall"). `model_path` is a folder as sentence-transformers saves one (with
     ``modules.json``), e.g. a snapshot in the Hugging Face cache; nothing is downloaded. `name` is the
     folder's name (a cache snapshot's: its model's) unless given; `dimension` is the model's. Texts
     are embedded as documents and search queries as queries (with the model's own prompts, if it
