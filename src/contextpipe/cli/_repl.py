@@ -1,31 +1,31 @@
-"""The chat's prompt: lines read (with line editing and a history), turns streamed word-wrapped, slash commands.
+"""The chat's prompt: turns streamed word-wrapped, a notice while the model is silent, slash commands.
 
 `ChatRepl` runs on the `asyncio.Runner` of ``contextpipe chat`` (`contextpipe.cli.chat`), turn by
-turn from the main thread, and reads the prompt between turns in the main thread too.
+turn from the main thread, and reads the prompt between turns in the main thread too (with
+`_lines.LineReader`: line editing, history, pastes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Callable, Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 
 from ..agent import Agent
-from ..errors import ContextPipeError, UsageError
+from ..errors import ContextPipeError, UsageError, shorten
 from ..events import ToolCallFinished, ToolCallStarted
 from ..messages import Message, Source
 from ..models.base import TextDelta
 from ..session import Session
-from ._shared import CONTROL_CHARACTERS, message_line, shown
+from ._lines import LineReader, trimmed
+from ._shared import CONTROL_CHARACTERS, error_text, message_line, shown
 
-__all__ = ["COMMANDS", "ChatRepl", "WordWrap"]
+__all__ = ["COMMANDS", "ChatRepl", "WaitNotice", "WordWrap"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "/session": "the session's id, size and where it is stored",
     "/history [N]": "the session's last N messages (default 10)",
     "/inspect [N]": "where the tokens of the Nth stored model call came from (default: the last)",
+    "/paste": "send the lines that follow as one message, up to a line holding only '.' (or Ctrl-D)",
     "/exit": "leave (also /quit, Ctrl-D or Ctrl-C)",
 }
 """The slash commands the prompt understands; any other line goes to the model (start it with // to
@@ -109,6 +110,53 @@ class WordWrap:
         self._word = ""
 
 
+WAITING: Final = "waiting for the model… (Ctrl-C stops it)"
+"""What `WaitNotice` says."""
+
+
+class WaitNotice:
+    """Say "waiting for the model…" on the terminal once the model has been silent for `after` seconds.
+
+    `clear` erases it in place (cursor back, clear to the end of the line) before the model's text
+    is written, so it leaves nothing behind; it is cut to fit the line for that. On the console of
+    the answer when that is a terminal, after ``assistant> ``; else on the error console at the
+    start of a line when that one is a terminal; else (output to files) never shown.
+    """
+
+    def __init__(self, console: Console | None, after: float, *, inline: bool = True) -> None:
+        self.console = console
+        self.after = after
+        self.inline = inline
+        self._timer: asyncio.TimerHandle | None = None
+        self._shown = 0  # cells on the screen
+
+    def arm(self, column: int) -> None:
+        """Show the notice in `after` seconds (the cursor is then at `column`) unless `clear` comes first."""
+        self.clear()
+        if self.console is not None:
+            self._timer = asyncio.get_running_loop().call_later(self.after, self._show,
+                                                                column if self.inline else 0)
+
+    def clear(self) -> None:
+        """Cancel the notice, erasing it if it is shown."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._shown and self.console is not None:
+            self.console.file.write(f"\x1b[{self._shown}D\x1b[K")
+            self.console.file.flush()
+        self._shown = 0
+
+    def _show(self, column: int) -> None:
+        self._timer = None
+        assert self.console is not None
+        text = WAITING[:max(0, self.console.width - column - 1)]
+        if len(text) < len("waiting"):
+            return
+        self.console.print(f"[dim]{escape(text)}[/dim]", end="")
+        self._shown = cell_len(text)
+
+
 class ChatRepl:
     """Read lines, run them through the agent turn by turn, and answer slash commands."""
 
@@ -122,6 +170,7 @@ class ChatRepl:
         err: Console,
         *,
         render_trace: Callable[[int, dict[str, Any]], None],
+        wait_notice_after: float = 1.0,
     ) -> None:
         self.runner = runner
         self.agent = agent
@@ -130,36 +179,44 @@ class ChatRepl:
         self.out = out
         self.err = err
         self._render_trace = render_trace
-        self._history_file: Path | None = None
+        self.wait_notice_after = wait_notice_after
+        """Seconds of silence from the model before `WaitNotice` shows."""
+        self.lines = LineReader(err, COMMANDS)
+        self.unanswered = 0
+        """Messages of this chat that got no answer (the run failed or was interrupted)."""
 
     # --- the loop ----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Chat until /exit, Ctrl-D (exit code 0) or Ctrl-C at the prompt (130)."""
-        if sys.stdin.isatty():
-            self._start_line_editing()
+        """Chat until /exit or Ctrl-D (exit code 0), or Ctrl-C at the prompt (130).
+
+        Reading from a pipe, the exit code is 1 if a message got no answer.
+        """
+        interactive = sys.stdin.isatty()
+        if interactive:
+            self.lines.start()
         try:
             while True:
                 try:
-                    line = input("you> ")
+                    entry = self.lines.read("you> ")
                 except EOFError:
                     self.out.print()
-                    return 0
+                    break
                 except KeyboardInterrupt:
                     self.out.print()
                     return 130
-                text = line.strip()
+                text = trimmed(entry.text) if entry.pasted else entry.text.strip()
                 if not text:
                     continue
-                if text.startswith("//"):
-                    text = text[1:]
-                elif text.startswith("/"):
-                    if not self._command(text):
-                        return 0
-                    continue
-                self._turn(text)
+                if entry.pasted or not text.startswith("/"):
+                    self._turn(text)
+                elif text.startswith("//"):
+                    self._turn(text[1:])
+                elif not self._command(text):
+                    break
         finally:
-            self._save_history()
+            self.lines.stop()
+        return 1 if self.unanswered and not interactive else 0
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.runner.run(coro)
@@ -178,19 +235,21 @@ class ChatRepl:
 
         wrap = WordWrap(write, width, column=len("assistant> "))
         try:
-            self._call(self._stream(message, wrap))
+            self._call(self._stream(message, wrap, self._wait_notice()))
             wrap.finish()
             self.out.print()
             return
         except KeyboardInterrupt:  # an interrupted run saves its input itself: say whether it is there
             wrap.finish()
             self.out.print()
+            self.unanswered += 1
             self._report_kept(message)
             return
         except ContextPipeError as exc:
             wrap.finish()
             self.out.print()
-            self.err.print(f"[red]error:[/red] {shown(str(exc))}")
+            self.unanswered += 1
+            self.err.print(f"[red]error:[/red] {shown(error_text(exc))}")
             problem = "the run failed"
         except Exception:  # a bug: keep the message, then let the traceback show
             wrap.finish()
@@ -199,17 +258,29 @@ class ChatRepl:
             raise
         self._keep_input(message, problem)
 
-    async def _stream(self, message: Message, wrap: WordWrap) -> None:
-        async for event in self.agent.stream(message, session=self.session):
-            if isinstance(event, TextDelta):
-                wrap.feed(event.text)
-            elif isinstance(event, ToolCallStarted):
-                wrap.finish()
-                self.out.print(f"\n[dim]  calling {shown(event.call.name)}({shown(event.call.arguments)})[/dim]")
-                wrap.column = 0
-            elif isinstance(event, ToolCallFinished):
-                self.out.print(f"[dim]  -> {shown(event.result.result[:200])}[/dim]")
-                wrap.column = 0
+    def _wait_notice(self) -> WaitNotice:
+        if self.out.is_terminal:
+            return WaitNotice(self.out, self.wait_notice_after)
+        return WaitNotice(self.err if self.err.is_terminal else None, self.wait_notice_after, inline=False)
+
+    async def _stream(self, message: Message, wrap: WordWrap, notice: WaitNotice) -> None:
+        notice.arm(wrap.column)
+        try:
+            async for event in self.agent.stream(message, session=self.session):
+                if isinstance(event, TextDelta):
+                    notice.clear()
+                    wrap.feed(event.text)
+                elif isinstance(event, ToolCallStarted):
+                    notice.clear()
+                    wrap.finish()
+                    self.out.print(f"\n[dim]  calling {shown(event.call.name)}({shown(event.call.arguments)})[/dim]")
+                    wrap.column = 0
+                elif isinstance(event, ToolCallFinished):
+                    self.out.print(f"[dim]  -> {shown(event.result.result[:200])}[/dim]")
+                    wrap.column = 0
+                    notice.arm(0)  # the next model call
+        finally:
+            notice.clear()
 
     def _report_kept(self, message: Message) -> None:
         """Tell the user whether the interrupted run's message is in the session (the agent saved it)."""
@@ -218,7 +289,7 @@ class ChatRepl:
             recent = self._call(store.load(session.tenant, session.id, limit=50)).messages
         except (ContextPipeError, KeyboardInterrupt) as exc:
             self.err.print(f"[yellow]interrupted; the session could not be read to check your message: "
-                           f"{shown(str(exc))}[/yellow]")
+                           f"{shown(error_text(exc))}[/yellow]")
             return
         if any(m.id == message.id for m in recent):
             self.err.print("[dim]interrupted; your message is kept in the session[/dim]")
@@ -237,7 +308,7 @@ class ChatRepl:
             self._call(store.append(session.tenant, session.id, [message.with_source(_INPUT)]))
         except (ContextPipeError, KeyboardInterrupt) as exc:
             self.err.print(f"[yellow]{problem}; your message could not be kept in the session: "
-                           f"{shown(str(exc))}[/yellow]")
+                           f"{shown(error_text(exc))}[/yellow]")
             return
         self.err.print(f"[dim]{problem}; your message is kept in the session[/dim]")
 
@@ -258,14 +329,26 @@ class ChatRepl:
                 self._call(self._show_history(self._number(argument, 10)))
             elif name == "/inspect":
                 self._call(self._inspect(self._number(argument, None)))
+            elif name == "/paste":
+                self._paste()
             else:
                 self.err.print(f"unknown command {escape(name)}; /help lists the commands (start a line with // "
                                "to send it to the model as it is)")
         except KeyboardInterrupt:
             self.out.print()
         except ContextPipeError as exc:
-            self.err.print(f"[red]error:[/red] {shown(str(exc))}")
+            self.err.print(f"[red]error:[/red] {shown(error_text(exc))}")
         return True
+
+    def _paste(self) -> None:
+        """Send the lines up to one holding only '.' (or Ctrl-D) as one message; Ctrl-C cancels."""
+        self.out.print("[dim]paste or type the message; end it with a line holding only '.' (or Ctrl-D), "
+                       "Ctrl-C cancels[/dim]")
+        text = trimmed(self.lines.read_until_dot("paste> "))
+        if text:
+            self._turn(text)
+        else:
+            self.out.print("[dim]nothing to send[/dim]")
 
     def _help(self) -> None:
         for usage, what in COMMANDS.items():
@@ -277,7 +360,7 @@ class ChatRepl:
         if not argument:
             return default
         if not argument.isdigit() or int(argument) < 1:
-            raise UsageError(f"expected a number from 1, got {argument!r}")
+            raise UsageError(f"expected a number from 1, got {shorten(argument)}")
         return int(argument)
 
     async def _show_session(self) -> None:
@@ -309,42 +392,3 @@ class ChatRepl:
             self.err.print(f"this session has {len(traces)} stored model call(s)")
             return
         self._render_trace(number, traces[number - 1])
-
-    # --- line editing ------------------------------------------------------------------------------
-
-    def _start_line_editing(self) -> None:
-        try:
-            import readline
-        except ImportError:  # pragma: no cover - Windows without pyreadline
-            return
-        names = sorted({usage.split(" ")[0] for usage in COMMANDS} | {"/quit"})
-
-        def complete(text: str, state: int) -> str | None:
-            matches = [n for n in names if n.startswith(text)] if text.startswith("/") else []
-            return matches[state] if state < len(matches) else None
-
-        readline.set_completer(complete)
-        readline.set_completer_delims(" \t\n")
-        readline.parse_and_bind("tab: complete")
-        readline.set_history_length(1000)
-        name = os.environ.get("CONTEXTPIPE_HISTORY", str(Path.home() / ".contextpipe_history"))
-        if not name:
-            return
-        self._history_file = Path(name)
-        try:
-            readline.read_history_file(self._history_file)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self.err.print(f"[dim]prompt history not read from {escape(name)}: {escape(str(exc))}[/dim]")
-
-    def _save_history(self) -> None:
-        if self._history_file is None:
-            return
-        import readline
-
-        try:
-            readline.write_history_file(self._history_file)
-        except OSError as exc:
-            self.err.print(f"[dim]prompt history not saved to {escape(str(self._history_file))}: "
-                           f"{escape(str(exc))}[/dim]")

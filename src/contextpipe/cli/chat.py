@@ -21,14 +21,14 @@ import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 from rich.markup import escape
 
 from ..agent import Agent
 from ..config import Durability
-from ..errors import UsageError
+from ..errors import UsageError, shorten
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest, ModelResponse, ResponseComplete, TextDelta
 from ..providers.compaction import Compaction
@@ -90,19 +90,19 @@ class DemoChatModel:
 
 
 def _model(model: str | None, base_url: str | None, api_key: str | None, demo_model: bool,
-           provider: str = "openai") -> ChatModel:
+           provider: str = "openai", timeout: float | None = None) -> ChatModel:
     """Return the model the flags and the environment name (the demo model when asked or accepted)."""
     if demo_model:
         return DemoChatModel()
     if provider not in PROVIDERS:
-        raise fail(f"unknown --provider {provider!r}; choose one of: {', '.join(PROVIDERS)}", code=2)
+        raise fail(f"unknown --provider {shorten(provider)}; choose one of: {', '.join(PROVIDERS)}", code=2)
     env = "ANTHROPIC" if provider == "anthropic" else "OPENAI"
     model = model or os.environ.get(f"{env}_MODEL")
     base_url = base_url or os.environ.get(f"{env}_BASE_URL")
     api_key = api_key or os.environ.get(f"{env}_API_KEY")
     if not model or not (api_key or base_url):
         return _without_a_model(NO_MODEL if env == "OPENAI" else NO_CLAUDE)
-    return _client(provider, model, base_url, api_key)
+    return _client(provider, model, base_url, api_key, _Timeout() if timeout is None else _Timeout(timeout=timeout))
 
 
 def _without_a_model(message: str) -> ChatModel:
@@ -112,18 +112,22 @@ def _without_a_model(message: str) -> ChatModel:
     raise fail(message, code=2)
 
 
-def _client(provider: str, model: str, base_url: str | None, api_key: str | None) -> ChatModel:
+class _Timeout(TypedDict, total=False):
+    timeout: float  # not given: the client's own default
+
+
+def _client(provider: str, model: str, base_url: str | None, api_key: str | None, timeout: _Timeout) -> ChatModel:
     if provider == "anthropic":
         from ..models.anthropic import AnthropicChatModel
 
-        return AnthropicChatModel(model, base_url=base_url, api_key=api_key)
+        return AnthropicChatModel(model, base_url=base_url, api_key=api_key, **timeout)
     if provider == "openai-responses":
         from ..models.openai_responses import OpenAIResponsesModel
 
-        return OpenAIResponsesModel(model, base_url=base_url, api_key=api_key)
+        return OpenAIResponsesModel(model, base_url=base_url, api_key=api_key, **timeout)
     from ..models.openai import OpenAIChatModel
 
-    return OpenAIChatModel(model, base_url=base_url, api_key=api_key)
+    return OpenAIChatModel(model, base_url=base_url, api_key=api_key, **timeout)
 
 
 def chat(
@@ -139,6 +143,9 @@ def chat(
     api_key: Annotated[str | None, typer.Option(help="API key (default: $OPENAI_API_KEY or $ANTHROPIC_API_KEY).")]
     = None,
     demo_model: Annotated[bool, typer.Option("--demo-model", help="Use the offline demo model.")] = False,
+    timeout: Annotated[float | None, typer.Option(
+        min=0.1, metavar="SECONDS", help="How long the model may stay silent before a request fails (default 60, "
+        "600 with anthropic); a request that times out is tried 3 times in all.")] = None,
     instructions: Annotated[str, typer.Option(help="System instructions.")] = "You are a helpful assistant.",
     max_input_tokens: Annotated[int | None, typer.Option(min=1, help="Compact the context to this many tokens.")]
     = None,
@@ -152,8 +159,17 @@ def chat(
         "--mcp", help="MCP server whose tools the model may call: a command line (run over stdio) or an "
         "http(s) URL (repeatable).")] = None,
 ) -> None:
-    """Chat with a model; every turn is stored in the session (type /help for commands, /exit to leave)."""
-    chat_model = _model(model, base_url, api_key, demo_model, provider)
+    """Chat with a model; every turn is stored in the session (type /help for commands, /exit to leave).
+
+    A multi-line paste is sent as one message (the terminal's bracketed paste); /paste takes the
+    lines typed or pasted up to a line holding only "." (or Ctrl-D) as one message. Piped to stdin,
+    each line is a message.
+
+    Exit status: 0; 1 when stdin is not a terminal and a message got no answer (its model call
+    failed or was interrupted), or when the chat cannot start; 2 when no model is configured; 130
+    on Ctrl-C at the prompt.
+    """
+    chat_model = _model(model, base_url, api_key, demo_model, provider, timeout)
     options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [])
     check_new_db(db)
     with asyncio.Runner() as runner:
@@ -226,7 +242,7 @@ def _mcp_tools(spec: str, source_id: str) -> McpTools:
     try:
         argv = shlex.split(spec)
     except ValueError as exc:
-        raise UsageError(f"--mcp {spec!r} is not a command line: {exc}") from None
+        raise UsageError(f"--mcp {shorten(spec)} is not a command line: {exc}") from None
     if not argv:
         raise UsageError("--mcp needs a command line (run over stdio) or an http(s) URL")
     return McpTools(StdioServer(argv[0], argv[1:]), source_id=source_id)
