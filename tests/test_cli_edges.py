@@ -616,6 +616,26 @@ def test_the_wait_notice_is_erased_when_the_answer_comes(fake_openai: FakeOpenAI
     assert lines[-3:] == ["you> Anyone?", "assistant> Here I am.", "you>"]
 
 
+def test_ctrl_c_while_the_wait_notice_shows_erases_it_whole(silent_server: str, tmp_path: Path) -> None:
+    child = spawn(["chat", "--db", str(tmp_path / "c.db"), "--base-url", silent_server, "--model", "m"], tmp_path,
+                  dimensions=(24, 80))
+    child.logfile_read = output = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline("Hello?")
+        child.expect_exact("waiting for the model…", timeout=60)
+        child.sendintr()  # the terminal echoes ^C after the notice, moving the cursor on
+        child.expect("interrupted; your message is kept in the session")
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    lines = [line.rstrip() for line in screen(output.getvalue()) if line.strip()]
+    asked = lines.index("you> Hello?")
+    assert lines[asked + 1:asked + 3] == ["assistant>", "interrupted; your message is kept in the session"]
+
+
 def paste(child: pexpect.spawn, lines: list[str], shown: str) -> None:
     """Paste `lines` as a terminal does: marked (bracketed paste) if the program turned that on, else as typed."""
     text = "\r".join(lines) + "\r"

@@ -117,8 +117,9 @@ WAITING: Final = "waiting for the model… (Ctrl-C stops it)"
 class WaitNotice:
     """Say "waiting for the model…" on the terminal once the model has been silent for `after` seconds.
 
-    `clear` erases it in place (cursor back, clear to the end of the line) before the model's text
-    is written, so it leaves nothing behind; it is cut to fit the line for that. On the console of
+    `clear` erases it in place (back to the column it starts at, clear to the end of the line) before
+    the model's text is written, so it leaves nothing behind, not even the ``^C`` a terminal echoes
+    after it; it is cut to fit the line for that. On the console of
     the answer when that is a terminal, after ``assistant> ``; else on the error console at the
     start of a line when that one is a terminal; else (output to files) never shown.
     """
@@ -128,7 +129,7 @@ class WaitNotice:
         self.after = after
         self.inline = inline
         self._timer: asyncio.TimerHandle | None = None
-        self._shown = 0  # cells on the screen
+        self._at: int | None = None  # the column it starts at, while it is shown
 
     def arm(self, column: int) -> None:
         """Show the notice in `after` seconds (the cursor is then at `column`) unless `clear` comes first."""
@@ -142,10 +143,12 @@ class WaitNotice:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._shown and self.console is not None:
-            self.console.file.write(f"\x1b[{self._shown}D\x1b[K")
+        if self._at is not None and self.console is not None:
+            # To its column from the line's start: a ^C echoed after it has moved the cursor on.
+            forward = f"\x1b[{self._at}C" if self._at else ""  # (ESC[0C moves one column)
+            self.console.file.write(f"\r{forward}\x1b[K")
             self.console.file.flush()
-        self._shown = 0
+        self._at = None
 
     def _show(self, column: int) -> None:
         self._timer = None
@@ -154,7 +157,7 @@ class WaitNotice:
         if len(text) < len("waiting"):
             return
         self.console.print(f"[dim]{escape(text)}[/dim]", end="")
-        self._shown = cell_len(text)
+        self._at = column
 
 
 class ChatRepl:
