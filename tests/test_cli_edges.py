@@ -636,6 +636,54 @@ def test_ctrl_c_while_the_wait_notice_shows_erases_it_whole(silent_server: str, 
     assert lines[asked + 1:asked + 3] == ["assistant>", "interrupted; your message is kept in the session"]
 
 
+def test_the_wait_notice_stays_off_while_a_tool_runs_and_leaves_nothing_between_results() -> None:
+    from rich.console import Console
+
+    from contextpipe import Agent, tool
+    from contextpipe.cli._lines import LineReader
+    from contextpipe.cli._repl import COMMANDS, ChatRepl
+    from contextpipe.providers import History
+    from contextpipe.stores import MemoryStore
+    from contextpipe.testing import ScriptedModel, tool_call
+
+    @tool
+    async def quick() -> str:
+        """Answer at once."""
+        return "quick result"
+
+    @tool
+    async def slow() -> str:
+        """Answer after some turns of the event loop, each one a chance for a notice due at once to show."""
+        for _ in range(50):
+            await asyncio.sleep(0)
+        return "slow result"
+
+    screen_file, errors = io.StringIO(), io.StringIO()
+    out = Console(file=screen_file, force_terminal=True, width=80, highlight=False, soft_wrap=True)
+    err = Console(file=errors, force_terminal=True, width=80, highlight=False, soft_wrap=True)
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([tool_call("quick") + tool_call("slow"), "Both done."]), tools=[quick, slow],
+                  providers=[History(store)], store=store)
+    typed = iter(["Run both."])
+
+    def read(prompt: str) -> str:  # what the terminal shows of a typed line: the prompt, the line, Enter
+        line = next(typed, None)
+        if line is None:
+            raise EOFError
+        screen_file.write(f"{prompt}{line}\n")
+        return line
+
+    with asyncio.Runner() as runner:
+        repl = ChatRepl(runner, agent, runner.run(agent.session("s1")), "memory", out, err,
+                        render_trace=lambda number, trace: None, wait_notice_after=0)
+        repl.lines = LineReader(err, COMMANDS, read=read)
+        assert repl.run() == 0, errors.getvalue()
+    shown = screen_file.getvalue().replace("\n", "\r\n")  # as a terminal takes a line break
+    lines = [line.rstrip() for line in screen(shown) if line.strip()]
+    assert lines == ["you> Run both.", "assistant>", "  calling quick({})", "  calling slow({})",
+                     "  -> quick result", "  -> slow result", "Both done."]
+
+
 def paste(child: pexpect.spawn, lines: list[str], shown: str) -> None:
     """Paste `lines` as a terminal does: marked (bracketed paste) if the program turned that on, else as typed."""
     text = "\r".join(lines) + "\r"

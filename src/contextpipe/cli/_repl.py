@@ -267,6 +267,7 @@ class ChatRepl:
         return WaitNotice(self.err if self.err.is_terminal else None, self.wait_notice_after, inline=False)
 
     async def _stream(self, message: Message, wrap: WordWrap, notice: WaitNotice) -> None:
+        running = 0  # tool calls started and not finished: while one runs, the wait is not the model's
         notice.arm(wrap.column)
         try:
             async for event in self.agent.stream(message, session=self.session):
@@ -278,10 +279,14 @@ class ChatRepl:
                     wrap.finish()
                     self.out.print(f"\n[dim]  calling {shown(event.call.name)}({shown(event.call.arguments)})[/dim]")
                     wrap.column = 0
+                    running += 1
                 elif isinstance(event, ToolCallFinished):
+                    notice.clear()
                     self.out.print(f"[dim]  -> {shown(event.result.result[:200])}[/dim]")
                     wrap.column = 0
-                    notice.arm(0)  # the next model call
+                    running = max(0, running - 1)
+                    if not running:
+                        notice.arm(0)  # the next model call
         finally:
             notice.clear()
 
