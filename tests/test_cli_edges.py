@@ -698,6 +698,25 @@ HIDE_READLINE = ("import sys; sys.modules['readline'] = None; sys.argv = ['conte
 
 
 @pytest.mark.parametrize("editing", ["readline", "terminal"])
+def test_a_dumb_terminal_gets_no_escape_codes(silent_server: str, tmp_path: Path, editing: str) -> None:
+    command = CLI if editing == "readline" else [sys.executable, "-c", HIDE_READLINE]
+    child = spawn(["chat", "--db", str(tmp_path / "t.db"), "--base-url", silent_server, "--model", "m",
+                   "--timeout", "0.5"], tmp_path, {"TERM": "dumb"}, command=command)
+    child.logfile_read = output = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline("Hello?")  # 3 attempts of 0.5 s: longer than the 1 s after which the notice shows
+        child.expect("raise --timeout or retry later", timeout=120)
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert "\x1b" not in output.getvalue()  # no bracketed paste, no notice (Emacs' shell would show them as text)
+
+
+@pytest.mark.parametrize("editing", ["readline", "terminal"])
 def test_a_pasted_text_of_40_lines_is_one_message(fake_openai: FakeOpenAIServer, tmp_path: Path,
                                                     editing: str) -> None:
     fake_openai.enqueue(FakeReply("Got them all."))

@@ -6,7 +6,8 @@ message, not 40 (Python's readline module turns it off when it loads). Readline 
 itself and turns bracketed paste on only while it reads a line; without readline, the terminal's
 own line editing passes the marks through, they are read here, and bracketed paste is turned on
 for the whole chat; either way it is off when the chat ends. (With libedit, macOS's stand-in for
-readline, it is left off: there ``/paste`` takes a paste.)
+readline, and on a terminal that takes no escape codes, ``TERM=dumb``, it is left off: there
+``/paste`` takes a paste.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ PASTE_END: Final = "\x1b[201~"
 """What it sends after the paste."""
 _BRACKETS_ON: Final = "\x1b[?2004h"
 _BRACKETS_OFF: Final = "\x1b[?2004l"
+
+
+def _dumb_terminal() -> bool:
+    """Whether the terminal takes no escape codes (``TERM=dumb``, as in Emacs' shell), as Rich decides it."""
+    return os.environ.get("TERM", "").lower() in ("dumb", "unknown")
 
 
 @dataclass(frozen=True)
@@ -67,18 +73,19 @@ class LineReader:
 
     def start(self) -> None:
         """Set up line editing, the history and bracketed paste (when stdin is a terminal)."""
+        brackets = sys.stdout.isatty() and not _dumb_terminal()
         try:
             import readline
         except ImportError:
-            if sys.stdout.isatty():
+            if brackets:
                 sys.stdout.write(_BRACKETS_ON)
                 sys.stdout.flush()
                 self._brackets = True
             return
         self._readline = readline
-        if "libedit" not in (readline.__doc__ or ""):
+        if brackets and "libedit" not in (readline.__doc__ or ""):
             readline.parse_and_bind("set enable-bracketed-paste on")  # readline turns it on and off per line
-            self._brackets = sys.stdout.isatty()  # and off at the end too, however the chat ends
+            self._brackets = True  # and off at the end too, however the chat ends
         self._start_editing(readline)
 
     def stop(self) -> None:

@@ -119,9 +119,9 @@ class WaitNotice:
 
     `clear` erases it in place (back to the column it starts at, clear to the end of the line) before
     the model's text is written, so it leaves nothing behind, not even the ``^C`` a terminal echoes
-    after it; it is cut to fit the line for that. On the console of
-    the answer when that is a terminal, after ``assistant> ``; else on the error console at the
-    start of a line when that one is a terminal; else (output to files) never shown.
+    after it; it is cut to fit the line for that. On the console of the answer when that is a
+    terminal, after ``assistant> ``; else on the error console at the start of a line when that one
+    is a terminal; else (output to files, or a terminal without escape codes) never shown.
     """
 
     def __init__(self, console: Console | None, after: float, *, inline: bool = True) -> None:
@@ -158,6 +158,11 @@ class WaitNotice:
             return
         self.console.print(f"[dim]{escape(text)}[/dim]", end="")
         self._at = column
+
+
+def _moves_cursor(console: Console) -> bool:
+    """Whether `console` is a terminal that takes escape codes (not ``TERM=dumb``): the notice needs them."""
+    return console.is_terminal and not console.is_dumb_terminal
 
 
 class ChatRepl:
@@ -262,9 +267,9 @@ class ChatRepl:
         self._keep_input(message, problem)
 
     def _wait_notice(self) -> WaitNotice:
-        if self.out.is_terminal:
+        if _moves_cursor(self.out):
             return WaitNotice(self.out, self.wait_notice_after)
-        return WaitNotice(self.err if self.err.is_terminal else None, self.wait_notice_after, inline=False)
+        return WaitNotice(self.err if _moves_cursor(self.err) else None, self.wait_notice_after, inline=False)
 
     async def _stream(self, message: Message, wrap: WordWrap, notice: WaitNotice) -> None:
         running = 0  # tool calls started and not finished: while one runs, the wait is not the model's
