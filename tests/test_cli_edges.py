@@ -6,6 +6,7 @@ editing, history, Ctrl-C, word wrapping.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import io
 import json
@@ -857,3 +858,25 @@ def test_the_flags_table_matches_the_library_messages() -> None:
     assert "lease_wait" in str(busy) and "agent.session" in str(stale)
     assert "=" not in error_text(busy) and "agent.session" not in error_text(stale)
     assert all("=" not in command_line for _, command_line in FLAGS)
+
+
+def library_texts() -> list[str]:
+    """Every string literal of the library but the CLI's table, an f-string's fields each shown as a NUL."""
+    source = Path(__file__).parents[1] / "src" / "contextpipe"
+    texts = []
+    for path in source.rglob("*.py"):
+        if path == source / "cli" / "_shared.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.JoinedStr):  # adjacent literals are one node: a phrase may span them
+                texts.append("".join(v.value if isinstance(v, ast.Constant) else "\0" for v in node.values))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append(node.value)
+    return texts
+
+
+def test_every_phrase_the_flags_table_replaces_is_in_a_library_message() -> None:
+    from contextpipe.cli._shared import FLAGS
+
+    texts = library_texts()
+    assert [python for python, _ in FLAGS if not any(python in text for text in texts)] == []
