@@ -860,6 +860,28 @@ def test_the_flags_table_matches_the_library_messages() -> None:
     assert all("=" not in command_line for _, command_line in FLAGS)
 
 
+def test_a_session_deleted_during_the_chat_is_said_in_the_command_line_s_words(tmp_path: Path) -> None:
+    db = tmp_path / "d.db"
+    child = spawn(["chat", "--demo-model", "--db", str(db), "--session", "s1"], tmp_path)
+    try:
+        child.expect("you> ")
+        child.sendline("one")
+        child.expect("you> ")
+        assert run("sessions", "delete", "s1", "--yes", "--db", str(db)).returncode == 0
+        child.sendline("two")
+        child.expect("you> ")
+        failed = ANSI.sub("", child.before)
+        child.sendline("three")
+        child.expect("You said 'three'")  # the next message did start a new one
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    [error] = [line for line in failed.splitlines() if line.startswith("error: ")]
+    assert error.endswith("no longer exists: it was deleted or it expired; your next message starts a new one")
+
+
 def library_texts() -> list[str]:
     """Every string literal of the library but the CLI's table, an f-string's fields each shown as a NUL."""
     source = Path(__file__).parents[1] / "src" / "contextpipe"

@@ -63,6 +63,7 @@ FLAGS: Final = (
     ("use a new file, or pass allow_other_tables=True to add contextpipe's cp_* tables to this one",
      "pass a new file to --db"),
     ("reload it with agent.session(...) and apply the change again", "start the command again"),
+    ("start a new one with agent.session(...)", "your next message starts a new one"),
 )
 """What the library's messages say to a Python caller, and what the command line says instead."""
 
