@@ -328,7 +328,7 @@ async def test_timeout_and_connection_errors(fake: FakeAnthropicServer) -> None:
         return AnthropicReply("late")
 
     fake.enqueue(slow)
-    with pytest.raises(ModelTimeout, match="did not answer in time"):
+    with pytest.raises(ModelTimeout, match=r"did not answer within 0\.2 s for model"):
         await make_model(fake, timeout=0.2).complete(ModelRequest([Message.user("x")]))
     closed = AnthropicChatModel("claude", base_url="http://127.0.0.1:9", api_key="k", max_retries=0)
     _open.append(closed)

@@ -107,6 +107,26 @@ def test_demo_runs_offline(command: list[str]) -> None:
     assert "token_budget: dropped" in output and "tokens by source" in output
 
 
+def test_demo_runs_again_on_the_same_file_beside_the_first_run(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    first = run("demo", "--db", str(db)).stdout
+    exported = {name: run("sessions", "export", name, "--db", str(db)).stdout
+                for name in ("demo-weather", "demo-crash", "alice-friday")}
+    again = run("demo", "--db", str(db))
+    assert "Traceback" not in again.stderr
+    assert "It holds 1 earlier run(s) of this demo, kept as they are; this run's sessions end in -2" in again.stdout
+    # The same story, from fresh sessions: the memory recalled is this run's, the crash log holds one run.
+    assert "session alice-monday-2] user: Please remember that I only eat vegetarian food." in again.stdout
+    for line in ("the log holds 4 messages", "token_budget: dropped 12 of the oldest messages",
+                 "answer: How about a vegetarian mapo tofu tonight?"):
+        assert line in first and line in again.stdout, line
+    # The first run's sessions are as it left them.
+    assert {name: run("sessions", "export", name, "--db", str(db)).stdout for name in exported} == exported
+    listing = json.loads(run("sessions", "list", "--db", str(db), "--json").stdout)
+    listed = {s["session_id"] for s in listing["sessions"]}
+    assert {"demo-weather", "demo-weather-2", "alice-friday", "alice-friday-2", "demo-claude-2"} <= listed
+
+
 def test_index_with_progress_then_chat_with_memory_and_search(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()

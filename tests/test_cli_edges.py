@@ -6,18 +6,21 @@ editing, history, Ctrl-C, word wrapping.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import io
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +48,8 @@ def model_env(server: FakeOpenAIServer) -> dict[str, str]:
 
 
 def spawn(args: list[str], home: Path, env: dict[str, str] | None = None,
-          dimensions: tuple[int, int] = (24, 200)) -> pexpect.spawn:
-    return pexpect.spawn(CLI[0], [*CLI[1:], *args], encoding="utf-8", timeout=30, dimensions=dimensions,
+          dimensions: tuple[int, int] = (24, 200), command: list[str] = CLI) -> pexpect.spawn:
+    return pexpect.spawn(command[0], [*command[1:], *args], encoding="utf-8", timeout=30, dimensions=dimensions,
                          env={**os.environ, "HOME": str(home), "CONTEXTPIPE_HISTORY": str(home / "history"),
                               **(env or {})}, preexec_fn=_default_sigint)
 
@@ -352,7 +355,7 @@ def test_a_failed_first_call_keeps_the_message(fake_openai: FakeOpenAIServer, tm
     fake_openai.enqueue(FakeError(400, "model 'fake-model' does not exist"))
     db = tmp_path / "f.db"
     proc = run("chat", "--db", str(db), "--session", "f1", input="Hello?\n", env=model_env(fake_openai))
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr  # piped: the message got no answer
     assert "does not exist" in proc.stderr and "your message is kept in the session" in proc.stderr
     shown = json.loads(run("sessions", "show", "f1", "--db", str(db), "--json").stdout)
     assert [m["message"]["parts"][0]["text"] for m in shown["messages"]] == ["Hello?"]
@@ -473,7 +476,7 @@ def test_bad_mcp_specs_are_one_line_errors(tmp_path: Path) -> None:
     assert_one_line_error(unclosed, "--mcp \"'unclosed\" is not a command line")
     unreachable = run("chat", "--demo-model", "--db", str(tmp_path / "m.db"), "--mcp", "http://127.0.0.1:9/mcp",
                       input="hi\n")
-    assert unreachable.returncode == 0 and "Traceback" not in unreachable.stderr
+    assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr  # piped: "hi" got no answer
     assert "error: MCP server http://127.0.0.1:9/mcp" in unreachable.stderr
 
 
@@ -519,3 +522,383 @@ def test_sessions_show_renders_every_part_of_a_message_with_trace_preview(tmp_pa
                      "result: zoomed [with image/png (4 bytes)]", "result (error): no such tool"]
     assert lines == [preview(m, width=None) for m in messages]
     assert preview(messages[1], width=12) == "Checking. |…"
+
+
+# --- a silent model, pastes, exit codes, error texts ----------------------------------------------------------
+
+
+def screen(raw: str) -> list[str]:
+    """The lines a terminal shows for `raw`: text, CR, LF, cursor moves (ESC[nA/C/D), erase to end of line (ESC[K)."""
+    lines, row, col = [""], 0, 0
+    for match in re.finditer(r"\x1b\[\??([0-9;]*)([A-Za-z])|\r|\n|[^\x1b\r\n]", raw):
+        token, (number, command) = match.group(), match.groups()
+        count = int(number) if number and number.isdigit() else 1
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+            lines += [""] * (row + 1 - len(lines))
+        elif command == "A":
+            row = max(0, row - count)
+        elif command in ("C", "D"):
+            col = max(0, col + (count if command == "C" else -count))
+        elif command == "K":
+            lines[row] = lines[row][:col]
+        elif command is None:
+            lines[row] = lines[row][:col].ljust(col) + token + lines[row][col + 1:]
+            col += 1
+    return lines
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """The base URL of a server that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed: the test is over
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_silent_model_shows_that_the_chat_waits_and_the_timeout_names_the_flag(silent_server: str,
+                                                                                   tmp_path: Path) -> None:
+    child = spawn(["chat", "--db", str(tmp_path / "t.db"), "--base-url", silent_server, "--model", "m",
+                   "--timeout", "0.5"], tmp_path)
+    try:
+        child.expect("you> ")
+        child.sendline("Hello?")
+        child.expect_exact("waiting for the model…", timeout=60)
+        child.expect("you> ", timeout=120)  # after the error
+        shown = child.before
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0 and "Traceback" not in shown
+    [error] = [line for line in ANSI.sub("", shown).splitlines() if line.startswith("error: ")]
+    assert error.endswith(" did not answer within 0.5 s (3 attempts) for model 'm'; raise --timeout or retry later")
+    assert "timeout=" not in error
+
+
+def test_the_wait_notice_is_erased_when_the_answer_comes(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    asked, release = threading.Event(), threading.Event()
+
+    def hold(body: dict[str, Any]) -> FakeReply:
+        asked.set()
+        release.wait(60)
+        return FakeReply("Here I am.")
+
+    fake_openai.enqueue(hold)
+    child = spawn(["chat", "--db", str(tmp_path / "n.db")], tmp_path, model_env(fake_openai), dimensions=(24, 60))
+    child.logfile_read = output = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline("Anyone?")
+        child.expect_exact("waiting for the model…", timeout=60)
+        release.set()  # the answer comes once the notice is on the screen
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        release.set()
+        child.close()
+    assert asked.is_set()
+    lines = [line.rstrip() for line in screen(output.getvalue()) if line.strip()]
+    assert lines[-3:] == ["you> Anyone?", "assistant> Here I am.", "you>"]
+
+
+def test_ctrl_c_while_the_wait_notice_shows_erases_it_whole(silent_server: str, tmp_path: Path) -> None:
+    child = spawn(["chat", "--db", str(tmp_path / "c.db"), "--base-url", silent_server, "--model", "m"], tmp_path,
+                  dimensions=(24, 80))
+    child.logfile_read = output = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline("Hello?")
+        child.expect_exact("waiting for the model…", timeout=60)
+        child.sendintr()  # the terminal echoes ^C after the notice, moving the cursor on
+        child.expect("interrupted; your message is kept in the session")
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    lines = [line.rstrip() for line in screen(output.getvalue()) if line.strip()]
+    asked = lines.index("you> Hello?")
+    assert lines[asked + 1:asked + 3] == ["assistant>", "interrupted; your message is kept in the session"]
+
+
+def test_the_wait_notice_stays_off_while_a_tool_runs_and_leaves_nothing_between_results() -> None:
+    from rich.console import Console
+
+    from contextpipe import Agent, tool
+    from contextpipe.cli._lines import LineReader
+    from contextpipe.cli._repl import COMMANDS, ChatRepl
+    from contextpipe.providers import History
+    from contextpipe.stores import MemoryStore
+    from contextpipe.testing import ScriptedModel, tool_call
+
+    @tool
+    async def quick() -> str:
+        """Answer at once."""
+        return "quick result"
+
+    @tool
+    async def slow() -> str:
+        """Answer after some turns of the event loop, each one a chance for a notice due at once to show."""
+        for _ in range(50):
+            await asyncio.sleep(0)
+        return "slow result"
+
+    screen_file, errors = io.StringIO(), io.StringIO()
+    out = Console(file=screen_file, force_terminal=True, width=80, highlight=False, soft_wrap=True)
+    err = Console(file=errors, force_terminal=True, width=80, highlight=False, soft_wrap=True)
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([tool_call("quick") + tool_call("slow"), "Both done."]), tools=[quick, slow],
+                  providers=[History(store)], store=store)
+    typed = iter(["Run both."])
+
+    def read(prompt: str) -> str:  # what the terminal shows of a typed line: the prompt, the line, Enter
+        line = next(typed, None)
+        if line is None:
+            raise EOFError
+        screen_file.write(f"{prompt}{line}\n")
+        return line
+
+    with asyncio.Runner() as runner:
+        repl = ChatRepl(runner, agent, runner.run(agent.session("s1")), "memory", out, err,
+                        render_trace=lambda number, trace: None, wait_notice_after=0)
+        repl.lines = LineReader(err, COMMANDS, read=read)
+        assert repl.run() == 0, errors.getvalue()
+    shown = screen_file.getvalue().replace("\n", "\r\n")  # as a terminal takes a line break
+    lines = [line.rstrip() for line in screen(shown) if line.strip()]
+    assert lines == ["you> Run both.", "assistant>", "  calling quick({})", "  calling slow({})",
+                     "  -> quick result", "  -> slow result", "Both done."]
+
+
+def paste(child: pexpect.spawn, lines: list[str], shown: str) -> None:
+    """Paste `lines` as a terminal does: marked (bracketed paste) if the program turned that on, else as typed."""
+    text = "\r".join(lines) + "\r"
+    if shown.rfind("\x1b[?2004h") > shown.rfind("\x1b[?2004l"):
+        text = f"\x1b[200~{text}\x1b[201~"
+    child.send(text)
+    child.send("\r")  # then Enter sends it
+
+
+HIDE_READLINE = ("import sys; sys.modules['readline'] = None; sys.argv = ['contextpipe', *sys.argv[1:]]; "
+                 "from contextpipe.cli import main; main()")
+
+
+@pytest.mark.parametrize("editing", ["readline", "terminal"])
+def test_a_dumb_terminal_gets_no_escape_codes(silent_server: str, tmp_path: Path, editing: str) -> None:
+    command = CLI if editing == "readline" else [sys.executable, "-c", HIDE_READLINE]
+    child = spawn(["chat", "--db", str(tmp_path / "t.db"), "--base-url", silent_server, "--model", "m",
+                   "--timeout", "0.5"], tmp_path, {"TERM": "dumb"}, command=command)
+    child.logfile_read = output = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline("Hello?")  # 3 attempts of 0.5 s: longer than the 1 s after which the notice shows
+        child.expect("raise --timeout or retry later", timeout=120)
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert "\x1b" not in output.getvalue()  # no bracketed paste, no notice (Emacs' shell would show them as text)
+
+
+@pytest.mark.parametrize("editing", ["readline", "terminal"])
+def test_a_pasted_text_of_40_lines_is_one_message(fake_openai: FakeOpenAIServer, tmp_path: Path,
+                                                    editing: str) -> None:
+    fake_openai.enqueue(FakeReply("Got them all."))
+    lines = [f"    line {n}: some pasted text" for n in range(1, 41)]
+    command = CLI if editing == "readline" else [sys.executable, "-c", HIDE_READLINE]
+    child = spawn(["chat", "--db", str(tmp_path / "p.db")], tmp_path, model_env(fake_openai), command=command)
+    try:
+        child.expect("you> ")
+        paste(child, lines, child.before)
+        child.expect("Got them all.")
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        shown = child.before
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert len(fake_openai.requests) == 1
+    assert fake_openai.requests[0]["messages"][-1] == {"role": "user", "content": "\n".join(lines)}
+    assert shown.rfind("\x1b[?2004l") > shown.rfind("\x1b[?2004h")  # bracketed paste is off when the chat ends
+
+
+def test_paste_mode_sends_the_lines_up_to_a_dot_as_one_message(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_openai.enqueue(FakeReply("One message."), FakeReply("Two."), FakeReply("Three."))
+    script = "/paste\ndef f():\n    return 1\n\n.\nafter\n/paste\nup to the end\n/help\n"
+    proc = run("chat", "--db", str(tmp_path / "p.db"), input=script, env=model_env(fake_openai))
+    assert proc.returncode == 0, proc.stderr
+    assert [r["messages"][-1]["content"] for r in fake_openai.requests] == [
+        "def f():\n    return 1", "after", "up to the end\n/help"]  # Ctrl-D (end of input) ends it too
+    assert "end it with a line holding only '.' (or Ctrl-D)" in proc.stdout
+    child = spawn(["chat", "--demo-model", "--db", str(tmp_path / "d.db")], tmp_path)
+    try:
+        child.expect("you> ")
+        child.sendline("/help")
+        child.expect("/paste +send the lines that follow as one message, up to a line holding only '.'")
+        child.sendline("/paste")
+        child.expect("paste> ")
+        child.sendline("first")
+        child.expect("paste> ")
+        child.sendintr()  # Ctrl-C cancels: nothing is sent
+        child.expect("you> ")
+        child.sendline("/paste")
+        child.expect("paste> ")
+        child.sendline("kept")
+        child.expect("paste> ")
+        child.sendeof()  # Ctrl-D ends the message, not the chat
+        child.expect("You said 'kept'")
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert "first" not in (tmp_path / "history").read_text()  # the lines of a paste stay out of the history
+
+
+def test_piped_chat_exits_1_when_a_message_got_no_answer(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
+    fake_openai.enqueue(FakeReply("Fine."), FakeError(404, "Not found."))
+    proc = run("chat", "--db", str(tmp_path / "x.db"), input="one\ntwo\n", env=model_env(fake_openai))
+    assert proc.returncode == 1 and "Fine." in proc.stdout and "Traceback" not in proc.stderr
+    assert run("chat", "--db", str(tmp_path / "x.db"), input="three\n", env=model_env(fake_openai)).returncode == 0
+    described = " ".join(run("chat", "--help").stdout.split())
+    assert "Exit status: 0; 1 when stdin is not a terminal and a message got no answer" in described
+
+
+LONG = "a" * 10_000
+
+
+@pytest.mark.parametrize("command", [
+    ["chat", "--demo-model", "--session", LONG], ["chat", "--demo-model", "--tenant", LONG],
+    ["sessions", "show", LONG], ["sessions", "export", LONG], ["sessions", "delete", LONG, "--yes"],
+    ["inspect", LONG], ["sessions", "list", "--cursor", LONG], ["chat", "--provider", LONG],
+    ["chat", "--demo-model", "--mcp", "'" + LONG],
+])
+def test_a_10000_character_value_gives_a_short_error(db: Path, command: list[str]) -> None:
+    proc = run(*command, "--db", str(db), input="hi\n")
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert len(proc.stderr) < 400 and re.search(r"\(1000[01] characters\)", proc.stderr), proc.stderr
+
+
+def other_application(path: Path) -> Path:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize("command", [["chat", "--demo-model"], ["index", str(Path(__file__).parent / "fixtures")],
+                                     ["demo"]])
+def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path: Path, command: list[str]) -> None:
+    db = other_application(tmp_path / "app.db")
+    before = db.read_bytes()
+    proc = run(*command, "--db", str(db), input="hi\n")
+    assert_one_line_error(proc, f"{db} holds another application's tables ('invoices') and no contextpipe data; "
+                                "pass a new file to --db")
+    assert db.read_bytes() == before and not Path(f"{db}-wal").exists()
+    (tmp_path / "empty.db").write_bytes(b"")  # an empty file is a new database
+    assert run("chat", "--demo-model", "--db", str(tmp_path / "empty.db"), input="hi\n").returncode == 0
+
+
+DOUBLED = re.compile(r"[.;:,][.;:,]")
+
+
+def model_error(server: FakeOpenAIServer | str, tmp_path: Path, *args: str) -> str:
+    """The error line of a piped chat whose only model call fails."""
+    env = model_env(server) if isinstance(server, FakeOpenAIServer) else {
+        "OPENAI_BASE_URL": server, "OPENAI_API_KEY": "k", "OPENAI_MODEL": "m"}
+    proc = run("chat", "--db", str(tmp_path / "e.db"), *args, input="hi\n", env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    return line
+
+
+@pytest.mark.parametrize(("step", "flag"), [
+    (FakeError(401, "Incorrect API key provided."), "check OPENAI_API_KEY / --api-key and"),
+    (FakeError(404, "The model does not exist."), "does not exist; check the model"),
+    (FakeError(400, "This model's maximum context length is 10 tokens.", code="context_length_exceeded"),
+     "bound what is sent (--max-input-tokens)"),
+    ("unreachable", "Connection error; check --base-url / OPENAI_BASE_URL"),
+])
+def test_model_errors_name_the_flags_and_do_not_double_their_punctuation(
+        fake_openai: FakeOpenAIServer, tmp_path: Path, step: FakeError | str, flag: str) -> None:
+    if isinstance(step, FakeError):
+        fake_openai.enqueue(step)
+    line = model_error("http://127.0.0.1:9/v1" if step == "unreachable" else fake_openai, tmp_path)
+    assert flag in line and not DOUBLED.search(line), line
+    assert not re.search(r"\w=(\.\.\.|<|True)", line), line  # no Python parameter
+
+
+def test_the_flags_table_matches_the_library_messages() -> None:
+    from contextpipe.cli._shared import FLAGS, error_text
+    from contextpipe.errors import ConcurrentUpdate, SessionBusy
+    from contextpipe.session import SessionKey
+
+    key = SessionKey("default", "s1")
+    busy, stale = SessionBusy.held("sqlite", key), ConcurrentUpdate.stale("sqlite", key, 3, 2)
+    assert "lease_wait" in str(busy) and "agent.session" in str(stale)
+    assert "=" not in error_text(busy) and "agent.session" not in error_text(stale)
+    assert all("=" not in command_line for _, command_line in FLAGS)
+
+
+def test_a_session_deleted_during_the_chat_is_said_in_the_command_line_s_words(tmp_path: Path) -> None:
+    db = tmp_path / "d.db"
+    child = spawn(["chat", "--demo-model", "--db", str(db), "--session", "s1"], tmp_path)
+    try:
+        child.expect("you> ")
+        child.sendline("one")
+        child.expect("you> ")
+        assert run("sessions", "delete", "s1", "--yes", "--db", str(db)).returncode == 0
+        child.sendline("two")
+        child.expect("you> ")
+        failed = ANSI.sub("", child.before)
+        child.sendline("three")
+        child.expect("You said 'three'")  # the next message did start a new one
+        child.expect("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    [error] = [line for line in failed.splitlines() if line.startswith("error: ")]
+    assert error.endswith("no longer exists: it was deleted or it expired; your next message starts a new one")
+
+
+def library_texts() -> list[str]:
+    """Every string literal of the library but the CLI's table, an f-string's fields each shown as a NUL."""
+    source = Path(__file__).parents[1] / "src" / "contextpipe"
+    texts = []
+    for path in source.rglob("*.py"):
+        if path == source / "cli" / "_shared.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.JoinedStr):  # adjacent literals are one node: a phrase may span them
+                texts.append("".join(v.value if isinstance(v, ast.Constant) else "\0" for v in node.values))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append(node.value)
+    return texts
+
+
+def test_every_phrase_the_flags_table_replaces_is_in_a_library_message() -> None:
+    from contextpipe.cli._shared import FLAGS
+
+    texts = library_texts()
+    assert [python for python, _ in FLAGS if not any(python in text for text in texts)] == []

@@ -216,7 +216,7 @@ async def test_timeout_and_connection_errors(fake_openai: FakeOpenAIServer) -> N
         return FakeReply("late")
 
     fake_openai.enqueue(slow)
-    with pytest.raises(ModelTimeout, match="did not answer in time"):
+    with pytest.raises(ModelTimeout, match=r"did not answer within 0.2 s for model .fake-model.; raise timeout="):
         await make_model(fake_openai, timeout=0.2).complete(ModelRequest([Message.user("x")]))
     closed = make_model(name="m", base_url="http://127.0.0.1:9/v1")
     with pytest.raises(ModelConnectionError, match="could not reach"):

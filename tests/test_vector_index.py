@@ -459,7 +459,7 @@ async def test_keyword_indexes_work_in_a_utf16_file(tmp_path: Path, encoding: st
     with sqlite3.connect(db) as conn:  # (a file another program made, in its own text encoding)
         conn.execute(f"PRAGMA encoding = '{encoding}'")
         conn.execute("CREATE TABLE other (x)")
-    store = SQLiteVectorStore(db)
+    store = SQLiteVectorStore(db, allow_other_tables=True)  # shared on purpose
     for name in ("notes", "it's\x00odd"):
         await store.upsert(name, [VectorRecord(i, v, t) for i, (t, v) in NOTES.items()])
         assert [h.id for h in await store.keyword_search(name, "Biscuit", k=4)] == ["n3"]

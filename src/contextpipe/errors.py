@@ -27,13 +27,15 @@ ContextPipeError                 root: catch this to catch everything contextpip
 ```
 
 Each adapter (model client, store backend) translates its library's errors into these in one place,
-with ``raise ... from exc`` so the original stays attached.
+with ``raise ... from exc`` so the original stays attached. A message echoes an id or another value
+the caller gave through `shorten` (the error's attributes keep it whole), and embeds another
+error's text through `clause`, so that no message is 10,000 characters long or ends in ``.;``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, Self
+from typing import Final, Protocol, Self
 
 __all__ = [
     "AfterRunError",
@@ -61,6 +63,42 @@ __all__ = [
 ]
 
 
+SHORT: Final = 60
+"""Characters of a value that `shorten` keeps."""
+
+
+def shorten(value: object, limit: int = SHORT) -> str:
+    """Return ``repr(value)`` for an error message, cut after `limit` characters (saying how long a text was).
+
+    >>> shorten("chat-1")
+    "'chat-1'"
+    >>> shorten("x" * 10_000, limit=8)
+    "'xxxxxxx…' (10000 characters)"
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        return f"{text[:limit]}…{text[0]} ({len(value)} characters)"
+    if isinstance(value, bytes):
+        return f"{text[:limit]}…{text[-1]} ({len(value)} bytes)"
+    return f"{text[:limit]}…"
+
+
+def clause(text: object) -> str:
+    """Return another error's text for use inside a sentence: without the full stop or space it ends with.
+
+    >>> clause("Connection error. ") + "; check the server"
+    'Connection error; check the server'
+    >>> clause("wait...")
+    'wait...'
+    """
+    stripped = str(text).rstrip()
+    if stripped.endswith(".") and not stripped.endswith(".."):
+        return stripped[:-1]
+    return stripped
+
+
 class _Key(Protocol):
     """What the store errors need of a session key (`contextpipe.session.SessionKey`)."""
 
@@ -69,6 +107,10 @@ class _Key(Protocol):
 
     @property
     def id(self) -> str: ...
+
+
+def _named(key: _Key) -> str:
+    return f"session {shorten(key.id)} (tenant {shorten(key.tenant)})"
 
 
 class ContextPipeError(Exception):
@@ -209,7 +251,7 @@ class SessionBusy(StoreError):
     @classmethod
     def held(cls, backend: str, key: _Key) -> Self:
         """Say that another run holds the session's lease."""
-        return cls(f"session {key.id!r} (tenant {key.tenant!r}) is busy: another run holds its lease; wait for "
+        return cls(f"{_named(key)} is busy: another run holds its lease; wait for "
                    "it to finish, or pass lease_wait=<seconds> to wait for it",
                    backend=backend, tenant=key.tenant, session_id=key.id)
 
@@ -221,7 +263,7 @@ class LeaseLost(StoreError):
     def taken_over(cls, backend: str, key: _Key, token: int, current: int | None = None) -> Self:
         """Say that the lease with fencing `token` expired and another run took the session (now `current`)."""
         now = f" (current token {current})" if current is not None else ""
-        return cls(f"session {key.id!r} (tenant {key.tenant!r}): this run's lease (token {token}) "
+        return cls(f"{_named(key)}: this run's lease (token {token}) "
                    f"expired and was taken over{now}; its writes are refused so runs never interleave",
                    backend=backend, tenant=key.tenant, session_id=key.id)
 
@@ -232,7 +274,7 @@ class ConcurrentUpdate(StoreError):
     @classmethod
     def stale(cls, backend: str, key: _Key, stored: int, mine: int) -> Self:
         """Say that the stored version is `stored` while the caller's copy has `mine`."""
-        return cls(f"session {key.id!r} (tenant {key.tenant!r}) was changed elsewhere (stored version {stored}, "
+        return cls(f"{_named(key)} was changed elsewhere (stored version {stored}, "
                    f"this copy has {mine}); reload it with agent.session(...) and apply the change again",
                    backend=backend, tenant=key.tenant, session_id=key.id)
 
@@ -243,7 +285,7 @@ class CorruptRecord(StoreError):
     @classmethod
     def unreadable(cls, backend: str, key: _Key, what: str, problem: object, sequence: int | None = None) -> Self:
         """Say that `what` ("message 3", "the state", "a checkpoint") of the session cannot be read."""
-        return cls(f"{backend} store: {what} of session {key.id!r} (tenant {key.tenant!r}) cannot be read: {problem}",
+        return cls(f"{backend} store: {what} of {_named(key)} cannot be read: {problem}",
                    backend=backend, tenant=key.tenant, session_id=key.id, sequence=sequence)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
-from .errors import CodecError, UsageError
+from .errors import CodecError, UsageError, shorten
 
 if TYPE_CHECKING:
     import pydantic
@@ -71,7 +71,7 @@ def validate_tenant(tenant: str) -> str:
 
 
 def _invalid(value: object, what: str, length: str, punctuation: str) -> UsageError:
-    return UsageError(f"invalid {what} {value!r}: use {length}, starting with a letter or digit, "
+    return UsageError(f"invalid {what} {shorten(value)}: use {length}, starting with a letter or digit, "
                       f"made of letters, digits and {punctuation}")
 
 
@@ -97,7 +97,7 @@ class SessionKey:
         validate_session_id(self.id)
 
     def __str__(self) -> str:
-        return f"session {self.id!r} (tenant {self.tenant!r})"
+        return f"session {shorten(self.id)} (tenant {shorten(self.tenant)})"
 
 
 @dataclass
@@ -214,7 +214,7 @@ class ProviderState(Generic[T]):
                 value = self.model.model_validate(raw)
             except pydantic.ValidationError as exc:
                 raise CodecError(
-                    f"session {session.id!r}: state under key {self.key!r} does not match "
+                    f"session {shorten(session.id)}: state under key {shorten(self.key)} does not match "
                     f"{self.model.__name__}: {exc}"
                 ) from exc
         session.state[self.key] = value
@@ -243,5 +243,5 @@ def set_user_id(session: Session, user: str) -> None:
     It is saved with the session's state at the end of the next run (or with ``store.save_session``).
     """
     if not user or not isinstance(user, str):
-        raise UsageError(f"a user id must be a non-empty string, got {user!r}")
+        raise UsageError(f"a user id must be a non-empty string, got {shorten(user)}")
     session.state[USER_ID_KEY] = user

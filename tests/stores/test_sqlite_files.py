@@ -11,6 +11,7 @@ import pytest
 from contextpipe import CorruptRecord, FunctionCall, Message, Session, StoreError
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import sqlite as sqlite_module
+from contextpipe.vectors import SQLiteVectorStore, VectorRecord
 
 from .backends import FakeClock
 
@@ -118,3 +119,53 @@ async def test_a_damaged_compact_row_is_named_by_its_sequence(tmp_path: Path, bo
             with pytest.raises(CorruptRecord, match="message 2") as caught:
                 await read("default", "s1")
             assert caught.value.sequence == 2
+
+
+def another_application(path: Path) -> Path:
+    raw(path, "CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT)")
+    raw(path, "INSERT INTO users (email) VALUES ('ann@example.com')")
+    return path
+
+
+async def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = another_application(tmp_path / "app.db")
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as refused:
+        async with SQLiteStore(path) as store:
+            await store.append("default", "s1", [Message.user("hi")])
+    assert str(refused.value) == (
+        f"{path} holds another application's tables ('users') and no contextpipe data; use a new file, or pass "
+        "allow_other_tables=True to add contextpipe's cp_* tables to this one")
+    vectors = SQLiteVectorStore(path)
+    with pytest.raises(StoreError, match="another application's tables"):
+        await vectors.upsert("notes", [VectorRecord("n1", [1.0, 0.0], "a note")])
+    await vectors.close()
+    assert path.read_bytes() == before  # no table added
+    assert raw(path, "PRAGMA journal_mode") == [("delete",)]  # not switched to WAL
+
+
+async def test_allow_other_tables_shares_the_file_and_then_it_is_ours(tmp_path: Path) -> None:
+    path = another_application(tmp_path / "app.db")
+    async with SQLiteStore(path, allow_other_tables=True) as store:
+        await store.append("default", "s1", [Message.user("hi")])
+        vectors = store.vectors()
+        await vectors.upsert("notes", [VectorRecord("n1", [1.0, 0.0], "a note")])
+        await vectors.close()
+    assert raw(path, "SELECT email FROM users") == [("ann@example.com",)]
+    async with SQLiteStore(path) as store:  # it holds contextpipe's tables now: opened without the flag
+        assert [m.text for m in (await store.load("default", "s1")).messages] == ["hi"]
+
+
+async def test_a_vector_file_alone_and_an_empty_file_open_as_usual(tmp_path: Path) -> None:
+    vectors = SQLiteVectorStore(tmp_path / "v.db")
+    await vectors.upsert("notes", [VectorRecord("n1", [1.0, 0.0], "a note")])
+    await vectors.close()
+    async with SQLiteStore(tmp_path / "v.db") as store:  # a contextpipe file: the sessions go beside the vectors
+        await store.append("default", "s1", [Message.user("hi")])
+    (tmp_path / "empty.db").write_bytes(b"")
+    async with SQLiteStore(tmp_path / "empty.db") as store:
+        await store.append("default", "s1", [Message.user("hi")])
+    vectors = SQLiteVectorStore(tmp_path / "empty.db")
+    await vectors.upsert("notes", [VectorRecord("n1", [1.0, 0.0], "a note")])
+    assert [h.id for h in await vectors.search("notes", [1.0, 0.0], k=1)] == ["n1"]
+    await vectors.close()

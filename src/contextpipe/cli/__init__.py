@@ -21,7 +21,7 @@ import typer
 from .. import __version__
 from ..errors import ContextPipeError
 from . import chat, demo, index, inspect, serve, sessions
-from ._shared import err, out, shown
+from ._shared import err, error_text, out, shown
 
 __all__ = ["app", "main"]
 
@@ -60,5 +60,5 @@ def main() -> None:
     try:
         app(prog_name="contextpipe")
     except ContextPipeError as exc:
-        err.print(f"[red]error:[/red] {shown(str(exc))}")
+        err.print(f"[red]error:[/red] {shown(error_text(exc))}")
         raise SystemExit(1) from None

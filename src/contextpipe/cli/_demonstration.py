@@ -11,6 +11,10 @@ in SQLite:
 5. memory: something said in one session is recalled in another session of the same user;
 6. prompt caching: the weather loop through the real `anthropic` SDK, against a local stand-in for the
    Messages API that simulates its prompt cache, with a per-call table of cached tokens.
+
+Run again on the same file (``contextpipe demo --db FILE``), it starts a fresh set of sessions beside
+the earlier ones (ids ending in ``-2``, ``-3`` ...), so every run shows the same story and no earlier
+run's data is touched.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..agent import Agent, RunResult
 from ..compaction import TokenBudget
@@ -43,6 +48,32 @@ __all__ = ["run_demo", "usage_table"]
 _CODES = {"suzhou": "SZ", "beijing": "BJ"}
 _FORECASTS = {"SZ": "Sunny, 25 °C, north-west wind force 4.", "BJ": "Cloudy, 22 °C, east wind force 3."}
 _SLOW_FORECAST = "CONTEXTPIPE_DEMO_SLOW_FORECAST"
+_SESSIONS = ("demo-weather", "demo-crash", "demo-long", "alice-monday", "alice-friday", "demo-claude")
+"""The sessions one run of the demonstration writes (with its run's suffix)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run of the demonstration in its file: the suffix of its sessions' ids and of its user."""
+
+    number: int
+
+    @property
+    def suffix(self) -> str:
+        """What this run's ids end with: nothing for the first run, ``-2`` for the second ..."""
+        return "" if self.number == 1 else f"-{self.number}"
+
+    def session(self, name: str) -> str:
+        """Return the id of the session `name` (one of `_SESSIONS`) in this run."""
+        return name + self.suffix
+
+
+async def _next_run(store: SQLiteStore) -> _Run:
+    """Return the first run whose sessions are all new in the file (earlier runs' sessions are left as they are)."""
+    number = 1
+    while any([await store.get_session("default", _Run(number).session(name)) for name in _SESSIONS]):
+        number += 1
+    return _Run(number)
 
 
 @tool(idempotent=True)
@@ -100,20 +131,25 @@ async def _run_showing_steps(agent: Agent, text: str | None, session: Session,
 async def run_demo(say: Callable[[str], None] = print, *, db: str | None = None) -> None:
     """Run the demonstration, writing its narration through `say`.
 
-    Sessions go to the SQLite file `db` (a temporary one by default).
+    Sessions go to the SQLite file `db` (a temporary one by default). In a file that holds an
+    earlier run, the run writes sessions of its own beside it (`_next_run`).
     """
     with tempfile.TemporaryDirectory(prefix="contextpipe-demo-") as tmp:
         path = db or os.path.join(tmp, "demo.db")
         async with SQLiteStore(path) as store:
+            run = await _next_run(store)
             say(f"Sessions are stored in SQLite ({path}).")
-            await _tool_loop(store, say)
-            await _crash_and_resume(store, path, say)
-            await _compaction_and_inspect(store, say)
-            await _memory(store, say)
-            await _prompt_caching(store, say)
+            if run.number > 1:
+                say(f"It holds {run.number - 1} earlier run(s) of this demo, kept as they are; this run's sessions "
+                    f"end in {run.suffix} (contextpipe sessions list --db {path}).")
+            await _tool_loop(store, run, say)
+            await _crash_and_resume(store, run, path, say)
+            await _compaction_and_inspect(store, run, say)
+            await _memory(store, run, say)
+            await _prompt_caching(store, run, say)
 
 
-async def _tool_loop(store: SQLiteStore, say: Callable[[str], None]) -> None:
+async def _tool_loop(store: SQLiteStore, run: _Run, say: Callable[[str], None]) -> None:
     say("")
     say("1. A tool loop with per-step persistence: each step is stored as soon as it happens.")
     model = ScriptedModel([
@@ -122,18 +158,19 @@ async def _tool_loop(store: SQLiteStore, say: Callable[[str], None]) -> None:
         "Sunny and 25 °C with some wind: a T-shirt or light shirt, plus a thin windbreaker.",
     ])
     agent = _weather_agent(store, model)
-    session = await agent.session("demo-weather")
+    session = await agent.session(run.session("demo-weather"))
     say("   user: What should I wear in Suzhou today?")
     result = await _run_showing_steps(agent, "What should I wear in Suzhou today?", session, say)
     say(f"   answer after {result.steps} model calls: {result.text}")
 
 
-async def _crash_and_resume(store: SQLiteStore, path: str, say: Callable[[str], None]) -> None:
+async def _crash_and_resume(store: SQLiteStore, run: _Run, path: str, say: Callable[[str], None]) -> None:
     say("")
     say("2. A crash: a worker process is killed (SIGKILL) while the forecast tool runs; nothing is lost.")
     env = {**os.environ, _SLOW_FORECAST: "1"}
+    crashed = run.session("demo-crash")
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "contextpipe.cli._demonstration", "crash-worker", path, env=env,
+        sys.executable, "-m", "contextpipe.cli._demonstration", "crash-worker", path, crashed, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert worker.stdout is not None
     line = await worker.stdout.readline()
@@ -141,8 +178,8 @@ async def _crash_and_resume(store: SQLiteStore, path: str, say: Callable[[str], 
     _, stderr = await worker.communicate()
     if line.strip() != b"forecast-started":
         raise RuntimeError(f"the demo worker did not start: {stderr.decode()[-2000:]}")
-    session = await store.load_or_create("default", "demo-crash")
-    log = (await store.load("default", "demo-crash")).messages
+    session = await store.load_or_create("default", crashed)
+    log = (await store.load("default", crashed)).messages
     say(f"   killed the worker (exit {worker.returncode}) mid-call; the log holds {len(log)} messages:")
     for message in log:
         say(f"      {_describe(message)}")
@@ -156,21 +193,21 @@ async def _crash_and_resume(store: SQLiteStore, path: str, say: Callable[[str], 
     say(f"   answer: {result.text}")
 
 
-async def _crash_worker(path: str) -> None:
+async def _crash_worker(path: str, session_id: str) -> None:
     async with SQLiteStore(path) as store:
         model = ScriptedModel([tool_call("lookup_location_code", city="Beijing"),
                                tool_call("get_weather_forecast", location_code="BJ"), "unreachable"])
         agent = _weather_agent(store, model, durability=Durability(lease_ttl=0.5))
-        session = await agent.session("demo-crash")
+        session = await agent.session(session_id)
         await agent.run("And what about Beijing?", session=session)
 
 
-async def _compaction_and_inspect(store: SQLiteStore, say: Callable[[str], None]) -> None:
+async def _compaction_and_inspect(store: SQLiteStore, run: _Run, say: Callable[[str], None]) -> None:
     say("")
     say("3. Compaction: a 12-turn session is cut to a 400-token budget before each model call.")
     chat = ScriptedModel([f"Noted, point {i}: " + "details " * 12 for i in range(12)])
     writer = Agent(chat, providers=[History(store)])
-    session = await writer.session("demo-long")
+    session = await writer.session(run.session("demo-long"))
     for i in range(12):
         await writer.run(f"Remember point {i}: " + "context " * 12, session=session)
     budget = Compaction(TokenBudget(400), tokenizer=EstimateTokenizer())
@@ -189,7 +226,7 @@ async def _compaction_and_inspect(store: SQLiteStore, say: Callable[[str], None]
         say("   " + line)
 
 
-async def _memory(store: SQLiteStore, say: Callable[[str], None]) -> None:
+async def _memory(store: SQLiteStore, run: _Run, say: Callable[[str], None]) -> None:
     say("")
     say("5. Memory across sessions: what alice said in one session is recalled in her next one.")
     vectors = store.vectors()
@@ -198,11 +235,12 @@ async def _memory(store: SQLiteStore, say: Callable[[str], None]) -> None:
         memory = SemanticMemory(vectors, HashEmbedder(), k=1, min_score=None)
         model = ScriptedModel(["Noted: no meat for you.", "How about a vegetarian mapo tofu tonight?"])
         agent = Agent(model, providers=[History(store), memory])
-        monday = await agent.session("alice-monday")
-        set_user_id(monday, "alice")
+        alice = "alice" + run.suffix  # an earlier run's alice said the same: her memories are not this one's
+        monday = await agent.session(run.session("alice-monday"))
+        set_user_id(monday, alice)
         await agent.run("Please remember that I only eat vegetarian food.", session=monday)
-        friday = await agent.session("alice-friday")
-        set_user_id(friday, "alice")
+        friday = await agent.session(run.session("alice-friday"))
+        set_user_id(friday, alice)
         result = await agent.run("Any vegetarian dinner ideas for tonight?", session=friday)
         recalled = model.requests[-1].messages[0].text.splitlines()
         say(f"   a new session, and the model is given: {recalled[0]}")
@@ -224,7 +262,7 @@ def usage_table(result: RunResult) -> list[str]:
     return lines
 
 
-async def _prompt_caching(store: SQLiteStore, say: Callable[[str], None]) -> None:
+async def _prompt_caching(store: SQLiteStore, run: _Run, say: Callable[[str], None]) -> None:
     say("")
     say("6. Prompt caching with Claude: the weather loop through the anthropic SDK, against a local stand-in")
     say("   for the Messages API that simulates its cache (contextpipe.testing.FakeAnthropicServer).")
@@ -248,7 +286,8 @@ async def _prompt_caching(store: SQLiteStore, say: Callable[[str], None]) -> Non
                           + "Answer in one sentence, with what to wear. " * 20,
                           tools=[lookup_location_code, get_weather_forecast], providers=[History(store)],
                           settings={"anthropic_thinking": {"type": "enabled", "budget_tokens": 1024}})
-            result = await agent.run("What should I wear in Suzhou today?", session=await agent.session("demo-claude"))
+            session = await agent.session(run.session("demo-claude"))
+            result = await agent.run("What should I wear in Suzhou today?", session=session)
     say("   cache breakpoints go on the tools, the instructions and the end of the previous call's prompt;")
     say("   thinking blocks are stored with their signatures and sent back unchanged. Tokens per call:")
     for line in usage_table(result):
@@ -258,8 +297,8 @@ async def _prompt_caching(store: SQLiteStore, say: Callable[[str], None]) -> Non
 
 def main() -> None:
     """Run the demonstration on stdout (or, internally, the crash worker)."""
-    if len(sys.argv) == 3 and sys.argv[1] == "crash-worker":
-        asyncio.run(_crash_worker(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "crash-worker":
+        asyncio.run(_crash_worker(sys.argv[2], sys.argv[3]))
         return
     asyncio.run(run_demo())
 

@@ -1,4 +1,8 @@
-"""What the command groups share: the two consoles, the common options, one-line errors and opening a database."""
+"""What the command groups share: the two consoles, the common options, one-line errors and opening a database.
+
+The library's messages name the Python parameter that fixes a problem (``timeout=...``); the
+command line shows them with its flags instead (`error_text`, with the `FLAGS` table).
+"""
 
 from __future__ import annotations
 
@@ -9,28 +13,30 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import ContextPipeError
+from ..errors import ContextPipeError, shorten
 from ..messages import Message
 from ..session import DEFAULT_TENANT, Session
 from ..stores.sqlite import SQLiteStore
 from ..trace import preview
 
 __all__ = [
-    "CONTROL_CHARACTERS", "DEFAULT_DB", "DbOption", "JsonOption", "SessionArgument", "TenantOption", "check_new_db",
-    "complete_sessions", "err", "existing_session", "fail", "message_line", "open_store", "out", "print_json", "shown",
+    "CONTROL_CHARACTERS", "DEFAULT_DB", "FLAGS", "DbOption", "JsonOption", "SessionArgument", "TenantOption",
+    "check_new_db", "complete_sessions", "err", "error_text", "existing_session", "fail", "message_line", "open_store",
+    "out", "print_json", "shown",
 ]
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DEFAULT_DB = Path("contextpipe.db")
-DbOption = Annotated[Path, typer.Option("--db", envvar="CONTEXTPIPE_DB", help="SQLite file holding the sessions.")]
+DbOption = Annotated[Path, typer.Option("--db", envvar="CONTEXTPIPE_DB", help="SQLite file holding the sessions "
+                                        "(another application's database is refused).")]
 TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant of the sessions.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
@@ -45,6 +51,34 @@ def shown(text: str) -> str:
     '\\[b]bold?\\[/b] [2Jcleared'
     """
     return escape(CONTROL_CHARACTERS.sub("", text))
+
+
+FLAGS: Final = (
+    ("raise timeout=...", "raise --timeout"),
+    ("check base_url / ", "check --base-url / "),
+    (" / api_key and ", " / --api-key and "),
+    ("History(store, max_messages=...), Compaction", "--max-input-tokens"),
+    ("History(store, max_messages=...)", "--max-input-tokens"),
+    ("or pass lease_wait=<seconds> to wait for it", "then send the message again"),
+    ("use a new file, or pass allow_other_tables=True to add contextpipe's cp_* tables to this one",
+     "pass a new file to --db"),
+    ("reload it with agent.session(...) and apply the change again", "start the command again"),
+    ("start a new one with agent.session(...)", "your next message starts a new one"),
+)
+"""What the library's messages say to a Python caller, and what the command line says instead."""
+
+
+def error_text(exc: BaseException) -> str:
+    """Return the message of `exc` as the command line shows it: its flags where the library names a parameter.
+
+    >>> from contextpipe.errors import ModelTimeout
+    >>> error_text(ModelTimeout("the model did not answer; raise timeout=... or retry later"))
+    'the model did not answer; raise --timeout or retry later'
+    """
+    text = str(exc)
+    for python, command_line in FLAGS:
+        text = text.replace(python, command_line)
+    return text
 
 
 def message_line(seq: int, message: Message) -> str:
@@ -91,7 +125,7 @@ async def existing_session(store: SQLiteStore, db: Path, tenant: str, session: s
     """Return the stored session record, or stop with a clear error when there is no such session."""
     record = await store.get_session(tenant, session)
     if record is None:
-        raise fail(f"no session {session!r} (tenant {tenant!r}) in {db}")
+        raise fail(f"no session {shorten(session)} (tenant {shorten(tenant)}) in {db}")
     return record
 
 

@@ -18,7 +18,8 @@ __all__ = ["demo"]
 
 
 def demo(
-    db: Annotated[Path | None, typer.Option("--db", help="Keep the demo's sessions in this file.")] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="Keep the demo's sessions in this file (run again, it "
+                                            "adds a fresh set of sessions beside the earlier ones).")] = None,
 ) -> None:
     """Run the offline demonstration: no network, no API key."""
     from ._demonstration import run_demo

@@ -166,12 +166,13 @@ class Connection(Generic[ClientT]):
         if isinstance(exc, ModelError):
             return exc
         if isinstance(exc, sdk.APITimeoutError):
-            return errors.ModelTimeout(f"{where} did not answer in time for model {model!r}; raise timeout=... or "
-                                       "retry later", provider=provider)
+            return errors.ModelTimeout(f"{where} did not answer {self._waited()} for model {model!r}; raise "
+                                       "timeout=... or retry later", provider=provider)
         if isinstance(exc, sdk.APIConnectionError):
             if streamed:
                 return stream_cut(provider, model, streamed, "event", exc)
-            return errors.ModelConnectionError(f"could not reach {where}: {exc}; check base_url / {vendor.url_env} "
+            return errors.ModelConnectionError(f"could not reach {where}: {errors.clause(exc)}; check base_url / "
+                                               f"{vendor.url_env} "
                                                f"and {vendor.reach}", provider=provider)
         if isinstance(exc, sdk.APIResponseValidationError):
             return errors.ModelResponseError(f"{where} sent a response that is not a valid {vendor.answer}: {exc}",
@@ -188,6 +189,15 @@ class Connection(Generic[ClientT]):
         # Transport errors the SDK did not wrap.
         return errors.ModelConnectionError(f"the connection to {where} failed while reading the response: "
                                            f"{type(exc).__name__}: {exc}", provider=provider)
+
+    def _waited(self) -> str:
+        """How long the client waited: ``within 60 s (3 attempts)``, from its timeout and retry count."""
+        timeout, retries = getattr(self.client, "timeout", None), getattr(self.client, "max_retries", 0)
+        seconds = getattr(timeout, "read", timeout)  # an httpx.Timeout, or a number
+        if not isinstance(seconds, int | float):
+            return "in time"
+        attempts = f" ({retries + 1} attempts)" if isinstance(retries, int) and retries > 0 else ""
+        return f"within {seconds:g} s{attempts}"
 
     def _status_error(self, exc: Any, model: str, streamed: int) -> ModelError:
         """Map an HTTP error answer, or an ``error`` event in a stream (status 200), with `status_error`."""
@@ -210,6 +220,7 @@ def status_error(status: int, detail: str, *, where: str, model: str, provider: 
     `ContextWindowExceeded`.
     """
     info: dict[str, Any] = {"provider": provider, "status_code": status, "body": body}
+    detail = errors.clause(detail)  # "Not found." is followed by "; check ..."
     if status in (401, 403):
         return errors.ModelAuthError(f"{where} refused the credentials (HTTP {status}): {detail}; check "
                                      f"{vendor.key_env} / api_key and that the key may use this model", **info)
@@ -228,7 +239,7 @@ def status_error(status: int, detail: str, *, where: str, model: str, provider: 
                                       "or smaller images and documents", **info)
     if vendor.overflows(code, detail):
         return errors.ContextWindowExceeded(
-            f"the request is larger than model {model!r}'s context window: {detail}; bound what is sent "
+            f"the request is larger than the context window of model {model!r}: {detail}; bound what is sent "
             f"({vendor.window_hint}) or use a model with a larger window", **info)
     if status == 404:
         return errors.ModelBadRequest(f"{where} answered 404 for model {model!r}: {detail}; check the "
@@ -270,7 +281,7 @@ def dropped_notes(dropped: Mapping[str, int], who: str) -> list[str]:
 def stream_cut(provider: str, model: str, received: int, unit: str, exc: BaseException) -> errors.ModelResponseError:
     """Return the error of a stream cut after `received` chunks or events (the call can be retried)."""
     return errors.ModelResponseError(f"the {provider} stream for model {model!r} was cut after {received} {unit}(s) "
-                                     f"({type(exc).__name__}: {exc}); retry the call", provider=provider)
+                                     f"({type(exc).__name__}: {errors.clause(exc)}); retry the call", provider=provider)
 
 
 def stream_unfinished(provider: str, model: str, how: str) -> errors.ModelResponseError:

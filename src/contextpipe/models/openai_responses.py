@@ -27,7 +27,15 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
 from .._media import Media, only_readable, with_left_out
-from ..errors import ModelBadRequest, ModelError, ModelRateLimited, ModelResponseError, ModelServerError, UsageError
+from ..errors import (
+    ModelBadRequest,
+    ModelError,
+    ModelRateLimited,
+    ModelResponseError,
+    ModelServerError,
+    UsageError,
+    clause,
+)
 from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
 from ._client import IMAGE_TYPES, dropped_notes, stream_cut, stream_unfinished
 from ._openai import OpenAIModel, OpenAIOptions
@@ -169,7 +177,7 @@ class OpenAIResponsesModel(OpenAIModel):
 
     def _stream_error(self, code: str | None, message: str, events: int) -> ModelError:
         where = self._connection.where
-        detail = f"{message} (code {code}, after {events} event(s))" if code else message
+        detail = f"{clause(message)} (code {code}, after {events} event(s))" if code else clause(message)
         if code in ("rate_limit_exceeded", "insufficient_quota"):
             return ModelRateLimited(f"{where} is rate limiting: {detail}; retry later", provider=self.provider)
         if code in ("invalid_prompt", "invalid_request_error", "invalid_value"):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..codec import dumps
-from ..errors import CodecError, CorruptRecord, LeaseLost, SessionBusy, UsageError
+from ..errors import CodecError, CorruptRecord, LeaseLost, SessionBusy, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey
 from ._fastdecode import dumps_compact, loads_many, loads_stored
@@ -73,7 +73,7 @@ def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
         raise CorruptRecord.unreadable(backend, key, f"message {seq}", exc, seq) from exc
     if message_id is not None and message.id != message_id:
         raise CorruptRecord.unreadable(backend, key, f"message {seq}",
-                                       f"it has id {message.id!r} but is indexed as {message_id!r}", seq)
+                                       f"it has id {shorten(message.id)} but is indexed as {shorten(message_id)}", seq)
     return message
 
 

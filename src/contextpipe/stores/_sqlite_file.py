@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import quote
 
-from .._sqlite import use_wal
-from ..errors import StoreError
+from .._sqlite import refuse_other_applications, use_wal
+from ..errors import StoreError, shorten
 
 SQLITE_SCHEMA_VERSION: Final = 3
 """Version of the SQLite layout written by this release (cp_meta ``schema_version``).
@@ -67,8 +67,13 @@ CREATE TABLE IF NOT EXISTS cp_traces (
 """
 
 
-def open_for_writing(path: str, busy_ms: int, synchronous: Literal["FULL", "NORMAL"]) -> sqlite3.Connection:
-    """Open (or create) the database in WAL mode; its folder is created when missing."""
+def open_for_writing(path: str, busy_ms: int, synchronous: Literal["FULL", "NORMAL"],
+                     allow_other_tables: bool = False) -> sqlite3.Connection:
+    """Open (or create) the database in WAL mode; its folder is created when missing.
+
+    A file holding another application's tables and no contextpipe data is refused unless
+    `allow_other_tables` (`refuse_other_applications`), before anything in it changes.
+    """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
@@ -76,6 +81,8 @@ def open_for_writing(path: str, busy_ms: int, synchronous: Literal["FULL", "NORM
         conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cp_meta'").fetchone():
             schema_version(conn, path)  # a file of another schema is refused before anything in it changes
+        elif not allow_other_tables:
+            refuse_other_applications(conn, path)
         use_wal(conn, busy_ms)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
     except BaseException:
@@ -144,7 +151,7 @@ def schema_version(conn: sqlite3.Connection, path: str) -> int | None:
     if row is None:
         return None
     if not str(row[0]).isdigit():
-        raise StoreError(f"{path}: unreadable schema version {row[0]!r}", backend="sqlite", server=path)
+        raise StoreError(f"{path}: unreadable schema version {shorten(row[0])}", backend="sqlite", server=path)
     if int(row[0]) > SQLITE_SCHEMA_VERSION:
         raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
                          f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite", server=path)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from ..config import DEFAULT_LEASE_TTL
-from ..errors import ContextPipeError, SessionBusy, StoreError, UsageError
+from ..errors import ContextPipeError, SessionBusy, StoreError, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
 
@@ -183,7 +183,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         value: Any = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         return float(value[0]), str(value[1])
     except (ValueError, TypeError, IndexError) as exc:
-        raise UsageError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
+        raise UsageError(f"invalid cursor {shorten(cursor)}: pass the next_cursor of the previous page") from exc
 
 
 def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str,

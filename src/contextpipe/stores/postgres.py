@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, ContextPipeError, LeaseLost, StoreError, UsageError
+from ..errors import ConcurrentUpdate, ContextPipeError, LeaseLost, StoreError, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
@@ -101,7 +101,7 @@ class PostgresStore(SessionStore):
         if (dsn is None) == (pool is None):
             raise UsageError("PostgresStore needs exactly one of dsn=... or pool=...")
         if not _PREFIX_RE.fullmatch(prefix):
-            raise UsageError(f"invalid table prefix {prefix!r}: use lowercase letters, digits and '_'")
+            raise UsageError(f"invalid table prefix {shorten(prefix)}: use lowercase letters, digits and '_'")
         for name, value in (("connect_timeout", connect_timeout), ("command_timeout", command_timeout),
                             ("close_timeout", close_timeout), ("keepalive", keepalive)):
             if value <= 0:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError
+from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
@@ -468,7 +468,7 @@ class RedisStore(SessionStore):
     @override
     async def _try_acquire_lease(self, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         if "|" in owner:
-            raise UsageError(f"lease owner {owner!r} must not contain '|'")
+            raise UsageError(f"lease owner {shorten(owner)} must not contain '|'")
         result = await self._lua_acquire(keys=self._keys(key), args=[key.id, owner, max(1, int(ttl * 1000))])
         if result[0].decode() != "ok":
             return None

@@ -79,6 +79,11 @@ class SQLiteStore(SessionStore):
     deleted (an expired session reads as absent and stays in the file), writes fail with a
     `StoreError`, and a file the user may not write can still be read (``contextpipe inspect``
     and ``contextpipe ui --db`` open it so).
+
+    A file that holds another application's tables and no contextpipe data is refused with a
+    `StoreError` (a mistyped path must not get ``cp_*`` tables added to someone else's database);
+    `allow_other_tables=True` shares such a file knowingly. A new or empty file, and one that holds
+    contextpipe's tables (beside others or not), open as usual.
     """
 
     backend = "sqlite"
@@ -92,11 +97,14 @@ class SQLiteStore(SessionStore):
         busy_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         read_only: bool = False,
+        allow_other_tables: bool = False,
     ) -> None:
         self.path = str(path)
         """The database file."""
         self.read_only = read_only
         """True when opened for reading only."""
+        self.allow_other_tables = allow_other_tables
+        """Whether the store may add its tables to a file that holds another application's tables."""
         if synchronous not in ("NORMAL", "FULL"):
             raise UsageError(f"synchronous must be 'FULL' (survives power loss) or 'NORMAL' (survives a process "
                              f"crash), got {synchronous!r}")
@@ -148,7 +156,7 @@ class SQLiteStore(SessionStore):
         if self._conn is None and self.read_only:
             self._conn = open_read_only(self.path, self._busy_ms)
         if self._conn is None:
-            conn = open_for_writing(self.path, self._busy_ms, self._synchronous)
+            conn = open_for_writing(self.path, self._busy_ms, self._synchronous, self.allow_other_tables)
             try:
                 with self._transaction(conn, durable=True):
                     create_tables(conn, self.path)
@@ -500,7 +508,8 @@ class SQLiteStore(SessionStore):
         """
         from ..vectors.sqlite import SQLiteVectorStore
 
-        vectors = SQLiteVectorStore(self.path, synchronous=self._synchronous)
+        vectors = SQLiteVectorStore(self.path, synchronous=self._synchronous,
+                                    allow_other_tables=self.allow_other_tables)
         if not self._vector_cascade:
             self._vector_cascade = True
             vectors.forget_sessions_deleted_by(self)

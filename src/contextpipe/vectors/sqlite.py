@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 from typing_extensions import override
 
-from .._sqlite import use_wal
+from .._sqlite import refuse_other_applications, use_wal
 from ..errors import UsageError
 from . import _keywords
 from ._hnsw import (
@@ -135,6 +135,8 @@ class SQLiteVectorStore(VectorStore):
     are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
     `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
     process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
+    A file holding another application's tables and no contextpipe data is refused (a `StoreError`)
+    unless `allow_other_tables`.
 
     Each collection has a keyword index of its own (an FTS5 table, and three triggers that every
     write to the file checks): keep per-user or per-tenant records in one collection with metadata
@@ -143,11 +145,13 @@ class SQLiteVectorStore(VectorStore):
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, exact_limit: int = 4096,
                  scan_limit: int | None = None, index_dir: str | Path | None = None,
-                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL", allow_other_tables: bool = False) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         self.synchronous = synchronous
         self.path = str(path)
+        self.allow_other_tables = allow_other_tables
+        """Whether the store may add its tables to a file that holds another application's tables."""
         self.exact_limit = exact_limit
         self.scan_limit = scan_limit
         self._busy_ms = int(busy_timeout * 1000)
@@ -178,6 +182,12 @@ class SQLiteVectorStore(VectorStore):
         if self._conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            if not self.allow_other_tables:
+                try:
+                    refuse_other_applications(conn, self.path)
+                except BaseException:
+                    conn.close()
+                    raise
             use_wal(conn, self._busy_ms)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # (`_checkpoint_when_due`, on the worker thread)
