@@ -33,6 +33,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,20 +173,50 @@ def _interpreter(block: Block, request: pytest.FixtureRequest) -> tuple[str, dic
     return str(request.getfixturevalue("peer_python")), {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
 
 
-@pytest.mark.parametrize("block", SCRIPTS, ids=[b.id for b in SCRIPTS])
-def test_python_block_runs(block: Block, fakes: dict[str, str], tmp_path: Path,
-                           request: pytest.FixtureRequest) -> None:
+def _run(block: Block, python: str, extra: dict[str, str], fakes: dict[str, str],
+         folder: Path) -> subprocess.CompletedProcess[str]:
+    """Run `block` as a script in `folder` (with the page's ``file=`` blocks above it written there)."""
     for name, text in _files_before(block).items():
-        target = tmp_path / name
+        target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
-    script = tmp_path / "docs_example.py"
+    script = folder / "docs_example.py"
     script.write_text(block.code, encoding="utf-8")
-    python, extra = _interpreter(block, request)
-    env = {**os.environ, **fakes, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+    env = {**os.environ, **fakes, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder),
                                                                                       os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([python, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+    return subprocess.run([python, script.name], cwd=folder, env=env, capture_output=True, text=True,
                           timeout=BLOCK_TIMEOUT, check=False)
+
+
+def _shares_a_server(block: Block) -> bool:
+    """Whether `block` uses the test's database servers (such blocks run one at a time, in page order)."""
+    return "DATABASE_URL" in block.code or "REDIS_URL" in block.code
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest, fakes: dict[str, str],
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Block, Future[subprocess.CompletedProcess[str]]]]:
+    """Every selected Python block, started at once on as many workers as the machine has cores.
+
+    Each block has its own folder and the fakes are stateless, so blocks cannot see each other; the
+    few that use the database servers run in one lane, one after another. Each test then waits for
+    its own block: the run is the same as running the blocks one by one, only sooner.
+    """
+    selected = [item.callspec.params["block"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_python_block_runs" and hasattr(item, "callspec")]
+    interpreters = {block: _interpreter(block, request) for block in selected}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool, ThreadPoolExecutor(max_workers=1) as lane:
+        started = {block: (lane if _shares_a_server(block) else pool).submit(
+            _run, block, *interpreters[block], fakes, tmp_path_factory.mktemp("docs-example"))
+            for block in selected}
+        yield started
+        for future in started.values():
+            future.cancel()
+
+
+@pytest.mark.parametrize("block", SCRIPTS, ids=[b.id for b in SCRIPTS])
+def test_python_block_runs(block: Block, runs: dict[Block, Future[subprocess.CompletedProcess[str]]]) -> None:
+    done = runs[block].result()
     assert done.returncode == 0, (
         f"{block.id}: the example exits {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
     expected = _expected_output(block)
