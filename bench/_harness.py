@@ -22,7 +22,8 @@ The results file (``bench/results/NAME.json``; ``docs/hooks/results.py`` renders
 - ``results``: rows ``{"case", "side", "metric", "unit", "value", "stats"?, "samples"?}``, ``value``
   being the median unless ``stats`` says otherwise;
 - ``ratios``: rows ``{"case", "metric", "side", "over", "value"}``, ``value`` = side / over;
-- optional ``notes`` (strings) and ``layout`` (``{"rows": "case", "columns": "side"}`` or swapped).
+- optional ``notes`` (strings) and ``layout``: which of case, side and metric make a table's rows and
+  which its columns (default ``{"rows": ["case", "metric"], "columns": "side"}``).
 
 On a shared machine absolute figures move with the load; the sides of a comparison are therefore
 interleaved (``interleave``) so that load falls on all of them, and ratios are the figures to trust.
@@ -47,6 +48,8 @@ from typing import Any, NamedTuple, TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SCHEMA = 1
+KEYS = ("case", "side", "metric")
+DEFAULT_LAYOUT: dict[str, Any] = {"rows": ["case", "metric"], "columns": "side"}
 T = TypeVar("T")
 
 
@@ -172,7 +175,7 @@ class Results:
     """One benchmark's results file being filled: rows, ratios, and where and when they were measured."""
 
     def __init__(self, benchmark: str, description: str, reference: dict[str, Any] | None = None,
-                 notes: Sequence[str] = (), layout: dict[str, str] | None = None) -> None:
+                 notes: Sequence[str] = (), layout: dict[str, Any] | None = None) -> None:
         self.doc: dict[str, Any] = {
             "schema": SCHEMA, "benchmark": benchmark, "description": description, "command": command(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -252,9 +255,10 @@ def validate(doc: Any) -> list[str]:
         errors.append("no results")
     errors += [e for i, row in enumerate(doc["results"]) for e in _fields(row, _ROW, f"results[{i}]")]
     errors += [e for i, row in enumerate(doc["ratios"]) for e in _fields(row, _RATIO, f"ratios[{i}]")]
-    layout = doc.get("layout", {"rows": "case", "columns": "side"})
-    if sorted(layout.values()) != ["case", "side"]:
-        errors.append("layout must map rows and columns to 'case' and 'side'")
+    layout = doc.get("layout", DEFAULT_LAYOUT)
+    if (not isinstance(layout, dict) or not isinstance(layout.get("rows"), list) or not layout["rows"]
+            or sorted([*layout["rows"], layout.get("columns")]) != sorted(KEYS)):
+        errors.append("layout: 'rows' (a list) and 'columns' must name case, side and metric once each")
     return errors
 
 
@@ -271,3 +275,67 @@ def out_argument(parser: Any, name: str) -> None:
     """Add ``--out PATH`` to an argparse parser: where to write the results (none when not given)."""
     parser.add_argument("--out", type=Path, default=None,
                         help=f"write the results as JSON here (the docs read bench/results/{name}.json)")
+
+
+def number(value: float) -> str:
+    """A figure as the tables print it: about three significant digits, thousands separated."""
+    size = abs(value)
+    if size >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if size >= 1 else f"{value:.3g}"
+
+
+def times(ratio: float) -> str:
+    """A ratio as the tables print it (``7.7x``)."""
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x" if ratio < 100 else f"{ratio:,.0f}x"
+
+
+def _ordered(values: Iterator[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _name(row: dict[str, Any], key: str) -> str:
+    if key == "metric" and row["unit"]:
+        return f"{row['metric']} ({row['unit']})"
+    return str(row[key])
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The results as one Markdown table: by default a row per case and metric and a column per side
+    (``layout`` may choose otherwise); a row key with a single value is left out of the labels. A cell
+    holds the figure and, where a ratio was recorded for it, ``(side / over)``."""
+    layout = doc.get("layout", DEFAULT_LAYOUT)
+    results, column = doc["results"], layout["columns"]
+    varying = [k for k in layout["rows"] if len({_name(r, k) for r in results}) > 1] or layout["rows"][:1]
+    constant = [_name(results[0], k) for k in layout["rows"] if k not in varying]
+    ratios = {(q["case"], q["side"], q["metric"]): q["value"] for q in doc["ratios"]}
+    columns = _ordered(_name(r, column) for r in results)
+    cells: dict[tuple[str, str], str] = {}
+    for r in results:
+        ratio = ratios.get((r["case"], r["side"], r["metric"]))
+        label = ", ".join(_name(r, k) for k in varying)
+        cells[(label, _name(r, column))] = number(r["value"]) + (f" ({times(ratio)})" if ratio is not None else "")
+    labels = _ordered(label for label, _ in cells)
+    lines = [f"| {', '.join(constant)} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines += [f"| {label} | " + " | ".join(cells.get((label, c), "-") for c in columns) + " |" for label in labels]
+    return "\n".join(lines)
+
+
+def provenance(doc: dict[str, Any]) -> str:
+    """One line under a table: where, when and on what the figures were taken, and how ratios read."""
+    m = doc["machine"]
+    overs = _ordered(q["over"] for q in doc["ratios"])
+    ratio = f" Ratios in brackets: the figure over {', '.join(overs)}'s." if overs else ""
+    if doc["source"] != "measured":
+        o = doc["original"]
+        return (f"{doc['source'].capitalize()} (measured {o.get('date', 'date not given')}"
+                f"{', commit ' + o['commit'] if o.get('commit') else ''}; {o.get('load', 'load not given')}); "
+                f"not re-run. {m.get('cpus', '?')} CPUs.{ratio}")
+    ref = doc.get("reference") or {}
+    against = f" against {ref['name']}" if ref.get("name") else ""
+    loads = "/".join(str(m[k][0]) for k in ("load_before", "load_after") if m.get(k))
+    return (f"Measured {doc['date'][:10]} on commit {doc.get('commit') or '?'}{against}: {m['cpus']} CPUs "
+            f"shared with other jobs (load average {loads} before/after), Python {m['python']}; "
+            f"`{doc['command']}`.{ratio}")
