@@ -118,13 +118,14 @@ def child_cost(argv: Sequence[str], env: dict[str, str] | None = None, **run: An
 
 
 def stats(values: Sequence[float]) -> dict[str, float]:
-    """Median and spread of `values`: min, quartiles, max and count."""
+    """Median and spread of `values`: min, quartiles, 95th percentile, max and count."""
     ordered = sorted(values)
     if len(ordered) == 1:
-        q1 = q3 = ordered[0]
+        q1 = q3 = p95 = ordered[0]
     else:
         q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    return {"median": statistics.median(ordered), "min": ordered[0], "p25": q1, "p75": q3,
+        p95 = statistics.quantiles(ordered, n=20, method="inclusive")[18]
+    return {"median": statistics.median(ordered), "min": ordered[0], "p25": q1, "p75": q3, "p95": p95,
             "max": ordered[-1], "n": len(ordered)}
 
 
