@@ -17,8 +17,8 @@ The results file (``bench/results/NAME.json``; ``docs/hooks/results.py`` renders
 - ``reference``: what it is compared with (``{"name": ..., "commit": ...}``, peers' versions), or null;
 - ``machine``: ``cpus``, ``python``, ``platform``, ``load_before`` / ``load_after`` (``os.getloadavg``);
 - ``source``: ``"measured"`` when this harness wrote it, or where transcribed figures come from
-  (``"transcribed from README.md at commit 89bd5b5"``), with ``original``: the date, commit and load
-  as that source gave them;
+  (``"transcribed from README.md at commit 89bd5b5"``), with ``original``: ``date`` and ``commit``
+  (when and in which commit the source got the figures), ``load`` and ``command`` as it gave them;
 - ``results``: rows ``{"case", "side", "metric", "unit", "value", "stats"?, "samples"?}``, ``value``
   being the median unless ``stats`` says otherwise;
 - ``ratios``: rows ``{"case", "metric", "side", "over", "value"}``, ``value`` = side / over;
@@ -61,18 +61,25 @@ class Sample(NamedTuple):
 
 
 class Stopwatch:
-    """``with Stopwatch() as t: ...`` then ``t.wall`` and ``t.cpu`` (seconds), for timing a block in place."""
+    """``with Stopwatch() as t: ...`` then ``t.wall`` and ``t.cpu`` (seconds), for timing a block in place.
+
+    CPU time is the process's (all threads) unless another clock is given (``time.thread_time``: this
+    thread's alone, when other threads' work must not count).
+    """
 
     wall = 0.0
     cpu = 0.0
 
+    def __init__(self, cpu_clock: Callable[[], float] = time.process_time) -> None:
+        self._clock = cpu_clock
+
     def __enter__(self) -> Stopwatch:
-        self._cpu, self._wall = time.process_time(), time.perf_counter()
+        self._cpu, self._wall = self._clock(), time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self._wall
-        self.cpu = time.process_time() - self._cpu
+        self.cpu = self._clock() - self._cpu
 
     @property
     def sample(self) -> Sample:
@@ -281,7 +288,7 @@ def out_argument(parser: Any, name: str) -> None:
 def number(value: float) -> str:
     """A figure as the tables print it: about three significant digits, thousands separated."""
     size = abs(value)
-    if size >= 100 or float(value).is_integer():
+    if size >= 100 or isinstance(value, int):
         return f"{value:,.0f}"
     if size >= 10:
         return f"{value:.1f}"
@@ -331,9 +338,10 @@ def provenance(doc: dict[str, Any]) -> str:
     ratio = f" Ratios in brackets: the figure over {', '.join(overs)}'s." if overs else ""
     if doc["source"] != "measured":
         o = doc["original"]
-        return (f"{doc['source'].capitalize()} (measured {o.get('date', 'date not given')}"
-                f"{', commit ' + o['commit'] if o.get('commit') else ''}; {o.get('load', 'load not given')}); "
-                f"not re-run. {m.get('cpus', '?')} CPUs.{ratio}")
+        source = doc["source"][:1].upper() + doc["source"][1:]
+        return (f"{source} (written there {o.get('date', 'on a date not given')}"
+                f"{' in commit ' + o['commit'] if o.get('commit') else ''}; {m.get('cpus', '?')} CPUs, "
+                f"load average {o.get('load', 'not given')}); not re-run.{ratio}")
     ref = doc.get("reference") or {}
     against = f" against {ref['name']}" if ref.get("name") else ""
     loads = "/".join(str(m[k][0]) for k in ("load_before", "load_after") if m.get(k))
