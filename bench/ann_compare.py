@@ -73,6 +73,10 @@ def main() -> None:
     truth = exact(base, probes, 10)
     keys = np.arange(args.n, dtype=np.uint64)
     threads = os.cpu_count() or 1
+    results = h.Results("ann", f"usearch against hnswlib on the same {args.n:,} vectors of {args.dim} dimensions: "
+                        f"built with {threads} threads, one thread per call after ({args.queries} queries, "
+                        f"{args.inserts} inserts, interleaved); recall@10 against exact search",
+                        reference={"name": "hnswlib"}, layout={"rows": ["case", "side"], "columns": "metric"})
 
     f32 = Index(ndim=args.dim, metric="cos", dtype="f32", connectivity=16, expansion_add=128, expansion_search=64)
     i8 = Index(ndim=args.dim, metric="cos", dtype="i8", connectivity=16, expansion_add=64, expansion_search=64)
@@ -120,10 +124,6 @@ def main() -> None:
     def ms(values: list[float]) -> list[float]:
         return [v * 1000 for v in values]
 
-    results = h.Results("ann", f"usearch against hnswlib on the same {args.n:,} vectors of {args.dim} dimensions: "
-                        f"built with {threads} threads, one thread per call after ({args.queries} queries, "
-                        f"{args.inserts} inserts, interleaved); recall@10 against exact search",
-                        reference={"name": "hnswlib"}, layout={"rows": ["case", "side"], "columns": "metric"})
     size = f"{args.n:,} x {args.dim}"
     memory = {"usearch f32": f32.memory_usage / 1e6, "usearch i8 + re-score": i8.memory_usage / 1e6, "hnswlib": None}
     for name in searches:

@@ -95,6 +95,10 @@ def main() -> None:
     maf_python = ensure_maf_python(args.maf_python) if args.before is None else Path(sys.executable)
     before_src = args.before / "src" if args.before is not None else None
     scale = ["--scale", str(args.scale)]
+    results = h.Results(
+        "maf-in-memory", f"In-memory framework overhead on the workloads of MAF's baseline harness (no LLM, no "
+        f"store), the sides alternating workload by workload, {args.rounds} round(s) at --scale {args.scale}; "
+        "median µs per operation")
     ref_runs: list[dict[str, Any]] = []
     our_runs: list[dict[str, Any]] = []
     turn = 0
@@ -147,11 +151,7 @@ def main() -> None:
         rows.append((workload, case, base, value, note))
 
     ref_name = "before" if before_src is not None else f"{reference['framework']} {reference['framework_version']}"
-    results = h.Results(
-        "maf-in-memory", f"In-memory framework overhead on the workloads of MAF's baseline harness (no LLM, no "
-        f"store), the sides alternating workload by workload, {args.rounds} round(s) at --scale {args.scale}; "
-        "median µs per operation", reference={"name": ref_name, "commit": h.git_commit(args.before) if args.before
-                                              else None})
+    results.doc["reference"] = {"name": ref_name, "commit": h.git_commit(args.before) if args.before else None}
     for workload, case, base, value, note in rows:
         label = f"{workload} {case}"
         results.add(label, "contextpipe", "median", "µs", value=value, note=note)

@@ -115,6 +115,8 @@ def main() -> None:
         synchronous["peer"] = answer["synchronous"]
         return list(zip(answer["times"], answer["commits"], strict=True))
 
+    results = h.Results("durability", "", reference={"name": "OpenAI Agents SDK 0.24 (SQLiteSession)"},
+                        layout={"rows": ["side", "case"], "columns": "metric"})
     with asyncio.Runner() as runner:
         runs = {"built": lambda: runner.run(ours(built, History(built))),
                 "relaxed": lambda: runner.run(ours(relaxed, RelaxedToolResults(relaxed))), "peer": theirs}
@@ -136,12 +138,11 @@ def main() -> None:
     labels = {"built": "contextpipe, as built", "relaxed": "contextpipe, idempotent results relaxed",
               "peer": "OpenAI Agents SDK 0.24, Runner + SQLiteSession"}
     level = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
-    results = h.Results(
-        "durability", f"A {args.steps}-step tool loop with every step persisted on SQLite (WAL): durable commits "
+    results.doc["description"] = (
+        f"A {args.steps}-step tool loop with every step persisted on SQLite (WAL): durable commits "
         f"(each an fsync) and wall ms per loop; contextpipe synchronous={level.get(level_ours, level_ours)}, the "
         f"peer's {level.get(synchronous['peer'], synchronous['peer'])}; {len(sides['peer'][0])} loops per side "
-        f"over {args.rounds - 1} measured rounds", reference={"name": "OpenAI Agents SDK 0.24 (SQLiteSession)"},
-        layout={"rows": ["side", "case"], "columns": "metric"})
+        f"over {args.rounds - 1} measured rounds")
     case = f"{args.steps}-step tool loop"
     for name in ("built", "relaxed", "peer"):
         times, commits = sides[name]

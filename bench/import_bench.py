@@ -87,6 +87,13 @@ def main() -> None:
         envs[side] = dict(os.environ, PYTHONPATH=str(tree))
     if args.baseline:
         sides.insert(1, BEFORE)
+    vers = PEERS_RUN.versions()
+    label = {side: side if side.startswith("contextpipe") else f"{side} {vers[side]}" for side in sides}
+    results = h.Results(
+        "import", "Import cost against the peers: a new interpreter per import (start-up included), each peer "
+        "in its own virtualenv, the order of the sides rotating from round to round; CPU of the child process",
+        reference={"name": "the peers" + (f" and {args.baseline}" if args.baseline else ""),
+                   "versions": {label[s]: vers.get(s, "") for s in sides if s in vers}})
     cpu: dict[tuple[str, str], list[float]] = {}
     wall: dict[tuple[str, str], list[float]] = {}
     for r, order in h.interleave(sides, args.rounds):
@@ -96,13 +103,6 @@ def main() -> None:
                 cost, _ = h.child_cost([str(PYTHON[side]), "-c", statements[side]], envs[side])
                 cpu.setdefault((case, side), []).append(cost.cpu * 1000)
                 wall.setdefault((case, side), []).append(cost.wall * 1000)
-    vers = PEERS_RUN.versions()
-    label = {side: side if side.startswith("contextpipe") else f"{side} {vers[side]}" for side in sides}
-    results = h.Results(
-        "import", "Import cost against the peers: a new interpreter per import (start-up included), each peer "
-        "in its own virtualenv, the order of the sides rotating from round to round; CPU of the child process",
-        reference={"name": "the peers" + (f" and {args.baseline}" if args.baseline else ""),
-                   "versions": {label[s]: vers.get(s, "") for s in sides if s in vers}})
     for case in STATEMENTS:
         for side in sides:
             results.add(case, label[side], "CPU", "ms", samples=cpu[(case, side)],

@@ -118,14 +118,14 @@ def main() -> None:
     h.out_argument(parser, "stores")
     args = parser.parse_args()
     args.sizes = [int(x) for x in args.sizes.split(",")]
+    out = h.Results("stores", "Session stores as the session grows: one step's append (two messages, under the "
+                    "run's lease) and a 50-message tail load, wall µs; the ratio is the largest session's "
+                    "median over the smallest's")
     results: list[dict[str, Any]] = []
     for backend in args.backends.split(","):
         results += asyncio.run(bench_backend(backend.strip(), args))
 
     smallest, largest = min(args.sizes), max(args.sizes)
-    out = h.Results("stores", "Session stores as the session grows: one step's append (two messages, under the "
-                    "run's lease) and a 50-message tail load, wall µs; the ratio is the largest session's "
-                    "median over the smallest's")
     for r in results:
         for op, metric in (("append", "append"), ("tail50", "tail(50)")):
             out.add(r["backend"], f"N={r['N']:,}", metric, "µs", samples=r[op], keep_samples=False,

@@ -106,6 +106,11 @@ def main() -> None:
         for n in sorted(set(sizes) | {COLD_N}) if wanted & {"run", "cold"} else []:
             print(f"preparing {peer} N={n:,} ...", file=sys.stderr, flush=True)
             worker(peer, "run", n, 1, workdirs[peer])
+    vers = versions()
+    results = h.Results(
+        "peers", "Durable runs against the peers, no LLM (a fake model that answers at once): each peer in its "
+        "own virtualenv on its durable store, the order of the sides rotating from round to round; wall ms",
+        reference={"name": "the peers", "versions": vers})
     samples: dict[tuple[str, str, int], list[float]] = {}
     checks: dict[tuple[str, str, int], Any] = {}
     for r, order in h.interleave(names, args.rounds):
@@ -116,7 +121,6 @@ def main() -> None:
                 key = (peer, workload, n)
                 samples.setdefault(key, []).extend([wall] if workload in ("cold", "import") else data["samples_ms"])
                 checks[key] = data["check"]
-    vers = versions()
     titles = {"run": "run over {n:,} stored messages (same process again)",
               "loop": "20-step tool loop, every step persisted", "cold": "cold start: new process to first answer "
               "over {n:,} stored messages",
@@ -126,10 +130,6 @@ def main() -> None:
               "MAF": "FileHistoryProvider, per-call"}
     label = {p: f"{p} ({stores[p]})" if p.startswith("contextpipe") else f"{p} {vers[p]} ({stores[p]})"
              for p in names}
-    results = h.Results(
-        "peers", "Durable runs against the peers, no LLM (a fake model that answers at once): each peer in its "
-        "own virtualenv on its durable store, the order of the sides rotating from round to round; wall ms",
-        reference={"name": "the peers", "versions": vers})
     for workload, n in cases:
         case = titles[workload].format(n=n)
         for peer in names:
