@@ -19,11 +19,13 @@ The results file (``bench/results/NAME.json``; ``docs/hooks/results.py`` renders
 - ``source``: ``"measured"`` when this harness wrote it, or where transcribed figures come from
   (``"transcribed from README.md at commit 89bd5b5"``), with ``original``: ``date`` and ``commit``
   (when and in which commit the source got the figures), ``load`` and ``command`` as it gave them;
-- ``results``: rows ``{"case", "side", "metric", "unit", "value", "stats"?, "samples"?}``, ``value``
-  being the median unless ``stats`` says otherwise;
+- ``results``: rows ``{"case", "side", "metric", "unit", "value", "stats"?, "samples"?}``: ``value`` is
+  the median of the samples (their spread in ``stats``), or a single figure (a count, a computed or
+  transcribed value) when there are none; other keys a script adds stay beside them;
 - ``ratios``: rows ``{"case", "metric", "side", "over", "value"}``, ``value`` = side / over;
-- optional ``notes`` (strings) and ``layout``: which of case, side and metric make a table's rows and
-  which its columns (default ``{"rows": ["case", "metric"], "columns": "side"}``).
+- optional ``notes`` (sentences shown under the table) and ``layout``: which of case, side and
+  metric make a table's rows and which its columns (default ``{"rows": ["case", "metric"],
+  "columns": "side"}``).
 
 On a shared machine absolute figures move with the load; the sides of a comparison are therefore
 interleaved (``interleave``) so that load falls on all of them, and ratios are the figures to trust.
@@ -263,6 +265,9 @@ def validate(doc: Any) -> list[str]:
         errors.append("no results")
     errors += [e for i, row in enumerate(doc["results"]) for e in _fields(row, _ROW, f"results[{i}]")]
     errors += [e for i, row in enumerate(doc["ratios"]) for e in _fields(row, _RATIO, f"ratios[{i}]")]
+    notes = doc.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+        errors.append("notes must be a list of strings")
     layout = doc.get("layout", DEFAULT_LAYOUT)
     if (not isinstance(layout, dict) or not isinstance(layout.get("rows"), list) or not layout["rows"]
             or sorted([*layout["rows"], layout.get("columns")]) != sorted(KEYS)):
