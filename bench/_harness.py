@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -160,7 +161,8 @@ def git_commit(tree: Path = ROOT) -> str | None:
     try:
         head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)bench/results"],  # results being written do not make the code dirty
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -178,7 +180,7 @@ def command() -> str:
     script = Path(sys.argv[0])
     with contextlib.suppress(ValueError):
         script = script.resolve().relative_to(ROOT)
-    return " ".join(["python", str(script), *sys.argv[1:]])
+    return shlex.join(["python", str(script), *sys.argv[1:]])
 
 
 class Results:
@@ -340,7 +342,8 @@ def provenance(doc: dict[str, Any]) -> str:
     """One line under a table: where, when and on what the figures were taken, and how ratios read."""
     m = doc["machine"]
     overs = _ordered(q["over"] for q in doc["ratios"])
-    ratio = f" Ratios in brackets: the figure over {', '.join(overs)}'s." if overs else ""
+    named = " / ".join(f"“{o}”" for o in overs)
+    ratio = f" In brackets: the figure divided by the {named} figure." if overs else ""
     if doc["source"] != "measured":
         o = doc["original"]
         source = doc["source"][:1].upper() + doc["source"][1:]
