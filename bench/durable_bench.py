@@ -455,7 +455,7 @@ def history(args: argparse.Namespace, sizes: list[int], results: h.Results) -> N
 
 
 def count_instructions(args: argparse.Namespace, sizes: list[int], results: h.Results) -> None:
-    sides = [("after", None), ("before", args.before)] if args.before is not None else [("contextpipe", None)]
+    sides = [("before", args.before), ("after", None)] if args.before is not None else [("contextpipe", None)]
     for n in [s for s in sizes if s <= 100_000]:
         case = f"cold run, {n:,} messages"
         for side, source in sides:
