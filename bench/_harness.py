@@ -86,6 +86,7 @@ class Stopwatch:
 
     @property
     def sample(self) -> Sample:
+        """The block's wall and CPU seconds as one `Sample`."""
         return Sample(self.wall, self.cpu)
 
 
@@ -245,6 +246,7 @@ _REQUIRED = {"schema": int, "benchmark": str, "description": str, "command": str
              "machine": dict, "source": str, "results": list, "ratios": list}
 _ROW = {"case": str, "side": str, "metric": str, "unit": str, "value": (int, float)}
 _RATIO = {"case": str, "metric": str, "side": str, "over": str, "value": (int, float)}
+_MACHINE = {"cpus": int, "python": str}
 
 
 def _fields(item: Any, spec: dict[str, Any], where: str) -> list[str]:
@@ -265,21 +267,35 @@ def validate(doc: Any) -> list[str]:
         errors.append("transcribed results need 'original' (the date, commit and load their source gave)")
     if not doc["results"]:
         errors.append("no results")
-    errors += [e for i, row in enumerate(doc["results"]) for e in _fields(row, _ROW, f"results[{i}]")]
+    if doc["source"] == "measured":
+        errors += _fields(doc["machine"], _MACHINE, "machine")
+    row_errors = [e for i, row in enumerate(doc["results"]) for e in _fields(row, _ROW, f"results[{i}]")]
+    errors += row_errors
+    if not row_errors:  # a table has one cell per case, side and metric: a second row would hide the first
+        seen: set[tuple[str, str, str]] = set()
+        for row in doc["results"]:
+            key = (row["case"], row["side"], row["metric"])
+            if key in seen:
+                errors.append(f"two results for case {key[0]!r}, side {key[1]!r}, metric {key[2]!r}")
+            seen.add(key)
     errors += [e for i, row in enumerate(doc["ratios"]) for e in _fields(row, _RATIO, f"ratios[{i}]")]
     notes = doc.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
         errors.append("notes must be a list of strings")
     layout = doc.get("layout", DEFAULT_LAYOUT)
-    if (not isinstance(layout, dict) or not isinstance(layout.get("rows"), list) or not layout["rows"]
-            or sorted([*layout["rows"], layout.get("columns")]) != sorted(KEYS)):
+    by = layout.get("rows") if isinstance(layout, dict) else None
+    named = [*by, layout.get("columns")] if isinstance(by, list) else []
+    if sorted(map(str, named)) != sorted(KEYS):
         errors.append("layout: 'rows' (a list) and 'columns' must name case, side and metric once each")
     return errors
 
 
 def read(path: Path) -> dict[str, Any]:
     """A results file, checked against the schema (ValueError naming the file and what is wrong)."""
-    doc = json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from exc
     errors = validate(doc)
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))

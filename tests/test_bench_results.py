@@ -73,10 +73,13 @@ def test_every_marker_names_results_files_of_the_schema(page: str, name: str) ->
 def test_every_figure_of_a_file_is_in_the_tables_its_marker_renders(name: str, path: Path) -> None:
     doc = harness.read(path)
     rendered = hook.render_markers(f"<!-- results: {name} -->")
-    for row in doc["results"]:
-        assert harness.number(row["value"]) in rendered, (path.name, row)
-    for ratio in doc["ratios"]:
-        assert harness.times(ratio["value"]) in rendered, (path.name, ratio)
+    table = harness.table(doc)
+    assert table in rendered
+    cells = [cell for cell in _cells(table).values() if cell != "-"]
+    # One cell per row, each holding its row's figure (none dropped, none hidden by another).
+    assert sorted(cell.split(" (")[0] for cell in cells) == sorted(harness.number(r["value"]) for r in doc["results"])
+    assert sorted(cell.split(" (")[1].rstrip(")") for cell in cells if " (" in cell) == \
+        sorted(harness.times(q["value"]) for q in doc["ratios"])
     assert harness.provenance(doc) in rendered
 
 
@@ -117,6 +120,12 @@ def test_a_file_off_the_schema_is_named(tmp_path: Path) -> None:
         hook.render_markers("<!-- results: bad -->", tmp_path)
 
 
+def test_a_file_that_is_not_json_is_named(tmp_path: Path) -> None:
+    (tmp_path / "broken.json").write_text('{"schema": 1,')
+    with pytest.raises(ValueError, match=r"broken\.json: not JSON"):
+        hook.render_markers("<!-- results: broken -->", tmp_path)
+
+
 def test_a_file_s_notes_and_provenance_follow_its_table(tmp_path: Path) -> None:
     doc = _doc([("c", "s", "wall", "ms", 1.25)], notes=["Measured with the fans on."])
     (tmp_path / "n.json").write_text(json.dumps(doc))
@@ -143,6 +152,9 @@ def test_a_marker_renders_its_file_then_the_files_named_after_it(tmp_path: Path)
     (lambda d: d["ratios"].append({"case": "c", "side": "s"}), "ratios[0]"),
     (lambda d: d.update(schema=2), "schema 2"),
     (lambda d: d.update(notes="one note"), "notes"),
+    (lambda d: d.update(layout={"rows": ["case", "metric"]}), "layout"),
+    (lambda d: d["results"].append(dict(d["results"][0], value=2.0)), "two results for case 'c'"),
+    (lambda d: d["machine"].pop("cpus"), "machine: 'cpus'"),
 ])
 def test_the_schema_refuses_what_the_tables_cannot_show(change: Any, error: str) -> None:
     doc = _doc([("c", "s", "wall", "ms", 1.0)])
