@@ -309,13 +309,14 @@ def out_argument(parser: Any, name: str) -> None:
 
 
 def number(value: float) -> str:
-    """A figure as the tables print it: about three significant digits, thousands separated."""
+    """A figure as the tables print it: about three significant digits (trailing zeros kept, so 0.500
+    sits beside 0.536 in a column), thousands separated."""
     size = abs(value)
     if size >= 100 or isinstance(value, int):
         return f"{value:,.0f}"
     if size >= 10:
         return f"{value:.1f}"
-    return f"{value:.2f}" if size >= 1 else f"{value:.3g}"
+    return f"{value:.2f}" if size >= 1 else f"{value:#.3g}"
 
 
 def times(ratio: float) -> str:

@@ -182,6 +182,12 @@ def test_each_cell_holds_its_figure_and_its_ratio(cases: list[str], sides: list[
         assert cells[(case, sides[1])] == f"{harness.number(values[4 * i + 1])} ({ratio})"
 
 
+@pytest.mark.parametrize(("value", "shown"), [(1234567.0, "1,234,567"), (12, "12"), (42.31, "42.3"), (4.5, "4.50"),
+                                             (0.5, "0.500"), (0.0866, "0.0866"), (0.9996, "1.00")])
+def test_figures_keep_three_significant_digits(value: float, shown: str) -> None:
+    assert harness.number(value) == shown
+
+
 def test_a_layout_puts_the_metrics_in_the_columns() -> None:
     doc = _doc([("N=1", "cp", "first", "ms", 135), ("N=1", "cp", "later", "ms", 4.5),
                 ("N=2", "cp", "first", "ms", 1500), ("N=2", "cp", "later", "ms", 2.25)],
