@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "recall"))
 
-from _harness import Results  # (bench/, the script's folder, is on the path)
+import _harness as h  # (bench/, the script's folder, is on the path)
 from contextpipe.messages import Message
 from contextpipe.providers import SemanticMemory
 from contextpipe.session import Session
@@ -327,6 +327,8 @@ async def latency(embedder_names: list[str], n: int, queries: int, beside: Path 
     """
     turns, questions = load()
     asker = Session("ask", state={"user_id": "everyone"})
+    results = h.Results(  # before the measurement: its date and the load now (the description follows)
+        "recall-latency", "", notes=[f"{beside} stored beside the memories in each file, in chunks"] if beside else ())
     with tempfile.TemporaryDirectory() as tmp:
         sides = [await LatencySide.fill(name, Path(tmp), turns, n, beside) for name in embedder_names]
         stored = await sides[0].vectors.count("memory")
@@ -338,27 +340,23 @@ async def latency(embedder_names: list[str], n: int, queries: int, beside: Path 
         cpu: dict[tuple[str, str], list[float]] = {(side.label, step): [] for side, step in steps}
         for i, q in enumerate(questions[:queries]):
             ready = {side.label: await embed_query(side.inner, q.question) for side in sides}
-            shift = i % len(steps)
-            for side, step in steps[shift:] + steps[:shift]:
-                t0, c0 = time.perf_counter(), time.process_time()
-                await side.run(step, q.question, ready[side.label], asker)
-                wall[side.label, step].append((time.perf_counter() - t0) * 1000)
-                cpu[side.label, step].append((time.process_time() - c0) * 1000)
+            for side, step in h.rotated(steps, i):
+                with h.Stopwatch() as watch:
+                    await side.run(step, q.question, ready[side.label], asker)
+                wall[side.label, step].append(watch.wall * 1000)
+                cpu[side.label, step].append(watch.cpu * 1000)
         for side in sides:
             await side.vectors.close()
-    results = Results(
-        "recall-latency",
+    results.doc["description"] = (
         f"SemanticMemory.recall over {stored:,} stored turns on SQLite (the dev fixture's turns, repeated), "
         f"{len(wall[steps[0][0].label, steps[0][1]])} questions each embedded for real; per embedder (its own store) "
         "the whole recall with its defaults, without the names lookup and without short turns ranked down, the "
-        "question's embedding alone and the store's search alone, interleaved question by question",
-        notes=[f"{beside} stored beside the memories in each file, in chunks"] if beside is not None else ())
+        "question's embedding alone and the store's search alone, interleaved question by question")
     print(f"\nrecall latency, SQLite, {stored:,} stored turns (ms; p50 / p95):")
     for side, step in steps:
         for metric, samples in (("wall", wall[side.label, step]), ("CPU", cpu[side.label, step])):
             row = results.add(step, side.label, metric, "ms", samples=samples, keep_samples=False)
-            print(f"  {side.label:24} {step:28} {metric:4} {row['value']:6.1f} / "
-                  f"{statistics.quantiles(samples, n=20)[-1]:6.1f}")
+            print(f"  {side.label:24} {step:28} {metric:4} {row['value']:6.1f} / {row['stats']['p95']:6.1f}")
     results.write(out)
 
 
@@ -415,11 +413,11 @@ class Views:
     def __init__(self, fixtures: list[str], pgvector: str | None) -> None:
         self.costs: dict[str, list[float]] = {}  # embedder: [texts, seconds] to embed the stored texts
         self.files = {
-            "embedders": Results("recall-embedders", f"Memory recall, default search on SQLite, by embedder: {HOW}"),
-            **{f"search-{f}": Results(f"recall-search-{f}", f"Memory recall on the {f} fixture ({FIXTURES[f][0]}), "
+            "embedders": h.Results("recall-embedders", f"Memory recall, default search on SQLite, by embedder: {HOW}"),
+            **{f"search-{f}": h.Results(f"recall-search-{f}", f"Memory recall on the {f} fixture ({FIXTURES[f][0]}), "
                                       f"SQLite, by search and embedder: {HOW}") for f in fixtures},
-            "stores": Results("recall-stores", f"Memory recall, default search, by vector store and embedder: {HOW}"),
-            **{f"kinds-{f}": Results(f"recall-kinds-{f}", f"Memory recall on the {f} fixture ({FIXTURES[f][0]}), "
+            "stores": h.Results("recall-stores", f"Memory recall, default search, by vector store and embedder: {HOW}"),
+            **{f"kinds-{f}": h.Results(f"recall-kinds-{f}", f"Memory recall on the {f} fixture ({FIXTURES[f][0]}), "
                                      f"default search on SQLite, by question kind and embedder: {HOW}")
                for f in fixtures},
         }
@@ -476,9 +474,9 @@ async def run_fixture(args: argparse.Namespace, fixture: str, views: Views) -> N
     for name in args.embedders.split(","):
         inner, side = make_embedder(name)
         embedder = Cached(inner)
-        started = time.perf_counter()
-        await embedder.embed([f"{t.speaker}: {t.text}" for t in turns] + [t.text for t in turns])
-        took = time.perf_counter() - started
+        with h.Stopwatch() as watch:
+            await embedder.embed([f"{t.speaker}: {t.text}" for t in turns] + [t.text for t in turns])
+        took = watch.wall
         print(f"\n{side} ({inner.name}) embedded {len(embedder.vectors)} texts in {took:.1f} s "
               f"({took / len(embedder.vectors) * 1000:.1f} ms each, batches of 64)")
         views.cost(side, len(embedder.vectors), took)
