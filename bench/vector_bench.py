@@ -6,7 +6,7 @@
     python bench/vector_bench.py --pgvector DSN         # also PostgreSQL + pgvector (HNSW)
     python bench/vector_bench.py --against ../main/src  # this store against another checkout's, interleaved
     python bench/vector_bench.py --seams --size 50000   # each fast path against its plain version
-    python bench/vector_bench.py --depths "" --out bench/results/vectors.json
+    python bench/vector_bench.py --depths "" --out bench/results/vectors-growth.json
     python bench/vector_bench.py --against /tmp/cp-16e79cd/src --size 100000 --rounds 4 \
         --out bench/results/vectors-against.json
 

@@ -6,8 +6,9 @@ script runs when one is missing): the OpenAI Agents SDK (``SQLiteSession``), Lan
 (``AsyncSqliteSaver``, ``durability="sync"``) and Microsoft Agent Framework (``FileHistoryProvider``
 with per-service-call persistence). contextpipe runs in this interpreter (``SQLiteStore``,
 ``synchronous="FULL"``, per-step persistence; the side "contextpipe NORMAL" uses ``synchronous="NORMAL"``:
-durable through a process crash but not a power loss, as the peers' stores are by default). No LLM: each
-side has a fake model that answers at once.
+durable through a process crash but not a power loss). The SDK's and LangGraph's SQLite stores run in WAL
+mode at SQLite's default ``synchronous=FULL``, an fsync per commit as well; MAF appends to its file without
+an fsync. No LLM: each side has a fake model that answers at once.
 
 Workloads (see ``common.py``): ``run N`` (a run over N stored messages, the process running the
 session again), ``loop`` (20 tool calls, every step persisted), ``cold`` (a new process: imports,
