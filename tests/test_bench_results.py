@@ -1,5 +1,5 @@
 """The docs' performance tables are the benchmarks' data: every ``<!-- results: NAME -->`` marker in
-docs/*.md names results files that exist and fit the schema of ``bench/_harness.py``, and what the
+docs/ names results files that exist and fit the schema of ``bench/_harness.py``, and what the
 docs render carries the files' own figures, so a page cannot drift from its data."""
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def _load(name: str, path: Path) -> ModuleType:
 
 hook = _load("docs_results_hook", ROOT / "docs" / "hooks" / "results.py")
 harness = hook.harness
-PAGES = sorted((ROOT / "docs").glob("*.md"))
-MARKED = [(page.name, name) for page in PAGES for name in hook.markers(page.read_text())]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))  # the hook renders markers on every page, guides included
+MARKED = [(page.relative_to(ROOT / "docs").as_posix(), name)
+          for page in PAGES for name in hook.markers(page.read_text())]
 RENDERED = sorted({(name, path) for _, name in MARKED for path in hook.files_for(name)})
 """Each results file a page renders, with the marker that renders it."""
 FILES = sorted({path for _, path in RENDERED})
