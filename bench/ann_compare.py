@@ -3,6 +3,7 @@
 
     python bench/ann_compare.py                 # 100,000 x 384, clustered like sentence embeddings (~5 min)
     python bench/ann_compare.py --n 20000       # quicker
+    python bench/ann_compare.py --out bench/results/ann.json
 
 Needs ``pip install usearch hnswlib`` (hnswlib is only needed here: contextpipe uses usearch).
 The vectors are a mixture of 2,000 Gaussian clusters (unit-normalised), which is closer to real text
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+import _harness as h
 
 
 def data(n: int, dim: int, queries: int, seed: int = 7) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -48,9 +50,10 @@ def exact(base: np.ndarray[Any, Any], probes: np.ndarray[Any, Any], k: int) -> l
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
-    t0, c0 = time.perf_counter(), time.thread_time()
-    out = fn()
-    return out, time.perf_counter() - t0, time.thread_time() - c0
+    """`fn`'s result, wall seconds and this thread's CPU seconds (the index's own threads do not count)."""
+    with h.Stopwatch(time.thread_time) as watch:
+        out = fn()
+    return out, watch.wall, watch.cpu
 
 
 def main() -> None:
@@ -59,6 +62,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--inserts", type=int, default=300)
+    h.out_argument(parser, "ann")
     args = parser.parse_args()
     import hnswlib
     from usearch.index import Index
@@ -69,21 +73,19 @@ def main() -> None:
     truth = exact(base, probes, 10)
     keys = np.arange(args.n, dtype=np.uint64)
     threads = os.cpu_count() or 1
+    results = h.Results("ann", f"usearch against hnswlib on the same {args.n:,} vectors of {args.dim} dimensions: "
+                        f"built with {threads} threads, one thread per call after ({args.queries} queries, "
+                        f"{args.inserts} inserts, interleaved); recall@10 against exact search",
+                        reference={"name": "hnswlib"}, layout={"rows": ["case", "side"], "columns": "metric"})
 
     f32 = Index(ndim=args.dim, metric="cos", dtype="f32", connectivity=16, expansion_add=128, expansion_search=64)
     i8 = Index(ndim=args.dim, metric="cos", dtype="i8", connectivity=16, expansion_add=64, expansion_search=64)
     hn = hnswlib.Index(space="cosine", dim=args.dim)
     hn.init_index(max_elements=args.n + args.inserts, M=16, ef_construction=128)
     hn.set_num_threads(threads)
-    build = {"usearch f32": time.perf_counter()}
-    f32.add(keys, base, threads=threads)
-    build["usearch f32"] = time.perf_counter() - build["usearch f32"]
-    build["usearch i8 + re-score"] = time.perf_counter()
-    i8.add(keys, base, threads=threads)
-    build["usearch i8 + re-score"] = time.perf_counter() - build["usearch i8 + re-score"]
-    build["hnswlib"] = time.perf_counter()
-    hn.add_items(base, keys)
-    build["hnswlib"] = time.perf_counter() - build["hnswlib"]
+    build = {"usearch f32": timed(lambda: f32.add(keys, base, threads=threads))[1],
+             "usearch i8 + re-score": timed(lambda: i8.add(keys, base, threads=threads))[1],
+             "hnswlib": timed(lambda: hn.add_items(base, keys))[1]}
     hn.set_ef(64)
     hn.set_num_threads(1)
 
@@ -119,17 +121,21 @@ def main() -> None:
             insert_wall[name].append(w)
             insert_cpu[name].append(c)
 
-    def ms(values: list[float]) -> str:
-        return f"{statistics.median(values) * 1000:.3f}"
+    def ms(values: list[float]) -> list[float]:
+        return [v * 1000 for v in values]
 
-    print(f"{args.n:,} x {args.dim}, {args.queries} queries, {args.inserts} inserts; built with {threads} threads\n")
-    print("| index | build s | insert one ms p50 (CPU) | search ms p50 (CPU) | recall@10 vs exact | memory MB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    size = f"{args.n:,} x {args.dim}"
     memory = {"usearch f32": f32.memory_usage / 1e6, "usearch i8 + re-score": i8.memory_usage / 1e6, "hnswlib": None}
     for name in searches:
-        mb = memory[name]
-        print(f"| {name} | {build[name]:.1f} | {ms(insert_wall[name])} ({ms(insert_cpu[name])}) | {ms(wall[name])} "
-              f"({ms(cpu[name])}) | {found[name] / (10 * len(probes)):.3f} | {'-' if mb is None else f'{mb:,.0f}'} |")
+        results.add(name, size, "build", "s", value=build[name])
+        results.add(name, size, "insert one p50", "ms", samples=ms(insert_wall[name]), keep_samples=False,
+                    cpu_ms=h.stats(ms(insert_cpu[name])))
+        results.add(name, size, "search p50", "ms", samples=ms(wall[name]), keep_samples=False,
+                    cpu_ms=h.stats(ms(cpu[name])))
+        results.add(name, size, "recall@10", "", value=found[name] / (10 * len(probes)))
+        if memory[name] is not None:
+            results.add(name, size, "memory", "MB", value=memory[name])
+    print(h.table(results.write(args.out)))
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ the distribution of chunk sizes in tokens (every chunk must be at or under the l
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
+import _harness as h
 from contextpipe.tokens import TiktokenTokenizer
 from contextpipe.vectors import chunk_markdown
 
@@ -28,14 +27,14 @@ def main() -> None:
     texts = [p.read_text(encoding="utf-8-sig", errors="replace") for p in sorted(args.folder.rglob("*.md"))
              if p.is_file()]
     size = sum(len(t.encode()) for t in texts)
-    started = time.perf_counter()
-    chunks = [c for t in texts for c in chunk_markdown(t, max_tokens=args.max_tokens, tokenizer=tokenizer)]
-    seconds = time.perf_counter() - started
+    with h.Stopwatch() as watch:
+        chunks = [c for t in texts for c in chunk_markdown(t, max_tokens=args.max_tokens, tokenizer=tokenizer)]
+    seconds = watch.wall
     tokens = [tokenizer.count_text(c.text) for c in chunks]
     with_heading = sum(1 for c in chunks if c.heading)
     print(f"files {len(texts)}  MB {size / 1e6:.2f}  chunks {len(chunks)}  seconds {seconds:.2f}  "
           f"MB/s {size / 1e6 / seconds:.2f}")
-    print(f"tokens per chunk: median {statistics.median(tokens):.0f}  p90 {sorted(tokens)[len(tokens) * 9 // 10]}  "
+    print(f"tokens per chunk: median {h.stats(tokens)['median']:.0f}  p90 {sorted(tokens)[len(tokens) * 9 // 10]}  "
           f"max {max(tokens)} (limit {args.max_tokens})  chunks with a heading {with_heading / len(chunks):.0%}")
     assert max(tokens) <= args.max_tokens
 

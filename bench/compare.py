@@ -5,13 +5,14 @@
     python bench/compare.py --scale 0.3 --rounds 1   # quicker, noisier
     python bench/compare.py --maf-python /path/to/venv/bin/python
     python bench/compare.py --before /tmp/cp-before --only W1,W3   # contextpipe against an earlier tree of itself
+    python bench/compare.py --scale 0.5 --rounds 1 --out bench/results/maf-in-memory.json
 
 With ``--before DIR`` (a contextpipe source tree, e.g. ``git archive af1a54e | tar -x -C /tmp/cp-before``) the
 reference side is this same harness run on that tree (its ``src`` first on the ``PYTHONPATH``) instead of MAF,
 interleaved in the same way: the speed-up column is then before / after.
 
-The reference runs in its own virtualenv (``bench/.venv-peer-maf`` by default, created on first use with
-``agent-framework-core==1.23.0``, shared with bench/peers); contextpipe runs in this interpreter. The
+The reference runs in its own virtualenv (``bench/.venv-peer-maf`` by default, made by ``bash
+bench/peers/setup.sh`` when missing, shared with bench/peers); contextpipe runs in this interpreter. The
 reference harness is ``maf_bench.py`` from the shared bench folder (``--maf-bench``), plus ``maf_sliding.py`` for MAF's
 linear ``SlidingWindowStrategy`` (``W5-sliding``). The two sides are interleaved: each workload runs
 on both sides in turn, the side going first alternating from workload to workload and round to round,
@@ -27,27 +28,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import _harness as h
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-MAF_VERSION = "agent-framework-core==1.23.0"
 WORKLOADS = "W0,W1,W2,W3,W4,W5,W5-sliding,W6"
 
 
 def ensure_maf_python(path: Path | None) -> Path:
     if path is not None:
         return path
-    venv = HERE / ".venv-peer-maf"  # the same virtualenv as bench/peers uses
-    python = venv / "bin" / "python"
+    python = HERE / ".venv-peer-maf" / "bin" / "python"  # the same virtualenv as bench/peers uses
     if not python.exists():
-        print(f"creating {venv} with {MAF_VERSION} ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", MAF_VERSION], check=True)
+        subprocess.run(["bash", str(HERE / "peers" / "setup.sh")], check=True)
     return python
 
 
@@ -77,7 +75,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     for data in runs:
         for r in data["results"]:
             per_case.setdefault((r["workload"], r["case"]), []).append(r["median_us"])
-    return {key: statistics.median(values) for key, values in per_case.items()}
+    return {key: h.stats(values)["median"] for key, values in per_case.items()}
 
 
 def main() -> None:
@@ -89,6 +87,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply per-case time targets (both sides)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (each runs every workload twice)")
     parser.add_argument("--json", type=Path, default=None, help="also write both raw results to this file")
+    h.out_argument(parser, "maf-in-memory")
     parser.add_argument("--before", type=Path, default=None,
                         help="a contextpipe source tree to compare against instead of MAF")
     args = parser.parse_args()
@@ -96,6 +95,10 @@ def main() -> None:
     maf_python = ensure_maf_python(args.maf_python) if args.before is None else Path(sys.executable)
     before_src = args.before / "src" if args.before is not None else None
     scale = ["--scale", str(args.scale)]
+    results = h.Results(
+        "maf-in-memory", f"In-memory framework overhead on the workloads of MAF's baseline harness (no LLM, no "
+        f"store), the sides alternating workload by workload, {args.rounds} round(s) at --scale {args.scale}; "
+        "median µs per operation")
     ref_runs: list[dict[str, Any]] = []
     our_runs: list[dict[str, Any]] = []
     turn = 0
@@ -113,17 +116,14 @@ def main() -> None:
                 ref_cmd = [str(maf_python), str(args.maf_bench), "--only", workload, *scale]
                 ref_label = f"reference (MAF) {workload}"
             sides = [(ref_cmd, ref_label, ref_runs, before_src), (our_cmd, f"contextpipe {workload}", our_runs, None)]
-            if turn % 2:
-                sides.reverse()
-            turn += 1
-            for cmd, label, into, path in sides:
+            for cmd, label, into, path in h.rotated(sides, turn):
                 into.append(run(cmd, label, path))
+            turn += 1
     if args.json is not None:
         args.json.write_text(json.dumps({"reference": ref_runs, "contextpipe": our_runs}, indent=2))
 
     ref, cp = medians(ref_runs), medians(our_runs)
     reference = next(r for r in ref_runs if "framework" in r)
-    ours = next(r for r in our_runs if "machine" in r)
     rows: list[tuple[str, str, float | None, float, str]] = []
     for (workload, case), value in cp.items():
         ref_case = case.removesuffix(" inline")
@@ -150,23 +150,23 @@ def main() -> None:
             note = "reference: SlidingWindowStrategy (linear); contextpipe: SlidingWindow"
         rows.append((workload, case, base, value, note))
 
-    print(f"\nreference: {reference['framework']} {reference['framework_version']}, "
-          f"contextpipe {ours['framework_version']}, Python {ours['machine']['python']}, "
-          f"nproc {ours['machine']['nproc']}, scale {args.scale}, {args.rounds} interleaved round(s)\n")
-    print("| workload | case | reference median µs | contextpipe median µs | speed-up | note |")
-    print("|---|---|---:|---:|---:|---|")
+    ref_name = "before" if before_src is not None else f"{reference['framework']} {reference['framework_version']}"
+    results.doc["reference"] = {"name": ref_name, "commit": h.git_commit(args.before) if args.before else None}
     for workload, case, base, value, note in rows:
-        ratio = f"{base / value:,.1f}x" if base else "n/a"
-        base_text = f"{base:,.1f}" if base else "n/a"
-        print(f"| {workload} | {case} | {base_text} | {value:,.1f} | {ratio} | {note} |")
+        label = f"{workload} {case}"
+        results.add(label, "contextpipe", "median", "µs", value=value, note=note)
+        if base:
+            results.add(label, ref_name, "median", "µs", value=base, note=note)
+            results.ratio(label, "median", side=ref_name, over="contextpipe")
+    print(h.table(results.write(args.out)))
 
     per_chunk = [r.get("derived", {}).get("w6_framework_us_per_stream_chunk") for r in our_runs]
     ref_chunk = [r.get("derived", {}).get("w6_framework_us_per_stream_chunk") for r in ref_runs]
     ours_w6 = [v for v in per_chunk if v is not None]
     ref_w6 = [v for v in ref_chunk if v is not None]
     if ours_w6 and ref_w6:
-        print(f"\ncontextpipe W6 framework cost per stream chunk: {statistics.median(ours_w6)} µs "
-              f"(reference: {statistics.median(ref_w6)} µs)")
+        print(f"\ncontextpipe W6 framework cost per stream chunk: {h.stats(ours_w6)['median']} µs "
+              f"(reference: {h.stats(ref_w6)['median']} µs)")
     memory = next((r["memory_w1_n10000"] for r in our_runs if r.get("memory_w1_n10000")), None)
     ref_memory = next((r["memory_w1_n10000"] for r in ref_runs if r.get("memory_w1_n10000")), None)
     if memory and ref_memory:

@@ -27,13 +27,12 @@ import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
+import _harness as h
 import contextpipe.stores._common  # noqa: F401 - loaded as in a store's process, so every tree has the same objects
 from contextpipe.messages import FunctionCall, FunctionResult, Message, Source, TextPart
 
@@ -81,12 +80,11 @@ def make_log(n: int = N) -> list[Message]:
 
 
 def _best(fn: Callable[[], Any], repeat: int) -> float:
+    """CPU ms of the fastest of `repeat` calls, each after a full collection (untimed)."""
     times = []
     for _ in range(repeat):
         gc.collect()
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
+        times.append(h.measure(fn, 1, warmup=0)[0].cpu)
     return min(times) * 1000
 
 
@@ -114,14 +112,14 @@ def run(repeat: int) -> dict[str, float]:
 def compare(trees: list[str], rounds: int, repeat: int) -> dict[str, Any]:
     """Run `run` under each tree, interleaved, `rounds` times; the median per tree and the ratios to the first."""
     samples: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
-    for _ in range(rounds):
-        for tree in trees:
+    for _, order in h.interleave(trees, rounds):
+        for tree in order:
             env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
             out = subprocess.run([sys.executable, __file__, "--repeat", str(repeat)], env=env, check=True,
                                  capture_output=True, text=True).stdout
             samples[tree].append(json.loads(out))
     best = {tree: {case: min(s[case] for s in runs) for case in runs[0]} for tree, runs in samples.items()}
-    medians = {tree: {case: statistics.median(s[case] for s in runs) for case in runs[0]}
+    medians = {tree: {case: h.stats([s[case] for s in runs])["median"] for case in runs[0]}
                for tree, runs in samples.items()}
     first = best[trees[0]]
     return {

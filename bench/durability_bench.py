@@ -2,23 +2,25 @@
 """Durable per-step persistence on SQLite: fsyncs per tool-loop step, and a 20-step tool loop's time,
 contextpipe next to the OpenAI Agents SDK's ``SQLiteSession`` (both durable against power loss).
 
-    python bench/durability_bench.py                 # creates bench/.venv-agents on first use
+    python bench/durability_bench.py --out bench/results/durability.json
     python bench/durability_bench.py --rounds 9 --loops 5 --steps 20
 
-The peer runs in its own virtualenv (``bench/.venv-agents`` with ``openai-agents``; made on first
-use, or by hand: ``python -m venv bench/.venv-agents && bench/.venv-agents/bin/pip install
-openai-agents==0.24.0``) as a long-lived subprocess (``durability_peer_agents.py``); the sides
-take turns round by round in one run. Each loop is a fresh session in one database file per side:
-the model (each side's own scripted test model) calls a tool returning a short string 20 times,
-then answers. Durable commits are counted by the stores (contextpipe's ``SQLiteStore`` counters;
-a counting ``sqlite3.Connection`` on the peer's side); in WAL mode under ``synchronous=FULL``
-each one is an fsync of the log.
+The peer runs in its own virtualenv (``bench/.venv-peer-openai-agents``, made by ``bash
+bench/peers/setup.sh``, which this script runs when it is missing) as a long-lived subprocess
+(``durability_peer_agents.py``); the three sides take turns round by round in one run, the side
+going first rotating, and the first round (a warm-up) is not counted. Each loop is a fresh session
+in one database file per side: the model (each side's own scripted test model) calls a tool
+returning a short string 20 times, then answers. Durable commits are counted by the stores
+(contextpipe's ``SQLiteStore`` counters; a counting ``sqlite3.Connection`` on the peer's side); in
+WAL mode under ``synchronous=FULL`` each one is an fsync of the log.
 
 contextpipe rows:
-- *as built*: the agent loop as this build persists it (every save durable).
-- *idempotent results relaxed*: the same loop, with a tool result of an idempotent tool appended
-  with ``durable=False`` (a power loss before the next durable write re-runs that tool on resume;
-  the call record and the answer are still fsynced before anything depends on them).
+- *as built*: the agent loop as this build persists it: every model output durable, the result of an
+  idempotent tool (this benchmark's) appended with ``durable=False`` (a power loss before the next
+  durable write re-runs that tool on resume; the call record and the answer are still fsynced before
+  anything depends on them).
+- *idempotent results relaxed*: the same loop with those results relaxed by a ``History`` subclass,
+  as a release whose run fsynced every save needed; it now makes the same commits as *as built*.
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import _harness as h
 from contextpipe import Agent, Message, RunLimits, tool
 from contextpipe.providers import History
 from contextpipe.session import Session
@@ -41,7 +42,7 @@ from contextpipe.stores import Lease, SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
 
 HERE = Path(__file__).resolve().parent
-PEER_VERSION = "openai-agents==0.24.0"
+PEER_PYTHON = HERE / ".venv-peer-openai-agents" / "bin" / "python"
 
 
 @tool(idempotent=True)
@@ -66,23 +67,18 @@ async def cp_loop(store: SQLiteStore, history: History, n: int, steps: int) -> t
                   limits=RunLimits(max_steps=steps + 5))
     session = Session(f"loop-{n}")
     before = store.durable_commits
-    started = time.perf_counter()
-    await agent.run("start", session=session)
-    elapsed = time.perf_counter() - started
+    with h.Stopwatch() as watch:
+        await agent.run("start", session=session)
     assert len((await store.load("default", session.id)).messages) == 2 * steps + 2
-    return elapsed, store.durable_commits - before
+    return watch.wall, store.durable_commits - before
 
 
 def peer_python(path: Path | None) -> Path:
     if path is not None:
         return path
-    venv = HERE / ".venv-agents"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        print(f"creating {venv} with {PEER_VERSION} ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_VERSION], check=True)
-    return python
+    if not PEER_PYTHON.exists():
+        subprocess.run(["bash", str(HERE / "peers" / "setup.sh")], check=True)
+    return PEER_PYTHON
 
 
 def main() -> None:
@@ -91,12 +87,14 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=4, help="loops per side per round")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--peer-python", type=Path, default=None)
+    h.out_argument(parser, "durability")
     args = parser.parse_args()
 
     peer = subprocess.Popen([str(peer_python(args.peer_python)), str(HERE / "durability_peer_agents.py")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert peer.stdin is not None
     assert peer.stdout is not None
+    stdin, stdout = peer.stdin, peer.stdout
     workdir = Path(tempfile.mkdtemp(prefix="cp-durability-"))
     built = SQLiteStore(workdir / "built.db")  # synchronous=FULL, the default
     relaxed = SQLiteStore(workdir / "relaxed.db")
@@ -112,22 +110,25 @@ def main() -> None:
             out.append(await cp_loop(store, history, n, args.steps))
         return out
 
+    def theirs() -> list[tuple[float, int]]:
+        stdin.write(json.dumps({"loops": args.loops, "steps": args.steps}) + "\n")
+        stdin.flush()
+        answer = json.loads(stdout.readline())
+        synchronous["peer"] = answer["synchronous"]
+        return list(zip(answer["times"], answer["commits"], strict=True))
+
+    results = h.Results("durability", "", reference={"name": "OpenAI Agents SDK 0.24 (SQLiteSession)"},
+                        layout={"rows": ["side", "case"], "columns": "metric"})
     with asyncio.Runner() as runner:
+        runs = {"built": lambda: runner.run(ours(built, History(built))),
+                "relaxed": lambda: runner.run(ours(relaxed, RelaxedToolResults(relaxed))), "peer": theirs}
         try:
-            for r in range(args.rounds):
-                for name, store, history in (("built", built, History(built)),
-                                             ("relaxed", relaxed, RelaxedToolResults(relaxed))):
-                    for seconds, commits in runner.run(ours(store, history)):
-                        if r > 0:  # round 0 warms both sides up
+            for r, order in h.interleave(list(runs), args.rounds):
+                for name in order:
+                    for seconds, commits in runs[name]():
+                        if r > 0:  # round 0 warms every side up
                             sides[name][0].append(seconds)
                             sides[name][1].append(commits)
-                peer.stdin.write(json.dumps({"loops": args.loops, "steps": args.steps}) + "\n")
-                peer.stdin.flush()
-                answer = json.loads(peer.stdout.readline())
-                synchronous["peer"] = answer["synchronous"]
-                if r > 0:
-                    sides["peer"][0].extend(answer["times"])
-                    sides["peer"][1].extend(answer["commits"])
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
             level_ours = runner.run(built._run(lambda conn: int(conn.execute("PRAGMA synchronous").fetchone()[0])))
         finally:
@@ -136,22 +137,23 @@ def main() -> None:
             runner.run(built.close())
             runner.run(relaxed.close())
 
-    peer_ms = statistics.median(sides["peer"][0]) * 1000
     labels = {"built": "contextpipe, as built", "relaxed": "contextpipe, idempotent results relaxed",
-              "peer": "OpenAI Agents SDK, SQLiteSession"}
+              "peer": "OpenAI Agents SDK 0.24, Runner + SQLiteSession"}
     level = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
-    theirs = synchronous["peer"]
-    print(f"\n{args.steps}-step tool loop, every step persisted, SQLite WAL; contextpipe synchronous="
-          f"{level.get(level_ours, level_ours)}, peer synchronous={level.get(theirs, theirs)}; "
-          f"{len(sides['peer'][0])} loops per side over {args.rounds - 1} measured rounds\n")
-    print("| side | durable commits (fsyncs) per loop | per step | median ms per loop | vs peer |")
-    print("|---|---:|---:|---:|---:|")
+    results.doc["description"] = (
+        f"A {args.steps}-step tool loop with every step persisted on SQLite (WAL): durable commits "
+        f"(each an fsync) and wall ms per loop; contextpipe synchronous={level.get(level_ours, level_ours)}, the "
+        f"peer's {level.get(synchronous['peer'], synchronous['peer'])}; {len(sides['peer'][0])} loops per side "
+        f"over {args.rounds - 1} measured rounds")
+    case = f"{args.steps}-step tool loop"
     for name in ("built", "relaxed", "peer"):
         times, commits = sides[name]
-        ms = statistics.median(times) * 1000
-        per_loop = statistics.median(commits)
-        print(f"| {labels[name]} | {per_loop:g} | {per_loop / args.steps:.2f} | {ms:,.1f} | "
-              f"{ms / peer_ms:.2f}x |")
+        results.add(case, labels[name], "fsyncs per loop", "", value=h.stats(commits)["median"])
+        results.add(case, labels[name], "fsyncs per step", "", value=h.stats(commits)["median"] / args.steps)
+        results.add(case, labels[name], "per loop", "ms", samples=[t * 1000 for t in times])
+    for name in ("built", "relaxed"):
+        results.ratio(case, "per loop", side=labels[name], over=labels["peer"])
+    print(h.table(results.write(args.out)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The OpenAI Agents SDK side of ``durability_bench.py``; runs in its own virtualenv (``bench/.venv-agents``).
+"""The OpenAI Agents SDK side of ``durability_bench.py``; runs in the SDK's own virtualenv
+(``bench/.venv-peer-openai-agents``, made by ``bash bench/peers/setup.sh``).
 
 Reads commands from stdin, one JSON object per line (``{"loops": N, "steps": 20}``), and answers each
 with one JSON line: the seconds of each 20-step tool loop (``Runner.run`` with a ``SQLiteSession`` in
@@ -14,8 +15,9 @@ import os
 import sqlite3
 import sys
 import tempfile
-import time
 from typing import Any
+
+import _harness as h
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
@@ -60,16 +62,15 @@ async def one_loop(db: str, n: int, steps: int) -> tuple[float, int]:
     agent = Agent(name="bench", model=ScriptedModel(script), tools=[lookup])
     session = SQLiteSession(f"loop-{n}", db)
     before = COMMITS[0]
-    started = time.perf_counter()
-    await Runner.run(agent, "start", session=session, max_turns=steps + 5)
-    elapsed = time.perf_counter() - started
+    with h.Stopwatch() as watch:
+        await Runner.run(agent, "start", session=session, max_turns=steps + 5)
     if not SYNCHRONOUS:
         conn = session._get_connection()
         SYNCHRONOUS.append(int(conn.execute("PRAGMA synchronous").fetchone()[0]))
     items = await session.get_items()
     assert len(items) >= 2 * steps + 2, len(items)
     session.close()
-    return elapsed, COMMITS[0] - before
+    return watch.wall, COMMITS[0] - before
 
 
 async def main() -> None:

@@ -20,14 +20,15 @@ Cases (each runs in its own process, so memory figures do not mix):
 
     python bench/durable_bench.py                          # everything (several minutes at 1,000,000)
     python bench/durable_bench.py --only history --sizes 1000,10000
-    python bench/durable_bench.py --only compaction --sizes 1000,1000000 --json out.json
+    python bench/durable_bench.py --only compaction --sizes 1000,1000000 --out bench/results/durable-compaction.json
 
 Before and after: ``--before DIR`` runs the history cases on the contextpipe source tree in ``DIR`` too
 (for example ``git archive af1a54e | tar -x -C /tmp/cp-before``; its ``src`` goes first on the
 ``PYTHONPATH``, with its own fixture files), interleaved with this tree case by case, the side going
 first alternating, ``--rounds`` times:
 
-    python bench/durable_bench.py --only history --sizes 1000,10000 --before /tmp/cp-before --rounds 3
+    python bench/durable_bench.py --only history --sizes 1000,10000 --before /tmp/cp-before --rounds 3 \
+        --out bench/results/durable-history.json
 
 ``--only instructions`` counts the CPU instructions of a cold run instead (valgrind's callgrind, about a
 minute per size and side), before and after with ``--before``: a figure that load on a shared machine
@@ -35,7 +36,7 @@ does not move:
 
     python bench/durable_bench.py --only instructions --sizes 1000,10000 --before /tmp/cp-before
 
-Output: a Markdown table on stdout (and JSON with ``--json``).
+Output: Markdown tables on stdout, and the results file with ``--out`` (``bench/_harness.py``).
 """
 
 from __future__ import annotations
@@ -48,14 +49,15 @@ import os
 import random
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+import _harness as h
 
 HERE = Path(__file__).resolve().parent
 SESSION = "bench-long"
@@ -197,24 +199,19 @@ def open_store(path: Path) -> Any:
     return SQLiteStore(path, synchronous="FULL")
 
 
-CPU: list[float] = []
-"""Process CPU seconds of each timed run (all threads), next to the wall times: less sensitive to a busy machine."""
-
-
-async def timed_runs(make: Any, runs: int, budget_s: float) -> list[float]:
-    """Call ``make()`` (returns a coroutine running one agent run) up to `runs` times within the budget."""
-    samples: list[float] = []
-    spent = 0.0
-    while len(samples) < runs and (len(samples) < 3 or spent < budget_s):
+async def timed_runs(run: Callable[[Any], Awaitable[object]], runs: int, budget_s: float,
+                     setup: Callable[[], Awaitable[Any]] | None = None) -> list[h.Sample]:
+    """``run(await setup())`` up to `runs` times within the budget (at least 3), each timed: wall and
+    process CPU (all threads; less sensitive to a busy machine). `setup` is untimed."""
+    samples: list[h.Sample] = []
+    while len(samples) < runs and (len(samples) < 3 or sum(s.wall for s in samples) < budget_s):
         gc.collect()
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        await make()
-        dt = time.perf_counter() - t0
-        CPU.append(time.process_time() - c0)
-        samples.append(dt)
-        spent += dt
+        samples += await h.ameasure(run, 1, warmup=0, setup=setup)
     return samples
+
+
+def as_ms(samples: list[h.Sample]) -> dict[str, list[float]]:
+    return {"samples_ms": [s.wall * 1000 for s in samples], "cpu_ms": [s.cpu * 1000 for s in samples]}
 
 
 def rss_mb() -> float:
@@ -227,29 +224,31 @@ async def case_history(path: Path, n: int, warm: bool, runs: int, budget: float)
         agent = make_agent(store, compaction=False)
         session = await agent.session(SESSION)
         await agent.run("Where is my order?", session=session)  # the first run of this process: cold
-        samples = await timed_runs(lambda: agent.run("And the invoice?", session=session), runs, budget)
+        samples = await timed_runs(lambda _: agent.run("And the invoice?", session=session), runs, budget)
         sent = agent.model.last_len
         await store.close()
     else:
-        samples = []
-        spent = 0.0
         sent = 0
-        while len(samples) < runs and (len(samples) < 3 or spent < budget):
-            store = open_store(path)
-            agent = make_agent(store, compaction=False)
-            gc.collect()
-            c0 = time.process_time()
-            t0 = time.perf_counter()
+        stores: list[Any] = []
+
+        async def new_agent() -> Any:  # untimed: the previous run's store is closed here
+            if stores:
+                await stores.pop().close()
+            stores.append(open_store(path))
+            agent = make_agent(stores[-1], compaction=False)
+            gc.collect()  # the closed store's garbage, so the timed run does not collect it
+            return agent
+
+        async def cold(agent: Any) -> None:
+            nonlocal sent
             session = await agent.session(SESSION)
             await agent.run("Where is my order?", session=session)
-            dt = time.perf_counter() - t0
-            CPU.append(time.process_time() - c0)
-            samples.append(dt)
-            spent += dt
             sent = agent.model.last_len
-            await store.close()
+
+        samples = await timed_runs(cold, runs, budget, setup=new_agent)
+        await stores.pop().close()
     assert sent >= n, f"the model saw {sent} messages, expected all {n}"
-    return {"samples_ms": [s * 1000 for s in samples], "cpu_ms": [c * 1000 for c in CPU], "sent": sent}
+    return {**as_ms(samples), "sent": sent}
 
 
 async def case_cold_runs(path: Path, n: int, runs: int) -> dict[str, Any]:
@@ -275,14 +274,11 @@ async def case_compaction(path: Path, n: int, runs: int, budget: float) -> dict[
     agent = make_agent(store, compaction=True, summariser=summariser)
     session = await agent.session(SESSION)
     gc.collect()
-    t0 = time.perf_counter()
-    await agent.run("Where is my order?", session=session)
-    first = time.perf_counter() - t0
+    with h.Stopwatch() as first:
+        await agent.run("Where is my order?", session=session)
     calls_first = summariser.calls
     sent_first = agent.model.last_len
-    CPU.clear()
-    samples = await timed_runs(lambda: agent.run("And the invoice?", session=session), runs, budget)
-    cpu = [c * 1000 for c in CPU]
+    samples = await timed_runs(lambda _: agent.run("And the invoice?", session=session), runs, budget)
     calls_after = summariser.calls - calls_first
     sent = agent.model.last_len
     # Peak memory of one more warm run (tracemalloc: Python allocations during the run).
@@ -298,12 +294,11 @@ async def case_compaction(path: Path, n: int, runs: int, budget: float) -> dict[
     store = open_store(path)
     agent = make_agent(store, compaction=True, summariser=cold_summariser)
     gc.collect()
-    t0 = time.perf_counter()
-    session = await agent.session(SESSION)
-    await agent.run("Hello again.", session=session)
-    cold = time.perf_counter() - t0
+    with h.Stopwatch() as cold:
+        session = await agent.session(SESSION)
+        await agent.run("Hello again.", session=session)
     await store.close()
-    return {"first_ms": first * 1000, "samples_ms": [s * 1000 for s in samples], "cpu_ms": cpu, "cold_ms": cold * 1000,
+    return {"first_ms": first.wall * 1000, **as_ms(samples), "cold_ms": cold.wall * 1000,
             "summariser_calls_first": calls_first, "summariser_calls_later": calls_after,
             "summariser_calls_cold": cold_summariser.calls, "later_runs": len(samples) + 1,
             "sent_first": sent_first, "sent": sent, "peak_run_bytes": peak}
@@ -317,31 +312,21 @@ def case_tokens(n: int) -> dict[str, Any]:
     counter = TokenCounter(EstimateTokenizer())
     out: dict[str, Any] = {}
     for label in ("fill", "again"):
-        c0, t0 = time.process_time(), time.perf_counter()
-        counter.messages(messages)
-        out[f"{label}_ms"] = (time.perf_counter() - t0) * 1000
-        out[f"{label}_cpu_ms"] = (time.process_time() - c0) * 1000
+        with h.Stopwatch() as watch:
+            counter.messages(messages)
+        out[f"{label}_ms"] = watch.wall * 1000
+        out[f"{label}_cpu_ms"] = watch.cpu * 1000
     # One session's recount of its own 1,000 newest messages after the big pass.
     tail = messages[-1000:]
-    t0 = time.perf_counter()
-    for _ in range(10):
-        counter.messages(tail)
-    out["tail_1000_ms"] = (time.perf_counter() - t0) / 10 * 1000
+    recount = h.measure(lambda: counter.messages(tail), 10, warmup=0)
+    out["tail_1000_ms"] = sum(s.wall for s in recount) / 10 * 1000
     out["rss_mb"] = rss_mb()
     return out
 
 
 def case_import(python: str, repeats: int = 15) -> dict[str, Any]:
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run([python, "-c", "import contextpipe"], check=True)
-        samples.append(time.perf_counter() - t0)
-    base = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run([python, "-c", "pass"], check=True)
-        base.append(time.perf_counter() - t0)
+    samples = [h.child_cost([python, "-c", "import contextpipe"])[0].wall for _ in range(repeats)]
+    base = [h.child_cost([python, "-c", "pass"])[0].wall for _ in range(repeats)]
     proc = subprocess.run([python, "-X", "importtime", "-c", "import contextpipe"], capture_output=True,
                           text=True, check=True)
     rows = []
@@ -355,7 +340,7 @@ def case_import(python: str, repeats: int = 15) -> dict[str, Any]:
     top = sorted(((us, name) for us, name in rows if name.strip() in ("pydantic", "numpy", "typer", "rich",
                                                                       "yaml", "contextpipe.tools", "asyncio")),
                  reverse=True)
-    return {"wall_ms": statistics.median(samples) * 1000, "interpreter_ms": statistics.median(base) * 1000,
+    return {"wall_ms": h.stats(samples)["median"] * 1000, "interpreter_ms": h.stats(base)["median"] * 1000,
             "importtime_us": total, "top": [{"module": n.strip(), "cumulative_us": us} for us, n in top]}
 
 
@@ -432,52 +417,83 @@ def instructions(n: int, args: argparse.Namespace, source: Path | None = None) -
     return (totals[1] - totals[0]) / 3 / 1e6
 
 
-def wall_cpu(result: dict[str, Any] | None) -> str:
-    if result is None:
-        return "timeout"
-    cpu = result.get("cpu_ms")
-    return ms(statistics.median(result["samples_ms"])) + (f" ({ms(statistics.median(cpu))})" if cpu else "")
-
-
-def before_after(args: argparse.Namespace, sizes: list[int], out: dict[str, Any]) -> list[str]:
+def history_before_after(args: argparse.Namespace, sizes: list[int], results: h.Results) -> None:
     """History cases on the `--before` tree and on this one, interleaved; medians over all rounds' runs."""
-    lines = ["", f"History only, SQLiteStore synchronous=FULL, before ({args.before}) and after (this tree), "
-             f"{args.rounds} interleaved round(s), median ms per run (CPU ms in brackets):", "",
-             "| N stored | cold, before | cold, after | ratio wall / CPU "
-             "| warm, before | warm, after | ratio wall / CPU |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
-    turn = 0
+    sides: list[tuple[str, Path | None]] = [("before", args.before), ("after", None)]
+    turn = 0  # the side going first alternates from case to case
     for n in [s for s in sizes if s <= 100_000]:
-        merged: dict[str, dict[str, list[float]]] = {}
+        merged: dict[tuple[str, str], dict[str, list[float]]] = {}
         for _ in range(args.rounds):
             for kind in ("history-cold", "history-warm"):
-                sides: list[tuple[str, Path | None]] = [("before", args.before), ("after", None)]
-                if turn % 2:
-                    sides.reverse()
-                turn += 1
-                for side, source in sides:
+                for side, source in h.rotated(sides, turn):
                     r = run_child(kind, n, args, source)
-                    into = merged.setdefault(f"{kind}:{side}", {"samples_ms": [], "cpu_ms": []})
+                    into = merged.setdefault((kind, side), {"samples_ms": [], "cpu_ms": []})
                     if r is not None:
                         into["samples_ms"] += r["samples_ms"]
                         into["cpu_ms"] += r["cpu_ms"]
-        out["results"].update({f"{key}:{n}": value for key, value in merged.items()})
-        cells = [f"{n:,}"]
+                turn += 1
         for kind in ("history-cold", "history-warm"):
-            before, after = merged[f"{kind}:before"], merged[f"{kind}:after"]
-            if not before["samples_ms"] or not after["samples_ms"]:
-                cells += [wall_cpu(before if before["samples_ms"] else None),
-                          wall_cpu(after if after["samples_ms"] else None), "n/a"]
-                continue
-            wall = statistics.median(before["samples_ms"]) / statistics.median(after["samples_ms"])
-            cpu = statistics.median(before["cpu_ms"]) / statistics.median(after["cpu_ms"])
-            cells += [wall_cpu(before), wall_cpu(after), f"{wall:.1f}x / {cpu:.1f}x"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            case = f"{kind.removeprefix('history-')} run, {n:,} messages"
+            for side, _ in sides:
+                got = merged[(kind, side)]
+                if got["samples_ms"]:  # a side that timed out has no row
+                    results.add(case, side, "wall", "ms", samples=got["samples_ms"])
+                    results.add(case, side, "CPU", "ms", samples=got["cpu_ms"])
+            if all(merged[(kind, side)]["samples_ms"] for side, _ in sides):
+                for metric in ("wall", "CPU"):
+                    results.ratio(case, metric, side="before", over="after")
 
 
-def ms(value: float) -> str:
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+def history(args: argparse.Namespace, sizes: list[int], results: h.Results) -> None:
+    for n in [s for s in sizes if s <= 100_000]:
+        for kind in ("history-cold", "history-warm"):
+            r = run_child(kind, n, args)
+            case = f"{kind.removeprefix('history-')} run, {n:,} messages"
+            if r is not None:
+                results.add(case, "contextpipe", "wall", "ms", samples=r["samples_ms"])
+                results.add(case, "contextpipe", "CPU", "ms", samples=r["cpu_ms"])
+                results.add(case, "contextpipe", "peak RSS", "MB", value=r["rss_mb"])
+
+
+def count_instructions(args: argparse.Namespace, sizes: list[int], results: h.Results) -> None:
+    sides = [("before", args.before), ("after", None)] if args.before is not None else [("contextpipe", None)]
+    for n in [s for s in sizes if s <= 100_000]:
+        case = f"cold run, {n:,} messages"
+        for side, source in sides:
+            counted = instructions(n, args, source)
+            if counted is not None:
+                results.add(case, side, "instructions", "million", value=counted)
+        if args.before is not None and len([r for r in results.doc["results"] if r["case"] == case]) == 2:
+            results.ratio(case, "instructions", side="before", over="after")
+
+
+def compaction(args: argparse.Namespace, sizes: list[int], results: h.Results) -> None:
+    for n in sizes:
+        r = run_child("compaction", n, args)
+        if r is None:
+            continue
+        case = f"{n:,} messages"
+        add = results.add
+        add(case, "contextpipe", "first run", "ms", value=r["first_ms"])
+        add(case, "contextpipe", "later runs", "ms", samples=r["samples_ms"])
+        add(case, "contextpipe", "later runs, CPU", "ms", samples=r["cpu_ms"])
+        add(case, "contextpipe", "cold run", "ms", value=r["cold_ms"])
+        add(case, "contextpipe", "summariser calls: first run", "", value=r["summariser_calls_first"])
+        add(case, "contextpipe", "summariser calls: later runs", "", value=r["summariser_calls_later"],
+            later_runs=r["later_runs"])
+        add(case, "contextpipe", "summariser calls: cold run", "", value=r["summariser_calls_cold"])
+        add(case, "contextpipe", "peak Python memory of a later run", "MB", value=r["peak_run_bytes"] / 1e6)
+
+
+def tokens(args: argparse.Namespace, results: h.Results) -> None:
+    for n in [100_000, 300_000, 1_000_000]:
+        r = run_child("tokens", n, args)
+        if r is None:
+            continue
+        case = f"{n:,} messages"
+        for key, metric in (("fill_cpu_ms", "first pass, CPU"), ("again_cpu_ms", "second pass, CPU"),
+                            ("tail_1000_ms", "recount of the 1,000 newest")):
+            results.add(case, "contextpipe", metric, "ms", value=r[key])
 
 
 def main() -> None:
@@ -488,7 +504,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15, help="timed runs per case (at most)")
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of timed runs per case (at least 3)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give a case up after this many seconds")
-    parser.add_argument("--json", type=Path, default=None)
+    h.out_argument(parser, "durable-history")
     parser.add_argument("--before", type=Path, default=None,
                         help="a contextpipe source tree to run the history cases on too, interleaved")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds with --before")
@@ -500,78 +516,28 @@ def main() -> None:
         return
     only = set(args.only.split(","))
     sizes = [int(s) for s in args.sizes.split(",")]
-    out: dict[str, Any] = {"python": sys.version.split()[0], "nproc": os.cpu_count(), "results": {}}
-    import contextpipe
-
-    out["contextpipe"] = getattr(contextpipe, "__version__", "?")
-    lines: list[str] = []
-    if "history" in only and args.before is not None:
-        lines += before_after(args, sizes, out)
-    elif "history" in only:
-        lines += ["", "History only (no compaction), SQLiteStore synchronous=FULL, ms per run (median):", "",
-                  "| N stored | cold run (CPU) | warm run (CPU) | RSS MB (warm) |", "|---:|---:|---:|---:|"]
-        for n in [s for s in sizes if s <= 100_000]:
-            cold = run_child("history-cold", n, args)
-            warm = run_child("history-warm", n, args)
-            out["results"][f"history-cold:{n}"] = cold
-            out["results"][f"history-warm:{n}"] = warm
-            lines.append(f"| {n:,} | {wall_cpu(cold)} | {wall_cpu(warm)} | {warm['rss_mb'] if warm else 0:,.0f} |")
+    commit = h.git_commit(args.before) if args.before is not None else None
+    reference = {"name": f"an earlier tree ({commit or args.before})", "commit": commit, "side": "before"}
+    by_metric = not only & {"history", "instructions", "import"}  # compaction and tokens: a column per figure
+    results = h.Results(
+        "durable", "Durable runs on SQLiteStore (synchronous=FULL), no LLM: sessions of realistic shape; "
+        "a cold run opens a new store and agent, a warm one runs the same agent again",
+        reference=reference if args.before is not None else None,
+        layout={"rows": ["case", "side"], "columns": "metric"} if by_metric else None)
+    if "history" in only:
+        (history_before_after if args.before is not None else history)(args, sizes, results)
     if "instructions" in only:
-        lines += ["", "CPU instructions per cold run (valgrind; millions):", "",
-                  "| N stored | before | after | ratio |" if args.before else "| N stored | instructions |",
-                  "|---:|---:|---:|---:|" if args.before else "|---:|---:|"]
-        for n in [s for s in sizes if s <= 100_000]:
-            after = instructions(n, args)
-            out["results"][f"instructions:{n}"] = after
-            if args.before is None:
-                lines.append(f"| {n:,} | {after:,.0f} |" if after else f"| {n:,} | failed |")
-                continue
-            before = instructions(n, args, args.before)
-            out["results"][f"instructions-before:{n}"] = before
-            ratio = f"{before / after:.2f}x" if before and after else "n/a"
-            lines.append(f"| {n:,} | {before or 0:,.0f} | {after or 0:,.0f} | {ratio} |")
+        count_instructions(args, sizes, results)
     if "compaction" in only:
-        lines += ["", "History + Compaction (Summarize, then TokenBudget 8,000), SQLiteStore synchronous=FULL:", "",
-                  "| N stored | first run ms | later runs ms, median (CPU) | cold run ms | summariser calls "
-                  "(first / later runs / cold) | peak alloc per run MB | RSS MB |",
-                  "|---:|---:|---:|---:|---|---:|---:|"]
-        rows = {}
-        for n in sizes:
-            r = run_child("compaction", n, args)
-            out["results"][f"compaction:{n}"] = r
-            if r is None:
-                lines.append(f"| {n:,} | timeout | | | | | |")
-                continue
-            rows[n] = r
-            lines.append(f"| {n:,} | {ms(r['first_ms'])} | {wall_cpu(r)} | "
-                         f"{ms(r['cold_ms'])} | {r['summariser_calls_first']} / {r['summariser_calls_later']} in "
-                         f"{r['later_runs']} / {r['summariser_calls_cold']} | {r['peak_run_bytes'] / 1e6:,.2f} | "
-                         f"{r['rss_mb']:,.0f} |")
-        if len(rows) >= 2:
-            lo, hi = min(rows), max(rows)
-            ratio = statistics.median(rows[hi]["samples_ms"]) / statistics.median(rows[lo]["samples_ms"])
-            mem = rows[hi]["peak_run_bytes"] / max(1, rows[lo]["peak_run_bytes"])
-            lines.append(f"\nper-run time N={hi:,} / N={lo:,}: {ratio:.2f}x; peak allocation per run: {mem:.2f}x")
+        compaction(args, sizes, results)
     if "tokens" in only:
-        lines += ["", "TokenCounter (estimate tokenizer, default cache) over N distinct messages:", "",
-                  "| N | first pass ms (CPU) | second pass ms (CPU) | recount of 1,000 newest ms | RSS MB |",
-                  "|---:|---:|---:|---:|---:|"]
-        for n in [100_000, 300_000, 1_000_000]:
-            r = run_child("tokens", n, args)
-            out["results"][f"tokens:{n}"] = r
-            lines.append(f"| {n:,} | {ms(r['fill_ms'])} ({ms(r['fill_cpu_ms'])}) | {ms(r['again_ms'])} "
-                         f"({ms(r['again_cpu_ms'])}) | {r['tail_1000_ms']:.2f} | "
-                         f"{r['rss_mb']:,.0f} |" if r else f"| {n:,} | timeout | | | |")
+        tokens(args, results)
     if "import" in only:
         r = case_import(sys.executable)
-        out["results"]["import"] = r
-        lines += ["", f"import contextpipe: {r['wall_ms']:.0f} ms wall "
-                  f"(interpreter alone {r['interpreter_ms']:.0f} ms), "
-                  f"-X importtime {r['importtime_us'] / 1000:.0f} ms; "
-                  + ", ".join(f"{t['module']} {t['cumulative_us'] / 1000:.0f} ms" for t in r["top"])]
-    print("\n".join(lines))
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2))
+        results.add("import contextpipe", "contextpipe", "new interpreter, wall", "ms", value=r["wall_ms"])
+        results.add("python -c pass", "contextpipe", "new interpreter, wall", "ms", value=r["interpreter_ms"])
+        print("-X importtime: " + ", ".join(f"{t['module']} {t['cumulative_us'] / 1000:.0f} ms" for t in r["top"]))
+    print(h.table(results.write(args.out)))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 
+import _harness as h
 from contextpipe import Agent, Durability, Heartbeat
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel
@@ -23,9 +23,9 @@ async def _per_run(runs: int, shared: bool) -> float:
     agent = Agent(ScriptedModel(["ok"] * runs), store=store,
                   durability=Durability(heartbeat=Heartbeat(shared_timer=shared)))
     sessions = [await agent.session(f"s{i}") for i in range(runs)]
-    started = time.perf_counter()
-    await asyncio.gather(*(agent.run("hi", session=s) for s in sessions))
-    return (time.perf_counter() - started) / runs * 1e6
+    with h.Stopwatch() as watch:
+        await asyncio.gather(*(agent.run("hi", session=s) for s in sessions))
+    return watch.wall / runs * 1e6
 
 
 def main() -> None:

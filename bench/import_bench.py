@@ -21,7 +21,7 @@ install does, and both sides load cached bytecode.
 
     python bench/import_bench.py                 # 15 rounds: 2-4 minutes on a 2-core machine (the peers are slow)
     python bench/import_bench.py --sides contextpipe,MAF   # about 40 s
-    python bench/import_bench.py --rounds 31 --json import.json
+    python bench/import_bench.py --rounds 15 --out bench/results/import.json
     mkdir -p /tmp/before && git archive 3a30da9 src | tar -x -C /tmp/before &&
         python bench/import_bench.py --sides contextpipe,MAF --baseline /tmp/before/src   # an older version too
 """
@@ -31,16 +31,13 @@ from __future__ import annotations
 import argparse
 import compileall
 import importlib.util
-import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import _harness as h
 import contextpipe
 
 HERE = Path(__file__).resolve().parent
@@ -69,21 +66,10 @@ STATEMENTS = {
 }
 
 
-def child_cost(python: Path, statement: str, env: dict[str, str] | None = None) -> tuple[float, float]:
-    """CPU ms (user + system) and wall ms of a new interpreter running `statement`."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    subprocess.run([str(python), "-c", statement], check=True, env=env)
-    wall = (time.perf_counter() - t0) * 1000
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
-    return cpu, wall
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--json", type=Path, default=None)
+    h.out_argument(parser, "import")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another version's src/ directory, measured as one more side ('contextpipe before')")
     parser.add_argument("--sides", default=",".join(SIDES), help="which sides (comma-separated; contextpipe first)")
@@ -101,35 +87,29 @@ def main() -> None:
         envs[side] = dict(os.environ, PYTHONPATH=str(tree))
     if args.baseline:
         sides.insert(1, BEFORE)
+    vers = PEERS_RUN.versions()
+    label = {side: side if side.startswith("contextpipe") else f"{side} {vers[side]}" for side in sides}
+    results = h.Results(
+        "import", "Import cost against the peers: a new interpreter per import (start-up included), each peer "
+        "in its own virtualenv, the order of the sides rotating from round to round; CPU of the child process",
+        reference={"name": "the peers" + (f" and {args.baseline}" if args.baseline else ""),
+                   "versions": {label[s]: vers.get(s, "") for s in sides if s in vers}})
     cpu: dict[tuple[str, str], list[float]] = {}
     wall: dict[tuple[str, str], list[float]] = {}
-    for r in range(args.rounds):
-        order = sides[r % len(sides):] + sides[:r % len(sides)]
+    for r, order in h.interleave(sides, args.rounds):
         print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
         for case, statements in STATEMENTS.items():
             for side in order:
-                c, w = child_cost(PYTHON[side], statements[side], envs[side])
-                cpu.setdefault((case, side), []).append(c)
-                wall.setdefault((case, side), []).append(w)
-    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; "
-          f"{args.rounds} rounds interleaved; medians, ratio: side / contextpipe; "
-          + ", ".join(f"{side} from {tree}" for side, tree in trees.items()) + ".\n")
-    for title, samples in (("CPU ms", cpu), ("wall ms", wall)):
-        print(f"| {title} | " + " | ".join(sides) + " |")
-        print("|---|" + "---:|" * len(sides))
-        for case in STATEMENTS:
-            base = statistics.median(samples[(case, "contextpipe")])
-            cells = [f"{statistics.median(samples[(case, side)]):,.0f}" for side in sides[:1]]
-            cells += [f"{statistics.median(samples[(case, side)]):,.0f} "
-                      f"({statistics.median(samples[(case, side)]) / base:.2f}x)" for side in sides[1:]]
-            print(f"| {case} | " + " | ".join(cells) + " |")
-        print()
-    if args.json:
-        results = [{"case": case, "side": side, "statement": STATEMENTS[case][side],
-                    "cpu_ms": statistics.median(cpu[(case, side)]), "wall_ms": statistics.median(wall[(case, side)]),
-                    "cpu_samples_ms": cpu[(case, side)], "wall_samples_ms": wall[(case, side)]}
-                   for case in STATEMENTS for side in sides]
-        args.json.write_text(json.dumps({"rounds": args.rounds, "results": results}, indent=1))
+                cost, _ = h.child_cost([str(PYTHON[side]), "-c", statements[side]], envs[side])
+                cpu.setdefault((case, side), []).append(cost.cpu * 1000)
+                wall.setdefault((case, side), []).append(cost.wall * 1000)
+    for case in STATEMENTS:
+        for side in sides:
+            results.add(case, label[side], "CPU", "ms", samples=cpu[(case, side)],
+                        statement=STATEMENTS[case][side], wall_ms=h.stats(wall[(case, side)]))
+        for side in sides[1:]:
+            results.ratio(case, "CPU", side=label[side], over="contextpipe")
+    print(h.table(results.write(args.out)))
 
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import struct
-import time
 import zlib
 from typing import Any
 
+import _harness as h
 from contextpipe import Agent, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, tool
 from contextpipe.messages import DataPart
 from contextpipe.models import AnthropicChatModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
@@ -64,12 +63,8 @@ def bench_build(sizes: list[int], repeats: int) -> None:
         row = []
         builders: list[Any] = [claude._build, responses._build, chat._build]
         for build in builders:
-            times = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                build(request)
-                times.append(time.perf_counter() - started)
-            row.append(statistics.median(times) * 1e6)
+            times = [s.wall for s in h.measure(lambda build=build, request=request: build(request), repeats, 0)]
+            row.append(h.stats(times)["median"] * 1e6)
         print(f"| {n} | {row[0]:.0f} | {row[1]:.0f} | {row[2]:.0f} |")
 
 
@@ -93,17 +88,16 @@ async def bench_loop(steps: int, runs: int) -> None:
                 script = [reply(tool_calls=(("lookup", f'{{"key": "k{i}"}}'),)) for i in range(steps - 1)]
                 fake.enqueue(*script, reply("All looked up."))
                 agent = Agent(model, instructions="Look things up. " * 50, tools=[lookup])
-                started = time.perf_counter()
-                chunks = 0
-                async with agent.stream("Look up the keys.") as events:
-                    async for _event in events:
-                        chunks += 1
-                per_call.append((time.perf_counter() - started) / steps * 1000)
+                with h.Stopwatch() as watch:
+                    async with agent.stream("Look up the keys.") as events:
+                        async for _event in events:
+                            pass
+                per_call.append(watch.wall / steps * 1000)
                 assert events.result is not None
                 read += events.result.usage.cache_read_tokens
                 total += events.result.usage.input_tokens
             share = f"{read / total:.0%}" if read else "n/a"
-            print(f"| {name} | {statistics.median(per_call):.1f} | {share} |")
+            print(f"| {name} | {h.stats(per_call)['median']:.1f} | {share} |")
             await model.close()
 
 
@@ -133,12 +127,8 @@ def bench_media(repeats: int) -> None:
     print(f"| 20 tool results with a 200 KB image each | CPU ms (median of {repeats}) |")
     print("|---|---:|")
     for name, build in builders:
-        times = []
-        for _ in range(repeats):
-            started = time.process_time()
-            build(request)
-            times.append(time.process_time() - started)
-        print(f"| {name} | {statistics.median(times) * 1000:.1f} |")
+        times = [s.cpu for s in h.measure(lambda build=build: build(request), repeats, warmup=0)]
+        print(f"| {name} | {h.stats(times)['median'] * 1000:.1f} |")
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 """The run core's own cost: CPU time and Python function calls per run, against an earlier tree of itself.
 
     python bench/overhead_bench.py --before /tmp/cp-before            # ~2 minutes
-    python bench/overhead_bench.py --before /tmp/cp-before --rounds 5 --json overhead.json
+    python bench/overhead_bench.py --before /tmp/cp-before --rounds 5 --out bench/results/overhead.json
 
 Cases (no LLM: the fake model of ``contextpipe_bench.py`` answers at once):
 
@@ -30,14 +30,13 @@ import gc
 import json
 import os
 import pstats
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+import _harness as h
 
 HERE = Path(__file__).resolve().parent
 CASES = ("W1", "loop memory", "loop sqlite")
@@ -45,7 +44,8 @@ LOOP_STEPS = 20
 
 
 async def _case(case: str, runs: int) -> dict[str, Any]:
-    sys.path.insert(0, str(HERE))
+    # The fake model and tool of the tree measured (an earlier tree's spelling of the same cases).
+    sys.path.insert(0, os.environ.get("CONTEXTPIPE_BENCH_DIR", str(HERE)))
     import contextpipe_bench as cb
     from contextpipe import Agent
     from contextpipe.providers import History
@@ -71,18 +71,9 @@ async def _case(case: str, runs: int) -> dict[str, Any]:
         result = await agent.run("hi", session=session)
         assert result.text == ("done" if loop_case else cb.REPLY_TEXT)
 
-    async def timed(op: Callable[[Any], Awaitable[None]], n: int) -> list[int]:
-        out = []
-        for _ in range(n):
-            session = await setup()
-            t0 = time.process_time_ns()
-            await op(session)
-            out.append(time.process_time_ns() - t0)
-        return out
-
-    await timed(run, max(10, runs // 10))  # warm-up: first-use costs, caches
+    await h.ameasure(run, max(10, runs // 10), warmup=0, setup=setup)  # warm-up: first-use costs, caches
     gc.collect()
-    cpu = await timed(run, runs)
+    cpu = [sample.cpu for sample in await h.ameasure(run, runs, warmup=0, setup=setup)]
     profile = cProfile.Profile()
     profiled = max(5, runs // 20)
     for _ in range(profiled):
@@ -94,7 +85,7 @@ async def _case(case: str, runs: int) -> dict[str, Any]:
     if case == "loop sqlite":
         await store.close()
     per = LOOP_STEPS + 1 if loop_case else 1
-    return {"case": case, "cpu_us": statistics.median(cpu) / 1000 / per, "calls": calls / per,
+    return {"case": case, "cpu_us": h.stats(cpu)["median"] * 1e6 / per, "calls": calls / per,
             "unit": "per step" if loop_case else "per run"}
 
 
@@ -111,6 +102,8 @@ def side(case: str, runs: int, src: Path | None) -> dict[str, Any]:
         # API of that tree (a renamed argument would otherwise stop the comparison).
         own = src.parent / "bench" / script.name
         script = own if own.exists() else script
+        if (src.parent / "bench" / "contextpipe_bench.py").exists():
+            env["CONTEXTPIPE_BENCH_DIR"] = str(src.parent / "bench")
     proc = subprocess.run([sys.executable, str(script), "--worker", case, "--runs", str(runs)],
                           stdout=subprocess.PIPE, text=True, check=True, env=env)
     result: dict[str, Any] = json.loads(proc.stdout)
@@ -122,7 +115,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=False, help="an earlier contextpipe source tree")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
-    parser.add_argument("--json", type=Path, default=None)
+    h.out_argument(parser, "overhead")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=0, help="runs per round (default: 3000 W1, 150 loops)")
     args = parser.parse_args()
@@ -131,32 +124,33 @@ def main() -> None:
         return
     cases = args.only.split(",")
     sides: list[tuple[str, Path | None]] = [("after", None)]
+    reference = None
     if args.before is not None:
+        commit = h.git_commit(args.before)
         sides.insert(0, ("before", args.before / "src"))
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    turn = 0
+        reference = {"name": f"an earlier tree ({commit or args.before})", "commit": commit, "side": "before"}
+    results = h.Results("overhead", "The run core's own cost, no LLM: CPU time and Python function calls per run "
+                        "(W1) and per model call of a 20-step tool loop, each case in a fresh interpreter per "
+                        "side and round, the sides interleaved", reference=reference)
+    got: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    turn = 0  # the side going first alternates from case to case and round to round
     for _ in range(args.rounds):
         for case in cases:
-            order = sides if turn % 2 == 0 else sides[::-1]
-            turn += 1
-            for name, src in order:
+            for name, src in h.rotated(sides, turn):
                 runs = args.runs or (3000 if case == "W1" else 150)
                 print(f"round: {case} {name}", file=sys.stderr, flush=True)
-                results.setdefault((case, name), []).append(side(case, runs, src))
-    if args.json is not None:
-        args.json.write_text(json.dumps({f"{c}|{s}": v for (c, s), v in results.items()}, indent=2))
-    print(f"{'case':<12} {'unit':<9} " + " ".join(f"{name + ' CPU us':>15} {name + ' calls':>13}" for name, _ in sides)
-          + ("   after/before CPU" if len(sides) == 2 else ""))
+                got.setdefault((case, name), []).append(side(case, runs, src))
+            turn += 1
     for case in cases:
-        row = [f"{case:<12} {results[(case, 'after')][0]['unit']:<9}"]
-        cpu = {}
         for name, _ in sides:
-            got = results[(case, name)]
-            cpu[name] = statistics.median(r["cpu_us"] for r in got)
-            row.append(f"{cpu[name]:>15.1f} {statistics.median(r['calls'] for r in got):>13.1f}")
+            rounds = got[(case, name)]
+            label = f"{case}, {rounds[0]['unit']}"
+            results.add(label, name, "CPU", "µs", samples=[r["cpu_us"] for r in rounds])
+            results.add(label, name, "calls", "", samples=[r["calls"] for r in rounds])
         if len(sides) == 2:
-            row.append(f"   {cpu['after'] / cpu['before']:.2f}x")
-        print(" ".join(row))
+            for metric in ("CPU", "calls"):
+                results.ratio(label, metric, side="after", over="before")
+    print(h.table(results.write(args.out)))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ own turns, in order (nothing lost, nothing interleaved).
     .venv/bin/python bench/serve_load.py                       # 200 sessions x 5 runs, SQLite
     .venv/bin/python bench/serve_load.py --store postgresql://... --workers 2
     .venv/bin/python bench/serve_load.py --stream               # server-sent events instead of JSON
+    .venv/bin/python bench/serve_load.py --matrix --out bench/results/serve.json   # the docs' five configurations
+
+``--matrix`` runs JSON and server-sent events on one worker with SQLite, then JSON on two workers with
+SQLite, PostgreSQL and Redis (``--postgres`` / ``--redis``, by default the test services' URLs from
+``source scripts/services.sh``; a configuration without its URL is skipped).
 """
 
 from __future__ import annotations
@@ -19,11 +24,9 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,9 @@ from contextpipe import Agent, Message, Usage
 from contextpipe.models import ModelRequest, ModelResponse, ResponseComplete, TextDelta
 from contextpipe.providers import History
 from contextpipe.stores import SessionStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the server imports this file by its path
+import _harness as h
 
 KEY = "cp_bench_key"
 TARGET = f"{Path(__file__).resolve()}:agent"
@@ -138,13 +144,12 @@ async def in_process(sessions: int, runs: int, store_env: str, stream: bool) -> 
                 async for _ in events:
                     pass
 
-    began = time.perf_counter()
-    await asyncio.gather(*(session_runs(h) for h in handles))
-    elapsed = time.perf_counter() - began
-    for h in handles:
-        await bench_agent.store.delete_session(h.tenant, h.id)
+    with h.Stopwatch() as watch:
+        await asyncio.gather(*(session_runs(handle) for handle in handles))
+    for handle in handles:
+        await bench_agent.store.delete_session(handle.tenant, handle.id)
     await bench_agent.store.close()
-    return sessions * runs / elapsed
+    return sessions * runs / watch.wall
 
 
 def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen[bytes]:
@@ -155,15 +160,9 @@ def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> sub
                                 stderr=subprocess.STDOUT)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--store", default=None, help="postgresql:// or redis:// URL (default: a new SQLite file)")
-    parser.add_argument("--stream", action="store_true", help="stream every run as server-sent events")
-    args = parser.parse_args()
-
+async def load_test(sessions: int, runs_per_session: int, workers: int, store_url: str | None,
+                    stream: bool) -> dict[str, Any]:
+    """One configuration: the server under load, then every session's log checked, then the same runs in process."""
     from contextpipe.serve import hash_key
 
     with tempfile.TemporaryDirectory(prefix="cp-serve-bench-") as tmp:
@@ -171,9 +170,9 @@ async def main() -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         prefix = f"bench-{os.getpid()}-"
-        env = {**os.environ, "BENCH_STORE": args.store or str(Path(tmp) / "bench.db"),
+        env = {**os.environ, "BENCH_STORE": store_url or str(Path(tmp) / "bench.db"),
                "CONTEXTPIPE_API_KEYS": f"bench {hash_key(KEY)}"}
-        server = start_server(env, port, args.workers, Path(tmp) / "server.log")
+        server = start_server(env, port, workers, Path(tmp) / "server.log")
         try:
             probe = Connection(port)
             for _ in range(600):
@@ -185,7 +184,7 @@ async def main() -> None:
                 await asyncio.sleep(0.05)
             else:
                 raise RuntimeError("the server did not start")
-            ids = [f"{prefix}{i}" for i in range(args.sessions)]
+            ids = [f"{prefix}{i}" for i in range(sessions)]
             for sid in ids:
                 assert (await probe.request("POST", "/v1/sessions", {"id": sid}))[0] == 201
             latencies: list[float] = []
@@ -194,20 +193,19 @@ async def main() -> None:
 
             async def session_runs(sid: str) -> None:
                 conn = Connection(port)
-                for r in range(args.runs):
-                    start = time.perf_counter()
-                    body = {"input": f"{sid} turn {r}", "stream": args.stream}
-                    status, text = await conn.request("POST", f"/v1/sessions/{sid}/runs", body)
-                    latencies.append(time.perf_counter() - start)
-                    if status != 200 or (args.stream and "event: done" not in text):
+                for r in range(runs_per_session):
+                    body = {"input": f"{sid} turn {r}", "stream": stream}
+                    with h.Stopwatch() as watch:
+                        status, text = await conn.request("POST", f"/v1/sessions/{sid}/runs", body)
+                    latencies.append(watch.wall)
+                    if status != 200 or (stream and "event: done" not in text):
                         failures.append(f"{sid} run {r}: {status} {text[:200]}")
                     else:
                         succeeded[sid].append(r)
                 await conn.close()
 
-            began = time.perf_counter()
-            await asyncio.gather(*(session_runs(sid) for sid in ids))
-            elapsed = time.perf_counter() - began
+            with h.Stopwatch() as whole:
+                await asyncio.gather(*(session_runs(sid) for sid in ids))
 
             lost = interleaved = 0
             for sid in ids:
@@ -227,24 +225,57 @@ async def main() -> None:
             except subprocess.TimeoutExpired:
                 server.kill()
             server_log = (Path(tmp) / "server.log").read_text(encoding="utf-8", errors="replace")
-        direct = await in_process(args.sessions, args.runs, args.store or str(Path(tmp) / "direct.db"), args.stream)
-
+        direct = await in_process(sessions, runs_per_session, store_url or str(Path(tmp) / "direct.db"), stream)
     latencies.sort()
-    runs = len(latencies)
-    store = "SQLite" if not args.store else args.store.split(":")[0]
-    print(f"{args.sessions} sessions x {args.runs} runs ({'SSE' if args.stream else 'JSON'}), {args.workers} "
-          f"worker(s), {store} store, on {os.cpu_count()} CPUs")
-    print(f"  runs: {runs} in {elapsed:.2f} s = {runs / elapsed:.0f} runs/s through HTTP; the same runs on the "
-          f"agent directly, in one process: {direct:.0f} runs/s")
-    print(f"  latency per run: p50 {1000 * statistics.median(latencies):.1f} ms, "
-          f"p99 {1000 * latencies[min(runs - 1, int(runs * 0.99))]:.1f} ms, max {1000 * latencies[-1]:.1f} ms")
-    print(f"  failed requests: {len(failures)}; sessions missing a successful run's messages: {lost}; "
-          f"interleaved or extra: {interleaved}")
-    for line in failures[:5]:
-        print("   ", line)
-    if failures:
-        print("  server log (end):", *server_log.splitlines()[-30:], sep="\n    ")
-    if failures or lost or interleaved:
+    return {"runs": len(latencies), "elapsed": whole.wall, "latencies": latencies, "direct": direct,
+            "failures": failures, "lost": lost, "interleaved": interleaved, "server_log": server_log}
+
+
+def label(workers: int, store_url: str | None, stream: bool) -> str:
+    store = {"postgresql": "PostgreSQL", "redis": "Redis"}.get((store_url or "").split(":")[0], "SQLite")
+    return f"{'server-sent events' if stream else 'JSON'}, {workers} worker{'s' if workers > 1 else ''}, {store}"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--store", default=None, help="postgresql:// or redis:// URL (default: a new SQLite file)")
+    parser.add_argument("--stream", action="store_true", help="stream every run as server-sent events")
+    parser.add_argument("--matrix", action="store_true", help="the five configurations of the docs' table")
+    parser.add_argument("--postgres", default=os.environ.get("CONTEXTPIPE_TEST_POSTGRES_DSN"))
+    parser.add_argument("--redis", default=os.environ.get("CONTEXTPIPE_TEST_REDIS_URL"))
+    h.out_argument(parser, "serve")
+    args = parser.parse_args()
+    configs = [(args.workers, args.store, args.stream)]
+    if args.matrix:
+        configs = [(1, None, False), (1, None, True), (2, None, False), (2, args.postgres, False),
+                   (2, args.redis, False)]
+        configs = [c for i, c in enumerate(configs) if i < 3 or c[1]]
+    results = h.Results(
+        "serve", f"A real `contextpipe serve` process (uvicorn) on 127.0.0.1 with a model that answers at once: "
+        f"{args.sessions} sessions running {args.runs} runs each, all sessions at once; afterwards every "
+        f"session's log is read back", layout={"rows": ["case", "side"], "columns": "metric"})
+    broken = False
+    for workers, store_url, stream in configs:
+        r = await load_test(args.sessions, args.runs, workers, store_url, stream)
+        case, runs, lat = label(workers, store_url, stream), r["runs"], r["latencies"]
+        print(f"{case}: {runs} runs in {r['elapsed']:.2f} s; failed {len(r['failures'])}, lost {r['lost']}, "
+              f"interleaved {r['interleaved']}", file=sys.stderr, flush=True)
+        results.add(case, "contextpipe serve", "runs/s", "", value=runs / r["elapsed"])
+        results.add(case, "contextpipe serve", "p50", "s", value=h.stats(lat)["median"])
+        results.add(case, "contextpipe serve", "p99", "s", value=lat[min(runs - 1, int(runs * 0.99))])
+        results.add(case, "contextpipe serve", "same runs on the agent, no HTTP", "runs/s", value=r["direct"])
+        results.add(case, "contextpipe serve", "failed, lost or interleaved", "",
+                    value=len(r["failures"]) + r["lost"] + r["interleaved"])
+        for line in r["failures"][:5]:
+            print("   ", line)
+        if r["failures"]:
+            print("  server log (end):", *r["server_log"].splitlines()[-30:], sep="\n    ")
+        broken = broken or bool(r["failures"] or r["lost"] or r["interleaved"])
+    print(h.table(results.write(args.out)))
+    if broken:
         sys.exit(1)
 
 

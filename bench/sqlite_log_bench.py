@@ -17,14 +17,13 @@ import argparse
 import asyncio
 import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import _harness as h
 from contextpipe import FunctionCall, FunctionResult, Message
 from contextpipe.session import SessionKey
 from contextpipe.stores import SQLiteStore
@@ -70,13 +69,13 @@ async def measure(size: int, limit: int | None, rounds: int) -> dict[str, Any]:
             for name in cases:  # warm the page cache and the decoders
                 await cases[name]()
             names = list(cases)
-            for r in range(rounds):
-                for name in names[r % 3:] + names[:r % 3]:
-                    start = time.perf_counter()
-                    count = await cases[name]()
-                    times[name].append((time.perf_counter() - start) * 1000)
+            for _, order in h.interleave(names, rounds):
+                for name in order:
+                    with h.Stopwatch() as watch:
+                        count = await cases[name]()
+                    times[name].append(watch.wall * 1000)
             assert count == (size if limit is None else min(limit, size))
-    median = {name: statistics.median(t) for name, t in times.items()}
+    median = {name: h.stats(t)["median"] for name, t in times.items()}
     return {
         "size": size, "limit": limit, "rounds": rounds,
         "median_ms": {n: round(v, 2) for n, v in median.items()},

@@ -15,21 +15,20 @@ median to the smallest's.
     python bench/store_bench.py --backends sqlite,postgres,redis \\
         --postgres postgresql://postgres@127.0.0.1:54329/postgres --redis redis://127.0.0.1:63799/0
     python bench/store_bench.py --sizes 100,10000 --iterations 100    # quicker
+    python bench/store_bench.py --backends memory,sqlite,postgres,redis --out bench/results/stores.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import uuid
 from typing import Any
 
+import _harness as h
 from contextpipe import Message
 from contextpipe.stores import MemoryStore, SessionStore
 
@@ -59,30 +58,22 @@ def open_store(backend: str, args: argparse.Namespace, workdir: str) -> SessionS
 
 
 async def fill(store: SessionStore, tenant: str, session_id: str, n: int) -> float:
-    started = time.perf_counter()
-    done = 0
-    while done < n:
-        count = min(FILL_BATCH, n - done)
-        batch = [Message.user(f"This is message number {done + i} in the conversation history.")
-                 if (done + i) % 2 == 0 else
-                 Message.assistant(f"This is message number {done + i} in the conversation history.")
-                 for i in range(count)]
-        await store.append(tenant, session_id, batch)
-        done += count
-    return time.perf_counter() - started
+    with h.Stopwatch() as watch:
+        done = 0
+        while done < n:
+            count = min(FILL_BATCH, n - done)
+            batch = [Message.user(f"This is message number {done + i} in the conversation history.")
+                     if (done + i) % 2 == 0 else
+                     Message.assistant(f"This is message number {done + i} in the conversation history.")
+                     for i in range(count)]
+            await store.append(tenant, session_id, batch)
+            done += count
+    return watch.wall
 
 
-async def timed(op: Any, iterations: int) -> dict[str, float]:
-    for _ in range(max(3, iterations // 10)):
-        await op()
-    samples = []
-    for _ in range(iterations):
-        t0 = time.perf_counter_ns()
-        await op()
-        samples.append(time.perf_counter_ns() - t0)
-    samples.sort()
-    return {"median_us": round(statistics.median(samples) / 1000, 1),
-            "p95_us": round(samples[int(0.95 * (len(samples) - 1))] / 1000, 1)}
+async def timed(op: Any, iterations: int) -> list[float]:
+    """Wall µs of each of `iterations` calls, after a tenth as many untimed."""
+    return [s.wall * 1e6 for s in await h.ameasure(lambda _: op(), iterations, warmup=max(3, iterations // 10))]
 
 
 async def bench_backend(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -106,11 +97,10 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> list[dict[str
                 append = await timed(append_step, args.iterations)
                 load = await timed(tail, args.iterations)
                 await store.release_lease(lease)
-                row = {"backend": backend, "N": n, "fill_s": round(fill_s, 1), "append": append, "tail50": load}
-                rows.append(row)
-                print(f"  {backend:<9} N={n:>9,}  append median {append['median_us']:>9,.1f} us  "
-                      f"p95 {append['p95_us']:>9,.1f} us   tail(50) median {load['median_us']:>9,.1f} us  "
-                      f"p95 {load['p95_us']:>9,.1f} us   (filled in {fill_s:.1f} s)", file=sys.stderr, flush=True)
+                rows.append({"backend": backend, "N": n, "fill_s": round(fill_s, 1), "append": append, "tail50": load})
+                print(f"  {backend:<9} N={n:>9,}  append median {h.stats(append)['median']:>9,.1f} us  "
+                      f"tail(50) median {h.stats(load)['median']:>9,.1f} us   (filled in {fill_s:.1f} s)",
+                      file=sys.stderr, flush=True)
             for n in args.sizes:
                 await store.delete_session(tenant, f"n{n}")
         finally:
@@ -125,28 +115,26 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--postgres", default=os.environ.get("CONTEXTPIPE_TEST_POSTGRES_DSN"))
     parser.add_argument("--redis", default=os.environ.get("CONTEXTPIPE_TEST_REDIS_URL"))
+    h.out_argument(parser, "stores")
     args = parser.parse_args()
     args.sizes = [int(x) for x in args.sizes.split(",")]
+    out = h.Results("stores", "Session stores as the session grows: one step's append (two messages, under the "
+                    "run's lease) and a 50-message tail load, wall µs; the ratio is the largest session's "
+                    "median over the smallest's")
     results: list[dict[str, Any]] = []
     for backend in args.backends.split(","):
         results += asyncio.run(bench_backend(backend.strip(), args))
 
     smallest, largest = min(args.sizes), max(args.sizes)
-    print("\n| backend | N | append median µs | append p95 µs | tail(50) median µs | tail(50) p95 µs |")
-    print("|---|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['backend']} | {r['N']:,} | {r['append']['median_us']:,.1f} | {r['append']['p95_us']:,.1f} | "
-              f"{r['tail50']['median_us']:,.1f} | {r['tail50']['p95_us']:,.1f} |")
-    print(f"\n| backend | append N={largest:,} / N={smallest:,} | tail(50) N={largest:,} / N={smallest:,} |")
-    print("|---|---:|---:|")
-    for backend in dict.fromkeys(r["backend"] for r in results):
-        by_n = {r["N"]: r for r in results if r["backend"] == backend}
-        a = by_n[largest]["append"]["median_us"] / by_n[smallest]["append"]["median_us"]
-        t = by_n[largest]["tail50"]["median_us"] / by_n[smallest]["tail50"]["median_us"]
-        print(f"| {backend} | {a:.2f}x | {t:.2f}x |")
-    if os.environ.get("CONTEXTPIPE_BENCH_JSON"):
-        with open(os.environ["CONTEXTPIPE_BENCH_JSON"], "w") as f:
-            json.dump(results, f, indent=2)
+        for op, metric in (("append", "append"), ("tail50", "tail(50)")):
+            out.add(r["backend"], f"N={r['N']:,}", metric, "µs", samples=r[op], keep_samples=False,
+                    fill_s=r["fill_s"])
+    if largest != smallest:
+        for backend in dict.fromkeys(r["backend"] for r in results):
+            for metric in ("append", "tail(50)"):
+                out.ratio(backend, metric, side=f"N={largest:,}", over=f"N={smallest:,}")
+    print(h.table(out.write(args.out)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared by every peer's worker (standard library only): the fixture text, timing and the worker protocol.
+"""Shared by every peer's worker (standard library only): the fixture text, timing (``bench/_harness.py``) and
+the worker protocol.
 
 A worker is run as ``python peer_NAME.py WORKLOAD N SAMPLES WORKDIR`` in its peer's virtualenv and
 prints one JSON object: ``{"samples_ms": [...], "check": {...}}``. Workloads:
@@ -14,11 +15,14 @@ prints one JSON object: ``{"samples_ms": [...], "check": {...}}``. Workloads:
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOOP_STEPS = 20
 WORDS = (  # noqa: SIM905 - the fixture text, as first measured
@@ -44,14 +48,12 @@ def lookup_value(key: str) -> str:
 
 
 async def time_runs(op: Callable[[], Awaitable[Any]], samples: int) -> list[float]:
-    """Run `op` once untimed (first-use costs), then `samples` times, timed (ms)."""
-    await op()
-    out = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        await op()
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
+    """Run `op` once untimed (first-use costs), then `samples` times: wall ms of each."""
+    # Imported here, not at the top: a cold start (timed from process start) should not pay for it.
+    sys.path.insert(0, BENCH)
+    import _harness
+
+    return [s.wall * 1000 for s in await _harness.ameasure(lambda _: op(), samples)]
 
 
 def args() -> tuple[str, int, int, str]:

@@ -6,8 +6,9 @@ script runs when one is missing): the OpenAI Agents SDK (``SQLiteSession``), Lan
 (``AsyncSqliteSaver``, ``durability="sync"``) and Microsoft Agent Framework (``FileHistoryProvider``
 with per-service-call persistence). contextpipe runs in this interpreter (``SQLiteStore``,
 ``synchronous="FULL"``, per-step persistence; the side "contextpipe NORMAL" uses ``synchronous="NORMAL"``:
-durable through a process crash but not a power loss, as the peers' stores are by default). No LLM: each
-side has a fake model that answers at once.
+durable through a process crash but not a power loss). The SDK's and LangGraph's SQLite stores run in WAL
+mode at SQLite's default ``synchronous=FULL``, an fsync per commit as well; MAF appends to its file without
+an fsync. No LLM: each side has a fake model that answers at once.
 
 Workloads (see ``common.py``): ``run N`` (a run over N stored messages, the process running the
 session again), ``loop`` (20 tool calls, every step persisted), ``cold`` (a new process: imports,
@@ -18,7 +19,7 @@ runs every case on every side, the order of the sides rotating from round to rou
 falls on all of them.
 
     python bench/peers/run.py                      # 5 rounds, N = 1,000 and 10,000
-    python bench/peers/run.py --rounds 3 --sizes 1000 --json peers.json
+    python bench/peers/run.py --rounds 3 --out bench/results/peers.json
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ import argparse
 import compileall
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
+sys.path.insert(0, str(BENCH))
+import _harness as h  # noqa: E402 - bench/, found from here
+
 PEERS = {
     "contextpipe": (Path(sys.executable), "peer_contextpipe.py"),
     "contextpipe NORMAL": (Path(sys.executable), "peer_contextpipe.py"),
@@ -64,31 +66,20 @@ def versions() -> dict[str, str]:
     return out
 
 
-def import_time(peer: str) -> tuple[dict[str, Any], float]:
-    """Wall time of a new interpreter importing the peer's agent entry point (and exiting)."""
-    python = PEERS[peer][0]
-    t0 = time.perf_counter()
-    subprocess.run([str(python), "-c", IMPORTS[peer]], check=True)
-    return {"samples_ms": [], "check": {"import": IMPORTS[peer]}}, (time.perf_counter() - t0) * 1000
-
-
 def worker(peer: str, workload: str, n: int, samples: int, workdir: str) -> tuple[dict[str, Any], float]:
-    if workload == "import":
-        return import_time(peer)
+    """Run one worker process: what it printed, and the process's wall ms (start to exit)."""
     python, script = PEERS[peer]
+    if workload == "import":  # a new interpreter importing the peer's agent entry point, then exiting
+        cost, _ = h.child_cost([str(python), "-c", IMPORTS[peer]])
+        return {"samples_ms": [], "check": {"import": IMPORTS[peer]}}, cost.wall * 1000
     env = dict(os.environ, CONTEXTPIPE_BENCH_SYNCHRONOUS="NORMAL" if peer.endswith("NORMAL") else "FULL")
-    t0 = time.perf_counter()
-    proc = subprocess.run([str(python), str(HERE / script), workload, str(n), str(samples), workdir],
-                          capture_output=True, text=True, env=env)
-    wall = (time.perf_counter() - t0) * 1000
-    if proc.returncode != 0:
-        raise SystemExit(f"{peer} {workload} N={n} failed:\n{proc.stderr[-3000:]}")
-    data: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return data, wall
-
-
-def fmt(ms: float) -> str:
-    return f"{ms:,.1f}" if ms < 100 else f"{ms:,.0f}"
+    try:
+        cost, stdout = h.child_cost([str(python), str(HERE / script), workload, str(n), str(samples), workdir],
+                                    env=env, stderr=subprocess.PIPE)
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"{peer} {workload} N={n} failed:\n{exc.stderr[-3000:]}") from exc
+    data: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return data, cost.wall * 1000
 
 
 def main() -> None:
@@ -98,7 +89,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=5, help="timed runs per worker process")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "contextpipe-peers"))
     parser.add_argument("--cases", default="run,loop,cold,import", help="which workloads (comma-separated)")
-    parser.add_argument("--json", type=Path, default=None)
+    h.out_argument(parser, "peers")
     args = parser.parse_args()
     if any(not python.exists() for python, _ in PEERS.values()):
         subprocess.run(["bash", str(HERE / "setup.sh")], check=True)
@@ -116,10 +107,14 @@ def main() -> None:
         for n in sorted(set(sizes) | {COLD_N}) if wanted & {"run", "cold"} else []:
             print(f"preparing {peer} N={n:,} ...", file=sys.stderr, flush=True)
             worker(peer, "run", n, 1, workdirs[peer])
+    vers = versions()
+    results = h.Results(
+        "peers", "Durable runs against the peers, no LLM (a fake model that answers at once): each peer in its "
+        "own virtualenv on its durable store, the order of the sides rotating from round to round; wall ms",
+        reference={"name": "the peers", "versions": vers})
     samples: dict[tuple[str, str, int], list[float]] = {}
     checks: dict[tuple[str, str, int], Any] = {}
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+    for r, order in h.interleave(names, args.rounds):
         print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
         for workload, n in cases:
             for peer in order:
@@ -127,27 +122,23 @@ def main() -> None:
                 key = (peer, workload, n)
                 samples.setdefault(key, []).extend([wall] if workload in ("cold", "import") else data["samples_ms"])
                 checks[key] = data["check"]
-    vers = versions()
-    lines = ["Sides: " + ", ".join(f"{p} {vers[p]}" for p in names) + f"; Python {sys.version.split()[0]}, "
-             f"{os.cpu_count()} cores; {args.rounds} rounds interleaved, medians in ms (ratio: side / contextpipe).",
-             "", "| workload | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     titles = {"run": "run over {n:,} stored messages (same process again)",
               "loop": "20-step tool loop, every step persisted", "cold": "cold start: new process to first answer "
               "over {n:,} stored messages",
               "import": "import the agent entry point in a new interpreter (process wall time)"}
-    out: dict[str, Any] = {"versions": vers, "rounds": args.rounds, "results": []}
+    stores = {"contextpipe": "SQLiteStore, FULL", "contextpipe NORMAL": "SQLiteStore, NORMAL",
+              "OpenAI Agents SDK": "SQLiteSession", "LangGraph": "AsyncSqliteSaver",
+              "MAF": "FileHistoryProvider, per-call"}
+    label = {p: f"{p} ({stores[p]})" if p.startswith("contextpipe") else f"{p} {vers[p]} ({stores[p]})"
+             for p in names}
     for workload, n in cases:
-        base = statistics.median(samples[("contextpipe", workload, n)])
-        cells = []
+        case = titles[workload].format(n=n)
         for peer in names:
-            med = statistics.median(samples[(peer, workload, n)])
-            cells.append(fmt(med) if peer == "contextpipe" else f"{fmt(med)} ({med / base:,.1f}x)")
-            out["results"].append({"peer": peer, "workload": workload, "n": n, "median_ms": med,
-                                   "samples_ms": samples[(peer, workload, n)], "check": checks[(peer, workload, n)]})
-        lines.append(f"| {titles[workload].format(n=n)} | " + " | ".join(cells) + " |")
-    print("\n".join(lines))
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2))
+            results.add(case, label[peer], "wall", "ms", samples=samples[(peer, workload, n)],
+                        check=checks[(peer, workload, n)])
+        for peer in names[1:]:
+            results.ratio(case, "wall", side=label[peer], over=label["contextpipe"])
+    print(h.table(results.write(args.out)))
 
 
 if __name__ == "__main__":
