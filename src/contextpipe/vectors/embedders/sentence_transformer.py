@@ -15,14 +15,15 @@ from ._common import LoadOnce, QueryBatches, QueryThread, check_query_threads, f
 class SentenceTransformerEmbedder(QueryBatches):
     """Any sentence-transformers model in a folder on this machine (torch, offline): bring your own model.
 
-    For a model stronger than `LocalEmbedder`'s, at the price of its speed: all-mpnet-base-v2, for
-    one, recalls more of both fixtures' evidence but takes six times as long per recall (docs/recall.md,
-    "Memory recall"). `model_path` is a folder as sentence-transformers saves one (with
-    ``modules.json``), e.g. a snapshot in the Hugging Face cache; nothing is downloaded. `name` is the
-    folder's name (a cache snapshot's: its model's) unless given; `dimension` is the model's. Texts
-    are embedded as documents and search queries as queries (with the model's own prompts, if it
-    has any), texts in batches on all cores, queries in a thread of their own with `query_threads`
-    threads; vectors are normalised. Needs ``pip install "contextpipe[local-torch]"``.
+    For a model stronger than `LocalEmbedder`'s, at the price of its speed: all-mpnet-base-v2, for one,
+    recalls more of the evidence of the recall fixtures than all-MiniLM-L6-v2 at several times its time
+    per recall (docs/recall.md, "Memory recall", measures it in int8 as `MPNetEmbedder`). `model_path`
+    is a folder as sentence-transformers saves one (with ``modules.json``), e.g. a snapshot in the
+    Hugging Face cache; nothing is downloaded. `name` is the folder's name (a cache snapshot's: its
+    model's) unless given; `dimension` is the model's. Texts are embedded as documents and search
+    queries as queries (with the model's own prompts, if it has any), texts in batches on all cores,
+    queries in a thread of their own with `query_threads` threads; vectors are normalised. Needs ``pip
+    install "contextpipe[local-torch]"``.
 
     >>> SentenceTransformerEmbedder("/models/all-mpnet-base-v2").name
     'all-mpnet-base-v2'
