@@ -1,12 +1,22 @@
-"""The root conftest's guards: vendor variables are cleared, and only loopback connections are allowed."""
+"""The root conftest's guards: vendor variables are cleared, only loopback connections are allowed, tests
+needing an extra skip (fail under CI), no module leaves a process running, SIGTERM tears the run down;
+and scripts/leftovers.py, which finds what a whole run left."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.util
 import os
+import re
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -58,3 +68,141 @@ def test_bench_imports_nothing_from_tests() -> None:
                     (isinstance(node, ast.Constant) and node.value == "tests"):
                 reaching.append(f"{path.relative_to(root)}:{node.lineno}")
     assert reaching == []
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def inner_suite(folder: Path, files: dict[str, str]) -> Path:
+    """A folder of tests under a copy of this suite's conftest.py, to run in a pytest of its own."""
+    shutil.copyfile(ROOT / "tests" / "conftest.py", folder / "conftest.py")
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers = extra: optional test dependencies\n"
+                                       "asyncio_default_fixture_loop_scope = function\n")
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def run_inner(folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k not in ("CI", "CONTEXTPIPE_TEST_EXTRAS")} | env
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", str(folder)],
+                          capture_output=True, text=True, cwd=folder, env=environment, timeout=120)
+
+
+NEEDS_TORCH = """
+import pytest
+
+@pytest.mark.extra("torch")
+def test_needs_torch():
+    pass
+"""
+
+LEAVES_A_PROCESS = """
+import subprocess, sys
+
+def test_starts_a_server_and_forgets_it():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+"""
+
+
+def test_a_test_whose_extra_is_not_asked_for_skips_saying_how_and_fails_under_ci(tmp_path: Path) -> None:
+    folder = inner_suite(tmp_path, {"test_torch.py": NEEDS_TORCH})
+    skipped = run_inner(folder, CONTEXTPIPE_TEST_EXTRAS="mpnet,browser")
+    assert "1 skipped" in skipped.stdout, skipped.stdout
+    assert "NEEDS EXTRA TORCH" in skipped.stdout
+    assert "CONTEXTPIPE_TEST_EXTRAS=torch bash scripts/test.sh" in skipped.stdout
+    failed = run_inner(folder, CONTEXTPIPE_TEST_EXTRAS="", CI="true")
+    assert failed.returncode == 1 and "1 error" in failed.stdout, failed.stdout
+    assert "CI must run every test" in failed.stdout
+
+
+def test_a_module_that_leaves_a_process_running_fails_and_the_process_is_stopped(tmp_path: Path) -> None:
+    folder = inner_suite(tmp_path, {"test_leak.py": LEAVES_A_PROCESS})
+    proc = run_inner(folder, CONTEXTPIPE_TEST_LEFTOVER_WAIT="0")
+    assert proc.returncode == 1 and "1 passed, 1 error" in proc.stdout, proc.stdout
+    left = re.search(r"left processes running \(now killed\): (\d+): \S+ -c import time", proc.stdout)
+    assert left is not None, proc.stdout
+    assert gone(int(left[1]))
+
+
+WAITS_FOR_A_SIGNAL = """
+import pytest, subprocess, sys, time
+from pathlib import Path
+
+@pytest.fixture
+def server():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield child
+    child.kill()
+    child.wait()
+    Path("torn-down").write_text(str(child.pid))
+
+def test_waits(server):
+    Path("started").write_text("")
+    time.sleep(600)
+"""
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does_tearing_fixtures_down(tmp_path: Path) -> None:
+    folder = inner_suite(tmp_path, {"test_wait.py": WAITS_FOR_A_SIGNAL})
+    environment = {k: v for k, v in os.environ.items() if k != "CI"}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder, env=environment)
+    try:
+        while not (folder / "started").exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED and "KeyboardInterrupt" in out, out
+    assert (folder / "torn-down").read_text().isdigit()  # the fixture stopped its server
+
+
+def leftovers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("leftovers", ROOT / "scripts" / "leftovers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def orphan(**env: str) -> int:
+    """A sleeping Python process whose parent has exited (as a daemonised server's has); its pid."""
+    read, write = os.pipe()
+    code = (f"import os, time; pid = os.fork()\nif pid: os.write({write}, str(pid).encode())\n"
+            f"else: os.close({write}); time.sleep(600)")
+    subprocess.run([sys.executable, "-c", code], env=os.environ | env, pass_fds=[write], check=True)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        return int(pipe.read())
+
+
+def gone(pid: int) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="scripts/leftovers.py reads /proc")
+def test_leftovers_finds_names_and_stops_what_a_run_left(capsys: pytest.CaptureFixture[str]) -> None:
+    script = leftovers()
+    marker = f"CONTEXTPIPE_TEST_RUN_ID=leftovers-test-{os.getpid()}"
+    snapshot = {(pid, start) for pid, (_, start) in script.running().items()}
+    assert script.settle(lambda: script.marked(marker), wait=0) == 0
+    assert script.since(snapshot) == []
+    marked = orphan(CONTEXTPIPE_TEST_RUN_ID=marker.split("=", 1)[1])
+    unmarked = orphan()
+    assert script.marked(marker) == [marked]
+    assert set(script.since(snapshot)) == {marked, unmarked}  # found without the variable too
+    assert script.settle(lambda: script.since(snapshot), wait=0) == 1
+    assert gone(marked) and gone(unmarked)
+    assert f"{marked}: " in capsys.readouterr().err
