@@ -5,6 +5,7 @@ process left running by a test module, SIGTERM stopping the run as Ctrl-C does; 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import ipaddress
 import os
@@ -189,19 +190,35 @@ def _asked_extras() -> set[str] | None:
     return None if asked is None else {name.strip() for name in asked.split(",") if name.strip()}
 
 
+@functools.cache
+def _installed(extra: str) -> bool:
+    return EXTRAS[extra]()
+
+
+def _missing_extras(item: pytest.Item) -> str | None:
+    """What keeps `item` from running for want of an extra (missing or not asked for), saying how to run it."""
+    asked = _asked_extras()
+    needed = dict.fromkeys(name for mark in item.iter_markers("extra") for name in mark.args if name in EXTRAS)
+    why = {name: "not asked for" if asked is not None and name not in asked else "not installed"
+           for name in needed if (asked is not None and name not in asked) or not _installed(name)}
+    if not why:
+        return None
+    return (f"NEEDS EXTRA {', '.join(f'{name.upper()} ({reason})' for name, reason in why.items())}: run "
+            f"CONTEXTPIPE_TEST_EXTRAS={','.join(why)} bash scripts/test.sh")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip the tests whose extras are missing or not asked for (not under CI: see `pytest_runtest_setup`)."""
+    if not os.environ.get("CI"):
+        for item in items:
+            if (message := _missing_extras(item)) is not None:
+                item.add_marker(pytest.mark.skip(reason=message))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip a test whose extras are missing or not asked for, saying how to run it; fail it instead under CI."""
-    needed = [name for mark in item.iter_markers("extra") for name in mark.args]
-    unknown = [name for name in needed if name not in EXTRAS]
+    """Fail a test that names an unknown extra, and under CI one whose extras are missing or not asked for."""
+    unknown = [name for mark in item.iter_markers("extra") for name in mark.args if name not in EXTRAS]
     if unknown:
         pytest.fail(f"unknown extra {unknown} in @pytest.mark.extra (known: {', '.join(EXTRAS)})", pytrace=False)
-    asked = _asked_extras()
-    missing = [name for name in dict.fromkeys(needed)
-               if (asked is not None and name not in asked) or not EXTRAS[name]()]
-    if not missing:
-        return
-    message = (f"NEEDS EXTRA {', '.join(missing).upper()}: not installed or not asked for; run "
-               f"CONTEXTPIPE_TEST_EXTRAS={','.join(missing)} bash scripts/test.sh")
-    if os.environ.get("CI"):
+    if os.environ.get("CI") and (message := _missing_extras(item)) is not None:
         pytest.fail(message + " (CI must run every test: its .ci/run asks for all extras)", pytrace=False)
-    pytest.skip(message)
