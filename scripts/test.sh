@@ -84,7 +84,7 @@ finish() {
     kill -TERM "$pytest_pid" 2>/dev/null && wait "$pytest_pid" 2>/dev/null || true
   fi
   declare -F contextpipe_services_stop >/dev/null && contextpipe_services_stop
-  .venv/bin/python scripts/leftovers.py marked "CONTEXTPIPE_TEST_RUN_ID=$run_dir" || status=1
+  python3 scripts/leftovers.py marked "CONTEXTPIPE_TEST_RUN_ID=$run_dir" || status=1
   rm -rf "$run_dir"
   exit "$status"
 }
