@@ -1,131 +1,141 @@
-"""Find the processes a test run left running, name them, stop them, and exit 1 if there were any.
+"""Run a command, then name and stop the processes it left running, and fail if there were any.
 
-    python3 scripts/leftovers.py marked NAME=VALUE
-        every process whose environment holds NAME=VALUE, other than this one and its parent
-        (scripts/test.sh exports such a variable, so everything it starts inherits it)
-    python3 scripts/leftovers.py snapshot
-        print the processes running now (a line of JSON, for `since`)
-    python3 scripts/leftovers.py since SNAPSHOT
-        every process started after SNAPSHOT that runs a test server or tool (PostgreSQL,
-        Redis, uvicorn, Chromium, Playwright's driver, Python) in a tree of such processes that init
-        inherited: what is left of a finished run even where the variable above was dropped. For a
-        machine of its own, as CI's is: on a shared one, a server someone else starts meanwhile counts.
+    python3 scripts/leftovers.py COMMAND [ARG...]
 
-Linux only (reads /proc). A process on its way out gets up to 10 seconds; what still runs is listed,
-sent SIGTERM, and SIGKILL 5 seconds later. Standard library only: runs before any venv exists.
+scripts/test.sh runs its servers and pytest this way. COMMAND runs as a child of this process, which
+first makes itself a subreaper (Linux's PR_SET_CHILD_SUBREAPER): a process whose parent ends before it
+-- a daemon such as `redis-server --daemonize yes`, the server `pg_ctl start` leaves behind, a child a
+test forgot -- becomes a child of this process instead of init's. So what COMMAND started is still
+among this process's descendants when COMMAND ends, whatever it did to its name or its environment
+(Redis, PostgreSQL's workers and Chromium's overwrite the environment /proc shows), and no other
+process is: one of someone else's cannot be taken for one of the run's.
+
+SIGINT, SIGTERM and SIGHUP are passed on to COMMAND. When COMMAND ends, the processes it left get
+CONTEXTPIPE_TEST_LEFTOVER_WAIT seconds (default 10) to exit; those still running are named, sent
+SIGTERM, and SIGKILL 5 seconds later. The exit status is COMMAND's (128 + N when signal N ended it),
+or 1 when it exited with 0 but left processes running.
+
+Linux only (reads /proc). Standard library only: runs before any venv exists.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import ctypes
 import os
-import re
 import signal
 import sys
 import time
 from collections.abc import Callable
 
-SERVICES = re.compile(r"postgres|redis-server|uvicorn|chrom|playwright|python|node\b")
-"""The programs a test run starts, matched against a process's command line."""
-
-Process = tuple[int, int]
-"""A process as (pid, start time in clock ticks since boot): a pid alone may be reused."""
+PR_SET_CHILD_SUBREAPER = 36
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
             return f.read()
-    except OSError:  # gone, or another user's
+    except OSError:  # gone
         return None
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """Return a running process's (state, parent pid, start time), None if it is gone or a zombie."""
+def _parent(pid: int) -> int | None:
+    """Return a running process's parent pid, None if it is gone or a zombie."""
     raw = _read(f"/proc/{pid}/stat")
     if raw is None:
         return None
-    fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (command) "
-    state = fields[0].decode()
-    return None if state in "ZX" else (state, int(fields[1]), int(fields[19]))
+    state, parent = raw[raw.rindex(b")") + 2:].split()[:2]  # after "pid (command) "
+    return None if state in (b"Z", b"X") else int(parent)
 
 
 def _command(pid: int) -> str:
     return (_read(f"/proc/{pid}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def running() -> dict[int, tuple[int, int]]:
-    """Return every live process: pid -> (parent pid, start time)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            found[int(entry)] = (stat[1], stat[2])
+def descendants(root: int) -> list[int]:
+    """Return the running processes below `root` (its children, theirs, ...), zombies left out."""
+    parents = {pid: parent for entry in os.listdir("/proc")
+               if entry.isdigit() and (parent := _parent(pid := int(entry))) is not None}
+    found: list[int] = []
+    for pid in parents:
+        up = parents[pid]
+        while up in parents and up != root:
+            up = parents[up]
+        if up == root:
+            found.append(pid)
     return found
 
 
-def marked(variable: str) -> list[int]:
-    """Return the processes whose environment holds `variable` (NAME=VALUE), but this one and its parent."""
-    needle = b"\0" + variable.encode() + b"\0"
-    mine = {os.getpid(), os.getppid()}
-    return [pid for pid in running() if pid not in mine
-            and needle in b"\0" + (_read(f"/proc/{pid}/environ") or b"") + b"\0"]
+def reap() -> None:
+    """Collect the exit status of every child that has ended (the orphans adopted end as children of ours)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
-def since(snapshot: set[Process]) -> list[int]:
-    """Return the test servers and tools started after `snapshot` that belong to no process older than it.
-
-    That is: the process, and the oldest of its ancestors started after `snapshot`, both run a test server
-    or tool (`SERVICES`), and that ancestor's parent is the init process (left there when its own parent
-    ended) -- not a new command of someone else's under a new shell, nor one under an old process.
-    """
-    processes = running()
-    old = {pid for pid, (_, start) in processes.items() if (pid, start) in snapshot}
-    left = []
-    for pid in processes:
-        if pid in old or pid == os.getpid() or not SERVICES.search(_command(pid)):
-            continue
-        top = pid
-        while processes[top][0] in processes and processes[top][0] not in old:
-            top = processes[top][0]
-        if processes[top][0] <= 1 and SERVICES.search(_command(top)):
-            left.append(pid)
-    return left
-
-
-def settle(find: Callable[[], list[int]], wait: float = 10.0) -> int:
-    """Give leftovers `wait` seconds to exit, then name and stop those still running; 1 if there were any."""
+def settle(find: Callable[[], list[int]], wait: float) -> int:
+    """Give the processes `find` returns `wait` seconds to exit, then name and stop those left; 1 if any were."""
     deadline = time.monotonic() + wait
     while (left := find()) and time.monotonic() < deadline:
         time.sleep(0.2)
+        reap()
     if not left:
         return 0
     print("leftovers: the test run left these processes running (now stopped):", file=sys.stderr)
     for pid in left:
         print(f"  {pid}: {_command(pid)[:300]}", file=sys.stderr)
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while (left := [pid for pid in left if _stat(pid) is not None]) and time.monotonic() < deadline:
+        deadline = time.monotonic() + grace
+        while (left := [pid for pid in left if _parent(pid) is not None]) and time.monotonic() < deadline:
             time.sleep(0.1)
+            reap()
+    reap()
     return 1
+
+
+def run(command: list[str]) -> int:
+    """Run `command` as this subreaper's child, passing signals on; return its exit status (128 + N for signal N)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "leftovers: prctl(PR_SET_CHILD_SUBREAPER) failed")
+    child: int | None = None
+
+    def forward(signum: int, frame: object) -> None:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    try:
+        child = os.posix_spawnp(command[0], command, os.environ | {"CONTEXTPIPE_TEST_SUPERVISOR": str(os.getpid())})
+    except OSError as exc:
+        print(f"leftovers: cannot run {command[0]}: {exc}", file=sys.stderr)
+        return 127
+    while True:
+        ended, status = os.wait()  # any child: adopted orphans that end are collected too
+        if ended == child:
+            break
+    child = None
+    for sig in FORWARDED:  # what is left is stopped here, in at most 15 seconds: a Ctrl-C does not cut it short
+        signal.signal(sig, signal.SIG_IGN)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 def main(argv: list[str]) -> int:
     """Run the command `argv` names (see the module's docstring); return the exit status."""
-    match argv:
-        case ["marked", variable] if "=" in variable:
-            return settle(lambda: marked(variable))
-        case ["snapshot"]:
-            print(json.dumps([[pid, start] for pid, (_, start) in running().items()]))
-            return 0
-        case ["since", printed]:
-            snapshot = {(pid, start) for pid, start in json.loads(printed)}
-            return settle(lambda: since(snapshot))
-    print(__doc__, file=sys.stderr)
-    return 2
+    if not argv or argv[0].startswith("-"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    status = run(argv)
+    wait = float(os.environ.get("CONTEXTPIPE_TEST_LEFTOVER_WAIT", "10"))
+    left = settle(lambda: descendants(os.getpid()), wait)
+    return status or left
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 # Set up .venv with the test dependencies and run the whole test suite (extra args go to pytest)
 # against PostgreSQL, Redis and PostgreSQL+pgvector servers started for this run only: on free ports,
 # with their data in a temporary folder, all stopped and the folder removed when the run ends, also
-# when pytest fails or the run is interrupted (Ctrl-C, SIGTERM). Then it checks that no process it
-# started is still running (it names and stops any, and fails).
+# when pytest fails or the run is interrupted (Ctrl-C, SIGTERM). It runs under scripts/leftovers.py,
+# which adopts every process the run starts, daemons included: what is still running at the end is
+# named and stopped, and the run fails.
 #
 # Optional test dependencies, off by default (their tests skip, saying how to turn them on; under CI,
 # with CI set, they fail instead): a comma-separated list in CONTEXTPIPE_TEST_EXTRAS.
@@ -16,6 +17,8 @@
 # An extra stays installed in .venv once added; a later run without it skips its tests all the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Become scripts/leftovers.py, which runs this script again as its child (CONTEXTPIPE_TEST_SUPERVISOR: its pid).
+[ "${CONTEXTPIPE_TEST_SUPERVISOR:-}" = "$PPID" ] || exec python3 scripts/leftovers.py bash scripts/test.sh "$@"
 
 extras=",${CONTEXTPIPE_TEST_EXTRAS:-},"
 extras=${extras//,all,/,torch,mpnet,browser,}
@@ -70,10 +73,8 @@ if wants browser && ! installed browser; then
   stamp browser
 fi
 
-# Everything this run starts, servers included, inherits this variable: how the end checks for leftovers.
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/contextpipe-test.XXXXXX")
 chmod a+x "$run_dir"  # the postgres user runs the servers in it
-export CONTEXTPIPE_TEST_RUN_ID=$run_dir
 pytest_pid=
 signalled=
 
@@ -84,9 +85,8 @@ finish() {
     kill -TERM "$pytest_pid" 2>/dev/null && wait "$pytest_pid" 2>/dev/null || true
   fi
   declare -F contextpipe_services_stop >/dev/null && contextpipe_services_stop
-  python3 scripts/leftovers.py marked "CONTEXTPIPE_TEST_RUN_ID=$run_dir" || status=1
-  rm -rf "$run_dir"
-  exit "$status"
+  rm -rf "$run_dir" || echo "test.sh: could not remove $run_dir" >&2
+  exit "$status"  # then scripts/leftovers.py stops what is left, and fails
 }
 # SIGTERM makes pytest stop as Ctrl-C does, tearing its fixtures down (tests/conftest.py); after a
 # Ctrl-C, which pytest got from the terminal too, it is ignored.
@@ -97,6 +97,7 @@ on_signal() {
 trap finish EXIT
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
+trap 'on_signal 129' HUP
 
 read -r pg_port redis_port pgvector_port < <(.venv/bin/python -c 'import socket
 sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]

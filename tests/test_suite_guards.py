@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.util
 import os
 import re
 import shutil
@@ -16,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -161,25 +159,6 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_tearing_fixtures_down(tmp_path: Pa
     assert (folder / "torn-down").read_text().isdigit()  # the fixture stopped its server
 
 
-def leftovers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("leftovers", ROOT / "scripts" / "leftovers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def orphan(**env: str) -> int:
-    """A sleeping Python process whose parent has exited (as a daemonised server's has); its pid."""
-    read, write = os.pipe()
-    code = (f"import os, time; pid = os.fork()\nif pid: os.write({write}, str(pid).encode())\n"
-            f"else: os.close({write}); time.sleep(600)")
-    subprocess.run([sys.executable, "-c", code], env=os.environ | env, pass_fds=[write], check=True)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        return int(pipe.read())
-
-
 def gone(pid: int) -> bool:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -192,17 +171,66 @@ def gone(pid: int) -> bool:
     return False
 
 
+LEFTOVERS = str(ROOT / "scripts" / "leftovers.py")
+
+DAEMON = """
+import os, sys
+read, write = os.pipe()  # closed on exec: read to its end, the daemon runs its program
+if os.fork():
+    os.close(write)
+    os.wait()
+    print(b"".join(iter(lambda: os.read(read, 100), b"")).decode(), flush=True)
+    sys.exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+os.write(write, str(os.getpid()).encode())
+os.dup2(os.open(os.devnull, os.O_RDWR), 1)
+os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)"], {})
+"""
+"""A daemon as Redis makes itself one (forked twice, in a session of its own), without the environment it got;
+the command ends once the daemon runs, printing its pid."""
+
+
+def leftovers(*command: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, LEFTOVERS, *command], capture_output=True, text=True,
+                          env=os.environ | env, timeout=120)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="scripts/leftovers.py reads /proc")
-def test_leftovers_finds_names_and_stops_what_a_run_left(capsys: pytest.CaptureFixture[str]) -> None:
-    script = leftovers()
-    marker = f"CONTEXTPIPE_TEST_RUN_ID=leftovers-test-{os.getpid()}"
-    snapshot = {(pid, start) for pid, (_, start) in script.running().items()}
-    assert script.settle(lambda: script.marked(marker), wait=0) == 0
-    assert script.since(snapshot) == []
-    marked = orphan(CONTEXTPIPE_TEST_RUN_ID=marker.split("=", 1)[1])
-    unmarked = orphan()
-    assert script.marked(marker) == [marked]
-    assert set(script.since(snapshot)) == {marked, unmarked}  # found without the variable too
-    assert script.settle(lambda: script.since(snapshot), wait=0) == 1
-    assert gone(marked) and gone(unmarked)
-    assert f"{marked}: " in capsys.readouterr().err
+def test_leftovers_names_and_stops_a_daemon_the_command_left_whatever_its_environment() -> None:
+    proc = leftovers(sys.executable, "-c", DAEMON, CONTEXTPIPE_TEST_LEFTOVER_WAIT="0")
+    pid = int(proc.stdout)
+    assert proc.returncode == 1, proc.stderr
+    assert f"  {pid}: {sys.executable} -c import time; time.sleep(600)" in proc.stderr
+    assert gone(pid)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="scripts/leftovers.py reads /proc")
+@pytest.mark.parametrize(("code", "status"), [("pass", 0), ("raise SystemExit(3)", 3),
+                                              ("import os; os.kill(os.getpid(), 9)", 128 + 9)])
+def test_leftovers_exits_as_the_command_did_when_it_left_nothing(code: str, status: int) -> None:
+    proc = leftovers(sys.executable, "-c", code)
+    assert (proc.returncode, proc.stderr) == (status, "")
+
+
+WAITS_FOR_SIGTERM = """
+import signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("ready", flush=True)
+signal.pause()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="scripts/leftovers.py reads /proc")
+def test_leftovers_passes_sigterm_on_to_the_command() -> None:
+    proc = subprocess.Popen([sys.executable, LEFTOVERS, sys.executable, "-c", WAITS_FOR_SIGTERM],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 7, err
