@@ -204,7 +204,7 @@ def _missing_extras(item: pytest.Item) -> str | None:
     if not why:
         return None
     return (f"NEEDS EXTRA {', '.join(f'{name.upper()} ({reason})' for name, reason in why.items())}: run "
-            f"CONTEXTPIPE_TEST_EXTRAS={','.join(why)} bash scripts/test.sh")
+            f"CONTEXTPIPE_TEST_EXTRAS={','.join(needed)} bash scripts/test.sh")  # all it needs: the list is whole
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

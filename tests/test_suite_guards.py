@@ -95,6 +95,14 @@ def test_needs_torch():
     pass
 """
 
+NEEDS_MPNET_AND_TORCH = """
+import pytest
+
+@pytest.mark.extra("mpnet", "torch")
+def test_needs_both():
+    pass
+"""
+
 LEAVES_A_PROCESS = """
 import subprocess, sys
 
@@ -112,6 +120,15 @@ def test_a_test_whose_extra_is_not_asked_for_skips_saying_how_and_fails_under_ci
     failed = run_inner(folder, CONTEXTPIPE_TEST_EXTRAS="", CI="true")
     assert failed.returncode == 1 and "1 error" in failed.stdout, failed.stdout
     assert "CI must run every test" in failed.stdout
+
+
+def test_the_command_a_skip_suggests_asks_for_every_extra_the_test_needs(tmp_path: Path) -> None:
+    folder = inner_suite(tmp_path, {"test_both.py": NEEDS_MPNET_AND_TORCH})
+    with (folder / "conftest.py").open("a") as conftest:
+        conftest.write('\nEXTRAS["mpnet"] = lambda: True  # as where the weights are installed\n')
+    skipped = run_inner(folder, CONTEXTPIPE_TEST_EXTRAS="mpnet")
+    assert "1 skipped" in skipped.stdout and "TORCH (not asked for)" in skipped.stdout, skipped.stdout
+    assert "CONTEXTPIPE_TEST_EXTRAS=mpnet,torch bash scripts/test.sh" in skipped.stdout
 
 
 def test_a_module_that_leaves_a_process_running_fails_and_the_process_is_stopped(tmp_path: Path) -> None:
