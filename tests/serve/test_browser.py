@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -19,20 +18,12 @@ from helpers import get_weather_forecast, lookup_location_code
 from .conftest import KEYS, auth, keys, serving
 
 
-def chromium() -> str:
-    path = shutil.which("chromium")
-    if path is None:
-        message = "NO CHROMIUM: install Debian's chromium package (scripts/test.sh does) to run the browser test"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
+@pytest.mark.extra("browser")  # Playwright and Debian's chromium: CONTEXTPIPE_TEST_EXTRAS=browser bash scripts/test.sh
 async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Path) -> None:
     from playwright.async_api import async_playwright
 
-    executable = chromium()
+    executable = shutil.which("chromium")
+    assert executable is not None
     store = SQLiteStore(tmp_path / "ui.db")
     model = ScriptedModel(["Noted: you are going to Suzhou.",
                            tool_call("lookup_location_code", city="Suzhou"),

@@ -9,8 +9,6 @@ import uuid
 import weakref
 from pathlib import Path
 
-import pytest
-
 from contextpipe.stores import MemoryStore, SessionStore
 
 BACKENDS = ["memory", "sqlite", "postgres", "redis"]
@@ -25,6 +23,8 @@ def server_address(backend: str) -> str | None:
         return None
     address = os.environ.get(ENV[backend])
     if not address:
+        import pytest  # here: the worker processes that import this module start 0.2 s sooner without it
+
         message = (f"NO {backend.upper()} SERVER: {ENV[backend]} is not set, so the {backend} store tests "
                    "cannot run. Run the tests through scripts/test.sh, which starts the servers.")
         if os.environ.get("CI"):
