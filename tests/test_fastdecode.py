@@ -282,6 +282,16 @@ def test_integers_beyond_64_bits_come_back_from_every_decoder(encode: Callable[[
         assert decoded[:99] + decoded[99 + len(wide):] == common_log
 
 
+
+def test_a_batch_with_a_float_as_large_stays_floats_and_builds_as_plain() -> None:
+    # A genuine float past 2**63 makes a batch be parsed again by the standard library: it must stay a float.
+    log = [Message.user(f"m{i}", created_at=float(i)) for i in range(150)]
+    log[7] = Message.user("x", metadata={"size": 2.0**64, "n": 3}, created_at=7.0)
+    texts = [dumps_compact(m) for m in log[:75]] + [dumps(m) for m in log[75:]]
+    for decoded in (loads_many(texts), loads_arrays(["[" + ",".join(texts) + "]"])[0]):
+        assert [anatomy(m) for m in decoded] == [anatomy(loads_stored(t)) for t in texts] and decoded == log
+        assert type(decoded[7].metadata["size"]) is float
+
 @pytest.mark.parametrize(
     ("payload", "fragment"),
     [

@@ -303,8 +303,8 @@ def _decode(text: str | bytes, decode: Callable[[Any], Message]) -> Message:
     nearest float, silently (a float equal to it when the float holds it exactly, as 2**64): a
     message that may hold one (`_may_hold_rounded_int`) is decoded again from the standard
     library's parse, which keeps every integer an int. The check costs about 0.12 us a message, some
-    5% of a plain decode (``bench/decode_bench.py``); a log's common shapes, built by the batch
-    decoders, need none.
+    5% of a plain decode (``bench/decode_bench.py``), and a walk of the metadata (some 0.3-0.8 us for
+    a few keys) when there is any; a log's common shapes, built by the batch decoders, need none.
     """
     try:
         data = _fast_loads(text)
