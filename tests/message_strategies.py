@@ -19,8 +19,15 @@ from contextpipe.messages import (
     UriPart,
 )
 
-json_scalars = (st.none() | st.booleans() | st.integers(-(2**53), 2**53)
-                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
+WIDE_INTS = [2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, 7**300, -(2**63), -(2**63) - 1, -14136784903946279993]
+"""Integers at and past the edges of 64 bits (orjson reads those outside ``[-2**63, 2**64)`` as floats)."""
+wide_ints = st.sampled_from(WIDE_INTS) | st.integers(min_value=2**64) | st.integers(max_value=-(2**63) - 1)
+"""Integers beyond what a double holds exactly, drawn on purpose: an ``int`` strategy rarely goes that far."""
+WIDE_FLOATS = [2.0**63, 2.0**64, -(2.0**63), 1e20, -1.5e300]
+"""Floats as large as the nearest float to such an integer: they must stay floats."""
+json_scalars = (st.none() | st.booleans() | st.integers(-(2**53), 2**53) | wide_ints
+                | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(WIDE_FLOATS)
+                | st.text(max_size=20))
 json_values = st.recursive(
     json_scalars,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
@@ -74,6 +81,19 @@ common = st.builds(Message, role=roles,
                                    st.builds(FunctionResult, texts, texts, st.booleans())).map(lambda p: (p,)),
                    created_at=times, source=sources)
 """The shapes most of a log is made of (one part, no author or metadata), with and without a source."""
+
+
+def wide_values_messages() -> list[Message]:
+    """Messages holding integers past 64 bits (and floats as large), one for each place a message holds free JSON.
+
+    The metadata, a part of a newer kind, and one inside a function result: each on its own, so that
+    a decoder that overlooks one place is not saved by another of the same message.
+    """
+    metadata = {"k": -14136784903946279993, "ints": WIDE_INTS, "floats": WIDE_FLOATS, "deep": [{"n": 2**64}]}
+    newer = UnknownPart("hologram", {"frames": [2**64, -(2**63) - 1], "fps": 10**30})
+    result = FunctionResult("c1", "ok", parts=(UnknownPart("tensor", {"shape": [2**70]}),))
+    return [Message.user("x", metadata=metadata, created_at=1.5), Message("assistant", (newer,), created_at=2.5),
+            Message("tool", (result,), created_at=3.5)]
 
 
 def anatomy(value: Any) -> Any:

@@ -10,7 +10,7 @@ from hypothesis import given
 from contextpipe import CodecError, Message
 from contextpipe.codec import CODEC_VERSION, dumps, loads, message_from_dict, message_to_dict
 from contextpipe.messages import DataPart, FunctionResult, UnknownPart, UriPart
-from message_strategies import BAD_FULL_FORM, messages
+from message_strategies import BAD_FULL_FORM, WIDE_FLOATS, WIDE_INTS, anatomy, messages, wide_values_messages
 
 
 @given(messages)
@@ -48,6 +48,19 @@ def test_unknown_part_from_newer_version_is_preserved() -> None:
     message = message_from_dict(newer)
     assert message.parts[1] == UnknownPart("hologram", {"frames": [1, 2], "fps": 30})
     assert message_to_dict(message)["parts"][1] == {"kind": "hologram", "frames": [1, 2], "fps": 30}
+
+
+def test_integers_beyond_64_bits_come_back_as_the_same_integers() -> None:
+    # orjson reads an integer outside [-2**63, 2**64) as the nearest float, which equals the integer
+    # when the float holds it exactly (2**64): compared by type and value, not by `==` alone.
+    for message in wide_values_messages():
+        decoded = loads(dumps(message))
+        assert dumps(decoded) == dumps(message)
+        assert anatomy(decoded) == anatomy(message_from_dict(json.loads(dumps(message))))  # the standard library's
+    metadata = loads(dumps(wide_values_messages()[0])).metadata
+    assert type(metadata["k"]) is int and metadata["k"] == -14136784903946279993
+    assert [type(v) for v in metadata["ints"]] == [int] * len(WIDE_INTS)
+    assert [type(v) for v in metadata["floats"]] == [float] * len(WIDE_FLOATS)
 
 
 BAD_INPUT = [

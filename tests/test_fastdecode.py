@@ -21,7 +21,7 @@ from contextpipe import CodecError, Message
 from contextpipe.codec import dumps, loads, message_to_dict
 from contextpipe.messages import FunctionCall, FunctionResult, ReasoningPart, Source, TextPart
 from contextpipe.stores._fastdecode import decode_compact, dumps_compact, loads_arrays, loads_many, loads_stored
-from message_strategies import BAD_FULL_FORM, anatomy, calls, common, messages, plain_texts
+from message_strategies import BAD_FULL_FORM, anatomy, calls, common, messages, plain_texts, wide_values_messages
 
 
 def _plain_compact(text: str) -> Message:
@@ -122,10 +122,11 @@ def test_the_compact_form_holds_every_field() -> None:
     for when in (10**400, "now", True):
         with pytest.raises(CodecError, match="created_at must be seconds since the epoch"):
             dumps_compact(Message.user("x", created_at=when))  # type: ignore[arg-type]
-    # Values only the standard library parses (NaN, integers beyond 64 bits) come back too.
+    # Values only the standard library reads exactly (NaN, integers beyond 64 bits) come back too.
     unusual = Message.user("x", metadata={"score": float("nan"), "big": 2**70})
     [decoded_log] = loads_arrays(["[" + dumps_compact(Message.user("a")) + "," + dumps_compact(unusual) + "]"])
-    assert decoded_log[1].metadata["big"] == 2**70 and decoded_log[1].id == unusual.id
+    big = decoded_log[1].metadata["big"]
+    assert type(big) is int and big == 2**70 and decoded_log[1].id == unusual.id
 
 
 _PLAIN_PARTS = ["hi", ["c", "n", "{}"], ["c", "ok"]]
@@ -258,8 +259,38 @@ def test_decoding_logs_leaves_an_applications_cyclic_garbage_to_the_collector(mo
 def test_loads_arrays_reads_what_only_the_standard_library_parses() -> None:
     odd = Message.user("x", metadata={"score": float("nan"), "big": 2**70})
     decoded = loads_arrays(["[" + dumps(Message.user("a")) + "," + dumps(odd) + "]"])[0]
-    assert decoded[0].text == "a" and decoded[1].metadata["big"] == 2**70
+    assert decoded[0].text == "a" and type(decoded[1].metadata["big"]) is int and decoded[1].metadata["big"] == 2**70
 
+
+@pytest.mark.parametrize("encode", [dumps, dumps_compact])
+def test_integers_beyond_64_bits_come_back_from_every_decoder(encode: Callable[[Message], str]) -> None:
+    # orjson reads them as floats; every decoder gives back the integers (a float equal to 2**64 is not enough).
+    wide = [*wide_values_messages(), Message.user("x", metadata={"k": -14136784903946279993}, created_at=2.5)]
+    expected = [dumps(m) for m in wide]
+    common_log = [Message.user(f"m{i}", created_at=float(i)) for i in range(150)]  # past the GC pause, built directly
+    texts = [encode(m) for m in common_log[:99] + wide + common_log[99:]]
+    one_by_one = [loads_stored(t) for t in texts]
+    many = loads_many(texts)
+    for message, text in zip(wide, texts[99:], strict=False):  # each alone too: no other one to set off a fall-back
+        for decoded_alone in (loads_stored(text), loads_many([text])[0], loads_arrays(["[" + text + "]"])[0][0]):
+            assert dumps(decoded_alone) == dumps(message)
+    [array] = loads_arrays(["[" + ",".join(texts) + "]"])
+    for decoded in (one_by_one, many, array):
+        assert [dumps(m) for m in decoded[99:99 + len(wide)]] == expected
+        assert type(decoded[102].metadata["k"]) is int
+        assert [anatomy(m) for m in decoded] == [anatomy(m) for m in one_by_one]
+        assert decoded[:99] + decoded[99 + len(wide):] == common_log
+
+
+
+def test_a_batch_with_a_float_as_large_stays_floats_and_builds_as_plain() -> None:
+    # A genuine float past 2**63 makes a batch be parsed again by the standard library: it must stay a float.
+    log = [Message.user(f"m{i}", created_at=float(i)) for i in range(150)]
+    log[7] = Message.user("x", metadata={"size": 2.0**64, "n": 3}, created_at=7.0)
+    texts = [dumps_compact(m) for m in log[:75]] + [dumps(m) for m in log[75:]]
+    for decoded in (loads_many(texts), loads_arrays(["[" + ",".join(texts) + "]"])[0]):
+        assert [anatomy(m) for m in decoded] == [anatomy(loads_stored(t)) for t in texts] and decoded == log
+        assert type(decoded[7].metadata["size"]) is float
 
 @pytest.mark.parametrize(
     ("payload", "fragment"),

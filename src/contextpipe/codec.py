@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -48,7 +48,7 @@ try:
     import orjson
 
     _fast_loads = orjson.loads
-    """Parses JSON several times faster than the standard library (`_parse` falls back on it)."""
+    """Parses JSON several times faster than the standard library, but not always exactly (see `_decode`)."""
 except ImportError:  # pragma: no cover - orjson is a dependency; the standard library still works
     _fast_loads = json.loads  # type: ignore[assignment]
 
@@ -222,8 +222,9 @@ def dumps(message: Message) -> str:
 def _parse(text: str | bytes) -> Any:
     """Parse JSON text: with orjson (several times faster) when it can, else with the standard library.
 
-    The standard library reads what orjson refuses but `dumps` may write (NaN and infinities,
-    integers beyond 64 bits), so every encoded message still decodes.
+    The standard library reads what orjson refuses but `dumps` may write (NaN and infinities, and
+    integers too large for a float), so every encoded message still decodes. orjson reads an integer
+    outside ``[-2**63, 2**64)`` as the nearest float without a word: see `_decode`.
     """
     try:
         return _fast_loads(text)
@@ -239,9 +240,86 @@ def _parse_or_raise(text: str | bytes) -> Any:
         raise CodecError(f"message is not valid JSON: {exc}") from exc
 
 
-def loads(text: str | bytes) -> Message:
-    """Decode JSON text written by `dumps`; raises `CodecError` on anything else."""
-    data = _parse_or_raise(text)
+def _parse_exactly(text: str | bytes) -> Any:
+    """Parse JSON text with the standard library (every integer an int), raising `CodecError` when it is not JSON."""
+    try:
+        return _DECODER.decode(text if isinstance(text, str) else text.decode())
+    except ValueError as exc:
+        raise CodecError(f"message is not valid JSON: {exc}") from exc
+
+
+_WIDE: Final = float(2**63)
+"""The size from which a float may be an integer orjson read beyond 64 bits (it reads them as the nearest float)."""
+
+
+def _holds_wide_float(values: Iterable[Any]) -> bool:
+    """Whether JSON `values` hold, at any depth, a float of size `_WIDE` or more."""
+    for value in values:
+        kind = type(value)
+        if kind is str:
+            continue
+        if kind is float:
+            if abs(value) >= _WIDE:
+                return True
+        elif kind is list:
+            if _holds_wide_float(value):
+                return True
+        elif kind is dict and _holds_wide_float(value.values()):
+            return True
+    return False
+
+
+def _may_hold_rounded_int(message: Message) -> bool:
+    """Whether `message`, decoded from orjson's parse, may hold an integer beyond 64 bits that orjson made a float.
+
+    Only free-form JSON can hold one (metadata, the payload of a part of a newer kind); every other
+    field of a message is a string or a time (a float either way). Floats that large are rare in
+    messages, so a message holding one is decoded again from the standard library's parse (`_decode`).
+    """
+    metadata = message.metadata
+    if metadata and _holds_wide_float(metadata.values()):
+        return True
+    for part in message.parts:  # a text part or a call (most of a log) costs no call
+        kind = type(part)
+        if (kind is UnknownPart or kind is FunctionResult) and _parts_hold_wide_float((part,)):
+            return True
+    return False
+
+
+def _parts_hold_wide_float(parts: Iterable[Part]) -> bool:
+    for part in parts:
+        if type(part) is UnknownPart:
+            if _holds_wide_float(part.payload.values()):
+                return True
+        elif type(part) is FunctionResult and part.parts and _parts_hold_wide_float(part.parts):
+            return True
+    return False
+
+
+def _decode(text: str | bytes, decode: Callable[[Any], Message]) -> Message:
+    """Return ``decode(the JSON value of text)``, exactly as the standard library's parse would give it.
+
+    orjson parses several times faster, but reads an integer outside ``[-2**63, 2**64)`` as the
+    nearest float, silently (a float equal to it when the float holds it exactly, as 2**64): a
+    message that may hold one (`_may_hold_rounded_int`) is decoded again from the standard
+    library's parse, which keeps every integer an int. The check costs about 0.12 us a message, some
+    5% of a plain decode (``bench/decode_bench.py``), and a walk of the metadata (some 0.3-0.8 us for
+    a few keys) when there is any; a log's common shapes, built by the batch decoders, need none.
+    """
+    try:
+        data = _fast_loads(text)
+    except ValueError:  # NaN, infinities, numbers no float holds: the standard library reads them
+        return decode(_parse_exactly(text))
+    message = decode(data)
+    return decode(_parse_exactly(text)) if _may_hold_rounded_int(message) else message
+
+
+def _message_of(data: Any) -> Message:
     if type(data) is not dict:
         raise CodecError(f"encoded message must be a JSON object, got {type(data).__name__}")
     return message_from_dict(data)
+
+
+def loads(text: str | bytes) -> Message:
+    """Decode JSON text written by `dumps`; raises `CodecError` on anything else."""
+    return _decode(text, _message_of)

@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import ConcurrentUpdate, CorruptRecord, LeaseLost, Message, Session, SessionBusy, UsageError
+from contextpipe.codec import dumps
 from contextpipe.messages import DataPart, FunctionCall, FunctionResult, UriPart
 from contextpipe.stores import Checkpoint, SessionKey, SessionStore
+from message_strategies import WIDE_INTS, wide_values_messages
 
 from .backends import elapse
 
@@ -42,6 +44,27 @@ async def test_tool_results_keep_their_images_and_files(store: SessionStore, ten
     messages = [Message("assistant", (FunctionCall("c1", "chart", "{}"),)), Message("tool", (result,))]
     await store.append(tenant, "media", messages)
     assert (await store.load(tenant, "media")).messages == messages
+
+
+async def test_integers_beyond_64_bits_come_back_as_stored(store: SessionStore, tenant: str) -> None:
+    # orjson reads an integer outside 64 bits as a float; 2**64 would even compare equal, so compare the JSON.
+    wide = {"k": -14136784903946279993, "ints": WIDE_INTS}
+    log = [Message.user("hi", metadata=wide), *wide_values_messages(), Message.assistant("plain")]
+    await store.append(tenant, "s", log)
+    await store.save_checkpoint(tenant, "s", Checkpoint(1, Message.system("so far", metadata=wide), 1.0))
+    await store.append_traces(tenant, "s", [{"step": 1, "tokens": 2**64}])
+    session = await store.load_or_create(tenant, "s")
+    session.state["big"] = -(2**63) - 1
+    await store.save_session(session)
+    checkpoint, tail = await store.load_context(tenant, "s")
+    assert [dumps(m) for m in (await store.load(tenant, "s")).messages] == [dumps(m) for m in log]
+    assert [dumps(m) for m in tail.messages] == [dumps(m) for m in log[1:]]
+    for summary in (checkpoint, await store.latest_checkpoint(tenant, "s")):
+        assert summary is not None and type(summary.summary.metadata["k"]) is int
+        assert summary.summary.metadata["ints"] == WIDE_INTS
+    assert repr(await store.load_traces(tenant, "s")) == repr([{"step": 1, "tokens": 2**64}])
+    stored = await store.get_session(tenant, "s")
+    assert stored is not None and repr(stored.state["big"]) == repr(-(2**63) - 1)
 
 
 async def test_retried_append_never_duplicates(store: SessionStore, tenant: str) -> None:

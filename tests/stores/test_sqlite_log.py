@@ -14,11 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import CorruptRecord, FunctionCall, FunctionResult, Message, StoreError
+from contextpipe.codec import dumps
 from contextpipe.session import SessionKey
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import _sqlite_log as log_module
 from contextpipe.stores._common import decode_checkpoint
 from contextpipe.stores.base import Checkpoint
+from message_strategies import anatomy, wide_ints
 
 
 def log_of(n: int) -> list[Message]:
@@ -79,7 +81,7 @@ REAL_THRESHOLDS = (log_module._FIRST_ARRAY_ROWS, log_module._MAX_ARRAY_ROWS)
 
 message = st.one_of(
     st.builds(lambda text, meta: Message.user(text, metadata={"k": meta} if meta is not None else {}),
-              st.text(max_size=12), st.none() | st.integers()),
+              st.text(max_size=12), st.none() | st.integers() | wide_ints),  # integers past 64 bits on purpose
     st.builds(lambda name, args: Message("assistant", (FunctionCall("c", name, args),)),
               st.sampled_from(["lookup", "book"]), st.sampled_from(['{"q": 1}', "{not json", ""])),
     st.builds(lambda out, error: Message("tool", (FunctionResult("c", out, is_error=error),)),
@@ -128,8 +130,12 @@ async def assert_streamed_equals_plain(store: SQLiteStore, monkeypatch: pytest.M
             context = await store.load_context("t", "s", limit=limit)
         assert all(decoded)  # a healthy log is never read row by row
         assert decoded or not page.messages  # and messages read came from arrays, not from a fall-back
-        assert page == await plain_load(store, limit, before, after), (limit, before, after)
-        assert context == await plain_load_context(store, limit), limit
+        plain, plain_context = await plain_load(store, limit, before, after), await plain_load_context(store, limit)
+        assert page == plain, (limit, before, after)
+        assert context == plain_context, limit
+        # Type for type too: a float equal to an integer past 64 bits (2**64) is equal, but not what was stored.
+        assert [anatomy(m) for m in page.messages] == [anatomy(m) for m in plain.messages]
+        assert [anatomy(m) for m in context[1].messages] == [anatomy(m) for m in plain_context[1].messages]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -160,7 +166,7 @@ async def test_streamed_loads_equal_plain_loads_on_generated_logs(
         windows = [(data.draw(st.none() | st.integers(1, n + 2), "limit"), data.draw(st.none() | st.integers(1, n + 2),
                     "before"), data.draw(bound, "after")) for _ in range(3)]
         await assert_streamed_equals_plain(store, monkeypatch, thresholds, [(None, None, None), *windows])
-        assert (await store.load("t", "s")).messages == log
+        assert [dumps(m) for m in (await store.load("t", "s")).messages] == [dumps(m) for m in log]  # as stored
 
 
 @pytest.mark.parametrize("n", [255, 256, 257, 768, 769, 7936, 7937, 8200])
@@ -172,6 +178,22 @@ async def test_streamed_loads_equal_plain_loads_across_the_real_array_sizes(
         await store.save_checkpoint("t", "s", Checkpoint(n // 3, Message.system("summary"), 1.0))
         windows = [(None, None, None), (1000, None, None), (None, n - 4000, 7), (257, n, n // 2), (n, None, 1)]
         await assert_streamed_equals_plain(store, monkeypatch, REAL_THRESHOLDS, windows)
+
+
+async def test_integers_beyond_64_bits_load_as_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by the property above: an integer orjson reads as a float, at message 200 of a streamed read.
+    log = log_of(300)
+    log[199] = Message.user("x", metadata={"k": -14136784903946279993})
+    log[260] = Message.user("y", metadata={"k": 2**64, "f": 2.0**64})  # equal to its float: compared by type
+    async with SQLiteStore(tmp_path / "w.db") as store:
+        await store.append("t", "s", log)
+        await assert_streamed_equals_plain(store, monkeypatch, REAL_THRESHOLDS, [(None, None, None), (150, None, None)])
+        for page in (await store.load("t", "s"), (await store.load_context("t", "s"))[1],
+                     await plain_load(store, None, None, None)):
+            assert [dumps(m) for m in page.messages] == [dumps(m) for m in log]  # an int written as 1.8e19 differs
+            wide, equal = page.messages[199].metadata, page.messages[260].metadata
+            assert (wide["k"], type(wide["k"]), type(equal["k"]), type(equal["f"])) == (log[199].metadata["k"], int,
+                                                                                         int, float)
 
 
 LOG = log_of(10)

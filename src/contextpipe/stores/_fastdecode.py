@@ -11,13 +11,16 @@ checks both on generated messages):
   function call or one function result, with nothing optional but a source) are built by filling
   look-alike "shells" and then setting their class, without the frozen dataclasses' ``__init__``;
   anything else goes through the plain decoders. They equal ``[loads_stored(t) for t in texts]``;
+- every decoder parses with orjson, and reads a text again with the standard library when orjson may
+  have made an integer beyond 64 bits a float (`contextpipe.codec._decode`): a batch holding such a
+  message is parsed again by the standard library, and built from that;
 - the garbage collector is paused while a batch is built (the messages hold no cycles).
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from types import MappingProxyType
@@ -27,7 +30,10 @@ from ..codec import (
     _ENCODER,
     _ROLES,
     CODEC_VERSION,
+    _decode,
     _fast_loads,
+    _may_hold_rounded_int,
+    _parse_exactly,
     _parse_or_raise,
     _part_from_dict,
     _part_to_dict,
@@ -202,7 +208,7 @@ def _compact_part(p: Any) -> Part:
 
 def loads_stored(text: str | bytes) -> Message:
     """Decode one stored text, written by `dumps` or `dumps_compact`; raises `CodecError` on anything else."""
-    return _from_data(_parse_or_raise(text))
+    return _decode(text, _from_data)
 
 
 def loads_many(texts: Iterable[str | bytes]) -> list[Message]:
@@ -218,14 +224,19 @@ def loads_many(texts: Iterable[str | bytes]) -> list[Message]:
     out: list[Message] = []
     with _gc_paused(len(texts) > 100):
         for start in range(0, len(texts), _BATCH):  # parsed a batch at a time: bounded memory for long logs
+            batch = texts[start:start + _BATCH]
             data: list[Any] = []
             add = data.append
-            for text in texts[start:start + _BATCH]:
+            for text in batch:
                 try:
                     add(_fast_loads(text))
                 except ValueError:
-                    add(_parse_or_raise(text))
-            _build(data, out)
+                    add(_parse_exactly(text))
+            try:
+                _build(data, out)
+            except _RoundedInt:  # rare: the batch parsed again by the standard library, and built from that
+                del out[start:]
+                _build([_parse_exactly(text) for text in batch], out, _from_data)
     return out
 
 
@@ -247,7 +258,11 @@ def loads_arrays(texts: Sequence[str | bytes]) -> list[list[Message]]:
             if type(data) is not list:
                 raise CodecError(f"encoded messages must be a JSON array, got {type(data).__name__}")
             messages: list[Message] = []
-            _build(data, messages)
+            try:
+                _build(data, messages)
+            except _RoundedInt:  # rare: the array parsed again by the standard library, and built from that
+                messages = []
+                _build(_parse_exactly(text), messages, _from_data)
             out.append(messages)
     return out
 
@@ -297,14 +312,28 @@ class _ResultShell:
     __slots__ = tuple(f.name for f in fields(FunctionResult))
 
 
+class _RoundedInt(Exception):
+    """A message of a batch may hold an integer beyond 64 bits that orjson read as a float (see `codec._decode`)."""
+
+
+def _from_parsed(d: Any) -> Message:
+    """Decode `d` (as orjson parsed it) with the plain decoders, raising `_RoundedInt` when it cannot be trusted."""
+    message = _from_data(d)
+    if _may_hold_rounded_int(message):
+        raise _RoundedInt
+    return message
+
+
 # Measured (bench/results/decode.json): a compact log decodes 2.4x faster here than through decode_compact.
-def _build(data: list[Any], out: list[Message]) -> None:
+def _build(data: list[Any], out: list[Message], plain: Callable[[Any], Message] = _from_parsed) -> None:
     """Append the message each decoded value in `data` encodes to `out` (`CodecError` on the first that is not).
 
     The common shapes (one text part, one function call or one function result, with nothing
     optional but a source in the compact form) are built directly, with every check the general
-    decoders make on them; the rest go through those (`decode_compact`, `_from_full`). The compact
-    ones are built in this loop itself, without a function call per message.
+    decoders make on them; the rest go through `plain` (`_from_full` first for the full form). By
+    default that is `_from_parsed`, which raises `_RoundedInt` when orjson's parse of a message cannot
+    be trusted; `data` parsed by the standard library passes `_from_data`. The compact ones are built
+    in this loop itself, without a function call per message.
     """
     append = out.append
     sources = _Sources()
@@ -313,7 +342,7 @@ def _build(data: list[Any], out: list[Message]) -> None:
     result_class, result_shell = FunctionResult, _ResultShell
     for d in data:
         if type(d) is not list or len(d) != 5:  # the full form, or a compact one with more than one part
-            append(_from_full(d))
+            append(_from_full(d, plain))
             continue
         head, message_id, created_at, source_id, only = d
         try:
@@ -346,7 +375,7 @@ def _build(data: list[Any], out: list[Message]) -> None:
                     part.__class__ = result_class
                     flag = 2
         if part is None:
-            append(decode_compact(d))
+            append(plain(d))
             continue
         m: Any = shell()
         m.role = roles[head & 3]
@@ -380,20 +409,23 @@ class _Sources(dict[tuple[type, Any, Any], Any]):
         return source
 
 
-def _from_full(d: Any) -> Message:
-    """Return the message `d` encodes: built directly in the full form with one common part and nothing optional."""
+def _from_full(d: Any, plain: Callable[[Any], Message]) -> Message:
+    """Return the message `d` encodes: built directly in the full form with one common part and nothing optional.
+
+    Any other message is decoded by `plain` (see `_build`).
+    """
     if type(d) is not dict or len(d) != 5:
-        return _from_data(d)
+        return plain(d)
     try:  # five keys, each of them present, is exactly the required ones: nothing optional
         parts, role, message_id, created_at, version = d["parts"], d["role"], d["id"], d["created_at"], d["v"]
     except KeyError:
-        return _from_data(d)
+        return plain(d)
     if not (type(parts) is list and len(parts) == 1 and type(role) is str and type(message_id) is str
             and type(created_at) is float and version is CODEC_VERSION and role in _ROLES):
-        return _from_data(d)
+        return plain(d)
     part = _common_part(parts[0])
     if part is None:
-        return _from_data(d)
+        return plain(d)
     m: Any = _Shell()  # as in `_build`
     m.role, m.parts, m.id, m.author_name, m.created_at = role, (part,), message_id, None, created_at
     m.metadata, m.source, m._tool_flag = EMPTY_METADATA, None, _TOOL_FLAG[part.kind]
