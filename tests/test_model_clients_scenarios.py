@@ -222,14 +222,14 @@ async def test_a_session_started_on_openai_continues_on_claude(fake_openai: Fake
 
 
 async def test_demo_shows_a_cached_token_column_only_when_the_model_reports_cache_use(tmp_path: Any) -> None:
-    from contextpipe.cli._demonstration import _prompt_caching, usage_table
+    from contextpipe.cli._demonstration import _prompt_caching, _Run, usage_table
     from contextpipe.models import Usage
     from contextpipe.stores import SQLiteStore
     from contextpipe.testing import ScriptedModel, Turn
 
     lines: list[str] = []
     async with SQLiteStore(str(tmp_path / "demo.db")) as store:
-        await _prompt_caching(store, lines.append)
+        await _prompt_caching(store, _Run(1), lines.append)
     table = [line.split() for line in lines if line.startswith("      ")]
     assert table[0] == ["call", "input", "cached", "written", "output"]
     rows = [[int(x) for x in row] for row in table[1:]]
