@@ -285,21 +285,31 @@ def test_ctrl_c_at_the_prompt_exits_at_once(tmp_path: Path) -> None:
     assert "Traceback" not in (child.before or "")
 
 
+class HeldReply:
+    """A step of the fake server that answers only when the test says so.
+
+    `asked` is set when the request arrives (the progress signal a test waits for); the reply goes
+    out once `release` is set (the 60 s wait only keeps a broken test from hanging).
+    """
+
+    def __init__(self, reply: FakeReply) -> None:
+        self.asked, self.release, self.reply = threading.Event(), threading.Event(), reply
+
+    def __call__(self, body: dict[str, Any]) -> FakeReply:
+        self.asked.set()
+        self.release.wait(60)
+        return self.reply
+
+
 def test_ctrl_c_during_the_first_model_call_keeps_the_message(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
-    received, release = threading.Event(), threading.Event()
-
-    def hold(body: dict[str, Any]) -> FakeReply:
-        received.set()  # the request reached the model: the progress signal for the Ctrl-C
-        release.wait(60)
-        return FakeReply("too late")
-
+    hold = HeldReply(FakeReply("too late"))  # hold.asked: the request reached the model, the signal for the Ctrl-C
     fake_openai.enqueue(hold, FakeReply("Noted, the blue door."))
     db = tmp_path / "k.db"
     child = spawn(["chat", "--db", str(db), "--session", "k1"], tmp_path, model_env(fake_openai))
     try:
         child.expect("you> ")
         child.sendline("Remember the blue door.")
-        assert received.wait(60)
+        assert hold.asked.wait(60)
         child.sendintr()
         child.expect("interrupted; your message is kept in the session")
         child.expect("you> ")
@@ -310,7 +320,7 @@ def test_ctrl_c_during_the_first_model_call_keeps_the_message(fake_openai: FakeO
         child.expect(pexpect.EOF)
         output = child.before
     finally:
-        release.set()
+        hold.release.set()
         child.close()
     assert child.exitstatus == 0 and "Traceback" not in output
     retried = fake_openai.requests[1]["messages"]
@@ -321,13 +331,7 @@ def test_ctrl_c_during_the_first_model_call_keeps_the_message(fake_openai: FakeO
 
 
 def test_ctrl_c_after_a_tool_ran_keeps_the_stored_steps(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
-    received, release = threading.Event(), threading.Event()
-
-    def hold(body: dict[str, Any]) -> FakeReply:
-        received.set()
-        release.wait(60)
-        return FakeReply("too late")
-
+    hold = HeldReply(FakeReply("too late"))
     fake_openai.enqueue(FakeReply(tool_calls=(("add", '{"a": 20, "b": 22}'),)), hold)
     db = tmp_path / "t.db"
     child = spawn(["chat", "--db", str(db), "--session", "t1", "--mcp", f"{sys.executable} {MCP_SERVER}"], tmp_path,
@@ -335,14 +339,14 @@ def test_ctrl_c_after_a_tool_ran_keeps_the_stored_steps(fake_openai: FakeOpenAIS
     try:
         child.expect("you> ")
         child.sendline("Add 20 and 22.")
-        assert received.wait(60)  # the second model call, after the tool's result
+        assert hold.asked.wait(60)  # the second model call, after the tool's result
         child.sendintr()
         child.expect("interrupted; your message is kept in the session")
         child.expect("you> ")
         child.sendeof()
         child.expect(pexpect.EOF)
     finally:
-        release.set()
+        hold.release.set()
         child.close()
     assert child.exitstatus == 0
     # Per-step persistence stored the first step (input, call, result); the message is not stored twice.
@@ -591,13 +595,7 @@ def test_a_silent_model_shows_that_the_chat_waits_and_the_timeout_names_the_flag
 
 
 def test_the_wait_notice_is_erased_when_the_answer_comes(fake_openai: FakeOpenAIServer, tmp_path: Path) -> None:
-    asked, release = threading.Event(), threading.Event()
-
-    def hold(body: dict[str, Any]) -> FakeReply:
-        asked.set()
-        release.wait(60)
-        return FakeReply("Here I am.")
-
+    hold = HeldReply(FakeReply("Here I am."))
     fake_openai.enqueue(hold)
     child = spawn(["chat", "--db", str(tmp_path / "n.db")], tmp_path, model_env(fake_openai), dimensions=(24, 60))
     child.logfile_read = output = io.StringIO()
@@ -605,14 +603,14 @@ def test_the_wait_notice_is_erased_when_the_answer_comes(fake_openai: FakeOpenAI
         child.expect("you> ")
         child.sendline("Anyone?")
         child.expect_exact("waiting for the model…", timeout=60)
-        release.set()  # the answer comes once the notice is on the screen
+        hold.release.set()  # the answer comes once the notice is on the screen
         child.expect("you> ")
         child.sendeof()
         child.expect(pexpect.EOF)
     finally:
-        release.set()
+        hold.release.set()
         child.close()
-    assert asked.is_set()
+    assert hold.asked.is_set()
     lines = [line.rstrip() for line in screen(output.getvalue()) if line.strip()]
     assert lines[-3:] == ["you> Anyone?", "assistant> Here I am.", "you>"]
 
