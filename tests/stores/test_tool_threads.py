@@ -1,0 +1,246 @@
+"""A sync tool's thread that outlives the wait for it keeps its run's session, and what it returns is recorded.
+
+Every tool here blocks its worker thread on a `threading.Event` the test sets. The run's lease
+heartbeat is driven by hand (`Beats`): each `Beats.renew` lets one real renewal through and returns
+once the heartbeat waits again, or returns False if the run stopped renewing and ended instead. So
+"the run still holds its session while the thread runs" is checked with renewals, not with time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from contextpipe import Agent, Durability, Heartbeat, SessionBusy, tool
+from contextpipe.exchanges import LATE_RESULT_KEY
+from contextpipe.models import ModelRequest
+from contextpipe.providers import History
+from contextpipe.stores import MemoryStore, SessionStore
+from contextpipe.testing import ScriptedModel, tool_call
+from helpers import describe
+
+RENEWALS = 8
+"""Renewals a run must make while its tool's thread runs (a run that gave up the lease stops at the first)."""
+
+
+class Beats:
+    """A heartbeat sleep the test drives: each renewal waits until `renew` lets it through."""
+
+    def __init__(self) -> None:
+        self._gates: asyncio.Queue[asyncio.Future[None]] = asyncio.Queue()
+
+    async def sleep(self, seconds: float) -> None:
+        gate = asyncio.get_running_loop().create_future()
+        self._gates.put_nowait(gate)
+        await gate
+
+    async def renew(self, run: asyncio.Task[object]) -> bool:
+        """Let one renewal through and wait until the heartbeat sleeps again; False if `run` ended instead."""
+        for _ in range(2):  # the gate of the sleep in progress, then the one after the renewal
+            waiting = asyncio.ensure_future(self._gates.get())
+            await asyncio.wait([waiting, run], return_when=asyncio.FIRST_COMPLETED)
+            if run.done() or not waiting.done():
+                waiting.cancel()
+                return False
+            gate = waiting.result()
+            if gate.done():  # the heartbeat was stopped while it slept
+                return False
+            if _ == 0:
+                gate.set_result(None)
+            else:
+                self._gates.put_nowait(gate)  # left for the next renewal
+        return True
+
+
+class Blocked:
+    """A sync tool's body: it blocks its worker thread until the test releases it, and counts who runs."""
+
+    def __init__(self, result: str) -> None:
+        self.result = result
+        self.loop = asyncio.get_running_loop()
+        self.entered = asyncio.Event()
+        self.release = threading.Event()
+        self.calls = 0
+        self.most_at_once = 0
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str:
+        with self._lock:
+            self.calls += 1
+            self._running += 1
+            self.most_at_once = max(self.most_at_once, self._running)
+        self.loop.call_soon_threadsafe(self.entered.set)
+        try:
+            self.release.wait(timeout=120)  # the bound only stops a broken test from hanging the suite
+            return self.result
+        finally:
+            with self._lock:
+                self._running -= 1
+
+
+@pytest.fixture
+def blocked() -> Iterator[list[Blocked]]:
+    """The blocked tools of a test, all released when it ends (so no thread outlives the test)."""
+    made: list[Blocked] = []
+    yield made
+    for b in made:
+        b.release.set()
+
+
+def durability(beats: Beats) -> Durability:
+    return Durability(heartbeat=Heartbeat(sleep=beats.sleep, shared_timer=False))
+
+
+async def assert_busy(agent: Agent, tenant: str) -> None:
+    with pytest.raises(SessionBusy):
+        await agent.run("Anyone there?", session=await agent.session("chat", tenant=tenant))
+
+
+async def test_a_cancelled_run_keeps_its_session_until_its_sync_tool_returns(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("sent")
+    blocked.append(body)
+
+    @tool
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return body()
+
+    beats = Beats()
+    model = ScriptedModel([tool_call("send_email", to="bob@example.com"), "The email went out."])
+    agent = Agent(model, tools=[send_email], providers=[History(store)], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Email Bob.", session=session))
+    await body.entered.wait()
+    run.cancel()
+    for _ in range(RENEWALS):  # the run goes on renewing its lease: the thread still runs
+        assert await beats.renew(run), "the cancelled run gave its session back while its tool's thread ran"
+    await assert_busy(agent, tenant)
+    run.cancel()  # a second cancellation does not end the wait either
+    for _ in range(RENEWALS):
+        assert await beats.renew(run)
+    await assert_busy(agent, tenant)
+
+    body.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    history = await agent.history(session)
+    assert describe(history) == ["user:Email Bob.", "assistant:call:send_email", "tool:result:sent"]
+    result = await agent.run(None, session=await agent.session("chat", tenant=tenant))  # the session is free
+    assert result.text == "The email went out."
+    assert not any("interrupted" in r.result for m in await agent.history(session) for r in m.function_results)
+    assert body.calls == 1
+
+
+async def test_an_idempotent_call_is_never_run_twice_at_once(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("Sunny, 25 C")
+    blocked.append(body)
+
+    @tool(idempotent=True)
+    def get_forecast(city: str) -> str:
+        """Return today's forecast for a city."""
+        return body()
+
+    beats = Beats()
+    model = ScriptedModel([tool_call("get_forecast", city="Suzhou"), "It is sunny."])
+    agent = Agent(model, tools=[get_forecast], providers=[History(store)], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Forecast for Suzhou?", session=session))
+    await body.entered.wait()
+    run.cancel()
+    for _ in range(RENEWALS):
+        assert await beats.renew(run), "the cancelled run gave its session back while its tool's thread ran"
+    # A resumed run waits for the session instead of running the call again beside the first thread.
+    resumed = asyncio.create_task(agent.run(None, session=await agent.session("chat", tenant=tenant), lease_wait=60))
+    for _ in range(RENEWALS):
+        assert await beats.renew(run)
+    assert not resumed.done() and body.calls == 1
+    body.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert (await resumed).text == "It is sunny."
+    assert body.calls == 1 and body.most_at_once == 1  # the first run's result was recorded: not run again
+    assert describe(await agent.history(session)) == [
+        "user:Forecast for Suzhou?", "assistant:call:get_forecast", "tool:result:Sunny, 25 C", "assistant:It is sunny."]
+
+
+async def test_a_timed_out_sync_tool_gets_a_late_result_and_keeps_the_session(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("report ready")
+    blocked.append(body)
+
+    @tool(timeout=0.001)  # the tool blocks until released: the timeout always comes first
+    def build_report() -> str:
+        """Build the monthly report."""
+        return body()
+
+    answered = asyncio.Event()
+
+    def answer(request: ModelRequest) -> str:
+        answered.set()
+        return "The report is still being built."
+
+    beats = Beats()
+    model = ScriptedModel([tool_call("build_report", call_id="call_1"), answer, "Here is the report."])
+    agent = Agent(model, tools=[build_report], providers=[History(store)], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Make the report.", session=session))
+    await answered.wait()  # the model read the timeout error and answered: the run's own work is over
+    for _ in range(RENEWALS):
+        assert await beats.renew(run), "the run gave its session back while its tool's thread ran"
+    await assert_busy(agent, tenant)
+    timeout_error = model.requests[1].messages[-1].function_results[0]
+    assert timeout_error.is_error and "did not finish within 0.001 s; it is still running" in timeout_error.result
+
+    body.release.set()
+    result = await run
+    late = result.messages[-1]
+    assert late.role == "user" and late.metadata == {LATE_RESULT_KEY: "call_1"}
+    assert late.text.endswith("It has finished since and returned:\nreport ready")
+    history = await agent.history(session)
+    assert describe(history)[:4] == ["user:Make the report.", "assistant:call:build_report",
+                                     f"tool:result:{timeout_error.result}",
+                                     "assistant:The report is still being built."]
+    assert history[4].id == late.id and history[4].metadata == {LATE_RESULT_KEY: "call_1"}
+    # The session is free, and the next run's model reads the late result before the new input.
+    assert (await agent.run("Is it ready?", session=session)).text == "Here is the report."
+    assert [m.text for m in model.requests[2].messages][-2:] == [late.text, "Is it ready?"]
+
+
+async def test_a_late_result_that_arrives_during_the_run_is_sent_with_the_next_model_call(
+        tenant: str, blocked: list[Blocked]) -> None:
+    # One worker thread: a job queued after the tool's own runs once the tool has returned, so its end
+    # says the tool's result is in (the in-memory store uses no thread of its own).
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    body = Blocked("report ready")
+    blocked.append(body)
+
+    @tool(timeout=0.001)
+    def build_report() -> str:
+        """Build the monthly report."""
+        return body()
+
+    @tool
+    async def wait_for_report() -> str:
+        """Wait until the report is built."""
+        body.release.set()
+        await asyncio.to_thread(lambda: None)  # queued behind the report's thread: it has returned
+        return "done waiting"
+
+    model = ScriptedModel([tool_call("build_report", call_id="call_1"), tool_call("wait_for_report"),
+                           "Here is the report."])
+    agent = Agent(model, tools=[build_report, wait_for_report], providers=[History(MemoryStore())])
+    session = await agent.session("chat", tenant=tenant)
+    result = await agent.run("Make the report.", session=session)
+    assert result.text == "Here is the report."
+    last_request = model.requests[2].messages
+    assert last_request[-1].metadata == {LATE_RESULT_KEY: "call_1"}  # at the step boundary, before the model call
+    assert describe(await agent.history(session))[-3:] == [
+        "tool:result:done waiting", f"user:{last_request[-1].text}", "assistant:Here is the report."]
