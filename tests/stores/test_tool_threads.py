@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from contextpipe import Agent, Durability, Heartbeat, SessionBusy, tool
+from contextpipe.events import ToolCallFinished
 from contextpipe.exchanges import LATE_RESULT_KEY
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History
@@ -244,3 +245,65 @@ async def test_a_late_result_that_arrives_during_the_run_is_sent_with_the_next_m
     assert last_request[-1].metadata == {LATE_RESULT_KEY: "call_1"}  # at the step boundary, before the model call
     assert describe(await agent.history(session))[-3:] == [
         "tool:result:done waiting", f"user:{last_request[-1].text}", "assistant:Here is the report."]
+
+
+async def test_a_stream_closed_early_waits_for_its_sync_tool_before_it_gives_the_session_back(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("sent")
+    blocked.append(body)
+
+    @tool
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return body()
+
+    @tool
+    async def lookup_address(name: str) -> str:
+        """Return a person's email address."""
+        return "bob@example.com"
+
+    beats = Beats()
+    model = ScriptedModel([tool_call("send_email", to="bob@example.com") + tool_call("lookup_address", name="Bob"),
+                           "Done."])
+    agent = Agent(model, tools=[send_email, lookup_address], providers=[History(store)], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+
+    async def read_until_the_first_result() -> None:
+        async with agent.stream("Email Bob.", session=session) as events:
+            async for event in events:
+                if isinstance(event, ToolCallFinished):
+                    break  # leaving the block closes the stream while send_email's thread runs
+
+    reader = asyncio.create_task(read_until_the_first_result())
+    await body.entered.wait()
+    for _ in range(RENEWALS):
+        assert await beats.renew(reader), "the closed stream gave its session back while its tool's thread ran"
+    await assert_busy(agent, tenant)
+    body.release.set()
+    await reader
+    assert sorted(describe(await agent.history(session))[2:]) == ["tool:result:bob@example.com", "tool:result:sent"]
+
+
+async def test_a_lost_lease_ends_the_wait_for_a_thread_at_once(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("sent")
+    blocked.append(body)
+
+    @tool
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return body()
+
+    beats = Beats()
+    model = ScriptedModel([tool_call("send_email", to="bob@example.com")])
+    agent = Agent(model, tools=[send_email], providers=[History(store)], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Email Bob.", session=session))
+    await body.entered.wait()
+    run.cancel()
+    assert await beats.renew(run)
+    assert await store.delete_session(tenant, "chat")  # an operator deletes the session while the thread runs
+    assert not await beats.renew(run)  # the renewal finds the lease gone: the run stops waiting and ends
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not body.release.is_set() and await store.get_session(tenant, "chat") is None

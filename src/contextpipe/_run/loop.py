@@ -515,11 +515,12 @@ class StepLoop:
                 errors += result.is_error
                 if threads := self._threads:
                     threads.answering(call, message)
-                if self.want_events:
-                    yield ToolCallFinished(call, result)
+                # Saved before it is announced: a reader that stops at the announcement loses nothing.
                 persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
                 if threads:
                     threads.saved(call)
+                if self.want_events:
+                    yield ToolCallFinished(call, result)
                 if persisted is not None:
                     yield persisted
         finally:
