@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from contextpipe import Agent, Durability, Heartbeat, SessionBusy, tool
+from contextpipe import Agent, Durability, FunctionCall, Heartbeat, Message, SessionBusy, tool
 from contextpipe.events import ToolCallFinished
 from contextpipe.exchanges import LATE_RESULT_KEY
 from contextpipe.models import ModelRequest
@@ -307,3 +307,42 @@ async def test_a_lost_lease_ends_the_wait_for_a_thread_at_once(
     with pytest.raises(asyncio.CancelledError):
         await run
     assert not body.release.is_set() and await store.get_session(tenant, "chat") is None
+
+
+async def test_a_repair_cancelled_while_it_runs_a_call_again_records_the_threads_result(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("Sunny, 25 C")
+    blocked.append(body)
+
+    @tool(idempotent=True)
+    def get_forecast(city: str) -> str:
+        """Return today's forecast for a city."""
+        return body()
+
+    @tool(idempotent=True)
+    def get_time(city: str) -> str:
+        """Return the local time in a city."""
+        return "09:00"
+
+    # A log a crashed worker left: two calls to idempotent tools, no results.
+    calls = Message("assistant", (FunctionCall("c1", "get_forecast", '{"city": "Suzhou"}'),
+                                  FunctionCall("c2", "get_time", '{"city": "Suzhou"}')))
+    session_store = await store.load_or_create(tenant, "chat")
+    await store.append(tenant, "chat", [Message.user("Weather and time in Suzhou?"), calls])
+    beats = Beats()
+    model = ScriptedModel(["Sunny, 25 C at 09:00."])
+    agent = Agent(model, tools=[get_forecast, get_time], providers=[History(store)], durability=durability(beats))
+    run = asyncio.create_task(agent.run(None, session=session_store))
+    await body.entered.wait()  # the repair runs c1 again
+    run.cancel()
+    for _ in range(RENEWALS):
+        assert await beats.renew(run), "the cancelled repair gave its session back while its tool's thread ran"
+    body.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert describe(await agent.history(session_store)) == [
+        "user:Weather and time in Suzhou?", "assistant:call:get_forecast,get_time", "tool:result:Sunny, 25 C"]
+    result = await agent.run(None, session=await agent.session("chat", tenant=tenant))  # c2 is run again, not c1
+    assert result.text == "Sunny, 25 C at 09:00." and body.calls == 1
+    assert describe(await agent.history(session_store))[2:] == [
+        "tool:result:Sunny, 25 C", "tool:result:09:00", "assistant:Sunny, 25 C at 09:00."]

@@ -81,8 +81,12 @@ class RunThreads:
         return [(k.call, _result(k)) for k in done]
 
     def unsaved(self) -> list[Message]:
-        """Return the answers built but perhaps not saved (their save was cut): saving them again is idempotent."""
-        return [k.answer for k in self._kept if k.answer is not None and not k.saved]
+        """Return the answers built but perhaps not saved (their save was cut): saving them again is idempotent.
+
+        Each message comes once, though it may answer several calls (the repair of an interrupted run).
+        """
+        answers = {k.answer.id: k.answer for k in self._kept if k.answer is not None and not k.saved}
+        return list(answers.values())
 
     def finish(self) -> tuple[list[tuple[FunctionCall, FunctionResult]], list[tuple[FunctionCall, FunctionResult]]]:
         """Once every thread is done: return the unanswered calls with their results, and the late results."""
