@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,7 +20,8 @@ from contextpipe.events import ToolCallFinished
 from contextpipe.exchanges import LATE_RESULT_KEY
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History
-from contextpipe.stores import MemoryStore, SessionStore
+from contextpipe.session import Session
+from contextpipe.stores import Lease, MemoryStore, SessionStore
 from contextpipe.testing import ScriptedModel, tool_call
 from helpers import describe
 
@@ -346,3 +347,92 @@ async def test_a_repair_cancelled_while_it_runs_a_call_again_records_the_threads
     assert result.text == "Sunny, 25 C at 09:00." and body.calls == 1
     assert describe(await agent.history(session_store))[2:] == [
         "tool:result:Sunny, 25 C", "tool:result:09:00", "assistant:Sunny, 25 C at 09:00."]
+
+
+class SignallingHistory(History):
+    """History that tells the test each time it saved a tool message."""
+
+    def __init__(self, store: SessionStore) -> None:
+        super().__init__(store)
+        self.saved_results: asyncio.Queue[str] = asyncio.Queue()
+
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
+        await super().save(session, messages, lease=lease, durable=durable)
+        for m in messages:
+            for r in m.function_results:
+                self.saved_results.put_nowait(r.call_id)
+
+
+async def test_a_cancelled_step_answers_the_calls_it_stopped_when_a_late_result_must_follow_them(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("report ready")
+    blocked.append(body)
+
+    @tool(timeout=0.001)
+    def build_report() -> str:
+        """Build the monthly report."""
+        return body()
+
+    @tool
+    async def notify_team(text: str) -> str:
+        """Tell the team."""
+        await asyncio.Event().wait()  # never finishes: the run is cancelled while it waits
+        return "told"
+
+    beats = Beats()
+    history = SignallingHistory(store)
+    model = ScriptedModel([tool_call("build_report", call_id="call_1") + tool_call("notify_team", text="soon",
+                                                                                   call_id="call_2"),
+                           "The report is ready."])
+    agent = Agent(model, tools=[build_report, notify_team], providers=[history], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Make the report and tell the team.", session=session))
+    assert await history.saved_results.get() == "call_1"  # the timeout error; notify_team still runs
+    run.cancel()
+    for _ in range(RENEWALS):
+        assert await beats.renew(run), "the cancelled run gave its session back while its tool's thread ran"
+    body.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    stored = await agent.history(session)
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "tool", "user"]
+    stopped = stored[3].function_results[0]
+    assert stopped.call_id == "call_2" and stopped.is_error and "was stopped before it finished" in stopped.result
+    assert stored[4].metadata == {LATE_RESULT_KEY: "call_1"}
+    result = await agent.run(None, session=await agent.session("chat", tenant=tenant))
+    assert result.text == "The report is ready."
+    assert not [c for t in result.traces for c in t.changes if c.action == "repaired_log"]  # nothing to repair
+
+
+async def test_a_parallel_result_that_finished_as_the_run_was_cancelled_is_kept(
+        store: SessionStore, tenant: str, blocked: list[Blocked]) -> None:
+    body = Blocked("sent")
+    blocked.append(body)
+
+    @tool
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return body()
+
+    quick_done = asyncio.Event()
+
+    @tool
+    async def log_request(text: str) -> str:
+        """Write the request to the audit log."""
+        quick_done.set()
+        return "logged"
+
+    beats = Beats()
+    model = ScriptedModel([tool_call("send_email", to="bob@example.com") + tool_call("log_request", text="email"),
+                           "Done."])
+    agent = Agent(model, tools=[send_email, log_request], providers=[History(store)], durability=durability(beats))
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Email Bob.", session=session))
+    await body.entered.wait()
+    await quick_done.wait()
+    run.cancel()  # log_request's task may be done while its result is not taken yet: it is kept all the same
+    body.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert sorted(describe(await agent.history(session))[2:]) == ["tool:result:logged", "tool:result:sent"]

@@ -118,6 +118,15 @@ def _interrupted(call: FunctionCall) -> FunctionResult:
     )
 
 
+def _stopped(call: FunctionCall) -> FunctionResult:
+    return FunctionResult(
+        call.call_id,
+        f"Error: the call to {call.name!r} was stopped before it finished: its run was cancelled (or failed) while "
+        "it ran. It was not run again. Check its effect before retrying.",
+        is_error=True,
+    )
+
+
 async def execute_tool(tools: dict[str, Tool], call: FunctionCall, threads: RunThreads | None = None) -> FunctionResult:
     """Run one call with the tool it names; an unknown name becomes an error result for the model.
 
@@ -322,6 +331,10 @@ class StepLoop:
         messages = threads.unsaved()  # answers whose save was cut: saved again (appends are idempotent by id)
         unanswered, late = threads.finish()
         messages.extend(self._add_tool_message([call], [result]) for call, result in unanswered)
+        if late and (stopped := unanswered_calls(self._tail)):
+            # Calls of the step the run cancelled (async tools) would come before the late results with
+            # no answer: they are answered as what they were, instead of leaving the log to repair.
+            messages.append(self._add_tool_message(stopped, [_stopped(c) for c in stopped]))
         messages.extend(self._add_late(late))
         try:
             _, cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
@@ -507,26 +520,65 @@ class StepLoop:
         # One call (the common case) is awaited directly: no task, no concurrency to arrange.
         tasks = [self._execute(c) for c in calls] if len(calls) > 1 else []
         errors = 0
+        answered: set[str] = set()
+        saving: Message | None = None  # the result being saved, if a save is in progress
         try:
             for arrival in asyncio.as_completed(tasks) if tasks else [self._call_tool(calls[0])]:
                 result = await self.writer.guard(arrival)
                 call = by_id[result.call_id]
-                message = self._add_tool_message([call], [result])
+                answered.add(call.call_id)
+                message = saving = self._add_tool_message([call], [result])
                 errors += result.is_error
                 if threads := self._threads:
                     threads.answering(call, message)
                 # Saved before it is announced: a reader that stops at the announcement loses nothing.
                 persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
+                saving = None
                 if threads:
                     threads.saved(call)
                 if self.want_events:
                     yield ToolCallFinished(call, result)
                 if persisted is not None:
                     yield persisted
+        except BaseException as exc:
+            for task in tasks:
+                task.cancel()
+            await self._keep_finished(tasks, by_id, answered, saving, exc)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
         self.state.error_steps = self.state.error_steps + 1 if errors == len(calls) else 0
+
+    async def _keep_finished(self, tasks: Sequence[asyncio.Future[FunctionResult]], by_id: dict[str, FunctionCall],
+                             answered: set[str], saving: Message | None, error: BaseException) -> None:
+        """Save the results of a tool step cut short that exist already, so no call that completed is lost.
+
+        That is the result whose save was cut (saved again: appends are idempotent by id) and those
+        of parallel calls that finished before the loop took their result. Calls still running are
+        cancelled; a sync tool's thread among them is waited for by `_settle`.
+        """
+        if self.writer.lost is not None:
+            return
+        messages = [] if saving is None else [saving]
+        finished = [task.result() for task in tasks if task.done() and not task.cancelled()
+                    and task.exception() is None and task.result().call_id not in answered]
+        for result in finished:
+            call = by_id[result.call_id]
+            messages.append(message := self._add_tool_message([call], [result]))
+            if self._threads:
+                self._threads.answering(call, message)
+        if not messages:
+            return
+        try:
+            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+        except Exception as exc:
+            error.add_note(f"the results of calls that finished as the run stopped could not be saved: "
+                           f"{type(exc).__name__}: {exc}")
+            return
+        for result in finished:
+            if self._threads:
+                self._threads.saved(by_id[result.call_id])
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """Return the messages to save and the calls to run.
