@@ -30,10 +30,23 @@ RENEWALS = 8
 
 
 class Beats:
-    """A heartbeat sleep the test drives: each renewal waits until `renew` lets it through."""
+    """A heartbeat sleep the test drives: each renewal waits until `renew` lets it through.
 
-    def __init__(self) -> None:
+    `watch` counts the store's renewals, so `renew` tells a lease really renewed from a beat that
+    renewed nothing.
+    """
+
+    def __init__(self, store: SessionStore) -> None:
         self._gates: asyncio.Queue[asyncio.Future[None]] = asyncio.Queue()
+        self.renewals = 0
+        renew_lease = store.renew_lease
+
+        async def counted(lease: Lease) -> Lease:
+            renewed = await renew_lease(lease)
+            self.renewals += 1
+            return renewed
+
+        store.renew_lease = counted  # type: ignore[method-assign]
 
     async def sleep(self, seconds: float) -> None:
         gate = asyncio.get_running_loop().create_future()
@@ -41,7 +54,11 @@ class Beats:
         await gate
 
     async def renew(self, run: asyncio.Task[object]) -> bool:
-        """Let one renewal through and wait until the heartbeat sleeps again; False if `run` ended instead."""
+        """Let one renewal through and wait until the heartbeat sleeps again; False if `run` ended instead.
+
+        False too if the heartbeat went round without renewing the lease.
+        """
+        before = self.renewals
         for _ in range(2):  # the gate of the sleep in progress, then the one after the renewal
             waiting = asyncio.ensure_future(self._gates.get())
             await asyncio.wait([waiting, run], return_when=asyncio.FIRST_COMPLETED)
@@ -55,7 +72,7 @@ class Beats:
                 gate.set_result(None)
             else:
                 self._gates.put_nowait(gate)  # left for the next renewal
-        return True
+        return self.renewals > before
 
 
 class Blocked:
@@ -113,7 +130,7 @@ async def test_a_cancelled_run_keeps_its_session_until_its_sync_tool_returns(
         """Send an email."""
         return body()
 
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel([tool_call("send_email", to="bob@example.com"), "The email went out."])
     agent = Agent(model, tools=[send_email], providers=[History(store)], durability=durability(beats))
     session = await agent.session("chat", tenant=tenant)
@@ -149,7 +166,7 @@ async def test_an_idempotent_call_is_never_run_twice_at_once(
         """Return today's forecast for a city."""
         return body()
 
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel([tool_call("get_forecast", city="Suzhou"), "It is sunny."])
     agent = Agent(model, tools=[get_forecast], providers=[History(store)], durability=durability(beats))
     session = await agent.session("chat", tenant=tenant)
@@ -188,7 +205,7 @@ async def test_a_timed_out_sync_tool_gets_a_late_result_and_keeps_the_session(
         answered.set()
         return "The report is still being built."
 
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel([tool_call("build_report", call_id="call_1"), answer, "Here is the report."])
     agent = Agent(model, tools=[build_report], providers=[History(store)], durability=durability(beats))
     session = await agent.session("chat", tenant=tenant)
@@ -263,7 +280,7 @@ async def test_a_stream_closed_early_waits_for_its_sync_tool_before_it_gives_the
         """Return a person's email address."""
         return "bob@example.com"
 
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel([tool_call("send_email", to="bob@example.com") + tool_call("lookup_address", name="Bob"),
                            "Done."])
     agent = Agent(model, tools=[send_email, lookup_address], providers=[History(store)], durability=durability(beats))
@@ -295,7 +312,7 @@ async def test_a_lost_lease_ends_the_wait_for_a_thread_at_once(
         """Send an email."""
         return body()
 
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel([tool_call("send_email", to="bob@example.com")])
     agent = Agent(model, tools=[send_email], providers=[History(store)], durability=durability(beats))
     session = await agent.session("chat", tenant=tenant)
@@ -330,7 +347,7 @@ async def test_a_repair_cancelled_while_it_runs_a_call_again_records_the_threads
                                   FunctionCall("c2", "get_time", '{"city": "Suzhou"}')))
     session_store = await store.load_or_create(tenant, "chat")
     await store.append(tenant, "chat", [Message.user("Weather and time in Suzhou?"), calls])
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel(["Sunny, 25 C at 09:00."])
     agent = Agent(model, tools=[get_forecast, get_time], providers=[History(store)], durability=durability(beats))
     run = asyncio.create_task(agent.run(None, session=session_store))
@@ -380,7 +397,7 @@ async def test_a_cancelled_step_answers_the_calls_it_stopped_when_a_late_result_
         await asyncio.Event().wait()  # never finishes: the run is cancelled while it waits
         return "told"
 
-    beats = Beats()
+    beats = Beats(store)
     history = SignallingHistory(store)
     model = ScriptedModel([tool_call("build_report", call_id="call_1") + tool_call("notify_team", text="soon",
                                                                                    call_id="call_2"),
@@ -423,7 +440,7 @@ async def test_a_parallel_result_that_finished_as_the_run_was_cancelled_is_kept(
         quick_done.set()
         return "logged"
 
-    beats = Beats()
+    beats = Beats(store)
     model = ScriptedModel([tool_call("send_email", to="bob@example.com") + tool_call("log_request", text="email"),
                            "Done."])
     agent = Agent(model, tools=[send_email, log_request], providers=[History(store)], durability=durability(beats))

@@ -337,7 +337,7 @@ class StepLoop:
             messages.append(self._add_tool_message(stopped, [_stopped(c) for c in stopped]))
         messages.extend(self._add_late(late))
         try:
-            _, cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
         except Exception as exc:
             if error is None:
                 raise

@@ -25,8 +25,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..messages import FunctionResult
+
 if TYPE_CHECKING:
-    from ..messages import FunctionCall, FunctionResult, Message
+    from ..messages import FunctionCall, Message
     from ..tools import ToolThread
 
 __all__ = ["RunThreads", "wait_through_cancellation"]
@@ -115,8 +117,6 @@ class RunThreads:
 
 
 def _result(kept: _Kept) -> FunctionResult:
-    from ..messages import FunctionResult
-
     outcome = kept.thread.outcome
     call = kept.call
     if outcome.cancelled():
@@ -130,8 +130,8 @@ def _result(kept: _Kept) -> FunctionResult:
     return FunctionResult(call.call_id, value.result, value.is_error, value.parts)
 
 
-async def wait_through_cancellation(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
-    """Run `awaitable` to its end even if the waiting task is cancelled; return its result and whether it was."""
+async def wait_through_cancellation(awaitable: Awaitable[Any]) -> bool:
+    """Run `awaitable` to its end even if the waiting task is cancelled (its error is raised); return whether it was."""
     task = asyncio.ensure_future(awaitable)
     cancelled = False
     while not task.done():
@@ -139,4 +139,5 @@ async def wait_through_cancellation(awaitable: Awaitable[Any]) -> tuple[Any, boo
             await asyncio.wait([task])
         except asyncio.CancelledError:
             cancelled = True
-    return task.result(), cancelled
+    task.result()
+    return cancelled
