@@ -345,7 +345,7 @@ class StepLoop:
                            f"saved: {type(exc).__name__}: {exc}")
             return
         if (cancelled or cut) and error is None:
-            raise asyncio.CancelledError
+            raise asyncio.CancelledError  # the cancellation the wait deferred (the run's own error goes on as it is)
 
     def _add_late(self, late: Sequence[tuple[FunctionCall, FunctionResult]]) -> list[Message]:
         """Add the late results of calls answered with a timeout error to the run's messages; return them."""

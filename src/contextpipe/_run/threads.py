@@ -100,20 +100,34 @@ class RunThreads:
     async def wait(self, guard: Guard) -> bool:
         """Wait until every kept thread has finished, whatever cancels the wait; return whether something did.
 
-        `guard` is the run's (`StepWriter.guard`): a lost lease ends the wait with `LeaseLost`.
+        `guard` is the run's (`StepWriter.guard`): a lost lease ends the wait with `LeaseLost`. The
+        task defers its cancellations meanwhile, and says so (`Task.uncancel`): nothing, the lease's
+        heartbeat included, takes it for a task being cancelled while it waits on purpose. The caller
+        raises `CancelledError` again once the threads are done.
         """
+        task = asyncio.current_task()
+        cancelled = _defer_cancellation(task)
         pending = [k.thread.outcome for k in self._kept if not k.thread.outcome.done()]
-        cancelled = False
         while pending:
             waiter = asyncio.ensure_future(asyncio.wait(pending))  # cancelling it leaves the threads' futures be
             try:
                 await guard(waiter)
             except asyncio.CancelledError:
                 cancelled = True  # the thread still runs: keep the session until it is done
+                _defer_cancellation(task)
             finally:
                 waiter.cancel()
             pending = [f for f in pending if not f.done()]
         return cancelled
+
+
+def _defer_cancellation(task: asyncio.Task[Any] | None) -> bool:
+    """Withdraw `task`'s pending cancellation requests (to raise `CancelledError` later); return whether it had any."""
+    if task is None or not task.cancelling():
+        return False
+    while task.cancelling():
+        task.uncancel()
+    return True
 
 
 def _result(kept: _Kept) -> FunctionResult:
@@ -132,12 +146,14 @@ def _result(kept: _Kept) -> FunctionResult:
 
 async def wait_through_cancellation(awaitable: Awaitable[Any]) -> bool:
     """Run `awaitable` to its end even if the waiting task is cancelled (its error is raised); return whether it was."""
+    current = asyncio.current_task()
+    cancelled = _defer_cancellation(current)
     task = asyncio.ensure_future(awaitable)
-    cancelled = False
     while not task.done():
         try:
             await asyncio.wait([task])
         except asyncio.CancelledError:
             cancelled = True
+            _defer_cancellation(current)
     task.result()
     return cancelled
