@@ -29,11 +29,10 @@ ends only once every such thread has finished and what it produced is saved, wha
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
@@ -63,6 +62,7 @@ from ..models.base import (
 )
 from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
+from .calls import execute_tool, interrupted, stopped_with_run
 from .invariants import check_messages
 from .threads import RunThreads, wait_through_cancellation
 
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from ..tools import Tool, ToolSpec
     from .writer import StepWriter
 
-__all__ = ["ModelStep", "StepLoop", "Stop", "execute_tool"]
+__all__ = ["ModelStep", "StepLoop", "Stop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,38 +107,6 @@ class LoopState:
     stop_reason: StopReason = "completed"
     steps: int = 0
     error_steps: int = 0
-
-
-def _interrupted(call: FunctionCall) -> FunctionResult:
-    return FunctionResult(
-        call.call_id,
-        f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped); "
-        "it was not run again because the tool is not marked idempotent. Check its effect before retrying.",
-        is_error=True,
-    )
-
-
-def _stopped(call: FunctionCall) -> FunctionResult:
-    return FunctionResult(
-        call.call_id,
-        f"Error: the call to {call.name!r} was stopped before it finished: its run was cancelled (or failed) while "
-        "it ran. It was not run again. Check its effect before retrying.",
-        is_error=True,
-    )
-
-
-async def execute_tool(tools: dict[str, Tool], call: FunctionCall, threads: RunThreads | None = None) -> FunctionResult:
-    """Run one call with the tool it names; an unknown name becomes an error result for the model.
-
-    A sync tool's worker thread is handed to `threads` (when given), which keeps it if the wait for it ends early.
-    """
-    tool = tools.get(call.name)
-    if tool is None:
-        names = ", ".join(sorted(tools)) or "none"
-        return FunctionResult(
-            call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
-    outcome = await tool._invoke(call.arguments, None if threads is None else functools.partial(threads.started, call))
-    return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
 
 
 def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
@@ -277,15 +245,14 @@ class StepLoop:
         call is a plain await, so a run that wants no events builds no generator per step. However
         the loop ends, it first waits for the tool threads still running (`_settle`).
         """
-        try:
+        async with self._settling():
             if open_end := self._prepare():  # only a log that may end in open calls: no generator otherwise
                 async with aclosing(self._answer_interrupted(open_end)) as repair:
                     async for event in repair:
                         yield event
             while True:
-                if (self._threads and (late := self._threads.late())
-                        and (persisted := await self._save(self.state.steps, self._add_late(late))) is not None):
-                    yield persisted
+                if (late := await self._save_late()) is not None:
+                    yield late
                 request = self._request()
                 started, ratio = time.perf_counter(), self.ctx.tokens.ratio
                 response: ModelResponse | None = None
@@ -304,12 +271,24 @@ class StepLoop:
                 if self._stop is not None:
                     self.state.stop_reason = self._stop.reason
                     break
+
+    @asynccontextmanager
+    async def _settling(self) -> AsyncIterator[None]:
+        """Around the loop: however it ends, wait for the tool threads still running first (`_settle`)."""
+        try:
+            yield
         except BaseException as exc:
             if self._threads:
                 await self._settle(exc)
             raise
         if self._threads:
             await self._settle(None)
+
+    async def _save_late(self) -> StepPersisted | None:
+        """Add and save the late results that came since the last step (a step boundary); return the event."""
+        if not self._threads or not (late := self._threads.late()):
+            return None
+        return await self._save(self.state.steps, self._add_late(late))
 
     async def _settle(self, error: BaseException | None) -> None:
         """Wait for the tool threads still running, then save what they produced (`contextpipe._run.threads`).
@@ -334,7 +313,7 @@ class StepLoop:
         if late and (stopped := unanswered_calls(self._tail)):
             # Calls of the step the run cancelled (async tools) would come before the late results with
             # no answer: they are answered as what they were, instead of leaving the log to repair.
-            messages.append(self._add_tool_message(stopped, [_stopped(c) for c in stopped]))
+            messages.append(self._add_tool_message(stopped, [stopped_with_run(c) for c in stopped]))
         messages.extend(self._add_late(late))
         try:
             cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
@@ -402,17 +381,16 @@ class StepLoop:
                 if self.want_events:
                     yield ToolCallFinished(call, result)
             else:
-                result = _interrupted(call)
+                result = interrupted(call)
             results.append(result)
         message = tool_message(pending, results).with_source(_REPAIR)
         self._parts.insert(self._head, Segment(_REPAIR, [message], _tagged=[message]))
         self.state.new_messages.append(message)
-        threads = self._threads
-        for call in pending if threads else ():
-            threads.answering(call, message)
+        for call in pending:
+            self._threads.answering(call, message)
         saved = await self.writer.save_step(self.ctx, [message], with_request=False)
-        for call in pending if threads else ():
-            threads.saved(call)
+        for call in pending:
+            self._threads.saved(call)
         if self.want_events and saved:
             yield StepPersisted(0, saved)
 
@@ -529,20 +507,16 @@ class StepLoop:
                 answered.add(call.call_id)
                 message = saving = self._add_tool_message([call], [result])
                 errors += result.is_error
-                if threads := self._threads:
-                    threads.answering(call, message)
+                self._threads.answering(call, message)
                 # Saved before it is announced: a reader that stops at the announcement loses nothing.
                 persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
                 saving = None
-                if threads:
-                    threads.saved(call)
+                self._threads.saved(call)
                 if self.want_events:
                     yield ToolCallFinished(call, result)
                 if persisted is not None:
                     yield persisted
         except BaseException as exc:
-            for task in tasks:
-                task.cancel()
             await self._keep_finished(tasks, by_id, answered, saving, exc)
             raise
         finally:
@@ -558,6 +532,8 @@ class StepLoop:
         of parallel calls that finished before the loop took their result. Calls still running are
         cancelled; a sync tool's thread among them is waited for by `_settle`.
         """
+        for task in tasks:
+            task.cancel()
         if self.writer.lost is not None:
             return
         messages = [] if saving is None else [saving]
@@ -566,8 +542,7 @@ class StepLoop:
         for result in finished:
             call = by_id[result.call_id]
             messages.append(message := self._add_tool_message([call], [result]))
-            if self._threads:
-                self._threads.answering(call, message)
+            self._threads.answering(call, message)
         if not messages:
             return
         try:
@@ -577,8 +552,7 @@ class StepLoop:
                            f"{type(exc).__name__}: {exc}")
             return
         for result in finished:
-            if self._threads:
-                self._threads.saved(by_id[result.call_id])
+            self._threads.saved(by_id[result.call_id])
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """Return the messages to save and the calls to run.

@@ -63,12 +63,14 @@ class RunThreads:
 
     def answering(self, call: FunctionCall, message: Message) -> None:
         """Note that `message` answers `call` and is being saved (a timeout error, or the thread's own result)."""
-        for kept in self._kept:
+        for kept in self._kept:  # a handful at most: most runs keep none
             if kept.call is call:
                 kept.answer = message
 
     def saved(self, call: FunctionCall) -> None:
         """Forget `call`'s thread once its answer is saved, unless a late result is still to come."""
+        if not self._kept:
+            return
         for kept in self._kept:
             if kept.call is call:
                 kept.saved = True
