@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter, external_input
+from .message import MessageContext, MessageProvider
 
 if TYPE_CHECKING:
     from .compaction import Compaction
@@ -29,7 +30,9 @@ __all__ = [
     "HttpServer",
     "LoadedHistory",
     "McpTools",
+    "MessageContext",
     "MessageFilter",
+    "MessageProvider",
     "ScriptRequest",
     "SearchResult",
     "SemanticMemory",
