@@ -86,8 +86,8 @@ class MessageProvider(ContextProvider):
 
         `messages` pass `input_filter` first; a message with no source counts as the caller's input
         (as in the seeds, where an untagged message is External). Only the added messages are
-        returned, not `messages`: put them where they belong in your request (from model middleware,
-        before the caller's input, as a run does).
+        returned, not `messages`: put them where they belong in your request (a run puts a
+        provider's messages before the caller's input).
         """
         given = [m if m.source is not None else m.with_source(INPUT) for m in messages]
         context = MessageContext((self.input_filter or external_input)(given), session, agent)
