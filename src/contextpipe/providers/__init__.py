@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter, external_input
-from .message import MessageContext, MessageProvider
 
 if TYPE_CHECKING:
     from .compaction import Compaction
@@ -18,6 +17,7 @@ if TYPE_CHECKING:
     from .history import History
     from .mcp import HttpServer, McpTools, StdioServer
     from .memory import SemanticMemory
+    from .message import MessageContext, MessageProvider
     from .search import SearchResult, TextSearch
     from .skills import ScriptRequest, Skill, SkillProblem, Skills
 
@@ -50,6 +50,7 @@ __getattr__ = lazy_exports(__name__, {
     "FactMemory": ".facts",
     "History": ".history",
     **dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"),
+    "MessageContext": ".message", "MessageProvider": ".message",
     "SemanticMemory": ".memory",
     "SearchResult": ".search", "TextSearch": ".search",
     **dict.fromkeys(("ScriptRequest", "Skill", "SkillProblem", "Skills"), ".skills"),
