@@ -112,6 +112,24 @@ async def test_semantic_memory_searches_and_stores_what_its_filters_choose(
     assert "I made a blue bowl in pottery class." in recalled.text and "heron" not in recalled.text
 
 
+async def test_semantic_memory_keeps_what_its_store_filters_left_out_out_of_later_runs_too(
+        backend: tuple[SessionStore, VectorStore]) -> None:
+    """Seed 004: the store filters "exclude messages" from what is stored. A message they left out comes
+    back as loaded history in the session's next run, where the turns just before the new ones are
+    indexed again for the context windows: it must not be stored then either, nor shown as a neighbour."""
+    store, vectors = backend
+    memory = SemanticMemory(vectors, HashEmbedder(), collection="filters_later", names_lookup=False,
+                            store_request_filter=not_containing("secret"),
+                            store_response_filter=not_containing("secret"))
+    agent = Agent(ScriptedModel(["The secret word is heron.", "Nice bowl."]), providers=[History(store), memory])
+    session = await agent.session("filters-memory-later")
+    await agent.run([Message.user("Keep this secret: heron."), Message.user("I made a bowl.")], session=session)
+    await agent.run("Thanks", session=session)
+    hits = await vectors.search("filters_later", text="secret heron bowl thanks", k=10)
+    assert {h.text for h in hits} == {"I made a bowl.", "Nice bowl.", "Thanks"}
+    assert not any("heron" in str(h.metadata.get(side)) for h in hits for side in ("before", "after"))
+
+
 async def test_semantic_memory_input_filter_can_widen_the_query_to_loaded_history(
         backend: tuple[SessionStore, VectorStore]) -> None:
     """Seed 004: the default input filter keeps "only the messages passed to the agent by the caller",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..errors import UsageError
-from ..messages import Message
+from ..messages import INPUT, Message, Source
 from ..session import Session, user_id
 from ..vectors.base import (
     EMBEDDER_KEY,
@@ -34,7 +34,7 @@ from ..vectors.base import (
     embed_query,
     keyword_terms,
 )
-from .base import ContextProvider, MessageFilter
+from .base import ContextProvider, MessageFilter, external_input
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
@@ -329,7 +329,25 @@ class SemanticMemory(ContextProvider):
         earlier = [m for m in context if m.role in self.roles and m.text.strip() and not m.metadata.get("memory")
                    and (m.source is None or m.source.kind in ("history", "input", "model")) and m.id not in stored]
         reach = self.window + self.window_after
-        await self.remember([*request, *response], session, before=earlier[-reach:] if reach else ())
+        before = self._kept_earlier(earlier[-reach:]) if reach else ()
+        await self.remember([*request, *response], session, before=before)
+
+    def _kept_earlier(self, earlier: Sequence[Message]) -> list[Message]:
+        """Return the earlier turns the store filters let through when they were a run's own messages.
+
+        A turn a filter kept out of memory comes back as loaded history in the session's next runs;
+        `remember` indexes the turns just before the new ones again and puts their text in the new
+        ones' windows, so the filters are asked again, each turn tagged as it was in its own run (the
+        user's as the caller's input, the others as model output).
+        """
+        if self.store_request_filter is None and self.store_response_filter is None:
+            return list(earlier)
+        asked = [m.with_source(INPUT) for m in earlier if m.role == "user"]
+        answered: Sequence[Message] = [m.with_source(Source("model")) for m in earlier if m.role != "user"]
+        if self.store_response_filter is not None:
+            answered = self.store_response_filter(answered)
+        kept = {m.id for m in (self.store_request_filter or external_input)(asked)} | {m.id for m in answered}
+        return [m for m in earlier if m.id in kept]
 
     async def remember(self, messages: Sequence[Message], session: Session, *,
                        before: Sequence[Message] = ()) -> int:
