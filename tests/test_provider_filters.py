@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from contextpipe import Agent, Message, UsageError
+from contextpipe import Agent, Message, UsageError, tool
 from contextpipe.providers import (
     Compaction,
     FactMemory,
@@ -30,7 +30,7 @@ from contextpipe.providers import (
     external_input,
 )
 from contextpipe.stores import MemoryStore, SessionStore, SQLiteStore
-from contextpipe.testing import ScriptedModel
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 from contextpipe.vectors import HashEmbedder, MemoryVectorStore, VectorStore
 
 
@@ -165,6 +165,36 @@ async def test_fact_memory_looks_up_and_extracts_from_what_its_filters_choose(
     assert embedder.queries[0] == "I eat vegetarian food only."  # the look-up before the run
     turns = extractor.requests[0].messages[0].text.split("New turns:\n", 1)[1]
     assert turns == "user: I eat vegetarian food only."
+
+
+async def test_fact_memory_extracts_from_every_assistant_message_with_text_unless_filtered(
+        backend: tuple[SessionStore, VectorStore]) -> None:
+    """Seed 004's `StoreMemoriesAsync(filteredRequestMessages.Concat(context.ResponseMessages))`: by default
+    every response message is learned from, so what the model wrote next to a tool call goes to extraction
+    along with its final answer (tool results do not: they have no user or assistant text); a
+    `store_response_filter` keeping the last assistant message extracts from the final answer only."""
+    store, vectors = backend
+
+    @tool
+    def diet_of(user: str) -> str:
+        """Return the diet a user chose."""
+        return "vegetarian"
+
+    def final_answer(messages: Sequence[Message]) -> list[Message]:
+        return [m for m in messages if m.role == "assistant" and m.text][-1:]
+
+    for name, response_filter in (("every", None), ("final", final_answer)):
+        extractor = ScriptedModel(['{"add": [], "update": [], "delete": []}'])
+        facts = FactMemory(extractor, vectors, HashEmbedder(), collection=f"filters_turns_{name}",
+                           store_response_filter=response_filter)
+        model = ScriptedModel([Turn("Let me check.") + tool_call("diet_of", user="me"), "You are vegetarian."])
+        agent = Agent(model, tools=[diet_of], providers=[History(store), facts])
+        session = await agent.session(f"filters-facts-turns-{name}")
+        session.state["user_id"] = "filters-bo"
+        await agent.run("What is my diet?", session=session)
+        turns = extractor.requests[0].messages[0].text.split("New turns:\n", 1)[1]
+        said = "assistant: Let me check.\n" if response_filter is None else ""
+        assert turns == f"user: What is my diet?\n{said}assistant: You are vegetarian."
 
 
 async def test_text_search_queries_with_what_its_input_filter_chooses(
