@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, T
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, StoreError, UsageError
+from ..errors import ConcurrentUpdate, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
@@ -272,9 +272,18 @@ class SQLiteStore(SessionStore):
         **kwargs: P.kwargs,
     ) -> T:
         """Do ``fn(conn, key, row, now, ...)`` in one write transaction (on the store's thread)."""
-        with self._transaction(conn, durable=durable):
-            now = self._clock()
-            return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
+        try:
+            with self._transaction(conn, durable=durable):
+                now = self._clock()
+                return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
+        except SessionBusy:
+            # The refused write's transaction was rolled back, and with it the bound it put on the held
+            # lease: keep the bound, or a writer retrying without a lease would wait out a clock step.
+            with self._transaction(conn, durable=False):
+                row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
+                if row is not None:
+                    self._held_lease_expiry(conn, key, row, self._clock())
+            raise
 
     @staticmethod
     def _touch(conn: sqlite3.Connection, key: SessionKey, now: float) -> None:
