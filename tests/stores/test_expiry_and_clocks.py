@@ -297,18 +297,29 @@ async def test_a_dead_holder_blocks_at_most_one_ttl_whatever_the_clock_steps(
 
 async def test_a_sqlite_file_of_the_earlier_schema_is_read_and_upgraded_when_written(tmp_path: Path) -> None:
     path = tmp_path / "v3.db"
-    async with SQLiteStore(path) as store:
+    clock = StepClock()
+    async with SQLiteStore(path, clock=clock) as store:
         await store.append("t", "s", msgs("a"))
+        old = await store.acquire_lease("t", "held", "earlier-run", ttl=600)  # a lease the earlier release took
+        await store.append("t", "held", msgs("x"), lease=old)
     with sqlite3.connect(path) as conn:  # as the earlier release wrote it
         conn.execute("ALTER TABLE cp_sessions DROP COLUMN lease_ttl")
         conn.execute("UPDATE cp_meta SET value = '3' WHERE key = 'schema_version'")
     async with SQLiteStore(path, read_only=True) as reader:
         assert await texts(reader, "t", "s") == ["a"]
-    async with SQLiteStore(path) as writer:
+    async with SQLiteStore(path, clock=clock) as writer:
         lease = await writer.acquire_lease("t", "s", "run", ttl=15)
         await writer.append("t", "s", msgs("b"), lease=lease)
         assert await texts(writer, "t", "s") == ["a", "b"]
+        # The earlier release's lease has no ttl: it is never bounded by one it did not have, and it still writes.
+        clock.step(-3600)
+        for _ in range(3):
+            assert await writer.try_acquire_lease("t", "held", "next", ttl=15) is None
+            clock.elapse(30)
+        await writer.append("t", "held", msgs("y"), lease=old)
+        assert await texts(writer, "t", "held") == ["x", "y"]
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT value FROM cp_meta WHERE key = 'schema_version'").fetchone() == (
             str(sqlite_module.SQLITE_SCHEMA_VERSION),)
-        assert conn.execute("SELECT lease_ttl FROM cp_sessions").fetchone() == (15.0,)
+        assert conn.execute("SELECT session_id, lease_ttl FROM cp_sessions ORDER BY session_id").fetchall() == [
+            ("held", 0.0), ("s", 15.0)]

@@ -20,9 +20,10 @@ SQLITE_SCHEMA_VERSION: Final = 4
 
 3 stores messages in the compact form (`contextpipe.stores._fastdecode.dumps_compact`); 4 adds each lease's
 ttl (``lease_ttl``), which bounds a lease however the clock moved. A file of version 3 is read as it is and
-upgraded in place when opened for writing (one added column; an older contextpipe then refuses the file
-and says to upgrade, so no process writes leases without their ttl). A file of another version is refused
-with a `StoreError` saying what to do; nothing in it is changed.
+upgraded in place when opened for writing (one added column; an older contextpipe then refuses to open the
+file and says to upgrade, but one that already had it open goes on writing leases without their ttl, which
+may leave another lease's ttl on them: the guide says to stop those processes first). A file of another
+version is refused with a `StoreError` saying what to do; nothing in it is changed.
 """
 
 _UPGRADABLE_VERSION: Final = 3
