@@ -259,6 +259,9 @@ class SessionBusy(StoreError):
 class LeaseLost(StoreError):
     """The run's lease no longer holds (taken over, or its session is gone); the store refused its write."""
 
+    gone: bool = False
+    """Whether the session no longer exists (deleted, or expired after the lease lapsed), not taken over."""
+
     @classmethod
     def taken_over(cls, backend: str, key: _Key, token: int, current: int | None = None) -> Self:
         """Say that the lease with fencing `token` expired and another run took the session (now `current`)."""
@@ -279,8 +282,10 @@ class LeaseLost(StoreError):
                     "the session's TTL passed and the session was deleted (or it was deleted after the lapse)")
         else:
             what = "was deleted while this run held its lease"
-        return cls(f"{_named(key)} {what}; the run (lease token {token}) stopped and nothing more is written to it",
-                   backend=backend, tenant=key.tenant, session_id=key.id)
+        error = cls(f"{_named(key)} {what}; the run (lease token {token}) stopped and nothing more is written to it",
+                    backend=backend, tenant=key.tenant, session_id=key.id)
+        error.gone = True
+        return error
 
 
 class ConcurrentUpdate(StoreError):
