@@ -193,6 +193,8 @@ async def test_a_session_that_expired_after_its_lease_lapsed_says_it_expired(sto
         if await store.get_session(tenant, "s") is None:
             break
         await elapse(store, 0.005)
+    else:
+        pytest.fail("the session outlived its 2 ms lease by 5 s")
     await store.purge_expired()
     for refused in (store.renew_lease(lease), store.append(tenant, "s", msgs("b"), lease=lease)):
         with pytest.raises(LeaseLost, match="expired: this run's lease lapsed") as info:
