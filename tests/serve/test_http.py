@@ -204,6 +204,23 @@ async def test_a_second_run_on_a_busy_session_gets_409_or_waits() -> None:
         assert texts == ["first", "reply 1 to first", "patient", "reply 2 to patient"]
 
 
+async def test_a_run_whose_session_is_deleted_meanwhile_gets_410() -> None:
+    model = GateModel(gated=True)
+    app = make_app(MemoryStore(), model)
+    async with client(app) as c:
+        await c.post("/v1/sessions", json={"id": "s1"}, headers=auth())
+        running = asyncio.create_task(run(c, "s1", "first"))
+        await model.entered.wait()
+        assert (await c.delete("/v1/sessions/s1", headers=auth())).status_code == 204
+        model.release.set()
+        gone = await running
+        assert gone.status_code == 410  # not 409 with Retry-After: retrying cannot help
+        assert "retry-after" not in gone.headers
+        assert gone.json()["error"]["type"] == "LeaseLost"
+        assert "was deleted while this run held its lease" in gone.json()["error"]["message"]
+        assert (await c.get("/v1/sessions/s1", headers=auth())).status_code == 404
+
+
 async def stream_until_started(base: str, model: GateModel) -> None:
     """Open a streamed run, wait until the model is called, then drop the connection."""
     async with httpx.AsyncClient(base_url=base) as c, c.stream(
