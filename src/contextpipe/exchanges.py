@@ -8,7 +8,10 @@ bounded history page drops results cut off from their calls with `drop_leading_o
 clients decide which messages carry results with `carries_results`.
 
 A call whose result came after the call was answered (a sync tool that outlived its timeout) gets
-a `late_result`: a plain message after the exchange, never a second result for the same call.
+a `late_result`: a plain message after the exchange, never a second result for the same call. It
+has the ``user`` role (every model API takes one there) but is no user turn: `group_messages`
+does not count it as one, and the memory providers do not learn it as the user's words
+(`is_late_result`).
 
 Parallel calls may be answered by several ``tool`` messages, one per result, saved as each result
 is produced: they still form one exchange, in any order, as long as no other message comes between.
@@ -39,6 +42,7 @@ __all__ = [
     "drop_leading_orphans",
     "exchange_problem",
     "group_messages",
+    "is_late_result",
     "late_result",
     "normalise_calls",
     "repair_exchanges",
@@ -125,8 +129,11 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
 
 
 def _plain_kind(message: Message, is_summary: Callable[[Message], bool] | None) -> GroupKind:
-    if is_summary is not None and message.metadata and is_summary(message):
-        return "summary"
+    if message.metadata:
+        if is_summary is not None and is_summary(message):
+            return "summary"
+        if LATE_RESULT_KEY in message.metadata:
+            return "assistant"  # a tool's output, not a user turn: never counted or pinned as one
     role = message.role
     return "system" if role == "system" else "user" if role == "user" else "assistant"
 
@@ -273,6 +280,17 @@ def late_result(call: FunctionCall, result: FunctionResult) -> Message:
     text += result.result
     return Message("user", (TextPart(text), *result.parts), metadata={LATE_RESULT_KEY: call.call_id},
                    source=Source("tool", call.name))
+
+
+def is_late_result(message: Message) -> bool:
+    """Tell whether `message` is a tool's `late_result` (a ``user`` message that is a tool's output, not the user's).
+
+    >>> is_late_result(late_result(FunctionCall("c1", "build_report", "{}"), FunctionResult("c1", "ready")))
+    True
+    >>> is_late_result(Message.user("ready"))
+    False
+    """
+    return LATE_RESULT_KEY in message.metadata
 
 
 def normalise_calls(messages: Sequence[Message], seen: set[str] | None = None) -> tuple[list[Message], list[str]]:

@@ -17,12 +17,13 @@ import pytest
 
 from contextpipe import Agent, Durability, FunctionCall, Heartbeat, Message, SessionBusy, tool
 from contextpipe.events import ToolCallFinished
-from contextpipe.exchanges import LATE_RESULT_KEY
+from contextpipe.exchanges import LATE_RESULT_KEY, group_messages, is_late_result
 from contextpipe.models import ModelRequest
-from contextpipe.providers import History
+from contextpipe.providers import FactMemory, History, SemanticMemory
 from contextpipe.session import Session
 from contextpipe.stores import Lease, MemoryStore, SessionStore
 from contextpipe.testing import ScriptedModel, tool_call
+from contextpipe.vectors import HashEmbedder, MemoryVectorStore
 from helpers import describe
 
 RENEWALS = 8
@@ -453,3 +454,43 @@ async def test_a_parallel_result_that_finished_as_the_run_was_cancelled_is_kept(
     with pytest.raises(asyncio.CancelledError):
         await run
     assert sorted(describe(await agent.history(session))[2:]) == ["tool:result:logged", "tool:result:sent"]
+
+
+async def test_a_late_result_is_a_tools_output_not_the_users_words(tenant: str, blocked: list[Blocked]) -> None:
+    """A late result has the ``user`` role (any model API takes it there), but memory must not learn it as
+    what the user said, and compaction must not count it as a user turn (nor pin it as the latest one)."""
+    body = Blocked("report ready: 42 pages")
+    blocked.append(body)
+
+    @tool(timeout=0.001)
+    def build_report() -> str:
+        """Build the monthly report."""
+        return body()
+
+    def answer(request: ModelRequest) -> str:
+        body.release.set()  # the thread returns after the model's answer: its late result ends the run
+        return "The report is still being built."
+
+    vectors = MemoryVectorStore()
+    memory = SemanticMemory(vectors, HashEmbedder(), collection="late_memory", names_lookup=False)
+    extractor = ScriptedModel(['{"add": [], "update": [], "delete": []}'] * 2)
+    facts = FactMemory(extractor, MemoryVectorStore(), HashEmbedder(), collection="late_facts")
+    model = ScriptedModel([tool_call("build_report", call_id="call_1"), answer, "It has 42 pages."])
+    agent = Agent(model, tools=[build_report], providers=[History(MemoryStore()), memory, facts])
+    session = await agent.session("chat", tenant=tenant)
+    session.state["user_id"] = "late-maya"
+    result = await agent.run("Make the report.", session=session)
+    assert result.messages[-1].metadata == {LATE_RESULT_KEY: "call_1"}
+    await agent.run("How long is it?", session=session)  # the late result is loaded history now
+
+    remembered = await vectors.search("late_memory", text="report pages ready late result", k=10)
+    assert {h.text for h in remembered} == {"Make the report.", "The report is still being built.",
+                                            "How long is it?", "It has 42 pages."}
+    assert not any("Late result" in str(h.metadata.get(side)) for h in remembered for side in ("before", "after"))
+    learned = [r.messages[0].text.split("New turns:\n", 1)[1] for r in extractor.requests]
+    assert learned and not any("Late result" in turns for turns in learned)
+
+    history = await agent.history(session)
+    groups = group_messages(history)
+    assert [g.kind for g in groups if g.kind == "user"] == ["user", "user"]  # the two questions only
+    assert groups[[g.start for g in groups].index(4)].kind != "user" and is_late_result(history[4])
