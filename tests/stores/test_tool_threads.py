@@ -494,3 +494,31 @@ async def test_a_late_result_is_a_tools_output_not_the_users_words(tenant: str, 
     groups = group_messages(history)
     assert [g.kind for g in groups if g.kind == "user"] == ["user", "user"]  # the two questions only
     assert groups[[g.start for g in groups].index(4)].kind != "user" and is_late_result(history[4])
+
+
+async def test_a_cancelled_repair_stops_the_async_call_it_runs_again(store: SessionStore, tenant: str) -> None:
+    """Only a sync tool's thread outlives its run: an idempotent async call that a repair runs again is
+    cancelled with the run, so nothing of the run goes on once it has ended."""
+    entered, stopped = asyncio.Event(), asyncio.Event()
+
+    @tool(idempotent=True)
+    async def get_forecast(city: str) -> str:
+        """Return today's forecast for a city."""
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+        return "Sunny"
+
+    calls = Message("assistant", (FunctionCall("c1", "get_forecast", '{"city": "Suzhou"}'),))
+    session = await store.load_or_create(tenant, "chat")
+    await store.append(tenant, "chat", [Message.user("Weather in Suzhou?"), calls])
+    agent = Agent(ScriptedModel(["Sunny."]), tools=[get_forecast], providers=[History(store)])
+    run = asyncio.create_task(agent.run(None, session=session))
+    await entered.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert stopped.is_set()  # the call was cancelled with the run, not left running in the background
+    assert describe(await agent.history(session)) == ["user:Weather in Suzhou?", "assistant:call:get_forecast"]
