@@ -86,7 +86,7 @@ def decode_checkpoint(backend: str, key: SessionKey, body: str | bytes) -> Check
     try:
         data = json.loads(body)
         return Checkpoint(int(data["seq"]), loads_stored(json.dumps(data["summary"])), float(data["created_at"]))
-    except (ValueError, KeyError, TypeError, CodecError) as exc:
+    except (ValueError, KeyError, TypeError, CodecError, RecursionError) as exc:  # (nested too deeply: RecursionError)
         raise CorruptRecord.unreadable(backend, key, "a checkpoint", exc) from exc
 
 
@@ -94,7 +94,7 @@ def decode_object(backend: str, key: SessionKey, body: str | bytes, what: str) -
     """Decode a stored JSON object (`what`: "the state", "a trace"), or raise `CorruptRecord`."""
     try:
         value = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested too deeply: RecursionError)
         value = exc
     if not isinstance(value, dict):
         raise CorruptRecord.unreadable(backend, key, what, value)
