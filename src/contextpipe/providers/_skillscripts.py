@@ -1,7 +1,8 @@
 """Running an approved skill script (POSIX): what ``run_skill_script`` does once the application said yes.
 
-The script runs from the file descriptor `Skills` opened before asking for approval, so a file
-swapped on disk afterwards is not what runs; in its own process group (killed whole on timeout);
+The script runs from the file descriptor `Skills` opened in its private copy of the skill's folder,
+taken before asking for approval, so a file rewritten or swapped on disk afterwards is not what
+runs; in its own process group (killed whole on timeout);
 with a minimal environment (``PATH``, ``LANG`` plus the skill's `script_env`: no API keys); and
 with its output (stdout and stderr together) capped while it streams.
 """
