@@ -66,12 +66,13 @@ class OpenedFile:
     store is no longer usable.
     """
 
-    __slots__ = ("_identity", "_lost", "path")
+    __slots__ = ("_absolute", "_identity", "_lost", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path
         """The path the file was opened by."""
-        self._identity = _identity(path)
+        self._absolute = os.path.abspath(path)  # (SQLite resolved a relative path once, at open: so does this)
+        self._identity = _identity(self._absolute)
         self._lost: str | None = None
 
     @property
@@ -83,7 +84,7 @@ class OpenedFile:
         """Raise `StoreError` unless the file at the path is still the one opened (``stat`` it)."""
         if self._lost is None:
             try:
-                now = _identity(self.path)
+                now = _identity(self._absolute)
             except FileNotFoundError:
                 self._lost = "was deleted or moved away"
             except OSError as exc:

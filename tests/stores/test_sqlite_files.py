@@ -229,6 +229,18 @@ async def test_a_store_that_has_not_written_yet_opens_whatever_is_at_the_path(tm
         await store.close()
 
 
+async def test_a_relative_path_stays_the_file_opened_when_the_working_directory_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    async with SQLiteStore("agent.db") as store:
+        await store.append("default", "s1", [Message.user("one")])
+        monkeypatch.chdir(tmp_path / "b")  # "agent.db" now names nothing: the store's file is still there
+        await store.append("default", "s1", [Message.user("two")])
+        assert [m.text for m in (await store.load("default", "s1")).messages] == ["one", "two"]
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced", "moved"])
 async def test_a_vector_file_taken_away_fails_the_next_upsert_and_delete(tmp_path: Path, how: str) -> None:
     path = tmp_path / "agent.db"
