@@ -215,7 +215,7 @@ class SQLiteVectorStore(VectorStore):
         if self._file is not None:
             self._file.refuse()
 
-    def _committed(self) -> None:
+    def _check_file(self) -> None:
         """Before and after each commit: the file at the path must still be the one opened, or the write is refused."""
         if self._file is not None:
             self._file.check()
@@ -281,12 +281,12 @@ class SQLiteVectorStore(VectorStore):
             return False
         try:
             logged = self._insert(conn, collection, prepared, dims, cached if current else None)
-            self._committed()  # (checked before the commit too: a write into a file taken away is rolled back)
+            self._check_file()  # (and after the commit: a write into a file taken away is rolled back here)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-        self._committed()
+        self._check_file()
         self._checkpoint_when_due(conn, len(prepared), calling_thread)
         if cached is None:
             return True
@@ -431,12 +431,12 @@ class SQLiteVectorStore(VectorStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 n = conn.execute(f"DELETE FROM cp_vectors WHERE {' AND '.join(clauses)}", params).rowcount
-                self._committed()
+                self._check_file()
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-            self._committed()
+            self._check_file()
             self._checkpoint_when_due(conn, n, calling_thread=False)
             if collection in self._cache:
                 self._indexes.sync(conn, collection)
