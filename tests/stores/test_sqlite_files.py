@@ -9,9 +9,11 @@ from typing import Literal
 
 import pytest
 
-from contextpipe import CorruptRecord, FunctionCall, Message, Session, StoreError
+from contextpipe import Agent, CorruptRecord, FunctionCall, Message, Session, StoreError, tool
+from contextpipe.providers import History
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import sqlite as sqlite_module
+from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.vectors import SQLiteVectorStore, VectorRecord
 
 from .backends import FakeClock
@@ -261,3 +263,21 @@ async def test_a_vector_file_taken_away_fails_the_next_upsert_and_delete(tmp_pat
         await vectors.close()
     index_dir = tmp_path / "agent.db.vectors"  # its indexes are not saved beside the file now at the path
     assert (list(index_dir.iterdir()) if index_dir.exists() else []) == []
+
+
+async def test_a_run_whose_database_file_is_deleted_mid_run_stops_at_its_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "agent.db"
+
+    @tool
+    def clean_up() -> str:
+        """Delete the database file, as a cleanup script might while a run goes on."""
+        path.unlink()
+        return "cleaned"
+
+    model = ScriptedModel([tool_call("clean_up"), "finished"])
+    async with SQLiteStore(path) as store:
+        agent = Agent(model, tools=[clean_up], providers=[History(store)])
+        session = await agent.session("s1")
+        with pytest.raises(StoreError, match="deleted or moved away"):
+            await agent.run("go", session=session)
+    assert len(model.requests) == 1  # the tool's result could not be kept: no model call was made after it
