@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -539,24 +538,8 @@ class Skills(ContextProvider):
         """
         assert skill.path is not None
         os.close(self._open(skill, rel))
-        parts = files.check_relative(rel)
-        private = Path(tempfile.mkdtemp(prefix="contextpipe-skill-"))
-        try:
-            try:
-                dir_fd = files.open_dir(skill.path.parent, skill.path.name, follow=self.follow_symlinks)
-                with files.opened(dir_fd):
-                    copy = files.snapshot(dir_fd, private / skill.path.name, max_bytes=self.max_script_folder_bytes)
-            except OSError as exc:
-                raise files.Refused(f"Error: the folder of skill {skill.name!r} could not be copied to run its "
-                                    f"script ({exc.strerror}).") from None
-            if "/".join(parts) not in copy.digests:  # (taken away, or swapped for a link, since it was opened)
-                raise files.Missing("missing")
-            copied = files.open_dir(private, skill.path.name)
-            with files.opened(copied):
-                return copy, files.open_file(copied, parts)
-        except BaseException:
-            shutil.rmtree(private, ignore_errors=True)
-            raise
+        return scripts.copy_for_run(skill.path, rel, follow_symlinks=self.follow_symlinks,
+                                    max_bytes=self.max_script_folder_bytes)
 
     def _listing(self, skill: Skill) -> str:
         if skill.path is None:
