@@ -284,6 +284,9 @@ class Skills(ContextProvider):
     their output (stdout and stderr, at most `max_output_bytes`) goes back to the model. Each run
     copies the skill's folder first (at most `max_script_folder_bytes`, 2,000 files) and runs the
     copy, whose digests the approval is asked with.
+
+    It takes none of the seeds' message filters: it lists every skill whatever the request says,
+    and stores nothing, so a filter would have nothing to choose.
     """
 
     kind = "skills"
