@@ -68,10 +68,10 @@ class OpenedFile:
 
     __slots__ = ("_absolute", "_identity", "_lost", "path")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, file: str) -> None:
         self.path = path
-        """The path the file was opened by."""
-        self._absolute = os.path.abspath(path)  # (SQLite resolved a relative path once, at open: so does this)
+        """The path the file was opened by (as the store was given it: what errors name)."""
+        self._absolute = file  # the absolute file name SQLite opened (a relative path resolved once, at open)
         self._identity = _identity(self._absolute)
         self._lost: str | None = None
 
@@ -111,8 +111,11 @@ def _identity(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def opened_file(path: str) -> OpenedFile | None:
-    """Return the `OpenedFile` of a database just opened at `path` (None for an in-memory database)."""
-    if path in ("", ":memory:"):
-        return None
-    return OpenedFile(path)
+def opened_file(conn: sqlite3.Connection, path: str) -> OpenedFile | None:
+    """Return the `OpenedFile` of the database `conn` just opened by `path` (None when it has no file).
+
+    The file is the one SQLite names (``PRAGMA database_list``): an absolute path, also for a ``file:``
+    URI, and none for an in-memory or temporary database (``:memory:``, ``file::memory:?cache=shared``).
+    """
+    file = conn.execute("PRAGMA database_list").fetchone()[2]
+    return OpenedFile(path, file) if file else None

@@ -281,3 +281,27 @@ async def test_a_run_whose_database_file_is_deleted_mid_run_stops_at_its_next_wr
         with pytest.raises(StoreError, match="deleted or moved away"):
             await agent.run("go", session=session)
     assert len(model.requests) == 1  # the tool's result could not be kept: no model call was made after it
+
+
+@pytest.mark.parametrize("name", ["file::memory:", "file::memory:?cache=shared", ":memory:"])
+async def test_an_in_memory_database_named_by_a_uri_has_no_file_to_lose(name: str) -> None:
+    # (SQLite reads such names as URIs: there is no file at a path "file::memory:" to check)
+    async with SQLiteStore(name) as store:
+        await store.append("default", "s1", [Message.user("kept", id="k")])
+        assert [m.id for m in (await store.load("default", "s1")).messages] == ["k"]
+    vectors = SQLiteVectorStore(name)
+    try:
+        await vectors.upsert("docs", [VectorRecord("a", [1.0, 0.0], "first")])
+        assert [h.id for h in await vectors.vector_search("docs", [1.0, 0.0], k=1)] == ["a"]
+    finally:
+        await vectors.close()
+
+
+async def test_a_file_opened_by_a_uri_is_checked_like_one_opened_by_its_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with SQLiteStore("file:agent.db?mode=rwc") as store:
+        await store.append("default", "s1", [Message.user("one")])
+        (tmp_path / "agent.db").unlink()
+        with pytest.raises(StoreError, match="deleted or moved away"):
+            await store.append("default", "s1", [Message.user("two")])

@@ -166,7 +166,7 @@ class SQLiteStore(SessionStore):
         if self._conn is None:
             conn = open_for_writing(self.path, self._busy_ms, self._synchronous, self.allow_other_tables)
             try:
-                self._file = opened_file(self.path)
+                self._file = opened_file(conn, self.path)
                 with self._transaction(conn, durable=True):
                     create_tables(conn, self.path)
             except BaseException:

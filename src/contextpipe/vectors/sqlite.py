@@ -201,7 +201,7 @@ class SQLiteVectorStore(VectorStore):
                 conn.close()
                 raise
             conn.execute("COMMIT")
-            self._file = opened_file(self.path)
+            self._file = opened_file(conn, self.path)
             self._conn = conn
         return self._conn
 
