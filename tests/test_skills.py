@@ -439,6 +439,17 @@ async def test_approvals_remembered_by_digest_are_asked_again_after_any_change(t
     assert len(person) == 2 and person[0].digest == person[1].digest
 
 
+async def test_files_a_script_writes_into_its_folder_are_named_to_the_model_not_lost_silently(tmp_path: Path) -> None:
+    write_skill(tmp_path, "tool", "name: tool\ndescription: Writes a report.", files={
+        "scripts/helper.py": "WORD = 'done'\n",  # (imported: Python's __pycache__ beside it is not named)
+        "scripts/run.py": "from helper import WORD\nopen('report.md', 'w').write(WORD)\nprint(WORD)\n"})
+    skills = Skills(tmp_path, allow_scripts=True, approve=lambda r: True, script_timeout=20)
+    outcome = await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    assert outcome.result.startswith("exit code 0\ndone\n") and not outcome.is_error
+    assert "wrote 1 file(s) into its skill's folder (report.md)" in outcome.result and "gone" in outcome.result
+    assert not (tmp_path / "tool" / "report.md").exists()
+
+
 async def test_a_skill_folder_too_big_to_copy_is_refused_before_the_approval(tmp_path: Path) -> None:
     write_skill(tmp_path, "big", "name: big\ndescription: Holds data.",
                 files={"scripts/run.py": "print('ran')\n", "data/blob.txt": "x" * 5000})

@@ -23,7 +23,7 @@ from typing import Final
 from ..tools import ToolOutcome
 from . import _skillfiles as files
 
-__all__ = ["copy_for_run", "environment", "run_script"]
+__all__ = ["copy_for_run", "environment", "note_files_left", "run_script"]
 
 
 def copy_for_run(folder: Path, rel: str, *, follow_symlinks: bool, max_bytes: int) -> tuple[files.Snapshot, int]:
@@ -52,6 +52,26 @@ def copy_for_run(folder: Path, rel: str, *, follow_symlinks: bool, max_bytes: in
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
         raise
+
+
+def note_files_left(outcome: ToolOutcome, copy: files.Snapshot) -> ToolOutcome:
+    """Return `outcome`, telling the model of the files the script wrote into its copy (removed after the run).
+
+    A script that writes its results into its own folder writes them into the private copy, which
+    is removed when the run ends: such files are named, so that their loss is never silent.
+    (``__pycache__`` folders, which Python writes beside the modules a script imports, are left out.)
+    """
+    left: list[str] = []
+    for top, dirs, names in os.walk(copy.root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = Path(top).relative_to(copy.root)
+        left += sorted(p for p in (str(rel / n) if rel.parts else n for n in names) if p not in copy.digests)
+    if not left:
+        return outcome
+    shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+    return ToolOutcome(f"{outcome.result}\n[the script wrote {len(left)} file(s) into its skill's folder ({shown}); "
+                       "a script runs in a private copy of that folder, removed after the run, so they are gone: "
+                       "have it write where an argument says]", outcome.is_error, outcome.parts)
 
 
 def environment(extra: Mapping[str, str]) -> dict[str, str]:

@@ -508,8 +508,10 @@ class Skills(ContextProvider):
                 if not decision:
                     return ToolOutcome(f"Error: running {rel!r} of skill {skill.name!r} was not approved.",
                                        is_error=True)
-                return await scripts.run_script(copy.root, rel, fd, argv, env=scripts.environment(self.script_env),
-                                                time_limit=self.script_timeout, max_output_bytes=self.max_output_bytes)
+                outcome = await scripts.run_script(copy.root, rel, fd, argv, env=scripts.environment(self.script_env),
+                                                   time_limit=self.script_timeout,
+                                                   max_output_bytes=self.max_output_bytes)
+                return await asyncio.to_thread(scripts.note_files_left, outcome, copy)
             finally:
                 os.close(fd)
                 shutil.rmtree(copy.root.parent, ignore_errors=True)
