@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -349,6 +350,19 @@ async def test_a_row_nested_too_deeply_is_a_corrupt_record_not_a_recursion_error
             await load()
         assert (info.value.session_id, info.value.sequence) == ("s", 2)
     assert texts((await store.load(tenant, "s", limit=1)).messages) == ["c"]
+
+
+async def test_a_message_nested_too_deeply_to_store_is_a_usage_error_and_the_session_goes_on(
+        durable_store: SessionStore, tenant: str) -> None:
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    store = durable_store
+    await store.append(tenant, "s", msgs("a"))
+    with pytest.raises(UsageError, match="message 'deep' cannot be stored: its metadata or parts nest too deeply"):
+        await store.append(tenant, "s", [Message.user("x", id="deep", metadata={"k": deep})])
+    await store.append(tenant, "s", msgs("b"))
+    assert texts((await store.load(tenant, "s")).messages) == ["a", "b"]
 
 
 async def test_load_context_is_latest_checkpoint_plus_tail(store: SessionStore, tenant: str) -> None:

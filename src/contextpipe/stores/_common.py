@@ -60,8 +60,14 @@ def encode_message(message: Message, *, compact: bool = False) -> str:
     """Encode a message to store: in the full form, or in the compact one (`dumps_compact`).
 
     The compact form only goes to a backend whose schema version says so; every decoder reads both.
+    A message whose metadata or parts nest past Python's recursion limit is a `UsageError`.
     """
-    return storable(dumps_compact(message) if compact else dumps(message))
+    try:
+        return storable(dumps_compact(message) if compact else dumps(message))
+    except RecursionError:
+        raise UsageError(f"message {shorten(message.id)} cannot be stored: its metadata or parts nest too deeply "
+                         "to encode as JSON; keep them under 1,000 levels (nested data a model or a tool "
+                         "produced belongs in a part's text, as JSON text)") from None
 
 
 def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
