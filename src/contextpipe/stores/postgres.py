@@ -81,7 +81,8 @@ class PostgresStore(SessionStore):
     `StoreError` naming the server, and saying whether the server did not answer or every pooled
     connection stayed busy. The store's own pool has the server stop a statement at 0.9x
     `command_timeout` (a wait for a lock at 0.8x), so that a statement that is slow or blocked fails
-    with the server's reason. Errors the driver reports carry its own text. `keepalive` (seconds of
+    with the server's reason (a pooler such as PgBouncer, or a server, that refuses these settings
+    gets connections without them). Errors the driver reports carry its own text. `keepalive` (seconds of
     silence before TCP keepalive probes) lets the OS notice a dead peer on idle connections.
     """
 
@@ -132,10 +133,15 @@ class PostgresStore(SessionStore):
         if self._pool is None:
             asyncpg = _import_asyncpg()
             try:
-                self._pool = await asyncpg.create_pool(
-                    self._dsn, min_size=self._sizes[0], max_size=self._sizes[1], timeout=self._connect_timeout,
-                    command_timeout=self.answer_timeout, init=self._init_connection,
-                    server_settings=self._server_timeouts())
+                try:
+                    self._pool = await self._create_pool(asyncpg, self._server_timeouts())
+                except asyncpg.PostgresError as exc:
+                    if "parameter" not in str(exc):
+                        raise
+                    # A pooler in between (PgBouncer refuses unknown startup parameters by default)
+                    # or the server itself refused the timeouts: connect without them; the client's
+                    # command_timeout still bounds every call.
+                    self._pool = await self._create_pool(asyncpg, {})
             except TimeoutError as exc:
                 raise StoreError.unreachable(self.backend, self._server, self._connect_timeout, "connecting") from exc
             except (OSError, asyncpg.PostgresError) as exc:
@@ -145,6 +151,11 @@ class PostgresStore(SessionStore):
             await self._migrate(self._pool)
             self._ready = True
         return self._pool
+
+    async def _create_pool(self, asyncpg: Any, server_settings: dict[str, str]) -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            self._dsn, min_size=self._sizes[0], max_size=self._sizes[1], timeout=self._connect_timeout,
+            command_timeout=self.answer_timeout, init=self._init_connection, server_settings=server_settings)
 
     def _server_timeouts(self) -> dict[str, str]:
         """Have the server stop a statement, or its wait for a lock, a little before the client gives up on it.
