@@ -122,15 +122,17 @@ async def test_a_session_row_locked_past_the_command_timeout_says_so_in_the_serv
         await store.close()
 
 
-async def test_a_server_or_pooler_refusing_the_timeout_settings_still_connects(tables: str) -> None:
+@pytest.mark.parametrize("min_size", [1, 0])
+async def test_a_server_or_pooler_refusing_the_timeout_settings_still_connects(tables: str, min_size: int) -> None:
     """PgBouncer refuses startup parameters it does not know by default; the store then connects without
-    its server-side timeouts instead of failing (here the real server refuses a made-up one)."""
+    its server-side timeouts instead of failing (here the real server refuses a made-up one), also with
+    a pool that opens no connection up front."""
 
     class Refused(PostgresStore):
         def _server_timeouts(self) -> dict[str, str]:
             return {"no_such_timeout_cp": "1"}
 
-    store = Refused(dsn(), prefix=tables, connect_timeout=10)
+    store = Refused(dsn(), prefix=tables, connect_timeout=10, min_size=min_size)
     try:
         await store.append("t", "s", [Message.user("still stored")])
         assert [m.text for m in (await store.load("t", "s")).messages] == ["still stored"]

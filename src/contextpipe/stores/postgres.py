@@ -133,14 +133,17 @@ class PostgresStore(SessionStore):
         if self._pool is None:
             asyncpg = _import_asyncpg()
             try:
+                timeouts = self._server_timeouts()
                 try:
-                    self._pool = await self._create_pool(asyncpg, self._server_timeouts())
+                    self._pool = await self._create_pool(asyncpg, timeouts)
                 except asyncpg.PostgresError as exc:
-                    if "parameter" not in str(exc):
+                    # PgBouncer says "unsupported startup parameter: statement_timeout" (a
+                    # ProtocolViolationError), a server "unrecognized configuration parameter ...":
+                    # only a refusal naming one of these settings is retried, a DSN's own bad setting
+                    # is reported as the server said it. The client's command_timeout still bounds
+                    # every call made without them.
+                    if not any(name in str(exc) for name in timeouts):
                         raise
-                    # A pooler in between (PgBouncer refuses unknown startup parameters by default)
-                    # or the server itself refused the timeouts: connect without them; the client's
-                    # command_timeout still bounds every call.
                     self._pool = await self._create_pool(asyncpg, {})
             except TimeoutError as exc:
                 raise StoreError.unreachable(self.backend, self._server, self._connect_timeout, "connecting") from exc
@@ -153,9 +156,18 @@ class PostgresStore(SessionStore):
         return self._pool
 
     async def _create_pool(self, asyncpg: Any, server_settings: dict[str, str]) -> asyncpg.Pool:
-        return await asyncpg.create_pool(
+        """Open a pool and one connection in it, so that a refused setting shows here even with min_size=0."""
+        pool: asyncpg.Pool = await asyncpg.create_pool(
             self._dsn, min_size=self._sizes[0], max_size=self._sizes[1], timeout=self._connect_timeout,
             command_timeout=self.answer_timeout, init=self._init_connection, server_settings=server_settings)
+        if self._sizes[0] == 0:
+            try:
+                async with pool.acquire(timeout=self._connect_timeout):
+                    pass
+            except BaseException:
+                pool.terminate()
+                raise
+        return pool
 
     def _server_timeouts(self) -> dict[str, str]:
         """Have the server stop a statement, or its wait for a lock, a little before the client gives up on it.
