@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, T
 
 from typing_extensions import override
 
+from .._sqlite import OpenedFile, opened_file
 from ..errors import ConcurrentUpdate, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
@@ -97,6 +98,10 @@ class SQLiteStore(SessionStore):
     `StoreError` (a mistyped path must not get ``cp_*`` tables added to someone else's database);
     `allow_other_tables=True` shares such a file knowingly. A new or empty file, and one that holds
     contextpipe's tables (beside others or not), open as usual.
+
+    A file deleted, replaced or moved while the store is open fails the next write with a
+    `StoreError` saying so and what to do, and so does every later call: SQLite would go on writing
+    into the file it opened, and nothing is acknowledged that cannot be read back from the path.
     """
 
     backend = "sqlite"
@@ -126,6 +131,7 @@ class SQLiteStore(SessionStore):
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._file: OpenedFile | None = None  # the file the writer opened (`_transaction` checks it is still there)
         self._closed = False
         self._dropped: list[SessionKey] = []  # sessions deleted by the running operation (worker thread only)
         self._vector_cascade = False
@@ -163,6 +169,8 @@ class SQLiteStore(SessionStore):
     def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
               **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
         self._dropped = []
+        if self._file is not None:
+            self._file.refuse()  # found deleted, replaced or moved: nothing more is read or written
         return fn(self._connection(), *args, **kwargs), self._dropped
 
     def _connection(self) -> sqlite3.Connection:
@@ -171,17 +179,26 @@ class SQLiteStore(SessionStore):
         if self._conn is None:
             conn = open_for_writing(self.path, self._busy_ms, self._synchronous, self.allow_other_tables)
             try:
+                self._file = opened_file(conn, self.path)
                 with self._transaction(conn, durable=True):
                     create_tables(conn, self.path)
             except BaseException:
                 conn.close()
+                self._file = None  # the next operation opens the path again
                 raise
             self._conn = conn
         return self._conn
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection, *, durable: bool) -> Iterator[None]:
-        """One ``BEGIN IMMEDIATE`` write transaction, committed durably (FULL) or not (NORMAL)."""
+        """One ``BEGIN IMMEDIATE`` write transaction, committed durably (FULL) or not (NORMAL).
+
+        Before the commit and after it, the file at the path must still be the one the store opened
+        (`OpenedFile`), or the write fails with a `StoreError` saying so, as does every operation after
+        it. SQLite goes on writing into a file that was deleted, replaced or moved, and such writes are
+        lost to whoever opens the path next; one found so before the commit is rolled back, which also
+        keeps it out of the write-ahead log that a file put at the path would read.
+        """
         relaxed = not durable and self._synchronous == "FULL"
         if relaxed:
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -190,6 +207,8 @@ class SQLiteStore(SessionStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield
+                if self._file is not None:
+                    self._file.check()
             except BaseException:
                 conn.execute("ROLLBACK")
                 del self._dropped[mark:]  # those deletions did not happen
@@ -200,6 +219,8 @@ class SQLiteStore(SessionStore):
                 conn.execute("PRAGMA synchronous = FULL")
         self.commits += 1
         self.durable_commits += self._synchronous == "FULL" and durable
+        if self._file is not None:
+            self._file.check()  # (taken away between the check and the commit: not acknowledged either)
 
     def _session_row(self, conn: sqlite3.Connection, key: SessionKey, now: float) -> sqlite3.Row | None:
         """Return the live session row (an expired session is deleted on the spot and reads as absent).
