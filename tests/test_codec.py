@@ -74,3 +74,52 @@ BAD_INPUT = [
 def test_bad_input_raises_codec_error(payload: str, fragment: str) -> None:
     with pytest.raises(CodecError, match=fragment):
         loads(payload)
+
+
+def deeply_nested(depth: int) -> list[tuple[str, str]]:
+    """Stored bodies nesting `depth` levels deep, each a different way: (what, body)."""
+    arrays, objects = "[" * depth + "]" * depth, '{"k":' * depth + "1" + "}" * depth
+    levels = depth // 2
+    result = ('{"kind":"function_result","call_id":"c","result":"r","parts":[' * levels
+              + '{"kind":"uri","media_type":"text/plain","uri":"u"}' + "]}" * levels)
+    head = '"v":1,"role":"user","id":"a","created_at":1.0'
+    return [
+        ("metadata arrays", f'{{{head},"parts":[{{"kind":"text","text":"x"}}],"metadata":{{"k":{arrays}}}}}'),
+        ("metadata objects", f'{{{head},"parts":[{{"kind":"text","text":"x"}}],"metadata":{objects}}}'),
+        ("a newer kind's payload", f'{{{head},"parts":[{{"kind":"later","payload":{arrays}}}]}}'),
+        ("function result parts", f'{{{head},"parts":[{result}]}}'),
+        ("compact metadata", f'[8,"a",1.0,null,{{"k":{arrays}}},"x"]'),
+        ("compact parts", f'[0,"a",1.0,null,"x",{result}]'),
+    ]
+
+
+def as_array(body: str | bytes) -> str | bytes:
+    return b"[" + body + b"]" if isinstance(body, bytes) else f"[{body}]"
+
+
+@pytest.mark.parametrize("depth", [1100, 100_000])
+def test_a_body_nested_too_deeply_is_a_codec_error_in_every_decoder(depth: int) -> None:
+    # orjson refuses JSON past 1,024 levels, and the standard library's parser (and a recursive
+    # decoder) then meets Python's recursion limit: a CodecError, never a RecursionError.
+    from contextpipe.stores._fastdecode import loads_arrays, loads_many, loads_stored
+
+    for what, body in deeply_nested(depth):
+        decoders = [loads_stored, lambda b: loads_many([b]), lambda b: loads_arrays([as_array(b)])]
+        if not body.startswith("["):
+            decoders.append(loads)
+        for decode in decoders:
+            with pytest.raises(CodecError, match="nested too deeply"):
+                decode(body)
+            with pytest.raises(CodecError, match="nested too deeply"):
+                decode(body.encode())
+        assert what
+
+
+def test_metadata_nested_as_deep_as_orjson_reads_decodes() -> None:
+    # Up to orjson's 1,024 levels, values decode (the check for wide floats walks them without recursion).
+    deep = "[" * 1015 + "1.5" + "]" * 1015  # (a float the walk must look at, at the bottom)
+    body = ('{"v":1,"role":"user","id":"a","created_at":1.0,"parts":[{"kind":"text","text":"x"}],'
+            f'"metadata":{{"k":{deep}}}}}')
+    from contextpipe.stores._fastdecode import loads_many
+
+    assert loads_many([body])[0].id == "a"

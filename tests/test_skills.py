@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -358,6 +360,104 @@ async def test_an_approved_script_swapped_for_a_link_does_not_run_the_outside_sc
     skills = Skills(root, allow_scripts=True, approve=approve_then_swap, script_timeout=20)
     outcome = await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
     assert outcome.result == "exit code 0\ninside\n"
+
+
+def rewrite_in_place(path: Path, text: str) -> None:
+    """Rewrite `path`'s content keeping its inode (what an editor saving in place, or ``>`` in a shell, does)."""
+    with path.open("r+b") as f:
+        f.truncate(0)
+        f.write(text.encode())
+
+
+async def test_a_script_rewritten_after_its_approval_runs_as_approved_and_the_next_run_asks_with_the_new_digest(
+        tmp_path: Path) -> None:
+    write_skill(tmp_path, "tool", "name: tool\ndescription: Has a script.",
+                files={"scripts/run.py": "print('approved')\n"})
+    script = tmp_path / "tool" / "scripts" / "run.py"
+    asked: list[ScriptRequest] = []
+
+    def approve_then_rewrite(request: ScriptRequest) -> bool:
+        asked.append(request)
+        if len(asked) == 1:  # the attack: rewritten in place while the approval was being given
+            rewrite_in_place(script, "print('REWRITTEN')\n")
+        return True
+
+    skills = Skills(tmp_path, allow_scripts=True, approve=approve_then_rewrite, script_timeout=20)
+    first = await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    assert first.result == "exit code 0\napproved\n"
+    assert asked[0].digest == hashlib.sha256(b"print('approved')\n").hexdigest()
+    second = await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    assert second.result == "exit code 0\nREWRITTEN\n"
+    assert asked[1].digest == hashlib.sha256(b"print('REWRITTEN')\n").hexdigest()
+    assert asked[1].folder_digest != asked[0].folder_digest
+
+
+async def test_a_sibling_rewritten_after_the_approval_is_not_what_the_script_imports(tmp_path: Path) -> None:
+    write_skill(tmp_path, "tool", "name: tool\ndescription: Has a script and a helper.", files={
+        "scripts/run.py": "import os\nfrom helper import WORD\nprint(WORD, os.getcwd())\n",
+        "scripts/helper.py": "WORD = 'approved'\n", "scripts/run.sh": ". scripts/lib.sh\necho \"$WORD\"\n",
+        "scripts/lib.sh": "WORD=approved\n"})
+    folder = tmp_path / "tool" / "scripts"
+    asked: list[ScriptRequest] = []
+
+    def approve_then_rewrite(request: ScriptRequest) -> bool:
+        asked.append(request)
+        if request.script.name == "run.py":
+            rewrite_in_place(folder / "helper.py", "WORD = 'REWRITTEN'\n")
+        else:
+            rewrite_in_place(folder / "lib.sh", "WORD=REWRITTEN\n")
+        return True
+
+    skills = Skills(tmp_path, allow_scripts=True, approve=approve_then_rewrite, script_timeout=20)
+    py = await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    word, cwd = py.result.removeprefix("exit code 0\n").split()
+    assert word == "approved"
+    assert not await asyncio.to_thread(os.path.lexists, cwd)  # the private copy it ran in is removed after the run
+    assert (await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.sh")).result == \
+        "exit code 0\napproved\n"
+    assert asked[1].folder_digest != asked[0].folder_digest  # the sibling changed: the folder's digest says so
+
+
+async def test_approvals_remembered_by_digest_are_asked_again_after_any_change(tmp_path: Path) -> None:
+    write_skill(tmp_path, "tool", "name: tool\ndescription: Has a script.",
+                files={"scripts/run.py": "print('v1')\n", "data.txt": "one"})
+    person: list[ScriptRequest] = []  # the approvals a person was asked for
+    remembered: set[tuple[str, str]] = set()
+
+    def approve(request: ScriptRequest) -> bool:
+        if (request.digest, request.folder_digest) not in remembered:
+            person.append(request)
+            remembered.add((request.digest, request.folder_digest))
+        return True
+
+    skills = Skills(tmp_path, allow_scripts=True, approve=approve, script_timeout=20)
+    for _ in range(2):
+        await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    assert len(person) == 1
+    rewrite_in_place(tmp_path / "tool" / "data.txt", "two")  # not the script: a file beside it
+    await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    assert len(person) == 2 and person[0].digest == person[1].digest
+
+
+async def test_files_a_script_writes_into_its_folder_are_named_to_the_model_not_lost_silently(tmp_path: Path) -> None:
+    write_skill(tmp_path, "tool", "name: tool\ndescription: Writes a report.", files={
+        "scripts/helper.py": "WORD = 'done'\n",  # (imported: Python's __pycache__ beside it is not named)
+        "scripts/run.py": "from helper import WORD\nopen('report.md', 'w').write(WORD)\nprint(WORD)\n"})
+    skills = Skills(tmp_path, allow_scripts=True, approve=lambda r: True, script_timeout=20)
+    outcome = await invoke(skills, "run_skill_script", skill="tool", path="scripts/run.py")
+    assert outcome.result.startswith("exit code 0\ndone\n") and not outcome.is_error
+    assert "wrote 1 file(s) into its skill's folder (report.md)" in outcome.result and "gone" in outcome.result
+    assert not (tmp_path / "tool" / "report.md").exists()
+
+
+async def test_a_skill_folder_too_big_to_copy_is_refused_before_the_approval(tmp_path: Path) -> None:
+    write_skill(tmp_path, "big", "name: big\ndescription: Holds data.",
+                files={"scripts/run.py": "print('ran')\n", "data/blob.txt": "x" * 5000})
+    asked: list[ScriptRequest] = []
+    skills = Skills(tmp_path, allow_scripts=True, approve=lambda r: asked.append(r) is None,
+                    max_script_folder_bytes=4000, script_timeout=20)
+    outcome = await invoke(skills, "run_skill_script", skill="big", path="scripts/run.py")
+    assert outcome.is_error and "max_script_folder_bytes" in outcome.result and asked == []
 
 
 # --- adversarial swap races (bounded loops; they pass only if no read ever leaks) ------------------------

@@ -189,8 +189,15 @@ def message_from_dict(d: Mapping[str, Any]) -> Message:
                             MappingProxyType(dict(metadata)) if metadata else EMPTY_METADATA, source)
     except CodecError:
         raise
+    except RecursionError as exc:  # function result parts nested past Python's recursion limit
+        raise too_deep(exc) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
+
+
+def too_deep(exc: RecursionError) -> CodecError:
+    """Return the `CodecError` of a text or value nested too deeply to decode (past Python's recursion limit)."""
+    return CodecError(f"an encoded message nested too deeply to decode (RecursionError: {exc})")
 
 
 def _parts_from_list(raw_parts: Any) -> tuple[Part, ...]:
@@ -228,24 +235,31 @@ def _parse(text: str | bytes) -> Any:
     """
     try:
         return _fast_loads(text)
-    except ValueError:
+    except ValueError:  # (also JSON nested past orjson's 1,024 levels: the standard library then says RecursionError)
         return _DECODER.decode(text if isinstance(text, str) else text.decode())
 
 
 def _parse_or_raise(text: str | bytes) -> Any:
-    """Parse JSON text as `_parse` does, raising `CodecError` when it is not JSON."""
+    """Parse JSON text as `_parse` does, raising `CodecError` when it is not JSON (or is nested too deeply)."""
     try:
         return _parse(text)
     except ValueError as exc:
         raise CodecError(f"message is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise too_deep(exc) from None
 
 
 def _parse_exactly(text: str | bytes) -> Any:
-    """Parse JSON text with the standard library (every integer an int), raising `CodecError` when it is not JSON."""
+    """Parse JSON text with the standard library (every integer an int), raising `CodecError` when it is not JSON.
+
+    JSON nested past Python's recursion limit is a `CodecError` too, never a `RecursionError`.
+    """
     try:
         return _DECODER.decode(text if isinstance(text, str) else text.decode())
     except ValueError as exc:
         raise CodecError(f"message is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise too_deep(exc) from None
 
 
 _WIDE: Final = float(2**63)
@@ -253,19 +267,24 @@ _WIDE: Final = float(2**63)
 
 
 def _holds_wide_float(values: Iterable[Any]) -> bool:
-    """Whether JSON `values` hold, at any depth, a float of size `_WIDE` or more."""
-    for value in values:
-        kind = type(value)
-        if kind is str:
-            continue
-        if kind is float:
-            if abs(value) >= _WIDE:
-                return True
-        elif kind is list:
-            if _holds_wide_float(value):
-                return True
-        elif kind is dict and _holds_wide_float(value.values()):
-            return True
+    """Whether JSON `values` hold, at any depth, a float of size `_WIDE` or more.
+
+    Walked with a stack of its own, not by recursion: orjson reads JSON nested 1,024 levels deep, past
+    what Python's recursion limit lets a recursive walk reach (and the walk costs no call per level).
+    """
+    pending: list[Iterable[Any]] = [values]
+    while pending:
+        for value in pending.pop():
+            kind = type(value)
+            if kind is str:
+                continue
+            if kind is float:
+                if abs(value) >= _WIDE:
+                    return True
+            elif kind is list:
+                pending.append(value)
+            elif kind is dict:
+                pending.append(value.values())
     return False
 
 

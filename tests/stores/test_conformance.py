@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -287,8 +288,9 @@ async def test_retries_in_any_order_never_lose_or_duplicate(
     assert [m.id for m in loaded] == [pool[i].id for i in expected]
 
 
-async def corrupt_message(store: SessionStore, tenant: str, session_id: str, seq: int) -> None:
-    """Damage one stored message behind the store's back, the way a bad disk or a bad hand would."""
+async def corrupt_message(store: SessionStore, tenant: str, session_id: str, seq: int,
+                          body: str | None = None) -> None:
+    """Damage one stored message behind the store's back, the way a bad disk or a bad hand would (to `body`)."""
     if store.backend == "sqlite":
         import sqlite3
 
@@ -296,20 +298,21 @@ async def corrupt_message(store: SessionStore, tenant: str, session_id: str, seq
 
         assert isinstance(store, SQLiteStore)
         with sqlite3.connect(store.path) as conn:
-            conn.execute("UPDATE cp_messages SET body = '{\"v\": 1, \"role\": ' WHERE tenant = ? AND session_id = ? "
-                         "AND seq = ?", (tenant, session_id, seq))
+            conn.execute("UPDATE cp_messages SET body = ? WHERE tenant = ? AND session_id = ? AND seq = ?",
+                         (body or '{"v": 1, "role": ', tenant, session_id, seq))
     elif store.backend == "postgres":
         from contextpipe.stores import PostgresStore
 
         assert isinstance(store, PostgresStore)
         pool = await store._get_pool()
-        await pool.execute("UPDATE contextpipe_messages SET body = 'not json' WHERE tenant = $1 AND session_id = $2 "
-                           "AND seq = $3", tenant, session_id, seq)
+        await pool.execute("UPDATE contextpipe_messages SET body = $4 WHERE tenant = $1 AND session_id = $2 "
+                           "AND seq = $3", tenant, session_id, seq, body or "not json")
     elif store.backend == "redis":
         from contextpipe.stores import RedisStore
 
         assert isinstance(store, RedisStore)
-        await store._client.lset(store._keys(SessionKey(tenant, session_id))[1], seq - 1, b"\xff\xfe garbage")
+        await store._client.lset(store._keys(SessionKey(tenant, session_id))[1], seq - 1,
+                                 b"\xff\xfe garbage" if body is None else body.encode())
     else:
         raise AssertionError(f"no way to corrupt {store.backend}")
 
@@ -327,6 +330,39 @@ async def test_corrupt_row_names_session_and_sequence(durable_store: SessionStor
     assert texts((await store.load(tenant, "s", limit=1)).messages) == ["d"]
     with pytest.raises(CorruptRecord):
         await store.load(tenant, "s", limit=2)
+
+
+@pytest.mark.parametrize("how", ["arrays", "objects", "parts"])
+async def test_a_row_nested_too_deeply_is_a_corrupt_record_not_a_recursion_error(
+        durable_store: SessionStore, tenant: str, how: str) -> None:
+    # JSON past orjson's 1,024 levels goes to the standard library's parser, which meets Python's recursion limit.
+    store, depth = durable_store, 5000
+    await store.append(tenant, "s", msgs("a", "b", "c"))
+    nested = {"arrays": "[" * depth + "]" * depth, "objects": '{"k":' * depth + "1" + "}" * depth,
+              "parts": '{"kind":"function_result","call_id":"c","result":"r","parts":[' * depth
+              + '{"kind":"uri","media_type":"text/plain","uri":"u"}' + "]}" * depth}[how]
+    parts = nested if how == "parts" else '{"kind":"text","text":"b"}'
+    metadata = '{"k":1}' if how == "parts" else f'{{"k":{nested}}}'
+    body = f'{{"v":1,"role":"user","id":"b","created_at":1.0,"parts":[{parts}],"metadata":{metadata}}}'
+    await corrupt_message(store, tenant, "s", 2, body)
+    for load in (lambda: store.load(tenant, "s"), lambda: store.load_context(tenant, "s")):
+        with pytest.raises(CorruptRecord, match=r"message 2 of session 's' .* cannot be read: .*nested too") as info:
+            await load()
+        assert (info.value.session_id, info.value.sequence) == ("s", 2)
+    assert texts((await store.load(tenant, "s", limit=1)).messages) == ["c"]
+
+
+async def test_a_message_nested_too_deeply_to_store_is_a_usage_error_and_the_session_goes_on(
+        durable_store: SessionStore, tenant: str) -> None:
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    store = durable_store
+    await store.append(tenant, "s", msgs("a"))
+    with pytest.raises(UsageError, match="message 'deep' cannot be stored: its metadata or parts nest too deeply"):
+        await store.append(tenant, "s", [Message.user("x", id="deep", metadata={"k": deep})])
+    await store.append(tenant, "s", msgs("b"))
+    assert texts((await store.load(tenant, "s")).messages) == ["a", "b"]
 
 
 async def test_load_context_is_latest_checkpoint_plus_tail(store: SessionStore, tenant: str) -> None:

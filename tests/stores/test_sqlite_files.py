@@ -5,12 +5,15 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from contextpipe import CorruptRecord, FunctionCall, Message, Session, StoreError
+from contextpipe import Agent, CorruptRecord, FunctionCall, Message, Session, StoreError, tool
+from contextpipe.providers import History
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import sqlite as sqlite_module
+from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.vectors import SQLiteVectorStore, VectorRecord
 
 from .backends import FakeClock
@@ -169,3 +172,136 @@ async def test_a_vector_file_alone_and_an_empty_file_open_as_usual(tmp_path: Pat
     await vectors.upsert("notes", [VectorRecord("n1", [1.0, 0.0], "a note")])
     assert [h.id for h in await vectors.search("notes", [1.0, 0.0], k=1)] == ["n1"]
     await vectors.close()
+
+
+def _take_away(path: Path, how: str) -> None:
+    """Delete, replace or move the database file under an open store, the way a user or a script might."""
+    if how == "deleted":
+        path.unlink()
+    elif how == "replaced":  # a copy (a backup restored) renamed onto the path: a file of its own
+        copy = path.with_name("copy.db")
+        with closing(sqlite3.connect(path)) as source, closing(sqlite3.connect(copy)) as target:
+            source.backup(target)
+        copy.replace(path)
+    else:  # with its write-ahead log, as ``mv agent.db* elsewhere/`` does
+        for suffix in ("", "-wal", "-shm"):
+            if Path(f"{path}{suffix}").exists():
+                Path(f"{path}{suffix}").rename(path.with_name(f"moved.db{suffix}"))
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "moved"])
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+async def test_a_file_taken_away_under_an_open_store_fails_the_next_write_and_loses_nothing_acknowledged(
+        tmp_path: Path, how: str, synchronous: Literal["FULL", "NORMAL"]) -> None:
+    path = tmp_path / "agent.db"
+    gone = "deleted or moved away"
+    said = {"deleted": gone, "replaced": "replaced by another file", "moved": gone}
+    acknowledged: list[str] = []
+    async with SQLiteStore(path, synchronous=synchronous) as store:
+        for i in range(3):
+            await store.append("default", "s1", [Message.user(f"before {i}", id=f"b{i}")])
+            acknowledged.append(f"b{i}")
+        _take_away(path, how)
+        for i in range(3):  # the first write after it fails, and so does every later one: none is acknowledged
+            with pytest.raises(StoreError, match=f"the database file this store opened was {said[how]} while") as info:
+                await store.append("default", "s1", [Message.user(f"after {i}", id=f"a{i}")])
+            assert "open a new store" in str(info.value) and info.value.server == str(path)
+        with pytest.raises(StoreError, match="the database file this store opened"):
+            await store.load("default", "s1")
+        with pytest.raises(StoreError):
+            await store.acquire_lease("default", "s2", owner="w")
+    # What the path holds: every acknowledged message the user did not delete, and nothing else.
+    kept = {"deleted": [], "replaced": acknowledged, "moved": []}[how]
+    async with SQLiteStore(path) as reopened:
+        assert [m.id for m in (await reopened.load("default", "s1")).messages] == kept
+        await reopened.append("default", "s1", [Message.user("fresh", id="f")])  # a new store on the path works
+    if how == "moved":  # the moved file holds what was acknowledged, and not the refused writes
+        async with SQLiteStore(tmp_path / "moved.db") as moved:
+            assert [m.id for m in (await moved.load("default", "s1")).messages] == acknowledged
+
+
+async def test_a_store_that_has_not_written_yet_opens_whatever_is_at_the_path(tmp_path: Path) -> None:
+    path = await written(tmp_path / "w.db")
+    store = SQLiteStore(path)
+    try:
+        path.rename(tmp_path / "elsewhere.db")  # before the store's first operation: nothing was opened
+        assert (await store.load("default", "s1")).messages == []
+        await store.append("default", "s1", [Message.user("new")])
+    finally:
+        await store.close()
+
+
+async def test_a_relative_path_stays_the_file_opened_when_the_working_directory_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    async with SQLiteStore("agent.db") as store:
+        await store.append("default", "s1", [Message.user("one")])
+        monkeypatch.chdir(tmp_path / "b")  # "agent.db" now names nothing: the store's file is still there
+        await store.append("default", "s1", [Message.user("two")])
+        assert [m.text for m in (await store.load("default", "s1")).messages] == ["one", "two"]
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "moved"])
+async def test_a_vector_file_taken_away_fails_the_next_upsert_and_delete(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "agent.db"
+    vectors = SQLiteVectorStore(path)
+    try:
+        await vectors.upsert("docs", [VectorRecord("a", [1.0, 0.0], "first")])
+        assert [h.id for h in await vectors.vector_search("docs", [1.0, 0.0], k=1)] == ["a"]
+        _take_away(path, how)
+        with pytest.raises(StoreError, match="the database file this store opened"):
+            await vectors.upsert("docs", [VectorRecord("b", [0.0, 1.0], "second")])
+        with pytest.raises(StoreError, match="the database file this store opened"):
+            await vectors.upsert("docs", [VectorRecord("c", [0.0, 1.0], "third")])
+        with pytest.raises(StoreError, match="the database file this store opened"):
+            await vectors.delete("docs", ids=["a"])
+        with pytest.raises(StoreError, match="the database file this store opened"):
+            await vectors.vector_search("docs", [1.0, 0.0], k=1)
+    finally:
+        await vectors.close()
+    index_dir = tmp_path / "agent.db.vectors"  # its indexes are not saved beside the file now at the path
+    assert (list(index_dir.iterdir()) if index_dir.exists() else []) == []
+
+
+async def test_a_run_whose_database_file_is_deleted_mid_run_stops_at_its_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "agent.db"
+
+    @tool
+    def clean_up() -> str:
+        """Delete the database file, as a cleanup script might while a run goes on."""
+        path.unlink()
+        return "cleaned"
+
+    model = ScriptedModel([tool_call("clean_up"), "finished"])
+    async with SQLiteStore(path) as store:
+        agent = Agent(model, tools=[clean_up], providers=[History(store)])
+        session = await agent.session("s1")
+        with pytest.raises(StoreError, match="deleted or moved away"):
+            await agent.run("go", session=session)
+    assert len(model.requests) == 1  # the tool's result could not be kept: no model call was made after it
+
+
+@pytest.mark.parametrize("name", ["file::memory:", "file::memory:?cache=shared", ":memory:"])
+async def test_an_in_memory_database_named_by_a_uri_has_no_file_to_lose(name: str) -> None:
+    # (SQLite reads such names as URIs: there is no file at a path "file::memory:" to check)
+    async with SQLiteStore(name) as store:
+        await store.append("default", "s1", [Message.user("kept", id="k")])
+        assert [m.id for m in (await store.load("default", "s1")).messages] == ["k"]
+    vectors = SQLiteVectorStore(name)
+    try:
+        await vectors.upsert("docs", [VectorRecord("a", [1.0, 0.0], "first")])
+        assert [h.id for h in await vectors.vector_search("docs", [1.0, 0.0], k=1)] == ["a"]
+    finally:
+        await vectors.close()
+
+
+async def test_a_file_opened_by_a_uri_is_checked_like_one_opened_by_its_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with SQLiteStore("file:agent.db?mode=rwc") as store:
+        await store.append("default", "s1", [Message.user("one")])
+        (tmp_path / "agent.db").unlink()
+        with pytest.raises(StoreError, match="deleted or moved away"):
+            await store.append("default", "s1", [Message.user("two")])

@@ -1,15 +1,20 @@
-"""Race-free file access inside a skill's folder (POSIX).
+"""Race-free file access inside a skill's folder (POSIX), and the private copy a script runs from.
 
 Every path is opened one component at a time relative to the directory file descriptor of the level
 above, with ``O_NOFOLLOW``: a symlink anywhere is refused, and swapping a file or directory for a
 symlink between a check and a use changes nothing, because there is no separate check: the file that
 was opened is the file that is examined (``fstat``) and read, at most ``limit + 1`` bytes of it.
+
+A script runs from a `snapshot` of its skill's folder: every regular file read once, hashed and
+written into a folder of the process's own, before the run is approved. What the approval is asked
+about (the digests) is what runs, whatever happens to the skill's folder meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import mimetypes
 import os
 import stat
@@ -218,3 +223,87 @@ def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> tupl
 
     walk(dir_fd, "", 0)
     return found, more
+
+
+SNAPSHOT_MAX_FILES: Final = 2000
+"""Most files a skill folder may hold for its scripts to run (each run copies the folder)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A private copy of a skill's folder, taken before a script of it is approved, and what it holds."""
+
+    root: Path
+    """The copy: a folder only this user may write, with the skill folder's regular files (read-only)."""
+    digests: dict[str, str]
+    """Each copied file's relative path and the SHA-256 of its content (hex)."""
+    digest: str
+    """SHA-256 (hex) of the whole copy: every file's path, content digest and executable bit, in path order."""
+
+
+def snapshot(dir_fd: int, dest: Path, *, max_bytes: int, max_files: int = SNAPSHOT_MAX_FILES,
+             max_depth: int = 8) -> Snapshot:
+    """Copy the regular files under `dir_fd` into the new folder `dest`, each read once; return what was copied.
+
+    Symbolic links (and FIFOs, devices...) are not copied: nothing in a skill's folder follows them.
+    Raises `Refused` (written for the model) when the folder holds more than `max_files` files or
+    `max_bytes` bytes, or folders deeper than `max_depth`: a script must not run without a sibling
+    it may import.
+    """
+    digests: dict[str, str] = {}
+    executable: set[str] = set()
+    left = max_bytes
+
+    def walk(fd: int, prefix: str, depth: int, out: Path) -> None:
+        nonlocal left
+        out.mkdir(mode=0o700)
+        for name in sorted(os.listdir(fd)):
+            rel = f"{prefix}{name}"
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if depth >= max_depth:
+                    raise Refused(f"Error: the skill's folder nests folders more than {max_depth} deep ({rel!r}); "
+                                  "its scripts cannot be run.")
+                try:
+                    sub = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError:
+                    continue  # (swapped for a link meanwhile: not followed)
+                with opened(sub):
+                    walk(sub, rel + "/", depth + 1, out / name)
+            elif stat.S_ISREG(st.st_mode):
+                if len(digests) >= max_files:
+                    raise Refused(f"Error: the skill's folder holds more than {max_files} files; its scripts cannot "
+                                  "be run.")
+                try:
+                    file_fd = open_file(fd, (name,))
+                except (Refused, OSError):
+                    continue
+                with opened(file_fd):
+                    data = read_limited(file_fd, left)
+                    mode = os.fstat(file_fd).st_mode
+                if len(data) > left:
+                    raise Refused(f"Error: the skill's folder holds more than {human_size(max_bytes)}; its scripts "
+                                  "cannot be run (the application's max_script_folder_bytes).")
+                left -= len(data)
+                _write_new(out / name, data, 0o500 if mode & 0o111 else 0o400)
+                digests[rel] = hashlib.sha256(data).hexdigest()
+                if mode & 0o111:
+                    executable.add(rel)
+
+    walk(dir_fd, "", 0, dest)
+    whole = hashlib.sha256()
+    for rel in sorted(digests):
+        whole.update(f"{rel}\0{digests[rel]}\0{'x' if rel in executable else '-'}\0".encode(errors="surrogateescape"))
+    return Snapshot(dest, digests, whole.hexdigest())
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with opened(fd):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    os.chmod(path, mode)

@@ -1,9 +1,10 @@
-"""Running an approved skill script (POSIX): what ``run_skill_script`` does once the application said yes.
+"""Running a skill script (POSIX): the private copy it runs from, and what ``run_skill_script`` does once approved.
 
-The script runs from the file descriptor `Skills` opened before asking for approval, so a file
-swapped on disk afterwards is not what runs; in its own process group (killed whole on timeout);
-with a minimal environment (``PATH``, ``LANG`` plus the skill's `script_env`: no API keys); and
-with its output (stdout and stderr together) capped while it streams.
+Before the approval is asked, `copy_for_run` copies the skill's folder into a private folder; the
+script runs from its descriptor in that copy, so a file rewritten or swapped on disk afterwards is
+not what runs; in its own process group (killed whole on timeout); with a minimal environment
+(``PATH``, ``LANG`` plus the skill's `script_env`: no API keys); and with its output (stdout and
+stderr together) capped while it streams.
 """
 
 from __future__ import annotations
@@ -11,15 +12,66 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 from ..tools import ToolOutcome
+from . import _skillfiles as files
 
-__all__ = ["environment", "run_script"]
+__all__ = ["copy_for_run", "environment", "note_files_left", "run_script"]
+
+
+def copy_for_run(folder: Path, rel: str, *, follow_symlinks: bool, max_bytes: int) -> tuple[files.Snapshot, int]:
+    """Copy the skill `folder` into a new private folder (`files.snapshot`); return it and its copy of `rel`, open.
+
+    The caller runs the script from that descriptor, closes it, and removes the copy's parent folder
+    when the run ends. Raises `files.Refused` (written for the model) when the folder cannot be
+    copied, and `files.Missing` when `rel` is not among the files copied (taken away, or swapped
+    for a link, since the caller checked it).
+    """
+    parts = files.check_relative(rel)
+    private = Path(tempfile.mkdtemp(prefix="contextpipe-skill-"))
+    try:
+        try:
+            dir_fd = files.open_dir(folder.parent, folder.name, follow=follow_symlinks)
+            with files.opened(dir_fd):
+                copy = files.snapshot(dir_fd, private / folder.name, max_bytes=max_bytes)
+        except OSError as exc:
+            raise files.Refused(f"Error: the folder of skill {folder.name!r} could not be copied to run its "
+                                f"script ({exc.strerror}).") from None
+        if "/".join(parts) not in copy.digests:
+            raise files.Missing("missing")
+        copied = files.open_dir(private, folder.name)
+        with files.opened(copied):
+            return copy, files.open_file(copied, parts)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+
+
+def note_files_left(outcome: ToolOutcome, copy: files.Snapshot) -> ToolOutcome:
+    """Return `outcome`, telling the model of the files the script wrote into its copy (removed after the run).
+
+    A script that writes its results into its own folder writes them into the private copy, which
+    is removed when the run ends: such files are named, so that their loss is never silent.
+    (``__pycache__`` folders, which Python writes beside the modules a script imports, are left out.)
+    """
+    left: list[str] = []
+    for top, dirs, names in os.walk(copy.root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = Path(top).relative_to(copy.root)
+        left += sorted(p for p in (str(rel / n) if rel.parts else n for n in names) if p not in copy.digests)
+    if not left:
+        return outcome
+    shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+    return ToolOutcome(f"{outcome.result}\n[the script wrote {len(left)} file(s) into its skill's folder ({shown}); "
+                       "a script runs in a private copy of that folder, removed after the run, so they are gone: "
+                       "have it write where an argument says]", outcome.is_error, outcome.parts)
 
 
 def environment(extra: Mapping[str, str]) -> dict[str, str]:

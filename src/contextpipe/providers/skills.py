@@ -17,10 +17,13 @@ are binary or too big, so the model is never offered a read that fails.
 Safety (POSIX): files are opened relative to the skill folder's directory handle one path component
 at a time without following symlinks, then checked (``fstat``) and read at most ``limit + 1`` bytes,
 so there is no gap between a check and a use for a file swapped on disk to slip through. A skill
-folder or ``SKILL.md`` that is a symlink is skipped unless ``follow_symlinks=True``. An approved
-script runs from the file handle that was opened before approval, with a minimal environment
-(``PATH``, ``LANG`` plus `script_env`: no API keys), in its own process group, and with its output
-capped while it streams. Folders are re-scanned before each run (unchanged files are not re-read).
+folder or ``SKILL.md`` that is a symlink is skipped unless ``follow_symlinks=True``. Before a script
+run is approved, the skill's folder is copied (each file read once) into a private folder, and the
+approval is asked with the script's digest and the folder's (`ScriptRequest`): what runs is that
+copy, so a script or a sibling it imports rewritten after the approval is not what runs, and the
+next run asks with the new digests. It runs with a minimal environment (``PATH``, ``LANG`` plus
+`script_env`: no API keys), in its own process group, and with its output capped while it streams.
+Folders are re-scanned before each run (unchanged files are not re-read).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import inspect
 import logging
 import os
 import re
+import shutil
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,9 +112,15 @@ class ScriptRequest:
     skill: str
     """The skill's name."""
     script: Path
-    """The script's path (it runs from the file opened before asking, whatever happens to the path)."""
+    """The script's path in the skill's folder (what runs is the copy taken before asking, not the path)."""
     args: list[str]
     """The arguments the model asked for."""
+    digest: str
+    """SHA-256 (hex) of the script's content: exactly what runs if the run is approved."""
+    folder_digest: str
+    """SHA-256 (hex) of the skill's whole folder as copied (every file's path, content and executable bit):
+    the script runs in that copy, so the siblings it imports or reads are the ones approved too. An
+    application that remembers approvals keys them by both digests, so that any change asks again."""
 
 
 Approver = Callable[[ScriptRequest], bool | Awaitable[bool]]
@@ -271,7 +281,9 @@ class Skills(ContextProvider):
 
     Scripts are off unless `allow_scripts` is set, and then each run needs `approve` to return True;
     they run with a `script_timeout`, a minimal environment (``PATH``, ``LANG`` and `script_env`), and
-    their output (stdout and stderr, at most `max_output_bytes`) goes back to the model.
+    their output (stdout and stderr, at most `max_output_bytes`) goes back to the model. Each run
+    copies the skill's folder first (at most `max_script_folder_bytes`, 2,000 files) and runs the
+    copy, whose digests the approval is asked with.
 
     It takes none of the seeds' message filters: it lists every skill whatever the request says,
     and stores nothing, so a filter would have nothing to choose.
@@ -291,6 +303,7 @@ class Skills(ContextProvider):
         max_resource_bytes: int = 256_000,
         max_skill_bytes: int = 512_000,
         max_output_bytes: int = 64_000,
+        max_script_folder_bytes: int = 32_000_000,
         follow_symlinks: bool = False,
     ) -> None:
         super().__init__(source_id)
@@ -307,6 +320,7 @@ class Skills(ContextProvider):
         self.max_resource_bytes = max_resource_bytes
         self.max_skill_bytes = max_skill_bytes
         self.max_output_bytes = max_output_bytes
+        self.max_script_folder_bytes = max_script_folder_bytes
         self.follow_symlinks = follow_symlinks
         self._code_skills = list(skills)
         names: set[str] = set()
@@ -479,21 +493,28 @@ class Skills(ContextProvider):
             if not isinstance(rel, str) or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
                 return ToolOutcome("Error: 'path' must be a string and 'args' a list of strings.", is_error=True)
             try:
-                fd = await asyncio.to_thread(self._open, skill, rel)
+                copy, fd = await asyncio.to_thread(self._copy_for_run, skill, rel)
             except files.Missing:
                 return ToolOutcome(f"Error: skill {skill.name!r} has no script {rel!r}.", is_error=True)
             except files.Refused as exc:
                 return ToolOutcome(str(exc), is_error=True)
-            with files.opened(fd):
+            try:
                 assert self.approve is not None
-                decision = self.approve(ScriptRequest(skill.name, skill.path / rel, list(argv)))
+                request = ScriptRequest(skill.name, skill.path / rel, list(argv),
+                                        copy.digests["/".join(files.check_relative(rel))], copy.digest)
+                decision = self.approve(request)
                 if inspect.isawaitable(decision):
                     decision = await decision
                 if not decision:
                     return ToolOutcome(f"Error: running {rel!r} of skill {skill.name!r} was not approved.",
                                        is_error=True)
-                return await scripts.run_script(skill.path, rel, fd, argv, env=scripts.environment(self.script_env),
-                                                time_limit=self.script_timeout, max_output_bytes=self.max_output_bytes)
+                outcome = await scripts.run_script(copy.root, rel, fd, argv, env=scripts.environment(self.script_env),
+                                                   time_limit=self.script_timeout,
+                                                   max_output_bytes=self.max_output_bytes)
+                return await asyncio.to_thread(scripts.note_files_left, outcome, copy)
+            finally:
+                os.close(fd)
+                shutil.rmtree(copy.root.parent, ignore_errors=True)
 
         return Tool.from_schema("run_skill_script", "Run a script that belongs to a skill (needs approval).", {
             "type": "object", "properties": {
@@ -513,6 +534,17 @@ class Skills(ContextProvider):
             raise files.Refused(f"Error: the folder of skill {skill.name!r} cannot be opened.") from None
         with files.opened(dir_fd):
             return files.open_file(dir_fd, parts)
+
+    def _copy_for_run(self, skill: Skill, rel: str) -> tuple[files.Snapshot, int]:
+        """Copy the skill's folder for a run of its script `rel`; return the copy and the copied script's fd.
+
+        The script is opened in the skill's folder first, so that a path that is refused (outside the
+        folder, a symbolic link) or missing says so; what runs is then the copy of it.
+        """
+        assert skill.path is not None
+        os.close(self._open(skill, rel))
+        return scripts.copy_for_run(skill.path, rel, follow_symlinks=self.follow_symlinks,
+                                    max_bytes=self.max_script_folder_bytes)
 
     def _listing(self, skill: Skill) -> str:
         if skill.path is None:

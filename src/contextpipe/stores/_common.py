@@ -85,8 +85,14 @@ def encode_message(message: Message, *, compact: bool = False) -> str:
     """Encode a message to store: in the full form, or in the compact one (`dumps_compact`).
 
     The compact form only goes to a backend whose schema version says so; every decoder reads both.
+    A message whose metadata or parts nest past Python's recursion limit is a `UsageError`.
     """
-    return storable(dumps_compact(message) if compact else dumps(message))
+    try:
+        return storable(dumps_compact(message) if compact else dumps(message))
+    except RecursionError:
+        raise UsageError(f"message {shorten(message.id)} cannot be stored: its metadata or parts nest too deeply "
+                         "to encode as JSON; keep them under 1,000 levels (nested data a model or a tool "
+                         "produced belongs in a part's text, as JSON text)") from None
 
 
 def decode_message(backend: str, key: SessionKey, seq: int, body: str | bytes,
@@ -111,7 +117,7 @@ def decode_checkpoint(backend: str, key: SessionKey, body: str | bytes) -> Check
     try:
         data = json.loads(body)
         return Checkpoint(int(data["seq"]), loads_stored(json.dumps(data["summary"])), float(data["created_at"]))
-    except (ValueError, KeyError, TypeError, CodecError) as exc:
+    except (ValueError, KeyError, TypeError, CodecError, RecursionError) as exc:  # (nested too deeply: RecursionError)
         raise CorruptRecord.unreadable(backend, key, "a checkpoint", exc) from exc
 
 
@@ -119,7 +125,7 @@ def decode_object(backend: str, key: SessionKey, body: str | bytes, what: str) -
     """Decode a stored JSON object (`what`: "the state", "a trace"), or raise `CorruptRecord`."""
     try:
         value = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested too deeply: RecursionError)
         value = exc
     if not isinstance(value, dict):
         raise CorruptRecord.unreadable(backend, key, what, value)

@@ -39,6 +39,7 @@ from ..codec import (
     _part_to_dict,
     dumps,
     message_from_dict,
+    too_deep,
 )
 from ..errors import CodecError
 from ..messages import (
@@ -155,6 +156,8 @@ def decode_compact(d: list[Any]) -> Message:
         at_time = float(created_at)
     except CodecError:
         raise
+    except RecursionError as exc:  # function result parts nested past Python's recursion limit
+        raise too_deep(exc) from None
     except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CodecError(f"not a valid encoded message: {type(exc).__name__}: {exc}") from exc
     source_code = head >> 2 & 7

@@ -81,8 +81,12 @@ class PostgresStore(SessionStore):
 
     `connect_timeout` bounds opening a connection (and waiting for a free one in the pool),
     `command_timeout` each command, `close_timeout` closing the pool; past them the call raises a
-    `StoreError` naming the server. `keepalive` (seconds of silence before TCP keepalive probes)
-    lets the OS notice a dead peer on idle connections.
+    `StoreError` naming the server, and saying whether the server did not answer or every pooled
+    connection stayed busy. The store's own pool has the server stop a statement at 0.9x
+    `command_timeout` (a wait for a lock at 0.8x), so that a statement that is slow or blocked fails
+    with the server's reason (a pooler such as PgBouncer, or a server, that refuses these settings
+    gets connections without them). Errors the driver reports carry its own text. `keepalive` (seconds of
+    silence before TCP keepalive probes) lets the OS notice a dead peer on idle connections.
     """
 
     backend = "postgres"
@@ -132,9 +136,18 @@ class PostgresStore(SessionStore):
         if self._pool is None:
             asyncpg = _import_asyncpg()
             try:
-                self._pool = await asyncpg.create_pool(
-                    self._dsn, min_size=self._sizes[0], max_size=self._sizes[1], timeout=self._connect_timeout,
-                    command_timeout=self.answer_timeout, init=self._init_connection)
+                timeouts = self._server_timeouts()
+                try:
+                    self._pool = await self._create_pool(asyncpg, timeouts)
+                except asyncpg.PostgresError as exc:
+                    # PgBouncer says "unsupported startup parameter: statement_timeout" (a
+                    # ProtocolViolationError), a server "unrecognized configuration parameter ...":
+                    # only a refusal naming one of these settings is retried, a DSN's own bad setting
+                    # is reported as the server said it. The client's command_timeout still bounds
+                    # every call made without them.
+                    if not any(name in str(exc) for name in timeouts):
+                        raise
+                    self._pool = await self._create_pool(asyncpg, {})
             except TimeoutError as exc:
                 raise StoreError.unreachable(self.backend, self._server, self._connect_timeout, "connecting") from exc
             except (OSError, asyncpg.PostgresError) as exc:
@@ -144,6 +157,31 @@ class PostgresStore(SessionStore):
             await self._migrate(self._pool)
             self._ready = True
         return self._pool
+
+    async def _create_pool(self, asyncpg: Any, server_settings: dict[str, str]) -> asyncpg.Pool:
+        """Open a pool and one connection in it, so that a refused setting shows here even with min_size=0."""
+        pool: asyncpg.Pool = await asyncpg.create_pool(
+            self._dsn, min_size=self._sizes[0], max_size=self._sizes[1], timeout=self._connect_timeout,
+            command_timeout=self.answer_timeout, init=self._init_connection, server_settings=server_settings)
+        if self._sizes[0] == 0:
+            try:
+                async with pool.acquire(timeout=self._connect_timeout):
+                    pass
+            except BaseException:
+                pool.terminate()
+                raise
+        return pool
+
+    def _server_timeouts(self) -> dict[str, str]:
+        """Have the server stop a statement, or its wait for a lock, a little before the client gives up on it.
+
+        The error then says why, in the server's own words ("canceling statement due to lock
+        timeout": another transaction held the session's row), over a connection that still works,
+        instead of "did not answer", which only a silent server (a partition, a hung host) deserves.
+        """
+        assert self.answer_timeout is not None
+        return {"statement_timeout": str(max(1, int(self.answer_timeout * 900))),
+                "lock_timeout": str(max(1, int(self.answer_timeout * 800)))}
 
     async def _init_connection(self, conn: asyncpg.Connection) -> None:
         """Turn TCP keepalives on for a new connection, so the OS notices a peer that went away."""
@@ -165,8 +203,13 @@ class PostgresStore(SessionStore):
         try:
             conn = await pool.acquire(timeout=self._connect_timeout)
         except TimeoutError as exc:
+            if pool.get_size() >= pool.get_max_size() and pool.get_idle_size() == 0:  # the server is not to blame
+                raise StoreError(f"{self.backend} store ({self._server}): all {pool.get_max_size()} pooled "
+                                 f"connections stayed busy for {self._connect_timeout:g} s; pass a larger max_size "
+                                 "(or connect_timeout), or make fewer calls at once",
+                                 backend=self.backend, server=self._server) from exc
             raise StoreError.unreachable(self.backend, self._server, self._connect_timeout,
-                                         "waiting for a connection") from exc
+                                         "connecting") from exc
         healthy = False
         try:
             yield conn

@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, T
 
 from typing_extensions import override
 
+from .._sqlite import OpenedFile, opened_file
 from ..errors import ConcurrentUpdate, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _sqlite_lease as lease_rows
 from . import _sqlite_log as log
 from ._sqlite_file import SQLITE_SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from ._sqlite_file import create_tables, open_for_writing, open_read_only
@@ -46,17 +48,11 @@ P = ParamSpec("P")
 
 _SESSION: Final = ("SELECT version, last_seq, lease_owner, lease_token, lease_expires, expires_at, state, created_at, "
                    "ttl FROM cp_sessions WHERE tenant = ? AND session_id = ?")
-_EXPIRY: Final = "CASE WHEN ttl IS NULL THEN NULL ELSE max(? + ttl, ?) END"
-"""A session's expiry at ``?`` (now) while a lease is held until the second ``?``: its TTL from now, never before."""
 _EXPIRY_AFTER_WRITE: Final = ("CASE WHEN ttl IS NULL THEN NULL "
                               "ELSE max(? + ttl, CASE WHEN lease_owner IS NULL THEN 0 ELSE lease_expires END) END")
 """A session's expiry after a write at ``?`` (now): its TTL from now, never before the lease it holds."""
 _LIVE_LAST_SEQ: Final = ("SELECT last_seq FROM cp_sessions WHERE tenant = ? AND session_id = ? "
                          "AND (expires_at IS NULL OR expires_at > ?)")
-
-
-def _lease_is_live(row: sqlite3.Row, now: float) -> bool:
-    return row["lease_owner"] is not None and row["lease_expires"] > now
 
 
 def _is_session(row: sqlite3.Row) -> bool:
@@ -97,6 +93,10 @@ class SQLiteStore(SessionStore):
     `StoreError` (a mistyped path must not get ``cp_*`` tables added to someone else's database);
     `allow_other_tables=True` shares such a file knowingly. A new or empty file, and one that holds
     contextpipe's tables (beside others or not), open as usual.
+
+    A file deleted, replaced or moved while the store is open fails the next write with a
+    `StoreError` saying so and what to do, and so does every later call: SQLite would go on writing
+    into the file it opened, and nothing is acknowledged that cannot be read back from the path.
     """
 
     backend = "sqlite"
@@ -126,6 +126,7 @@ class SQLiteStore(SessionStore):
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextpipe-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._file: OpenedFile | None = None  # the file the writer opened (`_transaction` checks it is still there)
         self._closed = False
         self._dropped: list[SessionKey] = []  # sessions deleted by the running operation (worker thread only)
         self._vector_cascade = False
@@ -163,6 +164,8 @@ class SQLiteStore(SessionStore):
     def _call(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], /, *args: P.args,
               **kwargs: P.kwargs) -> tuple[T, list[SessionKey]]:
         self._dropped = []
+        if self._file is not None:
+            self._file.refuse()  # found deleted, replaced or moved: nothing more is read or written
         return fn(self._connection(), *args, **kwargs), self._dropped
 
     def _connection(self) -> sqlite3.Connection:
@@ -171,17 +174,26 @@ class SQLiteStore(SessionStore):
         if self._conn is None:
             conn = open_for_writing(self.path, self._busy_ms, self._synchronous, self.allow_other_tables)
             try:
+                self._file = opened_file(conn, self.path)
                 with self._transaction(conn, durable=True):
                     create_tables(conn, self.path)
             except BaseException:
                 conn.close()
+                self._file = None  # the next operation opens the path again
                 raise
             self._conn = conn
         return self._conn
 
     @contextmanager
     def _transaction(self, conn: sqlite3.Connection, *, durable: bool) -> Iterator[None]:
-        """One ``BEGIN IMMEDIATE`` write transaction, committed durably (FULL) or not (NORMAL)."""
+        """One ``BEGIN IMMEDIATE`` write transaction, committed durably (FULL) or not (NORMAL).
+
+        Before the commit and after it, the file at the path must still be the one the store opened
+        (`OpenedFile`), or the write fails with a `StoreError` saying so, as does every operation after
+        it. SQLite goes on writing into a file that was deleted, replaced or moved, and such writes are
+        lost to whoever opens the path next; one found so before the commit is rolled back, which also
+        keeps it out of the write-ahead log that a file put at the path would read.
+        """
         relaxed = not durable and self._synchronous == "FULL"
         if relaxed:
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -190,6 +202,8 @@ class SQLiteStore(SessionStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield
+                if self._file is not None:
+                    self._file.check()
             except BaseException:
                 conn.execute("ROLLBACK")
                 del self._dropped[mark:]  # those deletions did not happen
@@ -200,6 +214,8 @@ class SQLiteStore(SessionStore):
                 conn.execute("PRAGMA synchronous = FULL")
         self.commits += 1
         self.durable_commits += self._synchronous == "FULL" and durable
+        if self._file is not None:
+            self._file.check()  # (taken away between the check and the commit: not acknowledged either)
 
     def _session_row(self, conn: sqlite3.Connection, key: SessionKey, now: float) -> sqlite3.Row | None:
         """Return the live session row (an expired session is deleted on the spot and reads as absent).
@@ -209,7 +225,7 @@ class SQLiteStore(SessionStore):
         """
         row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
         if row is not None and row["expires_at"] is not None and row["expires_at"] <= now:
-            if _lease_is_live(row, now):
+            if lease_rows.is_live(row, now):
                 return row
             if not self.read_only:  # read-only, it reads as absent without being deleted
                 self._delete_rows(conn, key)
@@ -227,26 +243,9 @@ class SQLiteStore(SessionStore):
                          (key.tenant, key.id, now, now))
             row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
             assert row is not None
-        expires = row["lease_expires"] if lease is not None else self._held_lease_expiry(conn, key, row, now)
+        expires = row["lease_expires"] if lease is not None else lease_rows.held_expiry(conn, key, row, now)
         common.check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], expires, now)
         return row
-
-    @staticmethod
-    def _held_lease_expiry(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float) -> float:
-        """Return the expiry of the lease `row` holds, bounded by its ttl from `now` (and stored so).
-
-        Only a lease that looks live is read further: a clock stepped back made it look so for longer
-        than its ttl allows (`_common.bounded_expiry`).
-        """
-        expires = float(row["lease_expires"])
-        if not _lease_is_live(row, now):
-            return expires
-        k = (key.tenant, key.id)
-        ttl = conn.execute("SELECT lease_ttl FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).fetchone()[0]
-        bounded = common.bounded_expiry(expires, ttl, now)
-        if bounded < expires:
-            conn.execute("UPDATE cp_sessions SET lease_expires = ? WHERE tenant = ? AND session_id = ?", (bounded, *k))
-        return bounded
 
     async def _write(
         self,
@@ -282,7 +281,7 @@ class SQLiteStore(SessionStore):
             with self._transaction(conn, durable=False):
                 row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
                 if row is not None:
-                    self._held_lease_expiry(conn, key, row, self._clock())
+                    lease_rows.held_expiry(conn, key, row, self._clock())
             raise
 
     @staticmethod
@@ -514,20 +513,7 @@ class SQLiteStore(SessionStore):
     def _acquire(self, conn: sqlite3.Connection, key: SessionKey, owner: str, ttl: float) -> Lease | None:
         with self._transaction(conn, durable=False):
             now = self._clock()
-            row = self._session_row(conn, key, now)
-            if row is None:
-                conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                             (key.tenant, key.id, now, now))
-                token = 0
-            elif not common.lease_is_free(row["lease_owner"], self._held_lease_expiry(conn, key, row, now), now,
-                                          owner):
-                return None
-            else:
-                token = int(row["lease_token"])
-            conn.execute("UPDATE cp_sessions SET lease_owner = ?, lease_token = ?, lease_expires = ?, lease_ttl = ?, "
-                         f"expires_at = {_EXPIRY} WHERE tenant = ? AND session_id = ?",
-                         (owner, token + 1, now + ttl, ttl, now, now + ttl, key.tenant, key.id))
-            return Lease(key.tenant, key.id, owner, token + 1, now + ttl, ttl)
+            return lease_rows.acquire(conn, key, self._session_row(conn, key, now), owner, ttl, now)
 
     @override
     async def _renew_lease(self, lease: Lease) -> Lease:
@@ -535,19 +521,7 @@ class SQLiteStore(SessionStore):
 
     def _renew(self, conn: sqlite3.Connection, lease: Lease) -> Lease:
         with self._transaction(conn, durable=False):
-            now = self._clock()
-            expires = now + lease.ttl
-            k = (lease.tenant, lease.session_id)
-            # The session's expiry moves with its lease, so a session never expires while a run holds it.
-            updated = conn.execute(
-                f"UPDATE cp_sessions SET lease_expires = ?, lease_ttl = ?, expires_at = {_EXPIRY} WHERE tenant = ? "
-                "AND session_id = ? AND lease_token = ? AND lease_owner = ? AND (expires_at IS NULL OR expires_at > ?)",
-                (expires, lease.ttl, now, expires, *k, lease.token, lease.owner, now)).rowcount
-            if not updated:
-                current = conn.execute("SELECT lease_token FROM cp_sessions WHERE tenant = ? AND session_id = ? "
-                                       "AND (expires_at IS NULL OR expires_at > ?)", (*k, now)).fetchone()
-                raise common.lease_lost(self.backend, lease.key, lease, None if current is None else current[0], now)
-            return lease.renewed(expires)
+            return lease_rows.renew(conn, self.backend, lease, self._clock())
 
     @override
     async def _release_lease(self, lease: Lease) -> None:
@@ -555,9 +529,7 @@ class SQLiteStore(SessionStore):
 
     def _release(self, conn: sqlite3.Connection, lease: Lease) -> None:
         with self._transaction(conn, durable=False):
-            conn.execute("UPDATE cp_sessions SET lease_owner = NULL, lease_expires = 0 WHERE tenant = ? "
-                         "AND session_id = ? AND lease_token = ? AND lease_owner = ?",
-                         (lease.tenant, lease.session_id, lease.token, lease.owner))
+            lease_rows.release(conn, lease)
 
     def vectors(self) -> SQLiteVectorStore:
         """Return a vector store in the same database file; deleting a session deletes its memories too.

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 from typing_extensions import override
 
-from .._sqlite import refuse_other_applications, use_wal
+from .._sqlite import OpenedFile, opened_file, refuse_other_applications, use_wal
 from ..errors import UsageError
 from . import _keywords
 from ._hnsw import (
@@ -156,6 +156,7 @@ class SQLiteVectorStore(VectorStore):
         self.scan_limit = scan_limit
         self._busy_ms = int(busy_timeout * 1000)
         self._conn: sqlite3.Connection | None = None
+        self._file: OpenedFile | None = None  # the file opened (each commit checks it is still at the path)
         self._worker = WorkerThread(self._connection)
         self._executor = self._worker.executor
         memory = self.path == ":memory:" or self.path.startswith("file::memory:")
@@ -200,16 +201,28 @@ class SQLiteVectorStore(VectorStore):
                 conn.close()
                 raise
             conn.execute("COMMIT")
+            self._file = opened_file(conn, self.path)
             self._conn = conn
         return self._conn
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(connection, *args)`` on the worker thread and return what it returns."""
+        self._refuse_lost_file()
         return await self._worker.run(fn, *args)
+
+    def _refuse_lost_file(self) -> None:
+        """Raise `StoreError` once a commit found the file deleted, replaced or moved (`OpenedFile`)."""
+        if self._file is not None:
+            self._file.refuse()
+
+    def _check_file(self) -> None:
+        """Before and after each commit: the file at the path must still be the one opened, or the write is refused."""
+        if self._file is not None:
+            self._file.check()
 
     def _queue_on_worker(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
         """Run ``fn(connection)`` on the worker thread later, dropping its SQLite and file errors."""
-        self._worker.later(fn, lambda: self._conn)
+        self._worker.later(fn, lambda: None if self._file is not None and self._file.lost else self._conn)
 
     def _on_calling_thread(self, collection: str,
                            fn: Callable[[sqlite3.Connection, CollectionIndex], Any]) -> Any:
@@ -223,6 +236,7 @@ class SQLiteVectorStore(VectorStore):
         fraction of a millisecond, less than handing it to the worker thread and back costs on a busy
         machine.
         """
+        self._refuse_lost_file()
         if self._conn is None or not self._worker.take_lock():
             return None
         try:
@@ -267,10 +281,12 @@ class SQLiteVectorStore(VectorStore):
             return False
         try:
             logged = self._insert(conn, collection, prepared, dims, cached if current else None)
+            self._check_file()  # (and after the commit: a write into a file taken away is rolled back here)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self._check_file()
         self._checkpoint_when_due(conn, len(prepared), calling_thread)
         if cached is None:
             return True
@@ -415,10 +431,12 @@ class SQLiteVectorStore(VectorStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 n = conn.execute(f"DELETE FROM cp_vectors WHERE {' AND '.join(clauses)}", params).rowcount
+                self._check_file()
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self._check_file()
             self._checkpoint_when_due(conn, n, calling_thread=False)
             if collection in self._cache:
                 self._indexes.sync(conn, collection)
@@ -522,7 +540,8 @@ class SQLiteVectorStore(VectorStore):
     async def close(self) -> None:
         def shut(conn: sqlite3.Connection) -> None:
             try:
-                for name in list(self._cache):
+                # (the indexes of a file no longer at the path are not saved beside the one there now)
+                for name in [] if self._file is not None and self._file.lost else list(self._cache):
                     with contextlib.suppress(OSError, sqlite3.Error):
                         cached = self._indexes.sync(conn, name)
                         if cached.dirty:
@@ -532,5 +551,5 @@ class SQLiteVectorStore(VectorStore):
                 self._conn = None
 
         if self._conn is not None:
-            await self._run(shut)
+            await self._worker.run(shut)
         self._executor.shutdown(wait=True)
