@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -240,8 +241,9 @@ class Agent:
                 error: BaseException | None = None
                 try:
                     await run_before(self.providers, ctx, spans, writer.guard)
-                    async for event in loop.events():
-                        yield event
+                    async with aclosing(loop.events()) as events:  # a stream closed early closes the loop here
+                        async for event in events:
+                            yield event
                     await writer.save_run(ctx, loop.state.new_messages)
                 except BaseException as exc:
                     error = exc

@@ -6,7 +6,8 @@ works on groups, never on loose messages:
 - ``system``: a system message (always kept);
 - ``summary``: a summary compaction wrote earlier (not a user turn; summarised again when older);
 - ``user``: a user turn;
-- ``assistant``: assistant text;
+- ``assistant``: assistant text, and any other plain message that is not the user's (a tool's
+  late result, `contextpipe.exchanges.late_result`);
 - ``tool_exchange``: an assistant message with function calls plus every result for those calls
   (and anything between them), so a call is never separated from its result.
 

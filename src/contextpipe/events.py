@@ -46,7 +46,7 @@ class ToolCallStarted:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallFinished:
-    """A tool call finished (successfully or with an error result)."""
+    """A tool call finished (successfully or with an error result); with per-step persistence its result is saved."""
 
     call: FunctionCall
     """The call."""

@@ -7,6 +7,12 @@ module: compaction groups messages with `group_messages`, the request checks use
 bounded history page drops results cut off from their calls with `drop_leading_orphans`, and model
 clients decide which messages carry results with `carries_results`.
 
+A call whose result came after the call was answered (a sync tool that outlived its timeout) gets
+a `late_result`: a plain message after the exchange, never a second result for the same call. It
+has the ``user`` role (every model API takes one there) but is no user turn: `group_messages`
+does not count it as one, and the memory providers do not learn it as the user's words
+(`is_late_result`).
+
 Parallel calls may be answered by several ``tool`` messages, one per result, saved as each result
 is produced: they still form one exchange, in any order, as long as no other message comes between.
 
@@ -23,11 +29,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from .messages import FunctionCall, FunctionResult, Message, Part, Source, TextPart
 
 __all__ = [
+    "LATE_RESULT_KEY",
     "Group",
     "GroupKind",
     "ValidatedChunks",
@@ -35,6 +42,8 @@ __all__ = [
     "drop_leading_orphans",
     "exchange_problem",
     "group_messages",
+    "is_late_result",
+    "late_result",
     "normalise_calls",
     "repair_exchanges",
     "tool_message",
@@ -120,8 +129,11 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
 
 
 def _plain_kind(message: Message, is_summary: Callable[[Message], bool] | None) -> GroupKind:
-    if is_summary is not None and message.metadata and is_summary(message):
-        return "summary"
+    if message.metadata:
+        if is_summary is not None and is_summary(message):
+            return "summary"
+        if LATE_RESULT_KEY in message.metadata:
+            return "assistant"  # a tool's output, not a user turn: never counted or pinned as one
     role = message.role
     return "system" if role == "system" else "user" if role == "user" else "assistant"
 
@@ -241,6 +253,44 @@ def tool_message(calls: Sequence[FunctionCall], results: Sequence[FunctionResult
     names = {c.name for c in calls}
     source = Source("tool", names.pop() if len(names) == 1 else None)
     return Message("tool", tuple(results), source=source)
+
+
+LATE_RESULT_KEY: Final = "late_result"
+"""Metadata key of a late result: the id of the call it belongs to (``metadata={"late_result": "call_1"}``)."""
+
+
+def late_result(call: FunctionCall, result: FunctionResult) -> Message:
+    """Return the message recording what `call` produced after it was answered with a timeout error.
+
+    The call's exchange is complete already (the model read the timeout error), so the real
+    result cannot be a second ``tool`` message for it: it is a ``user`` message of its own, with
+    the tool as its source and the call id under `LATE_RESULT_KEY`, that goes after the exchange
+    (at the next step, or at the end of the run) and that the model reads like any other.
+
+    >>> call = FunctionCall("call_1", "build_report", "{}")
+    >>> message = late_result(call, FunctionResult("call_1", "report ready"))
+    >>> print(message.text)
+    [Late result of call call_1 to 'build_report', which timed out] It has finished since and returned:
+    report ready
+    >>> message.metadata, message.source
+    ({'late_result': 'call_1'}, Source(kind='tool', source_id='build_report'))
+    """
+    how = "failed" if result.is_error else "returned"
+    text = f"[Late result of call {call.call_id} to {call.name!r}, which timed out] It has finished since and {how}:\n"
+    text += result.result
+    return Message("user", (TextPart(text), *result.parts), metadata={LATE_RESULT_KEY: call.call_id},
+                   source=Source("tool", call.name))
+
+
+def is_late_result(message: Message) -> bool:
+    """Tell whether `message` is a tool's `late_result` (a ``user`` message that is a tool's output, not the user's).
+
+    >>> is_late_result(late_result(FunctionCall("c1", "build_report", "{}"), FunctionResult("c1", "ready")))
+    True
+    >>> is_late_result(Message.user("ready"))
+    False
+    """
+    return LATE_RESULT_KEY in message.metadata
 
 
 def normalise_calls(messages: Sequence[Message], seen: set[str] | None = None) -> tuple[list[Message], list[str]]:

@@ -12,6 +12,10 @@ audio or files to the model along with the text.
 A tool never crashes a run: arguments are validated before the call, and invalid arguments, an
 exception inside the tool or a timeout all become an error result the model can read and act on.
 
+A sync tool runs in a worker thread, which nothing can stop from outside: when its caller stops
+waiting (a timeout, a cancelled run) the thread goes on, and `ToolThread` is how the caller keeps
+hold of what it will produce (a run keeps its session until then; see `contextpipe._run.threads`).
+
 >>> @tool
 ... def lookup_location_code(city: str) -> str:
 ...     '''Return the location code for a city name.
@@ -29,6 +33,8 @@ The city's name, for example "Suzhou".
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import json
 import re
@@ -85,6 +91,25 @@ class ToolOutcome:
     """Images, audio or files the tool returned besides its text (an MCP tool's image, for example)."""
 
 
+@dataclass(slots=True, eq=False)
+class ToolThread:
+    """A sync tool's call running in a worker thread: what it will produce, and whether its caller gave up waiting.
+
+    A thread cannot be stopped from outside. When the wait for it ends early (the tool's timeout,
+    a cancelled task) the thread goes on, and `outcome` is still set when it returns: a caller that
+    keeps the `ToolThread` (a run does) learns what the call really did.
+    """
+
+    outcome: asyncio.Future[ToolOutcome]
+    """Set when the thread returns: the tool's outcome (an exception it raised becomes an error outcome)."""
+    timed_out: bool = False
+    """True when the caller was given a timeout error instead of `outcome` (the thread was still running)."""
+
+
+OnThread = Callable[[ToolThread], None]
+"""Told about each thread a sync tool starts, before anything waits for it (see `Tool._invoke`)."""
+
+
 class Tool:
     """A function the model can call, with its schema, validation, timeout and idempotency flag.
 
@@ -118,7 +143,10 @@ class Tool:
         self.idempotent: bool = idempotent
         """True when running the tool twice with the same arguments is safe (crash recovery re-runs it)."""
         self.timeout: float | None = timeout
-        """Seconds the tool may run before its result becomes a timeout error; None for no limit."""
+        """Seconds the tool may run before its result becomes a timeout error; None for no limit.
+
+        An async tool is cancelled then; a sync tool's thread cannot be, and goes on (a run waits for
+        it before it gives its session back, and records what it returns as a late result)."""
         self.run_in_thread: bool = run_in_thread
         """For sync functions: run in a worker thread (the default) so a slow tool never blocks the loop."""
         self._is_async = inspect.iscoroutinefunction(fn)
@@ -173,8 +201,14 @@ class Tool:
     async def invoke(self, arguments: str) -> ToolOutcome:
         """Validate `arguments` (JSON text from the model), run the tool, and return its outcome.
 
-        Never raises for the tool's own failures: they are returned as error outcomes.
+        Never raises for the tool's own failures: they are returned as error outcomes. A sync tool
+        that times out goes on in its thread, and what it returns then is discarded (a run keeps it:
+        see the Tools guide).
         """
+        return await self._invoke(arguments, None)
+
+    async def _invoke(self, arguments: str, on_thread: OnThread | None) -> ToolOutcome:
+        """`invoke`, telling `on_thread` about the worker thread of a sync tool (so a run can keep it)."""
         if self._handler is not None:
             return await self._invoke_handler(self._handler, arguments)
         import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
@@ -186,6 +220,8 @@ class Tool:
         except pydantic.ValidationError as exc:
             return ToolOutcome(_describe_validation_error(self.name, arguments, exc), is_error=True)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        if not self._is_async and self.run_in_thread:
+            return await self._invoke_in_thread(kwargs, on_thread)
         try:
             if self.timeout is None:
                 value = await self._run(kwargs)
@@ -229,9 +265,47 @@ class Tool:
     async def _run(self, kwargs: dict[str, Any]) -> Any:
         if self._is_async:
             return await self._fn(**kwargs)
-        if self.run_in_thread:
-            return await asyncio.to_thread(self._fn, **kwargs)
         return self._fn(**kwargs)
+
+    async def _invoke_in_thread(self, kwargs: dict[str, Any], on_thread: OnThread | None) -> ToolOutcome:
+        """Run a sync tool in a worker thread (as `asyncio.to_thread` does) and wait for it, up to the timeout.
+
+        The thread's outcome is a future of its own, awaited through `asyncio.shield`: a timeout or a
+        cancellation ends the wait, never the future, so whoever `on_thread` gave it to still gets it.
+        """
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self._fn, **kwargs)
+        running = loop.run_in_executor(None, call)
+        thread = ToolThread(loop.create_future())
+        running.add_done_callback(functools.partial(self._set_outcome, thread.outcome))
+        if on_thread is not None:
+            on_thread(thread)
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.shield(thread.outcome)
+        except TimeoutError:
+            thread.timed_out = True
+            still = ("; it is still running, and what it returns will be added to the conversation when it "
+                     "finishes (check that before calling it again)." if on_thread is not None else
+                     " and was abandoned.")
+            return ToolOutcome(f"Error: tool {self.name!r} did not finish within {self.timeout:g} s{still}",
+                               is_error=True)
+
+    def _set_outcome(self, outcome: asyncio.Future[ToolOutcome], done: asyncio.Future[Any]) -> None:
+        """Set `outcome` from the thread's return value or exception (`done`), in the tool's terms."""
+        if outcome.done():
+            return
+        if done.cancelled():  # only a closing event loop cancels it
+            outcome.cancel()
+            return
+        try:
+            value = done.result()
+            outcome.set_result(value if isinstance(value, ToolOutcome) else ToolOutcome(_to_text(value)))
+        except Exception as exc:
+            outcome.set_result(ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}",
+                                           is_error=True))
+        except BaseException as exc:  # a KeyboardInterrupt or SystemExit raised in the thread: the caller's to see
+            outcome.set_exception(exc)
 
 
 @overload

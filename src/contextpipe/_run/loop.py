@@ -19,6 +19,11 @@ Before the first call the loop also repairs a session whose log ends in tool cal
 (a crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
 again, and every other call gets an explicit "interrupted" result, so no model ever sees an
 unanswered call.
+
+A sync tool's thread that outlives the wait for it (a timeout, a cancelled run) is kept
+(`contextpipe._run.threads`): its late result is recorded before the next model call, and the loop
+ends only once every such thread has finished and what it produced is saved, whatever ended the run
+(except a lost lease), so the run keeps its session until then.
 """
 
 from __future__ import annotations
@@ -26,15 +31,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from ..errors import ModelResponseError
+from ..errors import LeaseLost, ModelResponseError
 from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
 from ..exchanges import (
     ValidatedChunks,
     exchange_problem,
+    late_result,
     normalise_calls,
     repair_exchanges,
     tool_message,
@@ -55,7 +62,9 @@ from ..models.base import (
 )
 from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
+from .calls import execute_tool, interrupted, stopped_with_run
 from .invariants import check_messages
+from .threads import RunThreads, wait_through_cancellation
 
 if TYPE_CHECKING:
     from ..config import RunLimits
@@ -64,7 +73,7 @@ if TYPE_CHECKING:
     from ..tools import Tool, ToolSpec
     from .writer import StepWriter
 
-__all__ = ["ModelStep", "StepLoop", "Stop", "execute_tool"]
+__all__ = ["ModelStep", "StepLoop", "Stop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,26 +107,6 @@ class LoopState:
     stop_reason: StopReason = "completed"
     steps: int = 0
     error_steps: int = 0
-
-
-def _interrupted(call: FunctionCall) -> FunctionResult:
-    return FunctionResult(
-        call.call_id,
-        f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped); "
-        "it was not run again because the tool is not marked idempotent. Check its effect before retrying.",
-        is_error=True,
-    )
-
-
-async def execute_tool(tools: dict[str, Tool], call: FunctionCall) -> FunctionResult:
-    """Run one call with the tool it names; an unknown name becomes an error result for the model."""
-    tool = tools.get(call.name)
-    if tool is None:
-        names = ", ".join(sorted(tools)) or "none"
-        return FunctionResult(
-            call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
-    outcome = await tool.invoke(call.arguments)
-    return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
 
 
 def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
@@ -237,10 +226,11 @@ class StepLoop:
         self._stop: Stop | None = None
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
+        self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         async def run(c: FunctionCall) -> FunctionResult:
-            return await execute_tool(self._tools, c)
+            return await execute_tool(self._tools, c, self._threads)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -248,33 +238,100 @@ class StepLoop:
     def _execute(self, call: FunctionCall) -> asyncio.Future[FunctionResult]:
         return asyncio.ensure_future(self._call_tool(call))
 
-    async def events(self) -> AsyncIterator[RunEvent]:
+    async def events(self) -> AsyncGenerator[RunEvent, None]:
         """Drive the loop: model step, tool step, until a `Stop`; yield events on the way.
 
         Only what can yield is an async generator (a streamed call, the tool step): a complete
-        call is a plain await, so a run that wants no events builds no generator per step.
+        call is a plain await, so a run that wants no events builds no generator per step. However
+        the loop ends, it first waits for the tool threads still running (`_settle`).
         """
-        if open_end := self._prepare():  # only a log that may end in open calls: no generator otherwise
-            async for event in self._answer_interrupted(open_end):
-                yield event
-        while True:
-            request = self._request()
-            started, ratio = time.perf_counter(), self.ctx.tokens.ratio
-            response: ModelResponse | None = None
-            if self.stream:
-                async for item in self._call_model(request):
-                    if isinstance(item, ModelResponse):
-                        response = item
-                    else:
-                        yield item
-            else:
-                response = await self.writer.guard(self._complete(request))
-            step = self._model_step(request, response, time.perf_counter() - started, ratio)
-            async for event in self._tool_step(step):
-                yield event
-            if self._stop is not None:
-                self.state.stop_reason = self._stop.reason
-                return
+        async with self._settling():
+            if open_end := self._prepare():  # only a log that may end in open calls: no generator otherwise
+                async with aclosing(self._answer_interrupted(open_end)) as repair:
+                    async for event in repair:
+                        yield event
+            while True:
+                if (late := await self._save_late()) is not None:
+                    yield late
+                request = self._request()
+                started, ratio = time.perf_counter(), self.ctx.tokens.ratio
+                response: ModelResponse | None = None
+                if self.stream:
+                    async for item in self._call_model(request):
+                        if isinstance(item, ModelResponse):
+                            response = item
+                        else:
+                            yield item
+                else:
+                    response = await self.writer.guard(self._complete(request))
+                step = self._model_step(request, response, time.perf_counter() - started, ratio)
+                async with aclosing(self._tool_step(step)) as tool_events:  # closed (its tasks stopped) before _settle
+                    async for event in tool_events:
+                        yield event
+                if self._stop is not None:
+                    self.state.stop_reason = self._stop.reason
+                    break
+
+    @asynccontextmanager
+    async def _settling(self) -> AsyncIterator[None]:
+        """Around the loop: however it ends, wait for the tool threads still running first (`_settle`)."""
+        try:
+            yield
+        except BaseException as exc:
+            if self._threads:
+                await self._settle(exc)
+            raise
+        if self._threads:
+            await self._settle(None)
+
+    async def _save_late(self) -> StepPersisted | None:
+        """Add and save the late results that came since the last step (a step boundary); return the event."""
+        if not self._threads or not (late := self._threads.late()):
+            return None
+        return await self._save(self.state.steps, self._add_late(late))
+
+    async def _settle(self, error: BaseException | None) -> None:
+        """Wait for the tool threads still running, then save what they produced (`contextpipe._run.threads`).
+
+        A call the run never answered gets the thread's result as its own; a call answered with a
+        timeout error gets a late result. Neither a cancellation (however often repeated) nor the
+        run's `error` cuts the wait short: the run keeps its lease until the threads are done. Only
+        a lost lease does, as nothing may be written then.
+        """
+        writer, threads = self.writer, self._threads
+        if writer.lost is not None:
+            return
+        try:
+            cancelled = await threads.wait(writer.guard)
+        except LeaseLost:
+            if error is None:
+                raise
+            return
+        messages = threads.unsaved()  # answers whose save was cut: saved again (appends are idempotent by id)
+        unanswered, late = threads.finish()
+        messages.extend(self._add_tool_message([call], [result]) for call, result in unanswered)
+        if late and (stopped := unanswered_calls(self._tail)):
+            # Calls of the step the run cancelled (async tools) would come before the late results with
+            # no answer: they are answered as what they were, instead of leaving the log to repair.
+            messages.append(self._add_tool_message(stopped, [stopped_with_run(c) for c in stopped]))
+        messages.extend(self._add_late(late))
+        try:
+            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+        except Exception as exc:
+            if error is None:
+                raise
+            error.add_note(f"what tool threads produced after the run stopped waiting for them could not be "
+                           f"saved: {type(exc).__name__}: {exc}")
+            return
+        if (cancelled or cut) and error is None:
+            raise asyncio.CancelledError  # the cancellation the wait deferred (the run's own error goes on as it is)
+
+    def _add_late(self, late: Sequence[tuple[FunctionCall, FunctionResult]]) -> list[Message]:
+        """Add the late results of calls answered with a timeout error to the run's messages; return them."""
+        messages = [late_result(call, result) for call, result in late]
+        self._tail.extend(messages)
+        self.state.new_messages.extend(messages)
+        return messages
 
     # --- before the first call ----------------------------------------------------------------------
 
@@ -306,7 +363,7 @@ class StepLoop:
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
         return open_end
 
-    async def _answer_interrupted(self, history: list[Message]) -> AsyncIterator[RunEvent]:
+    async def _answer_interrupted(self, history: list[Message]) -> AsyncGenerator[RunEvent, None]:
         """Answer the calls a previous, interrupted run left without results (see module docstring).
 
         The answer goes right after the history, before the context providers' messages and the input.
@@ -324,12 +381,16 @@ class StepLoop:
                 if self.want_events:
                     yield ToolCallFinished(call, result)
             else:
-                result = _interrupted(call)
+                result = interrupted(call)
             results.append(result)
         message = tool_message(pending, results).with_source(_REPAIR)
         self._parts.insert(self._head, Segment(_REPAIR, [message], _tagged=[message]))
         self.state.new_messages.append(message)
+        for call in pending:
+            self._threads.answering(call, message)
         saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+        for call in pending:
+            self._threads.saved(call)
         if self.want_events and saved:
             yield StepPersisted(0, saved)
 
@@ -418,7 +479,7 @@ class StepLoop:
 
     # --- tool step ----------------------------------------------------------------------------------
 
-    async def _tool_step(self, step: ModelStep) -> AsyncIterator[RunEvent]:
+    async def _tool_step(self, step: ModelStep) -> AsyncGenerator[RunEvent, None]:
         """Save the model's output, run the calls it made (saving each result at once), decide what next.
 
         Parallel calls run concurrently, each result saved (its own tool message) as soon as it is
@@ -437,21 +498,61 @@ class StepLoop:
         # One call (the common case) is awaited directly: no task, no concurrency to arrange.
         tasks = [self._execute(c) for c in calls] if len(calls) > 1 else []
         errors = 0
+        answered: set[str] = set()
+        saving: Message | None = None  # the result being saved, if a save is in progress
         try:
             for arrival in asyncio.as_completed(tasks) if tasks else [self._call_tool(calls[0])]:
                 result = await self.writer.guard(arrival)
                 call = by_id[result.call_id]
-                message = self._add_tool_message([call], [result])
+                answered.add(call.call_id)
+                message = saving = self._add_tool_message([call], [result])
                 errors += result.is_error
+                self._threads.answering(call, message)
+                # Saved before it is announced: a reader that stops at the announcement loses nothing.
+                persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
+                saving = None
+                self._threads.saved(call)
                 if self.want_events:
                     yield ToolCallFinished(call, result)
-                persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
                 if persisted is not None:
                     yield persisted
+        except BaseException as exc:
+            await self._keep_finished(tasks, by_id, answered, saving, exc)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
         self.state.error_steps = self.state.error_steps + 1 if errors == len(calls) else 0
+
+    async def _keep_finished(self, tasks: Sequence[asyncio.Future[FunctionResult]], by_id: dict[str, FunctionCall],
+                             answered: set[str], saving: Message | None, error: BaseException) -> None:
+        """Save the results of a tool step cut short that exist already, so no call that completed is lost.
+
+        That is the result whose save was cut (saved again: appends are idempotent by id) and those
+        of parallel calls that finished before the loop took their result. Calls still running are
+        cancelled; a sync tool's thread among them is waited for by `_settle`.
+        """
+        for task in tasks:
+            task.cancel()
+        if self.writer.lost is not None:
+            return
+        messages = [] if saving is None else [saving]
+        finished = [task.result() for task in tasks if task.done() and not task.cancelled()
+                    and task.exception() is None and task.result().call_id not in answered]
+        for result in finished:
+            call = by_id[result.call_id]
+            messages.append(message := self._add_tool_message([call], [result]))
+            self._threads.answering(call, message)
+        if not messages:
+            return
+        try:
+            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+        except Exception as exc:
+            error.add_note(f"the results of calls that finished as the run stopped could not be saved: "
+                           f"{type(exc).__name__}: {exc}")
+            return
+        for result in finished:
+            self._threads.saved(by_id[result.call_id])
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """Return the messages to save and the calls to run.

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..exchanges import is_late_result
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
 from ..session import ProviderState, Session, user_id
@@ -125,7 +126,8 @@ class FactMemory(ContextProvider):
         if outcome.error is not None or session is None or self._scope(session) is None:
             return
         learned = self.messages_to_learn(outcome)
-        turn = "\n".join(f"{m.role}: {m.text}" for m in learned if m.role in ("user", "assistant") and m.text)
+        turn = "\n".join(f"{m.role}: {m.text}" for m in learned  # a late result is a tool's output: not learned
+                         if m.role in ("user", "assistant") and m.text and not is_late_result(m))
         pending = self.pending.get(session)
         turns = [*pending.turns, turn] if turn else list(pending.turns)
         if not turns:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..errors import UsageError
+from ..exchanges import is_late_result
 from ..messages import INPUT, Message, Source
 from ..session import Session, user_id
 from ..vectors.base import (
@@ -228,6 +229,8 @@ class SemanticMemory(ContextProvider):
         if message.author_name:
             return message.author_name
         name = None
+        if is_late_result(message):
+            return "tool"
         if message.role == "user":
             name = self.user_name(session)
         elif message.role == "assistant":
@@ -326,7 +329,7 @@ class SemanticMemory(ContextProvider):
         request, response = self._messages_to_store(outcome)
         stored = {m.id for m in request}
         context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
-        earlier = [m for m in context if m.role in self.roles and m.text.strip() and not m.metadata.get("memory")
+        earlier = [m for m in context if _role(m) in self.roles and m.text.strip() and not m.metadata.get("memory")
                    and (m.source is None or m.source.kind in ("history", "input", "model")) and m.id not in stored]
         reach = self.window + self.window_after
         before = self._kept_earlier(earlier[-reach:]) if reach else ()
@@ -342,8 +345,8 @@ class SemanticMemory(ContextProvider):
         """
         if self.store_request_filter is None and self.store_response_filter is None:
             return list(earlier)
-        asked = [m.with_source(INPUT) for m in earlier if m.role == "user"]
-        answered: Sequence[Message] = [m.with_source(Source("model")) for m in earlier if m.role != "user"]
+        asked = [m.with_source(INPUT) for m in earlier if _role(m) == "user"]
+        answered: Sequence[Message] = [m.with_source(Source("model")) for m in earlier if _role(m) != "user"]
         if self.store_response_filter is not None:
             answered = self.store_response_filter(answered)
         kept = {m.id for m in (self.store_request_filter or external_input)(asked)} | {m.id for m in answered}
@@ -357,7 +360,7 @@ class SemanticMemory(ContextProvider):
         last `window_after` of them are indexed again with the new turns after them). Use it to import
         earlier conversations; `after_run` calls it for every successful run.
         """
-        turns = [m for m in messages if m.role in self.roles and m.text.strip()]
+        turns = [m for m in messages if _role(m) in self.roles and m.text.strip()]
         if not turns:
             return 0
         await self._check_embedder()
@@ -375,7 +378,7 @@ class SemanticMemory(ContextProvider):
             after = lines[at + 1:at + 1 + self.window_after]
             meta: dict[str, Any] = {
                 "tenant": session.tenant, "session_id": session.id, "user_id": user, "agent": self.agent_name,
-                "role": m.role, "author": named[at][1], "created_at": m.created_at or time.time(),
+                "role": _role(m), "author": named[at][1], "created_at": m.created_at or time.time(),
                 EMBEDDER_KEY: self.embedder.name}
             if window:
                 meta["before"] = _clip(window[-1])
@@ -413,3 +416,8 @@ class SemanticMemory(ContextProvider):
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""
         return await self.vectors.delete(self.collection, where={"tenant": tenant, "session_id": session_id})
+
+
+def _role(message: Message) -> str:
+    """Return the role `roles` selects by: a tool's late result has the ``user`` role but is the tool's words."""
+    return "tool" if is_late_result(message) else message.role
