@@ -426,6 +426,13 @@ class SessionStore(abc.ABC):
         except Exception as exc:
             raise self._store_error(exc) from exc
 
+    async def message_seq(self, tenant: str, session_id: str, message_id: str) -> int | None:
+        """Return the sequence of message `message_id` in the log, or None: one lookup in the ids' index."""
+        try:
+            return await self._message_seq(key_of(tenant, session_id), message_id)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+
     async def load_context(
         self, tenant: str, session_id: str, *, limit: int | None = None
     ) -> tuple[Checkpoint | None, MessagePage]:
@@ -554,6 +561,10 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
         """Return a page of the log (`load`)."""
+
+    @abc.abstractmethod
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        """Return the sequence of the message with this id, None if none (`message_seq`)."""
 
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
         """Return the latest checkpoint and the messages after it (`load_context`): by default two calls."""

@@ -409,6 +409,15 @@ class SQLiteStore(SessionStore):
             await self._notify_restarted(dropped)
         return result, messages, first
 
+    @override
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        row = await self._run(lambda conn: conn.execute(
+            "SELECT m.seq FROM cp_messages m JOIN cp_sessions s USING (tenant, session_id) "
+            "WHERE m.tenant = ? AND m.session_id = ? AND m.message_id = ? "
+            "AND (s.expires_at IS NULL OR s.expires_at > ?)",
+            (key.tenant, key.id, message_id, self._clock())).fetchone())
+        return None if row is None else int(row["seq"])
+
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override
