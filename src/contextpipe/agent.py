@@ -16,6 +16,7 @@ from typing import Any
 
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
+from ._run.replay import EarlierRun, final_text, find_earlier, log_store
 from ._run.writer import StepWriter
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
@@ -233,6 +234,13 @@ class Agent:
         try:
             async with StepWriter.open(self.store, session, history_providers=self.history_providers,
                                        durability=self.durability, lease_wait=lease_wait) as writer:
+                earlier = await self._earlier(session, input, input_messages)
+                if earlier is not None and earlier.stop_reason is not None:
+                    assert session is not None
+                    yield RunDone(earlier.result(session))
+                    return
+                if earlier is not None:  # interrupted before its answer: resume it (its input is in the log)
+                    input_messages = []
                 ctx = self._context(session, input_messages, settings, writer)
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events,
@@ -249,7 +257,7 @@ class Agent:
                     raise
                 finally:
                     failures = await self._finish(ctx, loop, writer, spans, error)
-                result = self._result(ctx, loop, session)
+                result = self._result(ctx, loop, session, earlier)
                 if failures:
                     raise AfterRunError(failures, result)
                 if spans.root is not None:
@@ -271,15 +279,25 @@ class Agent:
             lease_token=writer.lease.token if writer.lease is not None else None,
         )
 
-    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
+    async def _earlier(self, session: Session | None, input: str | Message | Sequence[Message] | None,
+                       input_messages: list[Message]) -> EarlierRun | None:
+        """Return the run of `session` that had this input already (a retry), if any (see `_run.replay`).
+
+        Text becomes a message with an id made just now: only messages given with their ids may be retries.
+        """
+        store = log_store(self.history_providers)
+        if store is None or session is None or not input_messages or isinstance(input, str):
+            return None
+        return await find_earlier(store, session, input_messages)
+
+    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None,
+                earlier: EarlierRun | None = None) -> RunResult:
         state = loop.state
-        text = ""
-        for m in reversed(state.new_messages):
-            if m.role == "assistant":
-                text = m.text
-                break
+        messages, given = state.new_messages, ctx.input
+        if earlier is not None:  # a resumed run: the interrupted run's input and messages come first
+            messages, given = [*earlier.messages, *messages], earlier.input
         return RunResult(
-            text=text, messages=state.new_messages, input=ctx.input,
+            text=final_text(messages), messages=messages, input=given,
             usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
             session=session,
         )

@@ -56,6 +56,7 @@ from ..models.base import (
 from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
 from .invariants import check_messages
+from .replay import STOP_KEY
 
 if TYPE_CHECKING:
     from ..config import RunLimits
@@ -466,7 +467,7 @@ class StepLoop:
                f"the run stopped after {self.limits.max_consecutive_tool_errors} steps in a row whose tool calls "
                "failed (max_consecutive_tool_errors)")
         withdrawn = self._add_tool_message(step.calls, [FunctionResult(
-            c.call_id, f"Error: not run; {why}.", is_error=True) for c in step.calls])
+            c.call_id, f"Error: not run; {why}.", is_error=True) for c in step.calls], stop=self._stop_reason(step))
         return [*step.produced, withdrawn], []
 
     def _stop_reason(self, step: ModelStep) -> StopReason:
@@ -474,8 +475,11 @@ class StepLoop:
             return "completed"
         return "max_steps" if step.step > self.limits.max_steps else "tool_errors"
 
-    def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
+    def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult], *,
+                          stop: StopReason | None = None) -> Message:
         message = tool_message(calls, results)
+        if stop is not None:  # the run ends here: the log says why, for a replay of the run (`replay.STOP_KEY`)
+            message = Message(message.role, message.parts, source=message.source, metadata={STOP_KEY: stop})
         self._tail.append(message)
         self.state.new_messages.append(message)
         return message

@@ -1,0 +1,232 @@
+"""A retried input is answered once, on every backend: the same message twice runs once, at once too.
+
+Seed 001 (the Rust port's run lifecycle, "完整的 Agent run() 生命周期"): ``agent.run(messages, options)``
+goes first to ``session.touch_request_hash(messages)``, before any provider or model call, so a
+request seen before is not run again. MAF has no such step (microsoft/agent-framework#3657: the same
+input sent twice gets two answers); contextpipe keys it on the input message's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from contextpipe import Agent, InputConflict, Message, RunLimits, RunResult, tool
+from contextpipe.models import ModelRequest, ModelResponse
+from contextpipe.providers import History
+from contextpipe.stores import SessionStore
+from contextpipe.testing import ScriptedModel, tool_call
+
+QUESTION = "What should I wear in Suzhou today?"
+
+
+@tool
+def lookup_location_code(city: str) -> str:
+    """Return the location code for a city name."""
+    return "SZ"
+
+
+def weather_agent(store: SessionStore, model: Any, **kwargs: Any) -> Agent:
+    return Agent(model, tools=[lookup_location_code], providers=[History(store)], **kwargs)
+
+
+def same_result(a: RunResult, b: RunResult) -> None:
+    assert (b.text, b.stop_reason) == (a.text, a.stop_reason)
+    assert b.messages == a.messages
+    assert b.input == a.input
+
+
+def counting(store: SessionStore, name: str) -> list[tuple[Any, ...]]:
+    """Record each call of the store's method `name` (the store itself still does the work)."""
+    calls: list[tuple[Any, ...]] = []
+    real: Callable[..., Awaitable[Any]] = getattr(store, name)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await real(*args, **kwargs)
+
+    setattr(store, name, counted)
+    return calls
+
+
+async def test_the_same_message_sent_twice_is_answered_once(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle: ``agent.run`` → ``session.touch_request_hash(messages)`` first.
+
+    The second send of the same message (same id) is a retry: it returns the first answer from the
+    log, marked replayed, with no model call and nothing stored (MAF agent-framework#3657 runs it twice).
+    """
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "Suzhou (SZ): sunny, wear linen."])
+    agent = weather_agent(store, model)
+    session = await agent.session("replay-twice", tenant=tenant)
+    question = Message.user(QUESTION)
+    first = await agent.run(question, session=session)
+    log = await agent.history(session)
+    version = (await store.get_session(tenant, session.id)).version  # type: ignore[union-attr]
+
+    again = await agent.run(question, session=await agent.session("replay-twice", tenant=tenant))
+
+    assert len(model.requests) == 2  # the first run's two calls; none for the retry
+    assert not first.replayed and again.replayed
+    same_result(first, again)
+    assert (again.steps, again.traces, again.usage.input_tokens) == (0, [], 0)
+    assert await agent.history(session) == log  # nothing more stored
+    assert (await store.get_session(tenant, session.id)).version == version  # type: ignore[union-attr]
+
+
+async def test_a_run_stopped_at_its_step_limit_replays_with_that_stop_reason(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` before the run): the earlier result is the
+    whole result, its stop reason too: a run cut short at ``max_steps`` replays as ``max_steps``."""
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"),
+                           tool_call("lookup_location_code", city="Suzhou")])
+    agent = weather_agent(store, model, limits=RunLimits(max_steps=1))
+    session = await agent.session("replay-limit", tenant=tenant)
+    question = Message.user(QUESTION)
+    first = await agent.run(question, session=session)
+    again = await agent.run(question, session=session)
+
+    assert first.stop_reason == "max_steps" and again.replayed
+    same_result(first, again)
+    assert len(model.requests) == 2
+
+
+async def test_the_same_id_with_other_content_is_refused(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle: ``touch_request_hash(messages)`` tells a retry from a new request;
+    a message id reused for another question is neither, and is refused rather than answered wrongly."""
+    model = ScriptedModel(["Sunny."])
+    agent = weather_agent(store, model)
+    session = await agent.session("replay-conflict", tenant=tenant)
+    await agent.run(Message.user(QUESTION, id="msg-client-1"), session=session)
+    log = await agent.history(session)
+
+    with pytest.raises(InputConflict, match="already in session 'replay-conflict', but not as this input"):
+        await agent.run(Message.user("And tomorrow?", id="msg-client-1"), session=session)
+    assert len(model.requests) == 1
+    assert await agent.history(session) == log
+
+
+async def test_new_input_costs_no_lookup_for_text_and_one_for_a_message(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle: the request check before each run must cost nothing for a new input:
+    text gets an id made for the run (no lookup), a message given with its id one indexed lookup."""
+    model = ScriptedModel(["One.", "Two."])
+    agent = weather_agent(store, model)
+    session = await agent.session("replay-cost", tenant=tenant)
+    lookups = counting(store, "message_seq")
+    await agent.run(QUESTION, session=session)
+    assert lookups == []
+    await agent.run(Message.user("And tomorrow?"), session=session)
+    assert len(lookups) == 1
+
+
+async def test_two_identical_requests_at_once_make_one_model_call(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` first, under the session): two identical
+    requests at once, the second waiting for the session (``lease_wait``), make one model call, and
+    both get the same result."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def answer(request: ModelRequest) -> ModelResponse:
+        nonlocal calls
+        calls += 1
+        entered.set()
+        await release.wait()
+        return ModelResponse([Message.assistant(f"answer {calls}")], finish_reason="stop")
+
+    model = ScriptedModel([answer, answer])
+    agent = weather_agent(store, model)
+    await agent.session("replay-race", tenant=tenant)
+    busy = asyncio.Event()
+    real_try = store.try_acquire_lease
+
+    async def try_acquire(*args: Any, **kwargs: Any) -> Any:
+        lease = await real_try(*args, **kwargs)
+        if lease is None:
+            busy.set()  # the second request found the session held and waits for it
+        return lease
+
+    store.try_acquire_lease = try_acquire  # type: ignore[method-assign]
+    question = Message.user(QUESTION)
+
+    async def send() -> RunResult:
+        return await agent.run(question, session=await agent.session("replay-race", tenant=tenant), lease_wait=60)
+
+    first = asyncio.ensure_future(send())
+    await entered.wait()
+    second = asyncio.ensure_future(send())
+    await busy.wait()
+    release.set()
+    a, b = await asyncio.gather(first, second)
+
+    assert calls == 1
+    assert a.text == "answer 1" and not a.replayed and b.replayed
+    same_result(a, b)
+    log = await agent.history(await agent.session("replay-race", tenant=tenant))
+    assert [(m.role, m.text) for m in log] == [("user", QUESTION), ("assistant", "answer 1")]
+
+
+async def test_a_retry_of_an_interrupted_run_resumes_it(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` first): a retry of a run stopped before its
+    answer (a cancelled task here; a killed process in test_processes) resumes it: the stored call
+    is answered, the model is asked once more, and the input is neither sent nor stored twice."""
+    started = asyncio.Event()
+
+    @tool(idempotent=True)
+    async def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        if not started.is_set():
+            started.set()
+            await asyncio.Event().wait()  # the first run is stopped here
+        return "SZ"
+
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "Suzhou (SZ): sunny."])
+    agent = Agent(model, tools=[lookup_location_code], providers=[History(store)])
+    session = await agent.session("replay-resume", tenant=tenant)
+    question = Message.user(QUESTION)
+    interrupted = asyncio.ensure_future(agent.run(question, session=session))
+    await started.wait()
+    interrupted.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await interrupted
+
+    result = await agent.run(question, session=await agent.session("replay-resume", tenant=tenant))
+
+    resumed = model.requests[-1].messages
+    assert [m.id for m in resumed].count(question.id) == 1  # the model sees the question once
+    assert [m.role for m in result.messages] == ["assistant", "tool", "assistant"]
+    assert [m.id for m in result.input] == [question.id]
+    assert not result.replayed and result.text == "Suzhou (SZ): sunny."
+    log = await agent.history(session)
+    assert [m.role for m in log] == ["user", "assistant", "tool", "assistant"]
+    again = await agent.run(question, session=session)
+    assert again.replayed
+    same_result(result, again)
+
+
+async def test_an_interrupted_run_followed_by_others_is_refused(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle: a retry of a run that was interrupted and then buried by later runs
+    cannot be resumed (the log only grows) nor replayed (it has no answer): it is refused, clearly."""
+    started = asyncio.Event()
+
+    @tool
+    async def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        started.set()
+        await asyncio.Event().wait()
+        return "SZ"
+
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "Noted.", "Never."])
+    agent = Agent(model, tools=[lookup_location_code], providers=[History(store)])
+    session = await agent.session("replay-buried", tenant=tenant)
+    question = Message.user(QUESTION)
+    interrupted = asyncio.ensure_future(agent.run(question, session=session))
+    await started.wait()
+    interrupted.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await interrupted
+    await agent.run("Something else.", session=session)
+
+    with pytest.raises(InputConflict, match="interrupted before its answer and later runs followed it"):
+        await agent.run(question, session=session)
+    assert len(model.requests) == 2
