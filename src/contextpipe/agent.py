@@ -16,7 +16,7 @@ from typing import Any
 
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
-from ._run.replay import EarlierRun, final_text, find_earlier, log_store
+from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
 from ._run.writer import StepWriter
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
@@ -234,13 +234,10 @@ class Agent:
         try:
             async with StepWriter.open(self.store, session, history_providers=self.history_providers,
                                        durability=self.durability, lease_wait=lease_wait) as writer:
-                earlier = await self._earlier(session, input, input_messages)
-                if earlier is not None and earlier.stop_reason is not None:
-                    assert session is not None
-                    yield RunDone(earlier.result(session))
+                earlier, input_messages = await self._earlier(session, input, input_messages)
+                if (replay := replayed(earlier, session)) is not None:
+                    yield RunDone(replay)
                     return
-                if earlier is not None:  # interrupted before its answer: resume it (its input is in the log)
-                    input_messages = []
                 ctx = self._context(session, input_messages, settings, writer)
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events,
@@ -280,15 +277,17 @@ class Agent:
         )
 
     async def _earlier(self, session: Session | None, input: str | Message | Sequence[Message] | None,
-                       input_messages: list[Message]) -> EarlierRun | None:
-        """Return the run of `session` that had this input already (a retry), if any (see `_run.replay`).
+                       input_messages: list[Message]) -> tuple[EarlierRun | None, list[Message]]:
+        """Return the run of `session` that had this input already (a retry; see `_run.replay`), and the input to run.
 
-        Text becomes a message with an id made just now: only messages given with their ids may be retries.
+        That is no input when the earlier run is resumed (its input is in the log). Text becomes a
+        message with an id made just now: only messages given with their ids may be retries.
         """
         store = log_store(self.history_providers)
         if store is None or session is None or not input_messages or isinstance(input, str):
-            return None
-        return await find_earlier(store, session, input_messages)
+            return None, input_messages
+        earlier = await find_earlier(store, session, input_messages)
+        return earlier, input_messages if earlier is None else []
 
     def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None,
                 earlier: EarlierRun | None = None) -> RunResult:

@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from contextpipe import Agent, InputConflict, Message, RunLimits, RunResult, tool
+from contextpipe import Agent, InputConflict, Message, RunDone, RunLimits, RunResult, tool
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import History
-from contextpipe.stores import SessionStore
+from contextpipe.stores import MemoryStore, SessionStore
 from contextpipe.testing import ScriptedModel, tool_call
 
 QUESTION = "What should I wear in Suzhou today?"
@@ -90,6 +92,53 @@ async def test_a_run_stopped_at_its_step_limit_replays_with_that_stop_reason(sto
     assert first.stop_reason == "max_steps" and again.replayed
     same_result(first, again)
     assert len(model.requests) == 2
+
+
+async def test_a_streamed_retry_yields_only_the_replayed_result(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` before the run): a retry through
+    ``agent.stream`` replays too: no deltas, no steps, one `RunDone` with the earlier result."""
+    model = ScriptedModel(["Sunny."])
+    agent = weather_agent(store, model)
+    session = await agent.session("replay-stream", tenant=tenant)
+    question = Message.user(QUESTION)
+    first = await agent.run(question, session=session)
+    events = [e async for e in agent.stream(question, session=session)]
+    assert len(events) == 1 and isinstance(events[0], RunDone) and events[0].result.replayed
+    same_result(first, events[0].result)
+
+
+TURNS = st.lists(st.tuples(st.integers(0, 3), st.sampled_from([None, 1, 2])), min_size=1, max_size=5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=TURNS, pick=st.integers(0, 4))
+async def test_property_any_earlier_turn_replays_exactly(turns: list[tuple[int, int | None]], pick: int) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` first): whatever the turns were (tool loops
+    of any length, some cut at a step limit), retrying any earlier turn returns exactly its result,
+    with no model call and nothing stored."""
+    def plan(request: ModelRequest) -> Any:
+        """Call the tool until the turn's number of steps is reached (or the tools are withdrawn), then answer."""
+        users = [i for i, m in enumerate(request.messages) if m.role == "user"]
+        n = int(request.messages[users[-1]].text.split()[-1])
+        done = sum(1 for m in request.messages[users[-1]:] if m.role == "tool")
+        more = done < turns[n][0] and request.tools
+        return tool_call("lookup_location_code", city=f"c{n}") if more else f"answer {n}"
+
+    store = MemoryStore()
+    model = ScriptedModel([plan] * 40)
+    session = await weather_agent(store, model).session("replay-property")
+    results: list[tuple[Message, RunResult]] = []
+    for n, (_, limit) in enumerate(turns):
+        agent = weather_agent(store, model, limits=RunLimits(max_steps=limit or 10))
+        question = Message.user(f"question {n}")
+        results.append((question, await agent.run(question, session=session)))
+    log, calls = await store.load("default", session.id), len(model.requests)
+    question, first = results[pick % len(results)]
+    again = await weather_agent(store, model).run(question, session=session)
+    assert again.replayed
+    same_result(first, again)
+    assert len(model.requests) == calls
+    assert (await store.load("default", session.id)).messages == log.messages
 
 
 async def test_the_same_id_with_other_content_is_refused(store: SessionStore, tenant: str) -> None:

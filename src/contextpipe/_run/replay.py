@@ -16,8 +16,9 @@ for this run. When the id is there:
 
 A run's messages in the log are the ones after its input that a model or a tool produced (source
 ``model`` or ``tool``), up to the first that neither did (the next run's input or context). The
-run finished when the last of them is an assistant message without function calls, or the tool
-message that answered calls withdrawn at a limit (it carries the run's stop reason under `STOP_KEY`).
+run finished when the last of them is an assistant message without function calls, or carries the
+stop reason of a run stopped at a limit under `STOP_KEY` (the model's last answer, or the tool
+message answering the calls it made when its tools were withdrawn).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from ..providers.base import HistoryProvider
     from ..session import Session
 
-__all__ = ["STOP_KEY", "EarlierRun", "find_earlier", "log_store"]
+__all__ = ["STOP_KEY", "EarlierRun", "find_earlier", "log_store", "replayed"]
 
 STOP_KEY: Final = "stop_reason"
 """Metadata key of the tool message answering calls withdrawn at a limit: why the run stopped there."""
@@ -65,6 +66,13 @@ class EarlierRun:
         return RunResult(text=final_text(self.messages), messages=list(self.messages), input=list(self.input),
                          usage=Usage(), traces=[], stop_reason=self.stop_reason or "completed", steps=0,
                          session=session, replayed=True)
+
+
+def replayed(earlier: EarlierRun | None, session: Session | None) -> RunResult | None:
+    """Return the result to give back instead of running: the earlier run's, when it finished."""
+    if earlier is None or earlier.stop_reason is None or session is None:
+        return None
+    return earlier.result(session)
 
 
 def final_text(messages: Sequence[Message]) -> str:
@@ -129,10 +137,10 @@ def _stop_reason(produced: Sequence[Message]) -> StopReason | None:
     if not produced:
         return None
     last = produced[-1]
-    if last.role == "assistant" and not last.function_calls:
-        return "completed"
-    reason = last.metadata.get(STOP_KEY) if last.role == "tool" and last.metadata else None
-    return cast("StopReason", reason) if reason in _STOPS else None
+    reason = last.metadata.get(STOP_KEY) if last.metadata else None
+    if reason in _STOPS:
+        return cast("StopReason", reason)
+    return "completed" if last.role == "assistant" and not last.function_calls else None
 
 
 def _not_input(stored: Message) -> bool:
