@@ -1,9 +1,10 @@
 """`Agent`: the public face of contextpipe (`run`, `stream`, `session`).
 
 A run, in order: ``async with StepWriter.open(...)`` (the writer takes the session's lease and owns
-it until the run is over), call the providers' `before_run` (`_run.hooks`), drive the `StepLoop`
-(`_run.loop`), save the run, call `after_run` in reverse and save the session's state. Everything
-the run records goes into one `RunJournal`.
+it until the run is over), look for an earlier run of the same input (a retry: its result is given
+back, or it is resumed; `_run.replay`), call the providers' `before_run` (`_run.hooks`), drive the
+`StepLoop` (`_run.loop`), save the run, call `after_run` in reverse and save the session's state.
+Everything the run records goes into one `RunJournal`.
 """
 
 from __future__ import annotations
