@@ -182,7 +182,10 @@ class Agent:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
 
         With a session, the run holds its lease: a concurrent run on the same session raises
-        `SessionBusy`, or waits up to `lease_wait` seconds for it.
+        `SessionBusy`, or waits up to `lease_wait` seconds for it. A message the session answered
+        before (the same id: a client's retry) is not run again: its earlier result comes back from
+        the log, marked `RunResult.replayed`; one whose run was interrupted resumes that run; the
+        same id with other content raises `InputConflict`.
         """
         result: RunResult | None = None
         async for event in self._events(input, session, settings, lease_wait, stream=False, want_events=False):
