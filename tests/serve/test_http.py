@@ -346,6 +346,12 @@ async def test_agui_protocol_run() -> None:
         assert text == "reply 1 to Hi there "
         stored = (await c.get("/v1/sessions/thread-1/messages", headers=auth())).json()["messages"]
         assert [m["parts"][0]["text"] for m in stored] == ["Hi there", "reply 1 to Hi there"]
+        # The same state sent again (a client's retry: message u1 again) is answered from the log, as text.
+        retried = await c.post("/v1/ag-ui", json=body, headers=auth())
+        events = [json.loads(line[6:]) for line in retried.text.splitlines() if line.startswith("data: ")]
+        text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+        assert text == "reply 1 to Hi there" and events[-1]["type"] == "RUN_FINISHED"
+        assert len((await c.get("/v1/sessions/thread-1/messages", headers=auth())).json()["messages"]) == 2
 
 
 async def test_read_only_inspector_app(tmp_path: Path) -> None:
