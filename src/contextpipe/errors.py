@@ -20,7 +20,7 @@ ContextPipeError                 root: catch this to catch everything contextpip
 │   └── ModelResponseError       the answer was malformed or the stream was cut
 ├── StoreError                   a session store failed (backend, tenant, session, sequence)
 │   ├── SessionBusy              another run holds the session's lease
-│   ├── LeaseLost                this run's lease was taken over; its writes are refused
+│   ├── LeaseLost                this run's lease was taken over, or its session is gone; writes refused
 │   ├── ConcurrentUpdate         session state changed since it was read (compare-and-swap failed)
 │   └── CorruptRecord            a stored row could not be decoded
 └── AfterRunError                one or more context providers failed in `after_run` (the run's
@@ -268,7 +268,10 @@ class SessionBusy(StoreError):
 
 
 class LeaseLost(StoreError):
-    """The run's lease expired and was taken over; the store refused its write (fencing token)."""
+    """The run's lease no longer holds (taken over, or its session is gone); the store refused its write."""
+
+    gone: bool = False
+    """Whether the session no longer exists (deleted, or expired after the lease lapsed), not taken over."""
 
     @classmethod
     def taken_over(cls, backend: str, key: _Key, token: int, current: int | None = None) -> Self:
@@ -277,6 +280,23 @@ class LeaseLost(StoreError):
         return cls(f"{_named(key)}: this run's lease (token {token}) "
                    f"expired and was taken over{now}; its writes are refused so runs never interleave",
                    backend=backend, tenant=key.tenant, session_id=key.id)
+
+    @classmethod
+    def session_gone(cls, backend: str, key: _Key, token: int, *, lapsed: bool) -> Self:
+        """Say that the session of the lease with fencing `token` no longer exists.
+
+        A session never expires while its lease is live, so when the lease had not `lapsed` the
+        session was deleted; when it had, its TTL may have passed too.
+        """
+        if lapsed:
+            what = ("expired: this run's lease lapsed (it was not renewed in time, as in a paused process), then "
+                    "the session's TTL passed and the session was deleted (or it was deleted after the lapse)")
+        else:
+            what = "was deleted while this run held its lease"
+        error = cls(f"{_named(key)} {what}; the run (lease token {token}) stopped and nothing more is written to it",
+                    backend=backend, tenant=key.tenant, session_id=key.id)
+        error.gone = True
+        return error
 
 
 class ConcurrentUpdate(StoreError):

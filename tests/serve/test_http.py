@@ -249,6 +249,23 @@ async def test_a_retried_run_request_is_answered_once(tmp_path: Path) -> None:
                              "reply 2 to And tomorrow?"]
 
 
+async def test_a_run_whose_session_is_deleted_meanwhile_gets_410() -> None:
+    model = GateModel(gated=True)
+    app = make_app(MemoryStore(), model)
+    async with client(app) as c:
+        await c.post("/v1/sessions", json={"id": "s1"}, headers=auth())
+        running = asyncio.create_task(run(c, "s1", "first"))
+        await model.entered.wait()
+        assert (await c.delete("/v1/sessions/s1", headers=auth())).status_code == 204
+        model.release.set()
+        gone = await running
+        assert gone.status_code == 410  # not 409 with Retry-After: retrying cannot help
+        assert "retry-after" not in gone.headers
+        assert gone.json()["error"]["type"] == "LeaseLost"
+        assert "was deleted while this run held its lease" in gone.json()["error"]["message"]
+        assert (await c.get("/v1/sessions/s1", headers=auth())).status_code == 404
+
+
 async def stream_until_started(base: str, model: GateModel) -> None:
     """Open a streamed run, wait until the model is called, then drop the connection."""
     async with httpx.AsyncClient(base_url=base) as c, c.stream(

@@ -66,7 +66,7 @@ async def test_a_file_of_an_older_schema_is_refused_and_left_as_it_was(tmp_path:
         async with SQLiteStore(path, read_only=read_only) as store:
             await store.load("default", "s1")
     assert str(refused.value) == (
-        f"{path} was written by an earlier, unreleased contextpipe (schema 2, this release reads only "
+        f"{path} was written by an earlier, unreleased contextpipe (schema 2, this release reads only 3 and "
         f"{sqlite_module.SQLITE_SCHEMA_VERSION}): export its sessions with the contextpipe that wrote it "
         "(contextpipe sessions export), or start a new database file")
     assert path.read_bytes() == before and raw(path, "SELECT value FROM cp_meta") == [("2",)]

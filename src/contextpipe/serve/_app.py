@@ -175,6 +175,8 @@ class _Api:
         if isinstance(exc, SessionBusy):
             return _HTTPError(409, kind, "the session is busy: another run holds it; retry later, or send "
                               "\"wait\": SECONDS to wait for it", retry)
+        if isinstance(exc, LeaseLost) and exc.gone:  # the session was deleted or expired: retrying cannot help
+            return _HTTPError(410, kind, str(exc))
         if isinstance(exc, LeaseLost | ConcurrentUpdate):
             return _HTTPError(409, kind, str(exc), retry)
         if isinstance(exc, InputConflict):

@@ -25,6 +25,7 @@ def _errors(*codes: int) -> dict[str, Any]:
             404: "No such session for this tenant.", 405: "Read-only server.",
             409: "The session is busy (another run holds it; see `Retry-After`), or the input's message id "
                  "is taken by other content (`InputConflict`).",
+            410: "The session was deleted, or expired, while the run ran.",
             413: "The request body is too large.", 503: "The server is shutting down; see `Retry-After`."}
     return {str(c): {"description": text[c], "content": _json("Error")} for c in codes}
 
@@ -89,7 +90,7 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
                 "responses": {"200": {"description": "The result, or the event stream.",
                                       "content": {**_json("RunResult"), "text/event-stream": {}}},
                               "502": {"description": "The model failed.", "content": _json("Error")},
-                              **_errors(400, 401, 404, 409, 413, 503)}},
+                              **_errors(400, 401, 404, 409, 410, 413, 503)}},
         },
         "/v1/ag-ui": {
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",

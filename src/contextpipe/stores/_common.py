@@ -28,13 +28,38 @@ def check_lease(backend: str, key: SessionKey, lease: Lease | None, owner: str |
                 expires: float, now: float) -> None:
     """Make the write check of every backend (Redis makes it in Lua).
 
-    `lease` must be the current one; with none, no unexpired lease may be held.
+    `lease` must be the current one; with none, no unexpired lease may be held (`expires` is the
+    held lease's expiry, already bounded by `bounded_expiry` where the clock is the workers').
     """
     if lease is not None:
         if lease.token != token or lease.owner != owner:
-            raise LeaseLost.taken_over(backend, key, lease.token, token)
+            raise lease_lost(backend, key, lease, token, now)
     elif owner is not None and expires > now:
         raise SessionBusy.held(backend, key)
+
+
+def lease_lost(backend: str, key: SessionKey, lease: Lease, current: int | None, now: float) -> LeaseLost:
+    """Return the error for a write or renewal under `lease` that the store refused, saying what happened.
+
+    `current` is the session's fencing token now (None when the session is gone). A larger one means
+    another run took the session over. Otherwise the session was deleted, or expired and started
+    afresh (its token starts again from 0, or stays as it was with nobody holding it): whether the
+    lease had lapsed by `now` says which is possible, since a session never expires under a live lease.
+    """
+    if current is not None and current > lease.token:
+        return LeaseLost.taken_over(backend, key, lease.token, current)
+    return LeaseLost.session_gone(backend, key, lease.token, lapsed=lease.expires_at <= now)
+
+
+def bounded_expiry(expires: float, ttl: float, now: float) -> float:
+    """Return a lease's expiry bounded by what its `ttl` allows from `now`, however the clock moved.
+
+    A lease lasts at most `ttl` past its last renewal. If the clock stepped back since, `expires`
+    lies more than `ttl` ahead of `now`: the lease then counts as renewed now, so a dead holder
+    blocks its session for at most one `ttl` more instead of for the size of the step. (A forward
+    step needs no bound: it only makes leases expire early.) A `ttl` of 0 means unknown: unbounded.
+    """
+    return min(expires, now + ttl) if ttl > 0 else expires
 
 
 def lease_is_free(owner: str | None, expires: float, now: float, me: str) -> bool:

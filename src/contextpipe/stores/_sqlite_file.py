@@ -15,12 +15,19 @@ from urllib.parse import quote
 from .._sqlite import refuse_other_applications, use_wal
 from ..errors import StoreError, shorten
 
-SQLITE_SCHEMA_VERSION: Final = 3
+SQLITE_SCHEMA_VERSION: Final = 4
 """Version of the SQLite layout written by this release (cp_meta ``schema_version``).
 
-3 stores messages in the compact form (`contextpipe.stores._fastdecode.dumps_compact`). A file of another
+3 stores messages in the compact form (`contextpipe.stores._fastdecode.dumps_compact`); 4 adds each lease's
+ttl (``lease_ttl``), which bounds a lease however the clock moved. A file of version 3 is read as it is and
+upgraded in place when opened for writing (one added column; an older contextpipe then refuses to open the
+file and says to upgrade, but one that already had it open goes on writing leases without their ttl, which
+may leave another lease's ttl on them: the guide says to stop those processes first). A file of another
 version is refused with a `StoreError` saying what to do; nothing in it is changed.
 """
+
+_UPGRADABLE_VERSION: Final = 3
+"""The earlier version this release reads as it is and upgrades when it writes."""
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS cp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -37,6 +44,7 @@ CREATE TABLE IF NOT EXISTS cp_sessions (
     lease_owner TEXT,
     lease_token INTEGER NOT NULL DEFAULT 0,
     lease_expires REAL NOT NULL DEFAULT 0,
+    lease_ttl REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, session_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS cp_sessions_recent ON cp_sessions (tenant, updated_at DESC, session_id);
@@ -96,7 +104,10 @@ def create_tables(conn: sqlite3.Connection, path: str) -> None:
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
-    if schema_version(conn, path) is None:  # a new file
+    version = schema_version(conn, path)
+    if version == _UPGRADABLE_VERSION:  # leases written before it have no ttl (0: unbounded) until renewed
+        conn.execute("ALTER TABLE cp_sessions ADD COLUMN lease_ttl REAL NOT NULL DEFAULT 0")
+    if version != SQLITE_SCHEMA_VERSION:  # a new file, or one just upgraded
         conn.execute("INSERT OR REPLACE INTO cp_meta VALUES ('schema_version', ?)", (str(SQLITE_SCHEMA_VERSION),))
 
 
@@ -155,8 +166,9 @@ def schema_version(conn: sqlite3.Connection, path: str) -> int | None:
     if int(row[0]) > SQLITE_SCHEMA_VERSION:
         raise StoreError(f"{path} was written by a newer contextpipe (schema {row[0]}, this release knows "
                          f"{SQLITE_SCHEMA_VERSION}); upgrade contextpipe", backend="sqlite", server=path)
-    if int(row[0]) < SQLITE_SCHEMA_VERSION:
+    if int(row[0]) < _UPGRADABLE_VERSION:
         raise StoreError(f"{path} was written by an earlier, unreleased contextpipe (schema {row[0]}, this release "
-                         f"reads only {SQLITE_SCHEMA_VERSION}): export its sessions with the contextpipe that wrote it "
-                         "(contextpipe sessions export), or start a new database file", backend="sqlite", server=path)
+                         f"reads only {_UPGRADABLE_VERSION} and {SQLITE_SCHEMA_VERSION}): export its sessions with the "
+                         "contextpipe that wrote it (contextpipe sessions export), or start a new database file",
+                         backend="sqlite", server=path)
     return int(row[0])

@@ -28,7 +28,8 @@ decoding does everywhere.
 
 Loads are bounded: `load` returns the tail (the last `limit` messages, or a page before a sequence,
 or everything after a checkpoint) without reading the whole session. Sessions may carry a TTL:
-every write pushes the expiry forward, an expired session reads as absent, and deleting a session
+every write pushes the expiry forward, an expired session reads as absent, a session never expires
+while a run holds its lease (each renewal moves the expiry with the lease), and deleting a session
 removes its messages, state, lease and checkpoints together.
 """
 
@@ -73,7 +74,7 @@ class Lease:
     token: int
     """Fencing token: grows with every acquisition; writes carrying an older token are refused."""
     expires_at: float
-    """Wall-clock time (seconds since the epoch) after which another run may take the lease over."""
+    """Time (seconds since the epoch, on the store's clock) after which another run may take the lease over."""
     ttl: float
     """How long the lease lasts after each acquisition or renewal, in seconds."""
 
@@ -475,7 +476,11 @@ class SessionStore(abc.ABC):
             raise self._store_error(exc) from exc
 
     async def renew_lease(self, lease: Lease) -> Lease:
-        """Extend `lease` by its ttl; raises `LeaseLost` if it was taken over."""
+        """Extend `lease`, and its session's expiry with it, by its ttl.
+
+        Raises `LeaseLost` if the lease was taken over or its session is gone (deleted, or expired after
+        the lease lapsed); the error says which.
+        """
         try:
             return await self._renew_lease(lease)
         except Exception as exc:

@@ -15,10 +15,18 @@ from typing import Any
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost
+from ..errors import ConcurrentUpdate
 from ..messages import Message
 from ..session import Session, SessionKey
-from ._common import check_lease, checkpoint_past_end, decode_trace, encode_trace, lease_is_free
+from ._common import (
+    bounded_expiry,
+    check_lease,
+    checkpoint_past_end,
+    decode_trace,
+    encode_trace,
+    lease_is_free,
+    lease_lost,
+)
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 __all__ = ["MemoryStore"]
@@ -38,13 +46,35 @@ class _Entry:
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
+    lease_ttl: float = 0.0
+    kept_until: float = 0.0
+    """The session lives at least until then: the expiry its lease's last acquisition or renewal gave it."""
 
     def visible(self) -> bool:
         """Whether the session exists for readers: it has state or messages (not just a lease)."""
         return self.version > 0 or bool(self.log)
 
     def expired(self, now: float) -> bool:
-        return self.ttl is not None and self.updated_at + self.ttl <= now
+        return self.ttl is not None and max(self.updated_at + self.ttl, self.kept_until) <= now
+
+    def held_lease_expiry(self, now: float) -> float:
+        """Return the held lease's expiry, bounded by its ttl from `now` (`bounded_expiry`), and keep it so."""
+        self.lease_expires = bounded_expiry(self.lease_expires, self.lease_ttl, now)
+        return self.lease_expires
+
+    def hold(self, now: float, expires: float) -> None:
+        """Let the lease run until `expires`; the session lives at least as long, and its TTL counts from now."""
+        self.lease_expires = expires
+        self.kept_until = max(expires, now + (self.ttl or 0.0))
+
+
+def steady_clock() -> Callable[[], float]:
+    """Return a clock reading seconds since the epoch off the monotonic clock: the system clock's steps do not move it.
+
+    It reads the wall clock once, when made, and counts from there with ``time.monotonic``.
+    """
+    start = time.time() - time.monotonic()
+    return lambda: start + time.monotonic()
 
 
 class MemoryStore(SessionStore):
@@ -55,15 +85,19 @@ class MemoryStore(SessionStore):
     >>> asyncio.run(store.append("default", "chat-1", [Message.user("hi")]))
     1
 
-    `clock` (seconds since the epoch, ``time.time`` by default) is what TTLs and leases are measured
-    with; tests pass a fake one to expire sessions and leases exactly and at once.
+    `clock` (seconds since the epoch) is what TTLs and leases are measured with. By default it is
+    the monotonic clock counted from the wall clock's time when the store was made (`steady_clock`),
+    so a step of the system clock (by NTP or by hand) moves no lease and no TTL; tests pass a fake
+    one to expire sessions and leases exactly and at once. Whatever the clock does, a lease whose
+    holder died blocks its session for at most its ttl after the clock last stepped back
+    (`_common.bounded_expiry`).
     """
 
     backend = "memory"
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._entries: dict[SessionKey, _Entry] = {}
-        self._clock = clock
+        self._clock = clock if clock is not None else steady_clock()
 
     async def _entry(self, key: SessionKey, *, create: bool = False) -> _Entry | None:
         entry = self._entries.get(key)
@@ -77,10 +111,13 @@ class MemoryStore(SessionStore):
         return entry
 
     async def _writable(self, key: SessionKey, lease: Lease | None) -> _Entry:
-        entry = await self._entry(key, create=True)
+        entry = await self._entry(key)
+        now = self._clock()
+        if entry is None and lease is not None:  # the session is gone (deleted, or expired after the lease lapsed)
+            raise lease_lost(self.backend, key, lease, None, now)
+        entry = entry or await self._entry(key, create=True)
         assert entry is not None
-        check_lease(self.backend, key, lease, entry.lease_owner, entry.lease_token, entry.lease_expires,
-                    self._clock())
+        check_lease(self.backend, key, lease, entry.lease_owner, entry.lease_token, entry.held_lease_expiry(now), now)
         return entry
 
     # --- session records ---------------------------------------------------------------------------
@@ -194,19 +231,22 @@ class MemoryStore(SessionStore):
         entry = await self._entry(key, create=True)
         assert entry is not None
         now = self._clock()
-        if not lease_is_free(entry.lease_owner, entry.lease_expires, now, owner):
+        if not lease_is_free(entry.lease_owner, entry.held_lease_expiry(now), now, owner):
             return None
         entry.lease_owner = owner
         entry.lease_token += 1
-        entry.lease_expires = now + ttl
+        entry.lease_ttl = ttl
+        entry.hold(now, now + ttl)
         return Lease(key.tenant, key.id, owner, entry.lease_token, entry.lease_expires, ttl)
 
     @override
     async def _renew_lease(self, lease: Lease) -> Lease:
         entry = await self._entry(lease.key)
+        now = self._clock()
         if entry is None or entry.lease_token != lease.token or entry.lease_owner != lease.owner:
-            raise LeaseLost.taken_over(self.backend, lease.key, lease.token, entry.lease_token if entry else None)
-        entry.lease_expires = self._clock() + lease.ttl
+            raise lease_lost(self.backend, lease.key, lease, entry.lease_token if entry else None, now)
+        entry.lease_ttl = lease.ttl
+        entry.hold(now, now + lease.ttl)
         return lease.renewed(entry.lease_expires)
 
     @override

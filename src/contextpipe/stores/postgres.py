@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, ContextPipeError, LeaseLost, StoreError, UsageError, shorten
+from ..errors import ConcurrentUpdate, ContextPipeError, StoreError, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
@@ -42,6 +42,9 @@ _RESTARTED: ContextVar[list[SessionKey] | None] = ContextVar("contextpipe_pg_res
 _PREFIX_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,30}")
 _LOCK_KEY: Final = 0x636F6E74  # advisory lock id for schema migrations ("cont")
 _ROW: Final = "version, last_seq, lease_owner, lease_token, lease_expires, expires_at, created_at"
+_EXPIRY_AFTER_WRITE: Final = (f"CASE WHEN ttl IS NULL THEN NULL ELSE GREATEST({_NOW} + ttl, "
+                              "CASE WHEN lease_owner IS NULL THEN NULL ELSE lease_expires END) END")
+"""A session's expiry after a write: its TTL from now, never before the lease it holds."""
 
 
 def _migrations(p: str) -> list[list[str]]:
@@ -224,7 +227,8 @@ class PostgresStore(SessionStore):
             f"ON CONFLICT (tenant, session_id) DO UPDATE SET tenant = EXCLUDED.tenant "
             f"RETURNING {_ROW}, {_NOW} AS now", key.tenant, key.id)
         assert row is not None
-        if row["expires_at"] is not None and row["expires_at"] <= row["now"]:
+        held = row["lease_owner"] is not None and row["lease_expires"] > row["now"]  # never expires under a live lease
+        if row["expires_at"] is not None and row["expires_at"] <= row["now"] and not held:
             await self._delete_rows(conn, key, keep_row=True)
             restarted = _RESTARTED.get()
             if restarted is not None:  # the transaction runs the deletion hooks once it has committed
@@ -253,8 +257,7 @@ class PostgresStore(SessionStore):
 
     async def _touch(self, conn: asyncpg.Connection, key: SessionKey) -> None:
         await conn.execute(
-            f"UPDATE {self._p}sessions SET updated_at = {_NOW}, "
-            f"expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE {_NOW} + ttl END "
+            f"UPDATE {self._p}sessions SET updated_at = {_NOW}, expires_at = {_EXPIRY_AFTER_WRITE} "
             "WHERE tenant = $1 AND session_id = $2", key.tenant, key.id)
 
     # --- session records ---------------------------------------------------------------------------
@@ -281,7 +284,8 @@ class PostgresStore(SessionStore):
             created = session.created_at if row["version"] == 0 else row["created_at"]
             await conn.execute(
                 f"UPDATE {self._p}sessions SET state = $3, version = version + 1, ttl = $4, created_at = $5, "
-                f"updated_at = {_NOW}, expires_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE {_NOW} + $4 END "
+                f"updated_at = {_NOW}, expires_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE GREATEST({_NOW} + $4, "
+                "CASE WHEN lease_owner IS NULL THEN NULL ELSE lease_expires END) END "
                 "WHERE tenant = $1 AND session_id = $2", key.tenant, key.id, state, session.ttl, created)
         return int(row["version"]) + 1
 
@@ -307,6 +311,7 @@ class PostgresStore(SessionStore):
     async def _purge(self) -> list[SessionKey]:
         async with self._transaction() as conn:
             rows = await conn.fetch(f"SELECT tenant, session_id FROM {self._p}sessions WHERE expires_at <= {_NOW} "
+                                    f"AND NOT (lease_owner IS NOT NULL AND lease_expires > {_NOW}) "
                                     "FOR UPDATE SKIP LOCKED")
             keys = [SessionKey(r["tenant"], r["session_id"]) for r in rows]
             return [key for key in keys if await self._delete_rows(conn, key)]
@@ -329,7 +334,7 @@ class PostgresStore(SessionStore):
                 "SELECT $1, $2, $3 + n, i, b FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS t(i, b, n) "
                 "ON CONFLICT (tenant, session_id, message_id) DO NOTHING RETURNING message_id), "
                 f"upd AS (UPDATE {p}sessions SET last_seq = $3 + (SELECT count(*) FROM ins), updated_at = {_NOW}, "
-                f"expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE {_NOW} + ttl END "
+                f"expires_at = {_EXPIRY_AFTER_WRITE} "
                 "WHERE tenant = $1 AND session_id = $2 RETURNING last_seq) "
                 "SELECT (SELECT last_seq FROM upd) AS last_seq, (SELECT array_agg(message_id) FROM ins) AS fresh",
                 key.tenant, key.id, last, ids, bodies)
@@ -448,20 +453,29 @@ class PostgresStore(SessionStore):
                 return None
             token = int(row["lease_token"]) + 1
             expires = await conn.fetchval(
-                f"UPDATE {self._p}sessions SET lease_owner = $3, lease_token = $4, lease_expires = {_NOW} + $5 "
+                f"UPDATE {self._p}sessions SET lease_owner = $3, lease_token = $4, lease_expires = {_NOW} + $5, "
+                f"expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE GREATEST({_NOW} + ttl, {_NOW} + $5) END "
                 "WHERE tenant = $1 AND session_id = $2 RETURNING lease_expires", key.tenant, key.id, owner, token,
                 float(ttl))
         return Lease(key.tenant, key.id, owner, token, float(expires), ttl)
 
     @override
     async def _renew_lease(self, lease: Lease) -> Lease:
+        p = self._p
+        live = f"tenant = $1 AND session_id = $2 AND (expires_at IS NULL OR expires_at > {_NOW})"
         async with self._connection() as conn:
+            # The session's expiry moves with its lease, so a session never expires while a run holds it.
             expires = await conn.fetchval(
-                f"UPDATE {self._p}sessions SET lease_expires = {_NOW} + $5 WHERE tenant = $1 AND session_id = $2 "
-                "AND lease_token = $3 AND lease_owner = $4 RETURNING lease_expires",
+                f"UPDATE {p}sessions SET lease_expires = {_NOW} + $5, "
+                f"expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE GREATEST({_NOW} + ttl, {_NOW} + $5) END "
+                f"WHERE {live} AND lease_token = $3 AND lease_owner = $4 RETURNING lease_expires",
                 lease.tenant, lease.session_id, lease.token, lease.owner, float(lease.ttl))
+            if expires is None:
+                found = await conn.fetchrow(f"SELECT (SELECT lease_token FROM {p}sessions WHERE {live}) AS token, "
+                                            f"{_NOW} AS now", lease.tenant, lease.session_id)
         if expires is None:
-            raise LeaseLost.taken_over(self.backend, lease.key, lease.token)
+            assert found is not None
+            raise common.lease_lost(self.backend, lease.key, lease, found["token"], found["now"])
         return lease.renewed(float(expires))
 
     @override

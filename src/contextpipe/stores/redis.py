@@ -36,19 +36,18 @@ if TYPE_CHECKING:
 __all__ = ["RedisStore"]
 
 # Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index, traces; reads the clock and checks
-# the lease.
+# the lease. The session's keys expire `ttl` after the last write, and never before the lease key does
+# (`expire_keys`), so a session never expires while a run holds it.
 # ARGV[1] session id, ARGV[2] lease owner ('' for none), ARGV[3] lease token.
 _PROLOGUE: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function touch()
-  redis.call('HSET', KEYS[1], 'updated_at', tostring(now))
-  redis.call('HSETNX', KEYS[1], 'created_at', tostring(now))
-  redis.call('HSETNX', KEYS[1], 'version', '0')
-  redis.call('ZADD', KEYS[6], now, ARGV[1])
+local function expire_keys()
   local ttl = redis.call('HGET', KEYS[1], 'ttl')
   if ttl and ttl ~= '' then
     local ms = math.floor(tonumber(ttl) * 1000)
+    local held = redis.call('PTTL', KEYS[5])
+    if held > ms then ms = held end
     for _, i in ipairs({1, 2, 3, 4, 7}) do
       if KEYS[i] and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ms) end
     end
@@ -58,12 +57,19 @@ local function touch()
     end
   end
 end
+local function touch()
+  redis.call('HSET', KEYS[1], 'updated_at', tostring(now))
+  redis.call('HSETNX', KEYS[1], 'created_at', tostring(now))
+  redis.call('HSETNX', KEYS[1], 'version', '0')
+  redis.call('ZADD', KEYS[6], now, ARGV[1])
+  expire_keys()
+end
 local function check_lease()
   local holder = redis.call('GET', KEYS[5])
   local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
   if ARGV[2] ~= '' then
     if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
-      return {'lost', token}
+      return {'lost', token, tostring(now)}
     end
   elseif holder then
     return {'busy', holder}
@@ -128,8 +134,11 @@ return {'ok', tostring(token), tostring(now + tonumber(ARGV[3]) / 1000)}
 _RENEW: Final = _PROLOGUE + """
 local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
 local holder = redis.call('GET', KEYS[5])
-if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then return {'lost', token} end
+if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
+  return {'lost', token, tostring(now)}
+end
 redis.call('SET', KEYS[5], ARGV[2] .. '|' .. ARGV[3], 'PX', ARGV[4])
+expire_keys()
 return {'ok', tostring(now + tonumber(ARGV[4]) / 1000)}
 """
 
@@ -297,11 +306,17 @@ class RedisStore(SessionStore):
     def _index(self, tenant: str) -> str:
         return f"{self._prefix}:index:{tenant}"
 
-    def _raise(self, status: str, value: Any, key: SessionKey, lease: Lease | None) -> None:
+    def _raise(self, result: list[bytes], key: SessionKey, lease: Lease | None) -> None:
+        """Raise what a write script's answer `result` stands for, if it refused the write."""
+        status = result[0].decode()
         if status == "busy":
             raise SessionBusy.held(self.backend, key)
         if status == "lost" and lease is not None:
-            raise LeaseLost.taken_over(self.backend, key, lease.token, int(value))
+            raise self._lost(result, lease)
+
+    def _lost(self, result: list[bytes], lease: Lease) -> LeaseLost:
+        """Return the error of a refused write or renewal, from ``{'lost', current token ('0': gone), now}``."""
+        return common.lease_lost(self.backend, lease.key, lease, int(result[1]), float(result[2]))
 
     @staticmethod
     def _lease_args(lease: Lease | None) -> list[str]:
@@ -334,7 +349,7 @@ class RedisStore(SessionStore):
         status, value = result[0].decode(), result[1].decode()
         if status == "conflict":
             raise ConcurrentUpdate.stale(self.backend, key, int(value), session.version)
-        self._raise(status, value, key, lease)
+        self._raise(result, key, lease)
         return int(value)
 
     @override
@@ -413,9 +428,8 @@ class RedisStore(SessionStore):
             flat += [mid, body]
         result = await self._lua_append(keys=self._keys(key),
                                         args=[key.id, *self._lease_args(lease), len(messages), *flat])
-        status, value = result[0].decode(), result[1].decode()
-        self._raise(status, value, key, lease)
-        return int(value)
+        self._raise(result, key, lease)
+        return int(result[1])
 
     @override
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
@@ -440,10 +454,9 @@ class RedisStore(SessionStore):
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
         result = await self._lua_checkpoint(keys=self._keys(key), args=[
             key.id, *self._lease_args(lease), checkpoint.seq, common.encode_checkpoint(checkpoint)])
-        status, value = result[0].decode(), result[1].decode()
-        if status == "past_end":
-            raise common.checkpoint_past_end(self.backend, key, checkpoint.seq, int(value))
-        self._raise(status, value, key, lease)
+        if result[0] == b"past_end":
+            raise common.checkpoint_past_end(self.backend, key, checkpoint.seq, int(result[1]))
+        self._raise(result, key, lease)
 
     @override
     async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
@@ -458,7 +471,7 @@ class RedisStore(SessionStore):
             return
         result = await self._lua_traces(keys=self._keys(key), args=[
             key.id, *self._lease_args(lease), *(common.encode_trace(t) for t in traces)])
-        self._raise(result[0].decode(), result[1].decode(), key, lease)
+        self._raise(result, key, lease)
 
     @override
     async def _load_traces(self, key: SessionKey, limit: int | None) -> list[dict[str, Any]]:
@@ -484,7 +497,7 @@ class RedisStore(SessionStore):
         result = await self._lua_renew(keys=self._keys(lease.key), args=[
             lease.session_id, lease.owner, str(lease.token), max(1, int(lease.ttl * 1000))])
         if result[0].decode() != "ok":
-            raise LeaseLost.taken_over(self.backend, lease.key, lease.token, int(result[1]))
+            raise self._lost(result, lease)
         return lease.renewed(float(result[1]))
 
     @override

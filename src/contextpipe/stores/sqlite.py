@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, T
 
 from typing_extensions import override
 
-from ..errors import ConcurrentUpdate, LeaseLost, StoreError, UsageError
+from ..errors import ConcurrentUpdate, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
@@ -46,8 +46,17 @@ P = ParamSpec("P")
 
 _SESSION: Final = ("SELECT version, last_seq, lease_owner, lease_token, lease_expires, expires_at, state, created_at, "
                    "ttl FROM cp_sessions WHERE tenant = ? AND session_id = ?")
+_EXPIRY: Final = "CASE WHEN ttl IS NULL THEN NULL ELSE max(? + ttl, ?) END"
+"""A session's expiry at ``?`` (now) while a lease is held until the second ``?``: its TTL from now, never before."""
+_EXPIRY_AFTER_WRITE: Final = ("CASE WHEN ttl IS NULL THEN NULL "
+                              "ELSE max(? + ttl, CASE WHEN lease_owner IS NULL THEN 0 ELSE lease_expires END) END")
+"""A session's expiry after a write at ``?`` (now): its TTL from now, never before the lease it holds."""
 _LIVE_LAST_SEQ: Final = ("SELECT last_seq FROM cp_sessions WHERE tenant = ? AND session_id = ? "
                          "AND (expires_at IS NULL OR expires_at > ?)")
+
+
+def _lease_is_live(row: sqlite3.Row, now: float) -> bool:
+    return row["lease_owner"] is not None and row["lease_expires"] > now
 
 
 def _is_session(row: sqlite3.Row) -> bool:
@@ -71,7 +80,11 @@ class SQLiteStore(SessionStore):
     write through a power loss or OS crash; ``NORMAL`` only through a process crash or kill (an OS
     crash may lose the last writes, never corrupt the file), in exchange for no fsync per write.
     `busy_timeout` is how long a write waits for another process's transaction. `clock` (seconds
-    since the epoch) measures TTLs and leases; tests pass a fake one.
+    since the epoch) measures TTLs and leases; tests pass a fake one. The file is shared between
+    processes, so the clock is the wall clock: what one of its steps can do is bounded, since a
+    lease never lasts more than its ttl past the time of the check (a dead holder's lease blocks
+    its session for at most one ttl after the clock stepped back; a step forward can only end
+    leases early, and a holder whose lease was taken over then gets `LeaseLost`).
 
     `commits` and `durable_commits` count this store's write transactions and those that were
     committed durably (each one fsync of the write-ahead log), for benchmarks.
@@ -189,9 +202,15 @@ class SQLiteStore(SessionStore):
         self.durable_commits += self._synchronous == "FULL" and durable
 
     def _session_row(self, conn: sqlite3.Connection, key: SessionKey, now: float) -> sqlite3.Row | None:
-        """Return the live session row (an expired session is deleted on the spot and reads as absent)."""
+        """Return the live session row (an expired session is deleted on the spot and reads as absent).
+
+        A session whose lease is live is never deleted (its lease's renewals keep it from expiring; this
+        also covers a lease taken in a file of the earlier schema).
+        """
         row: sqlite3.Row | None = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
         if row is not None and row["expires_at"] is not None and row["expires_at"] <= now:
+            if _lease_is_live(row, now):
+                return row
             if not self.read_only:  # read-only, it reads as absent without being deleted
                 self._delete_rows(conn, key)
             return None
@@ -201,13 +220,33 @@ class SQLiteStore(SessionStore):
                        lease: Lease | None) -> sqlite3.Row:
         """Return the session's row for a write (created when missing), after the lease check."""
         row = self._session_row(conn, key, now)
+        if row is None and lease is not None:  # the session is gone (deleted, or expired after the lease lapsed)
+            raise common.lease_lost(self.backend, key, lease, None, now)
         if row is None:
             conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
                          (key.tenant, key.id, now, now))
             row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
             assert row is not None
-        common.check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], row["lease_expires"], now)
+        expires = row["lease_expires"] if lease is not None else self._held_lease_expiry(conn, key, row, now)
+        common.check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], expires, now)
         return row
+
+    @staticmethod
+    def _held_lease_expiry(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float) -> float:
+        """Return the expiry of the lease `row` holds, bounded by its ttl from `now` (and stored so).
+
+        Only a lease that looks live is read further: a clock stepped back made it look so for longer
+        than its ttl allows (`_common.bounded_expiry`).
+        """
+        expires = float(row["lease_expires"])
+        if not _lease_is_live(row, now):
+            return expires
+        k = (key.tenant, key.id)
+        ttl = conn.execute("SELECT lease_ttl FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).fetchone()[0]
+        bounded = common.bounded_expiry(expires, ttl, now)
+        if bounded < expires:
+            conn.execute("UPDATE cp_sessions SET lease_expires = ? WHERE tenant = ? AND session_id = ?", (bounded, *k))
+        return bounded
 
     async def _write(
         self,
@@ -233,15 +272,23 @@ class SQLiteStore(SessionStore):
         **kwargs: P.kwargs,
     ) -> T:
         """Do ``fn(conn, key, row, now, ...)`` in one write transaction (on the store's thread)."""
-        with self._transaction(conn, durable=durable):
-            now = self._clock()
-            return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
+        try:
+            with self._transaction(conn, durable=durable):
+                now = self._clock()
+                return fn(conn, key, self._row_for_write(conn, key, now, lease), now, *args, **kwargs)
+        except SessionBusy:
+            # The refused write's transaction was rolled back, and with it the bound it put on the held
+            # lease: keep the bound, or a writer retrying without a lease would wait out a clock step.
+            with self._transaction(conn, durable=False):
+                row = conn.execute(_SESSION, (key.tenant, key.id)).fetchone()
+                if row is not None:
+                    self._held_lease_expiry(conn, key, row, self._clock())
+            raise
 
     @staticmethod
     def _touch(conn: sqlite3.Connection, key: SessionKey, now: float) -> None:
-        conn.execute(
-            "UPDATE cp_sessions SET updated_at = ?, expires_at = CASE WHEN ttl IS NULL THEN NULL ELSE ? + ttl END "
-            "WHERE tenant = ? AND session_id = ?", (now, now, key.tenant, key.id))
+        conn.execute(f"UPDATE cp_sessions SET updated_at = ?, expires_at = {_EXPIRY_AFTER_WRITE} "
+                     "WHERE tenant = ? AND session_id = ?", (now, now, key.tenant, key.id))
 
     def _delete_rows(self, conn: sqlite3.Connection, key: SessionKey) -> bool:
         """Delete everything of the session (its `on_session_deleted` hooks run after the operation)."""
@@ -282,10 +329,12 @@ class SQLiteStore(SessionStore):
         if row["version"] != session.version:
             raise ConcurrentUpdate.stale(self.backend, key, row["version"], session.version)
         created = session.created_at if row["version"] == 0 else row["created_at"]
+        held = row["lease_expires"] if row["lease_owner"] is not None else 0.0  # never expires before its lease
         conn.execute(
             "UPDATE cp_sessions SET state = ?, version = version + 1, ttl = ?, created_at = ?, updated_at = ?, "
             "expires_at = ? WHERE tenant = ? AND session_id = ?",
-            (state, session.ttl, created, now, None if session.ttl is None else now + session.ttl, key.tenant, key.id))
+            (state, session.ttl, created, now, None if session.ttl is None else max(now + session.ttl, held),
+             key.tenant, key.id))
         return int(row["version"]) + 1
 
     @override
@@ -316,8 +365,9 @@ class SQLiteStore(SessionStore):
 
     def _purge_rows(self, conn: sqlite3.Connection) -> None:
         with self._transaction(conn, durable=True):
-            rows = conn.execute("SELECT tenant, session_id FROM cp_sessions WHERE expires_at <= ?",
-                                (self._clock(),)).fetchall()
+            now = self._clock()
+            rows = conn.execute("SELECT tenant, session_id FROM cp_sessions WHERE expires_at <= ? "
+                                "AND NOT (lease_owner IS NOT NULL AND lease_expires > ?)", (now, now)).fetchall()
             for r in rows:
                 self._delete_rows(conn, SessionKey(r["tenant"], r["session_id"]))
 
@@ -478,12 +528,14 @@ class SQLiteStore(SessionStore):
                 conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
                              (key.tenant, key.id, now, now))
                 token = 0
-            elif not common.lease_is_free(row["lease_owner"], row["lease_expires"], now, owner):
+            elif not common.lease_is_free(row["lease_owner"], self._held_lease_expiry(conn, key, row, now), now,
+                                          owner):
                 return None
             else:
                 token = int(row["lease_token"])
-            conn.execute("UPDATE cp_sessions SET lease_owner = ?, lease_token = ?, lease_expires = ? "
-                         "WHERE tenant = ? AND session_id = ?", (owner, token + 1, now + ttl, key.tenant, key.id))
+            conn.execute("UPDATE cp_sessions SET lease_owner = ?, lease_token = ?, lease_expires = ?, lease_ttl = ?, "
+                         f"expires_at = {_EXPIRY} WHERE tenant = ? AND session_id = ?",
+                         (owner, token + 1, now + ttl, ttl, now, now + ttl, key.tenant, key.id))
             return Lease(key.tenant, key.id, owner, token + 1, now + ttl, ttl)
 
     @override
@@ -492,12 +544,18 @@ class SQLiteStore(SessionStore):
 
     def _renew(self, conn: sqlite3.Connection, lease: Lease) -> Lease:
         with self._transaction(conn, durable=False):
-            expires = self._clock() + lease.ttl
+            now = self._clock()
+            expires = now + lease.ttl
+            k = (lease.tenant, lease.session_id)
+            # The session's expiry moves with its lease, so a session never expires while a run holds it.
             updated = conn.execute(
-                "UPDATE cp_sessions SET lease_expires = ? WHERE tenant = ? AND session_id = ? AND lease_token = ? "
-                "AND lease_owner = ?", (expires, lease.tenant, lease.session_id, lease.token, lease.owner)).rowcount
+                f"UPDATE cp_sessions SET lease_expires = ?, lease_ttl = ?, expires_at = {_EXPIRY} WHERE tenant = ? "
+                "AND session_id = ? AND lease_token = ? AND lease_owner = ? AND (expires_at IS NULL OR expires_at > ?)",
+                (expires, lease.ttl, now, expires, *k, lease.token, lease.owner, now)).rowcount
             if not updated:
-                raise LeaseLost.taken_over(self.backend, lease.key, lease.token)
+                current = conn.execute("SELECT lease_token FROM cp_sessions WHERE tenant = ? AND session_id = ? "
+                                       "AND (expires_at IS NULL OR expires_at > ?)", (*k, now)).fetchone()
+                raise common.lease_lost(self.backend, lease.key, lease, None if current is None else current[0], now)
             return lease.renewed(expires)
 
     @override
