@@ -279,3 +279,49 @@ async def test_an_interrupted_run_followed_by_others_is_refused(store: SessionSt
     with pytest.raises(InputConflict, match="interrupted before its answer and later runs followed it"):
         await agent.run(question, session=session)
     assert len(model.requests) == 2
+
+
+async def test_a_replay_ends_at_its_own_answer_when_a_resume_followed(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` first): the earlier result is that run's,
+    not the session's since: a later ``run(None)`` (a run with no input message of its own) added a
+    model answer right after it, and the retry still gets only the first answer."""
+    model = ScriptedModel(["Sunny.", "Still sunny."])
+    agent = weather_agent(store, model)
+    session = await agent.session("replay-then-resume", tenant=tenant)
+    question = Message.user(QUESTION)
+    first = await agent.run(question, session=session)
+    resumed = await agent.run(None, session=session)
+    assert resumed.text == "Still sunny."
+
+    again = await agent.run(question, session=session)
+
+    assert again.replayed and again.text == "Sunny."
+    same_result(first, again)
+    assert len(model.requests) == 2
+
+
+async def test_a_retry_that_sends_the_history_again_is_replayed(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash(messages)``: the request is all its messages):
+    a client that sends its earlier messages along with the new one (as AG-UI clients send the whole
+    conversation) is answered once; only the new message was stored, the earlier ones are the stored
+    ones. One of them changed under its id is not the same request, and is refused."""
+    model = ScriptedModel(["Sunny.", "Rain tomorrow."])
+    agent = weather_agent(store, model)
+    session = await agent.session("replay-history", tenant=tenant)
+    question, follow_up = Message.user(QUESTION), Message.user("And tomorrow?")
+    await agent.run(question, session=session)
+    second = await agent.run([question, follow_up], session=session)
+    log = await agent.history(session)
+
+    again = await agent.run([question, follow_up], session=session)
+
+    assert again.replayed and again.text == "Rain tomorrow."
+    assert [m.id for m in again.input] == [question.id, follow_up.id]
+    assert again.messages == second.messages
+    assert len(model.requests) == 2
+    changed = Message.user("What should I wear in Beijing?", id=question.id)
+    with pytest.raises(InputConflict, match="but not as this input"):
+        await agent.run([changed, follow_up], session=session)
+    with pytest.raises(InputConflict, match="but not as this input"):
+        await agent.run([Message.user("never sent"), follow_up], session=session)
+    assert await agent.history(session) == log

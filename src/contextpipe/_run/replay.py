@@ -14,11 +14,16 @@ for this run. When the id is there:
 - otherwise (other content under that id, or an interrupted run that later runs followed) the call
   is refused with `InputConflict`.
 
-A run's messages in the log are the ones after its input that a model or a tool produced (source
-``model`` or ``tool``), up to the first that neither did (the next run's input or context). The
-run finished when the last of them is an assistant message without function calls, or carries the
-stop reason of a run stopped at a limit under `STOP_KEY` (the model's last answer, or the tool
-message answering the calls it made when its tools were withdrawn).
+A run's input is what it stored: the given messages the log did not hold yet, ending at the looked-up
+one; the given messages before them (a client sending its history again) must be stored, unchanged,
+earlier in the log. A run's messages are the ones after its input that a model or a tool produced
+(source ``model`` or ``tool``), up to its final answer: the first assistant message without function
+calls, or the first message carrying the stop reason of a run stopped at a limit under `STOP_KEY`
+(the model's last answer, or the tool message answering the calls it made when its tools were
+withdrawn). What follows is another run's, even when it is a model's too (``agent.run(None)`` after
+the answer). A message of another kind before the final answer (the next run's input or context)
+means the run was interrupted. Every built-in model adapter answers a call with one message; a
+model that answers one call with several, the first without function calls, replays up to that one.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["STOP_KEY", "EarlierRun", "find_earlier", "log_store", "replayed"]
 
 STOP_KEY: Final = "stop_reason"
-"""Metadata key of the tool message answering calls withdrawn at a limit: why the run stopped there."""
+"""Metadata key of the last message of a run stopped at a limit: why the run stopped there."""
 
 _PAGE: Final = 64
 """Messages read per page while looking for the end of an earlier run (most runs fit in one)."""
@@ -101,22 +106,27 @@ async def find_earlier(store: SessionStore, session: Session, input: Sequence[Me
     seq = await store.message_seq(tenant, session_id, last.id)
     if seq is None:
         return None
-    first = seq - len(input) + 1
-    page = await store.load(tenant, session_id, after=first - 1, before=seq + 1 + _PAGE)
-    stored = page.messages[:len(input)] if page.first_seq == first else []
-    if len(stored) != len(input) or any(_content(a) != _content(b) or _not_input(b)
-                                        for a, b in zip(input, stored, strict=True)):
-        raise InputConflict(
-            f"message {shorten(last.id)} is already in session {shorten(session_id)}, but not as this input "
-            "(its content or the messages before it differ); a retried input must be sent exactly as before, "
-            "and a new one needs a new message id")
+    page = await store.load(tenant, session_id, after=max(seq - len(input), 0), before=seq + 1 + _PAGE)
+    at = seq - page.first_seq  # where the input's last message is in the page
+    window = page.messages
+    if not 0 <= at < len(window) or window[at].id != last.id:
+        raise _conflict(last, session_id)
+    # The run stored the input messages the log did not hold yet, in order, ending at `seq`; the
+    # ones before them (a client sending its history again) must be stored ones, earlier in the log.
+    given, start = len(input), at
+    while given and start >= 0 and window[start].id == input[given - 1].id:
+        given, start = given - 1, start - 1
+    stored = window[start + 1:at + 1]
+    if any(_content(a) != _content(b) or _not_input(b) for a, b in zip(input[given:], stored, strict=True)):
+        raise _conflict(last, session_id)
+    before = await _stored_before(store, session, input[:given], page.first_seq + start + 1, last)
     produced: list[Message] = []
     ended = False  # a message of another run follows (the log does not end with this one)
-    rest, end = page.messages[len(input):], seq + _PAGE
+    rest, end = window[at + 1:], seq + _PAGE
     while True:
         for m in rest:
-            if m.source is None or m.source.kind not in ("model", "tool"):
-                ended = True
+            if m.source is None or m.source.kind not in ("model", "tool") or _stop_reason(produced) is not None:
+                ended = True  # another run's input or context, or a later run after this one's answer
                 break
             produced.append(m)
         if ended or len(rest) < _PAGE:
@@ -129,7 +139,33 @@ async def find_earlier(store: SessionStore, session: Session, input: Sequence[Me
             f"message {shorten(last.id)} was sent to session {shorten(session_id)} before, but that run was "
             "interrupted before its answer and later runs followed it, so it cannot be resumed; send the input "
             "again with a new message id")
-    return EarlierRun(list(stored), produced, stop)
+    return EarlierRun([*before, *stored], produced, stop)
+
+
+async def _stored_before(store: SessionStore, session: Session, messages: Sequence[Message], first: int,
+                         last: Message) -> list[Message]:
+    """Return the stored copies of `messages`, each found by its id before sequence `first`.
+
+    These are the input messages the log held before the earlier run (so it did not store them
+    again); a client that sends its history along with a retry sends them again. Each costs a
+    lookup and a read, on a retry only. Raises `InputConflict` when one is not there, or differs.
+    """
+    found: list[Message] = []
+    for m in messages:
+        seq = await store.message_seq(session.tenant, session.id, m.id)
+        page = None if seq is None or seq >= first else await store.load(
+            session.tenant, session.id, after=seq - 1, before=seq + 1)
+        if page is None or [s.id for s in page.messages] != [m.id] or _content(page.messages[0]) != _content(m):
+            raise _conflict(last, session.id)
+        found.append(page.messages[0])
+    return found
+
+
+def _conflict(message: Message, session_id: str) -> InputConflict:
+    return InputConflict(
+        f"message {shorten(message.id)} is already in session {shorten(session_id)}, but not as this input "
+        "(its content or the messages before it differ); a retried input must be sent exactly as before, "
+        "and a new one needs a new message id")
 
 
 def _stop_reason(produced: Sequence[Message]) -> StopReason | None:
