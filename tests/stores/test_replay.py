@@ -325,3 +325,16 @@ async def test_a_retry_that_sends_the_history_again_is_replayed(store: SessionSt
     with pytest.raises(InputConflict, match="but not as this input"):
         await agent.run([Message.user("never sent"), follow_up], session=session)
     assert await agent.history(session) == log
+
+
+async def test_a_run_longer_than_one_page_replays_whole(store: SessionStore, tenant: str) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` first): the earlier result is read back
+    page by page, so a long tool loop (81 messages, past the first page read) comes back whole."""
+    model = ScriptedModel([*[tool_call("lookup_location_code", city=f"c{i}") for i in range(40)], "Done."])
+    agent = weather_agent(store, model, limits=RunLimits(max_steps=50))
+    session = await agent.session("replay-long", tenant=tenant)
+    question = Message.user(QUESTION)
+    first = await agent.run(question, session=session)
+    again = await agent.run(question, session=session)
+    assert len(first.messages) == 81 and again.replayed
+    same_result(first, again)

@@ -108,31 +108,9 @@ async def find_earlier(store: SessionStore, session: Session, input: Sequence[Me
         return None
     page = await store.load(tenant, session_id, after=max(seq - len(input), 0), before=seq + 1 + _PAGE)
     at = seq - page.first_seq  # where the input's last message is in the page
-    window = page.messages
-    if not 0 <= at < len(window) or window[at].id != last.id:
-        raise _conflict(last, session_id)
-    # The run stored the input messages the log did not hold yet, in order, ending at `seq`; the
-    # ones before them (a client sending its history again) must be stored ones, earlier in the log.
-    given, start = len(input), at
-    while given and start >= 0 and window[start].id == input[given - 1].id:
-        given, start = given - 1, start - 1
-    stored = window[start + 1:at + 1]
-    if any(_content(a) != _content(b) or _not_input(b) for a, b in zip(input[given:], stored, strict=True)):
-        raise _conflict(last, session_id)
-    before = await _stored_before(store, session, input[:given], page.first_seq + start + 1, last)
-    produced: list[Message] = []
-    ended = False  # a message of another run follows (the log does not end with this one)
-    rest, end = window[at + 1:], seq + _PAGE
-    while True:
-        for m in rest:
-            if m.source is None or m.source.kind not in ("model", "tool") or _stop_reason(produced) is not None:
-                ended = True  # another run's input or context, or a later run after this one's answer
-                break
-            produced.append(m)
-        if ended or len(rest) < _PAGE:
-            break
-        rest = (await store.load(tenant, session_id, after=end, before=end + 1 + _PAGE)).messages
-        end += _PAGE
+    given, stored = _stored_input(input, page.messages, at, session_id)
+    before = await _stored_before(store, session, input[:given], seq - len(stored) + 1, last)
+    produced, ended = await _produced(store, session, page.messages[at + 1:], seq + _PAGE)
     stop = _stop_reason(produced)
     if stop is None and ended:
         raise InputConflict(
@@ -140,6 +118,43 @@ async def find_earlier(store: SessionStore, session: Session, input: Sequence[Me
             "interrupted before its answer and later runs followed it, so it cannot be resumed; send the input "
             "again with a new message id")
     return EarlierRun([*before, *stored], produced, stop)
+
+
+def _stored_input(input: Sequence[Message], window: Sequence[Message], at: int,
+                  session_id: str) -> tuple[int, list[Message]]:
+    """Return how many of `input` the earlier run found in the log already, and the ones it stored.
+
+    It stored the input messages the log did not hold yet, in order, ending at ``window[at]``; the
+    ones before them (a client sending its history again) must be stored ones, earlier in the log.
+    """
+    last = input[-1]
+    if not 0 <= at < len(window) or window[at].id != last.id:
+        raise _conflict(last, session_id)
+    given, start = len(input), at
+    while given and start >= 0 and window[start].id == input[given - 1].id:
+        given, start = given - 1, start - 1
+    stored = list(window[start + 1:at + 1])
+    if any(_content(a) != _content(b) or _not_input(b) for a, b in zip(input[given:], stored, strict=True)):
+        raise _conflict(last, session_id)
+    return given, stored
+
+
+async def _produced(store: SessionStore, session: Session, rest: Sequence[Message],
+                    end: int) -> tuple[list[Message], bool]:
+    """Return the earlier run's messages and whether a message of another run follows them.
+
+    They are read from `rest` (the page after its input, ending at sequence `end`), then page by page.
+    """
+    produced: list[Message] = []
+    while True:
+        for m in rest:
+            if m.source is None or m.source.kind not in ("model", "tool") or _stop_reason(produced) is not None:
+                return produced, True  # another run's input or context, or a later run after this one's answer
+            produced.append(m)
+        if len(rest) < _PAGE:
+            return produced, False
+        rest = (await store.load(session.tenant, session.id, after=end, before=end + 1 + _PAGE)).messages
+        end += _PAGE
 
 
 async def _stored_before(store: SessionStore, session: Session, messages: Sequence[Message], first: int,
