@@ -384,7 +384,7 @@ class SQLiteStore(SessionStore):
         last = int(row["last_seq"])
         fresh = encoded
         if last and encoded:
-            known = _existing_ids(conn, key, [mid for mid, _ in encoded])
+            known = log.existing_ids(conn, key, [mid for mid, _ in encoded])
             fresh = [e for e in encoded if e[0] not in known]
         if fresh:
             conn.executemany(
@@ -461,12 +461,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
-        row = await self._run(lambda conn: conn.execute(
-            "SELECT m.seq FROM cp_messages m JOIN cp_sessions s USING (tenant, session_id) "
-            "WHERE m.tenant = ? AND m.session_id = ? AND m.message_id = ? "
-            "AND (s.expires_at IS NULL OR s.expires_at > ?)",
-            (key.tenant, key.id, message_id, self._clock())).fetchone())
-        return None if row is None else int(row["seq"])
+        return await self._run(log.message_seq, key, message_id, self._clock())
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -596,13 +591,3 @@ class SQLiteStore(SessionStore):
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=True)
 
-
-def _existing_ids(conn: sqlite3.Connection, key: SessionKey, ids: list[str]) -> set[str]:
-    known: set[str] = set()
-    for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
-        marks = ",".join("?" * len(chunk))
-        known.update(r["message_id"] for r in conn.execute(
-            f"SELECT message_id FROM cp_messages WHERE tenant = ? AND session_id = ? AND message_id IN ({marks})",
-            (key.tenant, key.id, *chunk)))
-    return known
