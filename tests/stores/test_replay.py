@@ -9,14 +9,14 @@ input sent twice gets two answers); contextpipe keys it on the input message's i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextpipe import Agent, InputConflict, Message, RunDone, RunLimits, RunResult, tool
+from contextpipe import Agent, HistoryPolicy, InputConflict, Message, RunDone, RunLimits, RunResult, tool
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore, SessionStore
@@ -338,3 +338,29 @@ async def test_a_run_longer_than_one_page_replays_whole(store: SessionStore, ten
     again = await agent.run(question, session=session)
     assert len(first.messages) == 81 and again.replayed
     same_result(first, again)
+
+
+def _no_tool_messages(messages: Sequence[Message]) -> list[Message]:
+    return [m for m in messages if m.role != "tool"]
+
+
+@pytest.mark.parametrize("policy", [HistoryPolicy(store_outputs=False),
+                                    HistoryPolicy(store_response_filter=_no_tool_messages)],
+                         ids=["no-outputs", "filtered-outputs"])
+async def test_a_history_that_does_not_keep_every_answer_is_not_replayed(store: SessionStore, tenant: str,
+                                                                        policy: HistoryPolicy) -> None:
+    """Seed 001, the run lifecycle (``touch_request_hash`` first) needs a log that tells what each run
+    was: a history storing no answers (or filtered ones) would make an answered run look interrupted
+    (resumed, or refused once other runs followed), so its retries simply run again."""
+    model = ScriptedModel(["A1", "A2", "A3"])
+    agent = Agent(model, providers=[History(store, policy=policy)])
+    session = await agent.session("replay-no-outputs", tenant=tenant)
+    question = Message.user(QUESTION)
+    await agent.run(question, session=session)
+    await agent.run("Something else.", session=session)
+    lookups = counting(store, "message_seq")
+
+    again = await agent.run(question, session=session)
+
+    assert not again.replayed and again.text == "A3"
+    assert lookups == []

@@ -89,10 +89,18 @@ def final_text(messages: Sequence[Message]) -> str:
 
 
 def log_store(providers: Sequence[HistoryProvider]) -> SessionStore | None:
-    """Return the store of the history the run loads, when that history lives in a `SessionStore`."""
+    """Return the store of the history the run loads, when its log tells what each run was.
+
+    That is a history in a `SessionStore` that stores every input and every output, unfiltered: a
+    log without the answers would make every answered run look interrupted, and one without some
+    inputs could not match a retry. Otherwise retries are not looked up (they run again).
+    """
     for p in providers:
         if p.policy.load_messages:
-            return p.store if isinstance(p.store, SessionStore) and p.policy.store_inputs else None
+            policy = p.policy
+            whole = (policy.store_inputs and policy.store_outputs and p.store_request_filter is None
+                     and p.store_response_filter is None)
+            return p.store if isinstance(p.store, SessionStore) and whole else None
     return None
 
 
