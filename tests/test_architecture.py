@@ -77,7 +77,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
     ("pipeline", "events"),
-    ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls"),
+    ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay"),
     ("providers", "providers.*"),
     ("_run.loop", "_run"),
     ("agent",),

@@ -65,7 +65,8 @@ def test_importing_the_agent_loads_no_heavy_module() -> None:
     assert heavy == []
     # The built-in providers, the vector types and the durable stores load when first named.
     assert [m for m in loaded if m.startswith(("contextpipe.providers.", "contextpipe.vectors", "contextpipe.stores."))
-            and m not in ("contextpipe.providers.base", "contextpipe.stores.base", "contextpipe.stores._common",
+            and m not in ("contextpipe.providers.base", "contextpipe.stores.base", "contextpipe.stores._checks",
+                          "contextpipe.stores._common",
                           "contextpipe.stores._fastdecode", "contextpipe.stores.memory")] == []
 
 

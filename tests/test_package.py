@@ -49,7 +49,8 @@ def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
         "AfterRunError", "Agent", "AgentStream", "CodecError", "ConcurrentUpdate", "ContextPipeError",
         "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "Durability", "FunctionCall",
-        "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "LeaseLost", "Message", "ModelAuthError",
+        "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "InputConflict", "LeaseLost", "Message",
+        "ModelAuthError",
         "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",
         "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderState", "ReasoningPart",

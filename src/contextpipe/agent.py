@@ -1,9 +1,10 @@
 """`Agent`: the public face of contextpipe (`run`, `stream`, `session`).
 
 A run, in order: ``async with StepWriter.open(...)`` (the writer takes the session's lease and owns
-it until the run is over), call the providers' `before_run` (`_run.hooks`), drive the `StepLoop`
-(`_run.loop`), save the run, call `after_run` in reverse and save the session's state. Everything
-the run records goes into one `RunJournal`.
+it until the run is over), look for an earlier run of the same input (a retry: its result is given
+back, or it is resumed; `_run.replay`), call the providers' `before_run` (`_run.hooks`), drive the
+`StepLoop` (`_run.loop`), save the run, call `after_run` in reverse and save the session's state.
+Everything the run records goes into one `RunJournal`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
+from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
 from ._run.writer import StepWriter
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
@@ -181,7 +183,10 @@ class Agent:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
 
         With a session, the run holds its lease: a concurrent run on the same session raises
-        `SessionBusy`, or waits up to `lease_wait` seconds for it.
+        `SessionBusy`, or waits up to `lease_wait` seconds for it. A message the session answered
+        before (the same id: a client's retry) is not run again: its earlier result comes back from
+        the log, marked `RunResult.replayed`; one whose run was interrupted resumes that run; the
+        same id with other content raises `InputConflict`.
         """
         result: RunResult | None = None
         async for event in self._events(input, session, settings, lease_wait, stream=False, want_events=False):
@@ -234,6 +239,10 @@ class Agent:
         try:
             async with StepWriter.open(self.store, session, history_providers=self.history_providers,
                                        durability=self.durability, lease_wait=lease_wait) as writer:
+                earlier, input_messages = await self._earlier(session, input, input_messages)
+                if (replay := replayed(earlier, session)) is not None:
+                    yield RunDone(replay)
+                    return
                 ctx = self._context(session, input_messages, settings, writer)
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events,
@@ -251,7 +260,7 @@ class Agent:
                     raise
                 finally:
                     failures = await self._finish(ctx, loop, writer, spans, error)
-                result = self._result(ctx, loop, session)
+                result = self._result(ctx, loop, session, earlier)
                 if failures:
                     raise AfterRunError(failures, result)
                 if spans.root is not None:
@@ -273,15 +282,27 @@ class Agent:
             lease_token=writer.lease.token if writer.lease is not None else None,
         )
 
-    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
+    async def _earlier(self, session: Session | None, input: str | Message | Sequence[Message] | None,
+                       input_messages: list[Message]) -> tuple[EarlierRun | None, list[Message]]:
+        """Return the run of `session` that had this input already (a retry; see `_run.replay`), and the input to run.
+
+        That is no input when the earlier run is resumed (its input is in the log). Text becomes a
+        message with an id made just now: only messages given with their ids may be retries.
+        """
+        store = log_store(self.history_providers)
+        if store is None or session is None or not input_messages or isinstance(input, str):
+            return None, input_messages
+        earlier = await find_earlier(store, session, input_messages)
+        return earlier, input_messages if earlier is None else []
+
+    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None,
+                earlier: EarlierRun | None = None) -> RunResult:
         state = loop.state
-        text = ""
-        for m in reversed(state.new_messages):
-            if m.role == "assistant":
-                text = m.text
-                break
+        messages, given = state.new_messages, ctx.input
+        if earlier is not None:  # a resumed run: the interrupted run's input and messages come first
+            messages, given = [*earlier.messages, *messages], earlier.input
         return RunResult(
-            text=text, messages=state.new_messages, input=ctx.input,
+            text=final_text(messages), messages=messages, input=given,
             usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
             session=session,
         )

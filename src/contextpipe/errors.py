@@ -3,6 +3,7 @@
 ```
 ContextPipeError                 root: catch this to catch everything contextpipe raises
 ├── UsageError                   the API was used wrongly (bad configuration, clashing names, bad ids)
+│   ├── InputConflict            a run's input reuses a message id the session holds for something else
 │   ├── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
 │   └── SkillError               a skill folder or SKILL.md is malformed (the message names the file)
 ├── McpError                     an MCP server could not be started or reached (names the server and the cause)
@@ -44,6 +45,7 @@ __all__ = [
     "ContextPipeError",
     "ContextWindowExceeded",
     "CorruptRecord",
+    "InputConflict",
     "LeaseLost",
     "McpError",
     "ModelAuthError",
@@ -119,6 +121,15 @@ class ContextPipeError(Exception):
 
 class UsageError(ContextPipeError):
     """The API was used in a way that cannot work; the message says how to fix the call."""
+
+
+class InputConflict(UsageError):
+    """A run's input carries the id of a message already in the session, but not the same input.
+
+    A retried input (same id, same content) is answered from the log instead; this is raised when
+    the content differs, or when the earlier run under that id was interrupted and later runs
+    followed it, so it can no longer be resumed. Send the input with a new message id.
+    """
 
 
 class ScriptExhausted(UsageError):

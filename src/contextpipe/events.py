@@ -86,6 +86,10 @@ class RunResult:
     """Model calls made."""
     session: Session | None = None
     """The session the run used, with its updated state and version."""
+    replayed: bool = False
+    """True when the input had been answered in the session before (a retry, same message id): this is
+    that earlier run's result read back from the log, with no model call and nothing stored (`usage`,
+    `traces` and `steps` are this call's: none)."""
 
 
 @dataclass(frozen=True, slots=True)

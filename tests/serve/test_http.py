@@ -204,6 +204,51 @@ async def test_a_second_run_on_a_busy_session_gets_409_or_waits() -> None:
         assert texts == ["first", "reply 1 to first", "patient", "reply 2 to patient"]
 
 
+async def test_a_retried_run_request_is_answered_once(tmp_path: Path) -> None:
+    """Seed 001, the run lifecycle (``agent.run(messages)`` → ``session.touch_request_hash(messages)``
+    first), over HTTP: a client retrying a POST .../runs with the same ``message_id`` (or the same
+    ``Idempotency-Key``) gets the first result back, marked replayed, and the model is called once; the
+    same id with other text is a 409. MAF (agent-framework#3657) answers each retry again."""
+    model = GateModel()
+    async with SQLiteStore(tmp_path / "serve.db") as store:
+        app = make_app(store, model)
+        async with client(app) as c:
+            await c.post("/v1/sessions", json={"id": "s1"}, headers=auth())
+            first = await run(c, "s1", "Weather in Suzhou?", message_id="client-msg-1")
+            again = await run(c, "s1", "Weather in Suzhou?", message_id="client-msg-1")
+            assert first.status_code == again.status_code == 200
+            assert (first.json()["replayed"], again.json()["replayed"]) == (False, True)
+            for field in ("text", "messages", "input", "stop_reason"):
+                assert again.json()[field] == first.json()[field], field
+            assert first.json()["input"][0]["id"] == "client-msg-1"
+
+            conflict = await run(c, "s1", "Weather in Beijing?", message_id="client-msg-1")
+            assert conflict.status_code == 409
+            assert conflict.json()["error"]["type"] == "InputConflict"
+
+            keyed = {**auth(), "Idempotency-Key": "order-42"}
+            one = await c.post("/v1/sessions/s1/runs", json={"input": "And tomorrow?"}, headers=keyed)
+            two = await c.post("/v1/sessions/s1/runs", json={"input": "And tomorrow?"}, headers=keyed)
+            assert (one.json()["replayed"], two.json()["replayed"]) == (False, True)
+            assert two.json()["text"] == one.json()["text"] == "reply 2 to And tomorrow?"
+            both = await c.post("/v1/sessions/s1/runs", json={"input": "x", "message_id": "m"}, headers=keyed)
+            assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
+            named = [{"role": "user", "parts": [{"kind": "text", "text": "x"}], "id": "mine"}]
+            clash = await c.post("/v1/sessions/s1/runs", json={"input": named}, headers=keyed)
+            assert clash.status_code == 400 and "one or the other" in clash.json()["error"]["message"]
+            resume = await c.post("/v1/sessions/s1/runs", json={"input": None}, headers=keyed)
+            assert resume.status_code == 400 and "no input message to name" in resume.json()["error"]["message"]
+            listed = [{"role": "user", "parts": [{"kind": "text", "text": "Weather in Suzhou?"}], "id": "client-msg-1"}]
+            by_id = await c.post("/v1/sessions/s1/runs", json={"input": listed}, headers=auth())
+            assert by_id.json()["replayed"] is True and by_id.json()["text"] == first.json()["text"]
+
+            assert model.calls == 2
+            texts = [m["parts"][0]["text"] for m in
+                     (await c.get("/v1/sessions/s1/messages", headers=auth())).json()["messages"]]
+            assert texts == ["Weather in Suzhou?", "reply 1 to Weather in Suzhou?", "And tomorrow?",
+                             "reply 2 to And tomorrow?"]
+
+
 async def test_a_run_whose_session_is_deleted_meanwhile_gets_410() -> None:
     model = GateModel(gated=True)
     app = make_app(MemoryStore(), model)
@@ -318,6 +363,12 @@ async def test_agui_protocol_run() -> None:
         assert text == "reply 1 to Hi there "
         stored = (await c.get("/v1/sessions/thread-1/messages", headers=auth())).json()["messages"]
         assert [m["parts"][0]["text"] for m in stored] == ["Hi there", "reply 1 to Hi there"]
+        # The same state sent again (a client's retry: message u1 again) is answered from the log, as text.
+        retried = await c.post("/v1/ag-ui", json=body, headers=auth())
+        events = [json.loads(line[6:]) for line in retried.text.splitlines() if line.startswith("data: ")]
+        text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+        assert text == "reply 1 to Hi there" and events[-1]["type"] == "RUN_FINISHED"
+        assert len((await c.get("/v1/sessions/thread-1/messages", headers=auth())).json()["messages"]) == 2
 
 
 async def test_read_only_inspector_app(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@
     python proc_worker.py run    SPEC TENANT WORKER SESSION RUNS
     python proc_worker.py storm  SPEC TENANT SLOT SESSION RUNS STEPS EFFECTS_FILE VIOLATIONS_FILE
     python proc_worker.py waiting SPEC TENANT SESSION TEXT   (a run whose model never answers; stop it with SIGINT)
+    python proc_worker.py retried SPEC TENANT SESSION MESSAGE_ID TEXT   (a run whose tool never returns; SIGKILL it)
 """
 
 from __future__ import annotations
@@ -193,6 +194,31 @@ async def waiting_worker(spec: str, tenant: str, session_id: str, text: str) -> 
         await store.close()
 
 
+async def retried_worker(spec: str, tenant: str, session_id: str, message_id: str, text: str) -> None:
+    """Run the agent on the message `message_id`; its (idempotent) tool says "tool started" and never returns.
+
+    The model's call is saved before the tool starts, so a process killed then leaves the input and
+    an unanswered call in the log: the test retries the same message and expects it resumed.
+    """
+
+    @tool(idempotent=True)
+    async def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        say("tool started")
+        await asyncio.Event().wait()
+        return "SZ"
+
+    store = open_spec(spec)
+    try:
+        model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "never reached"])
+        agent = Agent(model, tools=[lookup_location_code], providers=[History(store)],
+                      durability=Durability(lease_ttl=0.5))
+        session = await agent.session(session_id, tenant=tenant)
+        await agent.run(Message.user(text, id=message_id), session=session)
+    finally:
+        await store.close()
+
+
 def main() -> None:
     command, args = sys.argv[1], sys.argv[2:]
     if command == "append":
@@ -201,6 +227,8 @@ def main() -> None:
         asyncio.run(run_worker(args[0], args[1], int(args[2]), args[3], int(args[4])))
     elif command == "waiting":
         asyncio.run(waiting_worker(args[0], args[1], args[2], args[3]))
+    elif command == "retried":
+        asyncio.run(retried_worker(args[0], args[1], args[2], args[3], args[4]))
     elif command == "storm":
         asyncio.run(storm_worker(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]), args[6], args[7]))
     else:

@@ -80,6 +80,18 @@ async def test_retried_append_never_duplicates(store: SessionStore, tenant: str)
     assert texts((await store.load(tenant, "s")).messages) == ["a", "b", "c"]
 
 
+async def test_message_seq_finds_a_message_by_id_in_its_session_only(store: SessionStore, tenant: str) -> None:
+    a, b = msgs("a", "b")
+    await store.append(tenant, "s", [a, b])
+    await store.append(tenant, "s", [b, *msgs("c")])  # a retried id keeps its first sequence
+    assert [await store.message_seq(tenant, "s", m.id) for m in (a, b)] == [1, 2]
+    assert await store.message_seq(tenant, "s", "msg_never_stored") is None
+    assert await store.message_seq(tenant, "other", a.id) is None
+    assert await store.message_seq(f"{tenant}-other", "s", a.id) is None
+    await store.delete_session(tenant, "s")
+    assert await store.message_seq(tenant, "s", a.id) is None
+
+
 async def test_bounded_tail_loads_and_paging_backwards(store: SessionStore, tenant: str) -> None:
     await store.append(tenant, "s", msgs(*(f"m{i}" for i in range(1, 11))))
     tail = await store.load(tenant, "s", limit=3)

@@ -125,3 +125,52 @@ def test_ctrl_c_before_the_first_answer_keeps_the_input(backend: str, tmp_path: 
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
     log = asyncio.run(load_all(spec, tenant, "s"))
     assert [(m.role, m.text) for m in log] == [("user", "Where is my parcel?")]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", DURABLE)
+def test_retry_after_sigkill_mid_run_resumes_the_run_once(backend: str, tmp_path: Path) -> None:
+    """Seed 001, the run lifecycle (``agent.run(messages)`` → ``session.touch_request_hash(messages)``
+    first): a client retrying after its worker was SIGKILLed mid-run (the model's call stored, its
+    tool running) gets the run resumed and completed, one answer and one copy of the input stored;
+    a second retry is answered from the log (MAF, agent-framework#3657, would answer each again)."""
+    spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
+    question, message_id = "What should I wear in Suzhou today?", f"msg-retry-{uuid.uuid4().hex[:8]}"
+    proc = spawn("retried", spec, tenant, "s", message_id, question)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "p tool started", proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    asyncio.run(_retry_twice(spec, tenant, message_id, question))
+
+
+async def _retry_twice(spec: str, tenant: str, message_id: str, question: str) -> None:
+    from contextpipe import Agent, Message, tool
+    from contextpipe.providers import History
+    from contextpipe.testing import ScriptedModel
+
+    @tool(idempotent=True)
+    def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        return "SZ"
+
+    store = open_spec(spec)
+    try:
+        model = ScriptedModel(["Suzhou (SZ): sunny, wear linen."])
+        agent = Agent(model, tools=[lookup_location_code], providers=[History(store)])
+        session = await agent.session("s", tenant=tenant)
+        retry = Message.user(question, id=message_id)
+        result = await agent.run(retry, session=session, lease_wait=60)  # the killed worker's lease expires
+        again = await agent.run(retry, session=session)
+        log = await agent.history(session)
+    finally:
+        await store.close()
+    assert not result.replayed and result.text == "Suzhou (SZ): sunny, wear linen."
+    assert [(m.role, m.text) for m in result.messages] == [
+        ("assistant", ""), ("tool", ""), ("assistant", "Suzhou (SZ): sunny, wear linen.")]
+    assert result.messages[1].function_results[0].result == "SZ"  # the idempotent tool was run again
+    assert [m.role for m in log] == ["user", "assistant", "tool", "assistant"]
+    assert broken_exchange(log) is None
+    assert len(model.requests) == 1 and again.replayed
+    assert (again.text, again.messages, again.input) == (result.text, result.messages, result.input)

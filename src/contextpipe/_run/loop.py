@@ -64,6 +64,7 @@ from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
 from .calls import execute_tool, interrupted, stopped_with_run
 from .invariants import check_messages
+from .replay import STOP_KEY
 from .threads import RunThreads, wait_through_cancellation
 
 if TYPE_CHECKING:
@@ -107,6 +108,12 @@ class LoopState:
     stop_reason: StopReason = "completed"
     steps: int = 0
     error_steps: int = 0
+
+
+def _stopped(message: Message, reason: StopReason) -> Message:
+    """Return `message`, the last of a run stopped at a limit, saying why in its metadata (`replay.STOP_KEY`)."""
+    return Message(message.role, message.parts, message.id, message.author_name, message.created_at,
+                   {**message.metadata, STOP_KEY: reason}, message.source)
 
 
 def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
@@ -419,6 +426,7 @@ class StepLoop:
         if response.usage is not None:
             state.usage = state.usage + response.usage
         produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages])
+        self._mark_stop(step, produced)
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
         if response.notes:
@@ -567,16 +575,30 @@ class StepLoop:
                f"the run stopped after {self.limits.max_consecutive_tool_errors} steps in a row whose tool calls "
                "failed (max_consecutive_tool_errors)")
         withdrawn = self._add_tool_message(step.calls, [FunctionResult(
-            c.call_id, f"Error: not run; {why}.", is_error=True) for c in step.calls])
+            c.call_id, f"Error: not run; {why}.", is_error=True) for c in step.calls], stop=self._stop_reason(step))
         return [*step.produced, withdrawn], []
 
     def _stop_reason(self, step: ModelStep) -> StopReason:
         if not step.final:
             return "completed"
-        return "max_steps" if step.step > self.limits.max_steps else "tool_errors"
+        return self._limit_reason(step.step)
 
-    def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult]) -> Message:
+    def _limit_reason(self, step: int) -> StopReason:
+        return "max_steps" if step > self.limits.max_steps else "tool_errors"
+
+    def _mark_stop(self, step: int, produced: list[Message]) -> None:
+        """Say in the last message of a call made at a limit (tools withdrawn) why the run stops there, for its replay.
+
+        A call that calls tools anyway has them answered "not run", and that answer is marked instead.
+        """
+        if self._final_call and produced and not any(m.tool_flag & 1 for m in produced):
+            produced[-1] = _stopped(produced[-1], self._limit_reason(step))
+
+    def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult], *,
+                          stop: StopReason | None = None) -> Message:
         message = tool_message(calls, results)
+        if stop is not None:
+            message = _stopped(message, stop)
         self._tail.append(message)
         self.state.new_messages.append(message)
         return message

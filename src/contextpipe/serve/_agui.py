@@ -77,6 +77,11 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
                                                           tool_call_id=payload["call_id"], content=payload["result"],
                                                           role="tool"))
         elif name == "done":
+            if payload.get("replayed") and payload["text"]:  # a retry answered from the log streamed nothing
+                replay_id = f"msg-{uuid.uuid4().hex}"
+                yield encoder.encode(core.TextMessageStartEvent(message_id=replay_id, role="assistant"))
+                yield encoder.encode(core.TextMessageContentEvent(message_id=replay_id, delta=payload["text"]))
+                yield encoder.encode(core.TextMessageEndEvent(message_id=replay_id))
             yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id,
                                                        result={"text": payload["text"],
                                                                "stop_reason": payload["stop_reason"]}))

@@ -3,12 +3,17 @@
 Every ``/v1`` route needs an API key (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``) and acts
 on the key's tenant only: an unknown key gets 401, another tenant's session reads as absent (404).
 Session ids go in the path percent-encoded (``/`` as ``%2F``), so every valid id has a URL.
+
+A run request is safe to retry: its input message's id (``message_id`` with text input, ``id`` in
+the last input message, or derived from an ``Idempotency-Key`` header) makes a second request with
+the same input return the first one's result (``"replayed": true``) instead of running again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import signal
@@ -37,6 +42,7 @@ from ..errors import (
     ConcurrentUpdate,
     ContextPipeError,
     CorruptRecord,
+    InputConflict,
     LeaseLost,
     ModelError,
     SessionBusy,
@@ -95,6 +101,7 @@ class _CreateSession(pydantic.BaseModel):
 class _RunRequest(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     input: str | list[dict[str, Any]] | None
+    message_id: str | None = pydantic.Field(default=None, min_length=1, max_length=200)
     stream: bool = False
     wait: float = pydantic.Field(default=0.0, ge=0)
     traces: bool = False
@@ -172,6 +179,8 @@ class _Api:
             return _HTTPError(410, kind, str(exc))
         if isinstance(exc, LeaseLost | ConcurrentUpdate):
             return _HTTPError(409, kind, str(exc), retry)
+        if isinstance(exc, InputConflict):
+            return _HTTPError(409, kind, str(exc))
         if isinstance(exc, UsageError | CodecError):
             return _HTTPError(400, kind, str(exc))
         if isinstance(exc, CorruptRecord):
@@ -310,7 +319,8 @@ class _Api:
     async def run(self, request: Request, tenant: str, params: list[str]) -> Response:
         runs = self._writable()
         body = self._validate(_RunRequest, await self._body(request))
-        input = _input(body.input)
+        input = _named(body.input, _input(body.input), body.message_id, request.headers.get("idempotency-key"),
+                       tenant, params[0])
         if runs.draining:
             raise _HTTPError(503, "ShuttingDown", "the server is shutting down; retry on another worker",
                              {"Retry-After": str(self.settings.retry_after)})
@@ -418,6 +428,37 @@ def _input(raw: str | list[dict[str, Any]] | None) -> str | list[Message] | None
                              "user messages (the session holds the rest)")
         messages.append(message)
     return messages
+
+
+def _named(raw: str | list[dict[str, Any]] | None, input: str | list[Message] | None, message_id: str | None,
+           key: str | None, tenant: str, session_id: str) -> str | list[Message] | None:
+    """Give the run's last input message the id the client chose, so that a retried request is not run twice.
+
+    The id is ``message_id`` (text input), or the ``Idempotency-Key`` header's key turned into an id
+    of this session (the same key in another session or tenant names another message).
+    """
+    if key is not None:
+        if not 1 <= len(key) <= 255:
+            raise _HTTPError(400, "BadRequest", "the Idempotency-Key header must be 1-255 characters")
+        if message_id is not None:
+            raise _HTTPError(400, "BadRequest", "send message_id or an Idempotency-Key header, not both")
+        message_id = "idem_" + hashlib.sha256(f"{tenant}\0{session_id}\0{key}".encode()).hexdigest()[:32]
+    if message_id is None:
+        return input
+    if input is None:
+        raise _HTTPError(400, "BadRequest", "input is null (a resume): there is no input message to name; "
+                         "leave out message_id and Idempotency-Key")
+    if isinstance(input, str):
+        return [Message.user(input, id=message_id)]
+    if key is None:
+        raise _HTTPError(400, "BadRequest", "message_id names text input; give a list of messages their ids "
+                         "in the messages (\"id\": ...)")
+    if isinstance(raw, list) and "id" in raw[-1]:
+        raise _HTTPError(400, "BadRequest", "the last input message has an id and an Idempotency-Key was sent: "
+                         "send one or the other")
+    last = input[-1]
+    return [*input[:-1], Message(last.role, last.parts, message_id, last.author_name, last.created_at,
+                                 last.metadata)]
 
 
 async def _disconnected(request: Request) -> None:

@@ -23,7 +23,8 @@ def _json(ref: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Bad input (the message says what is wrong).", 401: "No API key, or an unknown one.",
             404: "No such session for this tenant.", 405: "Read-only server.",
-            409: "The session is busy (another run holds it); see `Retry-After`.",
+            409: "The session is busy (another run holds it; see `Retry-After`), or the input's message id "
+                 "is taken by other content (`InputConflict`).",
             410: "The session was deleted, or expired, while the run ran.",
             413: "The request body is too large.", 503: "The server is shutting down; see `Retry-After`."}
     return {str(c): {"description": text[c], "content": _json("Error")} for c in codes}
@@ -78,8 +79,14 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
                 "summary": "Run the agent on the session",
                 "description": "Returns the result; with `\"stream\": true` or `Accept: text/event-stream`, streams "
                                "server-sent events instead: `text_delta`, `reasoning_delta`, `tool_call_started`, "
-                               "`tool_call_finished`, `step_persisted`, then `done` (the result) or `error`.",
+                               "`tool_call_finished`, `step_persisted`, then `done` (the result) or `error`. "
+                               "A request whose input message id was answered in the session before (a retry) "
+                               "gets that answer back, marked `replayed`, without running again.",
                 "operationId": "run", "requestBody": {"required": True, "content": _json("RunRequest")},
+                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                                "description": "Names the run's input (its last message) in this session: a retry "
+                                               "with the same key and input returns the first result."}],
                 "responses": {"200": {"description": "The result, or the event stream.",
                                       "content": {**_json("RunResult"), "text/event-stream": {}}},
                               "502": {"description": "The model failed.", "content": _json("Error")},
@@ -119,6 +126,9 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
         "RunRequest": {"type": "object", "additionalProperties": False, "required": ["input"], "properties": {
             "input": {"description": "Text, a list of user messages, or null to resume the session.",
                       "oneOf": [{"type": "string"}, {"type": "array", "items": message}, {"type": "null"}]},
+            "message_id": {"type": "string", "minLength": 1, "maxLength": 200,
+                           "description": "Id of the text input's message: a retry with the same id and text "
+                                          "returns the first result instead of running again."},
             "stream": {"type": "boolean", "default": False},
             "wait": {"type": "number", "default": 0,
                      "description": "Seconds to wait for a busy session instead of getting 409."},
@@ -126,6 +136,7 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
                        "description": "Put the run's prompt traces (tokens by source per model call) in the result."}}},
         "RunResult": {"type": "object", "properties": {
             "text": {"type": "string"}, "stop_reason": {"type": "string"}, "steps": {"type": "integer"},
+            "replayed": {"type": "boolean", "description": "The input was answered before: this is that answer."},
             "usage": {"type": "object"}, "messages": {"type": "array", "items": message},
             "traces": {"type": "array", "items": {"type": "object"}}}},
     }

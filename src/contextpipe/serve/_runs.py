@@ -32,6 +32,7 @@ def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]
         "text": result.text,
         "stop_reason": result.stop_reason,
         "steps": result.steps,
+        "replayed": result.replayed,
         "usage": asdict(result.usage),
         "input": [message_to_dict(m) for m in result.input],
         "messages": [message_to_dict(m) for m in result.messages],

@@ -1,4 +1,4 @@
-"""How `SQLiteStore` reads a session's log: streamed as JSON arrays, or row by row (the reference).
+"""How `SQLiteStore` reads a session's log: streamed as JSON arrays, row by row, or by message id.
 
 The plain read is one query returning one ``(seq, message_id, body)`` row per message, each row
 decoded on its own (`read_log_rows`, `decode_rows_one_by_one`). The streamed read asks SQLite to
@@ -9,7 +9,8 @@ decodes it while the thread reads the next one, all inside one read transaction 
 
 Both reads return the same messages in the same order (a property test pins them together,
 ``tests/stores/test_sqlite_log.py``); whenever an array fails a check, the log is read row by row,
-so a damaged message is still named by its sequence.
+so a damaged message is still named by its sequence. Reads by id answer whether the log holds a
+message already: `existing_ids` for idempotent appends, `message_seq` for a retried run's input.
 """
 
 from __future__ import annotations
@@ -257,3 +258,24 @@ async def stream_log(executor: Executor, job: Callable[[ArraySink], T]) -> tuple
     finally:
         arrived.close()
     return result, messages, first
+
+
+def existing_ids(conn: sqlite3.Connection, key: SessionKey, ids: list[str]) -> set[str]:
+    """Return which of `ids` the session's log holds already (in chunks of 500, under SQLite's variable limit)."""
+    known: set[str] = set()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        known.update(r["message_id"] for r in conn.execute(
+            f"SELECT message_id FROM cp_messages WHERE tenant = ? AND session_id = ? AND message_id IN ({marks})",
+            (key.tenant, key.id, *chunk)))
+    return known
+
+
+def message_seq(conn: sqlite3.Connection, key: SessionKey, message_id: str, now: float) -> int | None:
+    """Return the sequence of the message with this id in a live (unexpired) session, or None."""
+    row = conn.execute(
+        "SELECT m.seq FROM cp_messages m JOIN cp_sessions s USING (tenant, session_id) "
+        "WHERE m.tenant = ? AND m.session_id = ? AND m.message_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?)",
+        (key.tenant, key.id, message_id, now)).fetchone()
+    return None if row is None else int(row["seq"])

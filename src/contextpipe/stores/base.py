@@ -18,7 +18,8 @@ errors become `StoreError` naming the backend (and, for servers, the server that
 The contract's ceremony is done once, here: each public method validates its arguments (keys,
 limits, batches, cursors), translates driver errors and runs the deletion hooks, around one
 protected method on a `SessionKey` (`_get`, `_save`, `_append`, `_load`, ...) that a backend
-implements. Adding a method means a public template here and one protected method per backend.
+implements (the checks and the translation themselves are in `_checks`). Adding a method means a
+public template here and one protected method per backend.
 
 Text is stored as Unicode. Any Python string can be stored, including lone surrogates such as
 ``"\\ud800"`` (which UTF-8 cannot encode): they are written as JSON escapes and come back unchanged.
@@ -37,9 +38,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import base64
-import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,9 +45,18 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from ..config import DEFAULT_LEASE_TTL
-from ..errors import ContextPipeError, SessionBusy, StoreError, UsageError, shorten
+from ..errors import SessionBusy, StoreError
 from ..messages import Message
 from ..session import Session, SessionKey, validate_tenant
+from ._checks import (
+    check_limit,
+    decode_cursor,
+    duplicate_in_batch,
+    encode_cursor,
+    key_and_limit,
+    key_of,
+    to_store_error,
+)
 
 __all__ = [
     "Checkpoint", "Lease", "MessagePage", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing",
@@ -136,75 +143,6 @@ class SessionListing:
     sessions: list[SessionInfo]
     next_cursor: str | None
     """Pass to the next call to continue; None on the last page."""
-
-
-# --- the contract's checks and the one translation of driver errors, used by the public methods ----------
-
-_known_key = functools.lru_cache(maxsize=4096)(SessionKey)
-
-
-def key_of(tenant: str, session_id: str) -> SessionKey:
-    """Return the validated key of a session (`UsageError` naming what is allowed otherwise).
-
-    Keys are immutable and a run makes several store calls on one session: the latest few thousand
-    are kept, so each is validated once rather than on every call.
-    """
-    if type(tenant) is str and type(session_id) is str:
-        return _known_key(tenant, session_id)
-    return SessionKey(tenant, session_id)
-
-
-def check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 1:
-        raise _bad_limit(limit)
-
-
-def key_and_limit(tenant: str, session_id: str, limit: int | None) -> SessionKey:
-    """Return the validated key (`key_of`), after which `limit` is checked (`check_limit`)."""
-    key = key_of(tenant, session_id)
-    if limit is not None and limit < 1:
-        raise _bad_limit(limit)
-    return key
-
-
-def _bad_limit(limit: int) -> UsageError:
-    return UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
-
-
-def duplicate_in_batch(key: SessionKey) -> UsageError:
-    return UsageError(f"{key}: the batch to append repeats a message id")
-
-
-def encode_cursor(updated_at: float, session_id: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps([updated_at, session_id]).encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        value: Any = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return float(value[0]), str(value[1])
-    except (ValueError, TypeError, IndexError) as exc:
-        raise UsageError(f"invalid cursor {shorten(cursor)}: pass the next_cursor of the previous page") from exc
-
-
-def to_store_error(exc: BaseException, *, backend: str, server: str, driver: str,
-                   timeout: float | None = None) -> StoreError | None:
-    """Return the `StoreError` standing for `exc`, or None when `exc` is not a driver or network error.
-
-    contextpipe's own errors, cancellation and programming errors pass through unchanged. Timeouts
-    (the builtin one or the driver's) say which server did not answer; every other error of the
-    driver package `driver`, of the network (`OSError`) or of text encoding becomes a `StoreError`.
-    """
-    if isinstance(exc, ContextPipeError) or not isinstance(exc, Exception):
-        return None
-    from_driver = type(exc).__module__.split(".")[0] == driver
-    if isinstance(exc, TimeoutError) or (from_driver and type(exc).__name__ == "TimeoutError"):
-        if timeout is not None:
-            return StoreError.unreachable(backend, server, timeout, "waiting for an answer")
-        return StoreError.from_driver(backend, server, exc)
-    if from_driver or isinstance(exc, OSError | UnicodeError | EOFError):
-        return StoreError.from_driver(backend, server, exc)
-    return None
 
 
 class SessionStore(abc.ABC):
@@ -427,6 +365,13 @@ class SessionStore(abc.ABC):
         except Exception as exc:
             raise self._store_error(exc) from exc
 
+    async def message_seq(self, tenant: str, session_id: str, message_id: str) -> int | None:
+        """Return the sequence of message `message_id` in the log, or None: one lookup in the ids' index."""
+        try:
+            return await self._message_seq(key_of(tenant, session_id), message_id)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+
     async def load_context(
         self, tenant: str, session_id: str, *, limit: int | None = None
     ) -> tuple[Checkpoint | None, MessagePage]:
@@ -559,6 +504,10 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
         """Return a page of the log (`load`)."""
+
+    @abc.abstractmethod
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        """Return the sequence of the message with this id, None if none (`message_seq`)."""
 
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
         """Return the latest checkpoint and the messages after it (`load_context`): by default two calls."""

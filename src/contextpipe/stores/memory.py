@@ -40,7 +40,7 @@ class _Entry:
     version: int = 0
     ttl: float | None = None
     log: list[Message] = field(default_factory=list)
-    ids: set[str] = field(default_factory=set)
+    ids: dict[str, int] = field(default_factory=dict)  # message id -> sequence
     checkpoints: list[Checkpoint] = field(default_factory=list)
     traces: list[str] = field(default_factory=list)
     lease_owner: str | None = None
@@ -172,10 +172,10 @@ class MemoryStore(SessionStore):
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         entry = await self._writable(key, lease)
-        ids = entry.ids
+        ids, log = entry.ids, entry.log
         fresh = [m for m in messages if m.id not in ids]
-        entry.log.extend(fresh)
-        ids.update(m.id for m in fresh)
+        ids.update((m.id, seq) for seq, m in enumerate(fresh, len(log) + 1))
+        log.extend(fresh)
         entry.updated_at = self._clock()
         return len(entry.log)
 
@@ -187,6 +187,11 @@ class MemoryStore(SessionStore):
         floor = 0 if after is None else max(0, min(after, end))
         start = floor if limit is None else max(floor, end - limit)
         return MessagePage(log[start:end], start + 1, start > 0)
+
+    @override
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        entry = await self._entry(key)
+        return entry.ids.get(message_id) if entry is not None else None
 
     # --- checkpoints -------------------------------------------------------------------------------
 

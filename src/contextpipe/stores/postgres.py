@@ -431,6 +431,15 @@ class PostgresStore(SessionStore):
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
         return checkpoint, common.make_page(self.backend, key, int(head["last_seq"]), floor or None, ordered)
 
+    @override
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        async with self._connection() as conn:
+            seq = await conn.fetchval(
+                f"SELECT m.seq FROM {self._p}messages m JOIN {self._p}sessions s USING (tenant, session_id) "
+                "WHERE m.tenant = $1 AND m.session_id = $2 AND m.message_id = $3 "
+                f"AND (s.expires_at IS NULL OR s.expires_at > {_NOW})", key.tenant, key.id, message_id)
+        return None if seq is None else int(seq)
+
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override

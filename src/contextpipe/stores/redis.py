@@ -443,6 +443,11 @@ class RedisStore(SessionStore):
         first = start + 1
         return MessagePage(messages, first, first > 1)
 
+    @override
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        seq = await self._client.hget(self._keys(key)[2], message_id)  # the ids expire with the session
+        return None if seq is None else int(seq)
+
     # --- checkpoints -------------------------------------------------------------------------------
 
     @override

@@ -383,7 +383,7 @@ class SQLiteStore(SessionStore):
         last = int(row["last_seq"])
         fresh = encoded
         if last and encoded:
-            known = _existing_ids(conn, key, [mid for mid, _ in encoded])
+            known = log.existing_ids(conn, key, [mid for mid, _ in encoded])
             fresh = [e for e in encoded if e[0] not in known]
         if fresh:
             conn.executemany(
@@ -457,6 +457,10 @@ class SQLiteStore(SessionStore):
         if dropped:
             await self._notify_restarted(dropped)
         return result, messages, first
+
+    @override
+    async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
+        return await self._run(log.message_seq, key, message_id, self._clock())
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -559,13 +563,3 @@ class SQLiteStore(SessionStore):
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=True)
 
-
-def _existing_ids(conn: sqlite3.Connection, key: SessionKey, ids: list[str]) -> set[str]:
-    known: set[str] = set()
-    for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
-        marks = ",".join("?" * len(chunk))
-        known.update(r["message_id"] for r in conn.execute(
-            f"SELECT message_id FROM cp_messages WHERE tenant = ? AND session_id = ? AND message_id IN ({marks})",
-            (key.tenant, key.id, *chunk)))
-    return known
