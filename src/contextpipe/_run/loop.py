@@ -33,10 +33,10 @@ import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import LeaseLost, ModelResponseError
+from ..errors import LeaseLost
 from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
 from ..exchanges import (
     ValidatedChunks,
@@ -51,12 +51,9 @@ from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from ..models.base import (
     CallModel,
     ChatModel,
-    ModelMiddleware,
     ModelRequest,
     ModelResponse,
-    ModelStreamEvent,
     ReasoningDelta,
-    ResponseComplete,
     TextDelta,
     Usage,
 )
@@ -64,6 +61,7 @@ from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
 from .calls import execute_tool, interrupted, stopped_with_run
 from .invariants import check_messages
+from .model_chain import chain, consume, no_deltas, with_request
 from .replay import STOP_KEY
 from .threads import RunThreads, wait_through_cancellation
 
@@ -116,48 +114,9 @@ def _stopped(message: Message, reason: StopReason) -> Message:
                    {**message.metadata, STOP_KEY: reason}, message.source)
 
 
-def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
-    """Return a call that goes through `middleware` (first outermost) and then `terminal`."""
-    call = terminal
-    for mw in reversed(middleware):
-        call = _bind(mw, call)
-    return call
-
-
-def _bind(mw: ModelMiddleware, call_next: CallModel) -> CallModel:
-    async def bound(request: ModelRequest) -> ModelResponse:
-        return await mw(request, call_next)
-
-    return bound
-
-
-async def consume(stream: AsyncIterator[ModelStreamEvent], on_delta: Callable[[TextDelta | ReasoningDelta], None],
-                  model_name: str) -> ModelResponse:
-    """Read a model stream to its end, handing each delta to `on_delta`; return the whole response."""
-    final: ModelResponse | None = None
-    async for event in stream:
-        if isinstance(event, ResponseComplete):
-            final = event.response
-        else:
-            on_delta(event)
-    if final is None:
-        raise ModelResponseError(f"model {model_name!r} ended its stream without a response")
-    return final
-
-
 _DONE = object()
 
 
-def _no_deltas(delta: TextDelta | ReasoningDelta) -> None:
-    """Drop nothing: a complete (not streamed) call has no deltas to forward."""
-
-
-_RESPONSE_FIELDS = tuple(f.name for f in fields(ModelResponse) if f.name != "request")
-
-
-def _with_request(response: ModelResponse, request: ModelRequest) -> ModelResponse:
-    """Return `response` carrying the request that produced it (`dataclasses.replace`, without its cost)."""
-    return ModelResponse(**{name: getattr(response, name) for name in _RESPONSE_FIELDS}, request=request)
 _REPAIR = Source("tool", "repair")
 
 
@@ -356,7 +315,7 @@ class StepLoop:
         self._latest_input = ctx.input[-1] if ctx.input else None
         # The middleware is fixed once the providers' before_run is over: build the chain once per run.
         if ctx.middleware:
-            self._complete = chain(ctx.middleware, self._terminal(_no_deltas))
+            self._complete = chain(ctx.middleware, self._terminal(no_deltas))
         split = 0  # the history is everything up to the last history segment
         for i, s in enumerate(ctx.segments, 1):
             if s.source.kind == "history":
@@ -478,10 +437,10 @@ class StepLoop:
 
         async def send(request: ModelRequest) -> ModelResponse:
             if not self.stream:
-                return _with_request(await self._send(request), request)
+                return with_request(await self._send(request), request)
             check_messages(request.messages, latest_input=self._latest_input)
             response = await consume(self.model.stream(request), on_delta, self.model.name)
-            return _with_request(response, request)
+            return with_request(response, request)
 
         return send
 
