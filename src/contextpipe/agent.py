@@ -24,7 +24,14 @@ from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
-from .session import DEFAULT_TENANT, Session, validate_session_id, validate_tenant
+from .session import (
+    DEFAULT_TENANT,
+    RESERVED_STATE_KEYS,
+    ProviderState,
+    Session,
+    validate_session_id,
+    validate_tenant,
+)
 from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
@@ -57,7 +64,12 @@ class Agent:
     ('Suzhou is SZ.', 4)
 
     Sessions live in `store`: given, or the store of the agent's `History` provider, or a private
-    in-memory store. `durability` (a `Durability`) says how runs save: ``per_step`` (after every
+    in-memory store.
+
+    Providers see the running agent as ``ctx.agent`` (an `AgentInfo`: `name`, `instructions`,
+    `tools`, `model`), so one provider serving several agents can tell them apart.
+
+    `durability` (a `Durability`) says how runs save: ``per_step`` (after every
     model call and tool result; the default) or ``per_run`` (once when the run succeeds), and
     whether each run's traces are stored with its session.
 
@@ -130,9 +142,7 @@ class Agent:
                     "give each a unique source_id"
                 )
             seen_ids[p.source_id] = p
-            for key in p.state_keys:
-                if key == CALIBRATION_KEY:
-                    raise UsageError(f"{p!r} uses session state key {key!r}, which the agent keeps for itself")
+            for key in _state_keys(p):
                 if key in seen_keys:
                     raise UsageError(
                         f"context providers {seen_keys[key]!r} and {p!r} both use session state key {key!r}; "
@@ -265,7 +275,7 @@ class Agent:
     def _context(self, session: Session | None, input_messages: list[Message], settings: ModelSettings | None,
                  writer: StepWriter) -> RunContext:
         return RunContext(
-            session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
+            agent=self, session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
             tokens=self.token_counter(session), journal=RunJournal(), checkpoints=writer.save_checkpoint,
             lease_token=writer.lease.token if writer.lease is not None else None,
@@ -322,6 +332,28 @@ class Agent:
         scope = (session.tenant, session.id) if session is not None else None
         return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
                             cache_size=self._token_cache.max_per_session)
+
+
+_RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration"}
+
+
+def _state_keys(provider: ContextProvider) -> list[str]:
+    """Return the session state keys `provider` uses: those it declares and its `ProviderState` attributes'.
+
+    Raises `UsageError` for a key the session or the agent keeps for itself, and for two held
+    `ProviderState` objects sharing a key with different models.
+    """
+    models: dict[str, type[Any]] = {}
+    for state in ProviderState.held_by(provider):
+        if models.setdefault(state.key, state.model) is not state.model:
+            raise UsageError(f"{provider!r} holds two ProviderState objects with key {state.key!r} "
+                             f"({models[state.key].__name__} and {state.model.__name__}); give each its own key")
+    keys = list(dict.fromkeys([*provider.state_keys, *models]))
+    for key in keys:
+        if key in _RESERVED_KEYS:
+            raise UsageError(f"{provider!r} uses session state key {key!r}, which is reserved for "
+                             f"{_RESERVED_KEYS[key]}; use a key of its own, such as {provider.source_id!r}")
+    return keys
 
 
 def _calibration(session: Session) -> Calibration:

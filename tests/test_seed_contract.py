@@ -1,0 +1,246 @@
+"""Three parts of the seeds' provider contract, written from the seeds' own examples (issue 31, items 1, 4, 5).
+
+1. Providers see the agent that is running (``ctx.agent`` in `before_run` and `after_run`).
+4. The session state keys a provider uses through `ProviderState` are checked when the agent is
+   built, with nothing to declare; ``user_id`` and ``user_name`` are the session's own.
+5. A message with no source counts as external input, so a filter never drops it unseen.
+
+Each runs through `Agent.run` on the in-memory store and on a SQLite file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from contextpipe import (
+    Agent,
+    ContextProvider,
+    Message,
+    ProviderState,
+    RunContext,
+    RunOutcome,
+    UsageError,
+    tool,
+)
+from contextpipe.providers import History, MessageFilter, external_input
+from contextpipe.stores import SessionStore
+from contextpipe.testing import ScriptedModel
+from stores.backends import open_store
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    opened = open_store(request.param, tmp_path)
+    yield opened
+    await opened.close()
+
+
+def texts(messages: Sequence[Message]) -> list[str]:
+    return [f"{m.role}:{m.text}" for m in messages]
+
+
+# --- 1. providers see the agent ------------------------------------------------------------------------
+
+
+@tool
+def get_weather_forecast(location_code: str) -> str:
+    """Return the weather forecast for a location code."""
+    return "Sunny"
+
+
+@tool
+def book_hotel(city: str) -> str:
+    """Book a hotel in a city."""
+    return "booked"
+
+
+class AgentAwareProvider(ContextProvider):
+    """One provider instance serving two agents, telling them apart by what `ctx.agent` says."""
+
+    def __init__(self) -> None:
+        super().__init__("agent-aware")
+        self.before: list[tuple[str | None, str | None, list[str], str]] = []
+        self.after: list[tuple[str | None, bool]] = []
+
+    async def before_run(self, ctx: RunContext) -> None:
+        agent = ctx.agent
+        self.before.append((agent.name, agent.instructions, sorted(agent.tools), agent.model.name))
+        ctx.add_instructions(f"You answer as the {agent.name} agent.")
+
+    async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
+        self.after.append((outcome.agent.name, outcome.agent is ctx.agent))
+
+
+async def test_providers_are_handed_the_running_agent_and_can_tell_two_agents_apart(store: SessionStore) -> None:
+    """Seed 000: ``InvokingContext.Agent`` / ``InvokedContext.Agent`` ("当前调用的AIAgent实例", the agent
+    being invoked);
+    seed 001: ``on_invoking(agent, session, messages, options)`` and ``on_invoked(agent, session, ...)``;
+    seed 004: "Semua metode virtual diteruskan sebagai referensi ke AIContextProvider dan AIAgent saat ini"."""
+    shared = AgentAwareProvider()
+    weather_model, travel_model = ScriptedModel(["Sunny."], name="weather-model"), ScriptedModel(
+        ["Booked."], name="travel-model")
+    weather = Agent(weather_model, name="weather", instructions="Forecasts only.", tools=[get_weather_forecast],
+                    store=store, providers=[History(store), shared])
+    travel = Agent(travel_model, name="travel", instructions="Bookings only.", tools=[book_hotel],
+                   store=store, providers=[History(store), shared])
+
+    await weather.run("Weather in Suzhou?", session=await weather.session("seed1-weather"))
+    await travel.run("A hotel in Suzhou?", session=await travel.session("seed1-travel"))
+
+    assert shared.before == [("weather", "Forecasts only.", ["get_weather_forecast"], "weather-model"),
+                             ("travel", "Bookings only.", ["book_hotel"], "travel-model")]
+    assert shared.after == [("weather", True), ("travel", True)]
+    assert weather_model.requests[0].instructions == "Forecasts only.\n\nYou answer as the weather agent."
+    assert travel_model.requests[0].instructions == "Bookings only.\n\nYou answer as the travel agent."
+
+
+async def test_the_agent_a_provider_sees_is_the_agent_object_itself(store: SessionStore) -> None:
+    """Seed 000, ``AIContextProvider.InvokingContext``: ``public AIAgent Agent { get; }`` is the agent being invoked."""
+    seen: list[object] = []
+
+    class Looker(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            seen.append(ctx.agent)
+
+    agent = Agent(ScriptedModel(["ok", "ok"]), store=store, providers=[History(store), Looker("looker")])
+    await agent.run("hi", session=await agent.session("seed1-same"))
+    await agent.run("hi")  # a run without a session sees it too
+    assert seen == [agent, agent]
+
+
+# --- 4. state keys held through ProviderState are checked ----------------------------------------------
+
+
+class MemoryState(BaseModel):
+    memories_id: str | None = None
+
+
+class SimpleServiceMemoryProvider(ContextProvider):
+    """Seed 004's simple provider: its `ProviderSessionState` keyed by the class name, no key declared."""
+
+    def __init__(self, source_id: str = "simple-memory", key: str = "SimpleServiceMemoryProvider") -> None:
+        super().__init__(source_id)
+        self.session_state = ProviderState(key, MemoryState)
+
+    async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
+        if ctx.session is None or outcome.error is not None:
+            return
+        state = self.session_state.get(ctx.session)
+        state.memories_id = state.memories_id or f"mem-{ctx.session.id}"
+
+
+class CopiedMemoryProvider(SimpleServiceMemoryProvider):
+    """A second provider whose author copied the first one's state key."""
+
+
+async def test_a_provider_state_key_is_registered_without_declaring_it(store: SessionStore) -> None:
+    """Seed 004, ``ProviderSessionState<T>``: "The key under which to store state in the session for this
+    provider. Make sure it does not clash with the keys of other providers." The key of a `ProviderState`
+    the provider holds is checked when the agent is built, with no ``state_keys`` to write."""
+    with pytest.raises(UsageError, match="both use session state key 'SimpleServiceMemoryProvider'"):
+        Agent(ScriptedModel(), store=store,
+              providers=[SimpleServiceMemoryProvider(), CopiedMemoryProvider("copied-memory")])
+
+    # One provider per key works, and its state is saved under that key with the session.
+    agent = Agent(ScriptedModel(["ok", "ok"]), store=store,
+                  providers=[History(store), SimpleServiceMemoryProvider(),
+                             CopiedMemoryProvider("copied-memory", key="CopiedMemoryProvider")])
+    session = await agent.session("seed4-keys")
+    await agent.run("Remember my name is Alice.", session=session)
+    stored = await store.get_session(session.tenant, session.id)
+    assert stored is not None
+    assert stored.state["SimpleServiceMemoryProvider"] == {"memories_id": "mem-seed4-keys"}
+    assert stored.state["CopiedMemoryProvider"] == {"memories_id": "mem-seed4-keys"}
+
+
+class ClassLevelState(ContextProvider):
+    prefs = ProviderState("prefs", MemoryState)  # on the class: every instance shares it
+
+
+def test_a_state_held_on_the_class_is_found_too() -> None:
+    """Seed 004: "AIContextProvider tidak boleh menyimpan status spesifik sesi apa pun dalam instans
+    penyedia": two instances of a class holding one `ProviderState` would share a session's state."""
+    with pytest.raises(UsageError, match="session state key 'prefs'"):
+        Agent(ScriptedModel(), providers=[ClassLevelState("one"), ClassLevelState("two")])
+
+
+@pytest.mark.parametrize("key", ["user_id", "user_name"])
+def test_the_session_keys_user_id_and_user_name_are_reserved(key: str) -> None:
+    """Seed 004, ``ProviderSessionState``: a key must not clash; ``user_id`` and ``user_name`` belong to
+    the session (`set_user_id`; `SemanticMemory` and `FactMemory` read them), so no provider may use them."""
+    with pytest.raises(UsageError, match=f"session state key '{key}', which is reserved"):
+        Agent(ScriptedModel(), providers=[SimpleServiceMemoryProvider(key=key)])
+
+
+def test_two_states_of_one_provider_with_one_key_and_different_models_are_refused() -> None:
+    """Seed 004: one key, one state type; the same key with two models would overwrite each other."""
+
+    class Other(BaseModel):
+        count: int = 0
+
+    class Confused(ContextProvider):
+        def __init__(self) -> None:
+            super().__init__("confused")
+            self.a = ProviderState("confused", MemoryState)
+            self.b = ProviderState("confused", Other)
+
+    with pytest.raises(UsageError, match="two ProviderState objects with key 'confused'"):
+        Agent(ScriptedModel(), providers=[Confused()])
+
+
+# --- 5. an untagged message counts as external input ---------------------------------------------------
+
+
+def test_external_input_keeps_a_message_with_no_source() -> None:
+    """Seed 000: ``GetAgentRequestMessageSourceType``, when no valid source is found on a message,
+    "则默认返回External" (returns External by default)."""
+    by_hand = Message.user("built by hand")
+    assert external_input([by_hand]) == [by_hand]
+
+
+class UserPreferenceProvider(ContextProvider):
+    """Seed 004's Python ``UserPreferenceProvider``: learns the favourite food from the input messages."""
+
+    def __init__(self, store_request_filter: MessageFilter | None = None) -> None:
+        super().__init__("user-preferences", store_request_filter=store_request_filter)
+        self.prefs = ProviderState("user-preferences", _Food)
+
+    async def before_run(self, ctx: RunContext) -> None:
+        if favorite := self.prefs.get(ctx.session).favorite_food:
+            ctx.add_instructions(f"User's favorite food is {favorite}.")
+
+    async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
+        if ctx.session is None:
+            return
+        for message in self.messages_to_learn(outcome):
+            if message.role == "user" and "favorite food is" in message.text.lower():
+                food = message.text.lower().split("favorite food is", 1)[1].strip().rstrip(".")
+                self.prefs.set(ctx.session, _Food(favorite_food=food))
+
+
+class _Food(BaseModel):
+    favorite_food: str | None = None
+
+
+def british_to_american(messages: Sequence[Message]) -> list[Message]:
+    """A store-request filter that rewrites the caller's spelling, building the new messages by hand."""
+    rewritten = [Message.user(m.text.replace("favourite", "favorite"))
+                 if m.source is not None and m.source.kind == "input" else m for m in messages]
+    return external_input(rewritten)
+
+
+async def test_a_message_a_filter_built_by_hand_is_learned_not_dropped(store: SessionStore) -> None:
+    """Seed 000: an untagged message's source type "默认返回External"; seed 004's ``UserPreferenceProvider``
+    learns from ``context.input_messages``. Its filter rewrote the input (a new, untagged message): the
+    provider still learns from it."""
+    prefs = UserPreferenceProvider(store_request_filter=british_to_american)
+    model = ScriptedModel(["Noted.", "Noodles, then."])
+    agent = Agent(model, store=store, providers=[History(store), prefs])
+    session = await agent.session("seed5-untagged")
+    await agent.run("My favourite food is noodles.", session=session)
+    await agent.run("What should I eat?", session=session)
+    assert model.requests[1].instructions == "User's favorite food is noodles."
