@@ -1,9 +1,10 @@
-"""Three parts of the seeds' provider contract, written from the seeds' own examples (issue 31, items 1, 4, 5).
+"""Four parts of the seeds' provider contract, written from the seeds' own examples (issue 31, items 1, 4, 5, 6).
 
 1. Providers see the agent that is running (``ctx.agent`` in `before_run` and `after_run`).
 4. The session state keys a provider uses through `ProviderState` are checked when the agent is
    built, with nothing to declare; ``user_id`` and ``user_name`` are the session's own.
 5. A message with no source counts as external input, so a filter never drops it unseen.
+6. A session run by an agent given no history provider still remembers the conversation.
 
 Each runs through `Agent.run` on the in-memory store and on a SQLite file.
 """
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 from contextpipe import (
     Agent,
     ContextProvider,
+    HistoryPolicy,
     Message,
     ProviderState,
     RunContext,
@@ -27,7 +29,7 @@ from contextpipe import (
     tool,
 )
 from contextpipe.providers import History, MessageFilter, external_input
-from contextpipe.stores import SessionStore
+from contextpipe.stores import MemoryStore, SessionStore
 from contextpipe.testing import ScriptedModel
 from stores.backends import open_store
 
@@ -244,3 +246,84 @@ async def test_a_message_a_filter_built_by_hand_is_learned_not_dropped(store: Se
     await agent.run("My favourite food is noodles.", session=session)
     await agent.run("What should I eat?", session=session)
     assert model.requests[1].instructions == "User's favorite food is noodles."
+
+
+# --- 6. a session with no history provider still remembers ---------------------------------------------
+
+
+async def test_an_agent_with_no_history_provider_remembers_the_session(store: SessionStore) -> None:
+    """Seed 004: "RawAgent dapat menambahkan InMemoryHistoryProvider("memory") secara otomatis"; seed 000:
+    InMemoryChatHistoryProvider "将对话数据存储在当前的进程内存中". An agent given no history provider keeps
+    each session's conversation in its store, across runs and across `Session` objects of one session."""
+    model = ScriptedModel(["Hello Alice.", "You are Alice."])
+    agent = Agent(model, store=store)
+    first = await agent.run("Remember my name is Alice.", session=await agent.session("seed6-remembers"))
+    second = await agent.run("What is my name?", session=await agent.session("seed6-remembers"))
+
+    assert texts(model.requests[1].messages) == [
+        "user:Remember my name is Alice.", "assistant:Hello Alice.", "user:What is my name?"]
+    assert [(m.source_kind, m.source_id) for m in second.traces[0].messages] == [
+        ("history", "default-history"), ("history", "default-history"), ("input", None)]
+    assert first.traces[0].history == second.traces[0].history == "default-history"
+    assert "history: default-history" in second.traces[0].table()
+    assert second.traces[0].to_dict()["history"] == "default-history"
+    assert [p.source_id for p in agent.providers] == ["default-history"]
+    assert len(await agent.history(await agent.session("seed6-remembers"))) == 4
+
+
+async def test_an_agent_with_no_store_remembers_in_memory() -> None:
+    """Seed 000: InMemoryChatHistoryProvider "将对话数据存储在当前的进程内存中" (keeps the conversation in
+    the process's memory, no database needed)."""
+    model = ScriptedModel(["Hi.", "Tea."])
+    agent = Agent(model, providers=[])
+    await agent.run("I like tea.", session=await agent.session("seed6-memory"))
+    await agent.run("What do I like?", session=await agent.session("seed6-memory"))
+    assert texts(model.requests[1].messages) == ["user:I like tea.", "assistant:Hi.", "user:What do I like?"]
+    assert isinstance(agent.store, MemoryStore)
+
+
+async def test_default_history_false_keeps_nothing(store: SessionStore) -> None:
+    """Seed 004: the automatic InMemoryHistoryProvider is added "dalam kasus tertentu"; an agent that must
+    not remember says so with ``default_history=False``."""
+    model = ScriptedModel(["Hello.", "I do not know."])
+    agent = Agent(model, store=store, default_history=False)
+    await agent.run("Remember my name is Alice.", session=await agent.session("seed6-off"))
+    result = await agent.run("What is my name?", session=await agent.session("seed6-off"))
+    assert texts(model.requests[1].messages) == ["user:What is my name?"]
+    assert result.traces[0].history is None
+    assert agent.providers == ()
+
+
+async def test_a_configured_history_provider_replaces_the_default(store: SessionStore) -> None:
+    """Seed 004: "hanya satu harus menggunakan load_messages=True": the agent adds its own history only when
+    given none, so a configured one (even an audit log that loads nothing) is the only history."""
+    audit_store = MemoryStore()
+    audit = History(audit_store, source_id="audit",
+                    policy=HistoryPolicy(load_messages=False, store_context_messages=True))
+    agent = Agent(ScriptedModel(["a", "b"]), store=store, providers=[audit])
+    await agent.run("one", session=await agent.session("seed6-audit"))
+    result = await agent.run("two", session=await agent.session("seed6-audit"))
+    assert [p.source_id for p in agent.providers] == ["audit"]
+    assert result.traces[0].history is None
+    assert len((await audit_store.load("default", "seed6-audit")).messages) == 4
+
+
+async def test_the_default_history_runs_first_so_later_providers_see_it(store: SessionStore) -> None:
+    """Seed 001: "提供器按注册顺序执行": the default history loads before the configured providers run."""
+    seen: list[list[str]] = []
+
+    class Counter(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            seen.append([m.source.kind for m in ctx.messages if m.source is not None])
+
+    agent = Agent(ScriptedModel(["a", "b"]), store=store, providers=[Counter("counter")])
+    session = await agent.session("seed6-order")
+    await agent.run("one", session=session)
+    await agent.run("two", session=session)
+    assert seen == [["input"], ["history", "history", "input"]]
+
+
+def test_the_default_history_is_named_in_a_source_id_clash() -> None:
+    """A provider of the agent's that happens to use the default history's source_id gets a clear error."""
+    with pytest.raises(UsageError, match="source_id 'default-history'"):
+        Agent(ScriptedModel(), providers=[ContextProvider("default-history")])

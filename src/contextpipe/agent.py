@@ -39,7 +39,10 @@ from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Toke
 from .tools import Tool, as_tool
 from .trace import RunJournal
 
-__all__ = ["Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+__all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+
+DEFAULT_HISTORY_ID = "default-history"
+"""The source_id of the history an agent given no history provider keeps its sessions' messages with."""
 
 
 class Agent:
@@ -64,7 +67,12 @@ class Agent:
     ('Suzhou is SZ.', 4)
 
     Sessions live in `store`: given, or the store of the agent's `History` provider, or a private
-    in-memory store.
+    in-memory store. An agent given no `HistoryProvider` still remembers each session's conversation:
+    it adds ``History(store, source_id="default-history")`` as its first provider, so the messages
+    are kept in the agent's store with the session (in memory when no store was given, lost when the
+    process ends) and every run on the same session id sees them. ``default_history=False`` keeps
+    nothing: each run sees only its own input. Each `PromptTrace` names the history in use
+    (`PromptTrace.history`).
 
     Providers see the running agent as ``ctx.agent`` (an `AgentInfo`: `name`, `instructions`,
     `tools`, `model`), so one provider serving several agents can tell them apart.
@@ -94,6 +102,7 @@ class Agent:
         durability: Durability = DEFAULT_DURABILITY,
         telemetry: Telemetry | None = None,
         name: str | None = None,
+        default_history: bool = True,
     ) -> None:
         self.model = model
         """The chat model every call goes to."""
@@ -117,8 +126,7 @@ class Agent:
                 raise UsageError(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t
         self.providers: tuple[ContextProvider, ...] = tuple(providers)
-        """Context providers, in the order they run."""
-        self._check_providers()
+        """Context providers, in the order they run (the default history first, when the agent added it)."""
         self.history_providers: tuple[HistoryProvider, ...] = tuple(
             p for p in self.providers if isinstance(p, HistoryProvider)
         )
@@ -126,6 +134,13 @@ class Agent:
             store = next((p.store for p in self.history_providers if isinstance(p.store, SessionStore)), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
+        if default_history and not self.history_providers:
+            from .providers.history import History  # here: an agent given its own history never loads it
+
+            history = History(self.store, source_id=DEFAULT_HISTORY_ID)
+            self.providers = (history, *self.providers)
+            self.history_providers = (history,)
+        self._check_providers()
         self._tokenizer: Tokenizer | None = None
         self._token_cache = TokenCache()
 
@@ -277,9 +292,16 @@ class Agent:
         return RunContext(
             agent=self, session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
-            tokens=self.token_counter(session), journal=RunJournal(), checkpoints=writer.save_checkpoint,
+            tokens=self.token_counter(session), journal=RunJournal(history=self._history_id(session)),
+            checkpoints=writer.save_checkpoint,
             lease_token=writer.lease.token if writer.lease is not None else None,
         )
+
+    def _history_id(self, session: Session | None) -> str | None:
+        """Return the source_id of the history a run on `session` loads (None without a session or a loader)."""
+        if session is None:
+            return None
+        return next((p.source_id for p in self.history_providers if p.policy.load_messages), None)
 
     def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None) -> RunResult:
         state = loop.state
