@@ -170,6 +170,17 @@ def test_a_state_held_on_the_class_is_found_too() -> None:
         Agent(ScriptedModel(), providers=[ClassLevelState("one"), ClassLevelState("two")])
 
 
+def test_a_built_in_providers_state_key_is_found_without_a_declaration() -> None:
+    """Seed 004: keys must not clash. `FactMemory` keeps the turns waiting for extraction under
+    ``facts.pending`` through a `ProviderState` it holds, and declares nothing: the agent still finds it."""
+    from contextpipe.providers import FactMemory
+    from contextpipe.vectors import HashEmbedder, MemoryVectorStore
+
+    with pytest.raises(UsageError, match=r"both use session state key 'facts\.pending'"):
+        Agent(ScriptedModel(), providers=[FactMemory(ScriptedModel(), MemoryVectorStore(), HashEmbedder()),
+                                          SimpleServiceMemoryProvider(key="facts.pending")])
+
+
 @pytest.mark.parametrize("key", ["user_id", "user_name"])
 def test_the_session_keys_user_id_and_user_name_are_reserved(key: str) -> None:
     """Seed 004, ``ProviderSessionState``: a key must not clash; ``user_id`` and ``user_name`` belong to
