@@ -12,6 +12,7 @@ Each runs through `Agent.run` on the in-memory store and on a SQLite file.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,25 @@ async def test_a_message_a_filter_built_by_hand_is_learned_not_dropped(store: Se
     await agent.run("My favourite food is noodles.", session=session)
     await agent.run("What should I eat?", session=session)
     assert model.requests[1].instructions == "User's favorite food is noodles."
+
+
+async def test_the_trace_shows_a_message_middleware_built_by_hand_as_input(store: SessionStore) -> None:
+    """Seed 000: an untagged message's source type "默认返回External"; the trace names it as the filters
+    treat it (the caller's input), not as some provider's context."""
+    from contextpipe.models import CallModel, ModelRequest, ModelResponse
+
+    class Reminder(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            async def remind(request: ModelRequest, call_next: CallModel) -> ModelResponse:
+                return await call_next(replace(request, messages=(*request.messages, Message.user("Be brief."))))
+
+            ctx.add_middleware(remind)
+
+    agent = Agent(ScriptedModel(["ok"]), store=store, providers=[Reminder("reminder")])
+    result = await agent.run("hi", session=await agent.session("seed5-trace"))
+    assert [(m.source_kind, m.source_id, m.preview) for m in result.traces[0].messages] == [
+        ("input", None, "hi"), ("input", None, "Be brief.")]
+    assert not any(key.startswith("context") for key in result.traces[0].tokens_by_source())
 
 
 # --- 6. a session with no history provider still remembers ---------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from ._preview import preview
 from .compaction import CompactionDecision
-from .messages import Source
+from .messages import INPUT
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
 
@@ -144,7 +144,7 @@ class TracedTool:
     tokens: int
 
 
-_UNTAGGED = Source("context")  # a message a middleware made up without a source
+_UNTAGGED = INPUT  # a message a middleware made up without a source counts as input, as in the filters
 
 
 def _usage_dict(usage: Usage | None) -> dict[str, int] | None:
