@@ -356,5 +356,7 @@ async def test_the_default_history_runs_first_so_later_providers_see_it(store: S
 
 def test_the_default_history_is_named_in_a_source_id_clash() -> None:
     """A provider of the agent's that happens to use the default history's source_id gets a clear error."""
-    with pytest.raises(UsageError, match="source_id 'default-history'"):
+    with pytest.raises(UsageError, match="source_id 'default-history', the history the agent adds when given no "
+                                         "history provider; give it another source_id, or pass default_history=False"):
         Agent(ScriptedModel(), providers=[ContextProvider("default-history")])
+    Agent(ScriptedModel(), providers=[ContextProvider("default-history")], default_history=False)

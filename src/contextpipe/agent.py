@@ -134,23 +134,29 @@ class Agent:
             store = next((p.store for p in self.history_providers if isinstance(p.store, SessionStore)), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
+        added: HistoryProvider | None = None
         if default_history and not self.history_providers:
             from .providers.history import History  # here: an agent given its own history never loads it
 
-            history = History(self.store, source_id=DEFAULT_HISTORY_ID)
-            self.providers = (history, *self.providers)
-            self.history_providers = (history,)
-        self._check_providers()
+            added = History(self.store, source_id=DEFAULT_HISTORY_ID)
+            self.providers = (added, *self.providers)
+            self.history_providers = (added,)
+        self._check_providers(added)
         self._tokenizer: Tokenizer | None = None
         self._token_cache = TokenCache()
 
-    def _check_providers(self) -> None:
+    def _check_providers(self, default_history: HistoryProvider | None) -> None:
         seen_ids: dict[str, ContextProvider] = {}
         seen_keys: dict[str, ContextProvider] = {}
         loaders = []
         for p in self.providers:
             if not isinstance(p, ContextProvider):
                 raise UsageError(f"providers must be ContextProvider instances, got {p!r}")
+            if p.source_id in seen_ids and seen_ids[p.source_id] is default_history:
+                raise UsageError(
+                    f"{p!r} uses source_id {p.source_id!r}, the history the agent adds when given no history "
+                    "provider; give it another source_id, or pass default_history=False"
+                )
             if p.source_id in seen_ids:
                 raise UsageError(
                     f"two context providers use source_id {p.source_id!r} ({seen_ids[p.source_id]!r} and {p!r}); "
