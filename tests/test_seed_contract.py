@@ -313,6 +313,18 @@ async def test_an_agent_with_no_store_remembers_in_memory() -> None:
     assert isinstance(agent.store, MemoryStore)
 
 
+async def test_a_run_without_a_session_is_not_remembered_by_the_default_history(store: SessionStore) -> None:
+    """Seed 000: the in-memory history belongs to a session ("for that session"); a run given no session
+    has none, so the default history neither loads nor stores anything for it."""
+    model = ScriptedModel(["Hello.", "I do not know."])
+    agent = Agent(model, store=store)
+    await agent.run("Remember my name is Alice.")
+    result = await agent.run("What is my name?")
+    assert texts(model.requests[1].messages) == ["user:What is my name?"]
+    assert result.traces[0].history is None and "history: none" in result.traces[0].table()
+    assert (await store.list_sessions("default")).sessions == []
+
+
 async def test_default_history_false_keeps_nothing(store: SessionStore) -> None:
     """Seed 004: the automatic InMemoryHistoryProvider is added "dalam kasus tertentu"; an agent that must
     not remember says so with ``default_history=False``."""
