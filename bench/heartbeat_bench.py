@@ -20,7 +20,7 @@ from contextpipe.testing import ScriptedModel
 
 async def _per_run(runs: int, shared: bool) -> float:
     store = MemoryStore()
-    agent = Agent(ScriptedModel(["ok"] * runs), store=store,
+    agent = Agent(ScriptedModel(["ok"] * runs), store=store, default_history=False,  # the lease timer alone
                   durability=Durability(heartbeat=Heartbeat(shared_timer=shared)))
     sessions = [await agent.session(f"s{i}") for i in range(runs)]
     with h.Stopwatch() as watch:

@@ -76,7 +76,7 @@ async def test_a_message_provider_is_given_only_the_input_and_its_messages_are_t
     second = profile.given[1]
     assert [m.text for m in second.request_messages] == ["Where should I eat?"]  # no history, no instructions
     assert second.session is session
-    assert second.agent is getattr(profile.run_contexts[1], "agent", None)
+    assert second.agent is profile.run_contexts[1].agent is agent
     sent = model.requests[1].messages
     assert [m.text for m in sent] == ["I live in Suzhou.", "Hello.", "User profile: I live in Suzhou.",
                                       "Where should I eat?"]
@@ -150,8 +150,9 @@ async def test_messages_for_counts_untagged_messages_as_the_callers_input() -> N
     source, so a message built by hand and passed to `messages_for` is the caller's input."""
     profile = UserProfile()
     profile.facts["s"] = ["vegetarian"]
-    added = await profile.messages_for([Message.user("What should I eat?")], session=Session("s"), agent="an agent")
+    agent = Agent(ScriptedModel(), name="concierge")
+    added = await profile.messages_for([Message.user("What should I eat?")], session=Session("s"), agent=agent)
     assert [m.text for m in added] == ["User profile: vegetarian"]
     assert added[0].source == Source("context", "profile")
     [given] = profile.given
-    assert [m.text for m in given.request_messages] == ["What should I eat?"] and given.agent == "an agent"
+    assert [m.text for m in given.request_messages] == ["What should I eat?"] and given.agent is agent

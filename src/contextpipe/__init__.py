@@ -64,7 +64,7 @@ if TYPE_CHECKING:
         UriPart,
     )
     from .models.base import ModelSettings, Usage
-    from .pipeline import RunContext, RunOutcome
+    from .pipeline import AgentInfo, RunContext, RunOutcome
     from .providers.base import ContextProvider, HistoryProvider
     from .session import ProviderState, Session
     from .telemetry import Telemetry
@@ -76,6 +76,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AfterRunError",
     "Agent",
+    "AgentInfo",
     "AgentStream",
     "CodecError",
     "ConcurrentUpdate",
@@ -152,7 +153,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",
                      "UnknownPart", "UriPart"), ".messages"),
     "ModelSettings": ".models.base", "Usage": ".models.base",
-    "RunContext": ".pipeline", "RunOutcome": ".pipeline",
+    "AgentInfo": ".pipeline", "RunContext": ".pipeline", "RunOutcome": ".pipeline",
     "ContextProvider": ".providers.base", "HistoryProvider": ".providers.base",
     "ProviderState": ".session", "Session": ".session",
     "Telemetry": ".telemetry",

@@ -27,7 +27,14 @@ from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
-from .session import DEFAULT_TENANT, Session, validate_session_id, validate_tenant
+from .session import (
+    DEFAULT_TENANT,
+    RESERVED_STATE_KEYS,
+    ProviderState,
+    Session,
+    validate_session_id,
+    validate_tenant,
+)
 from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
@@ -35,7 +42,10 @@ from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Toke
 from .tools import Tool, as_tool
 from .trace import RunJournal
 
-__all__ = ["Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+__all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+
+DEFAULT_HISTORY_ID = "default-history"
+"""The source_id of the history an agent given no history provider keeps its sessions' messages with."""
 
 
 class Agent:
@@ -60,7 +70,17 @@ class Agent:
     ('Suzhou is SZ.', 4)
 
     Sessions live in `store`: given, or the store of the agent's `History` provider, or a private
-    in-memory store. `durability` (a `Durability`) says how runs save: ``per_step`` (after every
+    in-memory store. An agent given no `HistoryProvider` still remembers each session's conversation:
+    it adds ``History(store, source_id="default-history")`` as its first provider, so the messages
+    are kept in the agent's store with the session (in memory when no store was given, lost when the
+    process ends) and every run on the same session id sees them. ``default_history=False`` keeps
+    nothing: each run sees only its own input. Each `PromptTrace` names the history in use
+    (`PromptTrace.history`).
+
+    Providers see the running agent as ``ctx.agent`` (an `AgentInfo`: `name`, `instructions`,
+    `tools`, `model`), so one provider serving several agents can tell them apart.
+
+    `durability` (a `Durability`) says how runs save: ``per_step`` (after every
     model call and tool result; the default) or ``per_run`` (once when the run succeeds), and
     whether each run's traces are stored with its session.
 
@@ -85,6 +105,7 @@ class Agent:
         durability: Durability = DEFAULT_DURABILITY,
         telemetry: Telemetry | None = None,
         name: str | None = None,
+        default_history: bool = True,
     ) -> None:
         self.model = model
         """The chat model every call goes to."""
@@ -108,8 +129,7 @@ class Agent:
                 raise UsageError(f"two tools are named {t.name!r}; tool names must be unique")
             self.tools[t.name] = t
         self.providers: tuple[ContextProvider, ...] = tuple(providers)
-        """Context providers, in the order they run."""
-        self._check_providers()
+        """Context providers, in the order they run (the default history first, when the agent added it)."""
         self.history_providers: tuple[HistoryProvider, ...] = tuple(
             p for p in self.providers if isinstance(p, HistoryProvider)
         )
@@ -117,25 +137,36 @@ class Agent:
             store = next((p.store for p in self.history_providers if isinstance(p.store, SessionStore)), None)
         self.store: SessionStore = store if store is not None else MemoryStore()
         """Where sessions (state, version, lease) are kept."""
+        added: HistoryProvider | None = None
+        if default_history and not self.history_providers:
+            from .providers.history import History  # here: an agent given its own history never loads it
+
+            added = History(self.store, source_id=DEFAULT_HISTORY_ID)
+            self.providers = (added, *self.providers)
+            self.history_providers = (added,)
+        self._check_providers(added)
         self._tokenizer: Tokenizer | None = None
         self._token_cache = TokenCache()
 
-    def _check_providers(self) -> None:
+    def _check_providers(self, default_history: HistoryProvider | None) -> None:
         seen_ids: dict[str, ContextProvider] = {}
         seen_keys: dict[str, ContextProvider] = {}
         loaders = []
         for p in self.providers:
             if not isinstance(p, ContextProvider):
                 raise UsageError(f"providers must be ContextProvider instances, got {p!r}")
+            if p.source_id in seen_ids and seen_ids[p.source_id] is default_history:
+                raise UsageError(
+                    f"{p!r} uses source_id {p.source_id!r}, the history the agent adds when given no history "
+                    "provider; give it another source_id, or pass default_history=False"
+                )
             if p.source_id in seen_ids:
                 raise UsageError(
                     f"two context providers use source_id {p.source_id!r} ({seen_ids[p.source_id]!r} and {p!r}); "
                     "give each a unique source_id"
                 )
             seen_ids[p.source_id] = p
-            for key in p.state_keys:
-                if key == CALIBRATION_KEY:
-                    raise UsageError(f"{p!r} uses session state key {key!r}, which the agent keeps for itself")
+            for key in _state_keys(p):
                 if key in seen_keys:
                     raise UsageError(
                         f"context providers {seen_keys[key]!r} and {p!r} both use session state key {key!r}; "
@@ -276,11 +307,18 @@ class Agent:
     def _context(self, session: Session | None, input_messages: list[Message], settings: ModelSettings | None,
                  writer: StepWriter) -> RunContext:
         return RunContext(
-            session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
+            agent=self, session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
-            tokens=self.token_counter(session), journal=RunJournal(), checkpoints=writer.save_checkpoint,
+            tokens=self.token_counter(session), journal=RunJournal(history=self._history_id(session)),
+            checkpoints=writer.save_checkpoint,
             lease_token=writer.lease.token if writer.lease is not None else None,
         )
+
+    def _history_id(self, session: Session | None) -> str | None:
+        """Return the source_id of the history a run on `session` loads (None without a session or a loader)."""
+        if session is None:
+            return None
+        return next((p.source_id for p in self.history_providers if p.policy.load_messages), None)
 
     async def _earlier(self, session: Session | None, input: str | Message | Sequence[Message] | None,
                        input_messages: list[Message]) -> tuple[EarlierRun | None, list[Message]]:
@@ -345,6 +383,28 @@ class Agent:
         scope = (session.tenant, session.id) if session is not None else None
         return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
                             cache_size=self._token_cache.max_per_session)
+
+
+_RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration"}
+
+
+def _state_keys(provider: ContextProvider) -> list[str]:
+    """Return the session state keys `provider` uses: those it declares and its `ProviderState` attributes'.
+
+    Raises `UsageError` for a key the session or the agent keeps for itself, and for two held
+    `ProviderState` objects sharing a key with different models.
+    """
+    models: dict[str, type[Any]] = {}
+    for state in ProviderState.held_by(provider):
+        if models.setdefault(state.key, state.model) is not state.model:
+            raise UsageError(f"{provider!r} holds two ProviderState objects with key {state.key!r} "
+                             f"({models[state.key].__name__} and {state.model.__name__}); give each its own key")
+    keys = list(dict.fromkeys([*provider.state_keys, *models]))
+    for key in keys:
+        if key in _RESERVED_KEYS:
+            raise UsageError(f"{provider!r} uses session state key {key!r}, which is reserved for "
+                             f"{_RESERVED_KEYS[key]}; use a key of its own, such as {provider.source_id!r}")
+    return keys
 
 
 def _calibration(session: Session) -> Calibration:

@@ -1,8 +1,10 @@
 """The provider-facing context of one run: what providers read and contribute, and where it came from.
 
-`RunContext` is what a provider's `before_run` writes into and `after_run` reads; it holds nothing
-else (no store, lease, spans or timings: saving is `_run.writer.StepWriter`'s, the hooks and
-their timings are `_run.hooks`', and the record of the run is `trace.RunJournal`).
+`RunContext` is what a provider's `before_run` writes into and `after_run` reads, with the agent
+that is running (`RunContext.agent`, an `AgentInfo`: its name, instructions, tools and model, so one
+provider serving several agents can tell them apart); it holds nothing else (no store, lease,
+spans or timings: saving is `_run.writer.StepWriter`'s, the hooks and their timings are
+`_run.hooks`', and the record of the run is `trace.RunJournal`).
 
 Messages are kept as *segments*, each a list of messages plus the `Source` they came from, so a
 10,000-message history is attributed in O(1) instead of by copying every message. What providers
@@ -14,9 +16,9 @@ and only if someone reads them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from .errors import UsageError
 from .exchanges import ValidatedChunks
@@ -27,13 +29,37 @@ from .trace import ContextChange, RunJournal
 
 if TYPE_CHECKING:
     from .compaction import CompactionDecision
+    from .models.base import ChatModel
     from .session import Session
     from .tokens import TokenCounter
 
-__all__ = ["CheckpointSink", "MessageView", "RunContext", "RunOutcome", "Segment"]
+__all__ = ["AgentInfo", "CheckpointSink", "MessageView", "RunContext", "RunOutcome", "Segment"]
 
 CheckpointSink = Callable[[int, Message], Awaitable[bool]]
 """Saves a summary standing for the session's log up to a sequence; True when it was saved."""
+
+
+class AgentInfo(Protocol):
+    """What a provider sees of the agent that is running (`RunContext.agent`, `RunOutcome.agent`).
+
+    `contextpipe.Agent` is one; the protocol lets the pipeline name it without importing the agent.
+    """
+
+    @property
+    def name(self) -> str | None:
+        """The agent's name, if it was given one."""
+
+    @property
+    def instructions(self) -> str | None:
+        """The agent's own system instructions (before any provider's)."""
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """The agent's own tools by name (before any provider's)."""
+
+    @property
+    def model(self) -> ChatModel:
+        """The chat model the agent calls."""
 
 
 @dataclass(slots=True)
@@ -154,6 +180,11 @@ class RunOutcome:
         """Why the run failed; None when it succeeded."""
 
     @property
+    def agent(self) -> AgentInfo:
+        """The agent that ran (the same as ``ctx.agent``)."""
+        return self._ctx.agent
+
+    @property
     def request_messages(self) -> Sequence[Message]:
         """The messages the run started from, tagged as in this run: context (history included), then input."""
         return self._ctx.messages
@@ -186,6 +217,7 @@ class RunContext:
     def __init__(
         self,
         *,
+        agent: AgentInfo,
         session: Session | None,
         input: Sequence[Message],
         instructions: str | None,
@@ -197,6 +229,8 @@ class RunContext:
         checkpoints: CheckpointSink | None = None,
         lease_token: int | None = None,
     ) -> None:
+        self.agent = agent
+        """The agent that is running (its name, instructions, tools and model)."""
         self.session = session
         """The session, or None for a run without one."""
         self.input: list[Message] = [m.with_source(INPUT) for m in input]

@@ -18,6 +18,10 @@ True
 {'favourite_food': 'noodles'}
 >>> prefs.get(Session.from_dict(session.to_dict())).favourite_food
 'noodles'
+
+A `ProviderState` a provider holds as an attribute is registered by itself: when an agent is
+built, its key is checked against every other provider's (one key per provider, no state shared
+by accident) and against the keys the session keeps for itself (`RESERVED_STATE_KEYS`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TENANT",
+    "RESERVED_STATE_KEYS",
     "USER_ID_KEY",
+    "USER_NAME_KEY",
     "ProviderState",
     "Session",
     "SessionKey",
@@ -177,8 +183,10 @@ class Session:
 class ProviderState(Generic[T]):
     """Typed access to one provider's entry in ``session.state``.
 
-    `key` must be unique among an agent's providers (checked when the agent is built); `default`
-    builds the initial value when the session has none (by default ``model()``).
+    `key` must be unique among an agent's providers: a provider that holds its `ProviderState` as an
+    attribute (set in ``__init__`` or on its class) has the key checked when the agent is built,
+    with nothing to declare. `default` builds the initial value when the session has none (by
+    default ``model()``).
     """
 
     __slots__ = ("default", "key", "model")
@@ -224,9 +232,42 @@ class ProviderState(Generic[T]):
         """Store `value` as the state for `session`."""
         session.state[self.key] = value
 
+    @staticmethod
+    def held_by(owner: object) -> list[ProviderState[Any]]:
+        """Return the `ProviderState` objects `owner` holds as attributes: its own, then its classes'.
+
+        >>> from pydantic import BaseModel
+        >>> class Prefs(BaseModel):
+        ...     food: str | None = None
+        >>> class Provider:
+        ...     def __init__(self):
+        ...         self.prefs = ProviderState("prefs", Prefs)
+        >>> [state.key for state in ProviderState.held_by(Provider())]
+        ['prefs']
+        """
+        values: list[object] = list(getattr(owner, "__dict__", {}).values())
+        for cls in type(owner).__mro__:
+            slots = vars(cls).get("__slots__", ())
+            values.extend(getattr(owner, slot, None) for slot in ((slots,) if isinstance(slots, str) else slots))
+            values.extend(vars(cls).values())
+        found: dict[int, ProviderState[Any]] = {}
+        for value in values:
+            if isinstance(value, ProviderState):
+                found.setdefault(id(value), value)
+        return list(found.values())
+
 
 USER_ID_KEY: Final = "user_id"
 """Session state key naming the user a session belongs to (memories and facts are kept per user)."""
+
+USER_NAME_KEY: Final = "user_name"
+"""Session state key holding the user's display name (`SemanticMemory` attributes messages by it)."""
+
+RESERVED_STATE_KEYS: Final = {
+    USER_ID_KEY: "the user the session belongs to",
+    USER_NAME_KEY: "the user's name",
+}
+"""Keys of ``session.state`` the session keeps for itself, with what each holds; no provider may use them."""
 
 
 def user_id(session: Session | None) -> str | None:

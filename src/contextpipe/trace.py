@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from ._preview import preview
 from .compaction import CompactionDecision
-from .messages import Source
+from .messages import INPUT
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
 
@@ -88,6 +88,8 @@ class RunJournal:
     """Instructions and tools that providers replaced or removed, and repairs of the log's view."""
     started: int = 0
     """How many providers' `before_run` was called (they, and only they, get `after_run`)."""
+    history: str | None = None
+    """The source_id of the history provider that loads the session's messages; None when none does."""
     _changes_taken: int = 0
 
     def take_changes(self) -> tuple[ContextChange, ...]:
@@ -142,7 +144,7 @@ class TracedTool:
     tokens: int
 
 
-_UNTAGGED = Source("context")  # a message a middleware made up without a source
+_UNTAGGED = INPUT  # a message a middleware made up without a source counts as input, as in the filters
 
 
 def _usage_dict(usage: Usage | None) -> dict[str, int] | None:
@@ -192,6 +194,15 @@ class PromptTrace:
     def provider_timings(self) -> tuple[ProviderTiming, ...]:
         """Provider hooks around this call (``before_run`` on the first call, ``after_run`` on the last)."""
         return self._journal.timings_for(self) if self._journal is not None else ()
+
+    @property
+    def history(self) -> str | None:
+        """Which history the run used: the source_id of the provider loading the session's messages.
+
+        ``default-history`` is the one an agent given no history provider adds itself; None means
+        nothing loads history (a run without a session, or ``Agent(default_history=False)``).
+        """
+        return self._journal.history if self._journal is not None else None
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -291,6 +302,7 @@ class PromptTrace:
             lines.append(f"  {c.source_id} {c.action.replace('_', ' ')}: {', '.join(c.items)}")
         for t in self.provider_timings:
             lines.append(f"  provider {t.source_id}.{t.hook}: {t.seconds * 1000:.2f} ms")
+        lines.append(f"  history: {self.history or 'none'}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -327,6 +339,7 @@ class PromptTrace:
             "compaction": [asdict(d) for d in self.compaction],
             "changes": [asdict(c) for c in self.changes],
             "provider_timings": [asdict(t) for t in self.provider_timings],
+            "history": self.history,
         }
 
     def to_json(self, **kwargs: Any) -> str:

@@ -49,9 +49,11 @@ def external_input(messages: Sequence[Message]) -> list[Message]:
     """Keep only the caller's input of this run (source ``input``): the default of the provider filters.
 
     Loaded history, other providers' messages, model output and tool results are left out, so a
-    provider that learns from what it is given never learns the same turn twice.
+    provider that learns from what it is given never learns the same turn twice. A message with no
+    source (built by hand in a filter or middleware) counts as input, as in the seeds, so it is
+    never dropped unseen.
     """
-    return [m for m in messages if m.source is not None and m.source.kind == "input"]
+    return [m for m in messages if m.source is None or m.source.kind == "input"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,10 @@ class ContextProvider:
 
     @property
     def state_keys(self) -> tuple[str, ...]:
-        """Keys this provider uses in ``session.state`` (must not clash with other providers')."""
+        """Keys this provider uses in ``session.state`` besides its `ProviderState` attributes' (found by themselves).
+
+        No key may clash with another provider's, or be one the session keeps (``user_id``, ``user_name``).
+        """
         return ()
 
     async def before_run(self, ctx: RunContext) -> None:

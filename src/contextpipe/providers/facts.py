@@ -78,15 +78,10 @@ class FactMemory(ContextProvider):
         self.user = user
         from ._facts_state import _Pending  # pydantic is loaded once a FactMemory is made
 
-        self.pending = ProviderState(f"{source_id}.pending", _Pending)
+        self.pending = ProviderState(f"{source_id}.pending", _Pending)  # its key is checked by the agent
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: dict[tuple[str, str], list[str]] = {}
         self._checked = False  # whether the collection's vectors are known to be the embedder's
-
-    @property
-    def state_keys(self) -> tuple[str, ...]:
-        """The session state key of turns waiting for extraction."""
-        return (self.pending.key,)
 
     def _scope(self, session: Session | None) -> dict[str, Any] | None:
         user = self.user(session)

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import UsageError
 from ..exchanges import is_late_result
 from ..messages import INPUT, Message, Source
-from ..session import Session, user_id
+from ..session import USER_NAME_KEY, Session, user_id
 from ..vectors.base import (
     EMBEDDER_KEY,
     Embedder,
@@ -95,7 +95,7 @@ def _user_from_state(session: Session | None) -> str | None:
 def _user_name_from_state(session: Session | None) -> str | None:
     if session is None:
         return None
-    value = session.state.get("user_name")
+    value = session.state.get(USER_NAME_KEY)
     return str(value) if value is not None else None
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..messages import INPUT, Message, Source
 from .base import ContextProvider, MessageFilter, external_input
 
 if TYPE_CHECKING:
-    from ..pipeline import RunContext, RunOutcome
+    from ..pipeline import AgentInfo, RunContext, RunOutcome
     from ..session import Session
 
 __all__ = ["MessageContext", "MessageProvider"]
@@ -44,8 +44,9 @@ class MessageContext:
     `store_messages` `store_request_filter` (default: the same)."""
     session: Session | None = None
     """The session, or None for a run (or a call of `messages_for`) without one."""
-    agent: Any = None
-    """The agent that is running, when the run context names it (``ctx.agent``); None otherwise."""
+    agent: AgentInfo | None = None
+    """The agent that is running (``ctx.agent``: its name, instructions, tools and model); None for a
+    call of `messages_for` given no agent."""
 
 
 class MessageProvider(ContextProvider):
@@ -81,7 +82,7 @@ class MessageProvider(ContextProvider):
         """Learn from a successful run: `ctx.request_messages` and `response_messages` passed the store filters."""
 
     async def messages_for(self, messages: Sequence[Message], *, session: Session | None = None,
-                           agent: Any = None) -> list[Message]:
+                           agent: AgentInfo | None = None) -> list[Message]:
         """Return the messages this provider adds for `messages`, tagged as its context; usable outside a run.
 
         `messages` pass `input_filter` first; a message with no source counts as the caller's input
@@ -95,7 +96,7 @@ class MessageProvider(ContextProvider):
 
     async def before_run(self, ctx: RunContext) -> None:
         """Add what `provide_messages` returns for the request messages that pass `input_filter`."""
-        provided = await self.provide_messages(MessageContext(self.given_messages(ctx), ctx.session, _agent(ctx)))
+        provided = await self.provide_messages(MessageContext(self.given_messages(ctx), ctx.session, ctx.agent))
         ctx.add_messages(provided)
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
@@ -103,9 +104,5 @@ class MessageProvider(ContextProvider):
         if outcome.error is not None or outcome.response_messages is None:
             return
         request, response = self._messages_to_store(outcome)
-        await self.store_messages(MessageContext(request, ctx.session, _agent(ctx)), response)
+        await self.store_messages(MessageContext(request, ctx.session, ctx.agent), response)
 
-
-def _agent(ctx: RunContext) -> Any:
-    """Return the running agent when the run context carries it (``ctx.agent``), else None."""
-    return getattr(ctx, "agent", None)

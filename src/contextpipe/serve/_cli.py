@@ -23,11 +23,12 @@ from types import ModuleType
 from typing import Any, Final
 
 from .. import Agent
+from ..agent import DEFAULT_HISTORY_ID
 from ..errors import UsageError
 from ..session import validate_tenant
 from ._keys import ApiKeys, hash_key, new_key
 
-__all__ = ["app_from_env", "load_agent", "run_server", "run_ui"]
+__all__ = ["app_from_env", "history_line", "load_agent", "run_server", "run_ui"]
 
 _CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
 
@@ -154,6 +155,18 @@ def load_agent(target: str, *, app_dir: str | None = ".") -> Agent:
     return obj
 
 
+def history_line(agent: Agent) -> str:
+    """Say which history the served agent keeps its sessions' conversations with (printed at start)."""
+    loader = next((p for p in agent.history_providers if p.policy.load_messages), None)
+    if loader is None:
+        return "history: none (each run sees only its own input; add History(store) to keep conversations)"
+    where = f"{agent.store.backend} store" + (", lost when the server stops" if agent.store.backend == "memory"
+                                              else "")
+    if loader.source_id == DEFAULT_HISTORY_ID:
+        return f"history: the agent's default ({DEFAULT_HISTORY_ID!r}, in the agent's {where})"
+    return f"history: {loader!r}"
+
+
 def app_from_env() -> Any:
     """Build the app from the configuration `run_server` / `run_ui` left in the environment (uvicorn factory)."""
     from . import ServeSettings, create_app
@@ -201,6 +214,7 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
         if workers > 1 and agent.store.backend == "memory":
             raise UsageError("--workers needs a store the workers share (SQLite file, PostgreSQL or Redis); "
                              f"{config['target']} keeps its sessions in memory, in each worker apart")
+        say(history_line(agent))
     _free(host, port)
     os.environ[_CONFIG_ENV] = json.dumps(config)
     shown = f"[{host}]" if ":" in host else host
