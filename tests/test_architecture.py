@@ -77,7 +77,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
     ("pipeline", "events"),
-    ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks"),
+    ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.tool_chain"),
     ("providers", "providers.*"),
     ("_run.loop", "_run"),
     ("agent",),

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         SessionBusy,
         SkillError,
         StoreError,
+        ToolMiddlewareError,
         UsageError,
     )
     from .events import (
@@ -126,6 +127,7 @@ __all__ = [
     "Tool",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolMiddlewareError",
     "ToolOutcome",
     "UnknownPart",
     "UriPart",
@@ -143,7 +145,7 @@ _EXPORTS: dict[str, str] = {
                      "CorruptRecord", "LeaseLost", "McpError", "ModelAuthError", "ModelBadRequest",
                      "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError",
                      "ModelServerError", "ModelTimeout", "RequestInvariantError", "ScriptExhausted",
-                     "SessionBusy", "SkillError", "StoreError", "UsageError"), ".errors"),
+                     "SessionBusy", "SkillError", "StoreError", "ToolMiddlewareError", "UsageError"), ".errors"),
     **dict.fromkeys(("ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason", "StreamEvent",
                      "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
     **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),

@@ -33,9 +33,9 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, overload
 
 from .errors import UsageError
 from .messages import DataPart, UriPart
@@ -43,7 +43,7 @@ from .messages import DataPart, UriPart
 if TYPE_CHECKING:
     import pydantic
 
-__all__ = ["Tool", "ToolOutcome", "ToolSpec", "tool"]
+__all__ = ["CallTool", "Tool", "ToolCall", "ToolMiddleware", "ToolOutcome", "ToolSpec", "tool"]
 
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -83,6 +83,62 @@ class ToolOutcome:
     """True when the arguments were invalid, the tool raised, or it timed out."""
     parts: tuple[DataPart | UriPart, ...] = ()
     """Images, audio or files the tool returned besides its text (an MCP tool's image, for example)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call of a tool as tool middleware sees it (`RunContext.add_tool_middleware`).
+
+    A middleware passes the call on (`with_arguments` to change what the tool gets), or answers it
+    itself without running the tool; the tool name and call id stay the model's.
+
+    >>> call = ToolCall("lookup_location_code", "call_1", '{"city": "suzhou"}')
+    >>> call.with_arguments({"city": "Suzhou"}).arguments
+    '{"city": "Suzhou"}'
+    >>> ToolCall("lookup", "call_2", "not json").parsed_arguments() is None
+    True
+    """
+
+    name: str
+    """The tool the model called."""
+    call_id: str
+    """The model's id for this call (its result carries it)."""
+    arguments: str
+    """The arguments, as JSON text (the model's, or as an outer middleware changed them)."""
+    resumed: bool = False
+    """True when the call is an idempotent tool's call that an interrupted run left without a result,
+    run again before the run's first model call (the middleware runs around the re-run too)."""
+
+    def with_arguments(self, arguments: str | Mapping[str, Any]) -> ToolCall:
+        """Return this call with other arguments: JSON text, or a mapping to encode as JSON."""
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        return ToolCall(self.name, self.call_id, text, self.resumed)
+
+    def parsed_arguments(self) -> dict[str, Any] | None:
+        """Return the arguments as a dict; None when the model sent something else than a JSON object.
+
+        No arguments (empty text or ``null``) are an empty dict. A call whose arguments are not an
+        object is best passed on unchanged: the tool answers it with an error the model can act on.
+        """
+        if self.arguments.strip() in ("", "null"):
+            return {}
+        try:
+            parsed = json.loads(self.arguments)
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+
+
+CallTool: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutcome]]
+"""The next step of a tool middleware chain: call it to go on to the tool."""
+
+ToolMiddleware: TypeAlias = Callable[[ToolCall, CallTool], Awaitable[ToolOutcome]]
+"""Wraps one tool call: ``async def mw(call, call_next) -> ToolOutcome``.
+
+It may pass the call on with other arguments (``call_next(call.with_arguments(...))``), answer it
+without running the tool (return its own `ToolOutcome`), or replace or post-process the outcome
+``call_next`` returned. What it returns is the result the model sees and the session stores.
+"""
 
 
 class Tool:

@@ -4,5 +4,6 @@
 - `writer`: `StepWriter`, everything a run saves, fenced by the run's lease;
 - `heartbeat`: renews that lease in the background while the run lives;
 - `hooks`: calls the context providers' `before_run` and `after_run`;
+- `tool_chain`: runs each tool call through the providers' tool middleware, and records it;
 - `invariants`: what every request must satisfy before it is sent to a model.
 """

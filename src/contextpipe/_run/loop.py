@@ -54,8 +54,10 @@ from ..models.base import (
     Usage,
 )
 from ..pipeline import MessageView, Segment
+from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
 from .invariants import check_messages
+from .tool_chain import ToolChain
 
 if TYPE_CHECKING:
     from ..config import RunLimits
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     from ..tools import Tool, ToolSpec
     from .writer import StepWriter
 
-__all__ = ["ModelStep", "StepLoop", "Stop", "execute_tool"]
+__all__ = ["ModelStep", "StepLoop", "Stop", "invoke_tool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +111,13 @@ def _interrupted(call: FunctionCall) -> FunctionResult:
     )
 
 
-async def execute_tool(tools: dict[str, Tool], call: FunctionCall) -> FunctionResult:
-    """Run one call with the tool it names; an unknown name becomes an error result for the model."""
-    tool = tools.get(call.name)
+async def invoke_tool(tools: dict[str, Tool], name: str, arguments: str) -> ToolOutcome:
+    """Run the tool `name` names with `arguments`; an unknown name becomes an error outcome for the model."""
+    tool = tools.get(name)
     if tool is None:
         names = ", ".join(sorted(tools)) or "none"
-        return FunctionResult(
-            call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
-    outcome = await tool.invoke(call.arguments)
-    return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
+        return ToolOutcome(f"Error: there is no tool named {name!r}. Available tools: {names}.", is_error=True)
+    return await tool.invoke(arguments)
 
 
 def chain(middleware: Sequence[ModelMiddleware], terminal: CallModel) -> CallModel:
@@ -237,10 +237,16 @@ class StepLoop:
         self._stop: Stop | None = None
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
+        self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
+
+    def _run_tool(self, name: str, arguments: str) -> Awaitable[ToolOutcome]:
+        return invoke_tool(self._tools, name, arguments)
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
+        step = self.state.steps  # the model call that asked for it: 0 while answering an interrupted run
+
         async def run(c: FunctionCall) -> FunctionResult:
-            return await execute_tool(self._tools, c)
+            return await self._chain.run(c, step)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -293,6 +299,7 @@ class StepLoop:
         # The middleware is fixed once the providers' before_run is over: build the chain once per run.
         if ctx.middleware:
             self._complete = chain(ctx.middleware, self._terminal(_no_deltas))
+        self._chain = ToolChain(self._run_tool, ctx.tool_middleware, ctx.journal)
         split = 0  # the history is everything up to the last history segment
         for i, s in enumerate(ctx.segments, 1):
             if s.source.kind == "history":
@@ -332,6 +339,7 @@ class StepLoop:
         saved = await self.writer.save_step(self.ctx, [message], with_request=False)
         if self.want_events and saved:
             yield StepPersisted(0, saved)
+        self._chain.raise_failure()
 
     # --- model step ---------------------------------------------------------------------------------
 
@@ -451,6 +459,7 @@ class StepLoop:
         finally:
             for task in tasks:
                 task.cancel()
+        self._chain.raise_failure()  # every call of the step has its result saved: now a middleware's error
         self.state.error_steps = self.state.error_steps + 1 if errors == len(calls) else 0
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
