@@ -18,8 +18,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from contextpipe import Agent, ContextProvider, Durability, Message, RunContext, ToolMiddlewareError, tool
+from contextpipe import (
+    Agent,
+    ContextProvider,
+    Durability,
+    Message,
+    RunContext,
+    RunResult,
+    ToolMiddlewareError,
+    tool,
+)
 from contextpipe.models import CallModel, ModelMiddleware, ModelRequest, ModelResponse
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore, SQLiteStore
@@ -406,3 +417,112 @@ async def test_a_middleware_must_keep_the_tool_name_and_return_an_outcome(store:
                   providers=[History(store), MiddlewareProvider("texty", returns_text)])
     with pytest.raises(ToolMiddlewareError, match=r"returned str .* return a ToolOutcome"):
         await agent.run("Code for Suzhou?", session=await agent.session("mw-text"))
+
+
+# --- any stack of middleware, any number of parallel calls ------------------------------------------
+
+BEHAVIOURS = ("pass", "args", "block", "result", "raise_before", "raise_after")
+
+
+def _stacked(index: int, behaviour: str) -> ToolMiddleware:
+    async def mw(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+        if behaviour == "block":
+            return ToolOutcome(f"blocked by {index}", is_error=True)
+        if behaviour == "raise_before":
+            raise ValueError(f"mw {index}")
+        if behaviour == "args":
+            args = call.parsed_arguments() or {}
+            return await call_next(call.with_arguments({"v": f"{args['v']}+{index}"}))
+        outcome = await call_next(call)
+        if behaviour == "raise_after":
+            raise ValueError(f"mw {index}")
+        return ToolOutcome(f"{outcome.result}<{index}") if behaviour == "result" else outcome
+
+    return mw
+
+
+def _expected(stack: list[str], v: str) -> tuple[str | None, dict[str, tuple[str, ...]], int | None, bool]:
+    """What a call with argument `v` should come to: its result (None on error), each middleware's actions,
+    the index of the middleware that raised, and whether the tool ran."""
+    seen: list[int] = []
+    outcome: str | None = None
+    culprit: int | None = None
+    for i, behaviour in enumerate(stack):
+        seen.append(i)
+        if behaviour == "block":
+            outcome = f"blocked by {i}"
+            break
+        if behaviour == "raise_before":
+            culprit = i
+            break
+        if behaviour == "args":
+            v = f"{v}+{i}"
+    ran = outcome is None and culprit is None
+    if ran:
+        outcome = f"ran:{v}"
+    actions: dict[str, tuple[str, ...]] = {}
+    for i in reversed(seen):
+        behaviour, did = stack[i], []
+        if behaviour == "args":
+            did.append("changed_arguments")
+        if behaviour == "block":
+            did.append("blocked")
+        if culprit is None and behaviour == "result":
+            outcome, did = f"{outcome}<{i}", [*did, "changed_result"]
+        if (culprit is None and behaviour == "raise_after") or culprit == i:
+            culprit, did = i, [*did, "raised"]
+        actions[f"p{i}"] = tuple(did)
+    return (None if culprit is not None else outcome), actions, culprit, ran
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stack=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=3), calls=st.integers(1, 3))
+def test_any_middleware_stack_answers_every_call_once_and_the_trace_says_what_each_did(
+        stack: list[str], calls: int) -> None:
+    """Seed 004's function middleware "sesuai urutan penyedia", for any stack of providers' middleware
+    (each passing, changing the arguments, blocking, changing the result or raising) and any number of
+    parallel calls: every call gets exactly one stored result, the one the model was sent; the trace
+    names each middleware that saw the call with what it did; a raise fails the run naming the provider.
+    """
+
+    @tool
+    async def probe(v: str) -> str:
+        """Return what the tool was given."""
+        return f"ran:{v}"
+
+    async def scenario() -> tuple[list[tuple[str, str, bool]], ScriptedModel, object, BaseException | None]:
+        turn = tool_call("probe", v="c0")
+        for n in range(1, calls):
+            turn = turn + tool_call("probe", v=f"c{n}")
+        model = ScriptedModel([turn, "done"])
+        async with MemoryStore() as store:
+            agent = Agent(model, tools=[probe], providers=[
+                History(store), *(MiddlewareProvider(f"p{i}", _stacked(i, b)) for i, b in enumerate(stack))])
+            error: BaseException | None = None
+            result = None
+            try:
+                result = await agent.run("go", session=await agent.session("stack"))
+            except ToolMiddlewareError as exc:
+                error = exc
+            return await stored(store, "stack"), model, result, error
+
+    log, model, result, error = asyncio.run(scenario())
+    expected = {f"call_{n + 1}": _expected(stack, f"c{n}") for n in range(calls)}
+    assert sorted(cid for cid, _, _ in log) == sorted(expected)  # every call answered, once
+    for cid, text, is_error in log:
+        want, _, _, ran = expected[cid]
+        if want is None:
+            assert is_error and ("the tool had run" if ran else "the tool did not run") in text
+        else:
+            assert text == want
+    failures = [(cid, e) for cid, e in expected.items() if e[0] is None]
+    if failures:
+        assert isinstance(error, ToolMiddlewareError)
+        assert error.source_id in {f"p{e[2]}" for _, e in failures}
+        assert len(model.requests) == 1  # the run stopped after the step, before another model call
+        return
+    assert error is None and isinstance(result, RunResult)
+    assert set(results(list(model.requests[1].messages))) == set(log)  # the model read what was stored
+    for traced in result.traces[0].tool_calls:
+        assert {m.source_id: m.actions for m in traced.middleware} == expected[traced.call_id][1]
+        assert [m.source_id for m in traced.middleware] == sorted(expected[traced.call_id][1])
