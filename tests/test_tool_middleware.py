@@ -20,6 +20,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from contextpipe import (
     Agent,
@@ -28,6 +32,7 @@ from contextpipe import (
     Message,
     RunContext,
     RunResult,
+    ToolCallFinished,
     ToolMiddlewareError,
     tool,
 )
@@ -35,6 +40,7 @@ from contextpipe.models import CallModel, ModelMiddleware, ModelRequest, ModelRe
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore, SQLiteStore
 from contextpipe.stores.base import SessionStore
+from contextpipe.telemetry import Telemetry
 from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.tools import CallTool, ToolCall, ToolMiddleware, ToolOutcome
 
@@ -417,6 +423,44 @@ async def test_a_middleware_must_keep_the_tool_name_and_return_an_outcome(store:
                   providers=[History(store), MiddlewareProvider("texty", returns_text)])
     with pytest.raises(ToolMiddlewareError, match=r"returned str .* return a ToolOutcome"):
         await agent.run("Code for Suzhou?", session=await agent.session("mw-text"))
+
+
+async def test_a_streamed_run_reports_and_traces_what_the_middleware_returned(store: SessionStore) -> None:
+    """Seed 004's function middleware in a streamed run: the `ToolCallFinished` event carries the result the
+    middleware returned (the one stored), and the call's ``execute_tool`` span covers the middleware, so a
+    blocked call has a span too, with the middleware's result.
+    """
+
+    @tool
+    def delete_everything() -> str:
+        """Delete every record."""
+        raise AssertionError("never run")
+
+    async def refuse_deletes(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+        if call.name.startswith("delete"):
+            return ToolOutcome("Refused: deletes need a person's approval.", is_error=True)
+        return await call_next(call)
+
+    exporter = InMemorySpanExporter()
+    tracer = TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(exporter))
+    model = ScriptedModel([tool_call("delete_everything"), "I may not delete."])
+    agent = Agent(model, tools=[delete_everything], providers=[History(store), MiddlewareProvider("guard",
+                                                                                                  refuse_deletes)],
+                  telemetry=Telemetry(tracer_provider=tracer, capture_content=True))
+    finished: list[str] = []
+    async with agent.stream("Delete everything.", session=await agent.session("mw-stream")) as events:
+        async for event in events:
+            if isinstance(event, ToolCallFinished):
+                finished.append(event.result.result)
+    tracer.shutdown()
+
+    assert finished == ["Refused: deletes need a person's approval."]
+    assert await stored(store, "mw-stream") == [("call_1", "Refused: deletes need a person's approval.", True)]
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool delete_everything"]
+    assert span.attributes is not None
+    assert span.attributes["gen_ai.tool.call.result"] == "Refused: deletes need a person's approval."
+    assert span.status.status_code == StatusCode.ERROR
 
 
 # --- any stack of middleware, any number of parallel calls ------------------------------------------
