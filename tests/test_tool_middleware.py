@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -293,6 +295,33 @@ async def test_trace_records_which_middleware_touched_which_call(store: SessionS
     entry = {c["call_id"]: c for c in saved["tool_calls"]}["call_2"]
     assert entry["middleware"] == [{"source_id": "guard", "actions": ["blocked"]}]
     assert entry["step"] == 1 and entry["is_error"] is True
+
+
+async def test_contextpipe_inspect_shows_what_tool_middleware_did(tmp_path: Path) -> None:
+    """Seed 004's function middleware, attributed to its provider's ``source_id``: the stored trace that
+    ``contextpipe inspect`` reads says which provider's middleware blocked which call.
+    """
+
+    @tool
+    def send_email(to: str, text: str) -> str:
+        """Send an email."""
+        raise AssertionError("never run")
+
+    async def no_mail(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+        return ToolOutcome("Refused.", is_error=True)
+
+    db = tmp_path / "agent.db"
+    async with SQLiteStore(db) as store:
+        agent = Agent(ScriptedModel([tool_call("send_email", to="bob@example.com", text="Hi"), "Refused."]),
+                      tools=[send_email], providers=[History(store), MiddlewareProvider("mail-policy", no_mail)],
+                      durability=Durability(store_traces=True))
+        await agent.run("Email Bob.", session=await agent.session("mw-inspect"))
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "contextpipe.cli", "inspect", "mw-inspect", "--db", str(db), "--call", "1",
+        stdout=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+    shown, _ = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0
+    assert "tool call send_email (call_1): mail-policy blocked" in shown.decode()
 
 
 async def test_middleware_runs_again_around_an_idempotent_call_rerun_on_resume(store: SessionStore) -> None:
