@@ -38,12 +38,12 @@ __all__ = [
     "PromptTrace",
     "ProviderTiming",
     "RunJournal",
+    "ToolMiddlewareAction",
     "TracedInstruction",
     "TracedMessage",
     "TracedTool",
     "TracedToolCall",
     "TracedToolMiddleware",
-    "ToolMiddlewareAction",
     "preview",
 ]
 
