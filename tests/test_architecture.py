@@ -27,8 +27,8 @@ SURFACES = {
     ],
     "contextpipe.providers": [
         "Compaction", "ContextProvider", "FactMemory", "History", "HistoryProvider", "HttpServer", "LoadedHistory",
-        "McpTools", "MessageFilter", "ScriptRequest", "SearchResult", "SemanticMemory", "Skill", "SkillProblem",
-        "Skills", "StdioServer", "TextSearch", "external_input",
+        "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest", "SearchResult",
+        "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch", "external_input",
     ],
     "contextpipe.stores": [
         "Checkpoint", "Lease", "MemoryStore", "MessagePage", "PostgresStore", "RedisStore", "SQLiteStore",

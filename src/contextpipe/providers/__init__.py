@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .history import History
     from .mcp import HttpServer, McpTools, StdioServer
     from .memory import SemanticMemory
+    from .message import MessageContext, MessageProvider
     from .search import SearchResult, TextSearch
     from .skills import ScriptRequest, Skill, SkillProblem, Skills
 
@@ -29,7 +30,9 @@ __all__ = [
     "HttpServer",
     "LoadedHistory",
     "McpTools",
+    "MessageContext",
     "MessageFilter",
+    "MessageProvider",
     "ScriptRequest",
     "SearchResult",
     "SemanticMemory",
@@ -47,6 +50,7 @@ __getattr__ = lazy_exports(__name__, {
     "FactMemory": ".facts",
     "History": ".history",
     **dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"),
+    "MessageContext": ".message", "MessageProvider": ".message",
     "SemanticMemory": ".memory",
     "SearchResult": ".search", "TextSearch": ".search",
     **dict.fromkeys(("ScriptRequest", "Skill", "SkillProblem", "Skills"), ".skills"),

@@ -112,13 +112,18 @@ class ContextProvider:
         The request messages pass `store_request_filter` (default: the caller's input only), the
         response messages `store_response_filter` (default: all).
         """
+        request, response = self._messages_to_store(outcome)
+        return [*request, *response]
+
+    def _messages_to_store(self, outcome: RunOutcome) -> tuple[Sequence[Message], Sequence[Message]]:
+        """Return the request and the response messages that pass the store filters; both empty when the run failed."""
         if outcome.error is not None or outcome.response_messages is None:
-            return []
+            return (), ()
         request = (self.store_request_filter or external_input)(outcome.request_messages)
         response = outcome.response_messages
         if self.store_response_filter is not None:
             response = self.store_response_filter(response)
-        return [*request, *response]
+        return request, response
 
     @property
     def state_keys(self) -> tuple[str, ...]:

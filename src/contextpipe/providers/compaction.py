@@ -35,6 +35,11 @@ class Compaction(ContextProvider):
     given here replaces the tokenizer but keeps that calibration. Every decision is recorded on the
     call's trace.
 
+    It takes none of the seeds' message filters. It must see every message of the request to keep
+    tool exchanges whole and the latest input in it, and it stores no message of the run (only
+    summaries it wrote itself), so an input filter would break the request and a store filter
+    would have nothing to choose.
+
     >>> Compaction(max_input_tokens=8_000, output_reserve=1_000).strategy.budget
     7000
     """

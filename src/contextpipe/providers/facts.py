@@ -16,7 +16,7 @@ from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
 from ..session import ProviderState, Session, user_id
 from ..vectors.base import EMBEDDER_KEY, Embedder, VectorRecord, VectorStore, check_embedder, embed_query
-from .base import ContextProvider
+from .base import ContextProvider, MessageFilter
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
@@ -40,6 +40,11 @@ class FactMemory(ContextProvider):
     updated or deleted, duplicates skipped. If extraction fails the turn is kept in session state
     and extracted with the next run, so no turn is lost. With `background=True` extraction does not
     delay the run's result; call `drain()` to wait for it.
+
+    The seeds' three message filters choose what it reads: `input_filter` the request messages the
+    facts are looked up with (default: the caller's input only), `store_request_filter` and
+    `store_response_filter` the turn's messages it extracts facts from (default: the caller's
+    input, and every response message; of both, the user's and the assistant's messages with text).
     """
 
     kind = "memory"
@@ -56,8 +61,12 @@ class FactMemory(ContextProvider):
         prompt: str = DEFAULT_EXTRACTION_PROMPT,
         user: Callable[[Session | None], str | None] = user_id,
         source_id: str = "facts",
+        input_filter: MessageFilter | None = None,
+        store_request_filter: MessageFilter | None = None,
+        store_response_filter: MessageFilter | None = None,
     ) -> None:
-        super().__init__(source_id)
+        super().__init__(source_id, input_filter=input_filter, store_request_filter=store_request_filter,
+                         store_response_filter=store_response_filter)
         self.model = model
         self.vectors = vectors
         self.embedder = embedder
@@ -97,28 +106,30 @@ class FactMemory(ContextProvider):
         return [(h.id, h.text) for h in hits]
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Add the facts relevant to the new input to the instructions."""
+        """Add the facts relevant to what `input_filter` gives (the new input) to the instructions."""
         session = ctx.session
         if session is None or self._scope(session) is None:
             return
         retry = self._retry.pop((session.tenant, str(self.user(session))), [])
         if retry:
             self.pending.get(session).turns.extend(retry)
-        query = " ".join(m.text for m in ctx.input) or None
+        query = " ".join(m.text for m in self.given_messages(ctx) if m.text) or None
         known = await self.facts(session, query)
         if known:
             ctx.add_instructions("Known facts about the user (may be outdated):\n"
                                  + "\n".join(f"- {text}" for _, text in known))
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
-        """Extract facts from this turn (and any turn whose extraction failed before)."""
+        """Extract facts from the turn's messages that pass the store filters (and from turns that failed before)."""
         session = ctx.session
         if outcome.error is not None or session is None or self._scope(session) is None:
             return
-        answer = next((m.text for m in reversed(outcome.response_messages or ()) if m.role == "assistant"), "")
-        turn = "\n".join([*(f"user: {m.text}" for m in ctx.input if m.text), f"assistant: {answer}"])
+        learned = self.messages_to_learn(outcome)
+        turn = "\n".join(f"{m.role}: {m.text}" for m in learned if m.role in ("user", "assistant") and m.text)
         pending = self.pending.get(session)
-        turns = [*pending.turns, turn]
+        turns = [*pending.turns, turn] if turn else list(pending.turns)
+        if not turns:
+            return
         pending.turns = []
         if self.background:
             task = asyncio.create_task(self._extract_or_keep(session, turns, background=True))

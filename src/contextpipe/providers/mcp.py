@@ -121,6 +121,9 @@ class McpTools(ContextProvider):
     name unless the name already starts with it (``.`` and other characters model APIs refuse read
     ``_``: see `model_tool_name`). `context_resources` are resource URIs read before every run and
     added to the context.
+
+    It takes none of the seeds' message filters: it reads no request message (the same tools and
+    resources for every run) and stores nothing, so a filter would have nothing to choose.
     """
 
     kind = "mcp"

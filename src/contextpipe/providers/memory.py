@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..errors import UsageError
-from ..messages import Message
+from ..messages import INPUT, Message, Source
 from ..session import Session, user_id
 from ..vectors.base import (
     EMBEDDER_KEY,
@@ -34,7 +34,7 @@ from ..vectors.base import (
     embed_query,
     keyword_terms,
 )
-from .base import ContextProvider
+from .base import ContextProvider, MessageFilter, external_input
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
@@ -141,6 +141,14 @@ class SemanticMemory(ContextProvider):
     collection holding another model's vectors is refused (`UsageError`) on first use, before
     anything is searched or stored, as the two models' similarities mean nothing to each other.
 
+    The three message filters of the seeds choose what it reads and stores: `input_filter` the
+    request messages the query is built from (default: the caller's input only), and
+    `store_request_filter` and `store_response_filter` the turn's messages it stores (default: the
+    caller's input, and every response message; of both, only those in `roles` with text are
+    stored). A `store_request_filter` that leaves out the messages a user marked private keeps
+    them out of memory for good; an `input_filter` that adds loaded history searches with the
+    conversation so far.
+
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
 
@@ -166,8 +174,12 @@ class SemanticMemory(ContextProvider):
         names_lookup: bool = True,
         short_turn_words: float = 5,
         source_id: str = "memory",
+        input_filter: MessageFilter | None = None,
+        store_request_filter: MessageFilter | None = None,
+        store_response_filter: MessageFilter | None = None,
     ) -> None:
-        super().__init__(source_id)
+        super().__init__(source_id, input_filter=input_filter, store_request_filter=store_request_filter,
+                         store_response_filter=store_response_filter)
         if scope not in ("tenant", "user", "agent", "session"):
             raise UsageError(f"scope must be 'tenant', 'user', 'agent' or 'session', got {scope!r}")
         if search not in ("hybrid", "vector", "keywords"):
@@ -290,26 +302,52 @@ class SemanticMemory(ContextProvider):
         return line
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Search the memories with the new input and add the best matches as one context message."""
-        context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
-        recent = [m.text for m in context[-self.query_messages:] if m.text] if self.query_messages else []
-        query = "\n".join([*recent, *(m.text for m in ctx.input if m.text)])
+        """Search the memories with what `input_filter` gives and add the best matches as one context message.
+
+        The last `query_messages` context messages, when asked for, go into the query before it.
+        """
+        given = self.given_messages(ctx)
+        recent: list[str] = []
+        if self.query_messages:
+            ids = {m.id for m in given}
+            context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
+            recent = [m.text for m in context[-self.query_messages:] if m.text and m.id not in ids]
+        query = "\n".join([*recent, *(m.text for m in given if m.text)])
         hits = await self.recall(query, ctx.session, exclude=[m.id for m in ctx.messages])
         if hits:
             ctx.add_messages([Message.user("Relevant memories from earlier conversations (may be outdated):\n"
                                            + "\n".join(self.format(h) for h in hits), metadata={"memory": True})])
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
-        """Store the turn's messages (only when the run succeeded)."""
+        """Store the turn's messages that pass the store filters (only when the run succeeded)."""
         session = ctx.session
         if outcome.error is not None or session is None:
             return
+        request, response = self._messages_to_store(outcome)
+        stored = {m.id for m in request}
         context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
         earlier = [m for m in context if m.role in self.roles and m.text.strip() and not m.metadata.get("memory")
-                   and (m.source is None or m.source.kind in ("history", "input", "model"))]
+                   and (m.source is None or m.source.kind in ("history", "input", "model")) and m.id not in stored]
         reach = self.window + self.window_after
-        await self.remember([*ctx.input, *(outcome.response_messages or ())], session,
-                            before=earlier[-reach:] if reach else ())
+        before = self._kept_earlier(earlier[-reach:]) if reach else ()
+        await self.remember([*request, *response], session, before=before)
+
+    def _kept_earlier(self, earlier: Sequence[Message]) -> list[Message]:
+        """Return the earlier turns the store filters let through when they were a run's own messages.
+
+        A turn a filter kept out of memory comes back as loaded history in the session's next runs;
+        `remember` indexes the turns just before the new ones again and puts their text in the new
+        ones' windows, so the filters are asked again, each turn tagged as it was in its own run (the
+        user's as the caller's input, the others as model output).
+        """
+        if self.store_request_filter is None and self.store_response_filter is None:
+            return list(earlier)
+        asked = [m.with_source(INPUT) for m in earlier if m.role == "user"]
+        answered: Sequence[Message] = [m.with_source(Source("model")) for m in earlier if m.role != "user"]
+        if self.store_response_filter is not None:
+            answered = self.store_response_filter(answered)
+        kept = {m.id for m in (self.store_request_filter or external_input)(asked)} | {m.id for m in answered}
+        return [m for m in earlier if m.id in kept]
 
     async def remember(self, messages: Sequence[Message], session: Session, *,
                        before: Sequence[Message] = ()) -> int:

@@ -10,7 +10,7 @@ from ..errors import UsageError
 from ..messages import Message
 from ..tools import Tool, ToolOutcome
 from ..vectors.base import Embedder, VectorStore, Where, check_embedder, embed_query
-from .base import ContextProvider
+from .base import ContextProvider, MessageFilter
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext
@@ -48,6 +48,10 @@ class TextSearch(ContextProvider):
     before every run and adds the results as one context message; ``mode="tool"`` instead offers a
     search tool the model calls when it needs to. `from_vector_store` adapts a `VectorStore` of
     documents (see `contextpipe.vectors.ingest_folder`).
+
+    `input_filter` chooses the request messages the query is built from (default: the caller's
+    input only, as in the seeds); it is refused in ``tool`` mode, where the model writes the query.
+    There are no store filters: a search provider stores nothing.
     """
 
     kind = "search"
@@ -61,10 +65,14 @@ class TextSearch(ContextProvider):
         tool_name: str = "search_documents",
         tool_description: str = "Search the documents for passages about a query; cite results as [n].",
         source_id: str = "search",
+        input_filter: MessageFilter | None = None,
     ) -> None:
-        super().__init__(source_id)
+        super().__init__(source_id, input_filter=input_filter)
         if mode not in ("before_run", "tool"):
             raise UsageError(f"mode must be 'before_run' or 'tool', got {mode!r}")
+        if mode == "tool" and input_filter is not None:
+            raise UsageError("TextSearch(mode='tool') takes no input_filter: the model writes the query; "
+                             "use mode='before_run' to search with the filtered request messages")
         self.search = search
         self.mode = mode
         self.recent_messages = recent_messages
@@ -101,15 +109,22 @@ class TextSearch(ContextProvider):
         return cls(search_fn, **options)
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Search now and add the results (``before_run`` mode), or offer the search tool (``tool`` mode)."""
+        """Search and add the results (``before_run`` mode), or offer the search tool (``tool`` mode).
+
+        The query is what `input_filter` gives, after the last `recent_messages` context messages.
+        """
         if self.mode == "tool":
             ctx.add_tools([self._tool()])
             ctx.add_instructions(f"Use {self.tool_name} to look things up in the documents, and cite the "
                                  "results you use as [n] with their source.")
             return
-        context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
-        recent = context[-self.recent_messages:] if self.recent_messages else []
-        query = "\n".join(m.text for m in [*recent, *ctx.input] if m.text)
+        given = self.given_messages(ctx)
+        recent: list[Message] = []
+        if self.recent_messages:
+            ids = {m.id for m in given}
+            context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
+            recent = [m for m in context[-self.recent_messages:] if m.id not in ids]
+        query = "\n".join(m.text for m in [*recent, *given] if m.text)
         if not query.strip():
             return
         results = await self.search(query)

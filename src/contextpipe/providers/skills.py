@@ -272,6 +272,9 @@ class Skills(ContextProvider):
     Scripts are off unless `allow_scripts` is set, and then each run needs `approve` to return True;
     they run with a `script_timeout`, a minimal environment (``PATH``, ``LANG`` and `script_env`), and
     their output (stdout and stderr, at most `max_output_bytes`) goes back to the model.
+
+    It takes none of the seeds' message filters: it lists every skill whatever the request says,
+    and stores nothing, so a filter would have nothing to choose.
     """
 
     kind = "skills"
