@@ -44,7 +44,7 @@ from contextpipe.stores import MemoryStore, SQLiteStore
 from contextpipe.stores.base import SessionStore
 from contextpipe.telemetry import Telemetry
 from contextpipe.testing import ScriptedModel, tool_call
-from contextpipe.tools import CallTool, ToolCall, ToolMiddleware, ToolOutcome
+from contextpipe.tools import CallTool, ToolInvocation, ToolMiddleware, ToolOutcome
 
 INSTRUCTIONS = "You are a helpful assistant."  # seed 004's agent
 
@@ -95,7 +95,7 @@ async def test_middleware_changes_the_arguments_the_tool_gets(store: SessionStor
         seen.append(city)
         return {"Suzhou": "SZ"}.get(city, "unknown")
 
-    async def title_case(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def title_case(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         args = call.parsed_arguments()
         if args is not None and isinstance(args.get("city"), str):
             call = call.with_arguments({**args, "city": args["city"].title()})
@@ -130,7 +130,7 @@ async def test_middleware_blocks_a_call_without_running_the_tool(store: SessionS
         sent.append(to)
         return "sent"
 
-    async def no_external_mail(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def no_external_mail(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         args = call.parsed_arguments() or {}
         if call.name == "send_email" and not str(args.get("to", "")).endswith("@example.com"):
             return ToolOutcome("Refused: mail may only go to example.com addresses.", is_error=True)
@@ -167,7 +167,7 @@ async def test_middleware_replaces_the_result(store: SessionStore) -> None:
         """Return the weather forecast for a location code."""
         return "Sunny, 25 C, NW wind 4."
 
-    async def house_style(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def house_style(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
         return ToolOutcome("Forecast unavailable in this region.", is_error=True) if call.name.startswith(
             "get_weather") else outcome
@@ -192,7 +192,7 @@ async def test_middleware_post_processes_the_result(store: SessionStore) -> None
         """Return a user's account record."""
         return f"user={user} card=4111-1111-1111-1111 plan=pro"
 
-    async def redact_cards(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def redact_cards(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
         return ToolOutcome(outcome.result.replace("4111-1111-1111-1111", "[card]"), outcome.is_error, outcome.parts)
 
@@ -223,7 +223,7 @@ async def test_two_providers_middleware_run_in_provider_order(store: SessionStor
         return text
 
     def tagging(tag: str) -> ToolMiddleware:
-        async def mw(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+        async def mw(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
             args = call.parsed_arguments() or {}
             events.append(f"{tag}:in:{args['text']}")
             outcome = await call_next(call.with_arguments({"text": f"{args['text']}+{tag}"}))
@@ -267,12 +267,12 @@ async def test_trace_records_which_middleware_touched_which_call(store: SessionS
         """Return the location code for a city name."""
         return {"Suzhou": "SZ", "Beijing": "BJ"}[city]
 
-    async def guard(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def guard(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         if (call.parsed_arguments() or {}).get("city") == "Beijing":
             return ToolOutcome("Not today.", is_error=True)
         return await call_next(call)
 
-    async def audit(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def audit(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         return await call_next(call)
 
     model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou")
@@ -307,7 +307,7 @@ async def test_contextpipe_inspect_shows_what_tool_middleware_did(tmp_path: Path
         """Send an email."""
         raise AssertionError("never run")
 
-    async def no_mail(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def no_mail(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         return ToolOutcome("Refused.", is_error=True)
 
     db = tmp_path / "agent.db"
@@ -344,7 +344,7 @@ async def test_middleware_runs_again_around_an_idempotent_call_rerun_on_resume(s
 
     seen: list[tuple[str, bool]] = []
 
-    async def label(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def label(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         seen.append((call.call_id, call.resumed))
         outcome = await call_next(call)
         return ToolOutcome(f"{outcome.result} (checked)")
@@ -387,13 +387,13 @@ async def test_a_middleware_that_raises_fails_the_run_with_every_call_answered(s
         ran.append(city)
         return {"Suzhou": "SZ", "Beijing": "BJ"}[city]
 
-    async def broken(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def broken(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
         if "Beijing" in call.arguments:
             raise KeyError("quota")
         return outcome
 
-    async def outer(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def outer(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         return await call_next(call)  # passes the inner one's exception on: the inner one is named
 
     model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou")
@@ -432,8 +432,8 @@ async def test_a_middleware_must_keep_the_tool_name_and_return_an_outcome(store:
         """Return the location code for a city name."""
         raise AssertionError("never run")
 
-    async def reroute(call: ToolCall, call_next: CallTool) -> ToolOutcome:
-        return await call_next(ToolCall("other_tool", call.call_id, call.arguments))
+    async def reroute(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        return await call_next(ToolInvocation(name="other_tool", call_id=call.call_id, arguments=call.arguments))
 
     model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou")])
     agent = Agent(model, tools=[lookup_location_code],
@@ -444,7 +444,7 @@ async def test_a_middleware_must_keep_the_tool_name_and_return_an_outcome(store:
     ((_, text, is_error),) = await stored(store, "mw-reroute")
     assert is_error and "the tool did not run" in text
 
-    async def returns_text(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def returns_text(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         return "SZ"  # type: ignore[return-value]
 
     model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou")])
@@ -465,7 +465,7 @@ async def test_a_streamed_run_reports_and_traces_what_the_middleware_returned(st
         """Delete every record."""
         raise AssertionError("never run")
 
-    async def refuse_deletes(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def refuse_deletes(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         if call.name.startswith("delete"):
             return ToolOutcome("Refused: deletes need a person's approval.", is_error=True)
         return await call_next(call)
@@ -498,7 +498,7 @@ BEHAVIOURS = ("pass", "args", "block", "result", "raise_before", "raise_after")
 
 
 def _stacked(index: int, behaviour: str) -> ToolMiddleware:
-    async def mw(call: ToolCall, call_next: CallTool) -> ToolOutcome:
+    async def mw(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         if behaviour == "block":
             return ToolOutcome(f"blocked by {index}", is_error=True)
         if behaviour == "raise_before":

@@ -43,7 +43,7 @@ from .messages import DataPart, UriPart
 if TYPE_CHECKING:
     import pydantic
 
-__all__ = ["CallTool", "Tool", "ToolCall", "ToolMiddleware", "ToolOutcome", "ToolSpec", "tool"]
+__all__ = ["CallTool", "Tool", "ToolInvocation", "ToolMiddleware", "ToolOutcome", "ToolSpec", "tool"]
 
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -85,17 +85,19 @@ class ToolOutcome:
     """Images, audio or files the tool returned besides its text (an MCP tool's image, for example)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One call of a tool as tool middleware sees it (`RunContext.add_tool_middleware`).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolInvocation:
+    """One call of a tool on its way through tool middleware (`RunContext.add_tool_middleware`).
 
-    A middleware passes the call on (`with_arguments` to change what the tool gets), or answers it
-    itself without running the tool; the tool name and call id stay the model's.
+    The model's call itself is a `FunctionCall` part of its message, and stays as the model made it;
+    this is what the tool will be invoked with: the same tool name and call id, and the arguments
+    as the middleware so far passed them on. A middleware passes it on (`with_arguments` to change
+    what the tool gets), or answers it itself without running the tool.
 
-    >>> call = ToolCall("lookup_location_code", "call_1", '{"city": "suzhou"}')
+    >>> call = ToolInvocation(name="lookup_location_code", call_id="call_1", arguments='{"city": "suzhou"}')
     >>> call.with_arguments({"city": "Suzhou"}).arguments
     '{"city": "Suzhou"}'
-    >>> ToolCall("lookup", "call_2", "not json").parsed_arguments() is None
+    >>> ToolInvocation(name="lookup", call_id="call_2", arguments="not json").parsed_arguments() is None
     True
     """
 
@@ -109,10 +111,10 @@ class ToolCall:
     """True when the call is an idempotent tool's call that an interrupted run left without a result,
     run again before the run's first model call (the middleware runs around the re-run too)."""
 
-    def with_arguments(self, arguments: str | Mapping[str, Any]) -> ToolCall:
+    def with_arguments(self, arguments: str | Mapping[str, Any]) -> ToolInvocation:
         """Return this call with other arguments: JSON text, or a mapping to encode as JSON."""
         text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-        return ToolCall(self.name, self.call_id, text, self.resumed)
+        return ToolInvocation(name=self.name, call_id=self.call_id, arguments=text, resumed=self.resumed)
 
     def parsed_arguments(self) -> dict[str, Any] | None:
         """Return the arguments as a dict; None when the model sent something else than a JSON object.
@@ -129,10 +131,10 @@ class ToolCall:
         return parsed if isinstance(parsed, dict) else None
 
 
-CallTool: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutcome]]
+CallTool: TypeAlias = Callable[[ToolInvocation], Awaitable[ToolOutcome]]
 """The next step of a tool middleware chain: call it to go on to the tool."""
 
-ToolMiddleware: TypeAlias = Callable[[ToolCall, CallTool], Awaitable[ToolOutcome]]
+ToolMiddleware: TypeAlias = Callable[[ToolInvocation, CallTool], Awaitable[ToolOutcome]]
 """Wraps one tool call: ``async def mw(call, call_next) -> ToolOutcome``.
 
 It may pass the call on with other arguments (``call_next(call.with_arguments(...))``), answer it

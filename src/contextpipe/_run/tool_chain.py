@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ToolMiddlewareError, UsageError, clause, shorten
 from ..messages import FunctionCall, FunctionResult
-from ..tools import CallTool, ToolCall, ToolMiddleware, ToolOutcome
+from ..tools import CallTool, ToolInvocation, ToolMiddleware, ToolOutcome
 from ..trace import RunJournal, ToolMiddlewareAction, TracedToolCall, TracedToolMiddleware
 
 __all__ = ["ToolChain"]
@@ -59,7 +59,8 @@ class ToolChain:
         for index in reversed(range(len(self._middleware))):
             chain = self._bind(index, chain, state)
         try:
-            outcome = await chain(ToolCall(call.name, call.call_id, call.arguments, resumed=step == 0))
+            outcome = await chain(ToolInvocation(name=call.name, call_id=call.call_id, arguments=call.arguments,
+                                                resumed=step == 0))
         except Exception as exc:  # a middleware failed: answer the call, raise once the step is saved
             outcome = self._failed(call, state, exc)
         seen = tuple(m for m in state.seen if m is not None)
@@ -73,7 +74,7 @@ class ToolChain:
             raise failure
 
     def _terminal(self, state: _Call) -> CallTool:
-        async def run_tool(call: ToolCall) -> ToolOutcome:
+        async def run_tool(call: ToolInvocation) -> ToolOutcome:
             state.ran = True
             return await self._invoke(call.name, call.arguments)
 
@@ -82,11 +83,11 @@ class ToolChain:
     def _bind(self, index: int, call_next: CallTool, state: _Call) -> CallTool:
         source_id, middleware = self._middleware[index]
 
-        async def bound(call: ToolCall) -> ToolOutcome:
-            passed: ToolCall | None = None
+        async def bound(call: ToolInvocation) -> ToolOutcome:
+            passed: ToolInvocation | None = None
             got: ToolOutcome | None = None
 
-            async def next_step(forwarded: ToolCall) -> ToolOutcome:
+            async def next_step(forwarded: ToolInvocation) -> ToolOutcome:
                 nonlocal passed, got
                 if forwarded.name != call.name or forwarded.call_id != call.call_id:
                     raise UsageError(
@@ -132,7 +133,7 @@ class ToolChain:
                            f"({ran}). Check its effect before retrying.", is_error=True)
 
 
-def _actions(call: ToolCall, passed: ToolCall | None, got: ToolOutcome | None, outcome: ToolOutcome | None,
+def _actions(call: ToolInvocation, passed: ToolInvocation | None, got: ToolOutcome | None, outcome: ToolOutcome | None,
              raised: bool) -> tuple[ToolMiddlewareAction, ...]:
     actions: list[ToolMiddlewareAction] = []
     if passed is None:
