@@ -52,7 +52,7 @@ class ToolChain:
         """Run `call` (asked for by model call `step`; 0 on resume) through the middleware; return its result."""
         if not self._middleware:
             outcome = await self._invoke(call.name, call.arguments)
-            self._journal.tool_calls.append(TracedToolCall(step, call.call_id, call.name, outcome.is_error))
+            self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error))
             return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
         state = _Call([None] * len(self._middleware))
         chain = self._terminal(state)
@@ -64,7 +64,7 @@ class ToolChain:
         except Exception as exc:  # a middleware failed: answer the call, raise once the step is saved
             outcome = self._failed(call, state, exc)
         seen = tuple(m for m in state.seen if m is not None)
-        self._journal.tool_calls.append(TracedToolCall(step, call.call_id, call.name, outcome.is_error, seen))
+        self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error, seen))
         return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
 
     def raise_failure(self) -> None:
