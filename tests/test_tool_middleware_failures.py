@@ -275,3 +275,134 @@ def test_any_middleware_stack_answers_every_call_once_and_the_trace_says_what_ea
     for traced in result.traces[0].tool_calls:
         assert {m.source_id: m.actions for m in traced.middleware} == expected[traced.call_id][1]
         assert [m.source_id for m in traced.middleware] == sorted(expected[traced.call_id][1])
+
+
+async def test_a_middleware_that_raises_on_a_resumed_call_fails_the_run_once_the_repair_is_stored(
+        store: SessionStore) -> None:
+    """Seed 004's function middleware around the durable tool loop's re-run: an idempotent call left open
+    is run again through the middleware; when the middleware raises there, the run stops with
+    `ToolMiddlewareError` before any model call, and the call's error result is stored first.
+    """
+    running = asyncio.Event()
+
+    @tool(idempotent=True)
+    async def get_forecast(city: str) -> str:
+        """Return today's forecast for a city."""
+        running.set()
+        await asyncio.Event().wait()  # hangs until the run is cut
+        return "never"
+
+    async def strict_on_resume(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        if call.resumed:
+            raise RuntimeError("re-runs need a person's approval")
+        return await call_next(call)
+
+    model = ScriptedModel([tool_call("get_forecast", city="Suzhou")])
+    agent = Agent(model, instructions=INSTRUCTIONS, tools=[get_forecast],
+                  providers=[History(store), MiddlewareProvider("strict", strict_on_resume)])
+    session = await agent.session("mw-resume-raise")
+    run = asyncio.create_task(agent.run("Forecast for Suzhou?", session=session))
+    started = asyncio.create_task(running.wait())
+    await asyncio.wait({run, started}, return_when=asyncio.FIRST_COMPLETED)
+    if run.done():
+        started.cancel()
+        run.result()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+    with pytest.raises(ToolMiddlewareError, match="re-runs need a person's approval") as info:
+        await agent.run(None, session=session)
+
+    assert (info.value.source_id, info.value.call_id) == ("strict", "call_1")
+    assert len(model.requests) == 1  # only the interrupted run's call: the failed resume sent nothing
+    ((call_id, text, is_error),) = await stored(store, "mw-resume-raise")
+    assert call_id == "call_1" and is_error and "the tool did not run" in text
+
+
+async def test_every_failing_middleware_of_a_step_is_named_on_the_error(store: SessionStore) -> None:
+    """Seed 004's function middleware over parallel calls: when it fails on two calls of one step, the
+    run's `ToolMiddlewareError` names the first and carries a note for the other, so neither is lost.
+    """
+
+    @tool
+    def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        return "SZ"
+
+    async def broken(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        raise LookupError(f"no quota left for {call.call_id}")
+
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou")
+                           + tool_call("lookup_location_code", city="Beijing")])
+    agent = Agent(model, instructions=INSTRUCTIONS, tools=[lookup_location_code],
+                  providers=[History(store), MiddlewareProvider("quota", broken)])
+    with pytest.raises(ToolMiddlewareError) as info:
+        await agent.run("Codes for Suzhou and Beijing?", session=await agent.session("mw-raise-two"))
+
+    error = info.value
+    other = ({"call_1", "call_2"} - {error.call_id}).pop()
+    assert f"no quota left for {error.call_id}" in str(error)
+    assert error.__notes__ == [f"Tool middleware of context provider 'quota' also raised LookupError on call "
+                               f"'{other}': no quota left for {other}"]
+    assert sorted(cid for cid, _, is_error in await stored(store, "mw-raise-two") if is_error) == ["call_1", "call_2"]
+
+
+async def test_a_middleware_that_catches_an_inner_failure_answers_the_call_and_the_run_goes_on(
+        store: SessionStore) -> None:
+    """Seed 004's function middleware, stacked in provider order: an outer middleware that catches the inner
+    one's exception and returns its own outcome has answered the call; the run goes on, and the trace says
+    the inner one raised and the outer one changed the result.
+    """
+
+    @tool
+    def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        return "SZ"
+
+    async def fallback(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        try:
+            return await call_next(call)
+        except LookupError:
+            return ToolOutcome("The code service is down; try again later.", is_error=True)
+
+    async def flaky(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        raise LookupError("service down")
+
+    model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou"), "The service is down."])
+    agent = Agent(model, instructions=INSTRUCTIONS, tools=[lookup_location_code], providers=[
+        History(store), MiddlewareProvider("fallback", fallback), MiddlewareProvider("flaky", flaky)])
+    result = await agent.run("Code for Suzhou?", session=await agent.session("mw-catch"))
+
+    assert result.text == "The service is down."
+    assert await stored(store, "mw-catch") == [("call_1", "The code service is down; try again later.", True)]
+    (traced,) = result.traces[0].tool_calls
+    assert [(m.source_id, m.actions) for m in traced.middleware] == [("fallback", ("changed_result",)),
+                                                                       ("flaky", ("raised",))]
+
+
+async def test_a_middleware_must_pass_on_the_invocation_it_was_given(store: SessionStore) -> None:
+    """Seed 004's function middleware wraps the call it is given: passing call_next a dict, or arguments that
+    are not JSON text, is a clear error saying what to pass (the call still gets a result; the tool did not run).
+    """
+
+    @tool
+    def lookup_location_code(city: str) -> str:
+        """Return the location code for a city name."""
+        raise AssertionError("never run")
+
+    async def passes_dict(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        return await call_next({"city": "Suzhou"})  # type: ignore[arg-type]
+
+    async def passes_dict_arguments(call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        bad = ToolInvocation(name=call.name, call_id=call.call_id, arguments={"city": "Suzhou"})  # type: ignore[arg-type]
+        return await call_next(bad)
+
+    for n, (middleware, what) in enumerate([(passes_dict, "dict"), (passes_dict_arguments, "arguments of type dict")]):
+        model = ScriptedModel([tool_call("lookup_location_code", city="Suzhou")])
+        agent = Agent(model, tools=[lookup_location_code],
+                      providers=[History(store), MiddlewareProvider("shaper", middleware)])
+        with pytest.raises(ToolMiddlewareError, match=f"passed {what} to call_next .* pass the ToolInvocation"):
+            await agent.run("Code for Suzhou?", session=await agent.session(f"mw-shape-{n}"))
+        ((_, text, is_error),) = await stored(store, f"mw-shape-{n}")
+        assert is_error and "the tool did not run" in text

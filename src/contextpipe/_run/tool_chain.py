@@ -89,11 +89,18 @@ class ToolChain:
 
             async def next_step(forwarded: ToolInvocation) -> ToolOutcome:
                 nonlocal passed, got
+                if not isinstance(forwarded, ToolInvocation) or not isinstance(forwarded.arguments, str):
+                    what = (f"arguments of type {type(forwarded.arguments).__name__}"
+                            if isinstance(forwarded, ToolInvocation) else type(forwarded).__name__)
+                    raise UsageError(
+                        f"tool middleware of context provider {source_id!r} passed {what} to call_next for call "
+                        f"{shorten(call.call_id)}; pass the ToolInvocation it was given, or "
+                        "call.with_arguments({...}) (a dict or JSON text)")
                 if forwarded.name != call.name or forwarded.call_id != call.call_id:
                     raise UsageError(
                         f"tool middleware of context provider {source_id!r} passed call {shorten(call.call_id)} to "
-                        f"{call.name!r} on as call {shorten(forwarded.call_id)} to {shorten(forwarded.name)}; only "
-                        "the arguments may change (call_next(call.with_arguments(...))). To run another tool, "
+                        f"{shorten(call.name)} on as call {shorten(forwarded.call_id)} to {shorten(forwarded.name)}; "
+                        "only the arguments may change (call_next(call.with_arguments(...))). To run another tool, "
                         "call it yourself and return its outcome")
                 passed = forwarded
                 got = await call_next(forwarded)
@@ -123,12 +130,15 @@ class ToolChain:
         ran = "the tool had run, but its result was lost" if state.ran else "the tool did not run"
         failure = ToolMiddlewareError(
             f"tool middleware of context provider {source_id!r} raised {type(exc).__name__} on call "
-            f"{shorten(call.call_id)} to tool {call.name!r}: {clause(exc)}. The call was answered with an error "
+            f"{shorten(call.call_id)} to tool {shorten(call.name)}: {clause(exc)}. The call was answered with an error "
             f"result ({ran}). Fix the middleware; to refuse a call, return ToolOutcome(..., is_error=True) "
             "instead of raising", source_id=source_id, tool_name=call.name, call_id=call.call_id)
         failure.__cause__ = exc
         if self._failure is None:
             self._failure = failure
+        else:  # a parallel call of the same step failed too: say so on the error that is raised
+            self._failure.add_note(f"Tool middleware of context provider {source_id!r} also raised "
+                                   f"{type(exc).__name__} on call {shorten(call.call_id)}: {clause(exc)}")
         return ToolOutcome(f"Error: the call to {call.name!r} was not completed: a tool middleware failed "
                            f"({ran}). Check its effect before retrying.", is_error=True)
 
@@ -141,7 +151,7 @@ def _actions(call: ToolInvocation, passed: ToolInvocation | None, got: ToolOutco
             actions.append("blocked")
     elif passed.arguments != call.arguments:
         actions.append("changed_arguments")
-    if got is not None and outcome is not None and outcome != got:
+    if passed is not None and outcome is not None and outcome != got:  # got is None: it caught an inner error
         actions.append("changed_result")
     if raised:
         actions.append("raised")
