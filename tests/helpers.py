@@ -1,13 +1,18 @@
-"""Shared pieces for the agent tests: the seed's weather tools and a history that records saves."""
+"""Shared pieces for the agent tests: the seed's weather tools, a history that records saves, and a provider
+that adds tool middleware."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from contextpipe import Message, tool
+from contextpipe import Agent, ContextProvider, Message, RunContext, tool
+from contextpipe.models import ModelMiddleware
 from contextpipe.providers import History
 from contextpipe.session import Session
 from contextpipe.stores import Lease
+from contextpipe.stores.base import SessionStore
+from contextpipe.testing import ScriptedModel
+from contextpipe.tools import ToolMiddleware
 
 CODES = {"Suzhou": "SZ", "Beijing": "BJ"}
 FORECASTS = {"SZ": "Sunny, 25 C, NW wind 4.", "BJ": "Cloudy, 22 C, E wind 3."}
@@ -51,3 +56,29 @@ def describe(messages: Sequence[Message]) -> list[str]:
         else:
             out.append(f"{m.role}:{m.text}")
     return out
+
+
+class MiddlewareProvider(ContextProvider):
+    """A provider whose ``before_run`` adds one tool middleware (and, when given, one model middleware)."""
+
+    def __init__(self, source_id: str, middleware: ToolMiddleware,
+                 model_middleware: ModelMiddleware | None = None) -> None:
+        super().__init__(source_id)
+        self.middleware = middleware
+        self.model_middleware = model_middleware
+
+    async def before_run(self, ctx: RunContext) -> None:
+        ctx.add_tool_middleware(self.middleware)
+        if self.model_middleware is not None:
+            ctx.add_middleware(self.model_middleware)
+
+
+def results(messages: list[Message]) -> list[tuple[str, str, bool]]:
+    """Each function result in `messages` as (call id, result text, is_error)."""
+    return [(r.call_id, r.result, r.is_error) for m in messages for r in m.function_results]
+
+
+async def stored(store: SessionStore, session_id: str) -> list[tuple[str, str, bool]]:
+    """The results the session's log holds, read by a fresh agent (what a resumed run would see)."""
+    reader = Agent(ScriptedModel(), providers=[History(store)])
+    return results(await reader.history(await reader.session(session_id)))

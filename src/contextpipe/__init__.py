@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         SessionBusy,
         SkillError,
         StoreError,
+        ToolMiddlewareError,
         UsageError,
     )
     from .events import (
@@ -129,6 +130,7 @@ __all__ = [
     "Tool",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolMiddlewareError",
     "ToolOutcome",
     "UnknownPart",
     "UriPart",
@@ -146,7 +148,7 @@ _EXPORTS: dict[str, str] = {
                      "CorruptRecord", "InputConflict", "LeaseLost", "McpError", "ModelAuthError", "ModelBadRequest",
                      "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError",
                      "ModelServerError", "ModelTimeout", "RequestInvariantError", "ScriptExhausted",
-                     "SessionBusy", "SkillError", "StoreError", "UsageError"), ".errors"),
+                     "SessionBusy", "SkillError", "StoreError", "ToolMiddlewareError", "UsageError"), ".errors"),
     **dict.fromkeys(("ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason", "StreamEvent",
                      "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
     **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),

@@ -9,6 +9,7 @@ ContextPipeError                 root: catch this to catch everything contextpip
 ├── McpError                     an MCP server could not be started or reached (names the server and the cause)
 ├── CodecError                   stored or received JSON could not be decoded into messages or sessions
 ├── RequestInvariantError        a request about to be sent to a model is broken (a bug upstream)
+├── ToolMiddlewareError          a provider's tool middleware raised (the call was answered with an error)
 ├── ModelError                   a model call failed (provider, status code, body, retry hint)
 │   ├── ModelAuthError           401 / 403: the key or deployment is wrong
 │   ├── ModelRateLimited         429: wait `retry_after` seconds and try again
@@ -61,6 +62,7 @@ __all__ = [
     "ScriptExhausted",
     "SessionBusy",
     "StoreError",
+    "ToolMiddlewareError",
     "UsageError",
 ]
 
@@ -145,6 +147,25 @@ class RequestInvariantError(ContextPipeError):
 
     Broken means: an unanswered call, an orphan result, no messages, or the caller's input missing.
     """
+
+
+class ToolMiddlewareError(ContextPipeError):
+    """A context provider's tool middleware raised instead of returning an outcome.
+
+    Raised by the run after every tool call of the step has its result saved: the failed call is
+    answered with an error result (saying whether the tool had run), so the session's log holds
+    no call without a result and the next run goes on from it. The middleware's exception is the
+    ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, source_id: str, tool_name: str, call_id: str) -> None:
+        super().__init__(message)
+        self.source_id = source_id
+        """The provider whose middleware raised."""
+        self.tool_name = tool_name
+        """The tool the call was for."""
+        self.call_id = call_id
+        """The call's id."""
 
 
 class ModelError(ContextPipeError):

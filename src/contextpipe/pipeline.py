@@ -24,7 +24,7 @@ from .errors import UsageError
 from .exchanges import ValidatedChunks
 from .messages import INPUT, Message, Source
 from .models.base import ModelMiddleware, ModelSettings
-from .tools import Tool, as_tool
+from .tools import Tool, ToolMiddleware, as_tool
 from .trace import ContextChange, RunJournal
 
 if TYPE_CHECKING:
@@ -251,6 +251,7 @@ class RunContext:
         self._tools: dict[str, Tool] = dict(tools)
         self._tool_sources: dict[str, str] = dict.fromkeys(tools, "agent")
         self._middleware: list[ModelMiddleware] = []
+        self._tool_middleware: list[tuple[str, ToolMiddleware]] = []
         self._current: str | None = None
         self._checkpoints = checkpoints
         self.lease_token = lease_token
@@ -364,6 +365,16 @@ class RunContext:
         self._source_id()
         self._middleware.append(middleware)
 
+    def add_tool_middleware(self, middleware: ToolMiddleware) -> None:
+        """Wrap every tool call of this run; the first provider's middleware is outermost.
+
+        A `ToolMiddleware` sees each call (tool name, call id, arguments) and may change the
+        arguments, answer the call without running the tool, or replace or post-process the
+        result; what it returns is what the model sees and the session stores. Each call's trace
+        entry (`PromptTrace.tool_calls`) records which middleware saw it and what each did.
+        """
+        self._tool_middleware.append((self._source_id(), middleware))
+
     # --- views --------------------------------------------------------------------------------------
 
     @property
@@ -398,6 +409,11 @@ class RunContext:
     def middleware(self) -> list[ModelMiddleware]:
         """Model middleware added by providers, outermost first."""
         return self._middleware
+
+    @property
+    def tool_middleware(self) -> list[tuple[str, ToolMiddleware]]:
+        """``(source_id, middleware)`` pairs of the tool middleware providers added, outermost first."""
+        return self._tool_middleware
 
     # --- compaction ---------------------------------------------------------------------------------
 

@@ -39,9 +39,9 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, overload
 
 from .errors import UsageError
 from .messages import DataPart, UriPart
@@ -49,7 +49,7 @@ from .messages import DataPart, UriPart
 if TYPE_CHECKING:
     import pydantic
 
-__all__ = ["Tool", "ToolOutcome", "ToolSpec", "tool"]
+__all__ = ["CallTool", "Tool", "ToolInvocation", "ToolMiddleware", "ToolOutcome", "ToolSpec", "tool"]
 
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -108,6 +108,64 @@ class ToolThread:
 
 OnThread = Callable[[ToolThread], None]
 """Told about each thread a sync tool starts, before anything waits for it (see `Tool._invoke`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolInvocation:
+    """One call of a tool on its way through tool middleware (`RunContext.add_tool_middleware`).
+
+    The model's call itself is a `FunctionCall` part of its message, and stays as the model made it;
+    this is what the tool will be invoked with: the same tool name and call id, and the arguments
+    as the middleware so far passed them on. A middleware passes it on (`with_arguments` to change
+    what the tool gets), or answers it itself without running the tool.
+
+    >>> call = ToolInvocation(name="lookup_location_code", call_id="call_1", arguments='{"city": "suzhou"}')
+    >>> call.with_arguments({"city": "Suzhou"}).arguments
+    '{"city": "Suzhou"}'
+    >>> ToolInvocation(name="lookup", call_id="call_2", arguments="not json").parsed_arguments() is None
+    True
+    """
+
+    name: str
+    """The tool the model called."""
+    call_id: str
+    """The model's id for this call (its result carries it)."""
+    arguments: str
+    """The arguments, as JSON text (the model's, or as an outer middleware changed them)."""
+    resumed: bool = False
+    """True when the call is an idempotent tool's call that an interrupted run left without a result,
+    run again before the run's first model call (the middleware runs around the re-run too)."""
+
+    def with_arguments(self, arguments: str | Mapping[str, Any]) -> ToolInvocation:
+        """Return this call with other arguments: JSON text, or a mapping to encode as JSON."""
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        return ToolInvocation(name=self.name, call_id=self.call_id, arguments=text, resumed=self.resumed)
+
+    def parsed_arguments(self) -> dict[str, Any] | None:
+        """Return the arguments as a dict; None when the model sent something else than a JSON object.
+
+        No arguments (empty text or ``null``) are an empty dict. A call whose arguments are not an
+        object is best passed on unchanged: the tool answers it with an error the model can act on.
+        """
+        if self.arguments.strip() in ("", "null"):
+            return {}
+        try:
+            parsed = json.loads(self.arguments)
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+
+
+CallTool: TypeAlias = Callable[[ToolInvocation], Awaitable[ToolOutcome]]
+"""The next step of a tool middleware chain: call it to go on to the tool."""
+
+ToolMiddleware: TypeAlias = Callable[[ToolInvocation, CallTool], Awaitable[ToolOutcome]]
+"""Wraps one tool call: ``async def mw(call, call_next) -> ToolOutcome``.
+
+It may pass the call on with other arguments (``call_next(call.with_arguments(...))``), answer it
+without running the tool (return its own `ToolOutcome`), or replace or post-process the outcome
+``call_next`` returned. What it returns is the result the model sees and the session stores.
+"""
 
 
 class Tool:

@@ -1,4 +1,4 @@
-"""One tool call: running it (`execute_tool`), and the answers for calls that did not finish.
+"""One tool call: running it (`invoke_tool`), and the answers for calls that did not finish.
 
 No model ever sees a call without a result. A call whose run stopped before it finished is
 answered with an explicit error instead: `interrupted` when a previous run stopped (the next run
@@ -13,26 +13,27 @@ import functools
 from typing import TYPE_CHECKING
 
 from ..messages import FunctionCall, FunctionResult
+from ..tools import ToolOutcome
 
 if TYPE_CHECKING:
     from ..tools import Tool
     from .threads import RunThreads
 
-__all__ = ["execute_tool", "interrupted", "stopped_with_run"]
+__all__ = ["interrupted", "invoke_tool", "stopped_with_run"]
 
 
-async def execute_tool(tools: dict[str, Tool], call: FunctionCall, threads: RunThreads | None = None) -> FunctionResult:
-    """Run one call with the tool it names; an unknown name becomes an error result for the model.
+async def invoke_tool(tools: dict[str, Tool], call: FunctionCall, arguments: str,
+                      threads: RunThreads | None = None) -> ToolOutcome:
+    """Run the tool `call` names with `arguments` (the model's, or as tool middleware passed them on).
 
-    A sync tool's worker thread is handed to `threads` (when given), which keeps it if the wait for it ends early.
+    An unknown name becomes an error outcome for the model. A sync tool's worker thread is handed
+    to `threads` (when given), which keeps it if the wait for it ends early.
     """
     tool = tools.get(call.name)
     if tool is None:
         names = ", ".join(sorted(tools)) or "none"
-        return FunctionResult(
-            call.call_id, f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
-    outcome = await tool._invoke(call.arguments, None if threads is None else functools.partial(threads.started, call))
-    return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
+        return ToolOutcome(f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
+    return await tool._invoke(arguments, None if threads is None else functools.partial(threads.started, call))
 
 
 def interrupted(call: FunctionCall) -> FunctionResult:

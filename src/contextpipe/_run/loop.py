@@ -58,12 +58,14 @@ from ..models.base import (
     Usage,
 )
 from ..pipeline import MessageView, Segment
+from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
-from .calls import execute_tool, interrupted, stopped_with_run
+from .calls import interrupted, invoke_tool, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .replay import STOP_KEY
 from .threads import RunThreads, wait_through_cancellation
+from .tool_chain import ToolChain
 
 if TYPE_CHECKING:
     from ..config import RunLimits
@@ -193,10 +195,16 @@ class StepLoop:
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
+        self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
+
+    def _run_tool(self, call: FunctionCall, arguments: str) -> Awaitable[ToolOutcome]:
+        return invoke_tool(self._tools, call, arguments, self._threads)
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
+        step = self.state.steps  # the model call that asked for it: 0 while answering an interrupted run
+
         async def run(c: FunctionCall) -> FunctionResult:
-            return await execute_tool(self._tools, c, self._threads)
+            return await self._chain.run(c, step)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -316,6 +324,7 @@ class StepLoop:
         # The middleware is fixed once the providers' before_run is over: build the chain once per run.
         if ctx.middleware:
             self._complete = chain(ctx.middleware, self._terminal(no_deltas))
+        self._chain = ToolChain(self._run_tool, ctx.tool_middleware, ctx.journal)
         split = 0  # the history is everything up to the last history segment
         for i, s in enumerate(ctx.segments, 1):
             if s.source.kind == "history":
@@ -359,6 +368,7 @@ class StepLoop:
             self._threads.saved(call)
         if self.want_events and saved:
             yield StepPersisted(0, saved)
+        self._chain.raise_failure()
 
     # --- model step ---------------------------------------------------------------------------------
 
@@ -489,6 +499,7 @@ class StepLoop:
         finally:
             for task in tasks:
                 task.cancel()
+        self._chain.raise_failure()  # every call of the step has its result saved: now a middleware's error
         self.state.error_steps = self.state.error_steps + 1 if errors == len(calls) else 0
 
     async def _keep_finished(self, tasks: Sequence[asyncio.Future[FunctionResult]], by_id: dict[str, FunctionCall],

@@ -98,4 +98,14 @@ def _render_trace(number: int, trace: dict[str, Any]) -> None:
     for change in trace.get("changes", []):
         out.print(f"  {shown(change['source_id'])} {change['action'].replace('_', ' ')}: "
                   f"{shown(', '.join(change['items']))}")
+    _show_tool_middleware(trace.get("tool_calls", []))
     out.print()
+
+
+def _show_tool_middleware(calls: list[dict[str, Any]]) -> None:
+    """Print a line per tool call that providers' tool middleware saw: each one, outermost first, and what it did."""
+    for call in calls:
+        if call["middleware"]:
+            done = "; ".join(f"{m['source_id']} {', '.join(a.replace('_', ' ') for a in m['actions']) or 'passed'}"
+                             for m in call["middleware"])
+            out.print(f"  tool call {shown(call['name'])} ({shown(call['call_id'])}): {shown(done)}")
