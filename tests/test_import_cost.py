@@ -136,6 +136,20 @@ def test_override_marks_a_method_as_typing_extensions_does() -> None:
     assert override(len) is len  # not writable: left as it is, as typing_extensions does
 
 
+def test_the_trace_annotations_resolve_at_run_time_without_compaction() -> None:
+    # PromptTrace names CompactionDecision in a field: typing.get_type_hints (and what builds on it, such as
+    # pydantic) must resolve it, in a program that never loaded the compaction strategies.
+    code = ("import sys, typing\n"
+            "from contextpipe.trace import PromptTrace, RunJournal\n"
+            "hints = typing.get_type_hints(PromptTrace)\n"
+            "typing.get_type_hints(RunJournal)\n"
+            "assert 'contextpipe.compaction' not in sys.modules\n"
+            "from contextpipe.compaction import CompactionDecision\n"
+            "assert hints['compaction'] == tuple[CompactionDecision, ...], hints['compaction']\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_lazy_names_and_submodules_resolve_as_before() -> None:
     code = ("import contextpipe\n"
             "from contextpipe import *\n"

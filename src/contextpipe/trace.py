@@ -25,15 +25,13 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
+from ._compaction_decision import CompactionDecision
 from ._preview import preview
 from .messages import INPUT
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
-
-if TYPE_CHECKING:
-    from .compaction import CompactionDecision  # for annotations only: a run that compacts nothing need not load it
 
 __all__ = [
     "ContextChange",
