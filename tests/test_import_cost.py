@@ -41,6 +41,16 @@ asyncio.run(main())
 print(json.dumps({"by the runs": sorted(set(sys.modules) - imported), "in all": sorted(sys.modules)}))
 """
 
+TRACE_HINTS = """
+import sys, typing
+from contextpipe.trace import PromptTrace, RunJournal
+hints = typing.get_type_hints(PromptTrace)
+typing.get_type_hints(RunJournal)
+assert 'contextpipe.compaction' not in sys.modules
+from contextpipe.compaction import CompactionDecision
+assert hints['compaction'] == tuple[CompactionDecision, ...], hints['compaction']
+"""
+
 REPORT = """
 import json, sys
 before = set(sys.modules)
@@ -139,14 +149,7 @@ def test_override_marks_a_method_as_typing_extensions_does() -> None:
 def test_the_trace_annotations_resolve_at_run_time_without_compaction() -> None:
     # PromptTrace names CompactionDecision in a field: typing.get_type_hints (and what builds on it, such as
     # pydantic) must resolve it, in a program that never loaded the compaction strategies.
-    code = ("import sys, typing\n"
-            "from contextpipe.trace import PromptTrace, RunJournal\n"
-            "hints = typing.get_type_hints(PromptTrace)\n"
-            "typing.get_type_hints(RunJournal)\n"
-            "assert 'contextpipe.compaction' not in sys.modules\n"
-            "from contextpipe.compaction import CompactionDecision\n"
-            "assert hints['compaction'] == tuple[CompactionDecision, ...], hints['compaction']\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", TRACE_HINTS], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
