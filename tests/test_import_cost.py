@@ -41,11 +41,13 @@ asyncio.run(main())
 print(json.dumps({"by the runs": sorted(set(sys.modules) - imported), "in all": sorted(sys.modules)}))
 """
 
-TRACE_HINTS = """
+RESULT_HINTS = """
 import sys, typing
+from contextpipe.events import RunDone, RunResult
 from contextpipe.trace import PromptTrace, RunJournal
 hints = typing.get_type_hints(PromptTrace)
-typing.get_type_hints(RunJournal)
+for cls in (RunJournal, RunResult, RunDone):
+    typing.get_type_hints(cls)
 assert 'contextpipe.compaction' not in sys.modules
 from contextpipe.compaction import CompactionDecision
 assert hints['compaction'] == tuple[CompactionDecision, ...], hints['compaction']
@@ -146,10 +148,11 @@ def test_override_marks_a_method_as_typing_extensions_does() -> None:
     assert override(len) is len  # not writable: left as it is, as typing_extensions does
 
 
-def test_the_trace_annotations_resolve_at_run_time_without_compaction() -> None:
-    # PromptTrace names CompactionDecision in a field: typing.get_type_hints (and what builds on it, such as
-    # pydantic) must resolve it, in a program that never loaded the compaction strategies.
-    proc = subprocess.run([sys.executable, "-c", TRACE_HINTS], capture_output=True, text=True, timeout=120)
+def test_the_results_annotations_resolve_at_run_time_without_compaction() -> None:
+    # A run's result and its traces name their fields' types (CompactionDecision, PromptTrace, Session) at run
+    # time: typing.get_type_hints, and what builds on it such as pydantic, resolves them, in a program that
+    # never loaded the compaction strategies.
+    proc = subprocess.run([sys.executable, "-c", RESULT_HINTS], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
