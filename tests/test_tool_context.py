@@ -9,6 +9,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -107,13 +108,19 @@ async def test_deps_of_the_wrong_type_are_refused_before_the_tool_runs() -> None
         """Uses no deps."""
         return "fine"
 
+    @tool
+    def anything(ctx: ToolContext[Any]) -> str:
+        """Takes any deps."""
+        return "any"
+
     agent = Agent(ScriptedModel([tool_call("spend", amount=1), "no", tool_call("spend", amount=1), "no",
-                                 tool_call("indifferent") + tool_call("whoami") + tool_call("spend", amount=2), "ok"]),
-                  tools=[spend, indifferent, whoami])
+                                 tool_call("indifferent") + tool_call("anything") + tool_call("whoami")
+                                 + tool_call("spend", amount=2), "ok"]),
+                  tools=[spend, indifferent, anything, whoami])
     missing = results((await agent.run("go")).messages)[0]
     wrong = results((await agent.run("go", deps={"prices": {}})).messages)[0]
     assert missing[2] and wrong[2] and ran == []
-    assert sorted(answers((await agent.run("go", deps=Shop({}))).messages)) == ["None@None/None", "fine", "ok"]
+    assert sorted(answers((await agent.run("go", deps=Shop({}))).messages)) == ["None@None/None", "any", "fine", "ok"]
     assert ran == ["spent"]
     assert "needs deps of type Shop (ToolContext[Shop]), but its run was given no deps" in missing[1]
     assert "was given deps of type dict; the application must run the agent with deps=Shop(...)" in wrong[1]
