@@ -88,8 +88,6 @@ class ToolContext(Generic[DepsT]):
     """The model's id for this call (its result carries it)."""
     tool_name: str
     """The name the model called the tool by."""
-    idempotency_key: str
-    """Stable key of this call (see `idempotency_key`): the same on every re-run, different for every call."""
     deps: DepsT
     """The application's dependencies, as passed to this run (``agent.run(..., deps=...)``); None if none were."""
     session_id: str | None = None
@@ -98,17 +96,19 @@ class ToolContext(Generic[DepsT]):
     """The session's tenant; None for a run without a session."""
     user_id: str | None = None
     """The user the session belongs to (``contextpipe.session.set_user_id``); None when unknown."""
+    message_id: str = ""
+    """The id of the model message that made the call (in the session's log)."""
     agent: Any = None
     """The running agent (a `contextpipe.Agent`: its `name`, `instructions`, `tools` and `model`, as
     `contextpipe.AgentInfo` describes); None for a context built outside a run."""
     _session: Session | None = field(default=None, repr=False, compare=False)
-    _owners: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    _owners: Mapping[str, str] = field(default_factory=lambda: RESERVED_STATE_KEYS, repr=False, compare=False)
     """State keys the tool may not use, with what each holds (the session's own, the agent's providers')."""
 
     @classmethod
-    def for_call(cls, call_id: str, tool_name: str, *, deps: DepsT = None,  # type: ignore[assignment]
-                 session: Session | None = None, message_id: str = "", user_id: str | None = None,
-                 agent: Any = None, state_owners: Mapping[str, str] | None = None) -> ToolContext[DepsT]:
+    def for_call(cls, call_id: str, tool_name: str, *, deps: Any = None, session: Session | None = None,
+                 message_id: str = "", user_id: str | None = None, agent: Any = None,
+                 state_owners: Mapping[str, str] | None = None) -> ToolContext[Any]:
         """Return the context of call `call_id` to `tool_name`, made by model message `message_id`, in `session`.
 
         `user_id` defaults to the session's user. `state_owners` maps the state keys tools must leave
@@ -116,12 +116,18 @@ class ToolContext(Generic[DepsT]):
         (`contextpipe.session.RESERVED_STATE_KEYS`) are always refused.
         """
         tenant, session_id = (session.tenant, session.id) if session is not None else (None, None)
-        owners = {**RESERVED_STATE_KEYS, **(state_owners or {})}
-        return cls(call_id=call_id, tool_name=tool_name, deps=deps,
-                   idempotency_key=idempotency_key(tenant, session_id, message_id, call_id),
-                   session_id=session_id, tenant=tenant,
-                   user_id=user_id if user_id is not None else session_user(session),
+        owners = {**RESERVED_STATE_KEYS, **state_owners} if state_owners else RESERVED_STATE_KEYS
+        return cls(call_id=call_id, tool_name=tool_name, deps=deps, session_id=session_id, tenant=tenant,
+                   user_id=user_id if user_id is not None else session_user(session), message_id=message_id,
                    agent=agent, _session=session, _owners=owners)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The stable key of this call (see `idempotency_key`): the same on every re-run, different for every call.
+
+        Computed when read (a SHA-256 of the call's tenant, session, message and call ids).
+        """
+        return idempotency_key(self.tenant, self.session_id, self.message_id, self.call_id)
 
     def state(self, state: ProviderState[S]) -> S:
         """Return the session's state under ``state.key``, typed as ``state.model`` (its default when absent).
