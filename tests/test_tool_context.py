@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from contextpipe import Agent, ContextProvider, ProviderState, Session, ToolContext, UsageError, tool
+from contextpipe import Agent, ContextProvider, ProviderState, Session, Tool, ToolContext, UsageError, tool
 from contextpipe.messages import Message
 from contextpipe.providers import History, McpTools, StdioServer
 from contextpipe.providers.skills import ScriptRequest, Skills
@@ -124,6 +124,51 @@ async def test_deps_of_the_wrong_type_are_refused_before_the_tool_runs() -> None
     assert ran == ["spent"]
     assert "needs deps of type Shop (ToolContext[Shop]), but its run was given no deps" in missing[1]
     assert "was given deps of type dict; the application must run the agent with deps=Shop(...)" in wrong[1]
+
+
+async def test_deps_declared_as_a_union_a_generic_or_a_string_are_checked_too() -> None:
+    @tool
+    def maybe(ctx: ToolContext[Shop | None]) -> str:
+        """Optional deps."""
+        return "maybe"
+
+    @tool
+    def table(ctx: ToolContext[dict[str, int]]) -> str:
+        """A parametrised generic: its origin is checked."""
+        return "table"
+
+    @tool
+    def quoted(ctx: ToolContext["Shop"]) -> str:  # noqa: UP037 (a forward reference inside the brackets)
+        """A string annotation inside the brackets."""
+        return "quoted"
+
+    async def answer(t: Tool, deps: object) -> tuple[str, bool]:
+        outcome = await t.invoke("{}", context=ToolContext.for_call("c1", t.name, deps=deps))
+        return outcome.result, outcome.is_error
+
+    assert await answer(maybe, None) == ("maybe", False) and await answer(maybe, Shop({})) == ("maybe", False)
+    refused, is_error = await answer(maybe, "text")
+    assert is_error and "needs deps of type Shop or None (ToolContext[Shop | None]), but its run was given " \
+        "deps of type str; the application must run the agent with deps=Shop(...)" in refused
+    assert await answer(table, {"tea": 4}) == ("table", False)
+    assert (await answer(table, Shop({})))[1] and (await answer(quoted, {"tea": 4}))[1]
+    assert await answer(quoted, Shop({})) == ("quoted", False)
+
+
+def test_a_context_parameter_must_be_annotated_toolcontext_alone() -> None:
+    def optional(ctx: ToolContext[Shop] | None = None) -> str:
+        """An optional context."""
+        return ""
+
+    def unknown(ctx: ToolContext["Nowhere"]) -> str:  # noqa: F821, UP037
+        """A deps type that does not exist."""
+        return ""
+
+    with pytest.raises(UsageError, match=r"tool 'optional': parameter 'ctx' must be annotated ToolContext or "
+                                         r"ToolContext\[Deps\] alone \(not Optional or in a union\)"):
+        tool(optional)
+    with pytest.raises(UsageError, match=r"tool 'unknown': cannot resolve the deps type 'Nowhere'"):
+        tool(unknown)
 
 
 async def test_a_stream_passes_its_deps_and_the_context_is_the_calls() -> None:

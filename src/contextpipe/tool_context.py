@@ -29,10 +29,12 @@ deduplicates by it (an ``Idempotency-Key`` header) so its effect happens once.
 from __future__ import annotations
 
 import json
+import re
 import threading
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, ForwardRef, Generic, TypeVar, Union, get_args, get_origin
 
 from .errors import UsageError, shorten
 from .session import RESERVED_STATE_KEYS, ProviderState
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
     from .session import Session
 
-__all__ = ["IDEMPOTENCY_KEY_VERSION", "ToolContext", "idempotency_key"]
+__all__ = ["IDEMPOTENCY_KEY_VERSION", "DepsCheck", "ToolContext", "idempotency_key"]
 
 DepsT = TypeVar("DepsT")
 S = TypeVar("S", bound="pydantic.BaseModel")
@@ -156,20 +158,82 @@ class ToolContext(Generic[DepsT]):
             raise UsageError(f"tool {shorten(self.tool_name)} uses session state key {shorten(state.key)}, which holds "
                              f"{owner}; give the tool's ProviderState a key of its own (the user is ctx.user_id)")
 
-    def _deps_problem(self, expected: object) -> str | None:
-        """Say why this context cannot serve a tool declaring ``ToolContext[expected]``; None when it can.
-
-        Only a class can be checked (``isinstance``); other annotations (a protocol, ``Any``) pass, and
-        so do ``object`` and ``None`` (a tool that uses no deps runs whatever the run was given).
-        """
-        if not isinstance(expected, type) or expected in (object, type(None)):
-            return None
-        try:
-            if isinstance(self.deps, expected):
-                return None
-        except TypeError:  # a protocol that is not runtime-checkable
+    def _deps_problem(self, expected: DepsCheck | None) -> str | None:
+        """Say why this context cannot serve a tool whose deps must pass `expected`; None when it can."""
+        if expected is None or isinstance(self.deps, expected.classes):
             return None
         given = "no deps" if self.deps is None else f"deps of type {type(self.deps).__name__}"
-        return (f"Error: tool {self.tool_name!r} needs deps of type {expected.__name__} (ToolContext"
-                f"[{expected.__name__}]), but its run was given {given}; the application must run the agent with "
-                f"deps={expected.__name__}(...). The tool was not run.")
+        wanted = " or ".join("None" if c is type(None) else c.__name__ for c in expected.classes)
+        build = next(c.__name__ for c in expected.classes if c is not type(None))
+        return (f"Error: tool {self.tool_name!r} needs deps of type {wanted} (ToolContext[{expected.declared}]), "
+                f"but its run was given {given}; the application must run the agent with deps={build}(...). "
+                "The tool was not run.")
+
+
+@dataclass(frozen=True, slots=True)
+class DepsCheck:
+    """What the deps of a tool declaring ``ToolContext[X]`` must be: an instance of one of `classes`.
+
+    Made once, when the tool is defined (`for_annotation`), and checked before each call.
+    """
+
+    classes: tuple[type, ...]
+    """The classes ``isinstance`` checks (a parametrised generic's origin: ``dict`` for ``dict[str, int]``)."""
+    declared: str
+    """``X`` as the tool wrote it, for error messages."""
+
+    @classmethod
+    def for_annotation(cls, annotation: object, namespace: dict[str, Any]) -> DepsCheck | None:
+        """Return the check of ``ToolContext[annotation]``; None when nothing can be checked.
+
+        A class, a parametrised generic (its origin is checked) and a union of these (``Shop | None``)
+        are checked. ``None`` alone, ``object``, ``Any``, a type variable, a protocol that is not
+        runtime-checkable and other annotations ``isinstance`` cannot take are not: such a tool runs
+        whatever its run was given. A string (a forward reference) is resolved in `namespace` (the
+        tool function's globals); a name that cannot be resolved raises `UsageError`.
+        """
+        if annotation is None or annotation is type(None):
+            return None
+        classes = _classes(annotation, namespace)
+        if not classes:
+            return None
+        return cls(classes, _shown(annotation))
+
+
+def _classes(annotation: object, namespace: dict[str, Any]) -> tuple[type, ...] | None:
+    """Return the classes `annotation` stands for; None when one part of it cannot be checked."""
+    if isinstance(annotation, str | ForwardRef):
+        text = annotation if isinstance(annotation, str) else annotation.__forward_arg__
+        try:
+            annotation = eval(text, namespace)  # as inspect.get_annotations(eval_str=True) does
+        except Exception as exc:
+            raise UsageError(f"cannot resolve the deps type {text!r} of ToolContext[{text!r}] ({exc}); "
+                             "define or import it at module level") from exc
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _classes(get_args(annotation)[0], namespace)
+    if origin is Union or origin is types.UnionType:
+        found: list[type] = []
+        for arg in get_args(annotation):
+            part = (type(None),) if arg is type(None) else _classes(arg, namespace)
+            if part is None:
+                return None
+            found.extend(part)
+        return tuple(found)
+    if isinstance(origin, type):
+        annotation = origin
+    if not isinstance(annotation, type) or annotation is object:
+        return None
+    try:
+        isinstance(None, annotation)
+    except TypeError:  # Any, a protocol that is not runtime-checkable, a TypedDict: isinstance cannot tell
+        return None
+    return (annotation,)
+
+
+def _shown(annotation: object) -> str:
+    """`annotation` as written, without module paths: ``Optional[Shop]``, not ``typing.Optional[app.Shop]``."""
+    if isinstance(annotation, type):
+        return annotation.__qualname__
+    text = re.sub(r"ForwardRef\('([^']*)'.*?\)", r"\1", str(annotation))
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])", "", text)

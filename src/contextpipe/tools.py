@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, get_args, get_
 
 from .errors import UsageError
 from .messages import DataPart, UriPart
-from .tool_context import ToolContext
+from .tool_context import DepsCheck, ToolContext
 
 if TYPE_CHECKING:
     import pydantic
@@ -305,10 +305,9 @@ class Tool:
         if self._handler is not None:
             return await self._invoke_handler(self._handler, arguments, context)
         if self._context is not None:
-            deps_type = self._context[1]
             problem = (f"Error: tool {self.name!r} takes a ToolContext, and was invoked without one; run it through "
                        "an agent, or pass invoke(arguments, context=ToolContext.for_call(...))."
-                       if context is None else context._deps_problem(deps_type))
+                       if context is None else context._deps_problem(self._context[1]))
             if problem is not None:
                 return ToolOutcome(problem, is_error=True)
         import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
@@ -477,7 +476,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 def _arguments_model(fn: Callable[..., Any], tool_name: str,
-                     arg_docs: dict[str, str]) -> tuple[type[pydantic.BaseModel], tuple[str, object] | None]:
+                     arg_docs: dict[str, str]) -> tuple[type[pydantic.BaseModel], tuple[str, DepsCheck | None] | None]:
     """Return the model of the arguments the model sends, and the `ToolContext` parameter with its deps type, if any."""
     import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
 
@@ -487,7 +486,7 @@ def _arguments_model(fn: Callable[..., Any], tool_name: str,
     except Exception as exc:
         raise UsageError(f"tool {tool_name!r}: cannot resolve its type hints ({exc})") from exc
     fields: dict[str, Any] = {}
-    context: tuple[str, object] | None = None
+    context: tuple[str, DepsCheck | None] | None = None
     for pname, param in sig.parameters.items():
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             raise UsageError(f"tool {tool_name!r}: *args / **kwargs are not supported; name each argument")
@@ -498,13 +497,26 @@ def _arguments_model(fn: Callable[..., Any], tool_name: str,
             if context is not None:
                 raise UsageError(f"tool {tool_name!r}: parameters {context[0]!r} and {pname!r} both take the "
                                  "ToolContext; declare one")
-            context = (pname, (get_args(annotation) or (object,))[0])
+            try:
+                context = (pname, DepsCheck.for_annotation((get_args(annotation) or (object,))[0],
+                                                           getattr(inspect.unwrap(fn), "__globals__", {})))
+            except UsageError as exc:
+                raise UsageError(f"tool {tool_name!r}: {exc}") from exc
             continue
+        if _mentions_context(annotation):
+            raise UsageError(f"tool {tool_name!r}: parameter {pname!r} must be annotated ToolContext or "
+                             "ToolContext[Deps] alone (not Optional or in a union): a run always gives one, and a "
+                             "test passes one with tool.invoke(arguments, context=ToolContext.for_call(...))")
         default: Any = ... if param.default is inspect.Parameter.empty else param.default
         doc = arg_docs.get(pname)
         fields[pname] = (annotation, pydantic.Field(default, description=doc) if doc else default)
     model_name = "".join(part.capitalize() for part in re.split(r"[_-]", tool_name)) + "Arguments"
     return pydantic.create_model(model_name, __config__=pydantic.ConfigDict(extra="forbid"), **fields), context
+
+
+def _mentions_context(annotation: object) -> bool:
+    return any(arg is ToolContext or get_origin(arg) is ToolContext or _mentions_context(arg)
+               for arg in get_args(annotation))
 
 
 def _describe_validation_error(name: str, arguments: str, exc: pydantic.ValidationError) -> str:
