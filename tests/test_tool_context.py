@@ -328,6 +328,40 @@ async def test_state_a_tool_writes_is_saved_with_the_session(tmp_path: Path) -> 
     assert emptied is not None and emptied.state["cart"] == {"items": []}
 
 
+class Charges(BaseModel):
+    by_key: dict[str, int] = {}
+
+
+CHARGES = ProviderState("charges", Charges)
+
+
+async def test_a_cancelled_run_saves_the_state_and_an_idempotent_call_run_again_writes_it_once() -> None:
+    started = asyncio.Event()
+
+    @tool(idempotent=True)
+    async def charge(amount: int, ctx: ToolContext) -> str:
+        """Record the charge under its key, then charge."""
+        ctx.state(CHARGES).by_key[ctx.idempotency_key] = amount
+        if not started.is_set():
+            started.set()
+            await asyncio.Event().wait()  # the first run is cut here
+        return "charged"
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([tool_call("charge", amount=5)]), tools=[charge], providers=[History(store)])
+    run = asyncio.create_task(agent.run("Charge 5", session=await agent.session("pay")))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    cut = await store.get_session("default", "pay")
+    agent = Agent(ScriptedModel(["Charged."]), tools=[charge], providers=[History(store)])
+    await agent.run(None, session=await agent.session("pay"))
+    done = await store.get_session("default", "pay")
+    assert cut is not None and done is not None
+    assert len(cut.state["charges"]["by_key"]) == 1 and done.state["charges"] == cut.state["charges"]
+
+
 class Prefs(BaseModel):
     food: str | None = None
 
