@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
 from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
@@ -151,6 +152,7 @@ class Agent:
     def _check_providers(self, default_history: HistoryProvider | None) -> None:
         seen_ids: dict[str, ContextProvider] = {}
         seen_keys: dict[str, ContextProvider] = {}
+        self._state_owners: dict[str, str] = dict(_RESERVED_KEYS)  # keys a tool's state may not use: what each holds
         loaders = []
         for p in self.providers:
             if not isinstance(p, ContextProvider):
@@ -173,6 +175,7 @@ class Agent:
                         "give each its own key"
                     )
                 seen_keys[key] = p
+                self._state_owners[key] = f"the state of context provider {p.source_id!r}"
             if isinstance(p, HistoryProvider) and p.policy.load_messages:
                 loaders.append(p)
         if len(loaders) > 1:
@@ -210,8 +213,13 @@ class Agent:
         session: Session | None = None,
         settings: ModelSettings | None = None,
         lease_wait: float = 0.0,
+        deps: Any = None,
     ) -> RunResult:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
+
+        `deps` are the application's dependencies for this run (a database pool, the signed-in
+        user's client): every tool that takes a `ToolContext` gets them as ``ctx.deps``. They are
+        kept for the run only, never stored.
 
         With a session, the run holds its lease: a concurrent run on the same session raises
         `SessionBusy`, or waits up to `lease_wait` seconds for it. A message the session answered
@@ -220,7 +228,7 @@ class Agent:
         same id with other content raises `InputConflict`.
         """
         result: RunResult | None = None
-        async for event in self._events(input, session, settings, lease_wait, stream=False, want_events=False):
+        async for event in self._events(input, session, settings, lease_wait, deps, stream=False, want_events=False):
             if isinstance(event, RunDone):
                 result = event.result
         assert result is not None
@@ -233,13 +241,14 @@ class Agent:
         session: Session | None = None,
         settings: ModelSettings | None = None,
         lease_wait: float = 0.0,
+        deps: Any = None,
     ) -> AgentStream:
         """Run the agent, streaming events: text deltas, tool calls, persisted steps, then `RunDone`.
 
-        Persistence is the same as `run`. Use ``async with agent.stream(...) as events`` when you may
+        Persistence and `deps` are the same as for `run`. Use ``async with agent.stream(...) as events`` when you may
         stop iterating early, so the run is closed (providers told, lease released) at once.
         """
-        return AgentStream(self._events(input, session, settings, lease_wait, stream=True, want_events=True))
+        return AgentStream(self._events(input, session, settings, lease_wait, deps, stream=True, want_events=True))
 
     def run_sync(self, input: str | Message | Sequence[Message] | None, **kwargs: Any) -> RunResult:
         """Blocking `run`, for scripts; refuses to run inside an already running event loop."""
@@ -255,6 +264,7 @@ class Agent:
         session: Session | None,
         settings: ModelSettings | None,
         lease_wait: float,
+        deps: Any,
         *,
         stream: bool,
         want_events: bool,
@@ -277,6 +287,7 @@ class Agent:
                 ctx = self._context(session, input_messages, settings, writer)
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events,
+                                contexts=CallContexts(session, self, deps, self._state_owners),
                                 instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
                 error: BaseException | None = None
                 try:

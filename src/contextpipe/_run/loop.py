@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost
 from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
@@ -60,7 +60,7 @@ from ..models.base import (
 from ..pipeline import MessageView, Segment
 from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
-from .calls import interrupted, invoke_tool, stopped_with_run
+from .calls import CallContexts, interrupted, invoke_tool, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .replay import STOP_KEY
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from ..config import RunLimits
     from ..pipeline import RunContext
     from ..telemetry import ExecuteTool
+    from ..tool_context import ToolContext
     from ..tools import Tool, ToolSpec
     from .writer import StepWriter
 
@@ -170,7 +171,7 @@ class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
     def __init__(self, ctx: RunContext, model: ChatModel, limits: RunLimits, writer: StepWriter, *,
-                 stream: bool, want_events: bool,
+                 stream: bool, want_events: bool, contexts: CallContexts | None = None,
                  instrument_tools: Callable[[ExecuteTool], ExecuteTool] | None = None) -> None:
         self.ctx = ctx
         self.model = model
@@ -180,6 +181,7 @@ class StepLoop:
         self.want_events = want_events
         self.state = LoopState()
         self._instrument_tools = instrument_tools
+        self._contexts = contexts if contexts is not None else CallContexts(ctx.session, ctx.agent)
         self._model_source = Source("model", model.name)
         self._parts: list[Segment] = []
         self._tail: list[Message] = []
@@ -197,14 +199,15 @@ class StepLoop:
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
         self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
 
-    def _run_tool(self, call: FunctionCall, arguments: str) -> Awaitable[ToolOutcome]:
-        return invoke_tool(self._tools, call, arguments, self._threads)
+    def _run_tool(self, call: FunctionCall, arguments: str, context: ToolContext[Any]) -> Awaitable[ToolOutcome]:
+        return invoke_tool(self._tools, call, arguments, self._threads, context)
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         step = self.state.steps  # the model call that asked for it: 0 while answering an interrupted run
+        context = self._contexts.for_call(call)
 
         async def run(c: FunctionCall) -> FunctionResult:
-            return await self._chain.run(c, step)
+            return await self._chain.run(c, step, context)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -346,6 +349,7 @@ class StepLoop:
         pending = unanswered_calls(history)
         if not pending:
             return
+        self._contexts.expect(history, pending)
         results: list[FunctionResult] = []
         for call in pending:
             tool = self._tools.get(call.name)
@@ -468,6 +472,7 @@ class StepLoop:
         if not calls:
             self._stop = Stop(self._stop_reason(step))
             return
+        self._contexts.expect(step.produced, calls)
         if self.want_events:
             for c in calls:
                 yield ToolCallStarted(c)
