@@ -40,10 +40,8 @@ from ..errors import LeaseLost
 from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
 from ..exchanges import (
     ValidatedChunks,
-    exchange_problem,
     late_result,
     normalise_calls,
-    repair_exchanges,
     tool_message,
     unanswered_calls,
 )
@@ -63,6 +61,7 @@ from ..trace import ContextChange, PromptTrace
 from .calls import interrupted, invoke_tool, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
+from .repair import REPAIR, check_history
 from .replay import STOP_KEY
 from .threads import RunThreads, wait_through_cancellation
 from .tool_chain import ToolChain
@@ -119,51 +118,11 @@ def _stopped(message: Message, reason: StopReason) -> Message:
 _DONE = object()
 
 
-_REPAIR = Source("tool", "repair")
-
-
-def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list[Segment]:
-    """Split repaired `messages` back into segments by the source each had (new ones: the repair's)."""
-    origin = {m.id: s.source for s in segments for m in s.messages}
-    out: list[Segment] = []
-    for message in messages:
-        source = origin.get(message.id, _REPAIR)
-        if out and out[-1].source == source:
-            out[-1].messages.append(message)  # type: ignore[attr-defined]
-        else:
-            out.append(Segment(source, [message]))
-    return out
-
-
 def _untagged(messages: Sequence[Message]) -> Iterable[Message]:
     """Return the messages as contributed, without the tagged copies a run's view makes (counts read no source)."""
     if isinstance(messages, ValidatedChunks):
         return itertools.chain.from_iterable(chunk for chunk, _ in messages.validated_chunks())
     return messages
-
-
-def _checked(segment: Segment) -> Segment:
-    """Return `segment` frozen and marked checked when its tool exchanges are complete, else as it is."""
-    if segment._checked or exchange_problem(segment.messages) is not None:
-        return segment
-    return Segment(segment.source, tuple(segment.messages), segment.first_seq, segment._tagged, _checked=True)
-
-
-def _check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message], list[str]]:
-    """Check the loaded history's tool exchanges once, segment by segment; repair it if it breaks the rules.
-
-    Returns the segments to send (complete ones frozen and marked, so the check before each model
-    call skips them), the history when it may end in calls without results (empty when every
-    segment is complete) and the repair notes.
-    """
-    checked = [_checked(s) for s in head]
-    for s in checked:
-        if not s._checked:
-            break
-    else:
-        return checked, [], []
-    fixed, notes = repair_exchanges([m for s in head for m in s.messages])
-    return (_resegment(fixed, head) if notes else checked), fixed, notes
 
 
 class StepLoop:
@@ -329,7 +288,7 @@ class StepLoop:
         for i, s in enumerate(ctx.segments, 1):
             if s.source.kind == "history":
                 split = i
-        head, open_end, repair_notes = _check_history(ctx.segments[:split])
+        head, open_end, repair_notes = check_history(ctx.segments[:split])
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
         self._head = len(head)
@@ -358,8 +317,8 @@ class StepLoop:
             else:
                 result = interrupted(call)
             results.append(result)
-        message = tool_message(pending, results).with_source(_REPAIR)
-        self._parts.insert(self._head, Segment(_REPAIR, [message], _tagged=[message]))
+        message = tool_message(pending, results).with_source(REPAIR)
+        self._parts.insert(self._head, Segment(REPAIR, [message], _tagged=[message]))
         self.state.new_messages.append(message)
         for call in pending:
             self._threads.answering(call, message)
