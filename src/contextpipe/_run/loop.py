@@ -18,7 +18,7 @@ repaired in the run's view, with a note on the trace, so no content can make a s
 Before the first call the loop also repairs a session whose log ends in tool calls without results
 (a crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
 again, and every other call gets an explicit "interrupted" result, so no model ever sees an
-unanswered call.
+unanswered call (`contextpipe._run.repair`; a run cut meanwhile answers them all before it keeps its input).
 
 A sync tool's thread that outlives the wait for it (a timeout, a cancelled run) is kept
 (`contextpipe._run.threads`): its late result is recorded before the next model call, and the loop
@@ -61,7 +61,7 @@ from ..trace import ContextChange, PromptTrace
 from .calls import interrupted, invoke_tool, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
-from .repair import REPAIR, check_history
+from .repair import REPAIR, check_history, cut_answer, save_cut_answer
 from .replay import STOP_KEY
 from .threads import RunThreads, wait_through_cancellation
 from .tool_chain import ToolChain
@@ -305,24 +305,30 @@ class StepLoop:
         pending = unanswered_calls(history)
         if not pending:
             return
-        results: list[FunctionResult] = []
-        for call in pending:
-            tool = self._tools.get(call.name)
-            if tool is not None and tool.idempotent:
+        self.writer.left_open(pending)  # no input is kept before each has its answer saved
+        results: dict[str, FunctionResult] = {}
+        message: Message | None = None
+        try:
+            for call in pending:
+                if not self._idempotent(call):
+                    results[call.call_id] = interrupted(call)
+                    continue
                 if self.want_events:
                     yield ToolCallStarted(call)
-                result = await self.writer.guard(self._execute(call))
+                results[call.call_id] = result = await self.writer.guard(self._execute(call))
                 if self.want_events:
                     yield ToolCallFinished(call, result)
-            else:
-                result = interrupted(call)
-            results.append(result)
-        message = tool_message(pending, results).with_source(REPAIR)
-        self._parts.insert(self._head, Segment(REPAIR, [message], _tagged=[message]))
-        self.state.new_messages.append(message)
-        for call in pending:
-            self._threads.answering(call, message)
-        saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+            message = tool_message(pending, list(results.values())).with_source(REPAIR)
+            self._parts.insert(self._head, Segment(REPAIR, [message], _tagged=[message]))
+            self.state.new_messages.append(message)
+            for call in pending:
+                self._threads.answering(call, message)
+            saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+        except BaseException as exc:  # a run cut here that keeps its input answers every call first
+            cut = message if message is not None else cut_answer(
+                pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
+            await save_cut_answer(self.writer, self.ctx, cut, exc)
+            raise
         for call in pending:
             self._threads.saved(call)
         if self.want_events and saved:

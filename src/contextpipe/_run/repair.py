@@ -4,17 +4,28 @@
 log that breaks the rules (`contextpipe.exchanges.repair_exchanges`). Calls still open at the very
 end (a crash, a kill, a cancelled run) are the loop's to answer: recorded results are kept, calls
 to idempotent tools run again, every other call is answered `interrupted`.
+
+A run cut while it answers them (cancelled, a stream closed early) and that still has its input
+to keep (`StepWriter.save_input`) first answers every one of them (`cut_answer`): the input may
+never be stored between a call and its result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from ..exchanges import exchange_problem, repair_exchanges
-from ..messages import Message, Source
+from ..exchanges import exchange_problem, repair_exchanges, tool_message
+from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..pipeline import Segment
+from .calls import interrupted, not_run_again
+from .threads import wait_through_cancellation
 
-__all__ = ["REPAIR", "check_history"]
+if TYPE_CHECKING:
+    from ..pipeline import RunContext
+    from .writer import StepWriter
+
+__all__ = ["REPAIR", "check_history", "cut_answer", "save_cut_answer"]
 
 REPAIR = Source("tool", "repair")
 """The source of the messages a repair adds."""
@@ -35,6 +46,38 @@ def check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message]
         return checked, [], []
     fixed, notes = repair_exchanges([m for s in head for m in s.messages])
     return (_resegment(fixed, head) if notes else checked), fixed, notes
+
+
+def cut_answer(pending: Sequence[FunctionCall], results: Mapping[str, FunctionResult], *,
+               idempotent: Callable[[FunctionCall], bool], threaded: Callable[[FunctionCall], bool]) -> Message | None:
+    """Return the answer of a repair cut short: each call left open with what it got, or why it has nothing.
+
+    A call run in a thread is left out (`threaded`: the loop records the thread's result once it
+    is done, `contextpipe._run.threads`); the others keep the result they got before the cut, or
+    are answered `not_run_again` (idempotent tools) or `interrupted` (the rest, as the repair
+    would have). None when every call is left out.
+    """
+    calls = [c for c in pending if not threaded(c)]
+    if not calls:
+        return None
+    answers = [results.get(c.call_id) or (not_run_again(c) if idempotent(c) else interrupted(c)) for c in calls]
+    return tool_message(calls, answers).with_source(REPAIR)
+
+
+async def save_cut_answer(writer: StepWriter, ctx: RunContext, answer: Message | None, error: BaseException) -> None:
+    """Save the `answer` of a repair cut by `error`, when the run keeps its input (`StepWriter.keeps_input`).
+
+    Only a run stopped from outside (not an `Exception`) keeps its input, and only one that has
+    input to keep; otherwise the calls not answered stay open for the next run (which runs calls
+    to idempotent tools again). A failed save is a note on `error`, and the input is not kept then.
+    """
+    if answer is None or isinstance(error, Exception) or writer.lost is not None or not writer.keeps_input(ctx):
+        return
+    try:
+        await wait_through_cancellation(writer.save_step(ctx, [answer], with_request=False))
+    except Exception as exc:
+        error.add_note(f"the answers to the calls the session's previous run left open could not be saved: "
+                       f"{type(exc).__name__}: {exc}")
 
 
 def _checked(segment: Segment) -> Segment:

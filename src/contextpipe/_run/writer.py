@@ -8,7 +8,8 @@ writer each step. The writer saves:
 - per step (the default): the request messages each storing history provider keeps, with the first
   model output; then every model output and every tool result as soon as it exists; a run
   interrupted before its first model output was saved (a cancelled task, Ctrl-C) still saves the
-  request messages, so the caller's input is never lost;
+  request messages, so the caller's input is never lost (unless calls a previous run left open
+  before it could not all be answered, `left_open`: the input never goes between a call and its result);
 - per run: everything once, when the run has succeeded;
 - summary checkpoints (for compaction), the session's state (with the run's token calibration)
   and, when asked, the run's traces.
@@ -34,7 +35,7 @@ from .heartbeat import LeaseHeartbeat
 
 if TYPE_CHECKING:
     from ..config import Durability, Heartbeat
-    from ..messages import Message
+    from ..messages import FunctionCall, Message
     from ..pipeline import RunContext
     from ..providers.base import HistoryProvider
     from ..session import Session
@@ -68,6 +69,7 @@ class StepWriter:
                 self._loader = p
         self._request_saved = False  # the request messages were handed to a save
         self._request_stored = False  # ... and that save returned
+        self._left_open: dict[str, str] = {}  # the calls an earlier run left open without a saved answer (id: name)
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
@@ -163,12 +165,32 @@ class StepWriter:
         A run interrupted (a cancelled task, Ctrl-C) before its first model answer was saved would
         otherwise lose the caller's input, which is saved with that answer. Appending is idempotent
         by message id, so the input is stored once even if an interrupted save did land.
+
+        Raises `StoreError`, storing nothing, while a call an earlier run left open has no saved
+        answer (`left_open`): the input would come between the call and its result.
         """
-        if self._request_stored or not self.per_step or not self.stores_messages:
+        if not self.keeps_input(ctx):
             return
+        if self._left_open:
+            session = self.session
+            assert session is not None
+            names = ", ".join(f"{name} ({call_id})" for call_id, name in self._left_open.items())
+            raise StoreError(
+                f"calls {names} that the session's previous run left open have no saved answer, and the input may "
+                "not come between a call and its result; send the input again (the next run answers the calls first)",
+                backend=self.store.backend, tenant=session.tenant, session_id=session.id)
         self._request_saved = True
         await self._save(ctx, [], with_request=True)
         self._request_stored = True
+
+    def keeps_input(self, ctx: RunContext) -> bool:
+        """Tell whether `save_input` would store request messages of `ctx` now (no save of them returned yet)."""
+        return (not self._request_stored and self.per_step and self.stores_messages
+                and any(p.select_request(ctx) for p in self._providers))
+
+    def left_open(self, calls: Sequence[FunctionCall]) -> None:
+        """Note the calls an earlier run left open: no input is kept (`save_input`) until each has an answer saved."""
+        self._left_open = {c.call_id: c.name for c in calls}
 
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only)."""
@@ -190,6 +212,10 @@ class StepWriter:
                 await provider.save(session, batch, lease=self.lease_for(provider), durable=durable or with_request)
             if saved is None:
                 saved = batch
+        if self._left_open:
+            for message in response:
+                for result in message.function_results:
+                    self._left_open.pop(result.call_id, None)
         return saved or []
 
     async def save_checkpoint(self, seq: int, summary: Message) -> bool:
