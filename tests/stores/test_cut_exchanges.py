@@ -1,9 +1,10 @@
-"""A run cut while it answers the calls a previous run left open never leaves a broken tool-call pair, on every backend.
+"""A run cut at an exact point never leaves a broken tool-call pair in the log, on every backend.
 
 Each test cuts a run where an earlier version did break the log: while it ran again a call the
-previous run left open, its new input was then stored after the unanswered call. The cut point is
-set by signals from a tool or a history provider, never by time; every log is checked with the
-rule each request is checked with (`contextpipe._run.invariants`).
+previous run left open (its new input was then stored after the unanswered call), and while it
+saved a model output whose calls it then answered anyway (results stored for calls the log may
+not hold). The cut point is set by signals from a tool or a history provider, never by time;
+every log is checked with the rule each request is checked with (`contextpipe._run.invariants`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import pytest
 from contextpipe import Agent, FunctionCall, Message, StoreError, tool
 from contextpipe._run.invariants import check_messages
 from contextpipe.events import ToolCallStarted
+from contextpipe.exchanges import LATE_RESULT_KEY, exchange_problem
 from contextpipe.providers import History
 from contextpipe.session import Session
 from contextpipe.stores import Lease, SessionStore
-from contextpipe.testing import ScriptedModel
+from contextpipe.testing import ScriptedModel, tool_call
 from helpers import describe
 
 from .test_tool_threads import Blocked
@@ -233,3 +235,68 @@ async def test_an_input_that_would_follow_calls_it_could_not_answer_is_not_store
     assert "the run's input could not be kept in the session" in notes
     assert "get_forecast (c1)" in notes and "send the input again" in notes
     assert describe(await agent.history(session)) == ["user:Weather in Suzhou?", "assistant:call:get_forecast"]
+
+
+# --- a run cut while it saves a model output, with a late result to record --------------------------------
+
+
+class CutOutput(History):
+    """History whose first save of the model output calling `call_id` stops for good, before or after it lands."""
+
+    def __init__(self, store: SessionStore, call_id: str, *, lands: bool = False, fails: bool = False) -> None:
+        super().__init__(store)
+        self.call_id, self.lands, self.fails = call_id, lands, fails
+        self.reached = asyncio.Event()
+
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
+        cut = not self.reached.is_set() and any(c.call_id == self.call_id for m in messages for c in m.function_calls)
+        if cut and self.lands:
+            await super().save(session, messages, lease=lease, durable=durable)
+        if cut:
+            self.reached.set()
+            if self.fails:
+                raise StoreError("the store went away", backend="test", tenant=session.tenant, session_id=session.id)
+            await asyncio.Event().wait()  # the run is cancelled while it waits
+        await super().save(session, messages, lease=lease, durable=durable)
+
+
+@pytest.mark.parametrize("cut", ["before it lands", "after it lands", "with an error"])
+async def test_a_run_cut_while_it_saves_a_model_output_answers_its_calls_only_once_the_output_is_stored(
+        store: SessionStore, tenant: str, cut: str) -> None:
+    body = Blocked("report ready")
+
+    @tool(timeout=0.001)  # the tool blocks until released: the timeout always comes first
+    def build_report() -> str:
+        """Build the monthly report."""
+        return body()
+
+    @tool
+    async def notify_team(text: str) -> str:
+        """Tell the team."""
+        raise AssertionError("the run was cut before the call ran")
+
+    history = CutOutput(store, "call_2", lands=cut == "after it lands", fails=cut == "with an error")
+    model = ScriptedModel([tool_call("build_report", call_id="call_1"),
+                           tool_call("notify_team", text="soon", call_id="call_2"), "The report is ready."])
+    agent = Agent(model, tools=[build_report, notify_team], providers=[history])
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Make the report and tell the team.", session=session))
+    try:
+        await history.reached.wait()  # call_1 timed out, its thread still runs; call_2's output is being saved
+        if cut != "with an error":
+            run.cancel()
+    finally:
+        body.release.set()
+    with pytest.raises(StoreError if cut == "with an error" else asyncio.CancelledError):
+        await run
+    log = await agent.history(session)
+    assert exchange_problem(log) is None, describe(log)
+    assert [m.role for m in log] == ["user", "assistant", "tool", "assistant", "tool", "user"]
+    assert [c.call_id for c in log[3].function_calls] == ["call_2"]  # saved again before its call was answered
+    stopped = log[4].function_results[0]
+    assert stopped.call_id == "call_2" and stopped.is_error and "was stopped before it finished" in stopped.result
+    assert log[5].metadata == {LATE_RESULT_KEY: "call_1"}
+    result = await agent.run(None, session=await agent.session("chat", tenant=tenant))
+    assert result.text == "The report is ready."
+    assert not [c for t in result.traces for c in t.changes if c.action == "repaired_log"]  # nothing to repair

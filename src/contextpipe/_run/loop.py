@@ -154,6 +154,7 @@ class StepLoop:
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
+        self._unconfirmed: list[Message] = []  # the model output being saved
         self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
 
     def _run_tool(self, call: FunctionCall, arguments: str) -> Awaitable[ToolOutcome]:
@@ -243,13 +244,19 @@ class StepLoop:
         messages = threads.unsaved()  # answers whose save was cut: saved again (appends are idempotent by id)
         unanswered, late = threads.finish()
         messages.extend(self._add_tool_message([call], [result]) for call, result in unanswered)
+        resaved: list[Message] = []
         if late and (stopped := unanswered_calls(self._tail)):
-            # Calls of the step the run cancelled (async tools) would come before the late results with
-            # no answer: they are answered as what they were, instead of leaving the log to repair.
+            # Calls of the step the run cut (async tools, or a model output being saved) would come before the
+            # late results with no answer: they are answered as what they were, instead of leaving the log to
+            # repair, after their model output, saved again if its save did not return (appends are idempotent
+            # by id): no answer is ever stored without its call.
+            resaved = self._unconfirmed
+            messages.extend(resaved)
             messages.append(self._add_tool_message(stopped, [stopped_with_run(c) for c in stopped]))
         messages.extend(self._add_late(late))
         try:
-            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages,
+                                                                        with_request=bool(resaved)))
         except Exception as exc:
             if error is None:
                 raise
@@ -428,7 +435,10 @@ class StepLoop:
         produced. Sets `_stop` when the run is over.
         """
         produced, calls = self._answer_withdrawn(step)
-        if (persisted := await self._save(step.step, produced)) is not None:
+        self._unconfirmed = produced  # until its save returns (`_settle` saves it again before it answers its calls)
+        persisted = await self._save(step.step, produced)
+        self._unconfirmed = []
+        if persisted is not None:
             yield persisted
         if not calls:
             self._stop = Stop(self._stop_reason(step))

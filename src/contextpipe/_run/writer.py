@@ -67,8 +67,7 @@ class StepWriter:
                 self._providers.append(p)
             if self._loader is None and p.policy.load_messages:
                 self._loader = p
-        self._request_saved = False  # the request messages were handed to a save
-        self._request_stored = False  # ... and that save returned
+        self._request_stored = False  # a save of the request messages returned
         self._left_open: dict[str, str] = {}  # the calls an earlier run left open without a saved answer (id: name)
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
@@ -146,15 +145,15 @@ class StepWriter:
                         with_request: bool = True, durable: bool = True) -> list[Message]:
         """Save a step now (per-step mode only) and return what the first storing provider was given.
 
-        Each storing provider gets `response`, preceded on the first such call by the request
-        messages it stores (unless `with_request` is False). ``durable=False`` is for writes a crash
+        Each storing provider gets `response`, preceded by the request messages it stores until a
+        save of them returned (unless `with_request` is False): again after a save that was cut or
+        failed, as appends are idempotent by message id. ``durable=False`` is for writes a crash
         would repair anyway (the result of an idempotent tool: a resumed run runs it again); the
         next model output is saved durably, which makes them durable too.
         """
         if not self.per_step or not self.stores_messages:
             return []
-        first = with_request and not self._request_saved
-        self._request_saved = self._request_saved or with_request
+        first = with_request and not self._request_stored
         saved = await self._save(ctx, response, with_request=first, durable=durable)
         self._request_stored = self._request_stored or first
         return saved
@@ -179,7 +178,6 @@ class StepWriter:
                 f"calls {names} that the session's previous run left open have no saved answer, and the input may "
                 "not come between a call and its result; send the input again (the next run answers the calls first)",
                 backend=self.store.backend, tenant=session.tenant, session_id=session.id)
-        self._request_saved = True
         await self._save(ctx, [], with_request=True)
         self._request_stored = True
 
