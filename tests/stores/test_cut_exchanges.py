@@ -18,7 +18,8 @@ from contextpipe import Agent, FunctionCall, Message, StoreError, tool
 from contextpipe._run.invariants import check_messages
 from contextpipe.events import ToolCallStarted
 from contextpipe.exchanges import LATE_RESULT_KEY, exchange_problem
-from contextpipe.providers import History
+from contextpipe.pipeline import RunContext
+from contextpipe.providers import ContextProvider, History, LoadedHistory
 from contextpipe.session import Session
 from contextpipe.stores import Lease, SessionStore
 from contextpipe.testing import ScriptedModel, tool_call
@@ -201,6 +202,63 @@ async def test_a_stream_closed_as_its_repair_starts_answers_the_call_before_its_
     assert_valid(log, question)
     assert [m.role for m in log] == ["user", "assistant", "tool", "user"]
     assert CUT_AGAIN in log[2].function_results[0].result
+
+
+class Blocking(ContextProvider):
+    """A provider whose `before_run` stops until the run is cancelled (a slow search, an MCP server connecting)."""
+
+    def __init__(self) -> None:
+        super().__init__("slow")
+        self.entered = asyncio.Event()
+
+    async def before_run(self, ctx: RunContext) -> None:
+        self.entered.set()
+        await asyncio.Event().wait()
+
+
+class BlockingHistory(History):
+    """History whose load stops, once it has read the log, until the run is cancelled."""
+
+    def __init__(self, store: SessionStore) -> None:
+        super().__init__(store)
+        self.entered = asyncio.Event()
+
+    async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
+        view = await super().load_view(session, lease_token=lease_token)
+        self.entered.set()
+        await asyncio.Event().wait()
+        return view
+
+
+@pytest.mark.parametrize("where", ["as it loads the history", "in a later provider's before_run"])
+async def test_a_run_cut_before_it_reads_its_history_answers_the_calls_left_open_before_its_input(
+        store: SessionStore, tenant: str, where: str) -> None:
+    @tool(idempotent=True)
+    async def get_forecast(city: str) -> str:
+        """Return today's forecast for a city."""
+        return "Sunny"
+
+    @tool
+    async def send_email(to: str) -> str:
+        """Send an email."""
+        raise AssertionError("a call left open is never run again unless its tool is idempotent")
+
+    session = await left_open(store, tenant, forecast_call(), FunctionCall("c2", "send_email", '{"to": "bob@x.org"}'))
+    blocking = BlockingHistory(store) if where == "as it loads the history" else Blocking()
+    providers = [blocking] if isinstance(blocking, History) else [History(store), blocking]
+    agent = Agent(ScriptedModel(["Noted."]), tools=[get_forecast, send_email], providers=providers)
+    question = Message.user("And tomorrow?")
+    run = asyncio.create_task(agent.run(question, session=session))
+    await blocking.entered.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    log = await store.load(tenant, "chat")
+    assert_valid(log.messages, question)
+    assert [m.role for m in log.messages] == ["user", "assistant", "tool", "user"], describe(log.messages)
+    c1, c2 = log.messages[2].function_results
+    assert c1.call_id == "c1" and c1.is_error and CUT_AGAIN in c1.result
+    assert c2.call_id == "c2" and c2.is_error and "not marked idempotent" in c2.result
 
 
 class FailingResults(History):

@@ -302,6 +302,7 @@ class StepLoop:
         self._parts = head
         self._parts.extend(ctx.segments[split:])
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
+        self.writer.left_open(unanswered_calls(open_end))  # no input is kept before each has its answer saved
         return open_end
 
     async def _answer_interrupted(self, history: list[Message]) -> AsyncGenerator[RunEvent, None]:
@@ -312,7 +313,6 @@ class StepLoop:
         pending = unanswered_calls(history)
         if not pending:
             return
-        self.writer.left_open(pending)  # no input is kept before each has its answer saved
         results: dict[str, FunctionResult] = {}
         message: Message | None = None
         try:

@@ -7,7 +7,8 @@ to idempotent tools run again, every other call is answered `interrupted`.
 
 A run cut while it answers them (cancelled, a stream closed early) and that still has its input
 to keep (`StepWriter.save_input`) first answers every one of them (`cut_answer`): the input may
-never be stored between a call and its result.
+never be stored between a call and its result. So does a run stopped before its loop read the
+history (in a provider's `before_run`), from the log's end (`answer_open_end`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
     from .writer import StepWriter
 
-__all__ = ["REPAIR", "check_history", "cut_answer", "save_cut_answer"]
+__all__ = ["REPAIR", "answer_open_end", "check_history", "cut_answer", "save_cut_answer"]
 
 REPAIR = Source("tool", "repair")
 """The source of the messages a repair adds."""
@@ -78,6 +79,23 @@ async def save_cut_answer(writer: StepWriter, ctx: RunContext, answer: Message |
     except Exception as exc:
         error.add_note(f"the answers to the calls the session's previous run left open could not be saved: "
                        f"{type(exc).__name__}: {exc}")
+
+
+async def answer_open_end(writer: StepWriter, ctx: RunContext) -> None:
+    """Answer the calls the log's end leaves open, for a run stopped before its loop read the history.
+
+    The run keeps its input (`StepWriter.save_input`) after them: each call is answered as by a
+    repair cut before it ran anything (`cut_answer`). Nothing to do once the loop read the history.
+    """
+    if writer.history_read:
+        return
+    calls = await writer.open_calls()
+    writer.left_open(calls)
+    tools = ctx.tools
+    answer = cut_answer(calls, {}, threaded=lambda _: False,
+                        idempotent=lambda c: (tool := tools.get(c.name)) is not None and tool.idempotent)
+    if answer is not None:
+        await writer.save_step(ctx, [answer], with_request=False)
 
 
 def _checked(segment: Segment) -> Segment:

@@ -29,7 +29,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import LeaseLost, StoreError
-from ..stores.base import Checkpoint
+from ..exchanges import unanswered_calls
+from ..stores.base import Checkpoint, SessionStore
 from ..tokens import CALIBRATION_KEY
 from .heartbeat import LeaseHeartbeat
 
@@ -39,12 +40,15 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
     from ..providers.base import HistoryProvider
     from ..session import Session
-    from ..stores.base import Lease, SessionStore
+    from ..stores.base import Lease
     from ..tokens import Calibration
 
 __all__ = ["StepWriter"]
 
 T = TypeVar("T")
+
+_TAIL = 16
+"""Messages read from the log's end at first when looking for the calls left open there (`StepWriter.open_calls`)."""
 
 
 class StepWriter:
@@ -68,7 +72,8 @@ class StepWriter:
             if self._loader is None and p.policy.load_messages:
                 self._loader = p
         self._request_stored = False  # a save of the request messages returned
-        self._left_open: dict[str, str] = {}  # the calls an earlier run left open without a saved answer (id: name)
+        # The calls an earlier run left open without a saved answer (id: name); None until the loop read the history.
+        self._left_open: dict[str, str] | None = None
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
@@ -189,6 +194,30 @@ class StepWriter:
     def left_open(self, calls: Sequence[FunctionCall]) -> None:
         """Note the calls an earlier run left open: no input is kept (`save_input`) until each has an answer saved."""
         self._left_open = {c.call_id: c.name for c in calls}
+
+    @property
+    def history_read(self) -> bool:
+        """True once the calls the loaded history left open are known (`left_open`; the loop reads them first)."""
+        return self._left_open is not None
+
+    async def open_calls(self) -> list[FunctionCall]:
+        """Return the calls the end of the session's log leaves without results, read back from the log.
+
+        For a run stopped before its loop read the history (`contextpipe._run.repair.answer_open_end`):
+        the log is the one the history provider that loads it keeps.
+        """
+        loader, session = self._loader, self.session
+        if loader is None or session is None:
+            return []
+        store = loader.store
+        if not isinstance(store, SessionStore):
+            return unanswered_calls(list(await loader.load(session)))
+        limit = _TAIL
+        while True:  # the tool messages at the end, and the message before them
+            page = await store.load(session.tenant, session.id, limit=limit)
+            if not page.has_more or any(m.role != "tool" for m in page.messages):
+                return unanswered_calls(page.messages)
+            limit *= 4
 
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only)."""
