@@ -424,9 +424,9 @@ async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseExc
     """Save the input of a run interrupted before its first answer was saved; a failure becomes a note.
 
     Interrupted means stopped from outside (a cancelled task, Ctrl-C, a stream closed early): not
-    an `Exception`. A run that failed saves nothing beyond the steps already saved. The calls the
-    session's previous run left open are answered first when the loop did not get to them
-    (`contextpipe._run.repair.answer_open_end`).
+    an `Exception`. A run that failed keeps no input here (its tool threads' results may still save
+    it, with the model output they follow: `StepLoop._settle`). The calls the session's previous run
+    left open are answered first when the loop did not get to them (`contextpipe._run.repair.answer_open_end`).
     """
     if isinstance(interruption, Exception) or not writer.keeps_input(ctx):
         return

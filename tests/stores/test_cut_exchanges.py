@@ -358,3 +358,36 @@ async def test_a_run_cut_while_it_saves_a_model_output_answers_its_calls_only_on
     result = await agent.run(None, session=await agent.session("chat", tenant=tenant))
     assert result.text == "The report is ready."
     assert not [c for t in result.traces for c in t.changes if c.action == "repaired_log"]  # nothing to repair
+
+
+async def test_a_run_whose_first_output_fails_to_save_keeps_it_and_its_input_before_a_late_result(
+        store: SessionStore, tenant: str) -> None:
+    body = Blocked("09:00")
+
+    @tool(idempotent=True, timeout=0.001)  # the repair runs it again; it blocks until released: it times out
+    def get_time(city: str) -> str:
+        """Return the local time in a city."""
+        return body()
+
+    @tool
+    async def notify_team(text: str) -> str:
+        """Tell the team."""
+        raise AssertionError("the run failed before the call ran")
+
+    session = await left_open(store, tenant, FunctionCall("c1", "get_time", '{"city": "Suzhou"}'))
+    history = CutOutput(store, "call_1", fails=True)
+    agent = Agent(ScriptedModel([tool_call("notify_team", text="soon", call_id="call_1")]),
+                  tools=[get_time, notify_team], providers=[history])
+    question = Message.user("And now?")
+    run = asyncio.create_task(agent.run(question, session=session))
+    try:
+        await history.reached.wait()  # c1 timed out in the repair; the first model output's save failed
+    finally:
+        body.release.set()
+    with pytest.raises(StoreError):
+        await run
+    log = await agent.history(session)
+    assert exchange_problem(log) is None, describe(log)
+    assert [m.role for m in log] == ["user", "assistant", "tool", "user", "assistant", "tool", "user"], describe(log)
+    assert log[3].id == question.id and [c.call_id for c in log[4].function_calls] == ["call_1"]
+    assert log[6].metadata == {LATE_RESULT_KEY: "c1"} and "09:00" in log[6].text
