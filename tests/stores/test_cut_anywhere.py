@@ -2,9 +2,9 @@
 
 One property, on a run that has it all: it answers the calls a crashed worker left open (tools that
 are idempotent, async or sync, and one that is not), calls a sync tool that outlives its timeout,
-then an async one, then answers. The run is cancelled at its n-th cut point (each tool's start,
-each save just before and just after it lands, in the order the run reaches them): the run stops
-there until the test has cancelled it, so where it is cut is exact. Then the log must be valid
+then an async one, then answers. The run is cancelled at its n-th cut point (the history loaded,
+each tool's start, each save just before and just after it lands, in the order the run reaches
+them): the run stops there until the test has cancelled it, so where it is cut is exact. Then the log must be valid
 (no unanswered call before another message, no orphan result), hold the input exactly once, have
 the late result of a tool thread that completed, and a resumed run must finish it; no call to a
 tool that is not idempotent ever runs twice.
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from contextpipe import Agent, FunctionCall, FunctionResult, Message, tool
 from contextpipe.exchanges import LATE_RESULT_KEY, exchange_problem, tool_message, unanswered_calls
 from contextpipe.models import ModelRequest
-from contextpipe.providers import History
+from contextpipe.providers import History, LoadedHistory
 from contextpipe.session import Session
 from contextpipe.stores import Lease, SessionStore
 from contextpipe.testing import ScriptedModel, Turn, tool_call
@@ -68,7 +68,7 @@ class Cuts:
 
 
 class CutHistory(History):
-    """History with a cut point just before each save and one just after it landed."""
+    """History with a cut point once it has loaded the log, just before each save and just after it landed."""
 
     def __init__(self, store: SessionStore, cuts: Cuts) -> None:
         super().__init__(store)
@@ -79,6 +79,11 @@ class CutHistory(History):
         await self.cuts.point()
         await super().save(session, messages, lease=lease, durable=durable)
         await self.cuts.point()
+
+    async def load_view(self, session: Session, *, lease_token: int | None = None) -> LoadedHistory:
+        view = await super().load_view(session, lease_token=lease_token)
+        await self.cuts.point()
+        return view
 
 
 def closed(log: list[Message]) -> list[Message]:
