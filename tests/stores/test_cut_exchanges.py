@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -306,9 +307,12 @@ class CutOutput(History):
         self.call_id, self.lands, self.fails = call_id, lands, fails
         self.reached = asyncio.Event()
 
+    def cuts(self, messages: Sequence[Message]) -> bool:
+        return any(c.call_id == self.call_id for m in messages for c in m.function_calls)
+
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
                    durable: bool = True) -> None:
-        cut = not self.reached.is_set() and any(c.call_id == self.call_id for m in messages for c in m.function_calls)
+        cut = not self.reached.is_set() and self.cuts(messages)
         if cut and self.lands:
             await super().save(session, messages, lease=lease, durable=durable)
         if cut:
@@ -391,3 +395,49 @@ async def test_a_run_whose_first_output_fails_to_save_keeps_it_and_its_input_bef
     assert [m.role for m in log] == ["user", "assistant", "tool", "user", "assistant", "tool", "user"], describe(log)
     assert log[3].id == question.id and [c.call_id for c in log[4].function_calls] == ["call_1"]
     assert log[6].metadata == {LATE_RESULT_KEY: "c1"} and "09:00" in log[6].text
+
+
+class CutLate(CutOutput):
+    """History whose first save of the late result of `call_id` stops for good, before or after it lands."""
+
+    def cuts(self, messages: Sequence[Message]) -> bool:
+        return any(m.metadata.get(LATE_RESULT_KEY) == self.call_id for m in messages)
+
+
+@pytest.mark.parametrize("cut", ["before it lands", "after it lands"])
+async def test_a_run_cut_as_it_saves_a_late_result_at_a_step_boundary_keeps_it(
+        store: SessionStore, tenant: str, cut: str) -> None:
+    # One worker thread: a job queued after the tool's own runs once the tool has returned, so its end
+    # says the tool's result is in (SQLite has a thread of its own, the servers' drivers none).
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    body = Blocked("report ready")
+
+    @tool(timeout=0.001)  # the tool blocks until released: the timeout always comes first
+    def build_report() -> str:
+        """Build the monthly report."""
+        return body()
+
+    @tool
+    async def wait_for_report() -> str:
+        """Wait until the report is built."""
+        body.release.set()
+        await asyncio.to_thread(lambda: None)  # queued behind the report's thread: it has returned
+        return "done waiting"
+
+    history = CutLate(store, "call_1", lands=cut == "after it lands")
+    model = ScriptedModel([tool_call("build_report", call_id="call_1"), tool_call("wait_for_report", call_id="call_2"),
+                           "Here is the report."])
+    agent = Agent(model, tools=[build_report, wait_for_report], providers=[history])
+    session = await agent.session("chat", tenant=tenant)
+    run = asyncio.create_task(agent.run("Make the report.", session=session))
+    try:
+        await history.reached.wait()  # the thread returned; its late result is being saved, before model call 3
+        run.cancel()
+    finally:
+        body.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    log = await agent.history(session)
+    assert exchange_problem(log) is None, describe(log)
+    assert [m.role for m in log] == ["user", "assistant", "tool", "assistant", "tool", "user"], describe(log)
+    assert log[5].metadata == {LATE_RESULT_KEY: "call_1"} and "report ready" in log[5].text  # what the thread did

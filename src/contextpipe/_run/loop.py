@@ -219,10 +219,19 @@ class StepLoop:
             await self._settle(None)
 
     async def _save_late(self) -> StepPersisted | None:
-        """Add and save the late results that came since the last step (a step boundary); return the event."""
+        """Add and save the late results that came since the last step (a step boundary); return the event.
+
+        The threads are forgotten once their results are taken: a save cut short (or failed) is made
+        again on the way out, as those results are nowhere else.
+        """
         if not self._threads or not (late := self._threads.late()):
             return None
-        return await self._save(self.state.steps, self._add_late(late))
+        messages = self._add_late(late)
+        try:
+            return await self._save(self.state.steps, messages)
+        except BaseException as exc:
+            await self._save_stopping(messages, exc, "the late results of tool threads")
+            raise
 
     async def _settle(self, error: BaseException | None) -> None:
         """Wait for the tool threads still running, then save what they produced (`contextpipe._run.threads`).
@@ -496,16 +505,25 @@ class StepLoop:
             call = by_id[result.call_id]
             messages.append(message := self._add_tool_message([call], [result]))
             self._threads.answering(call, message)
-        if not messages:
-            return
-        try:
-            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
-        except Exception as exc:
-            error.add_note(f"the results of calls that finished as the run stopped could not be saved: "
-                           f"{type(exc).__name__}: {exc}")
+        if not messages or not await self._save_stopping(messages, error, "the results of calls that finished"):
             return
         for result in finished:
             self._threads.saved(by_id[result.call_id])
+
+    async def _save_stopping(self, messages: Sequence[Message], error: BaseException, what: str) -> bool:
+        """Save `messages` as the run stops with `error`, whatever cancels the wait; return whether they were.
+
+        Appends are idempotent by message id: saving again what a cut save may have stored is safe. A
+        failure is a note on `error` (the run's own error goes on); a lost lease saves nothing.
+        """
+        if self.writer.lost is not None:
+            return False
+        try:
+            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+        except Exception as exc:
+            error.add_note(f"{what} could not be saved as the run stopped: {type(exc).__name__}: {exc}")
+            return False
+        return True
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """Return the messages to save and the calls to run.
