@@ -19,6 +19,7 @@ from typing import Any
 from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
+from ._run.repair import answer_open_end
 from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
 from ._run.writer import StepWriter
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
@@ -434,11 +435,14 @@ async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseExc
     """Save the input of a run interrupted before its first answer was saved; a failure becomes a note.
 
     Interrupted means stopped from outside (a cancelled task, Ctrl-C, a stream closed early): not
-    an `Exception`. A run that failed saves nothing beyond the steps already saved.
+    an `Exception`. A run that failed keeps no input here (its tool threads' results may still save
+    it, with the model output they follow: `StepLoop._settle`). The calls the session's previous run
+    left open are answered first when the loop did not get to them (`contextpipe._run.repair.answer_open_end`).
     """
-    if isinstance(interruption, Exception):
+    if isinstance(interruption, Exception) or not writer.keeps_input(ctx):
         return
     try:
+        await answer_open_end(writer, ctx)  # stopped before the loop read the history: the calls left open first
         await writer.save_input(ctx)
     except Exception as exc:
         interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")

@@ -2,9 +2,10 @@
 
 No model ever sees a call without a result. A call whose run stopped before it finished is
 answered with an explicit error instead: `interrupted` when a previous run stopped (the next run
-answers the calls it left open, unless their tool is idempotent and runs again), `stopped_with_run`
-when this run was cancelled while an async tool ran and a late result must follow the exchange
-(`contextpipe._run.threads`).
+answers the calls it left open, unless their tool is idempotent and runs again), `not_run_again`
+when the run that was to run such a call again was cut first and must answer it before it keeps its
+input (`contextpipe._run.repair`), `stopped_with_run` when this run was cancelled while an async
+tool ran and a late result must follow the exchange (`contextpipe._run.threads`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ..tools import Tool
     from .threads import RunThreads
 
-__all__ = ["CallContexts", "interrupted", "invoke_tool", "stopped_with_run"]
+__all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "stopped_with_run"]
 
 
 @dataclass(slots=True)
@@ -79,6 +80,16 @@ def interrupted(call: FunctionCall) -> FunctionResult:
         call.call_id,
         f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped); "
         "it was not run again because the tool is not marked idempotent. Check its effect before retrying.",
+        is_error=True,
+    )
+
+
+def not_run_again(call: FunctionCall) -> FunctionResult:
+    """Return the answer for a call to an idempotent tool a previous run left open, that a cut run did not finish."""
+    return FunctionResult(
+        call.call_id,
+        f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped), and the "
+        "run that was to run it again stopped before it had a result. Check its effect before retrying.",
         is_error=True,
     )
 
