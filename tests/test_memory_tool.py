@@ -159,6 +159,37 @@ async def test_the_store_filters_still_decide_what_the_tool_can_find(store: SQLi
     assert "1234" not in found and "locker code is 4512" in found
 
 
+@pytest.mark.parametrize(("scope", "finders"), [
+    ("user", {"alice-1", "alice-2"}), ("session", {"alice-1"}),
+    ("tenant", {"alice-1", "alice-2", "bob", "nobody"}), ("agent", {"alice-1", "alice-2", "bob", "nobody"})])
+async def test_the_tool_sees_only_what_recall_before_the_run_sees(store: SQLiteStore, scope: str,
+                                                                  finders: set[str]) -> None:
+    """The tool searches the run's own scope, with the same store filters: never another tenant's memories,
+    nor (by default) another user's; a session without a user sees its own memories only."""
+    memory = SemanticMemory(store.vectors(), HashEmbedder(), mode="both", scope=scope)  # type: ignore[arg-type]
+    searchers = {"alice-1": ("acme", "alice"), "alice-2": ("acme", "alice"), "bob": ("acme", "bob"),
+                 "nobody": ("acme", None), "alice-elsewhere": ("globex", "alice")}
+    model = ScriptedModel([step for _ in searchers for step in (tool_call("search_memory", query="locker code"),
+                                                                "Done.")])
+    agent = Agent(model, providers=[History(store), memory])
+    sessions = {}
+    for name, (tenant, user) in searchers.items():
+        sessions[name] = await agent.session(name, tenant=tenant)
+        if user is not None:
+            set_user_id(sessions[name], user)
+    await memory.remember([Message.user("My locker code is 4512.")], sessions["alice-1"])
+    by_tool, before_run = set(), set()
+    for n, name in enumerate(searchers):
+        result = await agent.run("What is the locker code?", session=sessions[name])
+        [(found, is_error)] = results(result.messages)
+        assert not is_error
+        if "4512" in found:
+            by_tool.add(name)
+        if any("4512" in m.text for m in model.requests[2 * n].messages if m.metadata.get("memory")):
+            before_run.add(name)
+    assert by_tool == before_run == finders
+
+
 async def test_modes_before_run_tool_and_both(store: SQLiteStore) -> None:
     """The default recalls before the run and offers no tool; tool offers only the tool; both does both."""
     offered = {}
