@@ -96,8 +96,9 @@ async def test_the_tool_filters_by_time_range_and_speaker(store: SQLiteStore) ->
              tool_call("search_memory", query="pottery class", speaker="SAGE"),
              tool_call("search_memory", query="pottery class", speaker="assistant", start="2025-06-03T12:00"),
              tool_call("search_memory", query="pottery class", end="2025-06-02T09:14+00:00"),
-             tool_call("search_memory", query="pottery class", start="2025-06-04T11:00+02:00", speaker="user")]
-    model = ScriptedModel([calls[0] + calls[1] + calls[2] + calls[3] + calls[4], "Done."])
+             tool_call("search_memory", query="pottery class", start="2025-06-04T11:00+02:00", speaker="user"),
+             tool_call("search_memory", query="pottery class", end="9999-12-31")]
+    model = ScriptedModel([sum(calls[1:], calls[0]), "Done."])
     agent = Agent(model, providers=[History(store), memory])
     session = await alice(agent, "alice-today")
     earlier = await alice(agent, "alice-june")
@@ -121,6 +122,7 @@ async def test_the_tool_filters_by_time_range_and_speaker(store: SQLiteStore) ->
     assert ids_in(found[2][0]) == [ids[3]]  # by role, from noon on
     assert ids_in(found[3][0]) == []  # before 09:14 on the first day: the first turn was said at 09:14
     assert ids_in(found[4][0]) == [ids[4]]  # 11:00 in UTC+2 is 09:00 UTC on the 4th, before 09:14
+    assert ids_in(found[5][0]) == sorted(ids)  # the last day there is: the range has no end
     assert "2025-06-03 09:14 UTC, session alice-june" in found[0][0]
 
 

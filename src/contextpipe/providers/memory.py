@@ -508,7 +508,10 @@ _TOOL_OPTIONS: dict[str, Any] = {
 
 
 def _moment(value: object, name: str) -> datetime | None:
-    """Parse the tool's `start` or `end` (ISO 8601; naive is UTC; an `end` date alone means the next midnight)."""
+    """Parse the tool's `start` or `end` (ISO 8601; naive is UTC; an `end` date alone means the next midnight).
+
+    The last day there is (9999-12-31) as an `end` date has no next midnight: the range has no end.
+    """
     if value is None or value == "":
         return None
     text = value.strip() if isinstance(value, str) else ""
@@ -522,7 +525,9 @@ def _moment(value: object, name: str) -> datetime | None:
                              f"got {value!r}") from None
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    return moment + timedelta(days=1) if name == "end" else moment  # an end date alone: all of that day
+    if name != "end":
+        return moment
+    return moment + timedelta(days=1) if day < date.max else None  # an end date alone: all of that day
 
 
 def _kept(since: datetime | None, until: datetime | None,
