@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from contextpipe.providers import Compaction, History, SemanticMemory, external_
 from contextpipe.session import Session, set_user_id
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
-from contextpipe.vectors import HashEmbedder, MemoryVectorStore, SQLiteVectorStore
+from contextpipe.vectors import HashEmbedder, MemoryVectorStore, SearchHit, SQLiteVectorStore
 
 JUNE = datetime(2025, 6, 2, 9, 14, tzinfo=UTC)
 
@@ -225,17 +226,45 @@ def test_the_mode_is_checked_and_tool_mode_takes_no_input_filter() -> None:
     assert SemanticMemory(MemoryVectorStore(), HashEmbedder(), mode="both", input_filter=external_input).mode == "both"
 
 
+class CountingVectors(SQLiteVectorStore):
+    """The embedded store, counting the searches asked of it (how deep each went)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.depths: list[int] = []
+
+    async def search(self, collection: str, vector: Any = None, **options: Any) -> list[SearchHit]:
+        self.depths.append(options["k"])
+        return await super().search(collection, vector, **options)
+
+
+class CountingEmbedder(HashEmbedder):
+    """The hashing embedder, keeping each batch it embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedded: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.embedded.append(list(texts))
+        return await super().embed(texts)
+
+
 async def test_a_filter_finds_what_ranks_below_the_first_candidates(tmp_path: Path) -> None:
-    """The store cannot filter by time: the ranking is searched deeper until enough memories pass."""
-    vectors = SQLiteVectorStore(tmp_path / "v.db")
-    memory = SemanticMemory(vectors, HashEmbedder(), k=2)
+    """The store cannot filter by time: the ranking is searched deeper until enough memories pass, the query
+    embedded once for all the rounds."""
+    vectors, embedder = CountingVectors(tmp_path / "v.db"), CountingEmbedder()
+    memory = SemanticMemory(vectors, embedder, k=2)
     session = Session("s", state={"user_id": "alice"})
     close = [Message.user(f"The pottery class on Thursday number {i} was fun.", created_at=at(-30)) for i in range(300)]
     far = Message.user("Some class, I think.", created_at=at(0))
     await memory.remember([*close, far], session)
     assert far.id not in [h.id for h in await memory.recall("pottery class Thursday", session, k=250)]
+    vectors.depths, embedder.embedded = [], []
     hits = await memory.recall("pottery class Thursday", session, since=JUNE)
     assert [h.id for h in hits] == [far.id]  # the only one that passes, found past rank 250
+    assert vectors.depths == [50, 200, 800]  # three rounds, one query embedding (with and without its name)
+    assert embedder.embedded == [["pottery class Thursday", "pottery class"]]
     assert await memory.recall("pottery class Thursday", session, since=JUNE + timedelta(seconds=1)) == []
     await vectors.close()
 
