@@ -279,7 +279,8 @@ async def test_a_filter_finds_what_ranks_below_the_first_candidates(tmp_path: Pa
 async def test_filtered_recall_is_the_full_ranking_filtered(
         turns: list[tuple[int, str, list[str]]], start: int | None, span: int | None, speaker: str | None,
         search: str, k: int) -> None:
-    """Whatever the filters, recall gives the first `k` memories of the whole ranking that pass them."""
+    """Whatever the filters, recall gives the first `k` memories of the whole ranking that pass them (vector
+    or keyword ranking: a hybrid one fuses two rankings whose depth changes the order a little)."""
     vectors = MemoryVectorStore()
     vectors.candidates = 4  # so that the filtered search has to go deeper than its first ranking
     memory = SemanticMemory(vectors, HashEmbedder(), search=search, short_turn_words=0,  # type: ignore[arg-type]

@@ -268,7 +268,9 @@ class SemanticMemory(ContextProvider):
 
         `since` (inclusive) and `until` (exclusive) keep the memories said in that time (a naive
         datetime is UTC); `speaker` those whose author or role it is (case ignored). They are the
-        `k` best of the memories that pass, however far down the whole ranking those are.
+        `k` best of the memories that pass, however far down the whole ranking those are (in a
+        ``"hybrid"`` search, of the two rankings fused as deep as that takes; a fusion's order
+        depends a little on its depth, as fused scores are each ranking's scores normalised).
         """
         where = self._where(session)
         if where is None or not query.strip():
