@@ -18,6 +18,7 @@ from contextpipe.session import Session, set_user_id
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.vectors import HashEmbedder, MemoryVectorStore, SearchHit, SQLiteVectorStore
+from helpers import CountingEmbedder
 
 JUNE = datetime(2025, 6, 2, 9, 14, tzinfo=UTC)
 
@@ -238,18 +239,6 @@ class CountingVectors(SQLiteVectorStore):
         return await super().search(collection, vector, **options)
 
 
-class CountingEmbedder(HashEmbedder):
-    """The hashing embedder, keeping each batch it embeds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embedded: list[list[str]] = []
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.embedded.append(list(texts))
-        return await super().embed(texts)
-
-
 async def test_a_filter_finds_what_ranks_below_the_first_candidates(tmp_path: Path) -> None:
     """The store cannot filter by time: the ranking is searched deeper until enough memories pass, the query
     embedded once for all the rounds."""
@@ -260,11 +249,11 @@ async def test_a_filter_finds_what_ranks_below_the_first_candidates(tmp_path: Pa
     far = Message.user("Some class, I think.", created_at=at(0))
     await memory.remember([*close, far], session)
     assert far.id not in [h.id for h in await memory.recall("pottery class Thursday", session, k=250)]
-    vectors.depths, embedder.embedded = [], []
+    vectors.depths, embedder.calls = [], []
     hits = await memory.recall("pottery class Thursday", session, since=JUNE)
     assert [h.id for h in hits] == [far.id]  # the only one that passes, found past rank 250
     assert vectors.depths == [50, 200, 800]  # three rounds, one query embedding (with and without its name)
-    assert embedder.embedded == [["pottery class Thursday", "pottery class"]]
+    assert embedder.calls == [["pottery class Thursday", "pottery class"]]
     assert await memory.recall("pottery class Thursday", session, since=JUNE + timedelta(seconds=1)) == []
     await vectors.close()
 
