@@ -348,8 +348,8 @@ class _Api:
         assert self.agent is not None
         thread = run_input.thread_id
         if not new and (await self.store.get_session(tenant, thread) is None or await self._empty(tenant, thread)):
-            raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and messages does not "
-                            "end with a user message: end messages with the user's message to run on")
+            raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
+                            "do not end with a user message: end them with the user's message to run on")
         session = await self.agent.session(thread, tenant=tenant)
         probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10)
         await self.store.release_lease(probe)
