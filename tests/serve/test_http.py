@@ -255,15 +255,18 @@ async def test_a_retried_run_request_is_answered_once(tmp_path: Path) -> None:
             for replay in (both, by_id):
                 assert replay.json()["replayed"] is True and replay.json()["text"] == first.json()["text"]
             assert model.calls == 2
-            # A resume has no input message to name: the header does not apply, and the session resumes.
-            resume = await c.post("/v1/sessions/s1/runs", json={"input": None}, headers=keyed)
-            assert (resume.json()["replayed"], resume.json()["text"]) == (False, "reply 3 to And tomorrow?")
+            # A resume has no input message for the key to name, so the key could not stop a retried
+            # resume from running again: it is refused, each time, and nothing runs.
+            for _ in range(2):
+                resume = await c.post("/v1/sessions/s1/runs", json={"input": None}, headers=keyed)
+                assert (resume.status_code, resume.json()["error"]["type"]) == (409, "NotIdempotent")
+                assert "send its input again with the same message id" in resume.json()["error"]["message"]
 
-            assert model.calls == 3
+            assert model.calls == 2
             texts = [m["parts"][0]["text"] for m in
                      (await c.get("/v1/sessions/s1/messages", headers=auth())).json()["messages"]]
             assert texts == ["Weather in Suzhou?", "reply 1 to Weather in Suzhou?", "And tomorrow?",
-                             "reply 2 to And tomorrow?", "reply 3 to And tomorrow?"]
+                             "reply 2 to And tomorrow?"]
 
 
 async def test_a_run_whose_session_is_deleted_meanwhile_gets_410() -> None:

@@ -24,8 +24,9 @@ _ERRORS = {
     401: "No API key, or an unknown one.",
     404: "No such session for this tenant.",
     409: "The session is busy (`SessionBusy`, see `Retry-After`), the input's message id is taken by other "
-         "content (`InputConflict`), or there is nothing to run (`NothingToRun`: no input, and no messages to "
-         "resume from).",
+         "content (`InputConflict`), there is nothing to run (`NothingToRun`: no input, and no messages to "
+         "resume from), or an `Idempotency-Key` came with a resume, which it cannot make safe to retry "
+         "(`NotIdempotent`).",
     410: "The session was deleted, or expired, while the run ran.",
     413: "The request body is too large.",
     502: "The model failed.",

@@ -225,20 +225,26 @@ def name_input(body: RunRequest, input: str | list[Message] | None, key: str | N
 
     The id is ``message_id`` (text input) or the last message's ``id``; when the body names none, the
     ``Idempotency-Key`` header's key turned into an id of this session (the same key in another
-    session or tenant names another message). A resume has no input message, so the header does not
-    apply to it: clients and SDKs that send the header on every request are not refused for it.
+    session or tenant names another message). A resume has no input message for the key to name, so
+    the key could not keep a retried resume from running again: it is refused, not ignored (a 409, as
+    the request is well formed: ``/openapi.json`` cannot tie a header to a body field).
     """
     if key is not None and not re.fullmatch(IDEMPOTENCY_KEY, key):
         raise HTTPError(400, "BadRequest", "the Idempotency-Key header must be 1-255 printable ASCII characters "
                         "(a UUID, say)")
-    if input is None or key is None or body.message_id is not None:
+    if key is not None and input is None:
+        raise HTTPError(409, "NotIdempotent", "an Idempotency-Key names the run's input message, and a resume "
+                        "(\"input\": null) has none, so a retried resume would run again: leave the header out, "
+                        "or resume an interrupted run safely: send its input again with the same message id (or "
+                        "the same key), which resumes the run or returns its answer")
+    if input is None:
+        return None
+    if body.message_id is not None:
         message_id = body.message_id
-    elif isinstance(body.input, list) and body.input[-1].id is not None:
+    elif key is None or (isinstance(body.input, list) and body.input[-1].id is not None):
         return input
     else:
         message_id = "idem_" + hashlib.sha256(f"{tenant}\0{session_id}\0{key}".encode()).hexdigest()[:32]
-    if message_id is None or input is None:
-        return input
     if isinstance(input, str):
         return [Message.user(input, id=message_id)]
     last = input[-1]
