@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextpipe import Agent, Durability, Message, UsageError
+from contextpipe.codec import message_to_dict
 from contextpipe.providers import History
 from contextpipe.serve import ApiKeys, ServeSettings, create_app
 from contextpipe.serve._json import MAX_DEPTH, HTTPError, read_json
@@ -159,6 +160,21 @@ async def test_the_longest_ttl_runs_on_redis(tmp_path: Path) -> None:
 
 
 # --- other client mistakes -----------------------------------------------------------------------
+
+
+async def test_a_user_message_in_contextpipes_message_form_is_taken_as_input() -> None:
+    """What `message_to_dict` writes for a user message (its codec version and time included) is input."""
+    app = make_app(MemoryStore(), GateModel())
+    async with client(app) as c:
+        await c.post("/v1/sessions", json={"id": "s1"}, headers=auth())
+        sent = message_to_dict(Message.user("hi", id="m1"))
+        assert set(sent) == {"v", "id", "role", "parts", "created_at"}
+        response = await c.post("/v1/sessions/s1/runs", json={"input": [sent]}, headers=auth())
+        assert response.json()["text"] == "reply 1 to hi", response.text
+        stored = (await c.get("/v1/sessions/s1/messages", headers=auth())).json()["messages"][0]
+        assert (stored["id"], stored["created_at"]) == ("m1", sent["created_at"])
+        newer = await c.post("/v1/sessions/s1/runs", json={"input": [{**sent, "id": "m2", "v": 2}]}, headers=auth())
+        assert newer.status_code == 400 and "input[0].v" in newer.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("part", [{"kind": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},

@@ -96,6 +96,10 @@ class InputMessage(_Body):
         None, description="The message's id: a retry with the same id and content returns the first result.")
     author_name: str | None = None
     metadata: dict[str, Any] | None = None
+    # What `contextpipe.codec.message_to_dict` writes besides: a client may send a message in that form.
+    v: Literal[1] | None = Field(None, description="The version of contextpipe's message form (1).")
+    created_at: float | None = Field(None, description="When the message was written (seconds since the epoch); "
+                                                       "the server's clock when absent.")
 
 
 def _input_kind(value: Any) -> str | None:
@@ -209,7 +213,8 @@ def input_messages(raw: str | list[InputMessage] | None) -> str | list[Message] 
         return raw
     messages = []
     for item in raw:
-        data: dict[str, Any] = {"v": 1, "role": "user", "id": item.id or new_message_id(), "created_at": time.time(),
+        data: dict[str, Any] = {"v": 1, "role": "user", "id": item.id or new_message_id(),
+                                "created_at": time.time() if item.created_at is None else item.created_at,
                                 "parts": [part.model_dump() for part in item.parts]}
         if item.author_name is not None:
             data["author_name"] = item.author_name
