@@ -34,6 +34,8 @@ MAX_DEPTH: Final = 64
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+"""How a surrogate is written in JSON text: UTF-8 cannot encode one, so it comes as an escape or not at all."""
 
 
 class HTTPError(Exception):
@@ -60,9 +62,8 @@ class _NotJSON:
         self.text = text
 
 
-def _float(text: str) -> float | _NotJSON:
-    value = float(text)
-    return value if math.isfinite(value) else _NotJSON(text)
+_WALKED: Final = frozenset({list, dict, _NotJSON})
+_WALKED_WITH_TEXT: Final = _WALKED | {str}
 
 
 def read_json(raw: bytes) -> Any:
@@ -72,15 +73,29 @@ def read_json(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise HTTPError(400, "InvalidJSON", f"the body is not UTF-8 (byte {exc.start} is not): send JSON text "
                         "encoded in UTF-8") from None
+    refused: list[_NotJSON] = []
+
+    def constant(name: str) -> _NotJSON:
+        refused.append(_NotJSON(name))
+        return refused[-1]
+
+    def number(digits: str) -> float | _NotJSON:
+        value = float(digits)
+        return value if math.isfinite(value) else constant(digits)
+
     try:
-        value = json.loads(text, parse_constant=_NotJSON, parse_float=_float)
+        value = json.loads(text, parse_constant=constant, parse_float=number)
     except RecursionError:
         raise _too_deep([]) from None
     except ValueError as exc:
         raise HTTPError(400, "InvalidJSON", f"the body is not valid JSON ({exc}): send a JSON object") from None
-    problem = _scan(value, [], 0)
-    if problem is not None:
-        raise problem
+    # The value is walked (in Python) only where the text (searched in C) may hold what is refused:
+    # most bodies are shallow, and their text holds no surrogate escape.
+    strings = _SURROGATE_ESCAPE.search(text) is not None
+    if strings or refused or text.count("[") + text.count("{") > MAX_DEPTH:
+        problem = _scan(value, [], 0, strings)
+        if problem is not None:
+            raise problem
     return value
 
 
@@ -97,8 +112,11 @@ def where(path: Iterable[str | int]) -> str:
     return out or "body"
 
 
-def _scan(value: Any, path: list[str | int], depth: int) -> HTTPError | None:
-    """Return the error for the first thing in `value` that `read_json` refuses (None when there is none)."""
+def _scan(value: Any, path: list[str | int], depth: int, strings: bool) -> HTTPError | None:
+    """Return the error for the first thing in `value` that `read_json` refuses (None when there is none).
+
+    Text (keys and values) is looked at only when `strings`: when the body's text may hold a surrogate.
+    """
     kind = type(value)
     if kind is str:
         return None if value.isascii() or not _SURROGATE.search(value) else _lone_surrogate(value, path, "the text")
@@ -109,12 +127,13 @@ def _scan(value: Any, path: list[str | int], depth: int) -> HTTPError | None:
     if depth >= MAX_DEPTH:
         return _too_deep(path)
     items: Iterable[tuple[str | int, Any]] = enumerate(value) if kind is list else value.items()
+    walked = _WALKED_WITH_TEXT if strings else _WALKED
     for key, item in items:
-        if type(key) is str and not key.isascii() and _SURROGATE.search(key):
+        if strings and type(key) is str and not key.isascii() and _SURROGATE.search(key):
             return _lone_surrogate(key, path, "a key")
-        if type(item) in (str, list, dict, _NotJSON):
+        if type(item) in walked:
             path.append(key)
-            problem = _scan(item, path, depth + 1)
+            problem = _scan(item, path, depth + 1, strings)
             path.pop()
             if problem is not None:
                 return problem
