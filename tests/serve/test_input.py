@@ -339,7 +339,11 @@ async def test_a_result_holding_bad_text_renders_repaired_in_json_and_in_the_str
         streamed = await c.post("/v1/sessions/s1/runs", json={"input": "again", "stream": True}, headers=auth())
         assert streamed.text.count("half an emoji: \ufffd") >= 2 and "event: done" in streamed.text
         answer = await c.post("/v1/ag-ui", json=agui("s1", "once more"), headers=auth())
-        assert "half an emoji: \ufffd" in answer.text and '"type":"RUN_FINISHED"' in answer.text
+        events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")]
+        assert "".join(e.get("delta", "") for e in events) == "half an emoji: \ufffd "
+        finished = events[-1]
+        assert finished["type"] == "RUN_FINISHED" and finished["result"]["text"] == "half an emoji: \ufffd"
+        assert "lone surrogates in text" in finished["result"]["repaired"]  # the AG-UI client is told too
 
 
 # --- the rules themselves ------------------------------------------------------------------------

@@ -117,9 +117,10 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
                 yield encoder.encode(core.TextMessageStartEvent(message_id=replay_id, role="assistant"))
                 yield encoder.encode(core.TextMessageContentEvent(message_id=replay_id, delta=payload["text"]))
                 yield encoder.encode(core.TextMessageEndEvent(message_id=replay_id))
-            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id,
-                                                       result={"text": payload["text"],
-                                                               "stop_reason": payload["stop_reason"]}))
+            result = {"text": payload["text"], "stop_reason": payload["stop_reason"]}
+            if "repaired" in payload:  # the answer held what JSON cannot carry (see `_json.clean`)
+                result["repaired"] = payload["repaired"]
+            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id, result=result))
         elif name == "error":
             error = payload["error"]
             yield encoder.encode(core.RunErrorEvent(message=error["message"], code=error["type"]))
