@@ -119,7 +119,7 @@ def _scan(value: Any, path: list[str | int], depth: int, strings: bool) -> HTTPE
     """
     kind = type(value)
     if kind is str:
-        return None if value.isascii() or not _SURROGATE.search(value) else _lone_surrogate(value, path, "the text")
+        return _lone_surrogate(value, path, "the text")
     if kind is _NotJSON:
         return _not_json(value.text, path)
     if kind is not list and kind is not dict:
@@ -129,20 +129,21 @@ def _scan(value: Any, path: list[str | int], depth: int, strings: bool) -> HTTPE
     items: Iterable[tuple[str | int, Any]] = enumerate(value) if kind is list else value.items()
     walked = _WALKED_WITH_TEXT if strings else _WALKED
     for key, item in items:
-        if strings and type(key) is str and not key.isascii() and _SURROGATE.search(key):
-            return _lone_surrogate(key, path, "a key")
-        if type(item) in walked:
+        problem = _lone_surrogate(key, path, "a key") if strings and type(key) is str else None
+        if problem is None and type(item) in walked:
             path.append(key)
             problem = _scan(item, path, depth + 1, strings)
             path.pop()
-            if problem is not None:
-                return problem
+        if problem is not None:
+            return problem
     return None
 
 
-def _lone_surrogate(text: str, path: list[str | int], what: str) -> HTTPError:
-    found = _SURROGATE.search(text)
-    assert found is not None
+def _lone_surrogate(text: str, path: list[str | int], what: str) -> HTTPError | None:
+    """Return the error for `text` (a key or a value at `path`) when it holds a lone surrogate."""
+    found = None if text.isascii() else _SURROGATE.search(text)
+    if found is None:
+        return None
     return HTTPError(400, "InvalidText", f"{where(path)}: {what} holds a lone surrogate (U+{ord(found[0]):04X} "
                      f"at character {found.start()}), which is not Unicode and cannot be stored: send valid UTF-8 "
                      "text (both halves of a surrogate pair, or U+FFFD in place of the broken character)")
