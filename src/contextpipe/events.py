@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from .messages import FunctionCall, FunctionResult, Message
 from .models.base import ReasoningDelta, TextDelta, Usage
-
-if TYPE_CHECKING:
-    from .session import Session
-    from .trace import PromptTrace
+from .session import Session  # at run time, so that typing.get_type_hints resolves the events' fields
+from .trace import PromptTrace
 
 __all__ = [
     "ReasoningDelta",

@@ -9,6 +9,10 @@ type hints (pydantic), with per-argument descriptions from the docstring (Google
 A tool returns text (anything else is turned into JSON text), or a `ToolOutcome` to send images,
 audio or files to the model along with the text.
 
+A parameter annotated with `ToolContext` (``ctx: ToolContext[Deps]``) is not an argument the model
+sends: the run fills it in with the call's context (session, user, idempotency key, deps, state;
+see `contextpipe.tool_context`), and it is left out of the schema.
+
 A tool never crashes a run: arguments are validated before the call, and invalid arguments, an
 exception inside the tool or a timeout all become an error result the model can read and act on.
 
@@ -41,15 +45,17 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, get_args, get_origin, overload
 
 from .errors import UsageError
 from .messages import DataPart, UriPart
+from .tool_context import DepsCheck, ToolContext
 
 if TYPE_CHECKING:
     import pydantic
 
-__all__ = ["CallTool", "Tool", "ToolInvocation", "ToolMiddleware", "ToolOutcome", "ToolSpec", "tool"]
+__all__ = ["CallTool", "ContextHandler", "Handler", "Tool", "ToolInvocation", "ToolMiddleware", "ToolOutcome",
+           "ToolSpec", "tool"]
 
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -109,6 +115,12 @@ class ToolThread:
 OnThread = Callable[[ToolThread], None]
 """Told about each thread a sync tool starts, before anything waits for it (see `Tool._invoke`)."""
 
+Handler: TypeAlias = Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]]
+"""What `Tool.from_schema` runs: an async function of the parsed arguments."""
+
+ContextHandler: TypeAlias = Callable[[dict[str, Any], ToolContext[Any] | None], Awaitable[ToolOutcome | str]]
+"""A `Handler` that is given the call's `ToolContext` too (None when the tool is invoked outside a run)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolInvocation:
@@ -135,11 +147,15 @@ class ToolInvocation:
     resumed: bool = False
     """True when the call is an idempotent tool's call that an interrupted run left without a result,
     run again before the run's first model call (the middleware runs around the re-run too)."""
+    context: ToolContext[Any] | None = None
+    """The call's run context (session, user, idempotency key, deps): what the tool is given, whatever
+    a middleware passes on. None only for an invocation built outside a run."""
 
     def with_arguments(self, arguments: str | Mapping[str, Any]) -> ToolInvocation:
         """Return this call with other arguments: JSON text, or a mapping to encode as JSON."""
         text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-        return ToolInvocation(name=self.name, call_id=self.call_id, arguments=text, resumed=self.resumed)
+        return ToolInvocation(name=self.name, call_id=self.call_id, arguments=text, resumed=self.resumed,
+                              context=self.context)
 
     def parsed_arguments(self) -> dict[str, Any] | None:
         """Return the arguments as a dict; None when the model sent something else than a JSON object.
@@ -174,7 +190,7 @@ class Tool:
     Build tools with `@tool`; construct `Tool` directly only to wrap a function under another name.
     """
 
-    __slots__ = ("_args_model", "_fn", "_handler", "_is_async", "description", "idempotent",
+    __slots__ = ("_args_model", "_context", "_fn", "_handler", "_is_async", "description", "idempotent",
                  "name", "parameters", "run_in_thread", "spec", "timeout")
 
     def __init__(
@@ -208,8 +224,8 @@ class Tool:
         self.run_in_thread: bool = run_in_thread
         """For sync functions: run in a worker thread (the default) so a slow tool never blocks the loop."""
         self._is_async = inspect.iscoroutinefunction(fn)
-        self._handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]] | None = None
-        self._args_model = _arguments_model(fn, self.name, arg_docs)
+        self._handler: ContextHandler | None = None
+        self._args_model, self._context = _arguments_model(fn, self.name, arg_docs)
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
@@ -219,29 +235,46 @@ class Tool:
         self.spec: ToolSpec = ToolSpec(self.name, self.description, schema)
         """What a model is told about this tool."""
 
+    @overload
+    @classmethod
+    def from_schema(cls, name: str, description: str, parameters: dict[str, Any], handler: Handler, *,
+                    idempotent: bool = False, timeout: float | None = None,
+                    with_context: Literal[False] = False) -> Tool: ...
+
+    @overload
+    @classmethod
+    def from_schema(cls, name: str, description: str, parameters: dict[str, Any], handler: ContextHandler, *,
+                    idempotent: bool = False, timeout: float | None = None, with_context: Literal[True]) -> Tool: ...
+
     @classmethod
     def from_schema(
         cls,
         name: str,
         description: str,
         parameters: dict[str, Any],
-        handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]],
+        handler: Handler | ContextHandler,
         *,
         idempotent: bool = False,
         timeout: float | None = None,
+        with_context: bool = False,
     ) -> Tool:
         """Return a tool defined by a JSON schema and a handler taking the parsed arguments.
 
         For tools that live elsewhere (an MCP server, a remote API): the arguments must be a JSON
         object; checking them against the schema is the handler's (or the remote side's) job.
+        ``with_context=True``: the handler takes the call's `ToolContext` as its second argument.
         """
         if not _NAME_RE.match(name):
             raise UsageError(f"tool name {name!r} is not allowed: use 1-64 letters, digits, '_' or '-'")
         self = cls.__new__(cls)
         self._fn = handler
-        self._handler = handler
+        if with_context:
+            self._handler = handler  # type: ignore[assignment]
+        else:
+            plain: Handler = handler  # type: ignore[assignment]
+            self._handler = lambda arguments, _context: plain(arguments)
         self._is_async = True
-        self._args_model = None  # type: ignore[assignment]
+        self._args_model, self._context = None, None  # type: ignore[assignment]
         self.name, self.description, self.parameters = name, description, parameters
         self.idempotent, self.timeout, self.run_in_thread = idempotent, timeout, False
         self.spec = ToolSpec(name, description, parameters)
@@ -256,19 +289,27 @@ class Tool:
             return await self._fn(**kwargs)
         return self._fn(**kwargs)
 
-    async def invoke(self, arguments: str) -> ToolOutcome:
+    async def invoke(self, arguments: str, *, context: ToolContext[Any] | None = None) -> ToolOutcome:
         """Validate `arguments` (JSON text from the model), run the tool, and return its outcome.
 
-        Never raises for the tool's own failures: they are returned as error outcomes. A sync tool
-        that times out goes on in its thread, and what it returns then is discarded (a run keeps it:
-        see the Tools guide).
+        `context` is what a `ToolContext` parameter of the tool is given (a run passes each call's
+        own); a tool that declares one and is invoked without it gets an error outcome. Never raises
+        for the tool's own failures: they are returned as error outcomes. A sync tool that times out
+        goes on in its thread, and what it returns then is discarded (a run keeps it: see the Tools guide).
         """
-        return await self._invoke(arguments, None)
+        return await self._invoke(arguments, None, context)
 
-    async def _invoke(self, arguments: str, on_thread: OnThread | None) -> ToolOutcome:
+    async def _invoke(self, arguments: str, on_thread: OnThread | None,
+                      context: ToolContext[Any] | None = None) -> ToolOutcome:
         """`invoke`, telling `on_thread` about the worker thread of a sync tool (so a run can keep it)."""
         if self._handler is not None:
-            return await self._invoke_handler(self._handler, arguments)
+            return await self._invoke_handler(self._handler, arguments, context)
+        if self._context is not None:
+            problem = (f"Error: tool {self.name!r} takes a ToolContext, and was invoked without one; run it through "
+                       "an agent, or pass invoke(arguments, context=ToolContext.for_call(...))."
+                       if context is None else context._deps_problem(self._context[1]))
+            if problem is not None:
+                return ToolOutcome(problem, is_error=True)
         import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
 
         try:
@@ -278,6 +319,8 @@ class Tool:
         except pydantic.ValidationError as exc:
             return ToolOutcome(_describe_validation_error(self.name, arguments, exc), is_error=True)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        if self._context is not None:
+            kwargs[self._context[0]] = context
         if not self._is_async and self.run_in_thread:
             return await self._invoke_in_thread(kwargs, on_thread)
         try:
@@ -295,8 +338,8 @@ class Tool:
             return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
         return value if isinstance(value, ToolOutcome) else ToolOutcome(_to_text(value))
 
-    async def _invoke_handler(self, handler: Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]],
-                              arguments: str) -> ToolOutcome:
+    async def _invoke_handler(self, handler: ContextHandler, arguments: str,
+                              context: ToolContext[Any] | None) -> ToolOutcome:
         try:
             parsed = json.loads(arguments) if arguments.strip() not in ("", "null") else {}
         except ValueError as exc:
@@ -308,10 +351,10 @@ class Tool:
                                f"{type(parsed).__name__}.", is_error=True)
         try:
             if self.timeout is None:
-                outcome = await handler(parsed)
+                outcome = await handler(parsed, context)
             else:
                 async with asyncio.timeout(self.timeout):
-                    outcome = await handler(parsed)
+                    outcome = await handler(parsed, context)
         except TimeoutError:
             return ToolOutcome(
                 f"Error: tool {self.name!r} did not finish within {self.timeout:g} s and was abandoned.",
@@ -432,7 +475,9 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return text, args
 
 
-def _arguments_model(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]) -> type[pydantic.BaseModel]:
+def _arguments_model(fn: Callable[..., Any], tool_name: str,
+                     arg_docs: dict[str, str]) -> tuple[type[pydantic.BaseModel], tuple[str, DepsCheck | None] | None]:
+    """Return the model of the arguments the model sends, and the `ToolContext` parameter with its deps type, if any."""
     import pydantic  # loaded with the first tool (imports of contextpipe stay fast)
 
     sig = inspect.signature(fn)
@@ -441,19 +486,37 @@ def _arguments_model(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str,
     except Exception as exc:
         raise UsageError(f"tool {tool_name!r}: cannot resolve its type hints ({exc})") from exc
     fields: dict[str, Any] = {}
+    context: tuple[str, DepsCheck | None] | None = None
     for pname, param in sig.parameters.items():
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             raise UsageError(f"tool {tool_name!r}: *args / **kwargs are not supported; name each argument")
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:
             raise UsageError(f"tool {tool_name!r}: positional-only argument {pname!r} is not supported")
-        annotation = hints.get(pname, Any)
+        annotation: object = hints.get(pname, Any)
+        if annotation is ToolContext or get_origin(annotation) is ToolContext:
+            if context is not None:
+                raise UsageError(f"tool {tool_name!r}: parameters {context[0]!r} and {pname!r} both take the "
+                                 "ToolContext; declare one")
+            try:
+                context = (pname, DepsCheck.for_annotation((get_args(annotation) or (object,))[0],
+                                                           getattr(inspect.unwrap(fn), "__globals__", {})))
+            except UsageError as exc:
+                raise UsageError(f"tool {tool_name!r}: {exc}") from exc
+            continue
+        if _mentions_context(annotation):
+            raise UsageError(f"tool {tool_name!r}: parameter {pname!r} must be annotated ToolContext or "
+                             "ToolContext[Deps] alone (not Optional or in a union): a run always gives one, and a "
+                             "test passes one with tool.invoke(arguments, context=ToolContext.for_call(...))")
         default: Any = ... if param.default is inspect.Parameter.empty else param.default
         doc = arg_docs.get(pname)
         fields[pname] = (annotation, pydantic.Field(default, description=doc) if doc else default)
     model_name = "".join(part.capitalize() for part in re.split(r"[_-]", tool_name)) + "Arguments"
-    return pydantic.create_model(
-        model_name, __config__=pydantic.ConfigDict(extra="forbid"), **fields
-    )
+    return pydantic.create_model(model_name, __config__=pydantic.ConfigDict(extra="forbid"), **fields), context
+
+
+def _mentions_context(annotation: object) -> bool:
+    return any(arg is ToolContext or get_origin(arg) is ToolContext or _mentions_context(arg)
+               for arg in get_args(annotation))
 
 
 def _describe_validation_error(name: str, arguments: str, exc: pydantic.ValidationError) -> str:

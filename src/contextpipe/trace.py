@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from ._compaction_decision import CompactionDecision
 from ._preview import preview
-from .compaction import CompactionDecision
 from .messages import INPUT
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter

@@ -409,11 +409,11 @@ async def test_a_redis_purge_cut_short_still_runs_the_hooks_of_what_it_removed()
 def test_state_traces_and_checkpoints_nested_too_deeply_are_corrupt_records(what: str) -> None:
     # Every backend decodes these through the same functions; JSON past Python's recursion limit is a
     # CorruptRecord naming the session, not a RecursionError.
-    from contextpipe.stores import _common
+    from contextpipe.stores import _common, _rows
 
     key, nested = SessionKey("t", "s"), "[" * 100_000 + "]" * 100_000
     decode = {"the state": _common.decode_state, "a trace": _common.decode_trace,
-              "a checkpoint": _common.decode_checkpoint}[what]
+              "a checkpoint": _rows.decode_checkpoint}[what]
     body = f'{{"seq":1,"created_at":1.0,"summary":{nested}}}' if what == "a checkpoint" else f'{{"k":{nested}}}'
     with pytest.raises(CorruptRecord, match=f"{what} of session 's'"):
         decode("sqlite", key, body)

@@ -18,7 +18,7 @@ from contextpipe.codec import dumps
 from contextpipe.session import SessionKey
 from contextpipe.stores import SQLiteStore
 from contextpipe.stores import _sqlite_log as log_module
-from contextpipe.stores._common import decode_checkpoint
+from contextpipe.stores._rows import decode_checkpoint
 from contextpipe.stores.base import Checkpoint
 from message_strategies import anatomy, wide_ints
 

@@ -1,39 +1,77 @@
-"""One tool call: running it (`invoke_tool`), and the answers for calls that did not finish.
+"""One tool call: its context (`CallContexts`), running it (`invoke_tool`), and the answers for unfinished calls.
 
 No model ever sees a call without a result. A call whose run stopped before it finished is
 answered with an explicit error instead: `interrupted` when a previous run stopped (the next run
-answers the calls it left open, unless their tool is idempotent and runs again), `stopped_with_run`
-when this run was cancelled while an async tool ran and a late result must follow the exchange
-(`contextpipe._run.threads`).
+answers the calls it left open, unless their tool is idempotent and runs again), `not_run_again`
+when the run that was to run such a call again was cut first and must answer it before it keeps its
+input (`contextpipe._run.repair`), `stopped_with_run` when this run was cancelled while an async
+tool ran and a late result must follow the exchange (`contextpipe._run.threads`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from ..messages import FunctionCall, FunctionResult
+from ..messages import FunctionCall, FunctionResult, Message
+from ..tool_context import ToolContext
 from ..tools import ToolOutcome
 
 if TYPE_CHECKING:
+    from ..session import Session
     from ..tools import Tool
     from .threads import RunThreads
 
-__all__ = ["interrupted", "invoke_tool", "stopped_with_run"]
+__all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "stopped_with_run"]
+
+
+@dataclass(slots=True)
+class CallContexts:
+    """Makes the `ToolContext` of each tool call of one run (the same for a call on every re-run)."""
+
+    session: Session | None
+    agent: Any
+    deps: Any = None
+    """The run's ``deps`` (kept for the run only, never stored)."""
+    state_owners: Mapping[str, str] = field(default_factory=dict)
+    """The session state keys tools may not use, with who keeps each."""
+    _made_by: dict[str, str] = field(default_factory=dict)
+
+    def expect(self, messages: Sequence[Message], calls: Sequence[FunctionCall]) -> None:
+        """Note which of `messages` (the latest that did) made each of `calls`, about to run: its id is in their key."""
+        wanted = {c.call_id for c in calls}
+        made_by: dict[str, str] = {}
+        for message in reversed(messages):
+            for c in message.function_calls if message.role == "assistant" else ():
+                if c.call_id in wanted:
+                    made_by.setdefault(c.call_id, message.id)
+            if len(made_by) == len(wanted):
+                break
+        self._made_by = made_by
+
+    def for_call(self, call: FunctionCall) -> ToolContext[Any]:
+        """Return the context of `call` (one of the calls `expect` was told about last)."""
+        return ToolContext.for_call(call.call_id, call.name, deps=self.deps, session=self.session,
+                                    message_id=self._made_by.get(call.call_id, ""), agent=self.agent,
+                                    state_owners=self.state_owners)
 
 
 async def invoke_tool(tools: dict[str, Tool], call: FunctionCall, arguments: str,
-                      threads: RunThreads | None = None) -> ToolOutcome:
+                      threads: RunThreads | None = None, context: ToolContext[Any] | None = None) -> ToolOutcome:
     """Run the tool `call` names with `arguments` (the model's, or as tool middleware passed them on).
 
     An unknown name becomes an error outcome for the model. A sync tool's worker thread is handed
-    to `threads` (when given), which keeps it if the wait for it ends early.
+    to `threads` (when given), which keeps it if the wait for it ends early. `context` is the call's
+    `ToolContext`, for a tool that takes one.
     """
     tool = tools.get(call.name)
     if tool is None:
         names = ", ".join(sorted(tools)) or "none"
         return ToolOutcome(f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
-    return await tool._invoke(arguments, None if threads is None else functools.partial(threads.started, call))
+    return await tool._invoke(arguments, None if threads is None else functools.partial(threads.started, call),
+                              context)
 
 
 def interrupted(call: FunctionCall) -> FunctionResult:
@@ -42,6 +80,16 @@ def interrupted(call: FunctionCall) -> FunctionResult:
         call.call_id,
         f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped); "
         "it was not run again because the tool is not marked idempotent. Check its effect before retrying.",
+        is_error=True,
+    )
+
+
+def not_run_again(call: FunctionCall) -> FunctionResult:
+    """Return the answer for a call to an idempotent tool a previous run left open, that a cut run did not finish."""
+    return FunctionResult(
+        call.call_id,
+        f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped), and the "
+        "run that was to run it again stopped before it had a result. Check its effect before retrying.",
         is_error=True,
     )
 

@@ -18,7 +18,7 @@ repaired in the run's view, with a note on the trace, so no content can make a s
 Before the first call the loop also repairs a session whose log ends in tool calls without results
 (a crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
 again, and every other call gets an explicit "interrupted" result, so no model ever sees an
-unanswered call.
+unanswered call (`contextpipe._run.repair`; a run cut meanwhile answers them all before it keeps its input).
 
 A sync tool's thread that outlives the wait for it (a timeout, a cancelled run) is kept
 (`contextpipe._run.threads`): its late result is recorded before the next model call, and the loop
@@ -34,16 +34,14 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost
 from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
 from ..exchanges import (
     ValidatedChunks,
-    exchange_problem,
     late_result,
     normalise_calls,
-    repair_exchanges,
     tool_message,
     unanswered_calls,
 )
@@ -60,9 +58,10 @@ from ..models.base import (
 from ..pipeline import MessageView, Segment
 from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
-from .calls import interrupted, invoke_tool, stopped_with_run
+from .calls import CallContexts, interrupted, invoke_tool, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
+from .repair import REPAIR, check_history, cut_answer, save_cut_answer
 from .replay import STOP_KEY
 from .threads import RunThreads, wait_through_cancellation
 from .tool_chain import ToolChain
@@ -71,6 +70,7 @@ if TYPE_CHECKING:
     from ..config import RunLimits
     from ..pipeline import RunContext
     from ..telemetry import ExecuteTool
+    from ..tool_context import ToolContext
     from ..tools import Tool, ToolSpec
     from .writer import StepWriter
 
@@ -119,22 +119,6 @@ def _stopped(message: Message, reason: StopReason) -> Message:
 _DONE = object()
 
 
-_REPAIR = Source("tool", "repair")
-
-
-def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list[Segment]:
-    """Split repaired `messages` back into segments by the source each had (new ones: the repair's)."""
-    origin = {m.id: s.source for s in segments for m in s.messages}
-    out: list[Segment] = []
-    for message in messages:
-        source = origin.get(message.id, _REPAIR)
-        if out and out[-1].source == source:
-            out[-1].messages.append(message)  # type: ignore[attr-defined]
-        else:
-            out.append(Segment(source, [message]))
-    return out
-
-
 def _untagged(messages: Sequence[Message]) -> Iterable[Message]:
     """Return the messages as contributed, without the tagged copies a run's view makes (counts read no source)."""
     if isinstance(messages, ValidatedChunks):
@@ -142,35 +126,11 @@ def _untagged(messages: Sequence[Message]) -> Iterable[Message]:
     return messages
 
 
-def _checked(segment: Segment) -> Segment:
-    """Return `segment` frozen and marked checked when its tool exchanges are complete, else as it is."""
-    if segment._checked or exchange_problem(segment.messages) is not None:
-        return segment
-    return Segment(segment.source, tuple(segment.messages), segment.first_seq, segment._tagged, _checked=True)
-
-
-def _check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message], list[str]]:
-    """Check the loaded history's tool exchanges once, segment by segment; repair it if it breaks the rules.
-
-    Returns the segments to send (complete ones frozen and marked, so the check before each model
-    call skips them), the history when it may end in calls without results (empty when every
-    segment is complete) and the repair notes.
-    """
-    checked = [_checked(s) for s in head]
-    for s in checked:
-        if not s._checked:
-            break
-    else:
-        return checked, [], []
-    fixed, notes = repair_exchanges([m for s in head for m in s.messages])
-    return (_resegment(fixed, head) if notes else checked), fixed, notes
-
-
 class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
     def __init__(self, ctx: RunContext, model: ChatModel, limits: RunLimits, writer: StepWriter, *,
-                 stream: bool, want_events: bool,
+                 stream: bool, want_events: bool, contexts: CallContexts | None = None,
                  instrument_tools: Callable[[ExecuteTool], ExecuteTool] | None = None) -> None:
         self.ctx = ctx
         self.model = model
@@ -180,6 +140,7 @@ class StepLoop:
         self.want_events = want_events
         self.state = LoopState()
         self._instrument_tools = instrument_tools
+        self._contexts = contexts if contexts is not None else CallContexts(ctx.session, ctx.agent)
         self._model_source = Source("model", model.name)
         self._parts: list[Segment] = []
         self._tail: list[Message] = []
@@ -195,16 +156,18 @@ class StepLoop:
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
+        self._unconfirmed: list[Message] = []  # the model output being saved
         self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
 
-    def _run_tool(self, call: FunctionCall, arguments: str) -> Awaitable[ToolOutcome]:
-        return invoke_tool(self._tools, call, arguments, self._threads)
+    def _run_tool(self, call: FunctionCall, arguments: str, context: ToolContext[Any]) -> Awaitable[ToolOutcome]:
+        return invoke_tool(self._tools, call, arguments, self._threads, context)
 
     def _call_tool(self, call: FunctionCall) -> Awaitable[FunctionResult]:
         step = self.state.steps  # the model call that asked for it: 0 while answering an interrupted run
+        context = self._contexts.for_call(call)
 
         async def run(c: FunctionCall) -> FunctionResult:
-            return await self._chain.run(c, step)
+            return await self._chain.run(c, step, context)
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -259,10 +222,19 @@ class StepLoop:
             await self._settle(None)
 
     async def _save_late(self) -> StepPersisted | None:
-        """Add and save the late results that came since the last step (a step boundary); return the event."""
+        """Add and save the late results that came since the last step (a step boundary); return the event.
+
+        The threads are forgotten once their results are taken: a save cut short (or failed) is made
+        again on the way out, as those results are nowhere else.
+        """
         if not self._threads or not (late := self._threads.late()):
             return None
-        return await self._save(self.state.steps, self._add_late(late))
+        messages = self._add_late(late)
+        try:
+            return await self._save(self.state.steps, messages)
+        except BaseException as exc:
+            await self._save_stopping(messages, exc, "the late results of tool threads")
+            raise
 
     async def _settle(self, error: BaseException | None) -> None:
         """Wait for the tool threads still running, then save what they produced (`contextpipe._run.threads`).
@@ -284,13 +256,19 @@ class StepLoop:
         messages = threads.unsaved()  # answers whose save was cut: saved again (appends are idempotent by id)
         unanswered, late = threads.finish()
         messages.extend(self._add_tool_message([call], [result]) for call, result in unanswered)
+        resaved: list[Message] = []
         if late and (stopped := unanswered_calls(self._tail)):
-            # Calls of the step the run cancelled (async tools) would come before the late results with
-            # no answer: they are answered as what they were, instead of leaving the log to repair.
+            # Calls of the step the run cut (async tools, or a model output being saved) would come before the
+            # late results with no answer: they are answered as what they were, instead of leaving the log to
+            # repair, after their model output, saved again if its save did not return (appends are idempotent
+            # by id): no answer is ever stored without its call.
+            resaved = self._unconfirmed
+            messages.extend(resaved)
             messages.append(self._add_tool_message(stopped, [stopped_with_run(c) for c in stopped]))
         messages.extend(self._add_late(late))
         try:
-            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages,
+                                                                        with_request=bool(resaved)))
         except Exception as exc:
             if error is None:
                 raise
@@ -329,13 +307,14 @@ class StepLoop:
         for i, s in enumerate(ctx.segments, 1):
             if s.source.kind == "history":
                 split = i
-        head, open_end, repair_notes = _check_history(ctx.segments[:split])
+        head, open_end, repair_notes = check_history(ctx.segments[:split])
         if repair_notes:
             ctx.journal.changes.append(ContextChange("repair", "repaired_log", tuple(repair_notes)))
         self._head = len(head)
         self._parts = head
         self._parts.extend(ctx.segments[split:])
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
+        self.writer.left_open(unanswered_calls(open_end))  # no input is kept before each has its answer saved
         return open_end
 
     async def _answer_interrupted(self, history: list[Message]) -> AsyncGenerator[RunEvent, None]:
@@ -346,24 +325,30 @@ class StepLoop:
         pending = unanswered_calls(history)
         if not pending:
             return
-        results: list[FunctionResult] = []
-        for call in pending:
-            tool = self._tools.get(call.name)
-            if tool is not None and tool.idempotent:
+        self._contexts.expect(history, pending)
+        results: dict[str, FunctionResult] = {}
+        message: Message | None = None
+        try:
+            for call in pending:
+                if not self._idempotent(call):
+                    results[call.call_id] = interrupted(call)
+                    continue
                 if self.want_events:
                     yield ToolCallStarted(call)
-                result = await self.writer.guard(self._execute(call))
+                results[call.call_id] = result = await self.writer.guard(self._execute(call))
                 if self.want_events:
                     yield ToolCallFinished(call, result)
-            else:
-                result = interrupted(call)
-            results.append(result)
-        message = tool_message(pending, results).with_source(_REPAIR)
-        self._parts.insert(self._head, Segment(_REPAIR, [message], _tagged=[message]))
-        self.state.new_messages.append(message)
-        for call in pending:
-            self._threads.answering(call, message)
-        saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+            message = tool_message(pending, list(results.values())).with_source(REPAIR)
+            self._parts.insert(self._head, Segment(REPAIR, [message], _tagged=[message]))
+            self.state.new_messages.append(message)
+            for call in pending:
+                self._threads.answering(call, message)
+            saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+        except BaseException as exc:  # a run cut here that keeps its input answers every call first
+            cut = message if message is not None else cut_answer(
+                pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
+            await save_cut_answer(self.writer, self.ctx, cut, exc)
+            raise
         for call in pending:
             self._threads.saved(call)
         if self.want_events and saved:
@@ -463,11 +448,15 @@ class StepLoop:
         produced. Sets `_stop` when the run is over.
         """
         produced, calls = self._answer_withdrawn(step)
-        if (persisted := await self._save(step.step, produced)) is not None:
+        self._unconfirmed = produced  # until its save returns (`_settle` saves it again before it answers its calls)
+        persisted = await self._save(step.step, produced)
+        self._unconfirmed = []
+        if persisted is not None:
             yield persisted
         if not calls:
             self._stop = Stop(self._stop_reason(step))
             return
+        self._contexts.expect(step.produced, calls)
         if self.want_events:
             for c in calls:
                 yield ToolCallStarted(c)
@@ -521,16 +510,25 @@ class StepLoop:
             call = by_id[result.call_id]
             messages.append(message := self._add_tool_message([call], [result]))
             self._threads.answering(call, message)
-        if not messages:
-            return
-        try:
-            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
-        except Exception as exc:
-            error.add_note(f"the results of calls that finished as the run stopped could not be saved: "
-                           f"{type(exc).__name__}: {exc}")
+        if not messages or not await self._save_stopping(messages, error, "the results of calls that finished"):
             return
         for result in finished:
             self._threads.saved(by_id[result.call_id])
+
+    async def _save_stopping(self, messages: Sequence[Message], error: BaseException, what: str) -> bool:
+        """Save `messages` as the run stops with `error`, whatever cancels the wait; return whether they were.
+
+        Appends are idempotent by message id: saving again what a cut save may have stored is safe. A
+        failure is a note on `error` (the run's own error goes on); a lost lease saves nothing.
+        """
+        if self.writer.lost is not None:
+            return False
+        try:
+            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+        except Exception as exc:
+            error.add_note(f"{what} could not be saved as the run stopped: {type(exc).__name__}: {exc}")
+            return False
+        return True
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """Return the messages to save and the calls to run.

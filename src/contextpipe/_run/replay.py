@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, cast, get_args
 
-from ..codec import message_to_dict
 from ..errors import InputConflict, shorten
 from ..events import RunResult, StopReason
 from ..models.base import Usage
@@ -209,6 +208,8 @@ def _not_input(stored: Message) -> bool:
 
 def _content(message: Message) -> str:
     """Return what makes two messages the same input: everything but id, creation time and source."""
+    from ..codec import message_to_dict  # here: only a retry compares inputs, and a first run need not load the codec
+
     d = message_to_dict(message)
     for key in ("id", "created_at", "source"):
         d.pop(key, None)

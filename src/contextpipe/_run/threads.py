@@ -76,6 +76,10 @@ class RunThreads:
                 kept.saved = True
         self._kept = [k for k in self._kept if k.call is not call or k.thread.timed_out]
 
+    def unanswered(self, call: FunctionCall) -> bool:
+        """Tell whether `call` has a thread kept and no answer yet: `finish` gives it the thread's result."""
+        return any(k.call is call and k.answer is None for k in self._kept)
+
     def late(self) -> list[tuple[FunctionCall, FunctionResult]]:
         """Return (and forget) the calls answered with a timeout whose thread has finished since, with its result."""
         done = [k for k in self._kept if k.thread.timed_out and k.answer is not None and k.thread.outcome.done()]

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ToolMiddlewareError, UsageError, clause, shorten
 from ..messages import FunctionCall, FunctionResult
+from ..tool_context import ToolContext
 from ..tools import CallTool, ToolInvocation, ToolMiddleware, ToolOutcome
 from ..trace import RunJournal, ToolMiddlewareAction, TracedToolCall, TracedToolMiddleware
 
 __all__ = ["ToolChain"]
 
-Invoke = Callable[[FunctionCall, str], Awaitable[ToolOutcome]]
-"""Runs the tool the model's call names with JSON arguments (`_run.calls.invoke_tool` over the run's tools)."""
+Invoke = Callable[[FunctionCall, str, ToolContext[Any]], Awaitable[ToolOutcome]]
+"""Runs the tool the model's call names with JSON arguments and the call's context (`_run.calls.invoke_tool`)."""
 
 
 @dataclass(slots=True)
@@ -48,19 +50,22 @@ class ToolChain:
         self._journal = journal
         self._failure: ToolMiddlewareError | None = None
 
-    async def run(self, call: FunctionCall, step: int) -> FunctionResult:
-        """Run `call` (asked for by model call `step`; 0 on resume) through the middleware; return its result."""
+    async def run(self, call: FunctionCall, step: int, context: ToolContext[Any]) -> FunctionResult:
+        """Run `call` (asked for by model call `step`; 0 on resume) through the middleware; return its result.
+
+        The tool is given `context`, the one the middleware sees (`ToolInvocation.context`), whatever they pass on.
+        """
         if not self._middleware:
-            outcome = await self._invoke(call, call.arguments)
+            outcome = await self._invoke(call, call.arguments, context)
             self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error))
             return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
         state = _Call([None] * len(self._middleware))
-        chain = self._terminal(call, state)
+        chain = self._terminal(call, state, context)
         for index in reversed(range(len(self._middleware))):
             chain = self._bind(index, chain, state)
         try:
             outcome = await chain(ToolInvocation(name=call.name, call_id=call.call_id, arguments=call.arguments,
-                                                resumed=step == 0))
+                                                resumed=step == 0, context=context))
         except Exception as exc:  # a middleware failed: answer the call, raise once the step is saved
             outcome = self._failed(call, state, exc)
         seen = tuple(m for m in state.seen if m is not None)
@@ -73,10 +78,10 @@ class ToolChain:
         if failure is not None:
             raise failure
 
-    def _terminal(self, model_call: FunctionCall, state: _Call) -> CallTool:
+    def _terminal(self, model_call: FunctionCall, state: _Call, context: ToolContext[Any]) -> CallTool:
         async def run_tool(call: ToolInvocation) -> ToolOutcome:
             state.ran = True
-            return await self._invoke(model_call, call.arguments)
+            return await self._invoke(model_call, call.arguments, context)
 
         return run_tool
 

@@ -8,7 +8,8 @@ writer each step. The writer saves:
 - per step (the default): the request messages each storing history provider keeps, with the first
   model output; then every model output and every tool result as soon as it exists; a run
   interrupted before its first model output was saved (a cancelled task, Ctrl-C) still saves the
-  request messages, so the caller's input is never lost;
+  request messages, so the caller's input is never lost (unless calls a previous run left open
+  before it could not all be answered, `left_open`: the input never goes between a call and its result);
 - per run: everything once, when the run has succeeded;
 - summary checkpoints (for compaction), the session's state (with the run's token calibration)
   and, when asked, the run's traces.
@@ -28,22 +29,26 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import LeaseLost, StoreError
-from ..stores.base import Checkpoint
+from ..exchanges import unanswered_calls
+from ..stores.base import Checkpoint, SessionStore
 from ..tokens import CALIBRATION_KEY
 from .heartbeat import LeaseHeartbeat
 
 if TYPE_CHECKING:
     from ..config import Durability, Heartbeat
-    from ..messages import Message
+    from ..messages import FunctionCall, Message
     from ..pipeline import RunContext
     from ..providers.base import HistoryProvider
     from ..session import Session
-    from ..stores.base import Lease, SessionStore
+    from ..stores.base import Lease
     from ..tokens import Calibration
 
 __all__ = ["StepWriter"]
 
 T = TypeVar("T")
+
+_TAIL = 16
+"""Messages read from the log's end at first when looking for the calls left open there (`StepWriter.open_calls`)."""
 
 
 class StepWriter:
@@ -66,8 +71,9 @@ class StepWriter:
                 self._providers.append(p)
             if self._loader is None and p.policy.load_messages:
                 self._loader = p
-        self._request_saved = False  # the request messages were handed to a save
-        self._request_stored = False  # ... and that save returned
+        self._request_stored = False  # a save of the request messages returned
+        # The calls an earlier run left open without a saved answer (id: name); None until the loop read the history.
+        self._left_open: dict[str, str] | None = None
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
@@ -144,15 +150,15 @@ class StepWriter:
                         with_request: bool = True, durable: bool = True) -> list[Message]:
         """Save a step now (per-step mode only) and return what the first storing provider was given.
 
-        Each storing provider gets `response`, preceded on the first such call by the request
-        messages it stores (unless `with_request` is False). ``durable=False`` is for writes a crash
+        Each storing provider gets `response`, preceded by the request messages it stores until a
+        save of them returned (unless `with_request` is False): again after a save that was cut or
+        failed, as appends are idempotent by message id. ``durable=False`` is for writes a crash
         would repair anyway (the result of an idempotent tool: a resumed run runs it again); the
         next model output is saved durably, which makes them durable too.
         """
         if not self.per_step or not self.stores_messages:
             return []
-        first = with_request and not self._request_saved
-        self._request_saved = self._request_saved or with_request
+        first = with_request and not self._request_stored
         saved = await self._save(ctx, response, with_request=first, durable=durable)
         self._request_stored = self._request_stored or first
         return saved
@@ -163,12 +169,55 @@ class StepWriter:
         A run interrupted (a cancelled task, Ctrl-C) before its first model answer was saved would
         otherwise lose the caller's input, which is saved with that answer. Appending is idempotent
         by message id, so the input is stored once even if an interrupted save did land.
+
+        Raises `StoreError`, storing nothing, while a call an earlier run left open has no saved
+        answer (`left_open`): the input would come between the call and its result.
         """
-        if self._request_stored or not self.per_step or not self.stores_messages:
+        if not self.keeps_input(ctx):
             return
-        self._request_saved = True
+        if self._left_open:
+            session = self.session
+            assert session is not None
+            names = ", ".join(f"{name} ({call_id})" for call_id, name in self._left_open.items())
+            raise StoreError(
+                f"calls {names} that the session's previous run left open have no saved answer, and the input may "
+                "not come between a call and its result; send the input again (the next run answers the calls first)",
+                backend=self.store.backend, tenant=session.tenant, session_id=session.id)
         await self._save(ctx, [], with_request=True)
         self._request_stored = True
+
+    def keeps_input(self, ctx: RunContext) -> bool:
+        """Tell whether `save_input` would store request messages of `ctx` now (no save of them returned yet)."""
+        return (not self._request_stored and self.per_step and self.stores_messages
+                and any(p.select_request(ctx) for p in self._providers))
+
+    def left_open(self, calls: Sequence[FunctionCall]) -> None:
+        """Note the calls an earlier run left open: no input is kept (`save_input`) until each has an answer saved."""
+        self._left_open = {c.call_id: c.name for c in calls}
+
+    @property
+    def history_read(self) -> bool:
+        """True once the calls the loaded history left open are known (`left_open`; the loop reads them first)."""
+        return self._left_open is not None
+
+    async def open_calls(self) -> list[FunctionCall]:
+        """Return the calls the end of the session's log leaves without results, read back from the log.
+
+        For a run stopped before its loop read the history (`contextpipe._run.repair.answer_open_end`):
+        the log is the one the history provider that loads it keeps.
+        """
+        loader, session = self._loader, self.session
+        if loader is None or session is None:
+            return []
+        store = loader.store
+        if not isinstance(store, SessionStore):
+            return unanswered_calls(list(await loader.load(session)))
+        limit = _TAIL
+        while True:  # the tool messages at the end, and the message before them
+            page = await store.load(session.tenant, session.id, limit=limit)
+            if not page.has_more or any(m.role != "tool" for m in page.messages):
+                return unanswered_calls(page.messages)
+            limit *= 4
 
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only)."""
@@ -190,6 +239,10 @@ class StepWriter:
                 await provider.save(session, batch, lease=self.lease_for(provider), durable=durable or with_request)
             if saved is None:
                 saved = batch
+        if self._left_open:
+            for message in response:
+                for result in message.function_results:
+                    self._left_open.pop(result.call_id, None)
         return saved or []
 
     async def save_checkpoint(self, seq: int, summary: Message) -> bool:

@@ -182,7 +182,11 @@ class HistoryProvider(ContextProvider):
         return self.policy.stores_anything
 
     async def load(self, session: Session) -> Sequence[Message]:
-        """Return the session's messages to put into the context, oldest first."""
+        """Return the session's messages to put into the context, oldest first, with the ids they were saved with.
+
+        The ids matter: a resumed run finds the calls it must answer by them, and a tool call's
+        idempotency key is made from its message's id (`contextpipe.ToolContext.idempotency_key`).
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement load()")
 
     async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,

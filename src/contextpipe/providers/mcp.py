@@ -51,6 +51,7 @@ from .base import ContextProvider
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext
+    from ..tool_context import ToolContext
 
 __all__ = ["HttpServer", "McpError", "McpTools", "StdioServer", "model_tool_name"]
 
@@ -420,7 +421,7 @@ class McpTools(ContextProvider):
                               or _field(annotations, "idempotent_hint", "idempotentHint"))
             try:
                 tool = Tool.from_schema(name, spec.description or "", schema, self._caller(remote),
-                                        idempotent=idempotent)
+                                        idempotent=idempotent, with_context=True)
             except UsageError as exc:
                 problems.append(f"tool {remote!r}: {exc}; it is not offered")
                 continue
@@ -443,8 +444,9 @@ class McpTools(ContextProvider):
                            "starts with it); leave one out with include=[...], or choose another prefix")
         return model_tool_name(self.prefix, f"{remote}_{hashlib.sha1(remote.encode()).hexdigest()[:6]}")
 
-    def _caller(self, remote: str) -> Callable[[dict[str, Any]], Awaitable[ToolOutcome]]:
-        async def call(arguments: dict[str, Any]) -> ToolOutcome:
+    def _caller(self, remote: str) -> Callable[[dict[str, Any], ToolContext[Any] | None], Awaitable[ToolOutcome]]:
+        async def call(arguments: dict[str, Any], context: ToolContext[Any] | None) -> ToolOutcome:
+            # The server is sent the arguments only: who the call serves (the context) stays in the process.
             try:
                 result = await self._request(lambda s: s.call_tool(remote, arguments))
             except Exception as exc:

@@ -5,17 +5,21 @@ name is part of what is searched and of the line the model is shown. Recall is h
 the store's keyword index and its vectors, fused — and each turn is keyword-indexed together with the
 two turns before it and the two after it, and shown with its neighbours, so an answer that only makes
 sense with its question is found and read whole.
+
+It recalls before every run, or (``mode="tool"``) offers the model a ``search_memory`` tool to
+search with a query of its own, a time range and a speaker, or both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -24,6 +28,7 @@ from ..errors import UsageError
 from ..exchanges import is_late_result
 from ..messages import INPUT, Message, Source
 from ..session import USER_NAME_KEY, Session, user_id
+from ..tools import Tool, ToolOutcome
 from ..vectors.base import (
     EMBEDDER_KEY,
     Embedder,
@@ -36,6 +41,7 @@ from ..vectors.base import (
     keyword_terms,
 )
 from .base import ContextProvider, MessageFilter, external_input
+from .search import ToolMode, check_mode, search_tool
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
@@ -150,6 +156,14 @@ class SemanticMemory(ContextProvider):
     them out of memory for good; an `input_filter` that adds loaded history searches with the
     conversation so far.
 
+    `mode` says when it recalls: ``"before_run"`` (the default) as above; ``"tool"`` instead offers
+    the model a tool (`tool_name`, ``search_memory``) that searches the same memories with a query
+    the model writes, optionally within a time range and by one speaker, each result with its
+    message id and date; ``"both"`` does both. The tool searches everything stored in `scope`,
+    turns that compaction has since summarised out of the context too: a turn is stored when its
+    run ends, whatever later runs send the model. `input_filter` is refused in ``"tool"`` mode,
+    where the model writes the query (in ``"both"`` it chooses what the before-run search uses).
+
     With `SQLiteStore.vectors()`, deleting or expiring a session also deletes its memories.
     """
 
@@ -174,6 +188,8 @@ class SemanticMemory(ContextProvider):
         window_after: int = 2,
         names_lookup: bool = True,
         short_turn_words: float = 5,
+        mode: ToolMode = "before_run",
+        tool_name: str = "search_memory",
         source_id: str = "memory",
         input_filter: MessageFilter | None = None,
         store_request_filter: MessageFilter | None = None,
@@ -189,6 +205,7 @@ class SemanticMemory(ContextProvider):
             raise UsageError(f"window and window_after must be 0 or more turns, got {window}, {window_after}")
         if not 0 <= short_turn_words < math.inf:
             raise UsageError(f"short_turn_words must be 0 (off) or a number of words, got {short_turn_words}")
+        check_mode("SemanticMemory", mode, input_filter)
         self.vectors = vectors
         self.embedder = embedder
         self.collection = collection
@@ -205,6 +222,8 @@ class SemanticMemory(ContextProvider):
         self.window_after = window_after
         self.names_lookup = names_lookup
         self.short_turn_words = short_turn_words
+        self.mode: ToolMode = mode
+        self.tool_name = tool_name
         self._recent: OrderedDict[str, list[float]] = OrderedDict()  # line -> vector, newest last
         self._checked = False  # whether the collection's vectors are known to be the embedder's
 
@@ -238,29 +257,61 @@ class SemanticMemory(ContextProvider):
         return name or message.role
 
     async def recall(self, query: str, session: Session | None, *, k: int | None = None,
-                     exclude: Sequence[str] = ()) -> list[SearchHit]:
+                     exclude: Sequence[str] = (), since: datetime | None = None, until: datetime | None = None,
+                     speaker: str | None = None) -> list[SearchHit]:
         """Return the memories in `session`'s scope that best match `query` (ids in `exclude` left out).
 
         Each hit's `score` is the store's (cosine, keyword or fused score) times the short-turn weight
         (`weighted`); `vector_score` and `keyword_score` keep each side's own. `min_score` applies to
         the vector side's cosine, before the weight (keyword matches are not held to it). `exclude`
         is left out before anything is ranked, so it changes nothing about the other memories.
+
+        `since` (inclusive) and `until` (exclusive) keep the memories said in that time (a naive
+        datetime is UTC); `speaker` those whose author or role it is (case ignored). They are the
+        `k` best of the memories that pass, however far down the whole ranking those are (in a
+        ``"hybrid"`` search, of the two rankings fused as deep as that takes; a fusion's order
+        depends a little on its depth, as fused scores are each ranking's scores normalised).
         """
         where = self._where(session)
         if where is None or not query.strip():
             return []
         await self._check_embedder()
         want = self.k if k is None else k
+        keep = _kept(since, until, speaker)
         # With short turns ranked down, the first `candidates` matches are ranked again, whatever `k`,
         # so that a smaller `k` gives the first of the same memories.
-        ranked = max(want, self.vectors.candidates) if self.short_turn_words else want
-        # The query is embedded while the store's keyword side searches (hybrid).
-        vector = None if self.search_mode == "keywords" else self._query_vector(query)
-        hits = await self.vectors.search(self.collection, vector, k=ranked, where=where, min_score=self.min_score,
-                                         text=None if self.search_mode == "vector" else query, exclude=exclude)
+        ranked = max(want, self.vectors.candidates) if self.short_turn_words or keep else want
+        # The query is embedded while the store's keyword side searches (hybrid); a task, as a filtered
+        # search may ask the store again with it.
+        vector = None if self.search_mode == "keywords" else asyncio.ensure_future(self._query_vector(query))
+        try:
+            hits = await self._ranking(query, vector, where, ranked, want, keep, exclude)
+        finally:
+            if vector is not None and not vector.done():
+                vector.cancel()
         if self.short_turn_words:
             hits = sorted((replace(h, score=self.weighted(h.score, h.text)) for h in hits), key=lambda h: -h.score)
         return hits[:want]
+
+    async def _ranking(self, query: str, vector: Awaitable[list[float]] | None, where: dict[str, Any], ranked: int,
+                       want: int, keep: Callable[[Mapping[str, Any]], bool] | None,
+                       exclude: Sequence[str]) -> list[SearchHit]:
+        """Return the store's first `ranked` matches; with `keep`, those that pass, at least `want` if there are.
+
+        The store filters by equality only: a time range and a speaker (a name or a role) are applied
+        to its ranking, asked again four times as deep until `want` memories pass or none is left to
+        rank, so that no memory that passes is missed for ranking low.
+        """
+        text = None if self.search_mode == "vector" else query
+        while True:
+            hits = await self.vectors.search(self.collection, vector, k=ranked, where=where, min_score=self.min_score,
+                                             text=text, exclude=exclude)
+            if keep is None:
+                return hits
+            passed = [h for h in hits if keep(h.metadata)]
+            if len(passed) >= want or len(hits) < ranked:
+                return passed
+            ranked *= 4
 
     def weighted(self, score: float, text: str) -> float:
         """Return the `score` of a memory of `text` times ``words / (words + short_turn_words)``.
@@ -290,12 +341,13 @@ class SemanticMemory(ContextProvider):
         return [query]
 
     @staticmethod
-    def format(hit: SearchHit) -> str:
-        """One memory as the model is shown it: when, which session, who, and the turn before it."""
+    def format(hit: SearchHit, *, with_id: bool = False) -> str:
+        """One memory as the model is shown it: when, which session (and message), who, and the turn before it."""
         meta = hit.metadata
         when = datetime.fromtimestamp(float(meta.get("created_at", 0)), tz=UTC).strftime("%Y-%m-%d %H:%M")
         author = meta.get("author") or meta.get("role")
-        line = f"- [{when} UTC, session {meta.get('session_id')}] {author}: {hit.text}"
+        message = f", message {hit.id}" if with_id else ""
+        line = f"- [{when} UTC, session {meta.get('session_id')}{message}] {author}: {hit.text}"
         before = meta.get("before")
         if before:
             line += f"\n  (just before, {before})"
@@ -307,8 +359,16 @@ class SemanticMemory(ContextProvider):
     async def before_run(self, ctx: RunContext) -> None:
         """Search the memories with what `input_filter` gives and add the best matches as one context message.
 
-        The last `query_messages` context messages, when asked for, go into the query before it.
+        The last `query_messages` context messages, when asked for, go into the query before it. In
+        ``tool`` and ``both`` modes, offer the search tool (to a run with a session: it has the scope).
         """
+        if self.mode != "before_run" and ctx.session is not None:
+            ctx.add_tools([self._tool(ctx.session)])
+            ctx.add_instructions(f"Use {self.tool_name} to search earlier conversations, turns no longer in "
+                                 "this one included, by what was said, when and by whom; each result gives "
+                                 "its date and message id.")
+        if self.mode == "tool":
+            return
         given = self.given_messages(ctx)
         recent: list[str] = []
         if self.query_messages:
@@ -320,6 +380,27 @@ class SemanticMemory(ContextProvider):
         if hits:
             ctx.add_messages([Message.user("Relevant memories from earlier conversations (may be outdated):\n"
                                            + "\n".join(self.format(h) for h in hits), metadata={"memory": True})])
+
+    def _tool(self, session: Session) -> Tool:
+        """Return the search tool of one run: the memories in `session`'s scope."""
+        async def run(query: str, args: dict[str, Any]) -> str | ToolOutcome:
+            speaker = args.get("speaker")
+            try:
+                since, until = _moment(args.get("start"), "start"), _moment(args.get("end"), "end")
+                if speaker is not None and not isinstance(speaker, str):
+                    raise ValueError(f"'speaker' must be a name or a role, got {speaker!r}")
+            except ValueError as exc:
+                return ToolOutcome(f"Error: {exc}", is_error=True)
+            if since is not None and until is not None and until <= since:
+                return ToolOutcome(f"Error: 'end' ({args['end']}) must come after 'start' ({args['start']}).",
+                                   is_error=True)
+            hits = await self.recall(query, session, since=since, until=until, speaker=speaker or None)
+            if not hits:
+                return "No memories match."
+            return "\n".join(self.format(h, with_id=True) for h in hits)
+
+        return search_tool(self.tool_name, "Search the memories of earlier conversations: what was said, when, "
+                           "by whom. Best matches first.", run, options=_TOOL_OPTIONS)
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
         """Store the turn's messages that pass the store filters (only when the run succeeded)."""
@@ -416,6 +497,56 @@ class SemanticMemory(ContextProvider):
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""
         return await self.vectors.delete(self.collection, where={"tenant": tenant, "session_id": session_id})
+
+
+_TOOL_OPTIONS: dict[str, Any] = {
+    "start": {"type": "string", "description": "Only what was said from this date or time on (ISO 8601, UTC "
+              "unless it gives an offset): 2025-06-02 or 2025-06-02T09:00."},
+    "end": {"type": "string", "description": "Only what was said before this date or time; a date alone "
+            "includes that day."},
+    "speaker": {"type": "string", "description": "Only what this speaker said: a name as results show it, or "
+                "a role (user, assistant)."},
+}
+
+
+def _moment(value: object, name: str) -> datetime | None:
+    """Parse the tool's `start` or `end` (ISO 8601; naive is UTC; an `end` date alone means the next midnight).
+
+    The last day there is (9999-12-31) as an `end` date has no next midnight: the range has no end.
+    """
+    if value is None or value == "":
+        return None
+    text = value.strip() if isinstance(value, str) else ""
+    try:
+        day = date.fromisoformat(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"'{name}' must be a date or time in ISO 8601 (2025-06-02 or 2025-06-02T09:00), "
+                             f"got {value!r}") from None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    if name != "end":
+        return moment
+    return moment + timedelta(days=1) if day < date.max else None  # an end date alone: all of that day
+
+
+def _kept(since: datetime | None, until: datetime | None,
+          speaker: str | None) -> Callable[[Mapping[str, Any]], bool] | None:
+    """Return whether a memory's metadata passes the time range and speaker (None: no filter)."""
+    if since is None and until is None and speaker is None:
+        return None
+    start = since.replace(tzinfo=since.tzinfo or UTC).timestamp() if since is not None else -math.inf
+    end = until.replace(tzinfo=until.tzinfo or UTC).timestamp() if until is not None else math.inf
+    who = speaker.casefold() if speaker is not None else None
+
+    def keep(meta: Mapping[str, Any]) -> bool:
+        when = float(meta.get("created_at", 0))
+        return start <= when < end and (who is None or who in (str(meta.get("author", "")).casefold(),
+                                                               str(meta.get("role", "")).casefold()))
+
+    return keep
 
 
 def _role(message: Message) -> str:

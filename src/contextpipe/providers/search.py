@@ -1,4 +1,8 @@
-"""`TextSearch`: retrieval-augmented generation over any async search function (the seeds' TextSearchProvider)."""
+"""`TextSearch`: retrieval-augmented generation over any async search function (the seeds' TextSearchProvider).
+
+Also the home of search as a tool, for every provider that offers one (`TextSearch`, `SemanticMemory`):
+`check_mode` checks a provider's ``mode`` and `search_tool` makes the tool the model searches with.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SearchResult", "TextSearch"]
 
+ToolMode = Literal["before_run", "tool", "both"]
+"""When a search provider searches: before every run (with the input), when the model calls its tool, or both."""
+
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -30,6 +37,36 @@ class SearchResult:
 
 
 SearchFunction = Callable[[str], Awaitable[Sequence[SearchResult]]]
+
+
+def check_mode(provider: str, mode: str, input_filter: MessageFilter | None,
+               modes: Sequence[ToolMode] = ("before_run", "tool", "both")) -> None:
+    """Refuse a `mode` not in `modes`, and an `input_filter` in ``tool`` mode (the model writes the query)."""
+    if mode not in modes:
+        raise UsageError(f"mode must be {' or '.join(repr(m) for m in modes)}, got {mode!r}")
+    if mode == "tool" and input_filter is not None:
+        others = " or ".join(repr(m) for m in modes if m != "tool")
+        raise UsageError(f"{provider}(mode='tool') takes no input_filter: the model writes the query; "
+                         f"use mode={others} to search with the filtered request messages")
+
+
+def search_tool(name: str, description: str, search: Callable[[str, dict[str, Any]], Awaitable[str | ToolOutcome]],
+                *, options: dict[str, Any] | None = None) -> Tool:
+    """Return the tool a model searches with: a required, non-empty ``query`` and the optional `options`.
+
+    `options` are more JSON-schema properties (filters); `search` gets the query and all the
+    arguments, and checks the options itself. The tool is idempotent: a search changes nothing.
+    """
+    async def run(args: dict[str, Any]) -> str | ToolOutcome:
+        query = args.get("query")
+        if not isinstance(query, str) or not query.strip():
+            return ToolOutcome("Error: 'query' must be a non-empty string.", is_error=True)
+        return await search(query, args)
+
+    return Tool.from_schema(name, description, {
+        "type": "object", "properties": {"query": {"type": "string", "description": "What to look for."},
+                                         **(options or {})},
+        "required": ["query"], "additionalProperties": False}, run, idempotent=True)
 
 
 def format_results(results: Sequence[SearchResult]) -> str:
@@ -68,11 +105,7 @@ class TextSearch(ContextProvider):
         input_filter: MessageFilter | None = None,
     ) -> None:
         super().__init__(source_id, input_filter=input_filter)
-        if mode not in ("before_run", "tool"):
-            raise UsageError(f"mode must be 'before_run' or 'tool', got {mode!r}")
-        if mode == "tool" and input_filter is not None:
-            raise UsageError("TextSearch(mode='tool') takes no input_filter: the model writes the query; "
-                             "use mode='before_run' to search with the filtered request messages")
+        check_mode("TextSearch", mode, input_filter, ("before_run", "tool"))
         self.search = search
         self.mode = mode
         self.recent_messages = recent_messages
@@ -133,13 +166,8 @@ class TextSearch(ContextProvider):
                                            "them):\n\n" + format_results(results), metadata={"search": True})])
 
     def _tool(self) -> Tool:
-        async def run(args: dict[str, Any]) -> ToolOutcome:
-            query = args.get("query")
-            if not isinstance(query, str) or not query.strip():
-                return ToolOutcome("Error: 'query' must be a non-empty string.", is_error=True)
+        async def run(query: str, args: dict[str, Any]) -> str:
             results = await self.search(query)
-            return ToolOutcome(format_results(results) if results else "No results.")
+            return format_results(results) if results else "No results."
 
-        return Tool.from_schema(self.tool_name, self.tool_description, {
-            "type": "object", "properties": {"query": {"type": "string", "description": "What to look for."}},
-            "required": ["query"], "additionalProperties": False}, run, idempotent=True)
+        return search_tool(self.tool_name, self.tool_description, run)

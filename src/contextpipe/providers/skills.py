@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import SkillError, UsageError
+from ..tool_context import ToolContext
 from ..tools import Tool, ToolOutcome
 from . import _skillfiles as files
 from . import _skillscripts as scripts
@@ -121,6 +122,9 @@ class ScriptRequest:
     """SHA-256 (hex) of the skill's whole folder as copied (every file's path, content and executable bit):
     the script runs in that copy, so the siblings it imports or reads are the ones approved too. An
     application that remembers approvals keys them by both digests, so that any change asks again."""
+    context: ToolContext[Any] | None = None
+    """The call's run context (session, tenant, user, call id, deps), to decide per user or session; None
+    when the tool was invoked outside a run."""
 
 
 Approver = Callable[[ScriptRequest], bool | Awaitable[bool]]
@@ -485,7 +489,7 @@ class Skills(ContextProvider):
             "required": ["skill", "path"], "additionalProperties": False}, read, idempotent=True)
 
     def _script_tool(self, skills: dict[str, Skill]) -> Tool:
-        async def run(args: dict[str, Any]) -> ToolOutcome:
+        async def run(args: dict[str, Any], context: ToolContext[Any] | None) -> ToolOutcome:
             skill = skills.get(str(args.get("skill", "")))
             if skill is None or skill.path is None:
                 return ToolOutcome(f"Error: there is no skill folder named {args.get('skill')!r}.", is_error=True)
@@ -501,7 +505,7 @@ class Skills(ContextProvider):
             try:
                 assert self.approve is not None
                 request = ScriptRequest(skill.name, skill.path / rel, list(argv),
-                                        copy.digests["/".join(files.check_relative(rel))], copy.digest)
+                                        copy.digests["/".join(files.check_relative(rel))], copy.digest, context)
                 decision = self.approve(request)
                 if inspect.isawaitable(decision):
                     decision = await decision
@@ -520,7 +524,7 @@ class Skills(ContextProvider):
             "type": "object", "properties": {
                 "skill": {"type": "string"}, "path": {"type": "string", "description": "The script's path."},
                 "args": {"type": "array", "items": {"type": "string"}}},
-            "required": ["skill", "path"], "additionalProperties": False}, run)
+            "required": ["skill", "path"], "additionalProperties": False}, run, with_context=True)
 
     # --- files -------------------------------------------------------------------------------------
 

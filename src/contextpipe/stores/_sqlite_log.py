@@ -29,8 +29,8 @@ from typing import Any, Final, TypeAlias, TypeVar
 from ..errors import CodecError
 from ..messages import Message
 from ..session import SessionKey
-from ._common import decode_message
 from ._fastdecode import loads_arrays
+from ._rows import decode_message
 from .base import MessagePage
 
 T = TypeVar("T")

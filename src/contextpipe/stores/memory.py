@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from typing_extensions import override
-
+from .._compat import override
 from ..errors import ConcurrentUpdate
 from ..messages import Message
 from ..session import Session, SessionKey

@@ -23,12 +23,12 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from typing_extensions import override
-
+from .._compat import override
 from ..errors import ConcurrentUpdate, ContextPipeError, StoreError, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _rows as row_codec
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
@@ -363,7 +363,7 @@ class PostgresStore(SessionStore):
 
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
-        encoded = common.encode_batch(messages)
+        encoded = row_codec.encode_batch(messages)
         ids = [mid for mid, _ in encoded]
         bodies = [body for _, body in encoded]
         p = self._p
@@ -408,7 +408,7 @@ class PostgresStore(SessionStore):
                 "AND seq > $3 AND seq <= $4 ORDER BY seq DESC LIMIT $5",
                 key.tenant, key.id, after or 0, end, limit)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return common.make_page(self.backend, key, end, after, ordered)
+        return row_codec.make_page(self.backend, key, end, after, ordered)
 
     @override
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
@@ -426,10 +426,10 @@ class PostgresStore(SessionStore):
             rows = await conn.fetch(
                 f"SELECT seq, message_id, body FROM {p}messages WHERE tenant = $1 AND session_id = $2 "
                 "AND seq > $3 ORDER BY seq DESC LIMIT $4", key.tenant, key.id, floor, limit)
-        checkpoint = (common.decode_checkpoint(self.backend, key, head["ckpt_body"])
+        checkpoint = (row_codec.decode_checkpoint(self.backend, key, head["ckpt_body"])
                       if head["ckpt_body"] is not None else None)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return checkpoint, common.make_page(self.backend, key, int(head["last_seq"]), floor or None, ordered)
+        return checkpoint, row_codec.make_page(self.backend, key, int(head["last_seq"]), floor or None, ordered)
 
     @override
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
@@ -444,7 +444,7 @@ class PostgresStore(SessionStore):
 
     @override
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
-        body = common.encode_checkpoint(checkpoint)
+        body = row_codec.encode_checkpoint(checkpoint)
         async with self._transaction() as conn:
             row = await self._locked_row(conn, key, lease)
             if not 1 <= checkpoint.seq <= row["last_seq"]:
@@ -462,7 +462,7 @@ class PostgresStore(SessionStore):
                 f"SELECT c.body FROM {self._p}checkpoints c JOIN {self._p}sessions s USING (tenant, session_id) "
                 f"WHERE c.tenant = $1 AND c.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
                 "ORDER BY c.seq DESC LIMIT 1", key.tenant, key.id)
-        return None if body is None else common.decode_checkpoint(self.backend, key, body)
+        return None if body is None else row_codec.decode_checkpoint(self.backend, key, body)
 
     # --- traces ------------------------------------------------------------------------------------
 

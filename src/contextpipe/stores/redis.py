@@ -22,12 +22,12 @@ import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from typing_extensions import override
-
+from .._compat import override
 from ..errors import ConcurrentUpdate, LeaseLost, SessionBusy, StoreError, UsageError, shorten
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _rows as row_codec
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
@@ -424,7 +424,7 @@ class RedisStore(SessionStore):
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         flat: list[str] = []
-        for mid, body in common.encode_batch(messages):
+        for mid, body in row_codec.encode_batch(messages):
             flat += [mid, body]
         result = await self._lua_append(keys=self._keys(key),
                                         args=[key.id, *self._lease_args(lease), len(messages), *flat])
@@ -439,7 +439,7 @@ class RedisStore(SessionStore):
             return MessagePage([], 1, False)
         start = int(result[1])
         bodies = result[2] if len(result) > 2 else []
-        messages = [common.decode_message(self.backend, key, start + i + 1, body) for i, body in enumerate(bodies)]
+        messages = [row_codec.decode_message(self.backend, key, start + i + 1, body) for i, body in enumerate(bodies)]
         first = start + 1
         return MessagePage(messages, first, first > 1)
 
@@ -453,7 +453,7 @@ class RedisStore(SessionStore):
     @override
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
         result = await self._lua_checkpoint(keys=self._keys(key), args=[
-            key.id, *self._lease_args(lease), checkpoint.seq, common.encode_checkpoint(checkpoint)])
+            key.id, *self._lease_args(lease), checkpoint.seq, row_codec.encode_checkpoint(checkpoint)])
         if result[0] == b"past_end":
             raise common.checkpoint_past_end(self.backend, key, checkpoint.seq, int(result[1]))
         self._raise(result, key, lease)
@@ -461,7 +461,7 @@ class RedisStore(SessionStore):
     @override
     async def _latest_checkpoint(self, key: SessionKey) -> Checkpoint | None:
         rows = await self._client.zrevrange(self._keys(key)[3], 0, 0)
-        return common.decode_checkpoint(self.backend, key, rows[0]) if rows else None
+        return row_codec.decode_checkpoint(self.backend, key, rows[0]) if rows else None
 
     # --- traces ------------------------------------------------------------------------------------
 

@@ -25,13 +25,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 
-from typing_extensions import override
-
+from .._compat import override
 from .._sqlite import OpenedFile, opened_file
 from ..errors import ConcurrentUpdate, SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _rows as row_codec
 from . import _sqlite_lease as lease_rows
 from . import _sqlite_log as log
 from ._sqlite_file import SQLITE_SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
@@ -374,7 +374,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
-        encoded = common.encode_batch(messages, compact=True)
+        encoded = row_codec.encode_batch(messages, compact=True)
         return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded)
 
     @staticmethod
@@ -405,7 +405,7 @@ class SQLiteStore(SessionStore):
             return MessagePage(messages, first, first > 1)
         if rows is None:  # read row by row: a damaged message is named by its sequence
             end, rows = await self._run(self._load_rows, key, limit, before, after, None)
-        return common.make_page(self.backend, key, end, after, rows or [])
+        return row_codec.make_page(self.backend, key, end, after, rows or [])
 
     def _load_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, before: int | None,
                    after: int | None, sink: log.ArraySink | None) -> tuple[int, log.LogRows | None]:
@@ -428,8 +428,8 @@ class SQLiteStore(SessionStore):
         else:
             if rows is None:  # read row by row: a damaged message is named by its sequence
                 body, floor, end, rows = await self._run(self._context_rows, key, limit, None)
-            page = common.make_page(self.backend, key, end, floor or None, rows or [])
-        checkpoint = common.decode_checkpoint(self.backend, key, body) if body is not None else None
+            page = row_codec.make_page(self.backend, key, end, floor or None, rows or [])
+        checkpoint = row_codec.decode_checkpoint(self.backend, key, body) if body is not None else None
         return checkpoint, page
 
     def _context_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None,
@@ -466,7 +466,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _save_checkpoint(self, key: SessionKey, checkpoint: Checkpoint, lease: Lease | None) -> None:
-        await self._write(key, lease, self._write_checkpoint, checkpoint, common.encode_checkpoint(checkpoint))
+        await self._write(key, lease, self._write_checkpoint, checkpoint, row_codec.encode_checkpoint(checkpoint))
 
     def _write_checkpoint(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
                          checkpoint: Checkpoint, body: str) -> None:
@@ -482,7 +482,7 @@ class SQLiteStore(SessionStore):
             "SELECT c.body FROM cp_checkpoints c JOIN cp_sessions s USING (tenant, session_id) "
             "WHERE c.tenant = ? AND c.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) "
             "ORDER BY c.seq DESC LIMIT 1", (key.tenant, key.id, self._clock())).fetchone())
-        return None if row is None else common.decode_checkpoint(self.backend, key, row["body"])
+        return None if row is None else row_codec.decode_checkpoint(self.backend, key, row["body"])
 
     # --- traces ------------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from typing_extensions import override
 
+from .._compat import override
 from ..errors import UsageError
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, keyword_terms, matches
 

@@ -19,8 +19,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from typing_extensions import override
-
+from .._compat import override
 from ..errors import StoreError, UsageError
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, searched_terms
 

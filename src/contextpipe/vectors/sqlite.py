@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
-from typing_extensions import override
 
+from .._compat import override
 from .._sqlite import OpenedFile, opened_file, refuse_other_applications, use_wal
 from ..errors import UsageError
 from . import _keywords
