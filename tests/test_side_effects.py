@@ -163,7 +163,7 @@ async def test_a_timed_out_sync_tool_commits_its_entries_with_its_late_result(st
 
 async def test_a_save_retried_after_an_unclear_failure_commits_the_entries_once(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "s.db")
-    append, failed = store.append, []
+    append, failed = store.append, list[bool]()
 
     async def committed_then_failed(tenant: str, session_id: str, messages: Sequence[Message], **kw: Any) -> int:
         last = await append(tenant, session_id, messages, **kw)
