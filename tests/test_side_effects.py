@@ -218,8 +218,8 @@ def test_adding_checks_what_it_is_given() -> None:
     outbox.add("emails", payload)
     payload["to"] = "bob"  # copied when added
     assert [e["payload"] for e in outbox.entries] == [{"to": ["ann"]}, 2, {"to": "ann"}]
-    for topic in ("", "x" * 201, 3):
-        with pytest.raises(UsageError, match="an outbox topic must be a non-empty string"):
+    for topic in ("", "x" * 201, 3, "line\nbreak", "nul\x00", "\ud800"):
+        with pytest.raises(UsageError, match="an outbox topic must be a non-empty printable string"):
             outbox.add(topic, 1)  # type: ignore[arg-type]
     for payload_ in (object(), math.nan, {1: {2}}):
         with pytest.raises(UsageError, match="is not JSON"):

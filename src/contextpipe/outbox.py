@@ -95,9 +95,9 @@ class Outbox:
         """
         if self._problem is not None:
             raise UsageError(f"the call {shorten(self._call_id)} cannot add to the outbox: {self._problem}")
-        if not isinstance(topic, str) or not topic or len(topic) > _MAX_TOPIC:
-            raise UsageError(f"an outbox topic must be a non-empty string of at most {_MAX_TOPIC} characters, got "
-                             f"{shorten(repr(topic))}")
+        if not _printable(topic) or len(topic) > _MAX_TOPIC:
+            raise UsageError(f"an outbox topic must be a non-empty printable string of at most {_MAX_TOPIC} "
+                             f"characters, got {shorten(repr(topic))}")
         try:
             copied = json.loads(json.dumps(payload, allow_nan=False))
         except (TypeError, ValueError) as exc:
@@ -133,23 +133,34 @@ def returning(fn: Callable[..., Any], kwargs: dict[str, Any], outbox: Outbox | N
     return value
 
 
-def outbox_rows(messages: Sequence[Message]) -> list[tuple[str, str, str, str, str]]:
-    """Return ``(message_id, key, call_id, topic, payload JSON)`` of every outbox entry the `messages` carry.
+def outbox_rows(messages: Sequence[Message]) -> list[tuple[str, str, str, str]]:
+    """Return ``(message_id, key, topic, body)`` of every outbox entry the `messages` carry.
 
-    For the stores, as they append: an empty list (one metadata lookup per message) in the common case.
-    Raises `UsageError` when a message's entries are not what the run writes (a message built by hand).
+    `body` is the JSON of the entry's ``call_id`` and ``payload``, ASCII only (any string, a lone
+    surrogate or a NUL too, is escaped: every store can keep it as text); key and topic are checked to
+    be printable. For the stores, as they append: an empty list (one metadata lookup per message) in the
+    common case. Raises `UsageError` when a message's entries are not what the run writes (a message
+    built by hand).
     """
-    rows: list[tuple[str, str, str, str, str]] = []
+    rows: list[tuple[str, str, str, str]] = []
     for message in messages:
         entries = message.metadata.get(OUTBOX_KEY) if message.metadata else None
         if entries is None:
             continue
         try:
             for entry in entries:
-                rows.append((message.id, str(entry["key"]), str(entry["call_id"]), str(entry["topic"]),
-                             json.dumps(entry["payload"], ensure_ascii=False, allow_nan=False)))
+                key, topic = entry["key"], entry["topic"]
+                if not (_printable(key) and _printable(topic)):
+                    raise ValueError(f"key {shorten(repr(key))} or topic {shorten(repr(topic))} is not printable text")
+                body = json.dumps({"call_id": entry["call_id"], "payload": entry["payload"]}, allow_nan=False)
+                rows.append((message.id, key, topic, body))
         except (TypeError, KeyError, ValueError) as exc:
             raise UsageError(f"message {shorten(message.id)} has malformed outbox entries under metadata key "
                              f"{OUTBOX_KEY!r} ({type(exc).__name__}: {exc}); that key is contextpipe's: each entry is "
                              "a dict with key, call_id, topic and payload") from exc
     return rows
+
+
+def _printable(text: object) -> bool:
+    """Whether `text` is a non-empty string any store keeps as text (no control character, no lone surrogate)."""
+    return isinstance(text, str) and bool(text) and text.isprintable()

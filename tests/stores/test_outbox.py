@@ -46,15 +46,16 @@ def carrying(call_id: str, *entries: tuple[str, Any], key: str | None = None) ->
 
 
 async def test_entries_are_written_with_their_message_once(store: SessionStore, tenant: str) -> None:
-    shipped = carrying("c1", ("emails", {"to": "ann@example.com"}), ("ledger", [1, 2.5, None, True]))
+    odd = "é \ud800 \x00"  # kept as it was given, by every store
+    shipped = carrying("c\x00 1", ("emails", {"to": "ann@example.com"}), ("ledger", [1, 2.5, None, True, odd]))
     batch = [Message.user("ship it"), shipped]
     await store.append(tenant, "s", batch)
     await store.append(tenant, "s", batch)  # a retried append: the message, and its entries, once
     await store.append(tenant, "s", [Message.assistant("done"), shipped])
     entries = await store.outbox(tenant)
     assert [(e.topic, e.payload, e.seq, e.call_id, e.session_id, e.tenant) for e in entries] == [
-        ("emails", {"to": "ann@example.com"}, 2, "c1", "s", tenant),
-        ("ledger", [1, 2.5, None, True], 2, "c1", "s", tenant)]
+        ("emails", {"to": "ann@example.com"}, 2, "c\x00 1", "s", tenant),
+        ("ledger", [1, 2.5, None, True, odd], 2, "c\x00 1", "s", tenant)]
     assert [e.key for e in entries] == [e["key"] for e in shipped.metadata[OUTBOX_KEY]]
     assert (await store.load(tenant, "s")).messages[1] == shipped  # the log keeps the record too
 
@@ -96,9 +97,11 @@ async def test_deleting_a_session_deletes_its_entries(store: SessionStore, tenan
 
 
 async def test_malformed_entries_are_refused_and_nothing_is_stored(store: SessionStore, tenant: str) -> None:
-    bad = Message("tool", (FunctionResult("c1", "done"),), metadata={OUTBOX_KEY: [{"topic": "emails"}]})
-    with pytest.raises(UsageError, match="malformed outbox entries"):
-        await store.append(tenant, "s", [Message.user("first"), bad])
+    for entries in ([{"topic": "emails"}], [{"key": "k\x00", "call_id": "c1", "topic": "emails", "payload": 1}],
+                    [{"key": "k", "call_id": "c1", "topic": "emails", "payload": float("nan")}], "not a list"):
+        bad = Message("tool", (FunctionResult("c1", "done"),), metadata={OUTBOX_KEY: entries})
+        with pytest.raises(UsageError, match="malformed outbox entries"):
+            await store.append(tenant, "s", [Message.user("first"), bad])
     assert (await store.load(tenant, "s")).messages == [] and await store.outbox(tenant) == []
 
 

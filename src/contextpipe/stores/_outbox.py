@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 __all__ = ["SQLITE_OUTBOX", "entry_of", "postgres_insert", "postgres_mark", "postgres_migration", "postgres_pending",
            "sqlite_insert", "sqlite_mark", "sqlite_pending"]
 
-OutboxRows = Sequence[tuple[str, str, str, str, str]]
-"""``(message_id, key, call_id, topic, payload JSON)`` per entry (`contextpipe.outbox.outbox_rows`)."""
+OutboxRows = Sequence[tuple[str, str, str, str]]
+"""``(message_id, key, topic, body)`` per entry (`contextpipe.outbox.outbox_rows`)."""
 
-_COLUMNS: Final = "tenant, session_id, seq, entry_key, call_id, topic, payload"
+_COLUMNS: Final = "tenant, session_id, seq, entry_key, topic, body"
 
 SQLITE_OUTBOX: Final = """
 CREATE TABLE IF NOT EXISTS cp_outbox (
@@ -36,9 +36,8 @@ CREATE TABLE IF NOT EXISTS cp_outbox (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     entry_key TEXT NOT NULL,
-    call_id TEXT NOT NULL,
     topic TEXT NOT NULL,
-    payload TEXT NOT NULL,
+    body TEXT NOT NULL,
     delivered_at REAL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS cp_outbox_key ON cp_outbox (tenant, entry_key);
@@ -50,12 +49,13 @@ CREATE INDEX IF NOT EXISTS cp_outbox_session ON cp_outbox (tenant, session_id);
 
 def entry_of(row: Any) -> OutboxEntry:
     """Return the `OutboxEntry` of a row (by column name: a `sqlite3.Row`, an asyncpg record) of an outbox table."""
-    return OutboxEntry(row["entry_key"], row["tenant"], row["session_id"], int(row["seq"]), row["call_id"],
-                       row["topic"], json.loads(row["payload"]))
+    body = json.loads(row["body"])
+    return OutboxEntry(row["entry_key"], row["tenant"], row["session_id"], int(row["seq"]), body["call_id"],
+                       row["topic"], body["payload"])
 
 
 def _by_seq(key: SessionKey, seqs: Mapping[str, int], entries: OutboxRows) -> list[tuple[Any, ...]]:
-    return [(key.tenant, key.id, seqs[mid], k, c, t, p) for mid, k, c, t, p in entries if mid in seqs]
+    return [(key.tenant, key.id, seqs[mid], k, t, b) for mid, k, t, b in entries if mid in seqs]
 
 
 # --- SQLite -------------------------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ def _by_seq(key: SessionKey, seqs: Mapping[str, int], entries: OutboxRows) -> li
 
 def sqlite_insert(conn: sqlite3.Connection, key: SessionKey, seqs: Mapping[str, int], entries: OutboxRows) -> None:
     """Insert the `entries` of the messages just stored (`seqs`: id to sequence), in the append's transaction."""
-    conn.executemany(f"INSERT OR IGNORE INTO cp_outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    conn.executemany(f"INSERT OR IGNORE INTO cp_outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
                      _by_seq(key, seqs, entries))
 
 
@@ -95,7 +95,7 @@ def postgres_migration(p: str) -> list[str]:
     return [
         f"""CREATE TABLE {p}outbox (
             id BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT NOT NULL, seq BIGINT NOT NULL,
-            entry_key TEXT NOT NULL, call_id TEXT NOT NULL, topic TEXT NOT NULL, payload TEXT NOT NULL,
+            entry_key TEXT NOT NULL, topic TEXT NOT NULL, body TEXT NOT NULL,
             delivered_at DOUBLE PRECISION)""",
         f"CREATE UNIQUE INDEX {p}outbox_key ON {p}outbox (tenant, entry_key)",
         f"CREATE INDEX {p}outbox_pending ON {p}outbox (tenant, id) WHERE delivered_at IS NULL",
@@ -110,8 +110,8 @@ async def postgres_insert(conn: asyncpg.Connection, p: str, key: SessionKey, seq
     if rows:
         columns = list(zip(*rows, strict=True))
         await conn.execute(
-            f"INSERT INTO {p}outbox ({_COLUMNS}) SELECT $1, $2, s, k, c, t, d FROM unnest($3::bigint[], $4::text[], "
-            "$5::text[], $6::text[], $7::text[]) AS u(s, k, c, t, d) ON CONFLICT (tenant, entry_key) DO NOTHING",
+            f"INSERT INTO {p}outbox ({_COLUMNS}) SELECT $1, $2, s, k, t, b FROM unnest($3::bigint[], $4::text[], "
+            "$5::text[], $6::text[]) AS u(s, k, t, b) ON CONFLICT (tenant, entry_key) DO NOTHING",
             key.tenant, key.id, *(list(column) for column in columns[2:]))
 
 

@@ -183,9 +183,10 @@ class MemoryStore(SessionStore):
         entries = outbox_rows(fresh)  # checked before anything is written: the append is atomic
         ids.update((m.id, seq) for seq, m in enumerate(fresh, len(log) + 1))
         log.extend(fresh)
-        for mid, k, call_id, topic, payload in entries:
+        for mid, k, topic, body in entries:
             if k not in entry.outbox and k not in entry.delivered:
-                outboxed = OutboxEntry(k, key.tenant, key.id, ids[mid], call_id, topic, json.loads(payload))
+                made = json.loads(body)
+                outboxed = OutboxEntry(k, key.tenant, key.id, ids[mid], made["call_id"], topic, made["payload"])
                 entry.outbox[k] = (next(self._order), outboxed)
         entry.updated_at = self._clock()
         return len(entry.log)
