@@ -159,3 +159,30 @@ async def test_a_sqlite_file_without_the_outbox_table_reads_as_empty(tmp_path: P
     async with SQLiteStore(path) as writer:  # a writer adds the table
         await writer.append("t", "s", [carrying("c1", ("emails", 1))])
         assert [e.payload for e in await writer.outbox("t")] == [1]
+
+
+async def test_a_postgres_database_of_schema_2_is_migrated_to_3_keeping_its_sessions(tenant: str) -> None:
+    import asyncpg
+
+    from contextpipe.stores import PostgresStore
+
+    from .backends import server_address
+
+    dsn, prefix = server_address("postgres"), f"mig_{uuid.uuid4().hex[:10]}_"
+    assert dsn is not None
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with PostgresStore(dsn, prefix=prefix) as store:
+            await store.append(tenant, "s", [Message.user("written at schema 2")])
+        # What a database of the previous release holds: schema 3's tables but the outbox, at version 2.
+        await conn.execute(f"DROP TABLE {prefix}outbox")
+        await conn.execute(f"UPDATE {prefix}schema SET version = 2")
+        async with PostgresStore(dsn, prefix=prefix) as store:
+            assert [m.text for m in (await store.load(tenant, "s")).messages] == ["written at schema 2"]
+            await store.append(tenant, "s", [carrying("c1", ("emails", 1))])
+            assert [e.payload for e in await store.outbox(tenant)] == [1]
+        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 3
+    finally:
+        for table in ("messages", "checkpoints", "traces", "outbox", "sessions", "schema"):
+            await conn.execute(f"DROP TABLE IF EXISTS {prefix}{table} CASCADE")
+        await conn.close()
