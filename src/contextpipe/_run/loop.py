@@ -328,6 +328,7 @@ class StepLoop:
         self._contexts.expect(history, pending)
         results: dict[str, FunctionResult] = {}
         message: Message | None = None
+        running: tuple[str, asyncio.Future[FunctionResult]] | None = None
         try:
             for call in pending:
                 if not self._idempotent(call):
@@ -335,7 +336,8 @@ class StepLoop:
                     continue
                 if self.want_events:
                     yield ToolCallStarted(call)
-                results[call.call_id] = result = await self.writer.guard(self._execute(call))
+                running = (call.call_id, self._execute(call))
+                results[call.call_id] = result = await self.writer.guard(running[1])
                 if self.want_events:
                     yield ToolCallFinished(call, result)
             message = tool_message(pending, list(results.values())).with_source(REPAIR)
@@ -345,6 +347,9 @@ class StepLoop:
                 self._threads.answering(call, message)
             saved = await self.writer.save_step(self.ctx, [message], with_request=False)
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
+            if running is not None and running[1].done() and not running[1].cancelled() \
+                    and running[1].exception() is None:
+                results.setdefault(running[0], running[1].result())  # it returned as the run was cut: its answer
             cut = message if message is not None else cut_answer(
                 pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
             await save_cut_answer(self.writer, self.ctx, cut, exc)
