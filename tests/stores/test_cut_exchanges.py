@@ -79,11 +79,21 @@ async def test_a_run_cut_while_it_runs_a_leftover_call_again_answers_it_before_i
     assert describe(await agent.history(session))[3:] == ["user:And tomorrow?", "assistant:Sunny tomorrow too."]
 
 
+async def _run_or_stream(agent: Agent, question: Message, session: Session, streamed: bool) -> None:
+    if not streamed:
+        await agent.run(question, session=session)
+        return
+    async with agent.stream(question, session=session) as events:  # events: ToolCallStarted/Finished on the way
+        async for _ in events:
+            pass
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "stream"])
 async def test_a_leftover_call_that_returns_as_its_run_is_cancelled_keeps_its_result(
-        store: SessionStore, tenant: str) -> None:
+        store: SessionStore, tenant: str, streamed: bool) -> None:
     # The cancellation reaches the run after the call's task has its result and before the run
     # reads it (the tool asks for it just before it returns): what the call did is its answer.
-    run: asyncio.Task[object] | None = None
+    run: asyncio.Task[None] | None = None
 
     @tool(idempotent=True)
     async def get_forecast(city: str) -> str:
@@ -95,7 +105,7 @@ async def test_a_leftover_call_that_returns_as_its_run_is_cancelled_keeps_its_re
     session = await left_open(store, tenant, forecast_call())
     agent = Agent(ScriptedModel(["Sunny tomorrow too."]), tools=[get_forecast], providers=[History(store)])
     question = Message.user("And tomorrow?")
-    run = asyncio.create_task(agent.run(question, session=session))
+    run = asyncio.create_task(_run_or_stream(agent, question, session, streamed))
     with pytest.raises(asyncio.CancelledError):
         await run
     log = await agent.history(session)
