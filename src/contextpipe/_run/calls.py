@@ -13,6 +13,7 @@ tool ran and a late result must follow the exchange (`contextpipe._run.threads`)
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from ..tools import Tool
     from .threads import RunThreads
 
-__all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "stopped_with_run"]
+__all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "returned", "stopped_with_run"]
 
 
 @dataclass(slots=True)
@@ -142,3 +143,14 @@ def stopped_with_run(call: FunctionCall) -> FunctionResult:
         "it ran. It was not run again. Check its effect before retrying.",
         is_error=True,
     )
+
+
+def returned(task: asyncio.Future[FunctionResult]) -> FunctionResult | None:
+    """Return the result of a call's task that returned (None while it runs, or if it was cancelled or raised).
+
+    A cancellation that reaches the run just after the task returned, before the run took its
+    result, is raised where the run awaits it: the result is there all the same.
+    """
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()

@@ -58,7 +58,7 @@ from ..models.base import (
 from ..pipeline import MessageView, Segment
 from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
-from .calls import CallContexts, deferrable, interrupted, invoke_tool, stopped_with_run
+from .calls import CallContexts, deferrable, interrupted, invoke_tool, returned, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .repair import REPAIR, check_history, cut_answer, save_cut_answer
@@ -328,6 +328,7 @@ class StepLoop:
         self._contexts.expect(history, pending)
         results: dict[str, FunctionResult] = {}
         message: Message | None = None
+        running: tuple[str, asyncio.Future[FunctionResult]] | None = None
         try:
             for call in pending:
                 if not self._idempotent(call):
@@ -335,7 +336,8 @@ class StepLoop:
                     continue
                 if self.want_events:
                     yield ToolCallStarted(call)
-                results[call.call_id] = result = await self.writer.guard(self._execute(call))
+                running = (call.call_id, self._execute(call))
+                results[call.call_id] = result = await self.writer.guard(running[1])
                 if self.want_events:
                     yield ToolCallFinished(call, result)
             message = self._contexts.attach(tool_message(pending, list(results.values())), pending).with_source(REPAIR)
@@ -345,6 +347,8 @@ class StepLoop:
                 self._threads.answering(call, message)
             saved = await self.writer.save_step(self.ctx, [message], with_request=False)
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
+            if running is not None and (got := returned(running[1])) is not None:
+                results.setdefault(running[0], got)  # it returned as the run was cut: its answer
             cut = message if message is not None else cut_answer(
                 pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
             await save_cut_answer(self.writer, self.ctx, cut and self._contexts.attach(cut, pending), exc)
@@ -504,8 +508,7 @@ class StepLoop:
         if self.writer.lost is not None:
             return
         messages = [] if saving is None else [saving]
-        finished = [task.result() for task in tasks if task.done() and not task.cancelled()
-                    and task.exception() is None and task.result().call_id not in answered]
+        finished = [r for task in tasks if (r := returned(task)) is not None and r.call_id not in answered]
         for result in finished:
             call = by_id[result.call_id]
             messages.append(message := self._add_tool_message([call], [result]))
