@@ -65,6 +65,11 @@ async def test_vector_store_contract(vectors: VectorStore) -> None:
     assert await vectors.delete("c", ids=["b"]) == 1
     assert await vectors.delete("c") == 0  # no filter: nothing, never everything
     assert await vectors.count("c", where={"user": "u1"}) == 2
+    listed = await vectors.records("c", where={"user": "u1"})  # every match, by id, no score
+    assert [(h.id, h.text, dict(h.metadata), h.score) for h in listed] == [
+        ("a", "text a", {"user": "u1"}, 0.0), ("c", "text c", {"user": "u1"}, 0.0)]
+    assert [h.id for h in await vectors.records("c", where={"kind": None})] == ["a", "c"]
+    assert [h.id for h in await vectors.records("c")] == ["a", "c"] and await vectors.records("other") == []
     assert await vectors.search("other", [1, 0, 0]) == []
     with pytest.raises(UsageError, match="plain identifier"):
         await vectors.search("c", [1, 0, 0], where={"a') OR 1=1 --": 1})
