@@ -245,7 +245,7 @@ async def test_fact_memory_extracts_merges_and_recalls(tmp_path: Path) -> None:
 
     # Extraction failure: the run succeeds and the turn waits in session state for the next run.
     await turn("s3", "I moved to Suzhou.", RuntimeError("extractor down"))
-    assert (await agent.session("s3")).state["facts.pending"]["turns"][0].startswith("user: I moved to Suzhou.")
+    assert (await agent.session("s3")).state["facts.pending"]["turns"][0]["text"].startswith("user: I moved to Suzhou.")
 
     def both(request: ModelRequest) -> str:
         assert "I moved to Suzhou." in request.messages[0].text and "I like tea." in request.messages[0].text
