@@ -4,9 +4,14 @@ facts stored before histories existed, and extractions that wait in the session 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import os
 import re
+import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -388,3 +393,63 @@ async def _replay(steps: list[Step]) -> None:
                    for a, b in itertools.pairwise(h))
         assert all(f.valid_to is not None for f in h[:-1])
 
+
+def inspect(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "contextpipe.cli", "inspect", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "250"})
+
+
+async def test_contextpipe_inspect_shows_each_facts_history_and_its_source_messages(tmp_path: Path) -> None:
+    db = tmp_path / "agent.db"
+    async with SQLiteStore(db) as store:
+        vectors = store.vectors()
+        clock = Clock(1_700_000_000.0)
+        extractor = ScriptedModel([changes(add=("Alice lives in Lisbon.",)),
+                                   lambda r: changes(update={next(iter(known_ids(r))): "Alice lives in Porto."})])
+        agent = Agent(ScriptedModel(["Noted.", "Nice."]),
+                      providers=[History(store), FactMemory(extractor, vectors, HashEmbedder(), clock=clock)])
+        session = await agent.session("alice-1")
+        set_user_id(session, "alice")
+        first = await agent.run("I live in Lisbon.", session=session)
+        clock.now += 3600
+        second = await agent.run("I moved to Porto.", session=session)
+        await agent.session("nobody")
+        await vectors.close()
+
+    shown = inspect("alice-1", "--facts", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "facts about user 'alice' (collection 'facts'): 1 fact(s), 2 version(s)"
+    versions = [line for line in lines if line.startswith(("  1. ", "  2. "))]
+    assert versions[0].startswith("  1. 2023-11-14 22:13:20 UTC -> 2023-11-14 23:13:20 UTC  Alice lives in Lisbon.")
+    assert versions[1].startswith("  2. 2023-11-14 23:13:20 UTC -> now  Alice lives in Porto.")
+    sources = [line.strip() for line in lines if line.startswith("       from ")]
+    assert sources == [f"from {first.input[0].id} #1 user: I live in Lisbon.",
+                       f"from {first.messages[0].id} #2 assistant: Noted.",
+                       f"from {second.input[0].id} #3 user: I moved to Porto.",
+                       f"from {second.messages[0].id} #4 assistant: Nice."]
+    assert f"       ended by {second.input[0].id}, {second.messages[0].id}" in lines
+
+    as_json = json.loads(inspect("alice-1", "--facts", "--json", "--db", str(db)).stdout)
+    [fact] = as_json["facts"]
+    assert [v["text"] for v in fact["versions"]] == ["Alice lives in Lisbon.", "Alice lives in Porto."]
+    assert fact["versions"][1]["source_messages"][0] == {"id": second.input[0].id, "seq": 3, "role": "user",
+                                                         "text": "I moved to Porto."}
+    assert fact["versions"][0]["valid_to"] == fact["versions"][1]["valid_from"] == 1_700_003_600.0
+
+    nobody = inspect("nobody", "--facts", "--db", str(db))
+    assert nobody.returncode == 1 and "session 'nobody' belongs to no user" in nobody.stderr
+    both = inspect("alice-1", "--facts", "--call", "1", "--db", str(db))
+    assert both.returncode == 1 and "give one of them" in both.stderr
+
+
+async def test_contextpipe_inspect_facts_of_a_file_without_vectors_adds_nothing_to_it(tmp_path: Path) -> None:
+    db = tmp_path / "plain.db"
+    async with SQLiteStore(db) as store:
+        session = await store.load_or_create("default", "s")
+        set_user_id(session, "bo")
+        await store.save_session(session)
+    shown = inspect("s", "--facts", "--db", str(db))
+    assert shown.returncode == 0 and shown.stdout.startswith("no facts about user 'bo' in collection 'facts'")
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'cp_vector%'").fetchone() == (0,)
