@@ -453,3 +453,39 @@ async def test_contextpipe_inspect_facts_of_a_file_without_vectors_adds_nothing_
     assert shown.returncode == 0 and shown.stdout.startswith("no facts about user 'bo' in collection 'facts'")
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'cp_vector%'").fetchone() == (0,)
+
+
+async def test_the_server_gives_each_facts_history_with_its_source_message_ids() -> None:
+    import httpx2 as httpx
+
+    from contextpipe.serve import ApiKeys, create_app
+
+    store = MemoryStore()
+    clock = Clock(100.0)
+    extractor = ScriptedModel([changes(add=("Alice lives in Lisbon.",)),
+                               lambda r: changes(update={next(iter(known_ids(r))): "Alice lives in Porto."})])
+    agent = Agent(ScriptedModel(["Noted.", "Nice."]),
+                  providers=[History(store), FactMemory(extractor, MemoryVectorStore(), HashEmbedder(), clock=clock)])
+    session = await agent.session("alice-1", tenant="acme")
+    set_user_id(session, "alice")
+    first = await agent.run("I live in Lisbon.", session=session)
+    clock.now = 200.0
+    second = await agent.run("I moved to Porto.", session=session)
+    keys = ApiKeys()
+    keys.add("acme", "cp_acme_key")
+    auth = {"Authorization": "Bearer cp_acme_key"}
+    served = []
+    for app in (create_app(agent, keys=keys), create_app(None, keys=keys, store=store)):  # (the second: no agent)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            body = (await c.get("/v1/sessions/alice-1/facts", headers=auth)).json()
+            assert body["user_id"] == "alice"
+            served.append(body["memories"])
+            assert (await c.get("/v1/sessions/nope/facts", headers=auth)).status_code == 404
+            assert (await c.get("/v1/sessions/alice-1/facts")).status_code == 401
+    [[memory], []] = served
+    [fact] = memory["facts"]
+    assert (memory["source_id"], memory["collection"]) == ("facts", "facts")
+    assert [(v["text"], v["valid_from"], v["valid_to"]) for v in fact["versions"]] == [
+        ("Alice lives in Lisbon.", 100.0, 200.0), ("Alice lives in Porto.", 200.0, None)]
+    assert [v["sources"] for v in fact["versions"]] == [[m.id for m in [*run.input, *run.messages]]
+                                                        for run in (first, second)]

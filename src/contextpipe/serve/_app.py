@@ -52,6 +52,7 @@ from ..errors import (
 from ..messages import Message, new_message_id
 from ..session import validate_session_id
 from ..stores import SessionStore
+from ._facts import session_facts
 from ._keys import ApiKeys
 from ._openapi import openapi_schema
 from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json
@@ -395,6 +396,7 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None), {"GET": _Api.get_session, "DELETE": _Api.delete_session}),
     (("sessions", None, "messages"), {"GET": _Api.messages}),
     (("sessions", None, "traces"), {"GET": _Api.traces}),
+    (("sessions", None, "facts"), {"GET": session_facts}),
     (("sessions", None, "runs"), {"POST": _Api.run}),
     (("ag-ui",), {"POST": _Api.agui}),
 ]

@@ -73,6 +73,14 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
                     "responses": {"200": {"description": "Traces, oldest first (PromptTrace.to_dict)."},
                                   **_errors(400, 401, 404)}},
         },
+        "/v1/sessions/{session_id}/facts": {
+            "parameters": [_ID],
+            "get": {"summary": "The history of every fact FactMemory keeps about the session's user",
+                    "operationId": "listFacts",
+                    "responses": {"200": {"description": "Per FactMemory of the agent: each fact's versions, oldest "
+                                                         "first, with valid_from / valid_to and source message ids."},
+                                  **_errors(400, 401, 404)}},
+        },
         "/v1/sessions/{session_id}/runs": {
             "parameters": [_ID],
             "post": {
