@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -479,6 +480,9 @@ async def test_the_server_gives_each_facts_history_with_its_source_message_ids()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
             body = (await c.get("/v1/sessions/alice-1/facts", headers=auth)).json()
             assert body["user_id"] == "alice"
+            document = (await c.get("/openapi.json")).json()  # the answer is the one the document describes
+            jsonschema.validate(body, {**document["components"]["schemas"]["FactList"],
+                                       "components": document["components"]})
             served.append(body["memories"])
             assert (await c.get("/v1/sessions/nope/facts", headers=auth)).status_code == 404
             assert (await c.get("/v1/sessions/alice-1/facts")).status_code == 401

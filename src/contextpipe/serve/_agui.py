@@ -7,14 +7,17 @@ user messages after the client's last non-user message are taken as the run's in
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import UsageError
 from ..messages import Message
+from ._json import HTTPError
+from ._requests import RULES, SESSION_ID, validate
 
-__all__ = ["agui_events", "agui_input"]
+__all__ = ["agui_events", "agui_input", "agui_schemas"]
 
 
 def _require() -> Any:
@@ -26,15 +29,47 @@ def _require() -> Any:
     return core
 
 
-def agui_input(body: dict[str, Any]) -> tuple[Any, list[Message]]:
-    """Validate a ``RunAgentInput`` body; return it and the new user messages to run on."""
-    core = _require()
-    import pydantic
+def agui_schemas() -> dict[str, Any]:
+    """Return the JSON Schemas of ``RunAgentInput`` and its parts (``AgUi...``), as `agui_input` validates it.
 
-    try:
-        run_input = core.RunAgentInput.model_validate(body)
-    except pydantic.ValidationError as exc:
-        raise UsageError(f"not a valid AG-UI RunAgentInput: {exc.errors(include_url=False)}") from None
+    It is the protocol's own schema (``ag-ui-protocol``'s models, camelCase names only) with one rule
+    added: ``threadId`` is a session id.
+    """
+    core = _require()
+    schema = core.RunAgentInput.model_json_schema(by_alias=True, ref_template="#/components/schemas/AgUi{model}")
+    out = {f"AgUi{name}": definition for name, definition in schema.pop("$defs", {}).items()}
+    schema["properties"]["threadId"] = {"type": "string", "pattern": SESSION_ID,
+                                        "description": "The session id: " + RULES[SESSION_ID]}
+    out["AgUiRunAgentInput"] = schema
+    _require_tags(out, out)
+    return out
+
+
+def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
+    """Make each tag of a discriminated union required, as pydantic's validation needs it.
+
+    pydantic leaves a tag with a default (``"role": "user"``) out of ``required``, so the schema
+    alone would take a message without its role that validation refuses.
+    """
+    if isinstance(node, dict):
+        discriminator = node.get("discriminator")
+        if isinstance(discriminator, dict):
+            for ref in discriminator["mapping"].values():
+                target = schemas[ref.rsplit("/", 1)[1]]
+                target["required"] = sorted({*target.get("required", ()), discriminator["propertyName"]})
+        for value in node.values():
+            _require_tags(value, schemas)
+    elif isinstance(node, list):
+        for value in node:
+            _require_tags(value, schemas)
+
+
+def agui_input(body: Any) -> tuple[Any, list[Message]]:
+    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`); return it and the new user messages to run on."""
+    core = _require()
+    run_input = validate(core.RunAgentInput, body, strict=True, by_alias=True, by_name=False)
+    if not re.fullmatch(SESSION_ID, run_input.thread_id):
+        raise HTTPError(400, "BadRequest", f"invalid request: threadId: must be {RULES[SESSION_ID]}")
     new: list[Message] = []
     for m in reversed(run_input.messages):
         if getattr(m, "role", None) != "user":
@@ -82,9 +117,10 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
                 yield encoder.encode(core.TextMessageStartEvent(message_id=replay_id, role="assistant"))
                 yield encoder.encode(core.TextMessageContentEvent(message_id=replay_id, delta=payload["text"]))
                 yield encoder.encode(core.TextMessageEndEvent(message_id=replay_id))
-            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id,
-                                                       result={"text": payload["text"],
-                                                               "stop_reason": payload["stop_reason"]}))
+            result = {"text": payload["text"], "stop_reason": payload["stop_reason"]}
+            if "repaired" in payload:  # the answer held what JSON cannot carry (see `_json.clean`)
+                result["repaired"] = payload["repaired"]
+            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id, result=result))
         elif name == "error":
             error = payload["error"]
             yield encoder.encode(core.RunErrorEvent(message=error["message"], code=error["type"]))

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import signal
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +23,18 @@ from types import FrameType
 from typing import Any
 from urllib.parse import unquote
 
-import pydantic
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from .. import Agent, __version__
-from ..codec import message_from_dict, message_to_dict
+from ..codec import message_to_dict
 from ..errors import (
     CodecError,
     ConcurrentUpdate,
@@ -49,12 +47,22 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..messages import Message, new_message_id
 from ..session import validate_session_id
 from ..stores import SessionStore
 from ._facts import session_facts
+from ._json import HTTPError, dumps, json_response, read_json
 from ._keys import ApiKeys
 from ._openapi import openapi_schema
+from ._requests import (
+    CreateSession,
+    RunRequest,
+    http_cursor,
+    input_messages,
+    name_input,
+    query_int,
+    store_cursor,
+    validate,
+)
 from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json
 
 __all__ = ["ServeSettings", "create_app"]
@@ -83,31 +91,6 @@ class ServeSettings:
     """Browser origins (like ``https://app.example.com``) whose pages may call the API (CORS)."""
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message, self.headers = status, kind, message, headers or {}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"type": self.kind, "message": self.message}}, self.status,
-                            headers=self.headers)
-
-
-class _CreateSession(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-    id: str | None = None
-    ttl: float | None = pydantic.Field(default=None, gt=0)
-
-
-class _RunRequest(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-    input: str | list[dict[str, Any]] | None
-    message_id: str | None = pydantic.Field(default=None, min_length=1, max_length=200)
-    stream: bool = False
-    wait: float = pydantic.Field(default=0.0, ge=0)
-    traces: bool = False
-
-
 Handler = Callable[["_Api", Request, str, list[str]], Awaitable[Response]]
 
 
@@ -123,18 +106,23 @@ class _Api:
 
     # --- plumbing ----------------------------------------------------------------------------------
 
-    async def __call__(self, request: Request) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one ``/v1`` request: every client mistake a 4xx JSON error, every route's own errors mapped."""
         try:
             tenant = self._tenant(request)
             raw = request.scope.get("raw_path") or request.scope["path"].encode()
             prefix = request.scope.get("root_path", "").encode() + b"/v1/"
             path = raw.split(b"?", 1)[0]
             if not path.startswith(prefix):
-                raise _HTTPError(404, "NotFound", "no such route")
+                raise HTTPError(404, "NotFound", "no such route; see /docs")
             segments = [unquote(s.decode("latin-1")) for s in path[len(prefix):].split(b"/")]
             handler, params = self._route(request.method, segments)
             return await handler(self, request, tenant, params)
-        except _HTTPError as exc:
+        except HTTPError as exc:
             return exc.response()
         except ContextPipeError as exc:
             return self._error(exc).response()
@@ -147,11 +135,10 @@ class _Api:
         tenant = self.keys.tenant_for(key) if key else None
         if tenant is None:
             message = "a valid API key is needed: send 'Authorization: Bearer KEY'" if not key else "unknown API key"
-            raise _HTTPError(401, "Unauthorized", message, {"WWW-Authenticate": "Bearer"})
+            raise HTTPError(401, "Unauthorized", message, {"WWW-Authenticate": "Bearer"})
         return tenant
 
     def _route(self, method: str, segments: list[str]) -> tuple[Handler, list[str]]:
-        allowed = False
         for pattern, routes in _ROUTES:
             if len(pattern) != len(segments):
                 continue
@@ -162,86 +149,75 @@ class _Api:
                 elif want != got:
                     break
             else:
-                handler = routes.get(method)
+                served = routes
+                if self.settings.read_only or self.runs is None:
+                    served = {m: h for m, h in routes.items() if m not in _WRITING}
+                handler = served.get(method)
                 if handler is not None:
                     return handler, params
-                allowed = True
-        if allowed:
-            raise _HTTPError(405, "MethodNotAllowed", f"{method} is not allowed here")
-        raise _HTTPError(404, "NotFound", "no such route; see /docs")
+                allow = {"Allow": ", ".join(served)}
+                if method in routes:
+                    raise HTTPError(405, "ReadOnly", "this server is read-only (contextpipe ui); it cannot change "
+                                    "sessions", allow)
+                raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed here; this route takes "
+                                f"{', '.join(served)}", allow)
+        raise HTTPError(404, "NotFound", "no such route; see /docs")
 
-    def _error(self, exc: ContextPipeError) -> _HTTPError:
+    def _error(self, exc: ContextPipeError) -> HTTPError:
         kind = type(exc).__name__
         retry = {"Retry-After": str(self.settings.retry_after)}
         if isinstance(exc, SessionBusy):
-            return _HTTPError(409, kind, "the session is busy: another run holds it; retry later, or send "
-                              "\"wait\": SECONDS to wait for it", retry)
+            return HTTPError(409, kind, "the session is busy: another run holds it; retry later, or send "
+                             "\"wait\": SECONDS to wait for it", retry)
         if isinstance(exc, LeaseLost) and exc.gone:  # the session was deleted or expired: retrying cannot help
-            return _HTTPError(410, kind, str(exc))
+            return HTTPError(410, kind, str(exc))
         if isinstance(exc, LeaseLost | ConcurrentUpdate):
-            return _HTTPError(409, kind, str(exc), retry)
+            return HTTPError(409, kind, str(exc), retry)
         if isinstance(exc, InputConflict):
-            return _HTTPError(409, kind, str(exc))
+            return HTTPError(409, kind, str(exc))
         if isinstance(exc, UsageError | CodecError):
-            return _HTTPError(400, kind, str(exc))
+            return HTTPError(400, kind, str(exc))
         if isinstance(exc, CorruptRecord):
-            return _HTTPError(500, kind, str(exc))
+            return HTTPError(500, kind, str(exc))
         if isinstance(exc, StoreError):
             log.error("store error: %s", exc)
-            return _HTTPError(503, kind, "the session store failed; retry later", retry)
+            return HTTPError(503, kind, "the session store failed; retry later", retry)
         if isinstance(exc, ModelError):
-            return _HTTPError(502, kind, str(exc))
-        return _HTTPError(500, kind, str(exc))
+            return HTTPError(502, kind, str(exc))
+        return HTTPError(500, kind, str(exc))
 
     async def _body(self, request: Request) -> Any:
+        """Return the request's JSON body, read strictly (`read_json`); an empty body reads as ``{}``."""
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
+            raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise _HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
+                raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
             chunks.append(chunk)
-        if not size:
-            return {}
-        try:
-            return json.loads(b"".join(chunks))
-        except ValueError:
-            raise _HTTPError(400, "BadRequest", "the request body is not valid JSON") from None
+        raw = b"".join(chunks)
+        return read_json(raw) if raw.strip() else {}
 
-    @staticmethod
-    def _validate(model: type[pydantic.BaseModel], body: Any) -> Any:
-        try:
-            return model.model_validate(body)
-        except pydantic.ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-            raise _HTTPError(400, "BadRequest", f"invalid request: {problems}") from None
-
-    @staticmethod
-    def _int(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
-        raw = request.query_params.get(name)
-        if raw is None:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise _HTTPError(400, "BadRequest", f"{name} must be an integer, got {raw!r}") from None
-        if not low <= value <= high:
-            raise _HTTPError(400, "BadRequest", f"{name} must be between {low} and {high}, got {value}")
-        return value
+    async def _empty(self, tenant: str, session_id: str) -> bool:
+        return not (await self.store.load(tenant, session_id, limit=1)).messages
 
     async def _existing(self, tenant: str, session_id: str) -> Any:
         validate_session_id(session_id)
         session = await self.store.get_session(tenant, session_id)
         if session is None:
-            raise _HTTPError(404, "NotFound", f"no session {session_id!r}")
+            raise HTTPError(404, "NotFound", f"no session {session_id!r}")
         return session
 
+    def _refuse_when_draining(self, runs: RunManager) -> None:
+        if runs.draining:
+            raise HTTPError(503, "ShuttingDown", "the server is shutting down; retry on another worker",
+                            {"Retry-After": str(self.settings.retry_after)})
+
     def _writable(self) -> RunManager:
-        if self.settings.read_only or self.runs is None:
-            raise _HTTPError(405, "ReadOnly", "this server is read-only (contextpipe ui); it cannot change sessions")
+        assert self.runs is not None  # (`_route` answers writing requests to a read-only server with 405)
         return self.runs
 
     # --- routes --------------------------------------------------------------------------------------
@@ -253,13 +229,13 @@ class _Api:
             about = {"name": agent.name, "model": agent.model.name, "tools": sorted(agent.tools),
                      "providers": [{"source_id": p.source_id, "kind": p.kind} for p in agent.providers],
                      "store_traces": agent.durability.store_traces}
-        return JSONResponse({"tenant": tenant, "version": __version__, "store": self.store.backend,
-                             "read_only": self.settings.read_only or agent is None, "agent": about})
+        return json_response({"tenant": tenant, "version": __version__, "store": self.store.backend,
+                              "read_only": self.settings.read_only or agent is None, "agent": about})
 
     async def list_sessions(self, request: Request, tenant: str, params: list[str]) -> Response:
-        limit = self._int(request, "limit", 50, 1, 500)
+        limit = query_int(request, "limit", 50, 1, 500)
         assert limit is not None
-        cursor = request.query_params.get("cursor") or None
+        cursor = store_cursor(request.query_params.get("cursor"))
         query = (request.query_params.get("q") or "").strip().lower()
         found, scanned = [], 0
         while True:
@@ -270,62 +246,63 @@ class _Api:
             # A search reads whole pages (nothing is skipped) and stops after about 1,000 sessions.
             if not query or cursor is None or len(found) >= limit or scanned >= 1000:
                 break
-        return JSONResponse({
+        return json_response({
             "sessions": [{"id": s.session_id, "version": s.version, "message_count": s.message_count,
                           "created_at": s.created_at, "updated_at": s.updated_at} for s in found],
-            "next_cursor": cursor,
-        })
+            "next_cursor": http_cursor(cursor),
+        }, items=("sessions",))
 
     async def create_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         self._writable()
-        body = self._validate(_CreateSession, await self._body(request))
+        body = validate(CreateSession, await self._body(request))
         assert self.agent is not None
         if body.id is None:
             session = await self.agent.create_session(tenant=tenant, ttl=body.ttl)
-            return JSONResponse(_session_json(session, None), 201)
-        validate_session_id(body.id)
+            return json_response(_session_json(session, None), 201)
         existing = await self.store.get_session(tenant, body.id)
         session = existing or await self.agent.session(body.id, tenant=tenant, ttl=body.ttl)
-        return JSONResponse(_session_json(session, None), 200 if existing else 201)
+        return json_response(_session_json(session, None), 200 if existing else 201)
 
     async def get_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         session = await self._existing(tenant, params[0])
         checkpoint = await self.store.latest_checkpoint(tenant, session.id)
-        return JSONResponse(_session_json(session, checkpoint))
+        return json_response(_session_json(session, checkpoint))
 
     async def delete_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         self._writable()
         validate_session_id(params[0])
         if not await self.store.delete_session(tenant, params[0]):
-            raise _HTTPError(404, "NotFound", f"no session {params[0]!r}")
+            raise HTTPError(404, "NotFound", f"no session {params[0]!r}")
         return Response(status_code=204)
 
     async def messages(self, request: Request, tenant: str, params: list[str]) -> Response:
         session = await self._existing(tenant, params[0])
-        limit = self._int(request, "limit", 100, 1, 1000)
-        before = self._int(request, "before", None, 0, 2**62)
-        after = self._int(request, "after", None, -1, 2**62)
+        limit = query_int(request, "limit", 100, 1, 1000)
+        before = query_int(request, "before", None, 0, 2**62)
+        after = query_int(request, "after", None, -1, 2**62)
         page = await self.store.load(tenant, session.id, limit=limit, before=before, after=after)
-        return JSONResponse({
+        return json_response({
             "messages": [{"seq": seq, **message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)],
             "first_seq": page.first_seq, "has_more": page.has_more,
             "next_before": page.first_seq if page.has_more else None,
-        })
+        }, items=("messages",))
 
     async def traces(self, request: Request, tenant: str, params: list[str]) -> Response:
         session = await self._existing(tenant, params[0])
-        limit = self._int(request, "limit", None, 1, 10_000)
-        return JSONResponse({"traces": await self.store.load_traces(tenant, session.id, limit=limit)})
+        limit = query_int(request, "limit", None, 1, 10_000)
+        traces = await self.store.load_traces(tenant, session.id, limit=limit)
+        return json_response({"traces": traces}, items=("traces",))
 
     async def run(self, request: Request, tenant: str, params: list[str]) -> Response:
         runs = self._writable()
-        body = self._validate(_RunRequest, await self._body(request))
-        input = _named(body.input, _input(body.input), body.message_id, request.headers.get("idempotency-key"),
-                       tenant, params[0])
-        if runs.draining:
-            raise _HTTPError(503, "ShuttingDown", "the server is shutting down; retry on another worker",
-                             {"Retry-After": str(self.settings.retry_after)})
+        body = validate(RunRequest, await self._body(request))
+        input = name_input(body, input_messages(body.input), request.headers.get("idempotency-key"), tenant,
+                           params[0])
+        self._refuse_when_draining(runs)
         session = await self._existing(tenant, params[0])
+        if input is None and await self._empty(tenant, session.id):
+            raise HTTPError(409, "NothingToRun", "input is null (resume the session), but the session has no "
+                            "messages to resume from: send input (text or user messages)")
         wait = min(body.wait, self.settings.max_wait)
         streaming = body.stream or "text/event-stream" in request.headers.get("accept", "")
         if not streaming:
@@ -357,22 +334,24 @@ class _Api:
         except ContextPipeError as exc:
             return self._error(exc).response()
         except asyncio.CancelledError:
-            return _HTTPError(503, "Cancelled", "the run was cancelled: the server is shutting down").response()
+            return HTTPError(503, "Cancelled", "the run was cancelled: the server is shutting down").response()
         except Exception:
             log.exception("run failed")
-            return JSONResponse(error_to_json(Exception()), 500)
-        return JSONResponse(result_to_json(result, traces=run.traces))
+            return json_response(error_to_json(Exception()), 500)
+        return json_response(result_to_json(result, traces=run.traces), items=("input", "messages", "traces"))
 
     async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
         from ._agui import agui_events, agui_input
 
         runs = self._writable()
         run_input, new = agui_input(await self._body(request))
-        if runs.draining:
-            raise _HTTPError(503, "ShuttingDown", "the server is shutting down; retry on another worker",
-                             {"Retry-After": str(self.settings.retry_after)})
+        self._refuse_when_draining(runs)
         assert self.agent is not None
-        session = await self.agent.session(run_input.thread_id, tenant=tenant)
+        thread = run_input.thread_id
+        if not new and (await self.store.get_session(tenant, thread) is None or await self._empty(tenant, thread)):
+            raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
+                            "do not end with a user message: end them with the user's message to run on")
+        session = await self.agent.session(thread, tenant=tenant)
         probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10)
         await self.store.release_lease(probe)
         run = runs.start(session, new or None, lease_wait=1.0, stream=True)
@@ -390,6 +369,7 @@ class _Api:
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
+_WRITING = frozenset({"POST", "DELETE"})
 _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("info",), {"GET": _Api.info}),
     (("sessions",), {"GET": _Api.list_sessions, "POST": _Api.create_session}),
@@ -409,58 +389,6 @@ def _session_json(session: Any, checkpoint: Any) -> dict[str, Any]:
         data["checkpoint"] = {"seq": checkpoint.seq, "summary": message_to_dict(checkpoint.summary),
                               "created_at": checkpoint.created_at}
     return data
-
-
-def _input(raw: str | list[dict[str, Any]] | None) -> str | list[Message] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        if not raw.strip():
-            raise _HTTPError(400, "BadRequest", "input is empty: send text, messages, or null to resume the session")
-        return raw
-    if not raw:
-        raise _HTTPError(400, "BadRequest", "input is an empty list: send text, messages, or null to resume")
-    messages = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise _HTTPError(400, "BadRequest", f"input[{i}] must be a message object")
-        message = message_from_dict({"v": 1, "id": new_message_id(), "created_at": time.time(), **item})
-        if message.role != "user":
-            raise _HTTPError(400, "BadRequest", f"input[{i}] has role {message.role!r}; input messages must be "
-                             "user messages (the session holds the rest)")
-        messages.append(message)
-    return messages
-
-
-def _named(raw: str | list[dict[str, Any]] | None, input: str | list[Message] | None, message_id: str | None,
-           key: str | None, tenant: str, session_id: str) -> str | list[Message] | None:
-    """Give the run's last input message the id the client chose, so that a retried request is not run twice.
-
-    The id is ``message_id`` (text input), or the ``Idempotency-Key`` header's key turned into an id
-    of this session (the same key in another session or tenant names another message).
-    """
-    if key is not None:
-        if not 1 <= len(key) <= 255:
-            raise _HTTPError(400, "BadRequest", "the Idempotency-Key header must be 1-255 characters")
-        if message_id is not None:
-            raise _HTTPError(400, "BadRequest", "send message_id or an Idempotency-Key header, not both")
-        message_id = "idem_" + hashlib.sha256(f"{tenant}\0{session_id}\0{key}".encode()).hexdigest()[:32]
-    if message_id is None:
-        return input
-    if input is None:
-        raise _HTTPError(400, "BadRequest", "input is null (a resume): there is no input message to name; "
-                         "leave out message_id and Idempotency-Key")
-    if isinstance(input, str):
-        return [Message.user(input, id=message_id)]
-    if key is None:
-        raise _HTTPError(400, "BadRequest", "message_id names text input; give a list of messages their ids "
-                         "in the messages (\"id\": ...)")
-    if isinstance(raw, list) and "id" in raw[-1]:
-        raise _HTTPError(400, "BadRequest", "the last input message has an id and an Idempotency-Key was sent: "
-                         "send one or the other")
-    last = input[-1]
-    return [*input[:-1], Message(last.role, last.parts, message_id, last.author_name, last.created_at,
-                                 last.metadata)]
 
 
 async def _disconnected(request: Request) -> None:
@@ -486,7 +414,7 @@ async def _sse(runs: RunManager, run: LiveRun) -> AsyncIterator[str]:
             chunk = []
             while item is not None:  # send what is queued in one write
                 name, payload = item
-                chunk.append(f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n")
+                chunk.append(f"event: {name}\ndata: {dumps(payload)}\n\n")
                 if run.queue.empty():
                     break
                 item = run.queue.get_nowait()
@@ -578,17 +506,20 @@ def create_app(
     async def root(request: Request) -> Response:
         return RedirectResponse(request.url_for("ui", path="/"), 307)
 
-    async def v1(request: Request) -> Response:
-        return await api(request)
+    async def not_routed(request: Request, exc: Exception) -> Response:  # e.g. a path no route matches
+        assert isinstance(exc, StarletteHTTPException)
+        kind, message = {404: ("NotFound", "no such route; see /docs"),
+                         405: ("MethodNotAllowed", f"{request.method} is not allowed here")}.get(
+                             exc.status_code, ("BadRequest", str(exc.detail)))
+        return HTTPError(exc.status_code, kind, message, exc.headers).response()
 
-    methods = ["GET", "POST", "DELETE", "PUT", "PATCH"]
-    app = Starlette(routes=[
+    app = Starlette(exception_handlers={StarletteHTTPException: not_routed}, routes=[
         Route("/", root),
         Route("/ui", root),
         Route("/healthz", healthz),
         Route("/openapi.json", schema),
         Route("/docs", docs),
-        Route("/v1/{rest:path}", v1, methods=methods),
+        Route("/v1/{rest:path}", api),  # every method: `_Api` answers 405 (with Allow) itself
         Mount("/ui", StaticFiles(directory=STATIC, html=True), name="ui"),
     ], lifespan=lifespan, middleware=[
         Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],

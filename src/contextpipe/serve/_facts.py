@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ..session import user_id
+from ._json import json_response
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -34,7 +35,7 @@ async def session_facts(api: _Api, request: Request, tenant: str, params: list[s
 
     session = await api._existing(tenant, params[0])
     memories = [p for p in api.agent.providers if isinstance(p, FactMemory)] if api.agent is not None else []
-    return JSONResponse({"user_id": user_id(session), "memories": [
+    return json_response({"user_id": user_id(session), "memories": [
         {"source_id": memory.source_id, "collection": memory.collection,
          "facts": [{"lineage": versions[0].lineage, "versions": [v.to_dict() for v in versions]}
                    for versions in await memory.history(session)]}

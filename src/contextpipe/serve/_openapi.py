@@ -1,85 +1,135 @@
-"""The OpenAPI 3.1 description of the ``/v1`` API, served at ``/openapi.json`` (and shown at ``/docs``)."""
+"""The OpenAPI 3.1 description of the ``/v1`` API, served at ``/openapi.json`` (and shown at ``/docs``).
+
+Request bodies are described by the very models the server validates them with (`request_schemas`,
+`agui_schemas`), and parameters by the rules it checks, so the document is what the server accepts;
+schemathesis holds the server to it in the test suite (``tests/serve/test_fuzz.py``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .. import __version__
+from ..errors import UsageError
+from ._requests import CURSOR, IDEMPOTENCY_KEY, RULES, SESSION_ID, request_schemas
 
 __all__ = ["openapi_schema"]
 
-_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"},
-       "description": "Session id, percent-encoded (a `/` in the id is sent as `%2F`)."}
+_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": SESSION_ID},
+       "description": f"Session id ({RULES[SESSION_ID]}), percent-encoded (a `/` in the id is sent as `%2F`)."}
+_RETRY = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "string"}}}
+_ERRORS = {
+    400: "A client mistake: the body is not strict JSON (`InvalidJSON`), holds a lone surrogate (`InvalidText`), "
+         "or does not fit this route (`BadRequest`); the message names the field and what to send.",
+    401: "No API key, or an unknown one.",
+    404: "No such session for this tenant.",
+    409: "The session is busy (`SessionBusy`, see `Retry-After`), the input's message id is taken by other "
+         "content (`InputConflict`), there is nothing to run (`NothingToRun`: no input, and no messages to "
+         "resume from), or an `Idempotency-Key` came with a resume, which it cannot make safe to retry "
+         "(`NotIdempotent`).",
+    410: "The session was deleted, or expired, while the run ran.",
+    413: "The request body is too large.",
+    502: "The model failed.",
+    503: "The server is shutting down, or the store failed; see `Retry-After`.",
+}
 
 
-def _q(name: str, description: str, kind: str = "integer") -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": {"type": kind}, "description": description}
+def _int(name: str, description: str, low: int, high: int) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": {"type": "integer", "minimum": low, "maximum": high}}
 
 
-def _json(ref: str) -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Bad input (the message says what is wrong).", 401: "No API key, or an unknown one.",
-            404: "No such session for this tenant.", 405: "Read-only server.",
-            409: "The session is busy (another run holds it; see `Retry-After`), or the input's message id "
-                 "is taken by other content (`InputConflict`).",
-            410: "The session was deleted, or expired, while the run ran.",
-            413: "The request body is too large.", 503: "The server is shutting down; see `Retry-After`."}
-    return {str(c): {"description": text[c], "content": _json("Error")} for c in codes}
+def _json(name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(name)}}
 
 
-def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
-    """Return the OpenAPI document (writing routes are left out when `read_only`)."""
-    paths: dict[str, Any] = {
-        "/v1/info": {"get": {"summary": "Who am I: tenant, agent, store", "operationId": "info",
-                             "responses": {"200": {"description": "About this server and the caller's tenant."},
-                                           **_errors(401)}}},
+def _responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
+    out = dict(ok)
+    for code in sorted({*codes, 401, 503}):
+        out[str(code)] = {"description": _ERRORS[code], "content": _json("Error")}
+        if code in (409, 503):
+            out[str(code)]["headers"] = _RETRY
+    out["401"]["headers"] = {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}}
+    return out
+
+
+_RUN_EVENTS = ("text_delta", "reasoning_delta", "tool_call_started", "tool_call_finished", "step_persisted", "done",
+               "error")
+
+
+def _event(names: tuple[str, ...]) -> dict[str, Any]:
+    """Describe one server-sent event: its name and its JSON text."""
+    return {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"type": "string", "enum": list(names)},
+        "data": {"type": "string", "contentMediaType": "application/json"}}}
+
+
+def _links(*operations: str) -> dict[str, Any]:
+    return {op[0].upper() + op[1:]: {"operationId": op, "parameters": {"session_id": "$response.body#/id"}}
+            for op in operations}
+
+
+def _paths() -> dict[str, Any]:
+    session_links = _links("getSession", "listMessages", "listTraces", "listFacts", "run", "deleteSession")
+    return {
+        "/v1/info": {"get": {
+            "summary": "Who am I: tenant, agent, store", "operationId": "info",
+            "responses": _responses({"200": {"description": "About this server and the caller's tenant.",
+                                             "content": _json("Info")}})}},
         "/v1/sessions": {
             "get": {"summary": "List sessions, most recently updated first", "operationId": "listSessions",
-                    "parameters": [_q("limit", "Sessions per page (1-500, default 50)."),
-                                   _q("cursor", "`next_cursor` of the previous page.", "string"),
-                                   _q("q", "Only sessions whose id contains this text.", "string")],
-                    "responses": {"200": {"description": "A page of sessions.", "content": _json("SessionList")},
-                                  **_errors(400, 401)}},
+                    "parameters": [_int("limit", "Sessions per page (default 50).", 1, 500),
+                                   {"name": "cursor", "in": "query", "required": False,
+                                    "schema": {"type": "string", "pattern": CURSOR},
+                                    "description": "`next_cursor` of the previous page (URL-encoded)."},
+                                   {"name": "q", "in": "query", "required": False, "schema": {"type": "string"},
+                                    "description": "Only sessions whose id contains this text (any case)."}],
+                    "responses": _responses({"200": {"description": "A page of sessions.",
+                                                     "content": _json("SessionList")}}, 400)},
             "post": {"summary": "Create a session (or return it when `id` exists)", "operationId": "createSession",
-                     "requestBody": {"content": _json("CreateSession")},
-                     "responses": {"201": {"description": "Created.", "content": _json("Session")},
-                                   "200": {"description": "Already existed.", "content": _json("Session")},
-                                   **_errors(400, 401, 413)}},
+                     "requestBody": {"required": False, "content": _json("CreateSession")},
+                     "responses": _responses({
+                         "201": {"description": "Created.", "content": _json("Session"), "links": session_links},
+                         "200": {"description": "Already existed.", "content": _json("Session"),
+                                 "links": session_links}}, 400, 413)},
         },
         "/v1/sessions/{session_id}": {
             "parameters": [_ID],
             "get": {"summary": "A session: version, state, latest summary checkpoint", "operationId": "getSession",
-                    "responses": {"200": {"description": "The session.", "content": _json("Session")},
-                                  **_errors(400, 401, 404)}},
+                    "responses": _responses({"200": {"description": "The session.", "content": _json("Session")}},
+                                            400, 404)},
             "delete": {"summary": "Delete a session and everything stored for it", "operationId": "deleteSession",
-                       "responses": {"204": {"description": "Deleted."}, **_errors(400, 401, 404)}},
+                       "responses": _responses({"204": {"description": "Deleted."}}, 400, 404)},
         },
         "/v1/sessions/{session_id}/messages": {
             "parameters": [_ID],
             "get": {"summary": "A page of the session's messages, oldest first", "operationId": "listMessages",
-                    "parameters": [_q("limit", "Messages per page (1-1000, default 100): the newest ones."),
-                                   _q("before", "Only messages with a sequence below this (`next_before`)."),
-                                   _q("after", "Only messages with a sequence above this (to follow a session).")],
-                    "responses": {"200": {"description": "A page.", "content": _json("MessagePage")},
-                                  **_errors(400, 401, 404)}},
+                    "parameters": [_int("limit", "Messages per page (default 100): the newest ones.", 1, 1000),
+                                   _int("before", "Only messages with a sequence below this (`next_before`).",
+                                        0, 2**62),
+                                   _int("after", "Only messages with a sequence above this (to follow a session).",
+                                        -1, 2**62)],
+                    "responses": _responses({"200": {"description": "A page.", "content": _json("MessagePage")}},
+                                            400, 404)},
         },
         "/v1/sessions/{session_id}/traces": {
             "parameters": [_ID],
             "get": {"summary": "Stored prompt traces: tokens by source per model call", "operationId": "listTraces",
-                    "parameters": [_q("limit", "Only the newest N.")],
-                    "responses": {"200": {"description": "Traces, oldest first (PromptTrace.to_dict)."},
-                                  **_errors(400, 401, 404)}},
+                    "parameters": [_int("limit", "Only the newest N.", 1, 10_000)],
+                    "responses": _responses({"200": {"description": "Traces, oldest first (PromptTrace.to_dict).",
+                                                     "content": _json("TraceList")}}, 400, 404)},
         },
         "/v1/sessions/{session_id}/facts": {
             "parameters": [_ID],
             "get": {"summary": "The history of every fact FactMemory keeps about the session's user",
                     "operationId": "listFacts",
-                    "responses": {"200": {"description": "Per FactMemory of the agent: each fact's versions, oldest "
-                                                         "first, with valid_from / valid_to and source message ids."},
-                                  **_errors(400, 401, 404)}},
+                    "responses": _responses({"200": {"description": "Per FactMemory of the agent: each fact's "
+                                                     "versions, oldest first, with valid_from / valid_to and source "
+                                                     "message ids.", "content": _json("FactList")}}, 400, 404)},
         },
         "/v1/sessions/{session_id}/runs": {
             "parameters": [_ID],
@@ -92,69 +142,130 @@ def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
                                "gets that answer back, marked `replayed`, without running again.",
                 "operationId": "run", "requestBody": {"required": True, "content": _json("RunRequest")},
                 "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                                "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY},
                                 "description": "Names the run's input (its last message) in this session: a retry "
                                                "with the same key and input returns the first result."}],
-                "responses": {"200": {"description": "The result, or the event stream.",
-                                      "content": {**_json("RunResult"), "text/event-stream": {}}},
-                              "502": {"description": "The model failed.", "content": _json("Error")},
-                              **_errors(400, 401, 404, 409, 410, 413, 503)}},
+                "responses": _responses({"200": {
+                    "description": "The result, or the event stream.",
+                    "content": {**_json("RunResult"), "text/event-stream": {"schema": _event(_RUN_EVENTS)}}}},
+                    400, 404, 409, 410, 413, 502)},
         },
         "/v1/ag-ui": {
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
-                     "requestBody": {"required": True, "content": {"application/json": {
-                         "schema": {"type": "object", "description": "AG-UI RunAgentInput"}}}},
-                     "responses": {"200": {"description": "AG-UI events.", "content": {"text/event-stream": {}}},
-                                   **_errors(400, 401, 409, 413, 503)}},
+                     "requestBody": {"required": True, "content": _json("AgUiRunAgentInput")},
+                     "responses": _responses({"200": {"description": "AG-UI events.", "content": {
+                         "text/event-stream": {"schema": _event(("message",))}}}}, 400, 409, 413)},
         },
     }
+
+
+def _message(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Describe a message as the server returns it (`contextpipe.codec.message_to_dict`, plus `extra`)."""
+    number = {"type": ["number", "null"]}  # null only where a stored NaN was repaired
+    properties: dict[str, Any] = {
+        "v": {"type": "integer"}, "id": {"type": "string"},
+        "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
+        "parts": {"type": "array", "items": _ref("Part")}, "created_at": number,
+        "author_name": {"type": "string"}, "metadata": {"type": "object"},
+        "source": {"type": "object", "required": ["kind"], "properties": {
+            "kind": {"type": "string"}, "source_id": {"type": ["string", "null"]}}},
+        "repaired": _ref("Repaired"), **(extra or {})}
+    return {"type": "object", "required": ["v", "id", "role", "parts", "created_at", *(extra or {})],
+            "properties": properties}
+
+
+def _fact() -> dict[str, Any]:
+    """Describe a version of a fact as the server returns it (`contextpipe.providers.Fact.to_dict`)."""
+    number, text, ids = {"type": ["number", "null"]}, {"type": ["string", "null"]}, {"type": "array", "items": {
+        "type": "string"}}
+    return {"type": "object", "required": ["id", "text", "lineage", "valid_from", "valid_to", "sources", "ended_by",
+                                           "session_id", "replaces", "replaced_by"],
+            "properties": {"id": {"type": "string"}, "text": {"type": "string"}, "lineage": {"type": "string"},
+                           "valid_from": number, "valid_to": number, "sources": ids, "ended_by": ids,
+                           "session_id": text, "replaces": text, "replaced_by": text}}
+
+
+def _response_schemas() -> dict[str, Any]:
+    number, text = {"type": ["number", "null"]}, {"type": "string"}
+    listed = {"type": "object", "required": ["id", "version", "message_count", "created_at", "updated_at"],
+              "properties": {"id": text, "version": {"type": "integer"}, "message_count": {"type": "integer"},
+                             "created_at": number, "updated_at": number, "repaired": _ref("Repaired")}}
+    checkpoint = {"type": "object", "required": ["seq", "summary", "created_at"], "properties": {
+        "seq": {"type": "integer"}, "summary": _ref("Message"), "created_at": number}}
+    agent = {"type": "object", "properties": {
+        "name": {"type": ["string", "null"]}, "model": text, "tools": {"type": "array", "items": text},
+        "providers": {"type": "array", "items": {"type": "object"}}, "store_traces": {"type": "boolean"}}}
+    return {
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["type", "message"], "properties": {"type": text, "message": text}}}},
+        "Repaired": {"type": "string", "description": "Present when the stored object held what JSON cannot carry "
+                                                      "(lone surrogates, NaN): says what is shown repaired."},
+        "Part": {"type": "object", "required": ["kind"], "properties": {"kind": text},
+                 "description": "A content part: `text`, `function_call`, `function_result`, `data`, `uri`, "
+                                "`reasoning`, or a kind of a newer contextpipe (kept as stored)."},
+        "Message": _message(),
+        "Info": {"type": "object", "required": ["tenant", "version", "store", "read_only", "agent"],
+                 "properties": {"tenant": text, "version": text, "store": text, "read_only": {"type": "boolean"},
+                                "agent": {"oneOf": [agent, {"type": "null"}]}}},
+        "Session": {"type": "object", "required": ["id", "version", "created_at", "ttl", "state", "checkpoint"],
+                    "properties": {"id": text, "version": {"type": "integer"}, "created_at": number, "ttl": number,
+                                   "state": {"type": "object"}, "checkpoint": {"oneOf": [checkpoint, {"type": "null"}]},
+                                   "repaired": _ref("Repaired")}},
+        "SessionList": {"type": "object", "required": ["sessions", "next_cursor"], "properties": {
+            "sessions": {"type": "array", "items": listed}, "next_cursor": {"type": ["string", "null"]}}},
+        "MessagePage": {"type": "object", "required": ["messages", "first_seq", "has_more", "next_before"],
+                        "properties": {"messages": {"type": "array", "items": _message({"seq": {"type": "integer"}})},
+                                       "first_seq": {"type": "integer"}, "has_more": {"type": "boolean"},
+                                       "next_before": {"type": ["integer", "null"]}}},
+        "TraceList": {"type": "object", "required": ["traces"], "properties": {
+            "traces": {"type": "array", "items": {"type": "object"}}}},
+        "FactList": {"type": "object", "required": ["user_id", "memories"], "properties": {
+            "user_id": {"type": ["string", "null"]}, "memories": {"type": "array", "items": {
+                "type": "object", "required": ["source_id", "collection", "facts"], "properties": {
+                    "source_id": text, "collection": text, "facts": {"type": "array", "items": {
+                        "type": "object", "required": ["lineage", "versions"], "properties": {
+                            "lineage": text, "versions": {"type": "array", "items": _fact()}}}}}}},
+            "repaired": _ref("Repaired")}},
+        "RunResult": {"type": "object", "required": ["session_id", "text", "stop_reason", "steps", "replayed",
+                                                     "usage", "input", "messages"], "properties": {
+            "session_id": {"type": ["string", "null"]}, "text": text, "stop_reason": text,
+            "steps": {"type": "integer"},
+            "replayed": {"type": "boolean", "description": "The input was answered before: this is that answer."},
+            "usage": {"type": "object"}, "input": {"type": "array", "items": _ref("Message")},
+            "messages": {"type": "array", "items": _ref("Message")},
+            "traces": {"type": "array", "items": {"type": "object"}}, "repaired": _ref("Repaired")}},
+    }
+
+
+def _agui_schemas() -> dict[str, Any]:
+    from ._agui import agui_schemas
+
+    try:
+        return agui_schemas()
+    except UsageError:  # ag-ui-protocol is not installed: the route answers 400 saying so
+        return {"AgUiRunAgentInput": {"type": "object", "description": "AG-UI RunAgentInput"}}
+
+
+def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
+    """Return the OpenAPI document (writing routes are left out when `read_only`)."""
+    paths = _paths()
+    schemas = _response_schemas()
     if read_only:
         for item in paths.values():
             for method in ("post", "delete"):
                 item.pop(method, None)
         paths = {k: v for k, v in paths.items() if set(v) - {"parameters"}}
-    message = {"type": "object", "description": "A message as contextpipe stores it (role, parts, id, source).",
-               "properties": {"role": {"type": "string"}, "parts": {"type": "array", "items": {"type": "object"}}}}
-    schemas: dict[str, Any] = {
-        "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-            "type": {"type": "string"}, "message": {"type": "string"}}}}},
-        "CreateSession": {"type": "object", "additionalProperties": False, "properties": {
-            "id": {"type": "string", "description": "1-200 characters: letters, digits and . _ : @ / = + -"},
-            "ttl": {"type": "number", "description": "Seconds of inactivity before the session expires."}}},
-        "Session": {"type": "object", "properties": {
-            "id": {"type": "string"}, "version": {"type": "integer"}, "created_at": {"type": "number"},
-            "ttl": {"type": ["number", "null"]}, "state": {"type": "object"},
-            "checkpoint": {"type": ["object", "null"]}}},
-        "SessionList": {"type": "object", "properties": {
-            "sessions": {"type": "array", "items": {"type": "object"}},
-            "next_cursor": {"type": ["string", "null"]}}},
-        "MessagePage": {"type": "object", "properties": {
-            "messages": {"type": "array", "items": message}, "first_seq": {"type": "integer"},
-            "has_more": {"type": "boolean"}, "next_before": {"type": ["integer", "null"]}}},
-        "RunRequest": {"type": "object", "additionalProperties": False, "required": ["input"], "properties": {
-            "input": {"description": "Text, a list of user messages, or null to resume the session.",
-                      "oneOf": [{"type": "string"}, {"type": "array", "items": message}, {"type": "null"}]},
-            "message_id": {"type": "string", "minLength": 1, "maxLength": 200,
-                           "description": "Id of the text input's message: a retry with the same id and text "
-                                          "returns the first result instead of running again."},
-            "stream": {"type": "boolean", "default": False},
-            "wait": {"type": "number", "default": 0,
-                     "description": "Seconds to wait for a busy session instead of getting 409."},
-            "traces": {"type": "boolean", "default": False,
-                       "description": "Put the run's prompt traces (tokens by source per model call) in the result."}}},
-        "RunResult": {"type": "object", "properties": {
-            "text": {"type": "string"}, "stop_reason": {"type": "string"}, "steps": {"type": "integer"},
-            "replayed": {"type": "boolean", "description": "The input was answered before: this is that answer."},
-            "usage": {"type": "object"}, "messages": {"type": "array", "items": message},
-            "traces": {"type": "array", "items": {"type": "object"}}}},
-    }
+    else:
+        schemas |= request_schemas() | _agui_schemas()
     return {
         "openapi": "3.1.0",
         "info": {"title": "contextpipe", "version": __version__,
                  "description": "Sessions and runs of a contextpipe agent. Every /v1 route needs an API key "
-                                "(`Authorization: Bearer KEY`) and acts on that key's tenant only."},
+                                "(`Authorization: Bearer KEY`, or `X-API-Key: KEY`) and acts on that key's tenant "
+                                "only."},
         "paths": paths,
         "components": {"schemas": schemas,
-                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"apiKey": []}],
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}},
+        "security": [{"bearer": []}, {"apiKey": []}],
     }

@@ -19,6 +19,7 @@ from .. import Agent, RunResult, Session
 from ..codec import message_to_dict
 from ..errors import ContextPipeError
 from ..messages import Message
+from ._json import clean
 
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_json"]
 
@@ -104,6 +105,12 @@ class LiveRun:
         return self.result
 
 
+def _send(run: LiveRun, name: str, payload: dict[str, Any]) -> None:
+    """Queue an event for `run`'s client (if it still listens), repaired to render as JSON (`clean`)."""
+    if run.listening:
+        run.queue.put_nowait((name, clean(payload, items=("input", "messages", "traces"))))
+
+
 class RunManager:
     """Starts runs in their own tasks, tracks them, and drains them at shutdown."""
 
@@ -139,22 +146,18 @@ class RunManager:
                 async with self.agent.stream(input, session=run.session, lease_wait=lease_wait) as events:
                     async for event in events:
                         item = event_to_json(event, traces=run.traces)
-                        if item is not None and run.listening:
-                            run.queue.put_nowait(item)
+                        if item is not None:
+                            _send(run, *item)
                     run.result = events.result
             else:
                 run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait)
-                if run.listening:
-                    run.queue.put_nowait(("done", result_to_json(run.result, traces=run.traces)))
+                _send(run, "done", result_to_json(run.result, traces=run.traces))
         except asyncio.CancelledError as exc:
             run.error = exc
-            if run.listening:
-                run.queue.put_nowait(("error", {"error": {"type": "Cancelled",
-                                                          "message": "the run was cancelled (server shutdown)"}}))
+            _send(run, "error", {"error": {"type": "Cancelled", "message": "the run was cancelled (server shutdown)"}})
         except Exception as exc:
             run.error = exc
-            if run.listening:
-                run.queue.put_nowait(("error", error_to_json(exc)))
+            _send(run, "error", error_to_json(exc))
         finally:
             run.queue.put_nowait(None)
 
