@@ -493,3 +493,16 @@ async def test_the_server_gives_each_facts_history_with_its_source_message_ids()
         ("Alice lives in Lisbon.", 100.0, 200.0), ("Alice lives in Porto.", 200.0, None)]
     assert [v["sources"] for v in fact["versions"]] == [[m.id for m in [*run.input, *run.messages]]
                                                         for run in (first, second)]
+
+    # Another tenant's key: acme's session is absent to it, and its own session of that id and user shows
+    # only its own facts (a fact's scope is tenant and user).
+    keys.add("globex", "cp_globex_key")
+    other = {"Authorization": "Bearer cp_globex_key"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(agent, keys=keys)),
+                                 base_url="http://test") as c:
+        assert (await c.get("/v1/sessions/alice-1/facts", headers=other)).status_code == 404
+        theirs = await agent.session("alice-1", tenant="globex")
+        set_user_id(theirs, "alice")
+        await store.save_session(theirs)
+        answer = (await c.get("/v1/sessions/alice-1/facts", headers=other)).json()
+        assert answer == {"user_id": "alice", "memories": [{"source_id": "facts", "collection": "facts", "facts": []}]}
