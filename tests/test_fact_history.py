@@ -134,50 +134,53 @@ async def test_a_fact_that_changes_twice_is_recalled_now_as_of_each_period_and_w
     assert told == ["", "- Alice lives in Lisbon.", "- Alice lives in Porto.", "- Alice lives in Berlin.", ""]
 
 
-async def test_facts_stored_by_the_version_before_histories_still_load(tmp_path: Path) -> None:
-    """A record and a waiting turn written as contextpipe 0.x wrote them: read, recalled, then updated in place."""
-    db = tmp_path / "agent.db"
-    store = SQLiteStore(db)
-    vectors = store.vectors()
+OLD_FORMAT = Path(__file__).parent / "fixtures" / "facts_before_history.json"
+"""What FactMemory stored before histories, written by that version's code (fixtures/facts_before_history.py)."""
+
+
+async def test_facts_stored_by_the_version_before_histories_still_load(vectors: VectorStore) -> None:
+    """Records and a waiting turn as the earlier FactMemory wrote them: read, recalled, then updated as versions."""
+    written = json.loads(OLD_FORMAT.read_text())
     embedder = HashEmbedder()
-    # What FactMemory stored before: tenant, user, session, write time and embedder; no time or sources.
-    [vector] = await embedder.embed(["Alice likes tea."])
-    await vectors.upsert("facts", [VectorRecord("fact_0123456789abcdef", vector, "Alice likes tea.", {
-        "tenant": "default", "user_id": "alice", "session_id": "old", "updated_at": 1_700_000_000.0,
-        "embedder": "hash-256"})])
+    texts = [r["text"] for r in written["records"]]
+    await vectors.upsert("facts", [VectorRecord(r["id"], v, r["text"], r["metadata"])
+                                   for r, v in zip(written["records"], await embedder.embed(texts), strict=True)])
+    store = MemoryStore()
     old = await store.load_or_create("default", "old")
-    set_user_id(old, "alice")
-    old.state["facts.pending"] = {"turns": ["user: I moved to Suzhou."]}  # turns were kept as plain text
+    old.state.update(written["state"])  # its waiting turn kept as plain text, as turns were then
     await store.save_session(old)
 
     clock = Clock(2_000_000_000.0)
     extractor = ScriptedModel()
     facts = FactMemory(extractor, vectors, embedder, clock=clock)
     session = Session("new", state={"user_id": "alice"})
-    [fact] = await facts.recall(session)
-    assert fact == Fact("fact_0123456789abcdef", "Alice likes tea.", "fact_0123456789abcdef", None, None, (),
-                        session_id="old")
-    assert fact.true_at(0) and [f.id for f in await facts.recall(session, as_of=1.0)] == [fact.id]
-    assert await facts.history(session) == [[fact]]
+    by_text = {f.text: f for f in await facts.recall(session)}
+    tea = by_text["Alice likes green tea."]
+    assert sorted(by_text) == ["Alice likes green tea.", "Alice plays chess."]
+    assert tea == Fact(tea.id, "Alice likes green tea.", tea.id, None, None, (), session_id="old")
+    assert tea.true_at(0) and {f.id for f in await facts.recall(session, as_of=1.0)} == {f.id for f in by_text.values()}
+    assert sorted(await facts.history(session), key=lambda h: h[0].text) == [[tea], [by_text["Alice plays chess."]]]
 
     def coffee(request: ModelRequest) -> str:
         text = request.messages[0].text
-        assert "[fact_0123456789abcdef] Alice likes tea." in text
+        assert f"[{tea.id}] Alice likes green tea." in text
         assert "user: I moved to Suzhou." in text and "user: I drink coffee now." in text  # the old turn waited
-        return changes(add=("Alice lives in Suzhou.",), update={"fact_0123456789abcdef": "Alice drinks coffee."})
+        return changes(add=("Alice lives in Suzhou.",), update={tea.id: "Alice drinks coffee."})
 
     extractor.enqueue(coffee)
     agent = Agent(ScriptedModel(["Noted."]), providers=[History(store), facts])
     result = await agent.run("I drink coffee now.", session=await agent.session("old"))
     assert (await store.get_session("default", "old")).state["facts.pending"] == {"turns": []}  # type: ignore[union-attr]
-    [[suzhou], [tea, coffee_now]] = sorted(await facts.history(session), key=len)
-    assert (tea.id, tea.valid_from, tea.valid_to, tea.replaced_by) == (fact.id, None, clock.now, coffee_now.id)
+    histories = {h[0].text: h for h in await facts.history(session)}
+    [before, coffee_now] = histories["Alice likes green tea."]
+    assert (before.id, before.valid_from, before.valid_to, before.replaced_by) == (tea.id, None, clock.now,
+                                                                                   coffee_now.id)
     assert (coffee_now.text, coffee_now.lineage, coffee_now.replaces, coffee_now.valid_from) == (
-        "Alice drinks coffee.", fact.id, fact.id, clock.now)
+        "Alice drinks coffee.", tea.id, tea.id, clock.now)
+    [[suzhou]] = [histories["Alice lives in Suzhou."]]
     assert coffee_now.sources == suzhou.sources == tuple(m.id for m in [*result.input, *result.messages])
-    assert sorted(t for _, t in await facts.facts(session)) == ["Alice drinks coffee.", "Alice lives in Suzhou."]
-    await vectors.close()
-    await store.close()
+    assert sorted(t for _, t in await facts.facts(session)) == [
+        "Alice drinks coffee.", "Alice lives in Suzhou.", "Alice plays chess."]
 
 
 class GatedModel(ScriptedModel):
