@@ -252,6 +252,34 @@ async def test_a_failed_background_extraction_waits_in_the_session_for_the_next_
         await store.close()
 
 
+async def test_a_background_extraction_that_only_ends_a_fact_is_seen_done_by_another_process(tmp_path: Path) -> None:
+    """Its only record is the version it ended: that record names it, so no other process sends its turn again."""
+    db = tmp_path / "agent.db"
+
+    async def process(extractor: ScriptedModel, chat: ScriptedModel) -> tuple[SQLiteStore, Agent]:
+        store = SQLiteStore(db)
+        facts = FactMemory(extractor, store.vectors(), HashEmbedder(), background=True)
+        return store, Agent(chat, providers=[History(store), facts])
+
+    one = ScriptedModel([changes(add=("Eve has a dog.",)), lambda r: changes(delete=tuple(known_ids(r)))])
+    store_one, agent_one = await process(one, ScriptedModel(["Nice.", "Sorry."]))
+    session = await agent_one.session("s")
+    set_user_id(session, "eve")
+    for said in ["I have a dog.", "My dog died."]:
+        await agent_one.run(said, session=session)
+        await agent_one.providers[-1].drain()  # type: ignore[attr-defined]
+    assert len(one.requests) == 2
+
+    two = ScriptedModel([changes()])
+    store_two, agent_two = await process(two, ScriptedModel(["Ok."]))
+    await agent_two.run("Hello.", session=await agent_two.session("s"))
+    await agent_two.providers[-1].drain()  # type: ignore[attr-defined]
+    [request] = two.requests
+    assert "My dog died." not in request.messages[0].text  # the ending was written: not extracted twice
+    for store in (store_one, store_two):
+        await store.close()
+
+
 async def test_a_turn_is_not_sent_twice_while_its_background_extraction_runs() -> None:
     """And facts learned late (a background extraction, a retry) became true when their turn was taken."""
     extractor = GatedModel()

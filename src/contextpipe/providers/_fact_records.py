@@ -5,8 +5,9 @@ A version's record keeps its time and provenance in its metadata, beside the sco
 since the epoch; no ``valid_to`` while it is true), ``sources`` (the ids of the messages it was
 extracted from), ``lineage`` (the id of the fact's first version), ``replaces`` / ``replaced_by``
 (the versions before and after it), ``ended_by`` (the messages that ended it) and ``batch`` (the
-extraction that wrote it). A record stored before these keys existed reads as a fact true from an
-unknown time, still true, with no sources: its own first version.
+extraction that last wrote it: the one that started it, or the one that ended it). A record stored
+before these keys existed reads as a fact true from an unknown time, still true, with no sources:
+its own first version.
 """
 
 from __future__ import annotations

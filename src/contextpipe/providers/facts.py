@@ -267,7 +267,9 @@ def _versions(ending: list[SearchHit], updates: dict[str, str], when: float, com
     for hit in ending:
         old = Fact.from_hit(hit)
         at = max(when, old.valid_from or when)  # (never before it began: a late retry of an older turn)
-        closed = {**hit.metadata, "valid_to": at, "ended_by": common["sources"], "updated_at": common["updated_at"]}
+        # (it names the extraction that ended it: one that only ends facts is seen to have written them too)
+        closed = {**hit.metadata, "valid_to": at, "ended_by": common["sources"], "updated_at": common["updated_at"],
+                  "batch": common["batch"]}
         if hit.id in updates:
             closed["replaced_by"] = new_id = _new_id()
             records.append((new_id, updates[hit.id], {**common, "valid_from": at, "lineage": old.lineage,
