@@ -3,7 +3,9 @@ that adds tool middleware."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from contextpipe import Agent, ContextProvider, Message, RunContext, tool
 from contextpipe.models import ModelMiddleware
@@ -13,7 +15,7 @@ from contextpipe.stores import Lease
 from contextpipe.stores.base import SessionStore
 from contextpipe.testing import ScriptedModel
 from contextpipe.tools import ToolMiddleware
-from contextpipe.vectors import HashEmbedder
+from contextpipe.vectors import HashEmbedder, MemoryVectorStore, SQLiteVectorStore, VectorStore
 
 CODES = {"Suzhou": "SZ", "Beijing": "BJ"}
 FORECASTS = {"SZ": "Sunny, 25 C, NW wind 4.", "BJ": "Cloudy, 22 C, E wind 3."}
@@ -95,3 +97,15 @@ class CountingEmbedder(HashEmbedder):
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.calls.append(list(texts))
         return await super().embed(texts)
+
+
+def vector_store(kind: str, tmp_path: Path, table: str = "t") -> VectorStore:
+    """A new vector store of `kind`: ``memory``, ``sqlite`` (a file in `tmp_path`) or ``pgvector`` (its own table)."""
+    if kind == "pgvector":
+        from contextpipe.vectors.pgvector import PgVectorStore
+        from stores.backends import server_address
+
+        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
+        assert dsn is not None
+        return PgVectorStore(dsn, table=f"{table}{uuid.uuid4().hex[:10]}")
+    return MemoryVectorStore() if kind == "memory" else SQLiteVectorStore(tmp_path / "v.db")

@@ -12,7 +12,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +27,8 @@ from contextpipe.providers import Fact, FactMemory, History, external_input
 from contextpipe.session import Session, set_user_id
 from contextpipe.stores import MemoryStore, SQLiteStore
 from contextpipe.testing import ScriptedModel
-from contextpipe.vectors import HashEmbedder, MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore
+from contextpipe.vectors import HashEmbedder, MemoryVectorStore, VectorRecord, VectorStore
+from helpers import vector_store
 
 
 class Clock:
@@ -43,15 +43,7 @@ class Clock:
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
 async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    if request.param == "pgvector":
-        from contextpipe.vectors.pgvector import PgVectorStore
-        from stores.backends import server_address
-
-        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
-        assert dsn is not None
-        store: VectorStore = PgVectorStore(dsn, table=f"t{uuid.uuid4().hex[:10]}")
-    else:
-        store = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    store = vector_store(request.param, tmp_path)
     yield store
     await store.close()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -28,20 +27,12 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
-from helpers import CountingEmbedder
+from helpers import CountingEmbedder, vector_store
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
 async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    if request.param == "pgvector":
-        from contextpipe.vectors.pgvector import PgVectorStore
-        from stores.backends import server_address
-
-        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
-        assert dsn is not None
-        store: VectorStore = PgVectorStore(dsn, table=f"t{uuid.uuid4().hex[:10]}")
-    else:
-        store = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    store = vector_store(request.param, tmp_path)
     yield store
     await store.close()
 
