@@ -12,7 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextpipe import Agent, UsageError
+from contextpipe import Agent, StoreError, UsageError
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import Fact, FactMemory, History, external_input
 from contextpipe.session import Session, set_user_id
@@ -319,6 +319,75 @@ async def test_a_turn_is_not_sent_twice_while_its_background_extraction_runs() -
     history = {h[0].text: h for h in await facts.history(session)}
     assert [(f.valid_from, f.valid_to) for f in history["Carol likes blues."]] == [(10.0, 60.0), (60.0, None)]
     assert history["Carol likes jazz."][0].valid_from == 60.0  # the latest of its turns
+
+
+async def test_an_update_is_one_write_so_one_that_fails_leaves_the_fact_as_it_was() -> None:
+    """The store refuses the write that starts the new version: the old one is not ended either, the turn waits."""
+    class Refusing(MemoryVectorStore):
+        refuse = True
+
+        async def upsert(self, collection: str, records: Sequence[VectorRecord]) -> None:
+            if self.refuse and any("replaces" in r.metadata for r in records):
+                raise StoreError("the disk is full")
+            await super().upsert(collection, records)
+
+    vectors = Refusing()
+    extractor = ScriptedModel([changes(add=("Gil lives in Rome.",))])
+    facts = FactMemory(extractor, vectors, HashEmbedder(), clock=Clock(10.0))
+    agent = Agent(ScriptedModel(["ok", "ok", "ok"]), providers=[facts])
+    session = await agent.session("s")
+    set_user_id(session, "gil")
+    await agent.run("I live in Rome.", session=session)
+    [[rome]] = await facts.history(session)
+    moved = changes(update={rome.id: "Gil lives in Milan."})
+    extractor.enqueue(moved)
+    await agent.run("I moved to Milan.", session=session)
+    assert [f.text for f in await facts.recall(session)] == ["Gil lives in Rome."]  # not ended, not doubled
+    assert await facts.history(session) == [[rome]]
+    [waiting] = facts.pending.get(session).turns
+    assert waiting.text.startswith("user: I moved to Milan.")
+
+    vectors.refuse = False
+    extractor.enqueue(lambda r: moved if "I moved to Milan." in r.messages[0].text else changes())
+    await agent.run("Hi.", session=session)
+    assert [f.text for f in await facts.recall(session)] == ["Gil lives in Milan."]
+    assert facts.pending.get(session).turns == []
+
+
+async def test_two_sessions_that_update_one_fact_at_once_both_keep_their_version() -> None:
+    """Neither update is lost: the fact has two versions true now (both recalled, both shown to the next
+    extraction, which can end one), and its history keeps all three."""
+    vectors, clock = MemoryVectorStore(), Clock(10.0)
+    seed = FactMemory(ScriptedModel([changes(add=("Fay lives in Oslo.",))]), vectors, HashEmbedder(), clock=clock)
+    seeding = Agent(ScriptedModel(["ok"]), providers=[seed])
+    first = await seeding.session("a")
+    set_user_id(first, "fay")
+    await seeding.run("I live in Oslo.", session=first)
+    [[oslo]] = await seed.history(first)
+
+    agents = []
+    for city in ("Bergen", "Tromso"):
+        extractor = GatedModel()
+        extractor.enqueue(lambda r, city=city: changes(update={oslo.id: f"Fay lives in {city}."}))
+        facts = FactMemory(extractor, vectors, HashEmbedder(), clock=clock)
+        agents.append((Agent(ScriptedModel(["ok"]), providers=[facts]), extractor, facts))
+    sessions = [await agent.session(name) for (agent, _, _), name in zip(agents, "bc", strict=True)]
+    for session in sessions:
+        set_user_id(session, "fay")
+    clock.now = 20.0
+    runs = [asyncio.create_task(agent.run("I moved.", session=session))
+            for (agent, _, _), session in zip(agents, sessions, strict=True)]
+    for _, extractor, _ in agents:
+        await extractor.started.wait()  # both were shown Oslo as true now
+    for _, extractor, _ in agents:
+        extractor.gate.set()
+    await asyncio.gather(*runs)
+
+    assert sorted(t for _, t in await seed.facts(first)) == ["Fay lives in Bergen.", "Fay lives in Tromso."]
+    [versions] = await seed.history(first)
+    assert versions[0].id == oslo.id and versions[0].valid_to == 20.0
+    assert sorted(v.text for v in versions[1:]) == ["Fay lives in Bergen.", "Fay lives in Tromso."]
+    assert {v.replaces for v in versions[1:]} == {oslo.id} and versions[0].replaced_by in {v.id for v in versions[1:]}
 
 
 async def test_a_late_retry_never_ends_a_fact_before_it_began() -> None:
