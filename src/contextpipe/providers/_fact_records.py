@@ -8,6 +8,11 @@ extracted from), ``lineage`` (the id of the fact's first version), ``replaces`` 
 extraction that last wrote it: the one that started it, or the one that ended it). A record stored
 before these keys existed reads as a fact true from an unknown time, still true, with no sources:
 its own first version.
+
+Versions are records of the vector store, not entries of a session's log: a fact belongs to a user
+across sessions and is recalled by similarity, so it lives where that search is; each names the
+session and the messages it came from. Ending a version is the one change made to a record in place
+(its ``valid_to``, ``ended_by``, ``replaced_by``, ``batch``), in the same write as its successor.
 """
 
 from __future__ import annotations
