@@ -354,9 +354,9 @@ async def test_an_update_is_one_write_so_one_that_fails_leaves_the_fact_as_it_wa
     assert facts.pending.get(session).turns == []
 
 
-async def test_two_sessions_that_update_one_fact_at_once_both_keep_their_version() -> None:
-    """Neither update is lost: the fact has two versions true now (both recalled, both shown to the next
-    extraction, which can end one), and its history keeps all three."""
+async def test_two_processes_that_update_one_fact_at_once_both_keep_their_version() -> None:
+    """Two sessions of one user in two processes (a FactMemory each): neither update is lost, the fact has two
+    versions true now (both recalled, both shown to the next extraction, which can end one), the history all three."""
     vectors, clock = MemoryVectorStore(), Clock(10.0)
     seed = FactMemory(ScriptedModel([changes(add=("Fay lives in Oslo.",))]), vectors, HashEmbedder(), clock=clock)
     seeding = Agent(ScriptedModel(["ok"]), providers=[seed])
@@ -388,6 +388,38 @@ async def test_two_sessions_that_update_one_fact_at_once_both_keep_their_version
     assert versions[0].id == oslo.id and versions[0].valid_to == 20.0
     assert sorted(v.text for v in versions[1:]) == ["Fay lives in Bergen.", "Fay lives in Tromso."]
     assert {v.replaces for v in versions[1:]} == {oslo.id} and versions[0].replaced_by in {v.id for v in versions[1:]}
+
+
+async def test_a_users_extractions_in_one_process_take_turns_so_each_sees_what_the_one_before_wrote() -> None:
+    """A second run's background extraction waits for the first: it updates the version the first started
+    instead of starting a second version of the same fact."""
+    extractor = GatedModel()
+    facts = FactMemory(extractor, MemoryVectorStore(), HashEmbedder(), background=True, clock=Clock(10.0))
+    agent = Agent(ScriptedModel(["ok", "ok", "ok"]), providers=[facts])
+    session = await agent.session("s")
+    set_user_id(session, "hal")
+    extractor.enqueue(changes(add=("Hal lives in Oslo.",)))
+    extractor.gate.set()
+    await agent.run("I live in Oslo.", session=session)
+    await facts.drain()
+
+    def move(city: str) -> Callable[[ModelRequest], str]:
+        return lambda r: changes(update={next(i for i, t in known_ids(r).items() if "lives in" in t):
+                                         f"Hal lives in {city}."})
+
+    extractor.gate.clear()
+    extractor.started.clear()
+    extractor.enqueue(move("Bergen"), move("Tromso"))
+    await agent.run("I moved to Bergen.", session=session)
+    await extractor.started.wait()  # the first is under way (shown Oslo) when the second run ends
+    await agent.run("And now to Tromso.", session=session)
+    extractor.gate.set()
+    await facts.drain()
+    assert "Hal lives in Bergen." in extractor.requests[-1].messages[0].text  # the second was shown Bergen
+    [versions] = await facts.history(session)
+    assert [v.text for v in versions] == ["Hal lives in Oslo.", "Hal lives in Bergen.", "Hal lives in Tromso."]
+    assert [t for _, t in await facts.facts(session)] == ["Hal lives in Tromso."]
+    assert facts._writing == {}  # (nothing kept once the user's extractions are done)
 
 
 async def test_a_late_retry_never_ends_a_fact_before_it_began() -> None:

@@ -107,6 +107,7 @@ class FactMemory(ContextProvider):
         self.pending = ProviderState(f"{source_id}.pending", _Pending)  # its key is checked by the agent
         self._running: dict[str, asyncio.Task[None]] = {}  # background extractions, by batch
         self._extracted: set[str] = set()  # batches extracted here whose turns a session still holds
+        self._writing: dict[tuple[Any, ...], tuple[asyncio.Lock, int]] = {}  # per user: a lock, and who holds or waits
         self._checked = False  # whether the collection's vectors are known to be the embedder's
 
     def _scope(self, session: Session | None) -> dict[str, Any] | None:
@@ -231,6 +232,22 @@ class FactMemory(ContextProvider):
         return True
 
     async def _extract(self, session_id: str, where: Where, name: str, batch: Sequence[_Turn]) -> None:
+        """Extract `batch` once the user's extraction before it here is done, so it is shown what that one wrote.
+
+        (Two at once would each end the version true now and start a successor of their own: two versions true.)
+        """
+        key = tuple(sorted(where.items()))
+        lock, users = self._writing.get(key, (asyncio.Lock(), 0))
+        self._writing[key] = (lock, users + 1)
+        try:
+            async with lock:
+                await self._extract_now(session_id, where, name, batch)
+        finally:
+            lock, users = self._writing.pop(key)
+            if users > 1:
+                self._writing[key] = (lock, users - 1)
+
+    async def _extract_now(self, session_id: str, where: Where, name: str, batch: Sequence[_Turn]) -> None:
         """Ask the model what `batch` changes in the facts true now, and write the versions that ends and starts."""
         turns = [t.text for t in batch]
         known = await self._search(where, "\n".join(turns), 30, None)
