@@ -1,14 +1,16 @@
-"""Shared pieces for the agent tests: the seed's weather tools, a history that records saves, and a provider
-that adds tool middleware."""
+"""Shared pieces for the agent tests: the seed's weather tools, a history that records saves, a provider
+that adds tool middleware, vector stores, and what a fact extraction model answers."""
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from contextpipe import Agent, ContextProvider, Message, RunContext, tool
-from contextpipe.models import ModelMiddleware
+from contextpipe.models import ModelMiddleware, ModelRequest
 from contextpipe.providers import History
 from contextpipe.session import Session
 from contextpipe.stores import Lease
@@ -109,3 +111,24 @@ def vector_store(kind: str, tmp_path: Path, table: str = "t") -> VectorStore:
         assert dsn is not None
         return PgVectorStore(dsn, table=f"{table}{uuid.uuid4().hex[:10]}")
     return MemoryVectorStore() if kind == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+
+
+class Clock:
+    """The time FactMemory reads, moved by the test."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def changes(add: tuple[str, ...] = (), update: dict[str, str] | None = None, delete: tuple[str, ...] = ()) -> str:
+    """What the extraction model answers."""
+    return json.dumps({"add": list(add), "update": [{"id": i, "text": t} for i, t in (update or {}).items()],
+                       "delete": list(delete)})
+
+
+def known_ids(request: ModelRequest) -> dict[str, str]:
+    """The facts the extraction model is shown, text by id."""
+    return dict(re.findall(r"^\[(\S+)\] (.*)$", request.messages[0].text, re.MULTILINE))
