@@ -26,9 +26,10 @@ SURFACES = {
         "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
     ],
     "contextpipe.providers": [
-        "Compaction", "ContextProvider", "FactMemory", "History", "HistoryProvider", "HttpServer", "LoadedHistory",
-        "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest", "SearchResult",
-        "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch", "external_input",
+        "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
+        "LoadedHistory", "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest",
+        "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch",
+        "external_input",
     ],
     "contextpipe.stores": [
         "Checkpoint", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
