@@ -1,19 +1,23 @@
-"""Shared pieces for the agent tests: the seed's weather tools, a history that records saves, and a provider
-that adds tool middleware."""
+"""Shared pieces for the agent tests: the seed's weather tools, a history that records saves, a provider
+that adds tool middleware, vector stores, and what a fact extraction model answers."""
 
 from __future__ import annotations
 
+import json
+import re
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from contextpipe import Agent, ContextProvider, Message, RunContext, tool
-from contextpipe.models import ModelMiddleware
+from contextpipe.models import ModelMiddleware, ModelRequest
 from contextpipe.providers import History
 from contextpipe.session import Session
 from contextpipe.stores import Lease
 from contextpipe.stores.base import SessionStore
 from contextpipe.testing import ScriptedModel
 from contextpipe.tools import ToolMiddleware
-from contextpipe.vectors import HashEmbedder
+from contextpipe.vectors import HashEmbedder, MemoryVectorStore, SQLiteVectorStore, VectorStore
 
 CODES = {"Suzhou": "SZ", "Beijing": "BJ"}
 FORECASTS = {"SZ": "Sunny, 25 C, NW wind 4.", "BJ": "Cloudy, 22 C, E wind 3."}
@@ -95,3 +99,36 @@ class CountingEmbedder(HashEmbedder):
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.calls.append(list(texts))
         return await super().embed(texts)
+
+
+def vector_store(kind: str, tmp_path: Path, table: str = "t") -> VectorStore:
+    """A new vector store of `kind`: ``memory``, ``sqlite`` (a file in `tmp_path`) or ``pgvector`` (its own table)."""
+    if kind == "pgvector":
+        from contextpipe.vectors.pgvector import PgVectorStore
+        from stores.backends import server_address
+
+        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
+        assert dsn is not None
+        return PgVectorStore(dsn, table=f"{table}{uuid.uuid4().hex[:10]}")
+    return MemoryVectorStore() if kind == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+
+
+class Clock:
+    """The time FactMemory reads, moved by the test."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def changes(add: tuple[str, ...] = (), update: dict[str, str] | None = None, delete: tuple[str, ...] = ()) -> str:
+    """What the extraction model answers."""
+    return json.dumps({"add": list(add), "update": [{"id": i, "text": t} for i, t in (update or {}).items()],
+                       "delete": list(delete)})
+
+
+def known_ids(request: ModelRequest) -> dict[str, str]:
+    """The facts the extraction model is shown, text by id."""
+    return dict(re.findall(r"^\[(\S+)\] (.*)$", request.messages[0].text, re.MULTILINE))

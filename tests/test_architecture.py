@@ -26,13 +26,14 @@ SURFACES = {
         "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
     ],
     "contextpipe.providers": [
-        "Compaction", "ContextProvider", "FactMemory", "History", "HistoryProvider", "HttpServer", "LoadedHistory",
-        "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest", "SearchResult",
-        "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch", "external_input",
+        "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
+        "LoadedHistory", "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest",
+        "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch",
+        "external_input",
     ],
     "contextpipe.stores": [
-        "Checkpoint", "Lease", "MemoryStore", "MessagePage", "PostgresStore", "RedisStore", "SQLiteStore",
-        "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
+        "Checkpoint", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
+        "SQLiteStore", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
         "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MPNetEmbedder", "MemoryVectorStore",
@@ -71,7 +72,7 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy", "_sqlite", "_compat", "_compaction_decision"),
-    ("messages", "codec", "_media", "_preview", "session", "tool_context", "tools", "tokens", "config"),
+    ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "tools", "tokens", "config"),
     ("exchanges", "models.base", "vectors", "vectors.*"),
     ("stores", "stores.*"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -28,20 +27,12 @@ from contextpipe.vectors import (
     chunk_text,
     ingest_folder,
 )
-from helpers import CountingEmbedder
+from helpers import CountingEmbedder, vector_store
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
 async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    if request.param == "pgvector":
-        from contextpipe.vectors.pgvector import PgVectorStore
-        from stores.backends import server_address
-
-        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
-        assert dsn is not None
-        store: VectorStore = PgVectorStore(dsn, table=f"t{uuid.uuid4().hex[:10]}")
-    else:
-        store = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    store = vector_store(request.param, tmp_path)
     yield store
     await store.close()
 
@@ -65,6 +56,11 @@ async def test_vector_store_contract(vectors: VectorStore) -> None:
     assert await vectors.delete("c", ids=["b"]) == 1
     assert await vectors.delete("c") == 0  # no filter: nothing, never everything
     assert await vectors.count("c", where={"user": "u1"}) == 2
+    listed = await vectors.records("c", where={"user": "u1"})  # every match, by id, no score
+    assert [(h.id, h.text, dict(h.metadata), h.score) for h in listed] == [
+        ("a", "text a", {"user": "u1"}, 0.0), ("c", "text c", {"user": "u1"}, 0.0)]
+    assert [h.id for h in await vectors.records("c", where={"kind": None})] == ["a", "c"]
+    assert [h.id for h in await vectors.records("c")] == ["a", "c"] and await vectors.records("other") == []
     assert await vectors.search("other", [1, 0, 0]) == []
     with pytest.raises(UsageError, match="plain identifier"):
         await vectors.search("c", [1, 0, 0], where={"a') OR 1=1 --": 1})
@@ -240,7 +236,7 @@ async def test_fact_memory_extracts_merges_and_recalls(tmp_path: Path) -> None:
 
     # Extraction failure: the run succeeds and the turn waits in session state for the next run.
     await turn("s3", "I moved to Suzhou.", RuntimeError("extractor down"))
-    assert (await agent.session("s3")).state["facts.pending"]["turns"][0].startswith("user: I moved to Suzhou.")
+    assert (await agent.session("s3")).state["facts.pending"]["turns"][0]["text"].startswith("user: I moved to Suzhou.")
 
     def both(request: ModelRequest) -> str:
         assert "I moved to Suzhou." in request.messages[0].text and "I like tea." in request.messages[0].text

@@ -24,21 +24,14 @@ from contextpipe.stores import SQLiteStore
 from contextpipe.vectors import MemoryVectorStore, SQLiteVectorStore, VectorRecord, VectorStore, _hnsw
 from contextpipe.vectors._hnsw import PENDING_MAX, IndexSearch, public_search, search_depth
 from contextpipe.vectors.base import SearchHit, combmnz, fuse, keyword_terms, matches, rrf
+from helpers import vector_store
 
 WORKER = Path(__file__).parent / "fixtures" / "vector_crash_worker.py"
 
 
 @pytest.fixture(params=["memory", "sqlite", "pgvector"])
 async def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    if request.param == "pgvector":
-        from contextpipe.vectors.pgvector import PgVectorStore
-        from stores.backends import server_address
-
-        dsn = server_address("pgvector")  # skips loudly, or fails under CI, when the server is absent
-        assert dsn is not None
-        store: VectorStore = PgVectorStore(dsn, table=f"h{uuid.uuid4().hex[:10]}")
-    else:
-        store = MemoryVectorStore() if request.param == "memory" else SQLiteVectorStore(tmp_path / "v.db")
+    store = vector_store(request.param, tmp_path, "h")
     yield store
     await store.close()
 

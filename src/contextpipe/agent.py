@@ -286,9 +286,9 @@ class Agent:
                     yield RunDone(replay)
                     return
                 ctx = self._context(session, input_messages, settings, writer)
+                contexts = CallContexts(session, self, deps, self._state_owners, writer.outbox_problem())
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
-                                writer, stream=stream, want_events=want_events,
-                                contexts=CallContexts(session, self, deps, self._state_owners),
+                                writer, stream=stream, want_events=want_events, contexts=contexts,
                                 instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
                 error: BaseException | None = None
                 try:

@@ -23,11 +23,14 @@ re-running it after a crash, a retry) and different for every other call: the SH
 tenant, the session id, the id of the model message that made the call and the call id. The
 message id is part of it because some models number their calls anew in every answer (``call_0``):
 two calls of one session never share a key. A tool passes it to an external system that
-deduplicates by it (an ``Idempotency-Key`` header) so its effect happens once.
+deduplicates by it (an ``Idempotency-Key`` header) so its effect happens once. For an effect kept in the
+session's own database, `outbox` takes it instead: it is committed with the call's result
+(`contextpipe.outbox`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Final, ForwardRef, Generic, TypeVar, Union, get_args, get_origin
 
 from .errors import UsageError, shorten
+from .outbox import Outbox
 from .session import RESERVED_STATE_KEYS, ProviderState
 from .session import user_id as session_user
 
@@ -52,6 +56,8 @@ S = TypeVar("S", bound="pydantic.BaseModel")
 
 IDEMPOTENCY_KEY_VERSION: Final = "contextpipe.tool-call.v1"
 """The first item of what `idempotency_key` hashes: a later derivation would change it, never reuse it."""
+
+_BUILT_DIRECTLY: Final = "its ToolContext was built directly, without a call's key; use ToolContext.for_call(...)"
 
 _STATE_LOCK = threading.Lock()
 """Makes reading a state key the first time (building and storing its value) one step for every thread:
@@ -103,6 +109,9 @@ class ToolContext(Generic[DepsT]):
     agent: Any = None
     """The running agent (a `contextpipe.Agent`: its `name`, `instructions`, `tools` and `model`, as
     `contextpipe.AgentInfo` describes); None for a context built outside a run."""
+    outbox: Outbox = field(default_factory=lambda: Outbox("", str, _BUILT_DIRECTLY), repr=False, compare=False)
+    """Where the tool writes effects that must commit with its result (``ctx.outbox.add(topic, payload)``;
+    see `contextpipe.outbox`). Outside a run it only collects them (``ctx.outbox.entries``)."""
     _session: Session | None = field(default=None, repr=False, compare=False)
     _owners: Mapping[str, str] = field(default_factory=lambda: RESERVED_STATE_KEYS, repr=False, compare=False)
     """State keys the tool may not use, with what each holds (the session's own, the agent's providers')."""
@@ -110,18 +119,22 @@ class ToolContext(Generic[DepsT]):
     @classmethod
     def for_call(cls, call_id: str, tool_name: str, *, deps: Any = None, session: Session | None = None,
                  message_id: str = "", user_id: str | None = None, agent: Any = None,
-                 state_owners: Mapping[str, str] | None = None) -> ToolContext[Any]:
+                 state_owners: Mapping[str, str] | None = None, outbox_problem: str | None = None) -> ToolContext[Any]:
         """Return the context of call `call_id` to `tool_name`, made by model message `message_id`, in `session`.
 
         `user_id` defaults to the session's user. `state_owners` maps the state keys tools must leave
         alone to what each holds (the run passes its agent's providers' keys); the session's own keys
-        (`contextpipe.session.RESERVED_STATE_KEYS`) are always refused.
+        (`contextpipe.session.RESERVED_STATE_KEYS`) are always refused. `outbox_problem` says why the
+        run cannot keep outbox entries (`Outbox.add` raises it); None: they are kept (or, outside a
+        run, collected in `outbox`).
         """
         tenant, session_id = (session.tenant, session.id) if session is not None else (None, None)
         owners = {**RESERVED_STATE_KEYS, **state_owners} if state_owners else RESERVED_STATE_KEYS
+        outbox = Outbox(call_id, functools.partial(idempotency_key, tenant, session_id, message_id, call_id),
+                        outbox_problem)
         return cls(call_id=call_id, tool_name=tool_name, deps=deps, session_id=session_id, tenant=tenant,
                    user_id=user_id if user_id is not None else session_user(session), message_id=message_id,
-                   agent=agent, _session=session, _owners=owners)
+                   agent=agent, outbox=outbox, _session=session, _owners=owners)
 
     @property
     def idempotency_key(self) -> str:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, get_args, get_
 
 from .errors import UsageError
 from .messages import DataPart, UriPart
+from .outbox import Outbox, returning
 from .tool_context import DepsCheck, ToolContext
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ class Tool:
     """
 
     __slots__ = ("_args_model", "_context", "_fn", "_handler", "_is_async", "description", "idempotent",
-                 "name", "parameters", "run_in_thread", "spec", "timeout")
+                 "name", "outbox", "parameters", "retry_with_key", "run_in_thread", "spec", "timeout")
 
     def __init__(
         self,
@@ -202,6 +203,8 @@ class Tool:
         idempotent: bool = False,
         timeout: float | None = None,
         run_in_thread: bool = True,
+        retry_with_key: bool = False,
+        outbox: bool = False,
     ) -> None:
         self._fn = fn
         self.name: str = name or fn.__name__
@@ -216,6 +219,11 @@ class Tool:
         """What the tool does, for the model."""
         self.idempotent: bool = idempotent
         """True when running the tool twice with the same arguments is safe (crash recovery re-runs it)."""
+        self.retry_with_key: bool = retry_with_key
+        """True when the tool's effect is deduplicated by ``ctx.idempotency_key`` (crash recovery re-runs it)."""
+        self.outbox: bool = outbox
+        """True when the tool's only effects are the ``ctx.outbox`` entries committed with its result (crash
+        recovery re-runs it: nothing of a call cut short was committed)."""
         self.timeout: float | None = timeout
         """Seconds the tool may run before its result becomes a timeout error; None for no limit.
 
@@ -277,11 +285,17 @@ class Tool:
         self._args_model, self._context = None, None  # type: ignore[assignment]
         self.name, self.description, self.parameters = name, description, parameters
         self.idempotent, self.timeout, self.run_in_thread = idempotent, timeout, False
+        self.retry_with_key = self.outbox = False
         self.spec = ToolSpec(name, description, parameters)
         return self
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"
+
+    @property
+    def runs_again(self) -> bool:
+        """True when a call cut by a crash is run again by the next run: `idempotent`, `retry_with_key` or `outbox`."""
+        return self.idempotent or self.retry_with_key or self.outbox
 
     async def __call__(self, **kwargs: Any) -> Any:
         """Call the underlying function directly with keyword arguments (no validation)."""
@@ -321,14 +335,15 @@ class Tool:
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
         if self._context is not None:
             kwargs[self._context[0]] = context
+        outbox: Outbox | None = getattr(context, "outbox", None)  # (no branch: _invoke is complex enough)
         if not self._is_async and self.run_in_thread:
-            return await self._invoke_in_thread(kwargs, on_thread)
+            return await self._invoke_in_thread(kwargs, on_thread, outbox)
         try:
             if self.timeout is None:
-                value = await self._run(kwargs)
+                value = await self._run(kwargs, outbox)
             else:
                 async with asyncio.timeout(self.timeout):
-                    value = await self._run(kwargs)
+                    value = await self._run(kwargs, outbox)
         except TimeoutError:
             return ToolOutcome(
                 f"Error: tool {self.name!r} did not finish within {self.timeout:g} s and was abandoned.",
@@ -355,6 +370,8 @@ class Tool:
             else:
                 async with asyncio.timeout(self.timeout):
                     outcome = await handler(parsed, context)
+            if context is not None:
+                context.outbox._returned_now()
         except TimeoutError:
             return ToolOutcome(
                 f"Error: tool {self.name!r} did not finish within {self.timeout:g} s and was abandoned.",
@@ -363,19 +380,23 @@ class Tool:
             return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
         return outcome if isinstance(outcome, ToolOutcome) else ToolOutcome(_to_text(outcome))
 
-    async def _run(self, kwargs: dict[str, Any]) -> Any:
-        if self._is_async:
-            return await self._fn(**kwargs)
-        return self._fn(**kwargs)
+    async def _run(self, kwargs: dict[str, Any], outbox: Outbox | None) -> Any:
+        if not self._is_async:
+            return returning(self._fn, kwargs, outbox)
+        value = await self._fn(**kwargs)
+        if outbox is not None:  # it returned: what it added to the outbox counts (`contextpipe.outbox`)
+            outbox._returned_now()
+        return value
 
-    async def _invoke_in_thread(self, kwargs: dict[str, Any], on_thread: OnThread | None) -> ToolOutcome:
+    async def _invoke_in_thread(self, kwargs: dict[str, Any], on_thread: OnThread | None,
+                                outbox: Outbox | None) -> ToolOutcome:
         """Run a sync tool in a worker thread (as `asyncio.to_thread` does) and wait for it, up to the timeout.
 
         The thread's outcome is a future of its own, awaited through `asyncio.shield`: a timeout or a
         cancellation ends the wait, never the future, so whoever `on_thread` gave it to still gets it.
         """
         loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, self._fn, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, returning, self._fn, kwargs, outbox)
         running = loop.run_in_executor(None, call)
         thread = ToolThread(loop.create_future())
         running.add_done_callback(functools.partial(self._set_outcome, thread.outcome))
@@ -421,6 +442,8 @@ def tool(
     idempotent: bool = False,
     timeout: float | None = None,
     run_in_thread: bool = True,
+    retry_with_key: bool = False,
+    outbox: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -433,10 +456,15 @@ def tool(
     idempotent: bool = False,
     timeout: float | None = None,
     run_in_thread: bool = True,
+    retry_with_key: bool = False,
+    outbox: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a sync or async function; use bare (``@tool``) or with options.
 
-    `idempotent=True` marks a tool that is safe to run again after a crash; `timeout` bounds its
+    A call cut by a crash is run again when the tool is marked `idempotent=True` (safe to run
+    twice), `retry_with_key=True` (what it calls dedupes by ``ctx.idempotency_key``) or
+    `outbox=True` (its only effects are ``ctx.outbox`` entries); any other is answered
+    "interrupted" (the side-effects guide has the table). `timeout` bounds its
     run time in seconds; `run_in_thread=False` runs a sync function on the event loop (only for
     functions that return at once).
     """
@@ -444,7 +472,7 @@ def tool(
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
             f, name=name, description=description, idempotent=idempotent, timeout=timeout,
-            run_in_thread=run_in_thread,
+            run_in_thread=run_in_thread, retry_with_key=retry_with_key, outbox=outbox,
         )
 
     return wrap(fn) if fn is not None else wrap

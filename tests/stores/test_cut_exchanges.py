@@ -79,6 +79,41 @@ async def test_a_run_cut_while_it_runs_a_leftover_call_again_answers_it_before_i
     assert describe(await agent.history(session))[3:] == ["user:And tomorrow?", "assistant:Sunny tomorrow too."]
 
 
+async def _run_or_stream(agent: Agent, question: Message, session: Session, streamed: bool) -> None:
+    if not streamed:
+        await agent.run(question, session=session)
+        return
+    async with agent.stream(question, session=session) as events:  # events: ToolCallStarted/Finished on the way
+        async for _ in events:
+            pass
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "stream"])
+async def test_a_leftover_call_that_returns_as_its_run_is_cancelled_keeps_its_result(
+        store: SessionStore, tenant: str, streamed: bool) -> None:
+    # The cancellation reaches the run after the call's task has its result and before the run
+    # reads it (the tool asks for it just before it returns): what the call did is its answer.
+    run: asyncio.Task[None] | None = None
+
+    @tool(idempotent=True)
+    async def get_forecast(city: str) -> str:
+        """Return today's forecast for a city."""
+        assert run is not None
+        asyncio.get_running_loop().call_soon(run.cancel)  # runs before the run wakes up to the result
+        return "Sunny"
+
+    session = await left_open(store, tenant, forecast_call())
+    agent = Agent(ScriptedModel(["Sunny tomorrow too."]), tools=[get_forecast], providers=[History(store)])
+    question = Message.user("And tomorrow?")
+    run = asyncio.create_task(_run_or_stream(agent, question, session, streamed))
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    log = await agent.history(session)
+    assert_valid(log, question)
+    assert describe(log) == ["user:Weather in Suzhou?", "assistant:call:get_forecast", "tool:result:Sunny",
+                             "user:And tomorrow?"]
+
+
 async def test_a_resume_without_input_cut_in_its_repair_leaves_the_call_open_for_the_next_run(
         store: SessionStore, tenant: str) -> None:
     entered = asyncio.Event()

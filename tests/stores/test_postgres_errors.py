@@ -41,7 +41,7 @@ async def tables() -> AsyncIterator[str]:
 
     conn = await asyncpg.connect(dsn())
     try:
-        for table in ("messages", "checkpoints", "traces", "sessions", "schema"):
+        for table in ("messages", "checkpoints", "traces", "outbox", "sessions", "schema"):
             await conn.execute(f"DROP TABLE IF EXISTS {prefix}{table} CASCADE")
     finally:
         await conn.close()

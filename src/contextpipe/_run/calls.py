@@ -1,8 +1,11 @@
 """One tool call: its context (`CallContexts`), running it (`invoke_tool`), and the answers for unfinished calls.
 
+The message that carries a call's result also carries the call's outbox entries (`CallContexts.attach`,
+`contextpipe.outbox`), so the store commits them in the same transaction, once.
+
 No model ever sees a call without a result. A call whose run stopped before it finished is
 answered with an explicit error instead: `interrupted` when a previous run stopped (the next run
-answers the calls it left open, unless their tool is idempotent and runs again), `not_run_again`
+answers the calls it left open, unless their tool runs again: `Tool.runs_again`), `not_run_again`
 when the run that was to run such a call again was cut first and must answer it before it keeps its
 input (`contextpipe._run.repair`), `stopped_with_run` when this run was cancelled while an async
 tool ran and a late result must follow the exchange (`contextpipe._run.threads`).
@@ -10,21 +13,25 @@ tool ran and a late result must follow the exchange (`contextpipe._run.threads`)
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..exchanges import LATE_RESULT_KEY
 from ..messages import FunctionCall, FunctionResult, Message
+from ..outbox import OUTBOX_KEY
 from ..tool_context import ToolContext
 from ..tools import ToolOutcome
 
 if TYPE_CHECKING:
+    from ..outbox import Outbox
     from ..session import Session
     from ..tools import Tool
     from .threads import RunThreads
 
-__all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "stopped_with_run"]
+__all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "returned", "stopped_with_run"]
 
 
 @dataclass(slots=True)
@@ -37,7 +44,10 @@ class CallContexts:
     """The run's ``deps`` (kept for the run only, never stored)."""
     state_owners: Mapping[str, str] = field(default_factory=dict)
     """The session state keys tools may not use, with who keeps each."""
+    outbox_problem: str | None = "its run was told of no store to keep outbox entries in"
+    """Why the run's tools cannot add outbox entries (`StepWriter.outbox_problem`); None when they can."""
     _made_by: dict[str, str] = field(default_factory=dict)
+    _outboxes: dict[int, tuple[FunctionCall, Outbox]] = field(default_factory=dict)  # by id(call), while it may commit
 
     def expect(self, messages: Sequence[Message], calls: Sequence[FunctionCall]) -> None:
         """Note which of `messages` (the latest that did) made each of `calls`, about to run: its id is in their key."""
@@ -53,9 +63,29 @@ class CallContexts:
 
     def for_call(self, call: FunctionCall) -> ToolContext[Any]:
         """Return the context of `call` (one of the calls `expect` was told about last)."""
-        return ToolContext.for_call(call.call_id, call.name, deps=self.deps, session=self.session,
-                                    message_id=self._made_by.get(call.call_id, ""), agent=self.agent,
-                                    state_owners=self.state_owners)
+        context = ToolContext.for_call(call.call_id, call.name, deps=self.deps, session=self.session,
+                                       message_id=self._made_by.get(call.call_id, ""), agent=self.agent,
+                                       state_owners=self.state_owners, outbox_problem=self.outbox_problem)
+        self._outboxes[id(call)] = (call, context.outbox)
+        return context
+
+    def attach(self, message: Message, calls: Sequence[FunctionCall]) -> Message:
+        """Return `message` (the answer of `calls`, or a late result) carrying their outbox entries, if any.
+
+        A call's entries go with the first message that answers it after its tool returned: its
+        result, or its late result when it timed out (`contextpipe.outbox`); never twice.
+        """
+        answered = {r.call_id for r in message.function_results} or {message.metadata.get(LATE_RESULT_KEY, "")}
+        entries = []
+        for call in calls:
+            kept = self._outboxes.get(id(call)) if call.call_id in answered else None
+            if kept is not None and (taken := kept[1]._take()):
+                entries.extend(taken)
+                del self._outboxes[id(call)]
+        if not entries:
+            return message
+        return Message(message.role, message.parts, message.id, message.author_name, message.created_at,
+                       {**message.metadata, OUTBOX_KEY: entries}, message.source)
 
 
 async def invoke_tool(tools: dict[str, Tool], call: FunctionCall, arguments: str,
@@ -74,12 +104,23 @@ async def invoke_tool(tools: dict[str, Tool], call: FunctionCall, arguments: str
                               context)
 
 
+def deferrable(tools: Mapping[str, Tool], call: FunctionCall, message: Message) -> bool:
+    """Tell whether `message`, answering `call`, may be saved without waiting for it to be durable.
+
+    Only an idempotent tool's result, which a crash repairs by running the call again, and only
+    when it carries no outbox entries (those must be as durable as any effect).
+    """
+    tool = tools.get(call.name)
+    return tool is not None and tool.idempotent and OUTBOX_KEY not in message.metadata
+
+
 def interrupted(call: FunctionCall) -> FunctionResult:
     """Return the answer for a call a previous run left without a result, to a tool that is not idempotent."""
     return FunctionResult(
         call.call_id,
         f"Error: the call to {call.name!r} was interrupted before it finished (the previous run stopped); "
-        "it was not run again because the tool is not marked idempotent. Check its effect before retrying.",
+        "it was not run again because the tool is not marked idempotent (nor retry_with_key, nor outbox). Check its "
+        "effect before retrying.",
         is_error=True,
     )
 
@@ -102,3 +143,14 @@ def stopped_with_run(call: FunctionCall) -> FunctionResult:
         "it ran. It was not run again. Check its effect before retrying.",
         is_error=True,
     )
+
+
+def returned(task: asyncio.Future[FunctionResult]) -> FunctionResult | None:
+    """Return the result of a call's task that returned (None while it runs, or if it was cancelled or raised).
+
+    A cancellation that reaches the run just after the task returned, before the run took its
+    result, is raised where the run awaits it: the result is there all the same.
+    """
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()

@@ -58,7 +58,7 @@ from ..models.base import (
 from ..pipeline import MessageView, Segment
 from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
-from .calls import CallContexts, interrupted, invoke_tool, stopped_with_run
+from .calls import CallContexts, deferrable, interrupted, invoke_tool, returned, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .repair import REPAIR, check_history, cut_answer, save_cut_answer
@@ -280,7 +280,7 @@ class StepLoop:
 
     def _add_late(self, late: Sequence[tuple[FunctionCall, FunctionResult]]) -> list[Message]:
         """Add the late results of calls answered with a timeout error to the run's messages; return them."""
-        messages = [late_result(call, result) for call, result in late]
+        messages = [self._contexts.attach(late_result(call, result), [call]) for call, result in late]
         self._tail.extend(messages)
         self.state.new_messages.extend(messages)
         return messages
@@ -328,6 +328,7 @@ class StepLoop:
         self._contexts.expect(history, pending)
         results: dict[str, FunctionResult] = {}
         message: Message | None = None
+        running: tuple[str, asyncio.Future[FunctionResult]] | None = None
         try:
             for call in pending:
                 if not self._idempotent(call):
@@ -335,19 +336,22 @@ class StepLoop:
                     continue
                 if self.want_events:
                     yield ToolCallStarted(call)
-                results[call.call_id] = result = await self.writer.guard(self._execute(call))
+                running = (call.call_id, self._execute(call))
+                results[call.call_id] = result = await self.writer.guard(running[1])
                 if self.want_events:
                     yield ToolCallFinished(call, result)
-            message = tool_message(pending, list(results.values())).with_source(REPAIR)
+            message = self._contexts.attach(tool_message(pending, list(results.values())), pending).with_source(REPAIR)
             self._parts.insert(self._head, Segment(REPAIR, [message], _tagged=[message]))
             self.state.new_messages.append(message)
             for call in pending:
                 self._threads.answering(call, message)
             saved = await self.writer.save_step(self.ctx, [message], with_request=False)
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
+            if running is not None and (got := returned(running[1])) is not None:
+                results.setdefault(running[0], got)  # it returned as the run was cut: its answer
             cut = message if message is not None else cut_answer(
                 pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
-            await save_cut_answer(self.writer, self.ctx, cut, exc)
+            await save_cut_answer(self.writer, self.ctx, cut and self._contexts.attach(cut, pending), exc)
             raise
         for call in pending:
             self._threads.saved(call)
@@ -475,7 +479,7 @@ class StepLoop:
                 errors += result.is_error
                 self._threads.answering(call, message)
                 # Saved before it is announced: a reader that stops at the announcement loses nothing.
-                persisted = await self._save(step.step, [message], durable=not self._idempotent(call))
+                persisted = await self._save(step.step, [message], durable=not deferrable(self._tools, call, message))
                 saving = None
                 self._threads.saved(call)
                 if self.want_events:
@@ -504,8 +508,7 @@ class StepLoop:
         if self.writer.lost is not None:
             return
         messages = [] if saving is None else [saving]
-        finished = [task.result() for task in tasks if task.done() and not task.cancelled()
-                    and task.exception() is None and task.result().call_id not in answered]
+        finished = [r for task in tasks if (r := returned(task)) is not None and r.call_id not in answered]
         for result in finished:
             call = by_id[result.call_id]
             messages.append(message := self._add_tool_message([call], [result]))
@@ -564,7 +567,7 @@ class StepLoop:
 
     def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult], *,
                           stop: StopReason | None = None) -> Message:
-        message = tool_message(calls, results)
+        message = self._contexts.attach(tool_message(calls, results), calls)
         if stop is not None:
             message = _stopped(message, stop)
         self._tail.append(message)
@@ -573,7 +576,7 @@ class StepLoop:
 
     def _idempotent(self, call: FunctionCall) -> bool:
         tool = self._tools.get(call.name)
-        return tool is not None and tool.idempotent
+        return tool is not None and tool.runs_again
 
     async def _save(self, step: int, messages: Sequence[Message], *, durable: bool = True) -> StepPersisted | None:
         """Save `messages` now; return the event saying so (None when nothing was saved or no events are wanted)."""

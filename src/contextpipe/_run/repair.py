@@ -3,7 +3,8 @@
 `check_history` checks the history's tool exchanges once and repairs, in the run's view only, a
 log that breaks the rules (`contextpipe.exchanges.repair_exchanges`). Calls still open at the very
 end (a crash, a kill, a cancelled run) are the loop's to answer: recorded results are kept, calls
-to idempotent tools run again, every other call is answered `interrupted`.
+to tools that run again (`Tool.runs_again`: idempotent, retry_with_key, outbox) run again, every
+other call is answered `interrupted`.
 
 A run cut while it answers them (cancelled, a stream closed early) and that still has its input
 to keep (`StepWriter.save_input`) first answers every one of them (`cut_answer`): the input may
@@ -93,7 +94,7 @@ async def answer_open_end(writer: StepWriter, ctx: RunContext) -> None:
     writer.left_open(calls)
     tools = ctx.tools
     answer = cut_answer(calls, {}, threaded=lambda _: False,
-                        idempotent=lambda c: (tool := tools.get(c.name)) is not None and tool.idempotent)
+                        idempotent=lambda c: (tool := tools.get(c.name)) is not None and tool.runs_again)
     if answer is not None:
         await writer.save_step(ctx, [answer], with_request=False)
 

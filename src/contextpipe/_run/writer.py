@@ -195,6 +195,21 @@ class StepWriter:
         """Note the calls an earlier run left open: no input is kept (`save_input`) until each has an answer saved."""
         self._left_open = {c.call_id: c.name for c in calls}
 
+    def outbox_problem(self) -> str | None:
+        """Say why this run's tools cannot add outbox entries (`contextpipe.outbox`); None when they can.
+
+        They can when a History stores the tool results in the session's store and that store keeps
+        an outbox: the entries are committed with those results.
+        """
+        if self.session is None:
+            return "its run has no session to commit them with; run the agent with session=..."
+        if not self.store.keeps_outbox:
+            return (f"the session's store ({self.store.backend}) keeps no outbox; use SQLiteStore, PostgresStore or "
+                    "MemoryStore for a tool that writes through ctx.outbox")
+        if not any(p.store is self.store and p.policy.store_outputs for p in self._providers):
+            return "no History of the agent stores tool results in the session's store, where they would be committed"
+        return None
+
     @property
     def history_read(self) -> bool:
         """True once the calls the loaded history left open are known (`left_open`; the loop reads them first)."""

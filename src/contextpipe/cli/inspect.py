@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ..errors import CorruptRecord
 from ..session import DEFAULT_TENANT
+from ._facts import show_facts
 from ._shared import (
     DEFAULT_DB,
     DbOption,
@@ -34,8 +35,21 @@ __all__ = ["inspect_session", "show_trace"]
 def inspect_session(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
                     call: Annotated[int | None, typer.Option("--call", help="Only the Nth stored model call "
                                                              "(from 1).")] = None,
+                    facts: Annotated[bool, typer.Option("--facts", help="Show the facts kept about the session's "
+                                                        "user instead: each one's versions, when each was true "
+                                                        "and the messages it came from.")] = False,
+                    collection: Annotated[str, typer.Option(help="Collection the facts are in (with --facts).")]
+                    = "facts",
                     as_json: JsonOption = False) -> None:
-    """Show where every token of a session's model calls came from, and what compaction did."""
+    """Show where every token of a session's model calls came from, and what compaction did.
+
+    With --facts: the history of every fact kept about the session's user instead.
+    """
+    if facts:
+        if call is not None:
+            raise fail("--call shows a model call and --facts the user's facts: give one of them")
+        show_facts(db, tenant, session, collection, as_json)
+        return
 
     async def run() -> list[dict[str, Any]]:
         async with open_store(db) as store:

@@ -13,7 +13,7 @@ from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter
 
 if TYPE_CHECKING:
     from .compaction import Compaction
-    from .facts import FactMemory
+    from .facts import Fact, FactMemory
     from .history import History
     from .mcp import HttpServer, McpTools, StdioServer
     from .memory import SemanticMemory
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Compaction",
     "ContextProvider",
+    "Fact",
     "FactMemory",
     "History",
     "HistoryProvider",
@@ -47,7 +48,7 @@ __all__ = [
 
 __getattr__ = lazy_exports(__name__, {
     "Compaction": ".compaction",
-    "FactMemory": ".facts",
+    "Fact": ".facts", "FactMemory": ".facts",
     "History": ".history",
     **dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"),
     "MessageContext": ".message", "MessageProvider": ".message",

@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ..session import validate_session_id
 from ..stores import SessionStore
+from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
 from ._keys import ApiKeys
 from ._openapi import openapi_schema
@@ -375,6 +376,7 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None), {"GET": _Api.get_session, "DELETE": _Api.delete_session}),
     (("sessions", None, "messages"), {"GET": _Api.messages}),
     (("sessions", None, "traces"), {"GET": _Api.traces}),
+    (("sessions", None, "facts"), {"GET": session_facts}),
     (("sessions", None, "runs"), {"POST": _Api.run}),
     (("ag-ui",), {"POST": _Api.agui}),
 ]

@@ -74,7 +74,7 @@ def _links(*operations: str) -> dict[str, Any]:
 
 
 def _paths() -> dict[str, Any]:
-    session_links = _links("getSession", "listMessages", "listTraces", "run", "deleteSession")
+    session_links = _links("getSession", "listMessages", "listTraces", "listFacts", "run", "deleteSession")
     return {
         "/v1/info": {"get": {
             "summary": "Who am I: tenant, agent, store", "operationId": "info",
@@ -123,6 +123,14 @@ def _paths() -> dict[str, Any]:
                     "responses": _responses({"200": {"description": "Traces, oldest first (PromptTrace.to_dict).",
                                                      "content": _json("TraceList")}}, 400, 404)},
         },
+        "/v1/sessions/{session_id}/facts": {
+            "parameters": [_ID],
+            "get": {"summary": "The history of every fact FactMemory keeps about the session's user",
+                    "operationId": "listFacts",
+                    "responses": _responses({"200": {"description": "Per FactMemory of the agent: each fact's "
+                                                     "versions, oldest first, with valid_from / valid_to and source "
+                                                     "message ids.", "content": _json("FactList")}}, 400, 404)},
+        },
         "/v1/sessions/{session_id}/runs": {
             "parameters": [_ID],
             "post": {
@@ -166,6 +174,17 @@ def _message(extra: dict[str, Any] | None = None) -> dict[str, Any]:
             "properties": properties}
 
 
+def _fact() -> dict[str, Any]:
+    """Describe a version of a fact as the server returns it (`contextpipe.providers.Fact.to_dict`)."""
+    number, text, ids = {"type": ["number", "null"]}, {"type": ["string", "null"]}, {"type": "array", "items": {
+        "type": "string"}}
+    return {"type": "object", "required": ["id", "text", "lineage", "valid_from", "valid_to", "sources", "ended_by",
+                                           "session_id", "replaces", "replaced_by"],
+            "properties": {"id": {"type": "string"}, "text": {"type": "string"}, "lineage": {"type": "string"},
+                           "valid_from": number, "valid_to": number, "sources": ids, "ended_by": ids,
+                           "session_id": text, "replaces": text, "replaced_by": text}}
+
+
 def _response_schemas() -> dict[str, Any]:
     number, text = {"type": ["number", "null"]}, {"type": "string"}
     listed = {"type": "object", "required": ["id", "version", "message_count", "created_at", "updated_at"],
@@ -200,6 +219,13 @@ def _response_schemas() -> dict[str, Any]:
                                        "next_before": {"type": ["integer", "null"]}}},
         "TraceList": {"type": "object", "required": ["traces"], "properties": {
             "traces": {"type": "array", "items": {"type": "object"}}}},
+        "FactList": {"type": "object", "required": ["user_id", "memories"], "properties": {
+            "user_id": {"type": ["string", "null"]}, "memories": {"type": "array", "items": {
+                "type": "object", "required": ["source_id", "collection", "facts"], "properties": {
+                    "source_id": text, "collection": text, "facts": {"type": "array", "items": {
+                        "type": "object", "required": ["lineage", "versions"], "properties": {
+                            "lineage": text, "versions": {"type": "array", "items": _fact()}}}}}}},
+            "repaired": _ref("Repaired")}},
         "RunResult": {"type": "object", "required": ["session_id", "text", "stop_reason", "steps", "replayed",
                                                      "usage", "input", "messages"], "properties": {
             "session_id": {"type": ["string", "null"]}, "text": text, "stop_reason": text,

@@ -9,7 +9,10 @@ A store holds, per tenant and session:
   taken over cannot write any more;
 - summary checkpoints: a summary message covering the log up to a sequence, so later loads read the
   latest checkpoint plus the messages after it;
-- prompt traces, when the agent is asked to store them, for inspecting runs later.
+- prompt traces, when the agent is asked to store them, for inspecting runs later;
+- an outbox (SQLite, PostgreSQL, memory: `keeps_outbox`): the entries tool calls added through
+  ``ctx.outbox``, written with the message carrying them in the same atomic append
+  (`contextpipe.outbox`), listed by `outbox` until `mark_delivered`.
 
 A session is named by a `SessionKey` (tenant and id); the public methods take ``tenant, session_id``
 and validate them into a key first. Every failure is a `ContextPipeError`: driver and network
@@ -45,8 +48,9 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from ..config import DEFAULT_LEASE_TTL
-from ..errors import SessionBusy, StoreError
+from ..errors import SessionBusy, StoreError, UsageError
 from ..messages import Message
+from ..outbox import OutboxEntry
 from ..session import Session, SessionKey, validate_tenant
 from ._checks import (
     check_limit,
@@ -59,8 +63,8 @@ from ._checks import (
 )
 
 __all__ = [
-    "Checkpoint", "Lease", "MessagePage", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing",
-    "SessionStore",
+    "Checkpoint", "Lease", "MessagePage", "OutboxEntry", "SessionDeletedHook", "SessionInfo", "SessionKey",
+    "SessionListing", "SessionStore",
 ]
 
 SessionDeletedHook = Callable[[SessionKey], Awaitable[None]]
@@ -158,6 +162,8 @@ class SessionStore(abc.ABC):
     """Top-level package of the database driver, whose exceptions surface as `StoreError`."""
     answer_timeout: float | None = None
     """How long the store waits for its server to answer a command (None: no server)."""
+    keeps_outbox: bool = False
+    """True when appends keep the outbox entries messages carry, for `outbox` and `mark_delivered`."""
 
     @property
     def server(self) -> str:
@@ -465,6 +471,47 @@ class SessionStore(abc.ABC):
             return await self._load_traces(key, limit)
         except Exception as exc:
             raise self._store_error(exc) from exc
+
+    # --- outbox ----------------------------------------------------------------------------------
+
+    async def outbox(self, tenant: str, *, topic: str | None = None, limit: int = 100) -> list[OutboxEntry]:
+        """Return the tenant's outbox entries not yet marked delivered (of `topic` only, when given), oldest first.
+
+        At most `limit` of them, in the order they were committed. Raises `UsageError` on a store
+        that keeps no outbox (`keeps_outbox`).
+        """
+        validate_tenant(tenant)
+        check_limit(limit)
+        self._check_outbox()
+        try:
+            return await self._outbox(tenant, topic, limit)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+
+    async def mark_delivered(self, tenant: str, keys: Sequence[str]) -> int:
+        """Mark the tenant's outbox entries `keys` delivered (`outbox` no longer lists them); return how many were new.
+
+        Keys that are unknown or marked already are skipped (marking again is safe).
+        """
+        validate_tenant(tenant)
+        self._check_outbox()
+        try:
+            return await self._mark_delivered(tenant, list(keys)) if keys else 0
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+
+    def _check_outbox(self) -> None:
+        if not self.keeps_outbox:
+            raise UsageError(f"the {self.backend} store keeps no outbox; keep sessions whose tools write through "
+                             "ctx.outbox in SQLiteStore, PostgresStore or MemoryStore")
+
+    async def _outbox(self, tenant: str, topic: str | None, limit: int) -> list[OutboxEntry]:
+        """Return the pending entries (`outbox`); stores that keep an outbox implement it."""
+        raise NotImplementedError
+
+    async def _mark_delivered(self, tenant: str, keys: list[str]) -> int:
+        """Mark entries delivered (`mark_delivered`); stores that keep an outbox implement it."""
+        raise NotImplementedError
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores that own nothing
         """Release connections and other resources the store owns."""

@@ -7,6 +7,7 @@ back exactly as it was given.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 from .._compat import override
 from ..errors import ConcurrentUpdate
 from ..messages import Message
+from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
 from ._common import (
     bounded_expiry,
@@ -42,6 +44,9 @@ class _Entry:
     ids: dict[str, int] = field(default_factory=dict)  # message id -> sequence
     checkpoints: list[Checkpoint] = field(default_factory=list)
     traces: list[str] = field(default_factory=list)
+    outbox: dict[str, tuple[int, OutboxEntry]] = field(default_factory=dict)
+    """Outbox entries not marked delivered, by key, with their place in the store's order of writes."""
+    delivered: set[str] = field(default_factory=set)
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
@@ -93,9 +98,11 @@ class MemoryStore(SessionStore):
     """
 
     backend = "memory"
+    keeps_outbox = True
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._entries: dict[SessionKey, _Entry] = {}
+        self._order = itertools.count()  # of outbox entries, as they are written
         self._clock = clock if clock is not None else steady_clock()
 
     async def _entry(self, key: SessionKey, *, create: bool = False) -> _Entry | None:
@@ -173,8 +180,14 @@ class MemoryStore(SessionStore):
         entry = await self._writable(key, lease)
         ids, log = entry.ids, entry.log
         fresh = [m for m in messages if m.id not in ids]
+        entries = outbox_rows(fresh)  # checked before anything is written: the append is atomic
         ids.update((m.id, seq) for seq, m in enumerate(fresh, len(log) + 1))
         log.extend(fresh)
+        for mid, k, topic, body in entries:
+            if k not in entry.outbox and k not in entry.delivered:
+                made = json.loads(body)
+                outboxed = OutboxEntry(k, key.tenant, key.id, ids[mid], made["call_id"], topic, made["payload"])
+                entry.outbox[k] = (next(self._order), outboxed)
         entry.updated_at = self._clock()
         return len(entry.log)
 
@@ -222,6 +235,26 @@ class MemoryStore(SessionStore):
             return []
         bodies = entry.traces if limit is None else entry.traces[-limit:]
         return [decode_trace(self.backend, key, b) for b in bodies]
+
+    # --- outbox ------------------------------------------------------------------------------------
+
+    @override
+    async def _outbox(self, tenant: str, topic: str | None, limit: int) -> list[OutboxEntry]:
+        now = self._clock()
+        found = sorted(kept for k, e in self._entries.items() if k.tenant == tenant and not e.expired(now)
+                       for kept in e.outbox.values() if topic is None or kept[1].topic == topic)
+        return [outboxed for _, outboxed in found[:limit]]
+
+    @override
+    async def _mark_delivered(self, tenant: str, keys: list[str]) -> int:
+        marked = 0
+        for k, entry in self._entries.items():
+            if k.tenant == tenant and entry.outbox:
+                for done in keys:
+                    if entry.outbox.pop(done, None) is not None:
+                        entry.delivered.add(done)
+                        marked += 1
+        return marked
 
     # --- leases ------------------------------------------------------------------------------------
 

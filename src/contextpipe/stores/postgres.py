@@ -26,8 +26,10 @@ from urllib.parse import urlsplit
 from .._compat import override
 from ..errors import ConcurrentUpdate, ContextPipeError, StoreError, UsageError, shorten
 from ..messages import Message
+from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _outbox as outbox
 from . import _rows as row_codec
 from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
 
@@ -69,7 +71,7 @@ def _migrations(p: str) -> list[list[str]]:
         f"""CREATE TABLE {p}traces (
             tenant TEXT NOT NULL, session_id TEXT NOT NULL, n BIGINT NOT NULL, body TEXT NOT NULL,
             PRIMARY KEY (tenant, session_id, n))""",
-    ]]
+    ], outbox.postgres_migration(p)]
 
 
 class PostgresStore(SessionStore):
@@ -77,7 +79,7 @@ class PostgresStore(SessionStore):
 
     Give a DSN (``postgresql://user:pass@host:5432/db``) or an existing ``asyncpg`` pool (then the
     store does not close it). Tables are named ``<prefix>sessions``, ``<prefix>messages``,
-    ``<prefix>checkpoints``, ``<prefix>traces`` and ``<prefix>schema``.
+    ``<prefix>checkpoints``, ``<prefix>traces``, ``<prefix>outbox`` and ``<prefix>schema``.
 
     `connect_timeout` bounds opening a connection (and waiting for a free one in the pool),
     `command_timeout` each command, `close_timeout` closing the pool; past them the call raises a
@@ -91,6 +93,7 @@ class PostgresStore(SessionStore):
 
     backend = "postgres"
     driver = "asyncpg"
+    keeps_outbox = True
 
     def __init__(
         self,
@@ -286,7 +289,7 @@ class PostgresStore(SessionStore):
 
     async def _delete_rows(self, conn: asyncpg.Connection, key: SessionKey, *, keep_row: bool = False) -> bool:
         p = self._p
-        for table in ("messages", "checkpoints", "traces"):
+        for table in ("messages", "checkpoints", "traces", "outbox"):
             await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2", key.tenant, key.id)
         if keep_row:
             status = await conn.execute(
@@ -364,6 +367,7 @@ class PostgresStore(SessionStore):
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         encoded = row_codec.encode_batch(messages)
+        entries = outbox_rows(messages)
         ids = [mid for mid, _ in encoded]
         bodies = [body for _, body in encoded]
         p = self._p
@@ -392,6 +396,9 @@ class PostgresStore(SessionStore):
                     f"INSERT INTO {p}messages (tenant, session_id, seq, message_id, body) "
                     "SELECT $1, $2, $3 + n, i, b FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS t(i, b, n)",
                     key.tenant, key.id, last, [i for i, _ in kept], [b for _, b in kept])
+            if entries:  # the entries of the messages stored now, in the same transaction
+                stored = [i for i in ids if i in fresh]
+                await outbox.postgres_insert(conn, p, key, {i: last + n for n, i in enumerate(stored, 1)}, entries)
         return int(done["last_seq"])
 
     @override
@@ -485,6 +492,18 @@ class PostgresStore(SessionStore):
                 f"WHERE t.tenant = $1 AND t.session_id = $2 AND (s.expires_at IS NULL OR s.expires_at > {_NOW}) "
                 "ORDER BY t.n DESC LIMIT $3", key.tenant, key.id, limit)
         return [common.decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
+
+    # --- outbox ------------------------------------------------------------------------------------
+
+    @override
+    async def _outbox(self, tenant: str, topic: str | None, limit: int) -> list[OutboxEntry]:
+        async with self._connection() as conn:
+            return await outbox.postgres_pending(conn, self._p, tenant, topic, limit)
+
+    @override
+    async def _mark_delivered(self, tenant: str, keys: list[str]) -> int:
+        async with self._transaction() as conn:
+            return await outbox.postgres_mark(conn, self._p, tenant, keys)
 
     # --- leases ------------------------------------------------------------------------------------
 

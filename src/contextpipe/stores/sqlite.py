@@ -29,8 +29,10 @@ from .._compat import override
 from .._sqlite import OpenedFile, opened_file
 from ..errors import ConcurrentUpdate, SessionBusy, StoreError, UsageError
 from ..messages import Message
+from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _outbox as outbox
 from . import _rows as row_codec
 from . import _sqlite_lease as lease_rows
 from . import _sqlite_log as log
@@ -101,6 +103,7 @@ class SQLiteStore(SessionStore):
 
     backend = "sqlite"
     driver = "sqlite3"
+    keeps_outbox = True
 
     def __init__(
         self,
@@ -295,6 +298,7 @@ class SQLiteStore(SessionStore):
         conn.execute("DELETE FROM cp_messages WHERE tenant = ? AND session_id = ?", k)
         conn.execute("DELETE FROM cp_checkpoints WHERE tenant = ? AND session_id = ?", k)
         conn.execute("DELETE FROM cp_traces WHERE tenant = ? AND session_id = ?", k)
+        conn.execute("DELETE FROM cp_outbox WHERE tenant = ? AND session_id = ?", k)
         existed = conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).rowcount > 0
         if existed:
             self._dropped.append(key)
@@ -375,11 +379,12 @@ class SQLiteStore(SessionStore):
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         encoded = row_codec.encode_batch(messages, compact=True)
-        return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded)
+        return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded,
+                               outbox_rows(messages))
 
     @staticmethod
     def _append_rows(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
-                     encoded: list[tuple[str, str]]) -> int:
+                     encoded: list[tuple[str, str]], entries: outbox.OutboxRows) -> int:
         last = int(row["last_seq"])
         fresh = encoded
         if last and encoded:
@@ -389,6 +394,8 @@ class SQLiteStore(SessionStore):
             conn.executemany(
                 "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) VALUES (?, ?, ?, ?, ?)",
                 [(key.tenant, key.id, last + i, mid, body) for i, (mid, body) in enumerate(fresh, 1)])
+            if entries:  # the entries of the messages stored now, in the same transaction
+                outbox.sqlite_insert(conn, key, {mid: last + i for i, (mid, _) in enumerate(fresh, 1)}, entries)
             last += len(fresh)
             conn.execute("UPDATE cp_sessions SET last_seq = ? WHERE tenant = ? AND session_id = ?",
                          (last, key.tenant, key.id))
@@ -505,6 +512,20 @@ class SQLiteStore(SessionStore):
             "AND t.session_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?) ORDER BY t.n DESC LIMIT ?",
             (key.tenant, key.id, self._clock(), -1 if limit is None else limit)).fetchall())
         return [common.decode_trace(self.backend, key, r["body"]) for r in reversed(rows)]
+
+    # --- outbox ------------------------------------------------------------------------------------
+
+    @override
+    async def _outbox(self, tenant: str, topic: str | None, limit: int) -> list[OutboxEntry]:
+        return await self._run(outbox.sqlite_pending, tenant, topic, limit)
+
+    @override
+    async def _mark_delivered(self, tenant: str, keys: list[str]) -> int:
+        def mark(conn: sqlite3.Connection) -> int:
+            with self._transaction(conn, durable=True):
+                return outbox.sqlite_mark(conn, tenant, keys, self._clock())
+
+        return await self._run(mark)
 
     # --- leases ------------------------------------------------------------------------------------
     # Lease bookkeeping is committed without an fsync: a power loss or OS crash ends every run on this

@@ -187,6 +187,15 @@ class VectorStore(abc.ABC):
     async def count(self, collection: str, *, where: Where | None = None) -> int:
         """Return how many records match `where`."""
 
+    async def records(self, collection: str, *, where: Where | None = None) -> list[SearchHit]:
+        """Return every record of `collection` matching `where`, by id (each ``score`` 0.0: nothing was compared).
+
+        What reads a whole scope rather than its best matches uses it (`FactMemory.history`, for one
+        user's facts). The built-in stores implement it; a store of your own may, to support those.
+        """
+        raise UsageError(f"{type(self).__name__} cannot list its records: implement VectorStore.records() "
+                         "to read a fact's history from it")
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources the store owns."""
 

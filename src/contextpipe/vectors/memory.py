@@ -167,3 +167,9 @@ class MemoryVectorStore(VectorStore):
     async def count(self, collection: str, *, where: Where | None = None) -> int:
         check_where(where)
         return sum(1 for r in self._data.get(collection, {}).values() if matches(r.meta, where))
+
+    @override
+    async def records(self, collection: str, *, where: Where | None = None) -> list[SearchHit]:
+        check_where(where)
+        rows = self._data.get(collection, {})
+        return [SearchHit(i, 0.0, rows[i].text, rows[i].meta) for i in sorted(rows) if matches(rows[i].meta, where)]

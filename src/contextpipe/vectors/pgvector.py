@@ -246,6 +246,19 @@ class PgVectorStore(VectorStore):
             return int(await conn.fetchval(f"SELECT COUNT(*) FROM {name} WHERE {clause}", *params))
 
     @override
+    async def records(self, collection: str, *, where: Where | None = None) -> list[SearchHit]:
+        check_where(where)
+        name = self._name(collection)
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            if not await self._exists(conn, name):
+                return []
+            clause, params = self._filter(where, 0)
+            rows = await conn.fetch(f"SELECT id, text, metadata::text AS metadata FROM {name} WHERE {clause} "
+                                    "ORDER BY id", *params)
+        return [SearchHit(r["id"], 0.0, r["text"], json.loads(r["metadata"])) for r in rows]
+
+    @override
     async def close(self) -> None:
         if self._pool is not None and self._owns:
             await self._pool.close()

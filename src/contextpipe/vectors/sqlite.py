@@ -505,6 +505,15 @@ class SQLiteVectorStore(VectorStore):
         return int(await self._run(lambda conn: conn.execute(f"SELECT COUNT(*) FROM cp_vectors WHERE {clause}",
                                                               [collection, *params]).fetchone()[0]))
 
+    @override
+    async def records(self, collection: str, *, where: Where | None = None) -> list[SearchHit]:
+        check_where(where)
+        sql_where, params = json_where(where)
+        clause = " AND ".join(["collection = ?", *sql_where])
+        rows = await self._run(lambda conn: conn.execute(
+            f"SELECT id, text, metadata FROM cp_vectors WHERE {clause} ORDER BY id", [collection, *params]).fetchall())
+        return [SearchHit(i, 0.0, text, json.loads(meta)) for i, text, meta in rows]
+
     async def save_indexes(self) -> None:
         """Save every collection's HNSW index that has changed (also done by `close`)."""
         def op(conn: sqlite3.Connection) -> None:
