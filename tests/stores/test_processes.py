@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from contextpipe.stores import SessionStore
+from crash_storm import StormConfig, StormReport, run_storm
+from storm_worker import broken_exchange
 
 from .backends import DURABLE, open_spec, store_spec
-from .proc_worker import broken_exchange
-from .storm import StormReport, run_storm
 
 WORKER = str(Path(__file__).with_name("proc_worker.py"))
 
@@ -88,27 +88,37 @@ KILLS = int(os.environ.get("CONTEXTPIPE_CRASH_KILLS", "8"))
 def check(report: StormReport) -> None:
     print(f"\n{report.summary()}")
     assert not report.problems, "\n".join(report.problems)
+    assert (report.lost, report.duplicated, report.run_twice, report.falsely_interrupted, report.stuck) == (0,) * 5
 
 
 @pytest.mark.parametrize("backend", DURABLE)
 def test_sigkill_at_progress_points_then_resume(backend: str, tmp_path: Path) -> None:
-    """One worker at a time, killed at its n-th progress report (n from the seed), resumed by the next."""
+    """One worker at a time, killed at its n-th progress report (n from the seed), resumed by the next;
+    its runs are cancelled (task.cancel(), some twice) at points from the seed too."""
     spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
-    report = run_storm(spec, tenant, tmp_path, slots=1, sessions=1, kills=KILLS, steps=3, runs=4, seed=20261129,
-                       lease_ttl=60.0 if backend == "sqlite" else 0.3, save_wait=0.2, max_kill_line=4,
-                       clock_ahead=backend == "sqlite")
+    config = StormConfig(slots=1, sessions=1, kills=KILLS, steps=3, runs=4, seed=20261129,
+                         lease_ttl=60.0 if backend == "sqlite" else 0.3, save_wait=0.2, max_kill_line=4,
+                         clock_ahead=backend == "sqlite", cancels=0.5, stuck_after=30, liveness=120)
+    report = run_storm(spec, tenant, tmp_path, config)
     assert report.kills == KILLS
     check(report)
+    assert report.cancels > 0 and report.cancelled_runs > 0
 
 
 @pytest.mark.parametrize("backend", DURABLE)
 def test_crash_storm_on_shared_sessions(backend: str, tmp_path: Path) -> None:
-    """Three workers, two of them sharing a session, parallel calls with a non-idempotent tool, SIGKILLs."""
+    """Three workers, two of them sharing a session, parallel calls with non-idempotent tools, SIGKILLs,
+    cancellations (some repeated), sync tools that outlive their timeout, and a session TTL shorter than
+    those calls: nothing lost, duplicated, run twice or reported interrupted after it completed, and every
+    session free after the storm."""
     spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
-    report = run_storm(spec, tenant, tmp_path, slots=3, sessions=2, kills=KILLS, steps=2, runs=3, seed=7,
-                       lease_ttl=1.0, save_wait=0.2, max_kill_line=4)
+    config = StormConfig(slots=3, sessions=2, kills=KILLS, steps=2, runs=3, seed=7, lease_ttl=0.5, save_wait=0.2,
+                         max_kill_line=4, cancels=0.5, slow=0.3, slow_seconds=1.8, session_ttl=1.5, stuck_after=30,
+                         liveness=120)
+    report = run_storm(spec, tenant, tmp_path, config)
     assert report.kills >= KILLS
     check(report)
+    assert report.cancels > 0 and report.late_results > 0 and report.outlived_ttl > 0
 
 
 @pytest.mark.parametrize("backend", DURABLE)
