@@ -10,6 +10,7 @@ timer), so the times are exact and no test waits on the wall clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 from dataclasses import dataclass
 from typing import Any
@@ -143,3 +144,46 @@ def test_a_run_shorter_than_one_interval_renews_nothing_either_way() -> None:
     for shared_timer in (True, False):
         renewals, ended = _play([Run(interval=10, work=9.5, lose_at=1)], shared_timer)
         assert renewals == [] and ended == [("s0:done", 9.5)]
+
+
+class _SwallowingModel(ScriptedModel):
+    """A model whose call takes `seconds` and returns its answer even when cancelled meanwhile (as redis-py can)."""
+
+    def __init__(self, seconds: float, script: list[Any]) -> None:
+        super().__init__(script)
+        self.seconds = seconds
+
+    async def complete(self, request: Any) -> Any:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(self.seconds)
+        return await super().complete(request)
+
+
+def test_a_lost_lease_whose_cancellation_the_model_call_swallowed_ends_the_run_with_lease_lost() -> None:
+    """The heartbeat's cancellation is withdrawn, not left on the caller's task to be taken for the caller's own."""
+    store = RecordingStore({"s0": 1, "s1": None})
+    seen: list[tuple[str, int]] = []
+
+    async def main() -> None:
+        agent = Agent(_SwallowingModel(2.5, ["one", "two"]), providers=[History(store)],
+                      durability=Durability(heartbeat=Heartbeat(interval=1.0)))
+        session = await agent.session("s0")
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            await agent.run("go", session=session)
+            seen.append(("done", task.cancelling()))
+        except LeaseLost:
+            seen.append(("lost", task.cancelling()))
+        except asyncio.CancelledError:
+            seen.append(("cancelled", task.cancelling()))
+        # The task is not left cancelled: its next run (on another session) is not stopped at once.
+        other = Agent(ScriptedModel(["three"]), providers=[History(store)])
+        seen.append(((await other.run("again", session=await other.session("s1"))).text, task.cancelling()))
+
+    loop = VirtualClockLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert seen == [("lost", 0), ("three", 0)]

@@ -63,7 +63,7 @@ from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .repair import REPAIR, check_history, cut_answer, save_cut_answer
 from .replay import STOP_KEY
-from .threads import RunThreads, wait_through_cancellation
+from .threads import RunThreads, raise_swallowed_cancellation, wait_through_cancellation
 from .tool_chain import ToolChain
 
 if TYPE_CHECKING:
@@ -188,6 +188,7 @@ class StepLoop:
                     async for event in repair:
                         yield event
             while True:
+                raise_swallowed_cancellation()  # a step boundary: a cancellation a call swallowed ends the run here
                 if (late := await self._save_late()) is not None:
                     yield late
                 request = self._request()
@@ -208,6 +209,7 @@ class StepLoop:
                 if self._stop is not None:
                     self.state.stop_reason = self._stop.reason
                     break
+            raise_swallowed_cancellation()
 
     @asynccontextmanager
     async def _settling(self) -> AsyncIterator[None]:

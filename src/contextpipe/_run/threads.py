@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..messages import FunctionCall, Message
     from ..tools import ToolThread
 
-__all__ = ["RunThreads", "wait_through_cancellation"]
+__all__ = ["RunThreads", "raise_swallowed_cancellation", "wait_through_cancellation"]
 
 Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
 
@@ -125,6 +125,20 @@ class RunThreads:
                 waiter.cancel()
             pending = [f for f in pending if not f.done()]
         return cancelled
+
+
+def raise_swallowed_cancellation() -> None:
+    """Raise `CancelledError` if the current task is being cancelled although nothing raised it.
+
+    Something swallowed the cancellation: a driver that catches it and returns (redis-py on Python
+    3.11 awaits reads with `asyncio.wait_for`, which returns a read that completed as the
+    cancellation came), or a tool that does. The run calls this at each step boundary so a
+    cancelled run ends there instead of going on. A cancellation withdrawn on purpose
+    (`Task.uncancel`, as `RunThreads.wait` does) does not count.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _defer_cancellation(task: asyncio.Task[Any] | None) -> bool:

@@ -123,7 +123,7 @@ class StepWriter:
             return await awaitable
         self._inside = task
         try:
-            return await awaitable
+            result = await awaitable
         except asyncio.CancelledError:
             if self._stopped:  # the heartbeat cancelled it: the lease is gone, not the caller's doing
                 self._stopped = False
@@ -132,6 +132,11 @@ class StepWriter:
             raise
         finally:
             self._inside = None
+        if self._stopped:  # the awaitable swallowed the heartbeat's cancellation: withdraw it all the same
+            self._stopped = False
+            task.uncancel()
+            raise self.lost  # type: ignore[misc]
+        return result
 
     @property
     def stores_messages(self) -> bool:
