@@ -48,6 +48,9 @@ from contextpipe.outbox import OUTBOX_KEY
 from contextpipe.stores import SessionStore
 from contextpipe.tool_context import idempotency_key
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "storm"))
+from storm_worker import broken_exchange  # the crash storm's check of a log, shared
+
 WORKER = Path(__file__).resolve().with_name("exactly_once_worker.py")
 KINDS = ("charging", "charged", "shipping", "notifying", "saved", "relayed", "run")
 LIVENESS = 600.0  # seconds without a line from any worker: a hang, not slowness
@@ -250,24 +253,6 @@ async def _check(spec: str, tenant: str, slots: int, workdir: Path, acked: set[s
     for name in ("double_charges", "lost_charges", "double_shipments", "lost_shipments", "interrupted"):
         if getattr(report, name):
             problems.append(f"{name.replace('_', ' ')}: {getattr(report, name)}")
-
-
-def broken_exchange(messages: Sequence[Message]) -> str | None:
-    """Describe the first unanswered call or orphan result in a request, if any."""
-    open_calls: set[str] = set()
-    for i, m in enumerate(messages):
-        if m.role == "assistant":
-            if open_calls:
-                return f"message {i}: calls {sorted(open_calls)} unanswered before the next assistant turn"
-            open_calls = {c.call_id for c in m.function_calls}
-        elif m.role == "tool":
-            for r in m.function_results:
-                if r.call_id not in open_calls:
-                    return f"message {i}: orphan result for {r.call_id}"
-                open_calls.discard(r.call_id)
-        elif open_calls:
-            return f"message {i}: calls {sorted(open_calls)} unanswered before a {m.role} message"
-    return f"end: calls {sorted(open_calls)} unanswered" if open_calls else None
 
 
 def _check_log(sid: str, log: Sequence[Message], problems: list[str]) -> None:
