@@ -79,7 +79,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trace", "telemetry", "_semconv"),
     ("pipeline", "events"),
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
-     "_run.repair", "_run.model_chain", "_run.tool_chain"),
+     "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out"),
     ("providers", "providers.*"),
     ("_run.loop", "_run"),
     ("agent",),

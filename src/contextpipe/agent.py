@@ -21,6 +21,8 @@ from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
 from ._run.repair import answer_open_end
 from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
+from ._run.threads import raise_swallowed_cancellation
+from ._run.way_out import WayOutExpired
 from ._run.writer import StepWriter
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
@@ -303,6 +305,7 @@ class Agent:
                     raise
                 finally:
                     failures = await self._finish(ctx, loop, writer, spans, error)
+                raise_swallowed_cancellation()  # a driver swallowed a cancellation on the way out: the caller gets it
                 result = self._result(ctx, loop, session, earlier)
                 if failures:
                     raise AfterRunError(failures, result)
@@ -310,6 +313,7 @@ class Agent:
                     spans.root.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
                     spans.root.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
                 yield RunDone(result)
+            raise_swallowed_cancellation()  # ... or as the lease was given back
         except BaseException as exc:
             run_error = exc
             raise
@@ -366,12 +370,14 @@ class Agent:
         is what the caller sees); on success they are returned.
         """
         outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
-        failures = await run_after(self.providers, ctx, outcome, spans)
-        traces = ctx.journal.traces
+        try:  # on a cancelled run's way out, both are bounded (`_run.way_out`)
+            failures = await writer.leaving(run_after(self.providers, ctx, outcome, spans), error)
+        except WayOutExpired as exc:
+            failures = [("after_run", exc)]
+        traces = [t.to_dict(compact_runs=True) for t in ctx.journal.traces] if self.durability.store_traces else ()
+        calibration = ctx.tokens.calibration if ctx.tokens.calibrated else None
         try:
-            await writer.save_session([t.to_dict(compact_runs=True) for t in traces]
-                                      if self.durability.store_traces else (),
-                                      calibration=ctx.tokens.calibration if ctx.tokens.calibrated else None)
+            await writer.leaving(writer.save_session(traces, calibration=calibration), error)
         except Exception as exc:
             if error is None:
                 raise
@@ -442,8 +448,9 @@ async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseExc
     if isinstance(interruption, Exception) or not writer.keeps_input(ctx):
         return
     try:
-        await answer_open_end(writer, ctx)  # stopped before the loop read the history: the calls left open first
-        await writer.save_input(ctx)
+        # Stopped before the loop read the history: the calls left open are answered first.
+        await writer.leaving(answer_open_end(writer, ctx), interruption)
+        await writer.leaving(writer.save_input(ctx), interruption)
     except Exception as exc:
         interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")
 

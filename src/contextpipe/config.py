@@ -62,7 +62,7 @@ class Heartbeat:
     interval: float | None = None
     """Seconds between renewals; None renews every ``ttl / 3``, well inside the TTL."""
     sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
-    """Waits between renewals (``asyncio.sleep`` unless a test drives the beats itself)."""
+    """Waits between renewals, and times a cancelled run's way out (``asyncio.sleep`` unless a test drives it)."""
     shared_timer: bool = True
     """Wait for the first renewal on the event loop's shared timer (False: the run's own task, at once)."""
 

@@ -5,6 +5,14 @@ a slow model call, a long tool, a provider hook. If a renewal fails with `LeaseL
 worker took the session over, or it was deleted), the heartbeat tells its owner (the step writer,
 `LeaseHolder.lease_lost`), which stops the run.
 
+The heartbeat is bound to the run: it renews nothing once `LeaseHolder.over` says the run is over
+(its task is done, or it is on its way out, `contextpipe._run.way_out`), nor while its task is
+being cancelled (`LeaseHolder.paused`; it goes on beating, since `asyncio.timeout` inside a
+driver's call cancels the task and then withdraws the cancellation, and the run goes on), and it
+ends after `stop` whatever a renewal in progress does. `stop` waits for that renewal (so it cannot
+land after the lease is given back) but no longer than the lease's TTL: a driver that swallows the
+cancellation of a renewal cannot keep a run from ending, nor keep renewing its lease.
+
 Two ways to wait for the first renewal, chosen by `Heartbeat.shared_timer`:
 
 - the plain one (``shared_timer=False``): the run starts its own task at once, and the task
@@ -30,6 +38,7 @@ from ..errors import LeaseLost
 if TYPE_CHECKING:
     from ..config import Heartbeat
     from ..stores.base import Lease, SessionStore
+    from .way_out import WayOut
 
 __all__ = ["LeaseHeartbeat", "LeaseHolder"]
 
@@ -44,17 +53,24 @@ class LeaseHolder(Protocol):
     def lease_lost(self, error: LeaseLost) -> None:
         """Take note that a renewal failed: the run no longer holds the session."""
 
+    def over(self) -> bool:
+        """Return True once the run is over for its lease (done, or on its way out): renew no more."""
+
+    def paused(self) -> bool:
+        """Return True while the run is being cancelled and nothing holds it open: skip the renewal that is due."""
+
 
 class LeaseHeartbeat:
     """One run's heartbeat: `start` it once the run holds its lease, `stop` it when the run is over."""
 
-    __slots__ = ("_beat", "_holder", "_task", "_waiting")
+    __slots__ = ("_beat", "_holder", "_stopped", "_task", "_waiting")
 
     def __init__(self, holder: LeaseHolder, heartbeat: Heartbeat) -> None:
         self._holder = holder
         self._beat = heartbeat
         self._task: asyncio.Task[None] | None = None
         self._waiting: _FirstRenewals | None = None  # holds this heartbeat until its first renewal is due
+        self._stopped = False
 
     def interval(self) -> float:
         """Seconds until the next renewal."""
@@ -78,38 +94,57 @@ class LeaseHeartbeat:
     def first_renewal_due(self) -> None:
         """Renew now (the run outlived one interval), then keep renewing in the background."""
         self._waiting = None
-        if self._holder.lease is not None:
-            self._task = asyncio.ensure_future(self._renew(waited=True))
+        if self._holder.lease is not None and not self._holder.over():
+            self._task = asyncio.ensure_future(self._renew(waited=not self._holder.paused()))
 
     async def _renew(self, *, waited: bool = False) -> None:
-        """Renew the lease until the run ends or a renewal fails (then tell the holder)."""
+        """Renew the lease until the run is over or a renewal fails (then tell the holder)."""
         holder = self._holder
-        while holder.lease is not None:
+        while not self._stopped:
             if not waited:
                 await self._beat.sleep(self.interval())
             waited = False
             lease = holder.lease
-            if lease is None:
+            if lease is None or self._stopped or holder.over():
                 return
+            if holder.paused():  # a cancellation withdrawn (`asyncio.timeout` in a driver) lets the next beat renew
+                continue
             try:
                 renewed = await holder.store.renew_lease(lease)
             except LeaseLost as exc:
-                holder.lease_lost(exc)
+                if not self._stopped:
+                    holder.lease_lost(exc)
                 return
             except Exception:
                 continue
-            if holder.lease is lease:
+            if holder.lease is lease and not self._stopped:
                 holder.lease = renewed
 
-    async def stop(self) -> None:
-        """Stop renewing (the run is over)."""
+    async def stop(self, way_out: WayOut | None = None) -> None:
+        """Stop renewing (the run is over); wait for a renewal in progress, but not past the lease's TTL.
+
+        On a cancelled run's way out the wait takes its time from `way_out` instead.
+        """
+        self._stopped = True
         if self._waiting is not None:
             self._waiting.discard(self)
             self._waiting = None
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        if way_out is not None:
+            await way_out.wait(task)
+            return
+        await asyncio.sleep(0)  # a heartbeat asleep ends here (no timer to arm for the common case)
+        if task.done():
+            return
+        lease = self._holder.lease
+        timer = asyncio.ensure_future(self._beat.sleep(lease.ttl if lease is not None else 0.0))
+        try:
+            await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
 
 
 class _Due(Protocol):

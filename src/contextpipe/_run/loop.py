@@ -24,6 +24,10 @@ A sync tool's thread that outlives the wait for it (a timeout, a cancelled run) 
 (`contextpipe._run.threads`): its late result is recorded before the next model call, and the loop
 ends only once every such thread has finished and what it produced is saved, whatever ended the run
 (except a lost lease), so the run keeps its session until then.
+
+A cancelled run ends whatever a driver does: each step starts by raising a cancellation a driver
+swallowed (`contextpipe._run.threads.raise_swallowed_cancellation`), and what the run saves on its
+way out once its threads are done takes at most the lease's TTL (`StepWriter.keep`, `_run.way_out`).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .repair import REPAIR, check_history, cut_answer, save_cut_answer
 from .replay import STOP_KEY
-from .threads import RunThreads, raise_swallowed_cancellation, wait_through_cancellation
+from .threads import RunThreads, raise_swallowed_cancellation
 from .tool_chain import ToolChain
 
 if TYPE_CHECKING:
@@ -156,6 +160,7 @@ class StepLoop:
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
+        writer.held_open = self._threads.running  # they keep a cancelled run's lease renewed
         self._unconfirmed: list[Message] = []  # the model output being saved
         self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
 
@@ -269,8 +274,8 @@ class StepLoop:
             messages.append(self._add_tool_message(stopped, [stopped_with_run(c) for c in stopped]))
         messages.extend(self._add_late(late))
         try:
-            cut = await wait_through_cancellation(self.writer.save_step(self.ctx, messages,
-                                                                        with_request=bool(resaved)))
+            save = writer.save_step(self.ctx, messages, with_request=bool(resaved))
+            cut = await writer.keep(save, error, cancelled=cancelled)  # bounded if cancelled (`_run.way_out`)
         except Exception as exc:
             if error is None:
                 raise
@@ -529,7 +534,7 @@ class StepLoop:
         if self.writer.lost is not None:
             return False
         try:
-            await wait_through_cancellation(self.writer.save_step(self.ctx, messages, with_request=False))
+            await self.writer.keep(self.writer.save_step(self.ctx, messages, with_request=False), error)
         except Exception as exc:
             error.add_note(f"{what} could not be saved as the run stopped: {type(exc).__name__}: {exc}")
             return False

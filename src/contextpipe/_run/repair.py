@@ -21,7 +21,6 @@ from ..exchanges import exchange_problem, repair_exchanges, tool_message
 from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..pipeline import Segment
 from .calls import interrupted, not_run_again
-from .threads import wait_through_cancellation
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext
@@ -76,7 +75,7 @@ async def save_cut_answer(writer: StepWriter, ctx: RunContext, answer: Message |
     if answer is None or isinstance(error, Exception) or writer.lost is not None or not writer.keeps_input(ctx):
         return
     try:
-        await wait_through_cancellation(writer.save_step(ctx, [answer], with_request=False))
+        await writer.keep(writer.save_step(ctx, [answer], with_request=False), error)
     except Exception as exc:
         error.add_note(f"the answers to the calls the session's previous run left open could not be saved: "
                        f"{type(exc).__name__}: {exc}")

@@ -76,6 +76,10 @@ class RunThreads:
                 kept.saved = True
         self._kept = [k for k in self._kept if k.call is not call or k.thread.timed_out]
 
+    def running(self) -> bool:
+        """Tell whether a kept thread still runs: the run stays open, its lease renewed, until none does."""
+        return any(not k.thread.outcome.done() for k in self._kept)
+
     def unanswered(self, call: FunctionCall) -> bool:
         """Tell whether `call` has a thread kept and no answer yet: `finish` gives it the thread's result."""
         return any(k.call is call and k.answer is None for k in self._kept)

@@ -17,6 +17,15 @@ writer each step. The writer saves:
 If a renewal fails with `LeaseLost` (another worker took the session over, or it was deleted),
 the writer refuses every further write and `guard` stops whatever the run is awaiting at once
 (in-flight tools are cancelled) with that error.
+
+A cancelled run ends whatever a driver does. A driver that swallows the cancellation and returns
+does not make the run go on: it is raised again after each step's save, as at each step boundary
+and at the run's end (`contextpipe._run.threads.raise_swallowed_cancellation`). The heartbeat
+renews nothing once the run's task is done, or cancelled with no tool thread holding it open
+(`over`), so a driver call that swallows the cancellation and goes on waiting holds the task at
+most until it returns, and the session is free within the lease's TTL meanwhile. And the calls a
+cancelled run makes on its way out, once its tool threads are done (`keep`, `leaving`,
+`release`), are abandoned when the lease's TTL is spent (`contextpipe._run.way_out`).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,6 +42,8 @@ from ..exchanges import unanswered_calls
 from ..stores.base import Checkpoint, SessionStore
 from ..tokens import CALIBRATION_KEY
 from .heartbeat import LeaseHeartbeat
+from .threads import raise_swallowed_cancellation, wait_through_cancellation
+from .way_out import WayOut, WayOutExpired
 
 if TYPE_CHECKING:
     from ..config import Durability, Heartbeat
@@ -55,7 +66,8 @@ class StepWriter:
     """Saves one run's messages, checkpoints and session state, fenced by the run's lease."""
 
     def __init__(self, *, store: SessionStore, session: Session | None, lease: Lease | None,
-                 history_providers: Sequence[HistoryProvider], per_step: bool) -> None:
+                 history_providers: Sequence[HistoryProvider], per_step: bool, lease_ttl: float,
+                 sleep: Callable[[float], Awaitable[None]]) -> None:
         self.store = store
         """The store holding the session (and the lease)."""
         self.session = session
@@ -79,6 +91,14 @@ class StepWriter:
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
         self._stopped = False  # the heartbeat cancelled that task
         self._heartbeat: LeaseHeartbeat | None = None
+        self.way_out: WayOut | None = None
+        """What is left of the run's way out, once a cancelled run has begun it (`leaving`)."""
+        self._way_out_time = lease_ttl, sleep
+        self.task: asyncio.Task[Any] | None = None
+        """The run's task: the one that took the lease, then the one awaiting in `guard` (a stream may be driven by
+        another task than the one that started it); no lease is renewed once it is done or being cancelled."""
+        self.held_open: Callable[[], bool] = lambda: False
+        """Tell whether tool threads still run: they keep a cancelled run's lease renewed (the loop sets it)."""
 
     @staticmethod
     def open(store: SessionStore, session: Session | None, *, history_providers: Sequence[HistoryProvider],
@@ -94,9 +114,62 @@ class StepWriter:
     # --- the lease ----------------------------------------------------------------------------------
 
     def keep_alive(self, heartbeat: Heartbeat) -> None:
-        """Start renewing the lease in the background with `heartbeat` (until `release`)."""
+        """Start renewing the lease in the background with `heartbeat` (until `release`, or the run is `over`)."""
+        self.task = asyncio.current_task()
         self._heartbeat = LeaseHeartbeat(self, heartbeat)
         self._heartbeat.start()
+
+    def over(self) -> bool:
+        """Return True once the run's lease is renewed no more: its task done, or its way out begun."""
+        task = self.task
+        return self.way_out is not None or (task is not None and task.done())
+
+    def paused(self) -> bool:
+        """Return True while the run's task is being cancelled and not `held_open`: renew not (for now).
+
+        A cancellation a driver swallowed leaves the task so, and its lease expires within the TTL; one
+        withdrawn again (`asyncio.timeout` in a driver's call, then a retry) lets the next beat renew.
+        """
+        task = self.task
+        return task is not None and task.cancelling() > 0 and not self.held_open()
+
+    def leaving(self, awaitable: Awaitable[T], error: BaseException | None) -> Awaitable[T]:
+        """Return `awaitable` to await as a call of the run's way out: bounded if the run is cancelled.
+
+        The run is cancelled when `cancelled(error)` says so (a stream closed by a cancelled task is
+        too); then the call goes through `way_out`, and raises `WayOutExpired` if the way out's time
+        runs out first.
+        """
+        if (error is not None or self.way_out is not None) and self.cancelled(error):
+            return self._leave().run(awaitable)
+        return awaitable
+
+    def cancelled(self, error: BaseException | None) -> bool:
+        """Return True if the run stops for a cancellation: `error`, the task being cancelled, or its way out begun."""
+        if self.way_out is not None or isinstance(error, asyncio.CancelledError):
+            return True
+        if error is None:  # a run that succeeded
+            return False
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+    async def keep(self, awaitable: Awaitable[Any], error: BaseException | None, *, cancelled: bool = False) -> bool:
+        """Await a save of a stopping run to its end, even if cancelled again; return whether a cancellation came.
+
+        The save of a cancelled run (`cancelled`, or `cancelled(error)`) that no tool thread holds
+        open any more is a call of its way out (`leaving`): it raises `WayOutExpired` if the way
+        out's time runs out first.
+        """
+        if (cancelled or self.cancelled(error)) and not self.held_open():
+            await self._leave().run(awaitable)
+            return True
+        return await wait_through_cancellation(awaitable)
+
+    def _leave(self) -> WayOut:
+        """Return the run's way out, begun now if it was not yet."""
+        if self.way_out is None:
+            self.way_out = WayOut(*self._way_out_time)
+        return self.way_out
 
     def lease_lost(self, error: LeaseLost) -> None:
         """Refuse every further write and stop what the run is awaiting (the heartbeat calls it)."""
@@ -121,7 +194,7 @@ class StepWriter:
         task = asyncio.current_task()
         if task is None:
             return await awaitable
-        self._inside = task
+        self._inside = self.task = task
         try:
             result = await awaitable
         except asyncio.CancelledError:
@@ -166,6 +239,7 @@ class StepWriter:
         first = with_request and not self._request_stored
         saved = await self._save(ctx, response, with_request=first, durable=durable)
         self._request_stored = self._request_stored or first
+        raise_swallowed_cancellation()  # a driver swallowed it: the run must not go on (to its tools) as if saved
         return saved
 
     async def save_input(self, ctx: RunContext) -> None:
@@ -301,15 +375,32 @@ class StepWriter:
             session.state = stored.state
             session.version = stored.version
 
-    async def release(self) -> None:
-        """Stop the heartbeat and give the session's lease back (the run is over)."""
-        if self._heartbeat is not None:
-            await self._heartbeat.stop()
-            self._heartbeat = None
-        if self.lease is not None:
-            lease, self.lease = self.lease, None
-            if self.lost is None:
-                await self.store.release_lease(lease)
+    async def release(self, error: BaseException | None = None) -> None:
+        """Stop the heartbeat and give the session's lease back (the run is over, with `error` if it failed).
+
+        On a cancelled run's way out both take their time from `way_out`: if it runs out, the lease is
+        left to expire (within its TTL), and a note on `error` says so.
+        """
+        way_out = self._leave() if (error is not None or self.way_out is not None) and self.cancelled(error) else None
+        try:
+            if self._heartbeat is not None:
+                heartbeat, self._heartbeat = self._heartbeat, None
+                await heartbeat.stop(way_out)
+            if self.lease is not None:
+                lease, self.lease = self.lease, None
+                if self.lost is not None:
+                    return
+                if way_out is None:
+                    await self.store.release_lease(lease)
+                    return
+                try:
+                    await way_out.run(self.store.release_lease(lease))
+                except WayOutExpired as exc:
+                    if error is not None:
+                        error.add_note(f"the session's lease was not given back (it expires by itself): {exc}")
+        finally:
+            if self.way_out is not None:
+                self.way_out.close()
 
 
 class _Open:
@@ -328,18 +419,20 @@ class _Open:
         per_step = durability.persistence == "per_step"
         if session is None:
             self._writer = StepWriter(store=store, session=None, lease=None, history_providers=self._providers,
-                                      per_step=per_step)
+                                      per_step=per_step, lease_ttl=durability.lease_ttl,
+                                      sleep=durability.heartbeat.sleep)
             return self._writer
         lease = await store.acquire_lease(session.tenant, session.id, os.urandom(8).hex(),
                                           ttl=durability.lease_ttl, wait=self._wait)
         writer = self._writer = StepWriter(store=store, session=session, lease=lease,
-                                           history_providers=self._providers, per_step=per_step)
+                                           history_providers=self._providers, per_step=per_step,
+                                           lease_ttl=durability.lease_ttl, sleep=durability.heartbeat.sleep)
         writer.keep_alive(durability.heartbeat)
         try:
             await writer.refresh()
-        except BaseException:
+        except BaseException as exc:
             self._writer = None
-            await writer.release()
+            await writer.release(exc)
             raise
         return writer
 
@@ -347,4 +440,4 @@ class _Open:
                         tb: TracebackType | None) -> None:
         if self._writer is not None:
             writer, self._writer = self._writer, None
-            await writer.release()
+            await writer.release(exc)
