@@ -140,6 +140,37 @@ async def test_bodies_that_are_not_json_or_too_large_are_refused() -> None:
         assert (await c.get("/v1/sessions/s1/messages", headers=auth())).json()["messages"] == []
 
 
+async def test_paging_forward_from_any_sequence_returns_exactly_the_messages_above_it() -> None:
+    """Every `after`, `before` and `limit` over a 14-message log, against the plain rule; then following to the end."""
+    app = make_app(MemoryStore(), GateModel())
+    async with client(app) as c:
+        path = "/v1/sessions/behind"
+        assert (await c.post("/v1/sessions", json={"id": "behind"}, headers=auth())).status_code == 201
+        for i in range(7):
+            assert (await run(c, "behind", f"turn {i}")).status_code == 200
+        last = 14
+        for after in range(-1, last + 2):
+            for before in [None, *range(0, last + 3)]:
+                for limit in (1, 2, 3, 5, 20):
+                    query = f"after={after}&limit={limit}" + (f"&before={before}" if before is not None else "")
+                    page = (await c.get(f"{path}/messages?{query}", headers=auth())).json()
+                    window = [seq for seq in range(1, last + 1) if seq > after and (before is None or seq < before)]
+                    assert [m["seq"] for m in page["messages"]] == window[:limit], query
+                    assert page["next_after"] == (window[limit - 1] if len(window) > limit else None), query
+                    if window:  # older messages, before the page, are still there to page back to
+                        assert page["has_more"] is (window[0] > 1), query
+                        assert page["next_before"] == (window[0] if window[0] > 1 else None), query
+        seen: list[int] = []
+        after = 2  # a client that fell behind: it gets what followed, not the newest page
+        while after is not None:
+            page = (await c.get(f"{path}/messages?after={after}&limit=4", headers=auth())).json()
+            seen += [m["seq"] for m in page["messages"]]
+            after = page["next_after"]
+        assert seen == list(range(3, last + 1))
+        newest = (await c.get(f"{path}/messages?limit=4", headers=auth())).json()
+        assert [m["seq"] for m in newest["messages"]] == [11, 12, 13, 14] and newest["next_after"] is None
+
+
 async def test_ids_with_slashes_and_paging_through_messages_and_sessions() -> None:
     app = make_app(MemoryStore(), GateModel())
     async with client(app) as c:

@@ -48,7 +48,7 @@ from ..errors import (
     UsageError,
 )
 from ..session import validate_session_id
-from ..stores import SessionStore
+from ..stores import MessagePage, SessionStore
 from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
 from ._keys import ApiKeys
@@ -280,12 +280,30 @@ class _Api:
         limit = query_int(request, "limit", 100, 1, 1000)
         before = query_int(request, "before", None, 0, 2**62)
         after = query_int(request, "after", None, -1, 2**62)
-        page = await self.store.load(tenant, session.id, limit=limit, before=before, after=after)
+        assert limit is not None
+        page, next_after = await self._page(tenant, session.id, limit, before, after)
         return json_response({
             "messages": [{"seq": seq, **message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)],
             "first_seq": page.first_seq, "has_more": page.has_more,
-            "next_before": page.first_seq if page.has_more else None,
+            "next_before": page.first_seq if page.has_more else None, "next_after": next_after,
         }, items=("messages",))
+
+    async def _page(self, tenant: str, session_id: str, limit: int, before: int | None,
+                    after: int | None) -> tuple[MessagePage, int | None]:
+        """Return a page of the log and, paging forward, the `after` of the next page (None: no newer messages).
+
+        Without `after` the page holds the newest `limit` messages below `before`. With it, the
+        oldest `limit` above it: a log is a contiguous run of sequences, so that is the window up to
+        ``after + limit``, read with one message more to tell whether others follow.
+        """
+        if after is None:
+            return await self.store.load(tenant, session_id, limit=limit, before=before), None
+        after = max(after, 0)  # sequences start at 1
+        end = after + limit + 2 if before is None else min(before, after + limit + 2)
+        page = await self.store.load(tenant, session_id, limit=limit + 1, before=end, after=after)
+        if len(page.messages) <= limit:
+            return page, None
+        return MessagePage(page.messages[:limit], page.first_seq, page.has_more), page.first_seq + limit - 1
 
     async def traces(self, request: Request, tenant: str, params: list[str]) -> Response:
         session = await self._existing(tenant, params[0])

@@ -108,11 +108,12 @@ def _paths() -> dict[str, Any]:
         "/v1/sessions/{session_id}/messages": {
             "parameters": [_ID],
             "get": {"summary": "A page of the session's messages, oldest first", "operationId": "listMessages",
-                    "parameters": [_int("limit", "Messages per page (default 100): the newest ones.", 1, 1000),
+                    "parameters": [_int("limit", "Messages per page (default 100): the newest ones, or with "
+                                        "`after` the oldest ones above it.", 1, 1000),
                                    _int("before", "Only messages with a sequence below this (`next_before`).",
                                         0, 2**62),
-                                   _int("after", "Only messages with a sequence above this (to follow a session).",
-                                        -1, 2**62)],
+                                   _int("after", "Only messages with a sequence above this, paging forward "
+                                        "(`next_after`: to follow a session).", -1, 2**62)],
                     "responses": _responses({"200": {"description": "A page.", "content": _json("MessagePage")}},
                                             400, 404)},
         },
@@ -213,10 +214,12 @@ def _response_schemas() -> dict[str, Any]:
                                    "repaired": _ref("Repaired")}},
         "SessionList": {"type": "object", "required": ["sessions", "next_cursor"], "properties": {
             "sessions": {"type": "array", "items": listed}, "next_cursor": {"type": ["string", "null"]}}},
-        "MessagePage": {"type": "object", "required": ["messages", "first_seq", "has_more", "next_before"],
+        "MessagePage": {"type": "object", "required": ["messages", "first_seq", "has_more", "next_before",
+                                                       "next_after"],
                         "properties": {"messages": {"type": "array", "items": _message({"seq": {"type": "integer"}})},
                                        "first_seq": {"type": "integer"}, "has_more": {"type": "boolean"},
-                                       "next_before": {"type": ["integer", "null"]}}},
+                                       "next_before": {"type": ["integer", "null"]},
+                                       "next_after": {"type": ["integer", "null"]}}},
         "TraceList": {"type": "object", "required": ["traces"], "properties": {
             "traces": {"type": "array", "items": {"type": "object"}}}},
         "FactList": {"type": "object", "required": ["user_id", "memories"], "properties": {

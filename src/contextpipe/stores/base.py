@@ -2,8 +2,10 @@ r"""The `SessionStore` contract every backend implements.
 
 A store holds, per tenant and session:
 
-- an append-only message log with a strictly increasing sequence (appends of a batch are atomic and
-  idempotent by message id: a retried append never duplicates);
+- an append-only message log numbered 1, 2, 3, ... with no gaps (appends of a batch are atomic and
+  idempotent by message id: a retried append never duplicates, and the messages it does store take
+  the next sequences), so a page is named by its first sequence and each sequence from 1 to the
+  last names one message (readers such as the server's forward paging count on it);
 - the session record (state and version; saves compare-and-swap on the version);
 - a lease with a fencing token, so runs on one session never interleave and a run whose lease was
   taken over cannot write any more;
