@@ -86,13 +86,15 @@ async def answer_open_end(writer: StepWriter, ctx: RunContext) -> None:
 
     The run keeps its input (`StepWriter.save_input`) after them: each call is answered as by a
     repair cut before it ran anything (`cut_answer`). Nothing to do once the loop read the history.
+    A call awaiting a person's decision is left open (`contextpipe._run.approvals`), so the input is not kept.
     """
     if writer.history_read:
         return
     calls = await writer.open_calls()
     writer.left_open(calls)
     tools = ctx.tools
-    answer = cut_answer(calls, {}, threaded=lambda _: False,
+    answer = cut_answer([c for c in calls if c.call_id not in writer.awaiting_approval], {},
+                        threaded=lambda _: False,
                         idempotent=lambda c: (tool := tools.get(c.name)) is not None and tool.runs_again)
     if answer is not None:
         await writer.save_step(ctx, [answer], with_request=False)
