@@ -427,6 +427,66 @@ async def test_a_call_approved_always_and_cut_while_it_runs_is_not_run_again() -
     assert calls == ["O-1"] and session.state[STATE_KEY] == {"approved": {}, "always": ["ship"]}
 
 
+@pytest.mark.parametrize("resent", [False, True], ids=["resumed without decisions", "the approval sent again"])
+async def test_a_call_run_as_another_decision_always_allowed_its_tool_and_cut_is_not_run_again(resent: bool) -> None:
+    started, calls = asyncio.Event(), []
+
+    @tool(needs_approval=True)
+    async def ship(order: str) -> str:
+        """Ship an order."""
+        calls.append(order)
+        if calls == ["O-1", "O-2"]:  # the run that starts O-2, undecided but now always allowed, is cut here
+            started.set()
+            await asyncio.Event().wait()
+        return "shipped"
+
+    agent, _ = agent_for(tool_call("ship", order="O-1") + tool_call("ship", order="O-2"), "Checked.", tools=[ship])
+    session = await agent.session("s")
+    first, second = (await agent.run("Ship both.", session=session)).pending_approvals
+    decisions = {first.call_id: first.approve(always=True)}
+    task = asyncio.ensure_future(agent.run(None, session=session, approvals=decisions))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert set(session.state[STATE_KEY]["approved"]) == {first.call_id, second.call_id}  # kept before they ran
+    result = await agent.run(None, session=session, approvals=decisions if resent else None)
+    assert calls == ["O-1", "O-2"] and result.text == "Checked."  # the always allowed tool, not run again
+    log = await agent.history(session)
+    answers = {r.call_id: r.result for m in log for r in m.function_results}
+    assert answers[second.call_id].startswith("Error: the call to 'ship' was interrupted")
+    assert broken_exchange(log) is None and sorted(answers) == [first.call_id, second.call_id]
+    assert session.state[STATE_KEY] == {"approved": {}, "always": ["ship"]}
+
+
+async def test_a_waiting_call_run_as_the_session_always_allows_its_tool_is_kept_before_it_runs() -> None:
+    started, calls = asyncio.Event(), []
+
+    @tool(needs_approval=True)
+    async def ship(order: str) -> str:
+        """Ship an order."""
+        calls.append(order)
+        if len(calls) == 1:
+            started.set()
+            await asyncio.Event().wait()
+        return "shipped"
+
+    agent, _ = agent_for(tool_call("ship", order="O-1"), "Checked.", tools=[ship])
+    session = await agent.session("s")
+    [pending] = (await agent.run("Ship O-1.", session=session)).pending_approvals
+    session.state[STATE_KEY] = {"approved": {}, "always": ["ship"]}  # allowed since, with no decision on the call
+    await agent.store.save_session(session)
+    task = asyncio.ensure_future(agent.run(None, session=session))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert list(session.state[STATE_KEY]["approved"]) == [pending.call_id]
+    result = await agent.run(None, session=session)
+    assert result.messages[0].function_results[0].result.startswith("Error: the call to 'ship' was interrupted")
+    assert calls == ["O-1"] and result.text == "Checked."
+
+
 async def test_a_run_saved_per_run_that_fails_after_the_approved_call_ran_does_not_ask_again() -> None:
     agent, _ = agent_for(tool_call("pay", invoice="A", amount=1), RuntimeError("the model is down"), "Paid A.",
                          durability=Durability(persistence="per_run"))

@@ -11,9 +11,10 @@ A run meets approvals in three places:
   with the rejection (an error result the model reads), or stays open (no decision yet): the run
   then stops again with ``approval_required`` without calling the model, and new input is refused
   (`ApprovalError`: it would come between a call and its result). The approvals are saved in the
-  session's state (`STATE_KEY`) before the approved calls start: a run killed while one runs
-  leaves that mark, and the next run answers the call as any call a killed run left open (run
-  again if its tool is idempotent, else "interrupted"), never asking again, never running it twice.
+  session's state (`STATE_KEY`) before the approved calls start, and so are the calls that run
+  because their tool is always allowed: a run killed while one runs leaves that mark, and the next
+  run answers the call as any call a killed run left open (run again if its tool runs again:
+  idempotent, retry_with_key or outbox; else "interrupted"), never asking again, never running it twice.
   A run that fails before (a provider's before_run) has saved nothing: the calls still wait.
 - after each model call (`ApprovalGate.check`): the calls that need approval are marked in the
   model's message (`AWAITING_KEY`, saved with it), the others run, and the run stops.
@@ -167,7 +168,8 @@ def _new_decision(call_id: str, decision: Decision, call: FunctionCall | None, m
     raise ApprovalError(
         f"call {shorten(call_id)} to {call.name!r} was approved by an earlier run, which may have run it before it "
         "stopped; it can no longer be rejected. Resume the session (agent.run(None, session=...)): the call is "
-        "answered as interrupted, or run again if its tool is idempotent", call_ids=[call_id])
+        "answered as interrupted, or run again if its tool runs again (idempotent, retry_with_key, outbox)",
+        call_ids=[call_id])
 
 
 def _listed(history: Sequence[Message]) -> str:
@@ -206,6 +208,7 @@ class ApprovalGate:
         """
         session, writer = self._session, self._writer
         if not approvals:
+            self._keep_baseline()
             return
         if session is None or loader is None or writer is None:
             raise UsageError("approvals= decides tool calls awaiting approval in a session's log: pass "
@@ -219,7 +222,16 @@ class ApprovalGate:
                                           session)}
         if message is not None and any(isinstance(d, Approval) for d in self._decided.values()):
             self._asked = (message, waiting)
-            self._baseline = json.loads(json.dumps(session.state_to_json()))  # a copy no provider changes
+        self._keep_baseline()
+
+    def _keep_baseline(self) -> None:
+        """Copy the session's state (no provider changes it) when this run may save approvals in it.
+
+        It may when it approves a call, or when a call awaiting approval runs because its tool is
+        always allowed in the session.
+        """
+        if self._session is not None and (self._asked is not None or self._kept.always):
+            self._baseline = json.loads(json.dumps(self._session.state_to_json()))
 
     def watches(self, tools: Mapping[str, Tool]) -> bool:
         """Tell whether a call to one of the run's `tools` may need approval (a tool, or the agent's policy, asks)."""
@@ -283,44 +295,50 @@ class ApprovalGate:
         marked = awaiting_approval(message)
         answer: list[FunctionCall] = []
         waiting: list[PendingApproval] = []
-        always = self._kept.always | {c.name for c in pending if isinstance(d := self._decided.get(c.call_id), Approval)
-                                      and d.always}  # this run's "always" counts for its other calls too
+        always = self._always(pending)
         for call in pending:
-            decision = self._decided.get(call.call_id)
-            if call.call_id not in marked or message is None:
+            if message is None or call.call_id not in marked or self._answers_now(call, message, always):
                 answer.append(call)
-                continue
-            if decision is not None:
-                self._actions[call.call_id] = "approved" if isinstance(decision, Approval) else "rejected"
-            elif self._kept.approved_earlier(call, message):  # it may have run: answered as any open call, even
-                pass  # when its tool is always allowed now (it is not run again)
-            elif call.name in always:
-                self._actions[call.call_id] = "allowed"
             else:
                 waiting.append(PendingApproval(call.call_id, call.name, call.arguments, marked[call.call_id],
                                                message.id))
-                continue
-            answer.append(call)
         if waiting and has_input:
-            names = ", ".join(f"{p.tool_name} ({p.call_id})" for p in waiting)
-            raise ApprovalError(
-                f"the session's tool calls {names} await approval, and new input may not come before they are "
-                "answered; nothing was run or stored. Decide them first: agent.run(None, session=session, "
-                "approvals={call_id: approve() or reject('why')}) (a run without input lists them in "
-                "result.pending_approvals), then send the input again", call_ids=[p.call_id for p in waiting])
-        await self._keep_approvals()
+            _refuse_input(waiting)
+        allowed = {c.call_id: c for c in answer if self._actions.get(c.call_id) == "allowed"}
+        if allowed and message is not None:  # they run as approved ones do: kept as such before they start
+            self._asked = (message, {c.call_id: c for c in pending if c.call_id in marked})
+        await self._keep_approvals(allowed)
         self.pending = waiting
         return answer
 
-    async def _keep_approvals(self) -> None:
+    def _always(self, calls: Sequence[FunctionCall]) -> set[str]:
+        """Return the tools always allowed: by the session, or by this run's decision on one of `calls`."""
+        return self._kept.always | {c.name for c in calls if isinstance(d := self._decided.get(c.call_id), Approval)
+                                    and d.always}  # this run's "always" counts for its other calls too
+
+    def _answers_now(self, call: FunctionCall, message: Message, always: set[str]) -> bool:
+        """Tell whether the open `call` awaiting approval is answered now (decided, or allowed); note how."""
+        decision = self._decided.get(call.call_id)
+        if decision is not None:
+            self._actions[call.call_id] = "approved" if isinstance(decision, Approval) else "rejected"
+        elif self._kept.approved_earlier(call, message):  # it may have run: answered as any open call, even
+            pass  # when its tool is always allowed now (it is not run again)
+        elif call.name in always:
+            self._actions[call.call_id] = "allowed"
+        else:
+            return False
+        return True
+
+    async def _keep_approvals(self, allowed: Mapping[str, FunctionCall]) -> None:
         """Save this run's approvals in the session's state, beside the state as it was before the providers ran.
 
+        The calls in `allowed` (to run because their tool is always allowed) are kept as approved.
         The providers' changes are saved with the run, as always; this saves only the approvals.
         """
         session, writer, asked, baseline = self._session, self._writer, self._asked, self._baseline
         if session is None or writer is None or asked is None or baseline is None:
             return
-        self._kept.keep(*asked, self._decided)
+        self._kept.keep(*asked, {**{call_id: Approval() for call_id in allowed}, **self._decided})
         saved = Session(session.id, session.tenant, baseline, session.version, session.created_at, session.ttl)
         self._kept.write(saved)
         await writer.guard(writer.store.save_session(saved, lease=writer.lease))
@@ -337,7 +355,7 @@ class ApprovalGate:
         """Return the answers of the open `calls` that are not run, by call id.
 
         A call a person rejected gets the rejection (the model reads the reason; the trace notes
-        it); one nobody decided whose tool does not run again (`runs_again`: idempotent) is
+        it); one nobody decided whose tool does not run again (`runs_again`: idempotent, retry_with_key, outbox) is
         answered `interrupted`, as any call a stopped run left open. Approved calls run.
         """
         results: dict[str, FunctionResult] = {}
@@ -385,6 +403,15 @@ class ApprovalGate:
             return
         kept.approved.clear()
         kept.write(session)
+
+
+def _refuse_input(waiting: Sequence[PendingApproval]) -> None:
+    names = ", ".join(f"{p.tool_name} ({p.call_id})" for p in waiting)
+    raise ApprovalError(
+        f"the session's tool calls {names} await approval, and new input may not come before they are "
+        "answered; nothing was run or stored. Decide them first: agent.run(None, session=session, "
+        "approvals={call_id: approve() or reject('why')}) (a run without input lists them in "
+        "result.pending_approvals), then send the input again", call_ids=[p.call_id for p in waiting])
 
 
 async def _ask(check: ApprovalCheck, whose: str, call: FunctionCall,
