@@ -427,7 +427,7 @@ async def test_a_call_approved_always_and_cut_while_it_runs_is_not_run_again() -
     assert calls == ["O-1"] and session.state[STATE_KEY] == {"approved": {}, "always": ["ship"]}
 
 
-@pytest.mark.parametrize("resent", [False, True], ids=["resumed without decisions", "the approval sent again"])
+@pytest.mark.parametrize("resent", [False, True], ids=["resumed without decisions", "an approval sent for it"])
 async def test_a_call_run_as_another_decision_always_allowed_its_tool_and_cut_is_not_run_again(resent: bool) -> None:
     started, calls = asyncio.Event(), []
 
@@ -450,13 +450,47 @@ async def test_a_call_run_as_another_decision_always_allowed_its_tool_and_cut_is
     with pytest.raises(asyncio.CancelledError):
         await task
     assert set(session.state[STATE_KEY]["approved"]) == {first.call_id, second.call_id}  # kept before they ran
-    result = await agent.run(None, session=session, approvals=decisions if resent else None)
+    assert [r.call_id for m in await agent.history(session) for r in m.function_results] == [first.call_id]
+    with pytest.raises(ApprovalError, match="has been answered already"):  # O-1 completed: its result is kept
+        await agent.run(None, session=session, approvals=decisions)
+    result = await agent.run(None, session=session, approvals={second.call_id: second.approve()} if resent else None)
     assert calls == ["O-1", "O-2"] and result.text == "Checked."  # the always allowed tool, not run again
     log = await agent.history(session)
     answers = {r.call_id: r.result for m in log for r in m.function_results}
+    assert answers[first.call_id] == "shipped"
     assert answers[second.call_id].startswith("Error: the call to 'ship' was interrupted")
     assert broken_exchange(log) is None and sorted(answers) == [first.call_id, second.call_id]
     assert session.state[STATE_KEY] == {"approved": {}, "always": ["ship"]}
+
+
+async def test_a_run_cut_after_an_approved_call_completed_keeps_its_result_and_the_rejection() -> None:
+    started, calls = asyncio.Event(), []
+
+    @tool(needs_approval=True)
+    async def ship(order: str) -> str:
+        """Ship an order."""
+        calls.append(order)
+        if order == "O-2":  # the run is cut here, after O-1 completed
+            started.set()
+            await asyncio.Event().wait()
+        return f"shipped {order}"
+
+    script = tool_call("ship", order="O-1") + tool_call("ship", order="O-2") + tool_call("ship", order="O-3")
+    agent, _ = agent_for(script, "Checked.", tools=[ship])
+    session = await agent.session("s")
+    one, two, three = (await agent.run("Ship all three.", session=session)).pending_approvals
+    task = asyncio.ensure_future(agent.run(None, session=session, approvals={
+        one.call_id: one.approve(), two.call_id: two.approve(), three.call_id: three.reject("not that one")}))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    answers = {r.call_id: r.result for m in await agent.history(session) for r in m.function_results}
+    assert answers[one.call_id] == "shipped O-1" and "rejected it (not that one)" in answers[three.call_id]
+    assert two.call_id not in answers  # it may have run: the next run answers it as interrupted
+    result = await agent.run(None, session=session)
+    assert result.messages[0].function_results[0].result.startswith("Error: the call to 'ship' was interrupted")
+    assert calls == ["O-1", "O-2"] and result.text == "Checked."
 
 
 async def test_a_waiting_call_run_as_the_session_always_allows_its_tool_is_kept_before_it_runs() -> None:

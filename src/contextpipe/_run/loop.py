@@ -60,7 +60,7 @@ from .approvals import ApprovalGate
 from .calls import CallContexts, deferrable, invoke_tool, returned, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
-from .repair import REPAIR, check_history, cut_answer, save_cut_answer
+from .repair import REPAIR, answers_all, check_history, cut_answer, save_cut_answer
 from .replay import STOP_KEY
 from .threads import RunThreads, raise_swallowed_cancellation
 from .tool_chain import ToolChain
@@ -347,7 +347,8 @@ class StepLoop:
             saved = await self.writer.save_step(self.ctx, [message], with_request=False)
             self.approvals.answered()
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
-            await save_cut_answer(self.writer, self.ctx, self._cut_repair(pending, results, message, running), exc)
+            cut = self._cut_repair(pending, results, message, running, answers_all(self.writer, self.ctx, exc))
+            await save_cut_answer(self.writer, self.ctx, cut, exc)
             raise
         for call in pending:
             self._threads.saved(call)
@@ -356,12 +357,12 @@ class StepLoop:
         self._chain.raise_failure()
 
     def _cut_repair(self, pending: list[FunctionCall], results: dict[str, FunctionResult], message: Message | None,
-                    running: asyncio.Future[FunctionResult] | None) -> Message | None:
-        """Return the answer of a repair cut short: what its calls got, the rest answered as cut."""
+                    running: asyncio.Future[FunctionResult] | None, whole: bool) -> Message | None:
+        """Return the answer of a repair cut short: what its calls got, and (`whole`) the rest answered as cut."""
         if running is not None and (got := returned(running)) is not None:
             results.setdefault(got.call_id, got)  # it returned as the run was cut: its answer
         cut = message if message is not None else cut_answer(
-            pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
+            pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered, answered_only=not whole)
         return cut and self._contexts.attach(cut, pending)
 
     # --- model step ---------------------------------------------------------------------------------
