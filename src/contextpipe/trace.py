@@ -76,12 +76,12 @@ class ContextChange:
 
 
 ToolMiddlewareAction: TypeAlias = Literal["changed_arguments", "blocked", "changed_result", "raised"]
+"""What a tool middleware did to a call: passed it on with other arguments, answered it without
+calling on (the tool did not run), returned another outcome than the one it got back, or raised."""
 
 ApprovalAction: TypeAlias = Literal["approved", "allowed", "rejected"]
 """How a call that needed approval was decided: ``approved`` by a person, ``allowed`` because its
 tool is always allowed in the session, or ``rejected`` (not run; the model got the reason)."""
-"""What a tool middleware did to a call: passed it on with other arguments, answered it without
-calling on (the tool did not run), returned another outcome than the one it got back, or raised."""
 
 
 @dataclass(frozen=True, slots=True)
