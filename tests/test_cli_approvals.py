@@ -12,9 +12,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from contextpipe import Agent, tool
+from contextpipe import Agent, ModelServerError, tool
 from contextpipe.cli._lines import LineReader
 from contextpipe.cli._repl import COMMANDS, ChatRepl
+from contextpipe.exchanges import exchange_problem as broken_exchange
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import FakeOpenAIServer, FakeReply, ScriptedModel, tool_call
@@ -84,6 +85,22 @@ def test_a_message_waits_while_calls_of_the_session_await_a_decision_then_is_sen
     log = asyncio.run(store.load("default", "s")).messages
     assert [(m.role, m.text) for m in log][-2:] == [("user", "Hi."), ("assistant", "Hello!")]
     assert [m.role for m in log] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+
+
+def test_a_held_message_is_not_kept_when_the_run_deciding_the_calls_fails() -> None:
+    PAID.clear()
+    store = MemoryStore()
+    earlier = Agent(ScriptedModel([tool_call("pay", invoice="A")]), tools=[pay], providers=[History(store)],
+                    store=store)
+    asyncio.run(earlier.run("Pay A.", session=asyncio.run(earlier.session("s"))))
+    down = ModelServerError("the model server failed; retry later", provider="scripted", status_code=503)
+    agent = Agent(ScriptedModel([down, "Hello!"]), tools=[pay], providers=[History(store)], store=store)
+    shown, errors = chat(agent, ["Hi.", "y", "Hi again."])
+    assert "the model server failed; retry later; your message was not sent (send it again)" in errors, errors
+    assert shown[-1] == "assistant> Hello!" and PAID == ["A"]  # the approved call ran before the model failed
+    log = asyncio.run(store.load("default", "s")).messages
+    assert [(m.role, m.text) for m in log if m.role == "user"] == [("user", "Pay A."), ("user", "Hi again.")]
+    assert broken_exchange(log) is None
 
 
 def test_at_the_end_of_input_the_calls_still_await_a_decision() -> None:

@@ -255,14 +255,7 @@ class ChatRepl:
         except ApprovalError:  # calls of the session await a decision: the message waits, not kept in the log
             wrap.finish()
             self.out.print()
-            self.err.print("[yellow]tool calls of this session await your decision first; your message is sent "
-                           "once they are decided[/yellow]")
-            if self._decide(self._call(self._stream(None, wrap, self._wait_notice())), wrap):
-                wrap.finish()
-                self.out.print()
-                self._turn(text)
-            else:
-                self.unanswered += 1
+            self._hold(text, wrap)
             return
         except KeyboardInterrupt:  # an interrupted run saves its input itself: say whether it is there
             wrap.finish()
@@ -287,6 +280,29 @@ class ChatRepl:
         if _moves_cursor(self.out):
             return WaitNotice(self.out, self.wait_notice_after)
         return WaitNotice(self.err if _moves_cursor(self.err) else None, self.wait_notice_after, inline=False)
+
+    def _hold(self, text: str, wrap: WordWrap) -> None:
+        """Have the calls the session's earlier run left waiting decided, then send `text` (held back until then).
+
+        A run that fails or is interrupted meanwhile leaves the message unsent: it is not kept in the
+        session, where it would come between a call and its result.
+        """
+        self.err.print("[yellow]tool calls of this session await your decision first; your message is sent "
+                       "once they are decided[/yellow]")
+        try:
+            decided = self._decide(self._call(self._stream(None, wrap, self._wait_notice())), wrap)
+        except (ContextPipeError, KeyboardInterrupt) as exc:
+            wrap.finish()
+            self.out.print()
+            problem = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {shown(error_text(exc))}"
+            self.err.print(f"[red]{problem}[/red]; your message was not sent (send it again)")
+            decided = False
+        if not decided:
+            self.unanswered += 1
+            return
+        wrap.finish()
+        self.out.print()
+        self._turn(text)
 
     def _decide(self, result: RunResult | None, wrap: WordWrap) -> bool:
         """Ask about each call the run stopped for (y/n/always) and resume it, until it needs no decision.
