@@ -296,7 +296,8 @@ async def test_a_run_with_input_cut_before_it_read_the_history_leaves_the_calls_
     task.cancel()
     with pytest.raises(asyncio.CancelledError) as cut:
         await task
-    assert any("input could not be kept" in note and "pay (call_1)" in note for note in cut.value.__notes__)
+    assert any("input could not be kept" in note and "pay (call_1)" in note and "decide the calls awaiting approval"
+               in note for note in cut.value.__notes__)
     assert await agent.history(session) == log  # not answered "interrupted", and no input after the open call
     slow.armed = False
     result = await agent.run(None, session=session, approvals={"call_1": approve()})

@@ -71,6 +71,8 @@ def agent_policy(policy: AgentApprovalPolicy | None) -> ApprovalCheck | None:
     if not all(isinstance(p, str) for p in patterns):
         raise UsageError(f"needs_approval must be a function (ctx, arguments) -> bool | str or tool names "
                          f"(fnmatch patterns such as 'git_*'), got {shorten(policy)}")
+    if not patterns:  # no tool named: no call is checked
+        return None
 
     def covers(ctx: ToolContext[Any], arguments: dict[str, Any]) -> bool | str:
         for pattern in patterns:

@@ -261,9 +261,12 @@ class StepWriter:
             session = self.session
             assert session is not None
             names = ", ".join(f"{name} ({call_id})" for call_id, name in self._left_open.items())
+            then = ("decide the calls awaiting approval (agent.run(None, session=..., approvals={...})), then send "
+                    "the input again" if self.awaiting_approval & self._left_open.keys() else
+                    "send the input again (the next run answers the calls first)")
             raise StoreError(
                 f"calls {names} that the session's previous run left open have no saved answer, and the input may "
-                "not come between a call and its result; send the input again (the next run answers the calls first)",
+                f"not come between a call and its result; {then}",
                 backend=self.store.backend, tenant=session.tenant, session_id=session.id)
         await self._save(ctx, [], with_request=True)
         self._request_stored = True
