@@ -9,7 +9,8 @@ other call is answered `interrupted`.
 A run cut while it answers them (cancelled, a stream closed early) and that still has its input
 to keep (`StepWriter.save_input`) first answers every one of them (`cut_answer`): the input may
 never be stored between a call and its result. So does a run stopped before its loop read the
-history (in a provider's `before_run`), from the log's end (`answer_open_end`).
+history (in a provider's `before_run`), from the log's end (`answer_open_end`). Any other run cut
+there saves the answers its calls got (`answers_all`), and leaves the rest open for the next run.
 """
 
 from __future__ import annotations
