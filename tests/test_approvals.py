@@ -402,7 +402,6 @@ async def _decide_everything(steps: list[list[tuple[str, int]]], decisions: list
     assert set(session.state.get(STATE_KEY, {}).get("always", [])) == always
 
 
-
 async def test_a_call_approved_always_and_cut_while_it_runs_is_not_run_again() -> None:
     started, calls = asyncio.Event(), []
 
@@ -447,6 +446,8 @@ async def test_a_call_run_as_another_decision_always_allowed_its_tool_and_cut_is
     decisions = {first.call_id: first.approve(always=True)}
     task = asyncio.ensure_future(agent.run(None, session=session, approvals=decisions))
     await started.wait()
+    stored = await agent.store.get_session(session.tenant, session.id)  # as a worker killed now would leave it
+    assert stored is not None and set(stored.state[STATE_KEY]["approved"]) == {first.call_id, second.call_id}
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -513,6 +514,8 @@ async def test_a_waiting_call_run_as_the_session_always_allows_its_tool_is_kept_
     await agent.store.save_session(session)
     task = asyncio.ensure_future(agent.run(None, session=session))
     await started.wait()
+    stored = await agent.store.get_session(session.tenant, session.id)  # as a worker killed now would leave it
+    assert stored is not None and list(stored.state[STATE_KEY]["approved"]) == [pending.call_id]
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
