@@ -72,14 +72,15 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy", "_sqlite", "_compat", "_compaction_decision"),
-    ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "tools", "tokens", "config"),
+    ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "approvals", "tools", "tokens",
+     "config"),
     ("exchanges", "models.base", "vectors", "vectors.*"),
     ("stores", "stores.*"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
     ("pipeline", "events"),
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
-     "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out"),
+     "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals"),
     ("providers", "providers.*"),
     ("_run.loop", "_run"),
     ("agent",),

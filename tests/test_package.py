@@ -47,13 +47,14 @@ def test_anthropic_and_responses_models_load_their_sdks_on_first_use() -> None:
 
 def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
-        "AfterRunError", "Agent", "AgentInfo", "AgentStream", "CodecError", "ConcurrentUpdate", "ContextPipeError",
+        "AfterRunError", "Agent", "AgentInfo", "AgentStream", "ApprovalError", "ApprovalRequired",
+        "CodecError", "ConcurrentUpdate", "ContextPipeError",
         "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "Durability", "FunctionCall",
         "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "InputConflict", "LeaseLost", "Message",
         "ModelAuthError",
         "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",
-        "ModelSettings", "ModelTimeout", "PromptTrace", "ProviderState", "ReasoningPart",
+        "ModelSettings", "ModelTimeout", "PendingApproval", "PromptTrace", "ProviderState", "ReasoningPart",
         "RequestInvariantError", "RunContext",
         "RunDone", "RunLimits", "RunOutcome", "RunResult", "ScriptExhausted", "Session",
         "SessionBusy", "Source", "StepPersisted", "StoreError", "StreamEvent", "TextDelta", "TextPart", "Tool",
@@ -61,6 +62,8 @@ def test_public_api_is_pinned() -> None:
         "StopReason", "Telemetry", "ToolContext", "ToolMiddlewareError", "ToolOutcome", "UriPart", "Usage",
         "UsageError",
         "__version__",
+        "approve",
+        "reject",
         "tool",
     ])
     for name in contextpipe.__all__:

@@ -15,9 +15,11 @@ from ._lazy import lazy_exports
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING (mypy reads it so), without importing typing
 if TYPE_CHECKING:
     from .agent import Agent, AgentStream
+    from .approvals import PendingApproval, approve, reject
     from .config import Durability, Heartbeat, HistoryPolicy, RunLimits
     from .errors import (
         AfterRunError,
+        ApprovalError,
         CodecError,
         ConcurrentUpdate,
         ContextPipeError,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
         UsageError,
     )
     from .events import (
+        ApprovalRequired,
         ReasoningDelta,
         RunDone,
         RunResult,
@@ -80,6 +83,8 @@ __all__ = [
     "Agent",
     "AgentInfo",
     "AgentStream",
+    "ApprovalError",
+    "ApprovalRequired",
     "CodecError",
     "ConcurrentUpdate",
     "ContextPipeError",
@@ -106,6 +111,7 @@ __all__ = [
     "ModelServerError",
     "ModelSettings",
     "ModelTimeout",
+    "PendingApproval",
     "PromptTrace",
     "ProviderState",
     "ReasoningDelta",
@@ -139,6 +145,8 @@ __all__ = [
     "Usage",
     "UsageError",
     "__version__",
+    "approve",
+    "reject",
     "tool",
 ]
 
@@ -146,13 +154,15 @@ __all__ = [
 # attributes (``contextpipe.stores``), imported when first named.
 _EXPORTS: dict[str, str] = {
     "Agent": ".agent", "AgentStream": ".agent",
-    **dict.fromkeys(("AfterRunError", "CodecError", "ConcurrentUpdate", "ContextPipeError", "ContextWindowExceeded",
-                     "CorruptRecord", "InputConflict", "LeaseLost", "McpError", "ModelAuthError", "ModelBadRequest",
-                     "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError",
-                     "ModelServerError", "ModelTimeout", "RequestInvariantError", "ScriptExhausted",
-                     "SessionBusy", "SkillError", "StoreError", "ToolMiddlewareError", "UsageError"), ".errors"),
-    **dict.fromkeys(("ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason", "StreamEvent",
-                     "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
+    **dict.fromkeys(("PendingApproval", "approve", "reject"), ".approvals"),
+    **dict.fromkeys(("AfterRunError", "ApprovalError", "CodecError", "ConcurrentUpdate", "ContextPipeError",
+                     "ContextWindowExceeded", "CorruptRecord", "InputConflict", "LeaseLost", "McpError",
+                     "ModelAuthError", "ModelBadRequest", "ModelConnectionError", "ModelError", "ModelRateLimited",
+                     "ModelResponseError", "ModelServerError", "ModelTimeout", "RequestInvariantError",
+                     "ScriptExhausted", "SessionBusy", "SkillError", "StoreError", "ToolMiddlewareError",
+                     "UsageError"), ".errors"),
+    **dict.fromkeys(("ApprovalRequired", "ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason",
+                     "StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
     **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),
     **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",
                      "UnknownPart", "UriPart"), ".messages"),
@@ -164,9 +174,9 @@ _EXPORTS: dict[str, str] = {
     "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools", "ToolContext": ".tool_context",
     "PromptTrace": ".trace",
 }
-_SUBMODULES = ("agent", "codec", "compaction", "config", "errors", "events", "exchanges", "messages", "models",
-               "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tool_context", "tools", "trace",
-               "vectors")
+_SUBMODULES = ("agent", "approvals", "codec", "compaction", "config", "errors", "events", "exchanges", "messages",
+               "models", "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tool_context", "tools",
+               "trace", "vectors")
 
 __getattr__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)
 

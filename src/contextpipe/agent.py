@@ -10,12 +10,13 @@ Everything the run records goes into one `RunJournal`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._run.approvals import ApprovalGate, agent_policy
 from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
@@ -24,6 +25,7 @@ from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replay
 from ._run.threads import raise_swallowed_cancellation
 from ._run.way_out import WayOutExpired
 from ._run.writer import StepWriter
+from .approvals import STATE_KEY as APPROVALS_KEY
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
 from .events import RunDone, RunResult, StreamEvent
@@ -45,6 +47,9 @@ from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_call
 from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .tools import Tool, as_tool
 from .trace import RunJournal
+
+if TYPE_CHECKING:
+    from .approvals import AgentApprovalPolicy, Decision
 
 __all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
 
@@ -84,6 +89,11 @@ class Agent:
     Providers see the running agent as ``ctx.agent`` (an `AgentInfo`: `name`, `instructions`,
     `tools`, `model`), so one provider serving several agents can tell them apart.
 
+    `needs_approval` is the agent's approval policy, for tools you did not write (an MCP server's):
+    tool names (``fnmatch`` patterns, ``["git_*"]``) whose calls wait for a person's decision, or a
+    function of the call's `ToolContext` and arguments deciding per call (`contextpipe.approvals`);
+    a tool's own ``@tool(needs_approval=...)`` counts as well.
+
     `durability` (a `Durability`) says how runs save: ``per_step`` (after every
     model call and tool result; the default) or ``per_run`` (once when the run succeeds), and
     whether each run's traces are stored with its session.
@@ -110,6 +120,7 @@ class Agent:
         telemetry: Telemetry | None = None,
         name: str | None = None,
         default_history: bool = True,
+        needs_approval: AgentApprovalPolicy | None = None,
     ) -> None:
         self.model = model
         """The chat model every call goes to."""
@@ -125,6 +136,9 @@ class Agent:
         """Bounds of the tool loop."""
         self.durability = durability
         """How runs save, hold their session's lease and keep it alive."""
+        self.needs_approval = needs_approval
+        """The agent's approval policy: which calls, beyond those tools ask for, wait for a person's decision."""
+        self._approval_check = agent_policy(needs_approval)
         self.tools: dict[str, Tool] = {}
         """The agent's own tools by name."""
         for item in tools:
@@ -217,12 +231,19 @@ class Agent:
         settings: ModelSettings | None = None,
         lease_wait: float = 0.0,
         deps: Any = None,
+        approvals: Mapping[str, Decision] | None = None,
     ) -> RunResult:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
 
         `deps` are the application's dependencies for this run (a database pool, the signed-in
         user's client): every tool that takes a `ToolContext` gets them as ``ctx.deps``. They are
         kept for the run only, never stored.
+
+        `approvals` decides tool calls awaiting approval in the session (``{call_id: approve() or
+        reject("why")}``, from `RunResult.pending_approvals`): approved calls run, rejected ones are
+        answered with the reason, before the model is called again. A run on a session whose calls
+        still await a decision stops again with ``stop_reason="approval_required"`` (without input),
+        or raises `ApprovalError` (with input: decide first). See `contextpipe.approvals`.
 
         With a session, the run holds its lease: a concurrent run on the same session raises
         `SessionBusy`, or waits up to `lease_wait` seconds for it. A message the session answered
@@ -231,7 +252,8 @@ class Agent:
         same id with other content raises `InputConflict`.
         """
         result: RunResult | None = None
-        async for event in self._events(input, session, settings, lease_wait, deps, stream=False, want_events=False):
+        async for event in self._events(input, session, settings, lease_wait, deps, approvals, stream=False,
+                                        want_events=False):
             if isinstance(event, RunDone):
                 result = event.result
         assert result is not None
@@ -245,13 +267,16 @@ class Agent:
         settings: ModelSettings | None = None,
         lease_wait: float = 0.0,
         deps: Any = None,
+        approvals: Mapping[str, Decision] | None = None,
     ) -> AgentStream:
         """Run the agent, streaming events: text deltas, tool calls, persisted steps, then `RunDone`.
 
-        Persistence and `deps` are the same as for `run`. Use ``async with agent.stream(...) as events`` when you may
+        Persistence, `deps` and `approvals` are the same as for `run`; a run that stops for approval
+        sends `ApprovalRequired` before `RunDone`. Use ``async with agent.stream(...) as events`` when you may
         stop iterating early, so the run is closed (providers told, lease released) at once.
         """
-        return AgentStream(self._events(input, session, settings, lease_wait, deps, stream=True, want_events=True))
+        return AgentStream(self._events(input, session, settings, lease_wait, deps, approvals, stream=True,
+                                        want_events=True))
 
     def run_sync(self, input: str | Message | Sequence[Message] | None, **kwargs: Any) -> RunResult:
         """Blocking `run`, for scripts; refuses to run inside an already running event loop."""
@@ -268,6 +293,7 @@ class Agent:
         settings: ModelSettings | None,
         lease_wait: float,
         deps: Any,
+        approvals: Mapping[str, Decision] | None,
         *,
         stream: bool,
         want_events: bool,
@@ -284,6 +310,8 @@ class Agent:
             async with StepWriter.open(self.store, session, history_providers=self.history_providers,
                                        durability=self.durability, lease_wait=lease_wait) as writer:
                 earlier, input_messages = await self._earlier(session, input, input_messages)
+                gate = ApprovalGate(self._approval_check, session, writer)
+                await gate.decide(approvals, self._loader())
                 if (replay := replayed(earlier, session)) is not None:
                     yield RunDone(replay)
                     return
@@ -291,7 +319,8 @@ class Agent:
                 contexts = CallContexts(session, self, deps, self._state_owners, writer.outbox_problem())
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events, contexts=contexts,
-                                instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None)
+                                instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None,
+                                approvals=gate)
                 error: BaseException | None = None
                 try:
                     await run_before(self.providers, ctx, spans, writer.guard)
@@ -299,6 +328,7 @@ class Agent:
                         async for event in events:
                             yield event
                     await writer.save_run(ctx, loop.state.new_messages)
+                    gate.answered(run_saved=True)
                 except BaseException as exc:
                     error = exc
                     await _keep_input(writer, ctx, exc)
@@ -332,9 +362,12 @@ class Agent:
 
     def _history_id(self, session: Session | None) -> str | None:
         """Return the source_id of the history a run on `session` loads (None without a session or a loader)."""
-        if session is None:
-            return None
-        return next((p.source_id for p in self.history_providers if p.policy.load_messages), None)
+        loader = self._loader()
+        return loader.source_id if session is not None and loader is not None else None
+
+    def _loader(self) -> HistoryProvider | None:
+        """Return the history provider that loads the sessions' messages, if one does."""
+        return next((p for p in self.history_providers if p.policy.load_messages), None)
 
     async def _earlier(self, session: Session | None, input: str | Message | Sequence[Message] | None,
                        input_messages: list[Message]) -> tuple[EarlierRun | None, list[Message]]:
@@ -358,7 +391,7 @@ class Agent:
         return RunResult(
             text=final_text(messages), messages=messages, input=given,
             usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
-            session=session,
+            session=session, pending_approvals=list(loop.approvals.pending),
         )
 
     async def _finish(
@@ -403,7 +436,8 @@ class Agent:
                             cache_size=self._token_cache.max_per_session)
 
 
-_RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration"}
+_RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration",
+                  APPROVALS_KEY: "the session's approvals (tools always allowed, approved calls)"}
 
 
 def _state_keys(provider: ContextProvider) -> list[str]:

@@ -4,6 +4,8 @@
 ContextPipeError                 root: catch this to catch everything contextpipe raises
 ├── UsageError                   the API was used wrongly (bad configuration, clashing names, bad ids)
 │   ├── InputConflict            a run's input reuses a message id the session holds for something else
+│   ├── ApprovalError            a decision on a tool call awaiting approval cannot apply (other arguments,
+│   │                            decided already), or new input came while calls await a decision
 │   ├── ScriptExhausted          a ScriptedModel was called more often than it was scripted for
 │   └── SkillError               a skill folder or SKILL.md is malformed (the message names the file)
 ├── McpError                     an MCP server could not be started or reached (names the server and the cause)
@@ -41,6 +43,7 @@ from typing import Final, Protocol, Self
 
 __all__ = [
     "AfterRunError",
+    "ApprovalError",
     "CodecError",
     "ConcurrentUpdate",
     "ContextPipeError",
@@ -132,6 +135,21 @@ class InputConflict(UsageError):
     the content differs, or when the earlier run under that id was interrupted and later runs
     followed it, so it can no longer be resumed. Send the input with a new message id.
     """
+
+
+class ApprovalError(UsageError):
+    """A decision on a tool call awaiting approval cannot apply, or the session cannot take new input yet.
+
+    Raised before anything runs or is stored: for a decision on a call that is not awaiting one (it
+    was answered already: another worker's decision won), a decision made for other arguments than
+    the call's (its digest differs), and for new input sent while calls still await a decision
+    (decide them first). The message names the calls and says what to send.
+    """
+
+    def __init__(self, message: str, *, call_ids: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.call_ids = tuple(call_ids)
+        """The calls concerned."""
 
 
 class ScriptExhausted(UsageError):

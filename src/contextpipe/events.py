@@ -8,15 +8,17 @@ literal to dispatch on.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+from .approvals import PendingApproval  # at run time, as Session below
 from .messages import FunctionCall, FunctionResult, Message
 from .models.base import ReasoningDelta, TextDelta, Usage
 from .session import Session  # at run time, so that typing.get_type_hints resolves the events' fields
 from .trace import PromptTrace
 
 __all__ = [
+    "ApprovalRequired",
     "ReasoningDelta",
     "RunDone",
     "RunEvent",
@@ -29,8 +31,9 @@ __all__ = [
     "ToolCallStarted",
 ]
 
-StopReason: TypeAlias = Literal["completed", "max_steps", "tool_errors"]
-"""Why the tool loop ended: it ``completed``, or was cut short at the step or tool-error limit."""
+StopReason: TypeAlias = Literal["completed", "max_steps", "tool_errors", "approval_required"]
+"""Why the tool loop ended: it ``completed``, was cut short at the step or tool-error limit, or waits
+for a person to decide on tool calls (``approval_required``: see `RunResult.pending_approvals`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,18 @@ class StepPersisted:
     kind: Literal["step_persisted"] = "step_persisted"
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalRequired:
+    """The run stops here: these tool calls wait for a person's decision (the last event before `RunDone`).
+
+    The calls are in the session's log; resume with ``agent.run(None, session=..., approvals={...})``.
+    """
+
+    pending: tuple[PendingApproval, ...]
+    """The calls awaiting a decision, in the order the model made them."""
+    kind: Literal["approval_required"] = "approval_required"
+
+
 @dataclass(slots=True)
 class RunResult:
     """What a run produced."""
@@ -79,7 +94,8 @@ class RunResult:
     traces: list[PromptTrace]
     """One provenance record per model call: every instruction, message and tool, its source and tokens."""
     stop_reason: StopReason
-    """``completed``, or why the tool loop was cut short (``max_steps``, ``tool_errors``)."""
+    """``completed``, or why the tool loop was cut short (``max_steps``, ``tool_errors``), or
+    ``approval_required`` (see `pending_approvals`)."""
     steps: int
     """Model calls made."""
     session: Session | None = None
@@ -88,6 +104,9 @@ class RunResult:
     """True when the input had been answered in the session before (a retry, same message id): this is
     that earlier run's result read back from the log, with no model call and nothing stored (`usage`,
     `traces` and `steps` are this call's: none)."""
+    pending_approvals: list[PendingApproval] = field(default_factory=list)
+    """With ``stop_reason="approval_required"``: the tool calls waiting for a person's decision (call id,
+    tool, arguments, why). Decide with ``agent.run(None, session=..., approvals={call_id: decision})``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +118,9 @@ class RunDone:
     kind: Literal["run_done"] = "run_done"
 
 
-RunEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted
+RunEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted | ApprovalRequired
 """Events of the tool loop."""
 
-StreamEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted | RunDone
+StreamEvent: TypeAlias = (TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted
+                          | ApprovalRequired | RunDone)
 """Events `Agent.stream` yields; the last is always `RunDone`."""

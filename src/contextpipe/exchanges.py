@@ -26,6 +26,7 @@ is produced: they still form one exchange, in any order, as long as no other mes
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ __all__ = [
     "repair_exchanges",
     "tool_message",
     "unanswered_calls",
+    "untagged",
 ]
 
 GroupKind: TypeAlias = Literal["system", "summary", "user", "assistant", "tool_exchange", "orphan"]
@@ -80,6 +82,13 @@ class ValidatedChunks:
     def has_id(self, message_id: str) -> bool:
         """Return True when a message with this id is in the sequence (without tagging it)."""
         raise NotImplementedError
+
+
+def untagged(messages: Sequence[Message]) -> Iterable[Message]:
+    """Return the messages as contributed, without the tagged copies a run's view makes (counts read no source)."""
+    if isinstance(messages, ValidatedChunks):
+        return itertools.chain.from_iterable(chunk for chunk, _ in messages.validated_chunks())
+    return messages
 
 
 def carries_results(message: Message) -> bool:

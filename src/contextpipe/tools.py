@@ -13,6 +13,10 @@ A parameter annotated with `ToolContext` (``ctx: ToolContext[Deps]``) is not an 
 sends: the run fills it in with the call's context (session, user, idempotency key, deps, state;
 see `contextpipe.tool_context`), and it is left out of the schema.
 
+A tool marked ``needs_approval`` (True, or a function of the call's context and arguments deciding
+per call) is not run when the model asks for it: the run stops until a person decides
+(`contextpipe.approvals`).
+
 A tool never crashes a run: arguments are validated before the call, and invalid arguments, an
 exception inside the tool or a timeout all become an error result the model can read and act on.
 
@@ -54,6 +58,8 @@ from .tool_context import DepsCheck, ToolContext
 
 if TYPE_CHECKING:
     import pydantic
+
+    from .approvals import ApprovalCheck
 
 __all__ = ["CallTool", "ContextHandler", "Handler", "Tool", "ToolInvocation", "ToolMiddleware", "ToolOutcome",
            "ToolSpec", "tool"]
@@ -147,7 +153,8 @@ class ToolInvocation:
     """The arguments, as JSON text (the model's, or as an outer middleware changed them)."""
     resumed: bool = False
     """True when the call is an idempotent tool's call that an interrupted run left without a result,
-    run again before the run's first model call (the middleware runs around the re-run too)."""
+    run again before the run's first model call (the middleware runs around the re-run too); False
+    for a call a person approved, which runs then for the first time."""
     context: ToolContext[Any] | None = None
     """The call's run context (session, user, idempotency key, deps): what the tool is given, whatever
     a middleware passes on. None only for an invocation built outside a run."""
@@ -192,7 +199,7 @@ class Tool:
     """
 
     __slots__ = ("_args_model", "_context", "_fn", "_handler", "_is_async", "description", "idempotent",
-                 "name", "outbox", "parameters", "retry_with_key", "run_in_thread", "spec", "timeout")
+                 "name", "needs_approval", "outbox", "parameters", "retry_with_key", "run_in_thread", "spec", "timeout")
 
     def __init__(
         self,
@@ -203,6 +210,7 @@ class Tool:
         idempotent: bool = False,
         timeout: float | None = None,
         run_in_thread: bool = True,
+        needs_approval: bool | ApprovalCheck = False,
         retry_with_key: bool = False,
         outbox: bool = False,
     ) -> None:
@@ -231,6 +239,9 @@ class Tool:
         it before it gives its session back, and records what it returns as a late result)."""
         self.run_in_thread: bool = run_in_thread
         """For sync functions: run in a worker thread (the default) so a slow tool never blocks the loop."""
+        self.needs_approval: bool | ApprovalCheck = needs_approval
+        """True when a person must approve every call before it runs; or a check deciding per call
+        (`contextpipe.approvals.ApprovalCheck`). False runs calls as the model makes them."""
         self._is_async = inspect.iscoroutinefunction(fn)
         self._handler: ContextHandler | None = None
         self._args_model, self._context = _arguments_model(fn, self.name, arg_docs)
@@ -246,13 +257,14 @@ class Tool:
     @overload
     @classmethod
     def from_schema(cls, name: str, description: str, parameters: dict[str, Any], handler: Handler, *,
-                    idempotent: bool = False, timeout: float | None = None,
-                    with_context: Literal[False] = False) -> Tool: ...
+                    idempotent: bool = False, timeout: float | None = None, with_context: Literal[False] = False,
+                    needs_approval: bool | ApprovalCheck = False) -> Tool: ...
 
     @overload
     @classmethod
     def from_schema(cls, name: str, description: str, parameters: dict[str, Any], handler: ContextHandler, *,
-                    idempotent: bool = False, timeout: float | None = None, with_context: Literal[True]) -> Tool: ...
+                    idempotent: bool = False, timeout: float | None = None, with_context: Literal[True],
+                    needs_approval: bool | ApprovalCheck = False) -> Tool: ...
 
     @classmethod
     def from_schema(
@@ -265,12 +277,14 @@ class Tool:
         idempotent: bool = False,
         timeout: float | None = None,
         with_context: bool = False,
+        needs_approval: bool | ApprovalCheck = False,
     ) -> Tool:
         """Return a tool defined by a JSON schema and a handler taking the parsed arguments.
 
         For tools that live elsewhere (an MCP server, a remote API): the arguments must be a JSON
         object; checking them against the schema is the handler's (or the remote side's) job.
         ``with_context=True``: the handler takes the call's `ToolContext` as its second argument.
+        `needs_approval` is as for `tool`.
         """
         if not _NAME_RE.match(name):
             raise UsageError(f"tool name {name!r} is not allowed: use 1-64 letters, digits, '_' or '-'")
@@ -285,6 +299,7 @@ class Tool:
         self._args_model, self._context = None, None  # type: ignore[assignment]
         self.name, self.description, self.parameters = name, description, parameters
         self.idempotent, self.timeout, self.run_in_thread = idempotent, timeout, False
+        self.needs_approval = needs_approval
         self.retry_with_key = self.outbox = False
         self.spec = ToolSpec(name, description, parameters)
         return self
@@ -442,6 +457,7 @@ def tool(
     idempotent: bool = False,
     timeout: float | None = None,
     run_in_thread: bool = True,
+    needs_approval: bool | ApprovalCheck = False,
     retry_with_key: bool = False,
     outbox: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -456,6 +472,7 @@ def tool(
     idempotent: bool = False,
     timeout: float | None = None,
     run_in_thread: bool = True,
+    needs_approval: bool | ApprovalCheck = False,
     retry_with_key: bool = False,
     outbox: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -466,13 +483,15 @@ def tool(
     `outbox=True` (its only effects are ``ctx.outbox`` entries); any other is answered
     "interrupted" (the side-effects guide has the table). `timeout` bounds its
     run time in seconds; `run_in_thread=False` runs a sync function on the event loop (only for
-    functions that return at once).
+    functions that return at once). `needs_approval=True` makes every call wait for a person's
+    decision (the run stops with ``stop_reason="approval_required"``); a function of the call's
+    `ToolContext` and arguments (`contextpipe.approvals.ApprovalCheck`) decides per call.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
             f, name=name, description=description, idempotent=idempotent, timeout=timeout,
-            run_in_thread=run_in_thread, retry_with_key=retry_with_key, outbox=outbox,
+            run_in_thread=run_in_thread, needs_approval=needs_approval, retry_with_key=retry_with_key, outbox=outbox,
         )
 
     return wrap(fn) if fn is not None else wrap

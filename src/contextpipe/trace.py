@@ -34,6 +34,7 @@ from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
 
 __all__ = [
+    "ApprovalAction",
     "ContextChange",
     "PromptTrace",
     "ProviderTiming",
@@ -78,6 +79,10 @@ ToolMiddlewareAction: TypeAlias = Literal["changed_arguments", "blocked", "chang
 """What a tool middleware did to a call: passed it on with other arguments, answered it without
 calling on (the tool did not run), returned another outcome than the one it got back, or raised."""
 
+ApprovalAction: TypeAlias = Literal["approved", "allowed", "rejected"]
+"""How a call that needed approval was decided: ``approved`` by a person, ``allowed`` because its
+tool is always allowed in the session, or ``rejected`` (not run; the model got the reason)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TracedToolMiddleware:
@@ -103,11 +108,13 @@ class TracedToolCall:
     """Whether the result the model got is an error."""
     middleware: tuple[TracedToolMiddleware, ...] = ()
     """Every middleware that saw the call, outermost first (one that an outer one blocked never saw it)."""
+    approval: ApprovalAction | None = None
+    """How a person's approval decided the call; None when it needed none (`contextpipe.approvals`)."""
 
     @property
     def resumed(self) -> bool:
-        """True for a call an interrupted run left without a result, run again by this one."""
-        return self.step == 0
+        """True for a call an interrupted run left without a result, run again by this one (not a decided one)."""
+        return self.step == 0 and self.approval is None
 
     @property
     def blocked(self) -> bool:
@@ -223,9 +230,11 @@ def _cache_text(usage: Usage | None) -> str:
 
 
 def _middleware_lines(calls: Sequence[TracedToolCall]) -> list[str]:
-    """Return a line per tool call that middleware saw: each middleware, outermost first, and what it did."""
+    """Return a line per tool call that an approval decided or middleware saw (each middleware, outermost first)."""
     lines = []
     for call in calls:
+        if call.approval is not None:
+            lines.append(f"  tool call {call.name} ({call.call_id}): {call.approval}")
         if call.middleware:
             done = "; ".join(f"{m.source_id} {', '.join(a.replace('_', ' ') for a in m.actions) or 'passed'}"
                              for m in call.middleware)

@@ -18,7 +18,8 @@ repaired in the run's view, with a note on the trace, so no content can make a s
 Before the first call the loop also repairs a session whose log ends in tool calls without results
 (a crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
 again, and every other call gets an explicit "interrupted" result, so no model ever sees an
-unanswered call (`contextpipe._run.repair`; a run cut meanwhile answers them all before it keeps its input).
+unanswered call (`contextpipe._run.repair`; a run cut meanwhile answers them all before it keeps its input),
+but calls awaiting a person's approval wait for it (`contextpipe._run.approvals`).
 
 A sync tool's thread that outlives the wait for it (a timeout, a cancelled run) is kept
 (`contextpipe._run.threads`): its late result is recorded before the next model call, and the loop
@@ -33,22 +34,15 @@ way out once its threads are done takes at most the lease's TTL (`StepWriter.kee
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost
-from ..events import RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from ..exchanges import (
-    ValidatedChunks,
-    late_result,
-    normalise_calls,
-    tool_message,
-    unanswered_calls,
-)
+from ..events import ApprovalRequired, RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
+from ..exchanges import late_result, normalise_calls, tool_message, unanswered_calls, untagged
 from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from ..models.base import (
     CallModel,
@@ -62,10 +56,11 @@ from ..models.base import (
 from ..pipeline import MessageView, Segment
 from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
-from .calls import CallContexts, deferrable, interrupted, invoke_tool, returned, stopped_with_run
+from .approvals import ApprovalGate
+from .calls import CallContexts, deferrable, invoke_tool, returned, stopped_with_run
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
-from .repair import REPAIR, check_history, cut_answer, save_cut_answer
+from .repair import REPAIR, answers_all, check_history, cut_answer, save_cut_answer
 from .replay import STOP_KEY
 from .threads import RunThreads, raise_swallowed_cancellation
 from .tool_chain import ToolChain
@@ -123,19 +118,13 @@ def _stopped(message: Message, reason: StopReason) -> Message:
 _DONE = object()
 
 
-def _untagged(messages: Sequence[Message]) -> Iterable[Message]:
-    """Return the messages as contributed, without the tagged copies a run's view makes (counts read no source)."""
-    if isinstance(messages, ValidatedChunks):
-        return itertools.chain.from_iterable(chunk for chunk, _ in messages.validated_chunks())
-    return messages
-
-
 class StepLoop:
     """Runs the tool loop of one run; iterate `events()` to drive it."""
 
     def __init__(self, ctx: RunContext, model: ChatModel, limits: RunLimits, writer: StepWriter, *,
                  stream: bool, want_events: bool, contexts: CallContexts | None = None,
-                 instrument_tools: Callable[[ExecuteTool], ExecuteTool] | None = None) -> None:
+                 instrument_tools: Callable[[ExecuteTool], ExecuteTool] | None = None,
+                 approvals: ApprovalGate | None = None) -> None:
         self.ctx = ctx
         self.model = model
         self.limits = limits
@@ -145,6 +134,7 @@ class StepLoop:
         self.state = LoopState()
         self._instrument_tools = instrument_tools
         self._contexts = contexts if contexts is not None else CallContexts(ctx.session, ctx.agent)
+        self.approvals = approvals if approvals is not None else ApprovalGate(session=ctx.session)
         self._model_source = Source("model", model.name)
         self._parts: list[Segment] = []
         self._tail: list[Message] = []
@@ -172,7 +162,7 @@ class StepLoop:
         context = self._contexts.for_call(call)
 
         async def run(c: FunctionCall) -> FunctionResult:
-            return await self._chain.run(c, step, context)
+            return await self._chain.run(c, step, context, self.approvals.take(c.call_id))
 
         execute: ExecuteTool = run if self._instrument_tools is None else self._instrument_tools(run)
         return execute(call)
@@ -192,7 +182,7 @@ class StepLoop:
                 async with aclosing(self._answer_interrupted(open_end)) as repair:
                     async for event in repair:
                         yield event
-            while True:
+            while self._stop is None:
                 raise_swallowed_cancellation()  # a step boundary: a cancellation a call swallowed ends the run here
                 if (late := await self._save_late()) is not None:
                     yield late
@@ -211,10 +201,10 @@ class StepLoop:
                 async with aclosing(self._tool_step(step)) as tool_events:  # closed (its tasks stopped) before _settle
                     async for event in tool_events:
                         yield event
-                if self._stop is not None:
-                    self.state.stop_reason = self._stop.reason
-                    break
             raise_swallowed_cancellation()
+            self.state.stop_reason = self._stop.reason
+            if self.approvals.pending:  # sent whether events are wanted or not: once a run, when it stops for them
+                yield ApprovalRequired(tuple(self.approvals.pending))
 
     @asynccontextmanager
     async def _settling(self) -> AsyncIterator[None]:
@@ -329,42 +319,51 @@ class StepLoop:
 
         The answer goes right after the history, before the context providers' messages and the input.
         """
-        pending = unanswered_calls(history)
+        pending = await self.approvals.resume(history, unanswered_calls(history), bool(self.ctx.input))
+        if self.approvals.pending:
+            self._stop = Stop("approval_required")
         if not pending:
             return
         self._contexts.expect(history, pending)
-        results: dict[str, FunctionResult] = {}
+        results = self.approvals.answers(pending, self.ctx.journal, self._idempotent)  # rejected, or interrupted
         message: Message | None = None
-        running: tuple[str, asyncio.Future[FunctionResult]] | None = None
+        running: asyncio.Future[FunctionResult] | None = None
         try:
             for call in pending:
-                if not self._idempotent(call):
-                    results[call.call_id] = interrupted(call)
+                if call.call_id in results:
                     continue
                 if self.want_events:
                     yield ToolCallStarted(call)
-                running = (call.call_id, self._execute(call))
-                results[call.call_id] = result = await self.writer.guard(running[1])
+                running = self._execute(call)
+                results[call.call_id] = result = await self.writer.guard(running)
                 if self.want_events:
                     yield ToolCallFinished(call, result)
-            message = self._contexts.attach(tool_message(pending, list(results.values())), pending).with_source(REPAIR)
-            self._parts.insert(self._head, Segment(REPAIR, [message], _tagged=[message]))
+            message = self._contexts.attach(
+                self.approvals.answer(pending, [results[c.call_id] for c in pending], REPAIR), pending)
+            self._parts.insert(self._head, Segment(message.source or REPAIR, [message], _tagged=[message]))
             self.state.new_messages.append(message)
             for call in pending:
                 self._threads.answering(call, message)
             saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+            self.approvals.answered()
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
-            if running is not None and (got := returned(running[1])) is not None:
-                results.setdefault(running[0], got)  # it returned as the run was cut: its answer
-            cut = message if message is not None else cut_answer(
-                pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered)
-            await save_cut_answer(self.writer, self.ctx, cut and self._contexts.attach(cut, pending), exc)
+            cut = self._cut_repair(pending, results, message, running, answers_all(self.writer, self.ctx, exc))
+            await save_cut_answer(self.writer, self.ctx, cut, exc)
             raise
         for call in pending:
             self._threads.saved(call)
         if self.want_events and saved:
             yield StepPersisted(0, saved)
         self._chain.raise_failure()
+
+    def _cut_repair(self, pending: list[FunctionCall], results: dict[str, FunctionResult], message: Message | None,
+                    running: asyncio.Future[FunctionResult] | None, whole: bool) -> Message | None:
+        """Return the answer of a repair cut short: what its calls got, and (`whole`) the rest answered as cut."""
+        if running is not None and (got := returned(running)) is not None:
+            results.setdefault(got.call_id, got)  # it returned as the run was cut: its answer
+        cut = message if message is not None else cut_answer(
+            pending, results, idempotent=self._idempotent, threaded=self._threads.unanswered, answered_only=not whole)
+        return cut and self._contexts.attach(cut, pending)
 
     # --- model step ---------------------------------------------------------------------------------
 
@@ -404,7 +403,7 @@ class StepLoop:
             # Every agent's estimates learn from what the model reports: once a run (a pass over the
             # whole request, untagged), and not when a middleware learned from this call already.
             self._calibrated = True
-            ctx.tokens.learn(sent.instructions, sent.tools, _untagged(sent.messages), response.usage.input_tokens)
+            ctx.tokens.learn(sent.instructions, sent.tools, untagged(sent.messages), response.usage.input_tokens)
         self._trace(step, sent, response, latency, ratio)
         self._tail.extend(produced)
         state.new_messages.extend(produced)
@@ -458,7 +457,7 @@ class StepLoop:
         Parallel calls run concurrently, each result saved (its own tool message) as soon as it is
         produced. Sets `_stop` when the run is over.
         """
-        produced, calls = self._answer_withdrawn(step)
+        produced, calls = await self._held(step)
         self._unconfirmed = produced  # until its save returns (`_settle` saves it again before it answers its calls)
         persisted = await self._save(step.step, produced)
         self._unconfirmed = []
@@ -540,6 +539,16 @@ class StepLoop:
             return False
         return True
 
+    async def _held(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
+        """`_answer_withdrawn`; then the calls that need approval are marked in the model's message, and not run."""
+        produced, calls = self._answer_withdrawn(step)
+        if calls and self.approvals.watches(self._tools):
+            produced, calls = await self.writer.guard(self.approvals.check(produced, calls, self._contexts))
+            self._tail[-len(produced):] = self.state.new_messages[-len(produced):] = produced
+            if self.approvals.pending:  # the other calls run, then the run stops
+                self._stop = Stop("approval_required")
+        return produced, calls
+
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """Return the messages to save and the calls to run.
 
@@ -558,7 +567,7 @@ class StepLoop:
 
     def _stop_reason(self, step: ModelStep) -> StopReason:
         if not step.final:
-            return "completed"
+            return "approval_required" if self.approvals.pending else "completed"
         return self._limit_reason(step.step)
 
     def _limit_reason(self, step: int) -> StopReason:

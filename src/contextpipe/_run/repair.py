@@ -9,7 +9,8 @@ other call is answered `interrupted`.
 A run cut while it answers them (cancelled, a stream closed early) and that still has its input
 to keep (`StepWriter.save_input`) first answers every one of them (`cut_answer`): the input may
 never be stored between a call and its result. So does a run stopped before its loop read the
-history (in a provider's `before_run`), from the log's end (`answer_open_end`).
+history (in a provider's `before_run`), from the log's end (`answer_open_end`). Any other run cut
+there saves the answers its calls got (`answers_all`), and leaves the rest open for the next run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
     from .writer import StepWriter
 
-__all__ = ["REPAIR", "answer_open_end", "check_history", "cut_answer", "save_cut_answer"]
+__all__ = ["REPAIR", "answer_open_end", "answers_all", "check_history", "cut_answer", "save_cut_answer"]
 
 REPAIR = Source("tool", "repair")
 """The source of the messages a repair adds."""
@@ -50,29 +51,41 @@ def check_history(head: Sequence[Segment]) -> tuple[list[Segment], list[Message]
 
 
 def cut_answer(pending: Sequence[FunctionCall], results: Mapping[str, FunctionResult], *,
-               idempotent: Callable[[FunctionCall], bool], threaded: Callable[[FunctionCall], bool]) -> Message | None:
+               idempotent: Callable[[FunctionCall], bool], threaded: Callable[[FunctionCall], bool],
+               answered_only: bool = False) -> Message | None:
     """Return the answer of a repair cut short: each call left open with what it got, or why it has nothing.
 
     A call run in a thread is left out (`threaded`: the loop records the thread's result once it
     is done, `contextpipe._run.threads`); the others keep the result they got before the cut, or
     are answered `not_run_again` (idempotent tools) or `interrupted` (the rest, as the repair
-    would have). None when every call is left out.
+    would have). With `answered_only` (a run that keeps no input) the calls without a result are
+    left out too, open for the next run. None when every call is left out.
     """
-    calls = [c for c in pending if not threaded(c)]
+    calls = [c for c in pending if not threaded(c) and (not answered_only or c.call_id in results)]
     if not calls:
         return None
     answers = [results.get(c.call_id) or (not_run_again(c) if idempotent(c) else interrupted(c)) for c in calls]
     return tool_message(calls, answers).with_source(REPAIR)
 
 
-async def save_cut_answer(writer: StepWriter, ctx: RunContext, answer: Message | None, error: BaseException) -> None:
-    """Save the `answer` of a repair cut by `error`, when the run keeps its input (`StepWriter.keeps_input`).
+def answers_all(writer: StepWriter, ctx: RunContext, error: BaseException) -> bool:
+    """Tell whether a repair cut by `error` answers every call it was to answer (`cut_answer`), to keep its input.
 
     Only a run stopped from outside (not an `Exception`) keeps its input, and only one that has
-    input to keep; otherwise the calls not answered stay open for the next run (which runs calls
-    to idempotent tools again). A failed save is a note on `error`, and the input is not kept then.
+    input to keep (`StepWriter.keeps_input`); any other saves only the answers its calls got.
     """
-    if answer is None or isinstance(error, Exception) or writer.lost is not None or not writer.keeps_input(ctx):
+    return not isinstance(error, Exception) and writer.keeps_input(ctx)
+
+
+async def save_cut_answer(writer: StepWriter, ctx: RunContext, answer: Message | None, error: BaseException) -> None:
+    """Save the `answer` of a repair cut by `error` (`cut_answer`; all its calls or those answered: `answers_all`).
+
+    Whether or not the run keeps its input, what its calls got is saved: a call a person approved
+    that completed is never answered "interrupted" by the next run. The calls left out stay open
+    for the next run (which runs calls to tools that run again). A failed save is a note on
+    `error`, and the input is not kept then.
+    """
+    if answer is None or writer.lost is not None:
         return
     try:
         await writer.keep(writer.save_step(ctx, [answer], with_request=False), error)
@@ -86,13 +99,15 @@ async def answer_open_end(writer: StepWriter, ctx: RunContext) -> None:
 
     The run keeps its input (`StepWriter.save_input`) after them: each call is answered as by a
     repair cut before it ran anything (`cut_answer`). Nothing to do once the loop read the history.
+    A call awaiting a person's decision is left open (`contextpipe._run.approvals`), so the input is not kept.
     """
     if writer.history_read:
         return
     calls = await writer.open_calls()
     writer.left_open(calls)
     tools = ctx.tools
-    answer = cut_answer(calls, {}, threaded=lambda _: False,
+    answer = cut_answer([c for c in calls if c.call_id not in writer.awaiting_approval], {},
+                        threaded=lambda _: False,
                         idempotent=lambda c: (tool := tools.get(c.name)) is not None and tool.runs_again)
     if answer is not None:
         await writer.save_step(ctx, [answer], with_request=False)

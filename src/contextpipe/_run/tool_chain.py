@@ -22,7 +22,7 @@ from ..errors import ToolMiddlewareError, UsageError, clause, shorten
 from ..messages import FunctionCall, FunctionResult
 from ..tool_context import ToolContext
 from ..tools import CallTool, ToolInvocation, ToolMiddleware, ToolOutcome
-from ..trace import RunJournal, ToolMiddlewareAction, TracedToolCall, TracedToolMiddleware
+from ..trace import ApprovalAction, RunJournal, ToolMiddlewareAction, TracedToolCall, TracedToolMiddleware
 
 __all__ = ["ToolChain"]
 
@@ -50,14 +50,17 @@ class ToolChain:
         self._journal = journal
         self._failure: ToolMiddlewareError | None = None
 
-    async def run(self, call: FunctionCall, step: int, context: ToolContext[Any]) -> FunctionResult:
+    async def run(self, call: FunctionCall, step: int, context: ToolContext[Any],
+                  approval: ApprovalAction | None = None) -> FunctionResult:
         """Run `call` (asked for by model call `step`; 0 on resume) through the middleware; return its result.
 
         The tool is given `context`, the one the middleware sees (`ToolInvocation.context`), whatever they pass on.
+        `approval` says how a person's approval let it run, for the trace.
         """
         if not self._middleware:
             outcome = await self._invoke(call, call.arguments, context)
-            self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error))
+            self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error,
+                                                          approval=approval))
             return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
         state = _Call([None] * len(self._middleware))
         chain = self._terminal(call, state, context)
@@ -65,11 +68,11 @@ class ToolChain:
             chain = self._bind(index, chain, state)
         try:
             outcome = await chain(ToolInvocation(name=call.name, call_id=call.call_id, arguments=call.arguments,
-                                                resumed=step == 0, context=context))
+                                                resumed=step == 0 and approval is None, context=context))
         except Exception as exc:  # a middleware failed: answer the call, raise once the step is saved
             outcome = self._failed(call, state, exc)
         seen = tuple(m for m in state.seen if m is not None)
-        self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error, seen))
+        self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error, seen, approval))
         return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
 
     def raise_failure(self) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..approvals import awaiting_approval
 from ..errors import LeaseLost, StoreError
 from ..exchanges import unanswered_calls
 from ..stores.base import Checkpoint, SessionStore
@@ -86,6 +87,8 @@ class StepWriter:
         self._request_stored = False  # a save of the request messages returned
         # The calls an earlier run left open without a saved answer (id: name); None until the loop read the history.
         self._left_open: dict[str, str] | None = None
+        self.awaiting_approval: set[str] = set()
+        """Of the calls `open_calls` found, those awaiting a person's decision: no repair answers them."""
         self.lost: LeaseLost | None = None
         """Set when a renewal failed: the run no longer holds the session and must stop."""
         self._inside: asyncio.Task[Any] | None = None  # the task awaiting inside `guard`, if any
@@ -258,9 +261,12 @@ class StepWriter:
             session = self.session
             assert session is not None
             names = ", ".join(f"{name} ({call_id})" for call_id, name in self._left_open.items())
+            then = ("decide the calls awaiting approval (agent.run(None, session=..., approvals={...})), then send "
+                    "the input again" if self.awaiting_approval & self._left_open.keys() else
+                    "send the input again (the next run answers the calls first)")
             raise StoreError(
                 f"calls {names} that the session's previous run left open have no saved answer, and the input may "
-                "not come between a call and its result; send the input again (the next run answers the calls first)",
+                f"not come between a call and its result; {then}",
                 backend=self.store.backend, tenant=session.tenant, session_id=session.id)
         await self._save(ctx, [], with_request=True)
         self._request_stored = True
@@ -305,36 +311,51 @@ class StepWriter:
             return []
         store = loader.store
         if not isinstance(store, SessionStore):
-            return unanswered_calls(list(await loader.load(session)))
+            return self._open_end(list(await loader.load(session)))
         limit = _TAIL
         while True:  # the tool messages at the end, and the message before them
             page = await store.load(session.tenant, session.id, limit=limit)
             if not page.has_more or any(m.role != "tool" for m in page.messages):
-                return unanswered_calls(page.messages)
+                return self._open_end(page.messages)
             limit *= 4
 
+    def _open_end(self, messages: Sequence[Message]) -> list[FunctionCall]:
+        """Return the calls the end of `messages` leaves open, noting those awaiting approval (`awaiting_approval`)."""
+        calls = unanswered_calls(messages)
+        made_by = next((m for m in reversed(messages) if m.role != "tool"), None)
+        self.awaiting_approval = set(awaiting_approval(made_by)) & {c.call_id for c in calls}
+        return calls
+
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
-        """Save a whole successful run at once (per-run mode only)."""
+        """Save a whole successful run at once (per-run mode only).
+
+        Tool messages before its first model output answer calls an earlier run left open (a call
+        decided by a person, or one a killed run left): they are stored before the request
+        messages, in the same append, as the input may not come between a call and its result.
+        """
         if self.per_step or not self.stores_messages:
             return
-        await self._save(ctx, response, with_request=True)
+        lead = 0
+        while lead < len(response) and response[lead].role == "tool":
+            lead += 1
+        await self._save(ctx, response[lead:], with_request=True, lead=response[:lead])
 
     async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool,
-                    durable: bool = True) -> list[Message]:
+                    durable: bool = True, lead: Sequence[Message] = ()) -> list[Message]:
         session = self.session
         assert session is not None
         if self.lost is not None:
             raise self.lost
         saved: list[Message] | None = None
         for provider in self._providers:
-            batch = provider.select_request(ctx) if with_request else []
+            batch = [*provider.select_response(lead), *(provider.select_request(ctx) if with_request else [])]
             batch.extend(provider.select_response(response))
             if batch:
                 await provider.save(session, batch, lease=self.lease_for(provider), durable=durable or with_request)
             if saved is None:
                 saved = batch
         if self._left_open:
-            for message in response:
+            for message in (*lead, *response):
                 for result in message.function_results:
                     self._left_open.pop(result.call_id, None)
         return saved or []

@@ -1,5 +1,9 @@
 """The chat's prompt: turns streamed word-wrapped, a notice while the model is silent, slash commands.
 
+A tool call that needs approval is asked about (y/n/always) when the run stops for it, and the run
+resumes with the answers; a message typed while calls of the session still await a decision is
+held back until they are decided, then sent.
+
 `ChatRepl` runs on the `asyncio.Runner` of ``contextpipe chat`` (`contextpipe.cli.chat`), turn by
 turn from the main thread, and reads the prompt between turns in the main thread too (with
 `_lines.LineReader`: line editing, history, pastes).
@@ -17,8 +21,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..agent import Agent
-from ..errors import ContextPipeError, UsageError, shorten
-from ..events import ToolCallFinished, ToolCallStarted
+from ..approvals import Decision, PendingApproval
+from ..errors import ApprovalError, ContextPipeError, UsageError, shorten
+from ..events import RunResult, ToolCallFinished, ToolCallStarted
 from ..messages import Message, Source
 from ..models.base import TextDelta
 from ..session import Session
@@ -243,9 +248,14 @@ class ChatRepl:
 
         wrap = WordWrap(write, width, column=len("assistant> "))
         try:
-            self._call(self._stream(message, wrap, self._wait_notice()))
+            self._decide(self._call(self._stream(message, wrap, self._wait_notice())), wrap)
             wrap.finish()
             self.out.print()
+            return
+        except ApprovalError:  # calls of the session await a decision: the message waits, not kept in the log
+            wrap.finish()
+            self.out.print()
+            self._hold(text, wrap)
             return
         except KeyboardInterrupt:  # an interrupted run saves its input itself: say whether it is there
             wrap.finish()
@@ -271,11 +281,73 @@ class ChatRepl:
             return WaitNotice(self.out, self.wait_notice_after)
         return WaitNotice(self.err if _moves_cursor(self.err) else None, self.wait_notice_after, inline=False)
 
-    async def _stream(self, message: Message, wrap: WordWrap, notice: WaitNotice) -> None:
+    def _hold(self, text: str, wrap: WordWrap) -> None:
+        """Have the calls the session's earlier run left waiting decided, then send `text` (held back until then).
+
+        A run that fails or is interrupted meanwhile leaves the message unsent: it is not kept in the
+        session, where it would come between a call and its result.
+        """
+        self.err.print("[yellow]tool calls of this session await your decision first; your message is sent "
+                       "once they are decided[/yellow]")
+        try:
+            decided = self._decide(self._call(self._stream(None, wrap, self._wait_notice())), wrap)
+        except (ContextPipeError, KeyboardInterrupt) as exc:
+            wrap.finish()
+            self.out.print()
+            problem = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {shown(error_text(exc))}"
+            self.err.print(f"[red]{problem}[/red]; your message was not sent (send it again)")
+            decided = False
+        if not decided:
+            self.unanswered += 1
+            return
+        wrap.finish()
+        self.out.print()
+        self._turn(text)
+
+    def _decide(self, result: RunResult | None, wrap: WordWrap) -> bool:
+        """Ask about each call the run stopped for (y/n/always) and resume it, until it needs no decision.
+
+        Returns False when the input ended before a decision (the calls still await one).
+        """
+        while result is not None and result.stop_reason == "approval_required":
+            wrap.finish()
+            self.out.print()
+            decisions: dict[str, Decision] = {}
+            for pending in result.pending_approvals:
+                decision = self._ask(pending)
+                if decision is None:
+                    self.err.print("[yellow]no answer: the calls still await a decision (the next message asks "
+                                   "again)[/yellow]")
+                    return False
+                decisions[pending.call_id] = decision
+            self.out.print("[bold]assistant>[/bold] ", end="")
+            wrap.column = len("assistant> ")
+            result = self._call(self._stream(None, wrap, self._wait_notice(), decisions))
+        return True
+
+    def _ask(self, pending: PendingApproval) -> Decision | None:
+        """Ask whether `pending` may run: y(es), n(o) or a(lways: its tool, in this session); None at end of input."""
+        self.out.print(f"[yellow]run {shown(pending.tool_name)}({shown(pending.arguments)})?[/yellow] "
+                       f"[dim]{shown(pending.why)}[/dim]")
+        while True:
+            try:
+                answer = self.lines.read("approve? [y]es, [n]o, [a]lways> ").text.strip().lower()
+            except EOFError:
+                return None
+            if answer in ("y", "yes"):
+                return pending.approve()
+            if answer in ("a", "always"):
+                return pending.approve(always=True)
+            if answer in ("n", "no"):
+                return pending.reject("the user said no")
+
+    async def _stream(self, message: Message | None, wrap: WordWrap, notice: WaitNotice,
+                      approvals: dict[str, Decision] | None = None) -> RunResult | None:
         running = 0  # tool calls started and not finished: while one runs, the wait is not the model's
         notice.arm(wrap.column)
+        events = self.agent.stream(message, session=self.session, approvals=approvals)
         try:
-            async for event in self.agent.stream(message, session=self.session):
+            async for event in events:
                 if isinstance(event, TextDelta):
                     notice.clear()
                     wrap.feed(event.text)
@@ -294,6 +366,7 @@ class ChatRepl:
                         notice.arm(0)  # the next model call
         finally:
             notice.clear()
+        return events.result
 
     def _report_kept(self, message: Message) -> None:
         """Tell the user whether the interrupted run's message is in the session (the agent saved it)."""

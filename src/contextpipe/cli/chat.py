@@ -158,6 +158,10 @@ def chat(
     mcp: Annotated[list[str] | None, typer.Option(
         "--mcp", help="MCP server whose tools the model may call: a command line (run over stdio) or an "
         "http(s) URL (repeatable).")] = None,
+    ask_before: Annotated[list[str] | None, typer.Option(
+        "--ask-before", metavar="TOOLS", help="Ask y/n before running a call to the tools matching this name "
+        "pattern, such as 'git_*' or '*' (repeatable); a call waiting for your answer is kept in the session.")]
+    = None,
 ) -> None:
     """Chat with a model; every turn is stored in the session (type /help for commands, /exit to leave).
 
@@ -170,7 +174,8 @@ def chat(
     on Ctrl-C at the prompt.
     """
     chat_model = _model(model, base_url, api_key, demo_model, provider, timeout)
-    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [])
+    options = _ChatOptions(instructions, max_input_tokens, skills or [], memory, user, search, mcp or [],
+                           ask_before or [])
     check_new_db(db)
     with asyncio.Runner() as runner:
         stack = AsyncExitStack()
@@ -196,6 +201,7 @@ class _ChatOptions:
     user: str
     search: bool
     mcp: list[str]
+    ask_before: list[str]
 
 
 async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, db: Path, tenant: str,
@@ -227,7 +233,7 @@ async def _open_chat(stack: AsyncExitStack, model: ChatModel, session_id: str, d
     if options.max_input_tokens:
         providers.append(Compaction(max_input_tokens=options.max_input_tokens))
     agent = Agent(model, instructions=options.instructions, providers=providers,
-                  durability=Durability(store_traces=True))
+                  durability=Durability(store_traces=True), needs_approval=options.ask_before or None)
     session = await agent.session(session_id, tenant=tenant)
     session.state.setdefault("user_id", options.user)
     return agent, session
