@@ -14,7 +14,7 @@ from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.serve import ServeSettings, create_app
 from contextpipe.stores import MemoryStore
-from contextpipe.testing import ScriptedModel, tool_call
+from contextpipe.testing import ScriptedModel, Turn, tool_call
 
 from .conftest import auth, client, keys
 from .test_http import sse
@@ -97,6 +97,32 @@ async def test_a_run_stops_at_a_call_that_needs_approval_and_an_approval_resumes
         assert await listed(c) == []
         log = (await c.get("/v1/sessions/s1/messages", headers=auth())).json()["messages"]
         assert [m["role"] for m in log] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_approving_always_allows_the_tool_for_the_rest_of_the_session() -> None:
+    app, model = payments(tool_call("pay", invoice="INV-8", amount=80), "Paid INV-7 and INV-8.")
+    async with client(app) as c:
+        await stopped(c)
+        resumed = await decide(c, {"call_1": {"decision": "approve", "digest": DIGEST, "always": True}})
+        assert (resumed.json()["stop_reason"], resumed.json()["text"]) == ("completed", "Paid INV-7 and INV-8.")
+        assert PAID == ["INV-7", "INV-8"] and len(model.requests) == 3  # the second call was not asked about
+        assert await listed(c) == []
+        state = (await c.get("/v1/sessions/s1", headers=auth())).json()["state"]
+        assert state["approvals"]["always"] == ["pay"]
+
+
+async def test_deciding_some_of_the_waiting_calls_answers_those_and_stops_again_with_the_others() -> None:
+    both = Turn(calls=(tool_call("pay", invoice="INV-7", amount=120).calls[0],
+                       tool_call("pay", invoice="INV-8", amount=80).calls[0]))
+    model = ScriptedModel([both, "Paid INV-7; INV-8 is not paid."])
+    app = create_app(Agent(model, tools=[pay], providers=[History(MemoryStore())]), keys=keys())
+    async with client(app) as c:
+        first, second = (await stopped(c))["pending_approvals"]
+        partly = (await decide(c, {first["call_id"]: {"decision": "approve", "digest": first["digest"]}})).json()
+        assert (partly["stop_reason"], partly["pending_approvals"], PAID) == ("approval_required", [second], ["INV-7"])
+        assert await listed(c) == [second] and len(model.requests) == 1
+        done = (await decide(c, {second["call_id"]: {"decision": "reject", "digest": second["digest"]}})).json()
+        assert (done["stop_reason"], done["text"], PAID) == ("completed", "Paid INV-7; INV-8 is not paid.", ["INV-7"])
 
 
 async def test_a_rejection_is_answered_with_its_reason_and_the_model_reads_it() -> None:
