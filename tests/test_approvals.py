@@ -538,3 +538,21 @@ async def test_a_run_saved_per_run_that_fails_after_the_approved_call_ran_does_n
     result = await agent.run(None, session=session, approvals={pending.call_id: pending.approve()})
     assert result.messages[0].function_results[0].result.startswith("Error: the call to 'pay' was interrupted")
     assert result.text == "Paid A." and PAID == ["A"]
+
+
+async def test_pending_approvals_lists_what_a_run_without_input_would_stop_on() -> None:
+    both = Turn(calls=(tool_call("pay", invoice="INV-7", amount=120).calls[0],
+                       tool_call("pay", invoice="INV-8", amount=80).calls[0]))
+    agent, model = agent_for(both, "Paid INV-7.")
+    session = await agent.session("s")
+    assert await agent.pending_approvals(session) == []
+    stopped = await agent.run("Pay INV-7 and INV-8.", session=session)
+    assert await agent.pending_approvals(session) == stopped.pending_approvals
+    assert [p.call_id for p in stopped.pending_approvals] == ["call_1", "call_2"]
+    first, second = stopped.pending_approvals
+    partly = await agent.run(None, session=session, approvals={first.call_id: first.approve()})
+    assert (partly.stop_reason, partly.pending_approvals, PAID) == ("approval_required", [second], ["INV-7"])
+    assert await agent.pending_approvals(session) == [second]  # read from the store: any session object will do
+    assert await agent.pending_approvals(await agent.session("other")) == []
+    await agent.run(None, session=session, approvals={second.call_id: second.reject("no")})
+    assert await agent.pending_approvals(session) == [] and len(model.requests) == 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._run.approvals import ApprovalGate, agent_policy
+from ._run.approvals import ApprovalGate, agent_policy, pending_in
 from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
@@ -49,7 +49,7 @@ from .tools import Tool, as_tool
 from .trace import RunJournal
 
 if TYPE_CHECKING:
-    from .approvals import AgentApprovalPolicy, Decision
+    from .approvals import AgentApprovalPolicy, Decision, PendingApproval
 
 __all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
 
@@ -220,6 +220,20 @@ class Agent:
     async def history(self, session: Session, *, limit: int | None = None) -> list[Message]:
         """Return the session's stored messages (the last `limit` when given) from the agent's store."""
         return (await self.store.load(session.tenant, session.id, limit=limit)).messages
+
+    async def pending_approvals(self, session: Session) -> list[PendingApproval]:
+        """Return the tool calls of `session` awaiting a person's decision (an empty list when none does).
+
+        They are the calls a run without input would stop on (`RunResult.pending_approvals`), read
+        from the session's log and its stored state without taking the session's lease, running a
+        provider or calling the model: for a front end that shows what waits. Decide them with
+        ``agent.run(None, session=session, approvals={p.call_id: p.approve() or p.reject("why")})``.
+        """
+        loader = self._loader()
+        stored = await self.store.get_session(session.tenant, session.id)
+        if loader is None or stored is None:
+            return []
+        return pending_in((await loader.load_view(stored)).messages, stored)
 
     # --- runs ---------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The inspector in a real browser (Debian's headless Chromium, driven by Playwright): chat, transcript, chart."""
+"""The inspector in a real browser (Debian's headless Chromium, driven by Playwright): chat, charts, approvals."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from contextpipe import Agent, Durability, FunctionCall, Message
+from contextpipe import Agent, Durability, FunctionCall, Message, tool
 from contextpipe.providers import History
-from contextpipe.serve import create_app
+from contextpipe.serve import ServeSettings, create_app
 from contextpipe.stores import Checkpoint, SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
 from helpers import get_weather_forecast, lookup_location_code
@@ -106,5 +106,74 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
             assert "carol asked for a story" in await checkpoint.inner_text()
             assert "up to #2" in await checkpoint.inner_text()
             assert errors == []
+            await browser.close()
+    await store.close()
+
+
+PAID: list[str] = []
+
+
+@tool(needs_approval=True)
+def pay(invoice: str, amount: int) -> str:
+    """Pay an invoice."""
+    PAID.append(invoice)
+    return f"paid {invoice}"
+
+
+@pytest.mark.extra("browser")  # Playwright and Debian's chromium: CONTEXTPIPE_TEST_EXTRAS=browser bash scripts/test.sh
+async def test_inspector_shows_calls_awaiting_approval_and_approves_or_rejects_them(tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright
+
+    executable = shutil.which("chromium")
+    assert executable is not None
+    PAID.clear()
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel([tool_call("pay", invoice="INV-7", amount=120), tool_call("pay", invoice="INV-8", amount=80),
+                           "Paid INV-7.", "I did not pay INV-8."])
+    app = create_app(Agent(model, tools=[pay], providers=[History(store)], name="payments"), keys=keys())
+    viewer = create_app(None, keys=keys(), store=store, settings=ServeSettings(read_only=True))
+    async with serving(app) as base, serving(viewer) as read_only:
+        async with httpx.AsyncClient(base_url=base) as c:
+            for session, text in (("alice", "Pay INV-7."), ("bob", "Pay INV-8.")):
+                await c.post("/v1/sessions", json={"id": session}, headers=auth())
+                result = (await c.post(f"/v1/sessions/{session}/runs", json={"input": text}, headers=auth())).json()
+                assert result["stop_reason"] == "approval_required"
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1400, "height": 860})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+            # A read-only inspector shows what waits, with nothing to click.
+            await page.goto(f"{read_only}/ui/?session=alice#key={KEYS['acme']}")
+            waiting = page.locator("#approvals #pending li[data-call-id='call_1']")
+            await waiting.wait_for()
+            shown = await waiting.inner_text()
+            assert "pay" in shown and '"invoice": "INV-7"' in shown and "needs approval for every call" in shown
+            assert await page.locator("#approvals button").count() == 0
+            assert "Read-only" in shown
+            assert await page.locator("#transcript .badge.awaiting").count() == 1
+
+            await page.goto(f"{base}/ui/?session=alice#key={KEYS['acme']}")
+            await waiting.wait_for()
+            assert await page.locator("#chat").is_visible()
+            await waiting.locator("button.approve").click()
+            await page.locator("#run-result", has_text="The run completed: Paid INV-7.").wait_for()
+            await page.wait_for_selector("#approvals", state="hidden")
+            assert PAID == ["INV-7"]
+            transcript = page.locator("#transcript")
+            await transcript.locator(".result", has_text="paid INV-7").wait_for()
+            assert await transcript.locator(".badge.awaiting").count() == 0
+
+            await page.click("#sessions li[data-session='bob']")
+            rejected = page.locator("#approvals #pending li[data-call-id='call_2']")
+            await rejected.wait_for()
+            await rejected.locator("input.reason").fill("not this month")
+            await rejected.locator("button.reject").click()
+            await page.locator("#run-result", has_text="The run completed: I did not pay INV-8.").wait_for()
+            await transcript.locator(".result.is-error", has_text="rejected it (not this month)").wait_for()
+            assert PAID == ["INV-7"]
+            assert errors == []
+            await page.screenshot(path=str(tmp_path / "approvals.png"))
             await browser.close()
     await store.close()

@@ -43,7 +43,8 @@ async def test_every_api_route_needs_a_known_key() -> None:
     async with client(app) as c:
         for method, path in [("GET", "/v1/sessions"), ("POST", "/v1/sessions"), ("GET", "/v1/sessions/x"),
                              ("DELETE", "/v1/sessions/x"), ("GET", "/v1/sessions/x/messages"),
-                             ("POST", "/v1/sessions/x/runs"), ("POST", "/v1/ag-ui"), ("GET", "/v1/info"),
+                             ("POST", "/v1/sessions/x/runs"), ("GET", "/v1/sessions/x/approvals"),
+                             ("POST", "/v1/sessions/x/approvals"), ("POST", "/v1/ag-ui"), ("GET", "/v1/info"),
                              ("GET", "/v1/nowhere")]:
             response = await c.request(method, path)
             assert response.status_code == 401, (method, path)

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from .calls import CallContexts
     from .writer import StepWriter
 
-__all__ = ["APPROVAL", "ApprovalGate", "agent_policy"]
+__all__ = ["APPROVAL", "ApprovalGate", "agent_policy", "check_decisions", "open_calls", "pending_in"]
 
 APPROVAL = Source("tool", "approval")
 """The source of the tool message answering calls a person decided."""
@@ -93,6 +93,41 @@ def open_calls(history: Sequence[Message]) -> tuple[Message | None, list[Functio
     if i < 0 or history[i].role != "assistant":
         return None, []
     return history[i], [c for c in history[i].function_calls if c.call_id not in answered]
+
+
+def _waiting(history: Sequence[Message]) -> tuple[Message | None, dict[str, FunctionCall]]:
+    """Return the last model message of `history` and its calls marked as awaiting approval, still without a result."""
+    message, open_ = open_calls(history)
+    marked = awaiting_approval(message)
+    return message, {c.call_id: c for c in open_ if c.call_id in marked}
+
+
+def pending_in(history: Sequence[Message], session: Session) -> list[PendingApproval]:
+    """Return the calls awaiting a decision at the end of `history` (`session`'s log), as a run would find them.
+
+    A call marked as awaiting approval and without a result waits, unless an earlier run approved
+    it (it may have run: the next run answers it as any call a stopped run left open) or its tool
+    is always allowed in the session (the next run runs it without asking).
+    """
+    message, waiting = _waiting(history)
+    if message is None:
+        return []
+    marked, kept = awaiting_approval(message), _Kept.read(session)
+    return [PendingApproval(c.call_id, c.name, c.arguments, marked[c.call_id], message.id) for c in waiting.values()
+            if not kept.approved_earlier(c, message) and c.name not in kept.always]
+
+
+def check_decisions(history: Sequence[Message], session: Session, approvals: Mapping[str, Decision]) -> None:
+    """Check `approvals` against the end of `history` (`session`'s log) as a run does, storing nothing.
+
+    Raises `ApprovalError` (or `UsageError` for a value that is no decision) where the run's
+    `ApprovalGate.decide` would: a front end can refuse a decision before it starts a run. The run
+    checks again under the session's lease, where a decision that came in between wins.
+    """
+    message, waiting = _waiting(history)
+    kept = _Kept.read(session)
+    for call_id, decision in approvals.items():
+        _new_decision(call_id, decision, waiting.get(call_id), message, kept, history, session)
 
 
 @dataclass(slots=True)
@@ -216,9 +251,7 @@ class ApprovalGate:
             raise UsageError("approvals= decides tool calls awaiting approval in a session's log: pass "
                              "session=..., to an agent whose history loads the session's messages")
         history = (await writer.guard(loader.load_view(session))).messages
-        message, open_ = open_calls(history)
-        marked = awaiting_approval(message)
-        waiting = {c.call_id: c for c in open_ if c.call_id in marked}
+        message, waiting = _waiting(history)
         self._decided = {call_id: decision for call_id, decision in approvals.items()
                          if _new_decision(call_id, decision, waiting.get(call_id), message, self._kept, history,
                                           session)}

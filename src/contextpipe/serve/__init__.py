@@ -13,7 +13,8 @@ or in code, as an ASGI app for any ASGI server:
 >>> app = create_app(Agent(ScriptedModel(["Hi!"])), keys=ApiKeys.parse(line))
 
 Routes: ``/v1/sessions`` (create, list with a cursor, read messages page by page, delete),
-``/v1/sessions/{id}/runs`` (the result, or server-sent events), ``/v1/ag-ui`` (the AG-UI protocol),
+``/v1/sessions/{id}/runs`` (the result, or server-sent events), ``/v1/sessions/{id}/approvals`` (the
+tool calls awaiting a person's decision, and the decisions), ``/v1/ag-ui`` (the AG-UI protocol),
 ``/ui/`` (the inspector), ``/docs`` and ``/openapi.json``. ``import contextpipe`` does not load
 this package.
 """

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -34,8 +34,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from .. import Agent, __version__
+from ..approvals import Decision
 from ..codec import message_to_dict
 from ..errors import (
+    ApprovalError,
     CodecError,
     ConcurrentUpdate,
     ContextPipeError,
@@ -47,8 +49,10 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ..session import validate_session_id
+from ..messages import Message
+from ..session import Session, validate_session_id
 from ..stores import MessagePage, SessionStore
+from ._approvals import decide_approvals, list_approvals, refuse_unfit
 from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
 from ._keys import ApiKeys
@@ -56,6 +60,7 @@ from ._openapi import openapi_schema
 from ._requests import (
     CreateSession,
     RunRequest,
+    decisions,
     http_cursor,
     input_messages,
     name_input,
@@ -173,7 +178,7 @@ class _Api:
             return HTTPError(410, kind, str(exc))
         if isinstance(exc, LeaseLost | ConcurrentUpdate):
             return HTTPError(409, kind, str(exc), retry)
-        if isinstance(exc, InputConflict):
+        if isinstance(exc, InputConflict | ApprovalError):
             return HTTPError(409, kind, str(exc))
         if isinstance(exc, UsageError | CodecError):
             return HTTPError(400, kind, str(exc))
@@ -316,21 +321,33 @@ class _Api:
         body = validate(RunRequest, await self._body(request))
         input = name_input(body, input_messages(body.input), request.headers.get("idempotency-key"), tenant,
                            params[0])
+        approvals = decisions(body.approvals)
         self._refuse_when_draining(runs)
         session = await self._existing(tenant, params[0])
-        if input is None and await self._empty(tenant, session.id):
+        if input is None and not approvals and await self._empty(tenant, session.id):
             raise HTTPError(409, "NothingToRun", "input is null (resume the session), but the session has no "
                             "messages to resume from: send input (text or user messages)")
-        wait = min(body.wait, self.settings.max_wait)
-        streaming = body.stream or "text/event-stream" in request.headers.get("accept", "")
+        return await self.start_run(request, runs, session, input, approvals, wait=body.wait, stream=body.stream,
+                                    traces=body.traces)
+
+    async def start_run(self, request: Request, runs: RunManager, session: Session,
+                        input: str | Sequence[Message] | None, approvals: Mapping[str, Decision] | None, *,
+                        wait: float, stream: bool, traces: bool) -> Response:
+        """Run on `session` and answer with the result, or stream its events (`stream`, or ``Accept`` asks)."""
+        wait = min(wait, self.settings.max_wait)
+        streaming = stream or "text/event-stream" in request.headers.get("accept", "")
         if not streaming:
             return await self._await_run(request, runs, runs.start(session, input, lease_wait=wait, stream=False,
-                                                                   traces=body.traces))
-        # The status line goes out before the run's first event: see now whether the session is free
-        # (a run that slips in between still cannot interleave; this one then ends with an error event).
-        probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10, wait=wait)
+                                                                   traces=traces, approvals=approvals))
+        # The status line goes out before the run's first event: see now whether the session is free,
+        # and whether the decisions fit its log (a run that slips in between still cannot interleave;
+        # this one then ends with an error event).
+        probe = await self.store.acquire_lease(session.tenant, session.id, "contextpipe-serve-probe", ttl=10,
+                                               wait=wait)
         await self.store.release_lease(probe)
-        run = runs.start(session, input, lease_wait=max(wait, 1.0), stream=True, traces=body.traces)
+        if approvals:
+            await refuse_unfit(self.store, session, approvals)
+        run = runs.start(session, input, lease_wait=max(wait, 1.0), stream=True, traces=traces, approvals=approvals)
         return StreamingResponse(_sse(runs, run), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -396,6 +413,7 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None, "traces"), {"GET": _Api.traces}),
     (("sessions", None, "facts"), {"GET": session_facts}),
     (("sessions", None, "runs"), {"POST": _Api.run}),
+    (("sessions", None, "approvals"), {"GET": list_approvals, "POST": decide_approvals}),
     (("ag-ui",), {"POST": _Api.agui}),
 ]
 

@@ -25,8 +25,10 @@ _ERRORS = {
     404: "No such session for this tenant.",
     409: "The session is busy (`SessionBusy`, see `Retry-After`), the input's message id is taken by other "
          "content (`InputConflict`), there is nothing to run (`NothingToRun`: no input, and no messages to "
-         "resume from), or an `Idempotency-Key` came with a resume, which it cannot make safe to retry "
-         "(`NotIdempotent`).",
+         "resume from), an `Idempotency-Key` came with a resume, which it cannot make safe to retry "
+         "(`NotIdempotent`), or a decision on a tool call cannot apply (`ApprovalError`: the call is not awaiting "
+         "approval, it was answered already, or the digest is of other arguments; or input came while calls "
+         "await a decision).",
     410: "The session was deleted, or expired, while the run ran.",
     413: "The request body is too large.",
     502: "The model failed.",
@@ -57,8 +59,8 @@ def _responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
     return out
 
 
-_RUN_EVENTS = ("text_delta", "reasoning_delta", "tool_call_started", "tool_call_finished", "step_persisted", "done",
-               "error")
+_RUN_EVENTS = ("text_delta", "reasoning_delta", "tool_call_started", "tool_call_finished", "step_persisted",
+               "approval_required", "done", "error")
 
 
 def _event(names: tuple[str, ...]) -> dict[str, Any]:
@@ -74,7 +76,12 @@ def _links(*operations: str) -> dict[str, Any]:
 
 
 def _paths() -> dict[str, Any]:
-    session_links = _links("getSession", "listMessages", "listTraces", "listFacts", "run", "deleteSession")
+    session_links = _links("getSession", "listMessages", "listTraces", "listFacts", "listApprovals",
+                           "decideApprovals", "run", "deleteSession")
+    run_responses = _responses({"200": {
+        "description": "The result, or the event stream.",
+        "content": {**_json("RunResult"), "text/event-stream": {"schema": _event(_RUN_EVENTS)}}}},
+        400, 404, 409, 410, 413, 502)
     return {
         "/v1/info": {"get": {
             "summary": "Who am I: tenant, agent, store", "operationId": "info",
@@ -138,7 +145,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "Run the agent on the session",
                 "description": "Returns the result; with `\"stream\": true` or `Accept: text/event-stream`, streams "
                                "server-sent events instead: `text_delta`, `reasoning_delta`, `tool_call_started`, "
-                               "`tool_call_finished`, `step_persisted`, then `done` (the result) or `error`. "
+                               "`tool_call_finished`, `step_persisted`, `approval_required` (the calls awaiting a "
+                               "decision, when the run stops for them), then `done` (the result) or `error`. "
                                "A request whose input message id was answered in the session before (a retry) "
                                "gets that answer back, marked `replayed`, without running again.",
                 "operationId": "run", "requestBody": {"required": True, "content": _json("RunRequest")},
@@ -146,10 +154,23 @@ def _paths() -> dict[str, Any]:
                                 "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY},
                                 "description": "Names the run's input (its last message) in this session: a retry "
                                                "with the same key and input returns the first result."}],
-                "responses": _responses({"200": {
-                    "description": "The result, or the event stream.",
-                    "content": {**_json("RunResult"), "text/event-stream": {"schema": _event(_RUN_EVENTS)}}}},
-                    400, 404, 409, 410, 413, 502)},
+                "responses": run_responses},
+        },
+        "/v1/sessions/{session_id}/approvals": {
+            "parameters": [_ID],
+            "get": {"summary": "The tool calls awaiting a person's decision at the end of the session's log",
+                    "operationId": "listApprovals",
+                    "responses": _responses({"200": {"description": "The calls awaiting approval (none: an empty "
+                                                     "list).", "content": _json("ApprovalList")}}, 400, 404)},
+            "post": {
+                "summary": "Decide tool calls awaiting approval and resume the run",
+                "description": "Approved calls run, rejected ones are answered with the reason, then the model is "
+                               "called: the run goes on as `POST .../runs` with `\"input\": null` would, with the "
+                               "same result or event stream. A decision that cannot apply is a 409 "
+                               "`ApprovalError`, and nothing runs.",
+                "operationId": "decideApprovals", "requestBody": {"required": True, "content": _json(
+                    "ApprovalsRequest")},
+                "responses": run_responses},
         },
         "/v1/ag-ui": {
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
@@ -196,6 +217,14 @@ def _response_schemas() -> dict[str, Any]:
     agent = {"type": "object", "properties": {
         "name": {"type": ["string", "null"]}, "model": text, "tools": {"type": "array", "items": text},
         "providers": {"type": "array", "items": {"type": "object"}}, "store_traces": {"type": "boolean"}}}
+    pending = {"type": "object", "required": ["call_id", "tool_name", "arguments", "why", "digest", "message_id"],
+               "properties": {
+                   "call_id": {"type": "string", "description": "The key of the decision in `decisions`."},
+                   "tool_name": text, "arguments": {"type": "string", "description": "The arguments, as JSON text."},
+                   "why": {"type": "string", "description": "Why it needs approval."},
+                   "digest": {"type": "string", "description": "Send it back with the decision: it binds the "
+                              "decision to these arguments."},
+                   "message_id": {"type": "string", "description": "The model message that made the call."}}}
     return {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["type", "message"], "properties": {"type": text, "message": text}}}},
@@ -229,13 +258,18 @@ def _response_schemas() -> dict[str, Any]:
                         "type": "object", "required": ["lineage", "versions"], "properties": {
                             "lineage": text, "versions": {"type": "array", "items": _fact()}}}}}}},
             "repaired": _ref("Repaired")}},
+        "PendingApproval": pending,
+        "ApprovalList": {"type": "object", "required": ["pending_approvals"], "properties": {
+            "pending_approvals": {"type": "array", "items": _ref("PendingApproval")}, "repaired": _ref("Repaired")}},
         "RunResult": {"type": "object", "required": ["session_id", "text", "stop_reason", "steps", "replayed",
-                                                     "usage", "input", "messages"], "properties": {
+                                                     "usage", "input", "messages", "pending_approvals"], "properties": {
             "session_id": {"type": ["string", "null"]}, "text": text, "stop_reason": text,
             "steps": {"type": "integer"},
             "replayed": {"type": "boolean", "description": "The input was answered before: this is that answer."},
             "usage": {"type": "object"}, "input": {"type": "array", "items": _ref("Message")},
             "messages": {"type": "array", "items": _ref("Message")},
+            "pending_approvals": {"type": "array", "items": _ref("PendingApproval"), "description": "With "
+                                  "`stop_reason` `approval_required`: the calls awaiting a decision."},
             "traces": {"type": "array", "items": {"type": "object"}}, "repaired": _ref("Repaired")}},
     }
 

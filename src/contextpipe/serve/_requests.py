@@ -18,13 +18,14 @@ import pydantic
 from pydantic import Discriminator, Field, Tag
 from starlette.requests import Request
 
+from ..approvals import Decision, approve, reject
 from ..codec import message_from_dict
 from ..messages import Message, new_message_id
 from ..stores._checks import decode_cursor, encode_cursor
 from ._json import HTTPError, where
 
-__all__ = ["CreateSession", "RunRequest", "http_cursor", "input_messages", "invalid", "name_input", "query_int",
-           "request_schemas", "store_cursor", "validate"]
+__all__ = ["ApprovalsRequest", "CreateSession", "RunRequest", "decisions", "http_cursor", "input_messages", "invalid",
+           "name_input", "query_int", "request_schemas", "store_cursor", "validate"]
 
 SESSION_ID: Final = r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$"
 """A session id, as the stores check it (`contextpipe.session.validate_session_id`)."""
@@ -36,6 +37,8 @@ URI: Final = r"^[A-Za-z][A-Za-z0-9+.-]*:[!-~]+$"
 NOT_BLANK: Final = r"[^ \t\n\r]"
 CURSOR: Final = r"^(?:|-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?~" + SESSION_ID[1:-1] + ")$"
 """A page cursor: the last listed session's update time and id (``1796218510.84~alice/trip``); empty: none."""
+DIGEST: Final = r"^[0-9a-f]{64}$"
+"""A pending call's digest (`contextpipe.approvals.arguments_digest`): 64 lowercase hex digits."""
 IDEMPOTENCY_KEY: Final = r"^[!-~](?:[ -~]{0,253}[!-~])?$"
 """An ``Idempotency-Key`` header: 1-255 printable ASCII characters, not starting or ending with a space."""
 MIN_TTL, MAX_TTL = 60.0, 10 * 365 * 86400.0
@@ -47,6 +50,7 @@ RULES: Final = {
     MEDIA_TYPE: "a media type like image/png",
     BASE64: "standard base64 with its padding (RFC 4648)",
     URI: "an absolute URI without spaces, like https://example.com/a.png or data:image/png;base64,...",
+    DIGEST: "the digest of the pending approval (64 lowercase hex digits)",
 }
 
 
@@ -102,6 +106,50 @@ class InputMessage(_Body):
                                                        "the server's clock when absent.")
 
 
+class ApproveDecision(_Body):
+    """Run the call."""
+
+    decision: Literal["approve"]
+    digest: Annotated[str, Field(pattern=DIGEST)] | None = Field(
+        None, description="The `digest` of the pending call shown: refused (409) when the call waiting under this "
+                          "id has other arguments. Without it the call id is approved whatever its arguments.")
+    always: bool = Field(False, description="Also allow every later call of this tool in the session, without "
+                                            "asking.")
+
+
+class RejectDecision(_Body):
+    """Do not run the call: the model is told it was rejected, with the reason."""
+
+    decision: Literal["reject"]
+    reason: str = Field("", description="Why, for the model (it reads it and can answer or try another way).")
+    digest: Annotated[str, Field(pattern=DIGEST)] | None = Field(
+        None, description="The `digest` of the pending call shown: refused (409) when the call waiting under this "
+                          "id has other arguments.")
+
+
+Decisions = dict[str, Annotated[ApproveDecision | RejectDecision, Field(discriminator="decision")]]
+"""Decisions by call id (the `call_id` of each pending approval)."""
+
+
+def decisions(raw: Mapping[str, ApproveDecision | RejectDecision] | None) -> dict[str, Decision] | None:
+    """Return the library's decisions (`contextpipe.approve` / `reject`) for validated `Decisions`."""
+    if raw is None:
+        return None
+    return {call_id: approve(digest=d.digest, always=d.always) if isinstance(d, ApproveDecision)
+            else reject(d.reason, digest=d.digest) for call_id, d in raw.items()}
+
+
+class ApprovalsRequest(_Body):
+    """The body of ``POST /v1/sessions/{session_id}/approvals``: decisions, and how to run on."""
+
+    decisions: Decisions = Field(min_length=1, description="The decision on each call, by call id: "
+                                 "`{\"decision\": \"approve\"}` or `{\"decision\": \"reject\", \"reason\": ...}`.")
+    stream: bool = Field(False, description="Stream server-sent events instead of returning the result.")
+    wait: float = Field(0.0, ge=0, description="Seconds to wait for a busy session instead of getting 409 "
+                                               "(at most the server's max_wait).")
+    traces: bool = Field(False, description="Put the run's prompt traces in the result.")
+
+
 def _input_kind(value: Any) -> str | None:
     if isinstance(value, str):
         return "text"
@@ -133,6 +181,9 @@ class RunRequest(_Body):
                                                "(at most the server's max_wait).")
     traces: bool = Field(False, description="Put the run's prompt traces (tokens by source per model call) in "
                                             "the result.")
+    approvals: Decisions | None = Field(
+        None, description="Decisions on calls awaiting approval, by call id, as for `/approvals`: they are answered "
+                          "before the input.")
 
 
     @pydantic.model_validator(mode="after")
@@ -147,7 +198,7 @@ class RunRequest(_Body):
 def request_schemas() -> dict[str, Any]:
     """Return the JSON Schemas of the request bodies, for ``components.schemas`` of the OpenAPI document."""
     out: dict[str, Any] = {}
-    for model in (CreateSession, RunRequest):
+    for model in (CreateSession, RunRequest, ApprovalsRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(schema.pop("$defs", {}))
         out[model.__name__] = schema

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from .. import Agent, RunResult, Session
+from ..approvals import Decision, PendingApproval
 from ..codec import message_to_dict
 from ..errors import ContextPipeError
 from ..messages import Message
 from ._json import clean
 
-__all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "result_to_json"]
+__all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "pending_to_json", "result_to_json"]
 
 OnDisconnect: TypeAlias = Literal["finish", "cancel"]
 
@@ -37,10 +38,17 @@ def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]
         "usage": asdict(result.usage),
         "input": [message_to_dict(m) for m in result.input],
         "messages": [message_to_dict(m) for m in result.messages],
+        "pending_approvals": [pending_to_json(p) for p in result.pending_approvals],
     }
     if traces:
         data["traces"] = [t.to_dict(compact_runs=True) for t in result.traces]
     return data
+
+
+def pending_to_json(pending: PendingApproval) -> dict[str, str]:
+    """Return the JSON form of a call awaiting approval: what to show a person, and what to send back."""
+    return {"call_id": pending.call_id, "tool_name": pending.tool_name, "arguments": pending.arguments,
+            "why": pending.why, "digest": pending.digest, "message_id": pending.message_id}
 
 
 def event_to_json(event: Any, *, traces: bool = False) -> tuple[str, dict[str, Any]] | None:
@@ -60,6 +68,8 @@ def event_to_json(event: Any, *, traces: bool = False) -> tuple[str, dict[str, A
     if kind == "step_persisted":
         messages: Sequence[Message] = event.messages
         return kind, {"step": event.step, "messages": [message_to_dict(m) for m in messages]}
+    if kind == "approval_required":
+        return kind, {"pending_approvals": [pending_to_json(p) for p in event.pending]}
     if kind == "run_done":
         return "done", result_to_json(event.result, traces=traces)
     return None
@@ -130,27 +140,32 @@ class RunManager:
             self.deadline = time.monotonic() + timeout
 
     def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
-              stream: bool, traces: bool = False) -> LiveRun:
-        """Start a run on `session` in its own task and return it (`traces`: put them in the result)."""
+              stream: bool, traces: bool = False, approvals: Mapping[str, Decision] | None = None) -> LiveRun:
+        """Start a run on `session` in its own task and return it (`traces`: put them in the result).
+
+        `approvals` decides calls awaiting approval, as in `Agent.run`.
+        """
         run = LiveRun(session, traces=traces)
-        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream),
+        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals),
                                        name=f"contextpipe-run:{session.tenant}/{session.id}")
         self.runs.add(run)
         run.task.add_done_callback(lambda _: self.runs.discard(run))
         return run
 
     async def _drive(self, run: LiveRun, input: str | Sequence[Message] | None, lease_wait: float,
-                     stream: bool) -> None:
+                     stream: bool, approvals: Mapping[str, Decision] | None) -> None:
         try:
             if stream:
-                async with self.agent.stream(input, session=run.session, lease_wait=lease_wait) as events:
+                async with self.agent.stream(input, session=run.session, lease_wait=lease_wait,
+                                             approvals=approvals) as events:
                     async for event in events:
                         item = event_to_json(event, traces=run.traces)
                         if item is not None:
                             _send(run, *item)
                     run.result = events.result
             else:
-                run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait)
+                run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait,
+                                                  approvals=approvals)
                 _send(run, "done", result_to_json(run.result, traces=run.traces))
         except asyncio.CancelledError as exc:
             run.error = exc

@@ -22,7 +22,7 @@ const CATEGORY_LABEL = {
 
 const state = {
   key: null, info: null, sessions: [], cursor: null, query: "", current: null, messages: [], hasOlder: false,
-  firstSeq: 0, lastSeq: 0, traces: [], selectedCall: null, streaming: false, colors: new Map(),
+  firstSeq: 0, lastSeq: 0, traces: [], selectedCall: null, streaming: false, colors: new Map(), approvals: [],
 };
 
 const $ = (id) => document.getElementById(id);
@@ -172,22 +172,26 @@ async function openSession(id) {
   $("session").hidden = false;
   $("chat").hidden = state.info.read_only;
   $("chat-error").textContent = "";
+  $("run-result").hidden = true;
   await refreshSession();
 }
 
 async function refreshSession() {
   const id = state.current;
   if (!id) return;
-  let session, page, traces;
+  let session, page, traces, approvals;
   try {
-    [session, page, traces] = await Promise.all([
+    [session, page, traces, approvals] = await Promise.all([
       api(sessionPath(id)), api(`${sessionPath(id)}/messages?limit=200`), api(`${sessionPath(id)}/traces?limit=${TRACE_LIMIT}`),
+      api(`${sessionPath(id)}/approvals`),
     ]);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
       $("session-title").textContent = id;
       $("session-meta").textContent = "This session does not exist (any more).";
       $("transcript").replaceChildren();
+      state.approvals = [];
+      renderApprovals();
       return;
     }
     throw error;
@@ -200,6 +204,7 @@ async function refreshSession() {
   state.lastSeq = page.messages.length ? page.messages[page.messages.length - 1].seq : 0;
   const followLatest = state.selectedCall === null || state.selectedCall === state.traces.length - 1;
   state.traces = traces.traces;
+  state.approvals = approvals.pending_approvals;
   if (followLatest || state.selectedCall >= state.traces.length) {
     state.selectedCall = state.traces.length ? state.traces.length - 1 : null;
   }
@@ -222,6 +227,7 @@ function render(scroll = true) {
     `${calls === 1 ? "" : "s"} traced${calls >= TRACE_LIMIT ? " (the newest)" : ""} · created ${fmtTime(s.created_at)}`;
   $("older").hidden = !state.hasOlder;
   renderTranscript(scroll);
+  renderApprovals();
   renderChart();
   renderCallDetail();
 }
@@ -280,8 +286,10 @@ function renderMessage(message, marks, repaired) {
     if (part.kind === "text" && part.text) body.push(el("div", { class: "text", text: part.text }));
     else if (part.kind === "reasoning") body.push(el("div", { class: "text muted", text: `(reasoning) ${part.text}` }));
     else if (part.kind === "function_call") {
+      const waits = state.approvals.some((p) => p.call_id === part.call_id && p.message_id === message.id);
       body.push(el("div", { class: "call" }, el("span", { class: "muted", text: "calls " }),
-        el("span", { class: "name mono", text: part.name }), el("span", { class: "muted mono", text: ` ${part.call_id}` }),
+        el("span", { class: "name mono", text: part.name }), el("span", { class: "muted mono", text: ` ${part.call_id} ` }),
+        waits ? el("span", { class: "badge awaiting", text: "awaiting approval" }) : null,
         el("pre", { class: "args", text: prettyArgs(part.arguments) })));
     } else if (part.kind === "function_result") {
       body.push(el("div", { class: `result${part.is_error ? " is-error" : ""}` },
@@ -330,6 +338,48 @@ function renderTranscript(scroll) {
   }
   list.replaceChildren(...items);
   if (scroll) list.scrollTop = list.scrollHeight;
+}
+
+// --- approvals ----------------------------------------------------------------------------------
+
+function renderApprovals() {
+  const box = $("approvals");
+  box.hidden = state.approvals.length === 0;
+  $("pending").replaceChildren(...state.approvals.map((pending) => {
+    const reason = el("input", { type: "text", class: "reason", placeholder: "Reason for a rejection (optional)",
+                                 "aria-label": `Reason for rejecting ${pending.call_id}` });
+    const decide = (decision) => () => {
+      const body = { decision, digest: pending.digest };
+      if (decision === "reject" && reason.value.trim()) body.reason = reason.value.trim();
+      return resume(pending, body);
+    };
+    return el("li", { "data-call-id": pending.call_id },
+      el("div", {}, el("span", { class: "name mono", text: pending.tool_name }),
+         el("span", { class: "muted mono", text: ` ${pending.call_id}` })),
+      el("pre", { class: "args", text: prettyArgs(pending.arguments) }),
+      el("div", { class: "why", text: pending.why }),
+      state.info.read_only ? el("div", { class: "muted", text: "Read-only: decide on the agent's server." }) :
+        el("div", { class: "decide" }, reason,
+           el("button", { type: "button", class: "approve", onclick: decide("approve"), text: "Approve" }),
+           el("button", { type: "button", class: "reject", onclick: decide("reject"), text: "Reject" })));
+  }));
+}
+
+async function resume(pending, decision) {
+  if (state.streaming) return;
+  for (const button of $("pending").querySelectorAll("button")) button.disabled = true;
+  const verb = decision.decision === "approve" ? "Approved" : "Rejected";
+  const result = await streamRun("approvals", { decisions: { [pending.call_id]: decision }, stream: true, wait: 5 },
+                                 `${verb} ${pending.tool_name} (${pending.call_id})`);
+  if (result) showResult(result);
+}
+
+function showResult(result) {
+  const waiting = result.pending_approvals.length;
+  $("run-result").textContent = result.stop_reason === "approval_required"
+    ? `The run stopped again: ${waiting} call${waiting === 1 ? "" : "s"} await approval.`
+    : `The run ${result.stop_reason === "completed" ? "completed" : `stopped (${result.stop_reason})`}: ${result.text}`;
+  $("run-result").hidden = false;
 }
 
 // --- chart ---------------------------------------------------------------------------------------
@@ -484,25 +534,33 @@ async function* sseEvents(response) {
   }
 }
 
-async function send(text) {
+function send(text) {
+  return streamRun("runs", { input: text, stream: true, wait: 5 }, text, "input");
+}
+
+// Streams a run (POST sessions/{id}/`route` with `body`), showing `shown` as its first line; returns its result.
+async function streamRun(route, body, shown, badge = "decision") {
   const id = state.current;
+  let result = null;
   state.streaming = true;
   $("live").hidden = false;
   $("chat-send").disabled = true;
   $("chat-error").textContent = "";
+  $("run-result").hidden = true;
   const list = $("transcript");
-  list.append(el("li", { class: "msg user streaming" }, el("div", { class: "msg-head" }, el("span", { class: "role", text: "user" }),
-    el("span", { class: "badge src", text: "input" })), el("div", { class: "text", text })));
+  const role = route === "runs" ? "user" : "decision";
+  list.append(el("li", { class: `msg ${role} streaming` }, el("div", { class: "msg-head" }, el("span", { class: "role", text: role }),
+    el("span", { class: "badge src", text: badge })), el("div", { class: "text", text: shown })));
   const live = el("li", { class: "msg assistant streaming", id: "streaming" },
     el("div", { class: "msg-head" }, el("span", { class: "role", text: "assistant" }), el("span", { class: "badge src", text: "streaming…" })));
   let textNode = null;
   list.append(live);
   list.scrollTop = list.scrollHeight;
   try {
-    const response = await fetch(new URL(`${sessionPath(id)}/runs`, API), {
+    const response = await fetch(new URL(`${sessionPath(id)}/${route}`, API), {
       method: "POST",
       headers: { Authorization: `Bearer ${state.key}`, "Content-Type": "application/json", Accept: "text/event-stream" },
-      body: JSON.stringify({ input: text, stream: true, wait: 5 }),
+      body: JSON.stringify(body),
     });
     if (!response.ok) {
       let body = null;
@@ -520,13 +578,16 @@ async function send(text) {
       } else if (event.name === "tool_call_finished") {
         live.append(el("div", { class: `result${event.data.is_error ? " is-error" : ""}` },
           el("span", { class: "muted", text: `${event.data.name} returned` }), el("pre", { class: "args", text: event.data.result })));
+      } else if (event.name === "done") {
+        result = event.data;
       } else if (event.name === "error") {
         $("chat-error").textContent = `The run failed: ${event.data.error.message}`;
       }
       list.scrollTop = list.scrollHeight;
     }
   } catch (error) {
-    $("chat-error").textContent = error.status === 409 ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`;
+    const kind = error.body && error.body.error ? error.body.error.type : null;
+    $("chat-error").textContent = kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`;
   } finally {
     state.streaming = false;
     $("live").hidden = true;
@@ -534,6 +595,7 @@ async function send(text) {
   }
   if (state.current === id) await refreshSession();
   loadSessions(true);
+  return result;
 }
 
 // --- live updates from other clients -------------------------------------------------------------
