@@ -57,7 +57,7 @@ async def measure(size: int, limit: int | None, rounds: int) -> dict[str, Any]:
 
             async def plain() -> int:
                 end, rows = await store._run(store._load_rows, key, limit, None, None, None)
-                return len(make_page(store.backend, key, end, None, rows or []).messages)
+                return len(make_page(store.backend, key, end, rows or []).messages)
 
             async def one_by_one() -> int:
                 end, rows = await store._run(store._load_rows, key, limit, None, None, None)
