@@ -1,0 +1,55 @@
+"""Which user a request is for: the user its API key is bound to, or the one it names when its key may.
+
+A key's `Grant` says which (``user=ID``, ``users=any`` or neither, in the keys file). A session
+belongs to the user a session create or a run first names for it (`contextpipe.session.user_id`,
+kept in its state), so `SemanticMemory` and `FactMemory` keep that user's memories across all of
+the user's sessions. A key bound to a user reaches only that user's sessions (any other is "not
+found", as a session of another tenant is); a run that names another user than the session's is
+refused, never moved to the other user.
+"""
+
+from __future__ import annotations
+
+from ..session import Session, set_user_id, user_id
+from ._json import HTTPError
+from ._keys import Grant
+
+__all__ = ["claim", "request_user", "visible"]
+
+
+def request_user(grant: Grant, named: str | None) -> str | None:
+    """Return the user a request of `grant` is for, given the ``user_id`` it `named` (None: none named).
+
+    Raises a 403 `HTTPError` when the key may not name that user.
+    """
+    if named is None or named == grant.user:
+        return grant.user
+    if grant.user is not None:
+        raise HTTPError(403, "Forbidden", f"this API key is for user {grant.user!r} and cannot act for "
+                        f"{named!r}: leave user_id out, or use a key granted 'users=any' in the keys file")
+    if not grant.names_users:
+        raise HTTPError(403, "Forbidden", "this API key may not name users: leave user_id out, or grant the key "
+                        "'users=any' (a back end serving many users) or 'user=ID' in the keys file")
+    return named
+
+
+def claim(session: Session, user: str | None) -> bool:
+    """Make `session` belong to `user` if it belongs to no one yet; return True when it was given a user.
+
+    Raises a 409 `HTTPError` when it belongs to another user.
+    """
+    if user is None:
+        return False
+    owner = user_id(session)
+    if owner == user:
+        return False
+    if owner is not None:
+        raise HTTPError(409, "UserMismatch", f"session {session.id!r} belongs to user {owner!r}, not {user!r}: "
+                        "a session keeps one user; create another session for this user")
+    set_user_id(session, user)
+    return True
+
+
+def visible(grant: Grant, session: Session) -> bool:
+    """Tell whether a request of `grant` may reach `session`: any session of its tenant, or its user's only."""
+    return grant.user is None or user_id(session) == grant.user
