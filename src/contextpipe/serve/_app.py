@@ -69,7 +69,7 @@ from ._requests import (
     validate,
 )
 from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json
-from ._users import claim, request_user, visible
+from ._users import claim, reaches, request_user, reuse, visible
 
 __all__ = ["ServeSettings", "create_app"]
 
@@ -208,13 +208,6 @@ class _Api:
         raw = b"".join(chunks)
         return read_json(raw) if raw.strip() else {}
 
-    async def _reaches(self, request: Request, tenant: str, session_id: str) -> bool:
-        """Tell whether the caller's key reaches session `session_id` (a key bound to a user: its user's only)."""
-        if request.state.grant.user is None:
-            return True
-        session = await self.store.get_session(tenant, session_id)
-        return session is not None and visible(request.state.grant, session)
-
     async def _empty(self, tenant: str, session_id: str) -> bool:
         return not (await self.store.load(tenant, session_id, limit=1)).messages
 
@@ -257,7 +250,7 @@ class _Api:
             listing = await self.store.list_sessions(tenant, limit=limit, cursor=cursor)
             scanned += len(listing.sessions)
             found += [s for s in listing.sessions if (not query or query in s.session_id.lower())
-                      and await self._reaches(request, tenant, s.session_id)]
+                      and await reaches(self.store, request.state.grant, tenant, s.session_id)]
             cursor = listing.next_cursor
             # A search reads whole pages (nothing is skipped) and stops after about 1,000 sessions.
             if not query or cursor is None or len(found) >= limit or scanned >= 1000:
@@ -278,28 +271,11 @@ class _Api:
         else:
             existing = await self.store.get_session(tenant, body.id)
             if existing is not None:
-                return json_response(_session_json(await self._reuse(request, existing, user), None))
+                return json_response(_session_json(await reuse(self.store, request.state.grant, existing, user),
+                                                   None))
             session = await self.agent.session(body.id, tenant=tenant, ttl=body.ttl)
-        await self._claim(session, user)
+        await claim(self.store, session, user)
         return json_response(_session_json(session, None), 201)
-
-    async def _reuse(self, request: Request, session: Session, user: str | None) -> Session:
-        """Return the existing session a create names: the caller's, given to `user` if it belonged to no one."""
-        if not visible(request.state.grant, session):
-            raise HTTPError(409, "Conflict", f"session {session.id!r} exists and is not this key's user's: choose "
-                            "another id")
-        await self._claim(session, user)
-        return session
-
-    async def _claim(self, session: Session, user: str | None) -> None:
-        """Give `session` to `user` if it belongs to no one yet (`claim`), saved before any run on it starts.
-
-        Saved at once, not with a run's state: a run starts from the state stored under its lease, and
-        two requests naming different users for the same new session must not both win (the second
-        save is a `ConcurrentUpdate`, a 409 to retry; it then sees the owner).
-        """
-        if claim(session, user):
-            await self.store.save_session(session)
 
     async def get_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         session = await self._existing(request, tenant, params[0])
@@ -309,8 +285,8 @@ class _Api:
     async def delete_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         self._writable()
         validate_session_id(params[0])
-        if not await self._reaches(request, tenant, params[0]) or not await self.store.delete_session(tenant,
-                                                                                                      params[0]):
+        if not await reaches(self.store, request.state.grant, tenant, params[0]) or \
+                not await self.store.delete_session(tenant, params[0]):
             raise HTTPError(404, "NotFound", f"no session {params[0]!r}")
         return Response(status_code=204)
 
@@ -358,7 +334,7 @@ class _Api:
         approvals = decisions(body.approvals)
         self._refuse_when_draining(runs)
         session = await self._existing(request, tenant, params[0])
-        await self._claim(session, request_user(request.state.grant, body.user_id))
+        await claim(self.store, session, request_user(request.state.grant, body.user_id))
         if input is None and not approvals and await self._empty(tenant, session.id):
             raise HTTPError(409, "NothingToRun", "input is null (resume the session), but the session has no "
                             "messages to resume from: send input (text or user messages)")
@@ -425,7 +401,7 @@ class _Api:
         if not visible(request.state.grant, session) and (user_id(session) is not None
                                                           or not await self._empty(tenant, thread)):
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-        await self._claim(session, request.state.grant.user)  # a new thread of a key bound to a user is the user's
+        await claim(self.store, session, request.state.grant.user)  # a new thread of a user-bound key is its user's
         probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10)
         await self.store.release_lease(probe)
         run = runs.start(session, new or None, lease_wait=1.0, stream=True)

@@ -10,11 +10,16 @@ refused, never moved to the other user.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..session import Session, set_user_id, user_id
 from ._json import HTTPError
 from ._keys import Grant
 
-__all__ = ["claim", "request_user", "visible"]
+if TYPE_CHECKING:
+    from ..stores import SessionStore
+
+__all__ = ["claim", "reaches", "request_user", "reuse", "visible"]
 
 
 def request_user(grant: Grant, named: str | None) -> str | None:
@@ -33,21 +38,41 @@ def request_user(grant: Grant, named: str | None) -> str | None:
     return named
 
 
-def claim(session: Session, user: str | None) -> bool:
-    """Make `session` belong to `user` if it belongs to no one yet; return True when it was given a user.
+async def claim(store: SessionStore, session: Session, user: str | None) -> None:
+    """Make `session` belong to `user` if it belongs to no one yet, saved in `store` before any run on it starts.
 
-    Raises a 409 `HTTPError` when it belongs to another user.
+    Raises a 409 `HTTPError` when it belongs to another user. Saved at once, not with a run's
+    state: a run starts from the state stored under its lease, and two requests naming different
+    users for the same new session must not both win (the second save is a `ConcurrentUpdate`, a
+    409 to retry; it then sees the owner).
     """
     if user is None:
-        return False
+        return
     owner = user_id(session)
     if owner == user:
-        return False
+        return
     if owner is not None:
         raise HTTPError(409, "UserMismatch", f"session {session.id!r} belongs to user {owner!r}, not {user!r}: "
                         "a session keeps one user; create another session for this user")
     set_user_id(session, user)
-    return True
+    await store.save_session(session)
+
+
+async def reuse(store: SessionStore, grant: Grant, session: Session, user: str | None) -> Session:
+    """Return the existing session a create names: the caller's, given to `user` if it belonged to no one."""
+    if not visible(grant, session):
+        raise HTTPError(409, "Conflict", f"session {session.id!r} exists and is not this key's user's: choose "
+                        "another id")
+    await claim(store, session, user)
+    return session
+
+
+async def reaches(store: SessionStore, grant: Grant, tenant: str, session_id: str) -> bool:
+    """Tell whether a request of `grant` reaches session `session_id` (a key bound to a user: its user's only)."""
+    if grant.user is None:
+        return True
+    session = await store.get_session(tenant, session_id)
+    return session is not None and visible(grant, session)
 
 
 def visible(grant: Grant, session: Session) -> bool:
