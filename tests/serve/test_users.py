@@ -51,6 +51,11 @@ def served(tmp_path: Path) -> tuple[Any, ScriptedModel]:
     return create_app(Agent(model, providers=[History(store), memory]), keys=keys), model
 
 
+def agui(thread: str) -> dict[str, Any]:
+    return {"threadId": thread, "runId": "r1", "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": [{"id": "u1", "role": "user", "content": "Hi."}]}
+
+
 async def messages(c: httpx.AsyncClient, session: str, key: str = BACKEND) -> list[str]:
     page = (await c.get(f"/v1/sessions/{session}/messages", headers=as_(key))).json()
     return [m["parts"][0]["text"] for m in page["messages"]]
@@ -94,13 +99,17 @@ async def test_a_key_bound_to_a_user_reaches_that_users_sessions_only(served: tu
         assert [s["id"] for s in listed] == ["a1"]
         assert len((await c.get("/v1/sessions", headers=as_(PLAIN))).json()["sessions"]) == 3
         for other in ("b1", "shared"):
-            for method, path in (("GET", ""), ("GET", "/messages"), ("GET", "/traces"), ("DELETE", "")):
+            for method, path in (("GET", ""), ("GET", "/messages"), ("GET", "/traces"), ("GET", "/facts"),
+                                 ("DELETE", "")):
                 response = await c.request(method, f"/v1/sessions/{other}{path}", headers=as_(ALICE))
                 assert response.status_code == 404, (method, other, path)
             ran = await c.post(f"/v1/sessions/{other}/runs", json={"input": "Hi."}, headers=as_(ALICE))
             assert ran.status_code == 404
             taken = await c.post("/v1/sessions", json={"id": other}, headers=as_(ALICE))
             assert (taken.status_code, taken.json()["error"]["type"]) == (409, "Conflict")
+            thread = await c.post("/v1/ag-ui", json=agui(other), headers=as_(ALICE))
+            assert thread.status_code == 404, other
+        assert (await c.get("/v1/sessions/shared", headers=as_(PLAIN))).json()["state"].get("user_id") is None
         assert (await c.get("/v1/sessions/b1", headers=as_(PLAIN))).status_code == 200  # not deleted
         named = await c.post("/v1/sessions/a1/runs", json={"input": "Hi.", "user_id": "bob"}, headers=as_(ALICE))
         assert (named.status_code, named.json()["error"]["type"]) == (403, "Forbidden")
@@ -108,6 +117,10 @@ async def test_a_key_bound_to_a_user_reaches_that_users_sessions_only(served: tu
         same = await c.post("/v1/sessions/a1/runs", json={"input": "Again.", "user_id": "alice"}, headers=as_(ALICE))
         assert same.status_code == 200
         assert len(model.requests) == 2
+        model.enqueue("Hello from the thread.")
+        assert (await c.post("/v1/ag-ui", json=agui("a-thread"), headers=as_(ALICE))).status_code == 200
+        assert (await c.get("/v1/sessions/a-thread", headers=as_(ALICE))).json()["state"]["user_id"] == "alice"
+        assert len(model.requests) == 3
 
 
 async def test_a_key_without_users_may_not_name_one(served: tuple[Any, ScriptedModel]) -> None:

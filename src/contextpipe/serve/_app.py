@@ -394,14 +394,16 @@ class _Api:
         self._refuse_when_draining(runs)
         assert self.agent is not None
         thread = run_input.thread_id
-        if not new and (await self.store.get_session(tenant, thread) is None or await self._empty(tenant, thread)):
+        existing = await self.store.get_session(tenant, thread)
+        if existing is not None and not visible(request.state.grant, existing):
+            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
+        if not new and (existing is None or await self._empty(tenant, thread)):
             raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
                             "do not end with a user message: end them with the user's message to run on")
-        session = await self.agent.session(thread, tenant=tenant)
-        if not visible(request.state.grant, session) and (user_id(session) is not None
-                                                          or not await self._empty(tenant, thread)):
-            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-        await claim(self.store, session, request.state.grant.user)  # a new thread of a user-bound key is its user's
+        session = existing or await self.agent.session(thread, tenant=tenant)
+        if not visible(request.state.grant, session) and user_id(session) is not None:
+            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
+        await claim(self.store, session, request.state.grant.user)  # a new thread of a key bound to a user is the user's
         probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10)
         await self.store.release_lease(probe)
         run = runs.start(session, new or None, lease_wait=1.0, stream=True)
