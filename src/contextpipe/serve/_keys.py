@@ -53,7 +53,7 @@ class Grant:
 
     def __post_init__(self) -> None:
         validate_tenant(self.tenant)
-        if self.user is not None and not re.match(USER_ID, self.user):
+        if self.user is not None and not re.fullmatch(USER_ID, self.user):
             raise UsageError(f"user id {self.user!r} of a key for tenant {self.tenant!r}: use 1-200 letters, digits "
                              "and . _ : @ / = + -, starting with a letter or digit")
         if self.user is not None and self.names_users:
