@@ -403,7 +403,7 @@ class _Api:
         session = existing or await self.agent.session(thread, tenant=tenant)
         if not visible(request.state.grant, session) and user_id(session) is not None:
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
-        await claim(self.store, session, request.state.grant.user)  # a new thread of a key bound to a user is the user's
+        await claim(self.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
         probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10)
         await self.store.release_lease(probe)
         run = runs.start(session, new or None, lease_wait=1.0, stream=True)
