@@ -57,11 +57,11 @@ async def measure(size: int, limit: int | None, rounds: int) -> dict[str, Any]:
 
             async def plain() -> int:
                 end, rows = await store._run(store._load_rows, key, limit, None, None, None)
-                return len(make_page(store.backend, key, end, None, rows or []).messages)
+                return len(make_page(store.backend, key, end, rows or []).messages)
 
             async def one_by_one() -> int:
                 end, rows = await store._run(store._load_rows, key, limit, None, None, None)
-                return len(log.decode_rows_one_by_one(store.backend, key, end, None, rows or []).messages)
+                return len(log.decode_rows_one_by_one(store.backend, key, end, rows or []).messages)
 
             cases: dict[str, Callable[[], Awaitable[int]]] = {
                 "streamed": streamed, "plain": plain, "one_by_one": one_by_one}

@@ -107,6 +107,14 @@ async def test_bounded_tail_loads_and_paging_backwards(store: SessionStore, tena
     assert texts((await store.load(tenant, "s", after=7, limit=2)).messages) == ["m9", "m10"]
     empty = await store.load(tenant, "s", after=10)
     assert empty.messages == [] and empty.first_seq == 11
+    for after, before in ((20, None), (20, 5), (7, 3)):  # past the end, or an empty window: one past its end
+        beyond = await store.load(tenant, "s", after=after, before=before)
+        end = 10 if before is None else before - 1
+        assert (beyond.messages, beyond.first_seq, beyond.has_more) == ([], end + 1, True), (after, before)
+    await store.save_session(await store.load_or_create(tenant, "blank"))  # a session with no messages
+    for after in (None, 0, 1, 5):
+        blank = await store.load(tenant, "blank", after=after)
+        assert (blank.messages, blank.first_seq, blank.has_more) == ([], 1, False), after
     missing = await store.load(tenant, "nobody")
     assert (missing.messages, missing.has_more) == ([], False)
     with pytest.raises(UsageError, match="limit must be at least 1"):

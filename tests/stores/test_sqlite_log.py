@@ -94,15 +94,15 @@ async def plain_load(store: SQLiteStore, limit: int | None, before: int | None, 
     """`SQLiteStore.load` by the reference read."""
     key = SessionKey("t", "s")
     end, rows = await store._run(store._load_rows, key, limit, before, after, None)
-    return log_module.decode_rows_one_by_one(store.backend, key, end, after, rows or [])
+    return log_module.decode_rows_one_by_one(store.backend, key, end, rows or [])
 
 
 async def plain_load_context(store: SQLiteStore, limit: int | None) -> Any:
     """`SQLiteStore.load_context` by the reference read."""
     key = SessionKey("t", "s")
-    body, floor, end, rows = await store._run(store._context_rows, key, limit, None)
+    body, _, end, rows = await store._run(store._context_rows, key, limit, None)
     checkpoint = decode_checkpoint(store.backend, key, body) if body is not None else None
-    return checkpoint, log_module.decode_rows_one_by_one(store.backend, key, end, floor or None, rows or [])
+    return checkpoint, log_module.decode_rows_one_by_one(store.backend, key, end, rows or [])
 
 
 def streamed_only(patch: pytest.MonkeyPatch, thresholds: tuple[int, int]) -> list[bool]:

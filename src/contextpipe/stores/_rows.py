@@ -72,7 +72,7 @@ def _indexed_ids(messages: list[Message], ids: Sequence[str | None]) -> bool:
     return all(mid is None or m.id == mid for m, mid in zip(messages, ids, strict=True))
 
 
-def make_page(backend: str, key: SessionKey, end: int, after: int | None,
+def make_page(backend: str, key: SessionKey, end: int,
               rows: Sequence[tuple[int, str, str | bytes]]) -> MessagePage:
     """Build a page from ``(seq, message_id, body)`` rows in sequence order.
 
@@ -88,5 +88,5 @@ def make_page(backend: str, key: SessionKey, end: int, after: int | None,
         # Name the first record that cannot be read (the fast path above does not say which).
         decoded = [decode_message(backend, key, int(seq), body, mid) for seq, mid, body in rows]
     messages = decoded
-    first = int(rows[0][0]) if rows else max(end, after or 0) + 1
+    first = int(rows[0][0]) if rows else end + 1
     return MessagePage(messages, first, first > 1)

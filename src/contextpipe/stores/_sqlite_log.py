@@ -87,15 +87,15 @@ def read_log_rows(conn: sqlite3.Connection, key: SessionKey, after: int, end: in
     return rows
 
 
-def decode_rows_one_by_one(backend: str, key: SessionKey, end: int, after: int | None, rows: LogRows) -> MessagePage:
+def decode_rows_one_by_one(backend: str, key: SessionKey, end: int, rows: LogRows) -> MessagePage:
     """Return the page of `rows` (read by `read_log_rows`), each decoded on its own: what a streamed read must equal."""
     messages = [decode_message(backend, key, int(seq), body, mid) for seq, mid, body in rows]
-    return page_from(messages, int(rows[0][0]) if rows else None, end, after or 0)
+    return page_from(messages, int(rows[0][0]) if rows else None, end)
 
 
-def page_from(messages: list[Message], first: int | None, end: int, floor: int) -> MessagePage:
-    """Return the page of `messages` from sequence `first` (None when empty: one past ``max(end, floor)``)."""
-    start = first or max(end, floor) + 1
+def page_from(messages: list[Message], first: int | None, end: int) -> MessagePage:
+    """Return the page of `messages` from sequence `first` (None when empty: one past `end`, the range's last)."""
+    start = first or end + 1
     return MessagePage(messages, start, start > 1)
 
 

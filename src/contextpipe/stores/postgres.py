@@ -415,7 +415,7 @@ class PostgresStore(SessionStore):
                 "AND seq > $3 AND seq <= $4 ORDER BY seq DESC LIMIT $5",
                 key.tenant, key.id, after or 0, end, limit)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return row_codec.make_page(self.backend, key, end, after, ordered)
+        return row_codec.make_page(self.backend, key, end, ordered)
 
     @override
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
@@ -436,7 +436,7 @@ class PostgresStore(SessionStore):
         checkpoint = (row_codec.decode_checkpoint(self.backend, key, head["ckpt_body"])
                       if head["ckpt_body"] is not None else None)
         ordered = [(r["seq"], r["message_id"], r["body"]) for r in reversed(rows)]
-        return checkpoint, row_codec.make_page(self.backend, key, int(head["last_seq"]), floor or None, ordered)
+        return checkpoint, row_codec.make_page(self.backend, key, int(head["last_seq"]), ordered)
 
     @override
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:

@@ -408,11 +408,11 @@ class SQLiteStore(SessionStore):
         # 1,000-message tail in 1.0x (0.81x best): bench/results/sqlite_log.json, an idle machine.
         (end, rows), messages, first = await self._streamed(self._load_rows, key, limit, before, after)
         if rows is None and messages is not None:
-            first = first or max(end, after or 0) + 1
+            first = first or end + 1
             return MessagePage(messages, first, first > 1)
         if rows is None:  # read row by row: a damaged message is named by its sequence
             end, rows = await self._run(self._load_rows, key, limit, before, after, None)
-        return row_codec.make_page(self.backend, key, end, after, rows or [])
+        return row_codec.make_page(self.backend, key, end, rows or [])
 
     def _load_rows(self, conn: sqlite3.Connection, key: SessionKey, limit: int | None, before: int | None,
                    after: int | None, sink: log.ArraySink | None) -> tuple[int, log.LogRows | None]:
@@ -428,14 +428,14 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
-        (body, floor, end, rows), messages, first = await self._streamed(self._context_rows, key, limit)
+        (body, _, end, rows), messages, first = await self._streamed(self._context_rows, key, limit)
         if rows is None and messages is not None:
-            first = first or max(end, floor) + 1
+            first = first or end + 1
             page = MessagePage(messages, first, first > 1)
         else:
             if rows is None:  # read row by row: a damaged message is named by its sequence
-                body, floor, end, rows = await self._run(self._context_rows, key, limit, None)
-            page = row_codec.make_page(self.backend, key, end, floor or None, rows or [])
+                body, _, end, rows = await self._run(self._context_rows, key, limit, None)
+            page = row_codec.make_page(self.backend, key, end, rows or [])
         checkpoint = row_codec.decode_checkpoint(self.backend, key, body) if body is not None else None
         return checkpoint, page
 
