@@ -152,3 +152,42 @@ async def test_a_session_is_given_to_its_user_before_the_run_starts_so_no_other_
         assert (await first).status_code == 200
         assert (await c.get("/v1/sessions/new", headers=as_(BACKEND))).json()["state"]["user_id"] == "alice"
         assert model.calls == 1
+
+
+async def test_a_user_named_for_a_busy_session_of_no_user_waits_for_its_run_as_asked() -> None:
+    model = GateModel(gated=True)
+    keys = ApiKeys()
+    keys.add("acme", BACKEND, names_users=True)
+    app = create_app(Agent(model, providers=[History(MemoryStore())]), keys=keys)
+    async with client(app) as c:
+        await c.post("/v1/sessions", json={"id": "s"}, headers=as_(BACKEND))  # of no user yet
+        first = asyncio.create_task(c.post("/v1/sessions/s/runs", json={"input": "Hi."}, headers=as_(BACKEND)))
+        await model.entered.wait()  # a run for no user holds the session
+        named = asyncio.create_task(c.post("/v1/sessions/s/runs", json={"input": "Again.", "user_id": "alice",
+                                                                         "wait": 30}, headers=as_(BACKEND)))
+        await asyncio.sleep(0.05)
+        assert not named.done()  # waiting for the lease, as "wait" asks, not 409 SessionBusy at once
+        model.release.set()
+        assert (await first).status_code == 200
+        assert (await named).status_code == 200
+        assert (await c.get("/v1/sessions/s", headers=as_(BACKEND))).json()["state"]["user_id"] == "alice"
+        assert model.calls == 2
+
+
+async def test_a_user_is_never_given_a_session_made_again_under_the_id_it_was_read_by() -> None:
+    from contextpipe.serve._json import HTTPError
+    from contextpipe.serve._users import claim
+    from contextpipe.session import Session, set_user_id, user_id
+
+    store = MemoryStore()
+    read = await store.load_or_create("acme", "s")  # of no user, version 1
+    assert await store.delete_session("acme", "s")
+    bobs = Session("s", "acme", created_at=read.created_at + 1)
+    set_user_id(bobs, "bob")
+    await store.save_session(bobs)  # made again, for bob, at the same version
+    assert bobs.version == read.version
+    with pytest.raises(HTTPError) as refused:
+        await claim(store, read, "alice")
+    assert refused.value.status == 404
+    stored = await store.get_session("acme", "s")
+    assert stored is not None and user_id(stored) == "bob"

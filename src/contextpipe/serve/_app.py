@@ -334,7 +334,8 @@ class _Api:
         approvals = decisions(body.approvals)
         self._refuse_when_draining(runs)
         session = await self._existing(request, tenant, params[0])
-        await claim(self.store, session, request_user(request.state.grant, body.user_id))
+        await claim(self.store, session, request_user(request.state.grant, body.user_id),
+                    wait=min(body.wait, self.settings.max_wait))
         if input is None and not approvals and await self._empty(tenant, session.id):
             raise HTTPError(409, "NothingToRun", "input is null (resume the session), but the session has no "
                             "messages to resume from: send input (text or user messages)")

@@ -105,7 +105,7 @@ def _paths() -> dict[str, Any]:
                      "responses": _responses({
                          "201": {"description": "Created.", "content": _json("Session"), "links": session_links},
                          "200": {"description": "Already existed.", "content": _json("Session"),
-                                 "links": session_links}}, 400, 403, 409, 413)},
+                                 "links": session_links}}, 400, 403, 404, 409, 413)},
         },
         "/v1/sessions/{session_id}": {
             "parameters": [_ID],

@@ -38,13 +38,16 @@ def request_user(grant: Grant, named: str | None) -> str | None:
     return named
 
 
-async def claim(store: SessionStore, session: Session, user: str | None) -> None:
+async def claim(store: SessionStore, session: Session, user: str | None, *, wait: float = 0.0) -> None:
     """Make `session` belong to `user` if it belongs to no one yet, saved in `store` before any run on it starts.
 
     Raises a 409 `HTTPError` when it belongs to another user. Saved at once, not with a run's
     state: a run starts from the state stored under its lease, and two requests naming different
-    users for the same new session must not both win (the second save is a `ConcurrentUpdate`, a
-    409 to retry; it then sees the owner).
+    users for the same new session must not both win. The user is given under the session's
+    lease (waiting up to `wait` seconds for a run that holds it), to the session as stored then:
+    one deleted and made again under its id since `session` was read (another user's, perhaps,
+    at the same version) is not this request's, and is answered 404. `session` then holds the
+    stored state and version.
     """
     if user is None:
         return
@@ -52,10 +55,26 @@ async def claim(store: SessionStore, session: Session, user: str | None) -> None
     if owner == user:
         return
     if owner is not None:
-        raise HTTPError(409, "UserMismatch", f"session {session.id!r} belongs to user {owner!r}, not {user!r}: "
-                        "a session keeps one user; create another session for this user")
-    set_user_id(session, user)
-    await store.save_session(session)
+        raise _mismatch(session, owner, user)
+    lease = await store.acquire_lease(session.tenant, session.id, "contextpipe-serve-claim", ttl=10, wait=wait)
+    try:
+        stored = await store.get_session(session.tenant, session.id)
+        if stored is None or stored.created_at != session.created_at:
+            raise HTTPError(404, "NotFound", f"no session {session.id!r}: it was deleted (or expired) meanwhile")
+        owner = user_id(stored)
+        if owner is None:
+            set_user_id(stored, user)
+            await store.save_session(stored, lease=lease)
+        elif owner != user:
+            raise _mismatch(stored, owner, user)
+        session.state, session.version = stored.state, stored.version
+    finally:
+        await store.release_lease(lease)
+
+
+def _mismatch(session: Session, owner: str, user: str) -> HTTPError:
+    return HTTPError(409, "UserMismatch", f"session {session.id!r} belongs to user {owner!r}, not {user!r}: "
+                     "a session keeps one user; create another session for this user")
 
 
 async def reuse(store: SessionStore, grant: Grant, session: Session, user: str | None) -> Session:
