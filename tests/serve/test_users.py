@@ -104,8 +104,11 @@ async def test_a_key_bound_to_a_user_reaches_that_users_sessions_only(served: tu
                                  ("DELETE", "")):
                 response = await c.request(method, f"/v1/sessions/{other}{path}", headers=as_(ALICE))
                 assert response.status_code == 404, (method, other, path)
-            ran = await c.post(f"/v1/sessions/{other}/runs", json={"input": "Hi."}, headers=as_(ALICE))
-            assert ran.status_code == 404
+            for path, body in (("runs", {"input": "Hi."}), ("approvals", None),
+                               ("approvals", {"decisions": {"c1": {"decision": "approve"}}})):
+                ran = await c.request("GET" if body is None else "POST", f"/v1/sessions/{other}/{path}", json=body,
+                                      headers=as_(ALICE))
+                assert ran.status_code == 404, (other, path, body)
             taken = await c.post("/v1/sessions", json={"id": other}, headers=as_(ALICE))
             assert (taken.status_code, taken.json()["error"]["type"]) == (409, "Conflict")
             thread = await c.post("/v1/ag-ui", json=agui(other), headers=as_(ALICE))
