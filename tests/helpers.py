@@ -132,3 +132,20 @@ def changes(add: tuple[str, ...] = (), update: dict[str, str] | None = None, del
 def known_ids(request: ModelRequest) -> dict[str, str]:
     """The facts the extraction model is shown, text by id."""
     return dict(re.findall(r"^\[(\S+)\] (.*)$", request.messages[0].text, re.MULTILINE))
+
+
+PAID: list[str] = []
+"""The invoices `pay` paid (the approval tests clear it before each test)."""
+
+
+@tool(needs_approval=True)
+def pay(invoice: str, amount: int) -> str:
+    """Pay an invoice."""
+    PAID.append(invoice)
+    return f"paid {invoice}"
+
+
+@tool
+def balance() -> str:
+    """Return the account's balance."""
+    return "1200 EUR"

@@ -33,22 +33,7 @@ from contextpipe.models import ModelRequest
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel, Turn, tool_call
 from contextpipe.tools import CallTool, Tool, ToolInvocation, ToolOutcome
-from helpers import MiddlewareProvider
-
-PAID: list[str] = []
-
-
-@tool(needs_approval=True)
-def pay(invoice: str, amount: int) -> str:
-    """Pay an invoice."""
-    PAID.append(invoice)
-    return f"paid {invoice}"
-
-
-@tool
-def balance() -> str:
-    """Return the account's balance."""
-    return "1200 EUR"
+from helpers import PAID, MiddlewareProvider, balance, pay
 
 
 @pytest.fixture(autouse=True)

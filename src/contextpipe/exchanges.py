@@ -44,6 +44,7 @@ __all__ = [
     "exchange_problem",
     "group_messages",
     "is_late_result",
+    "last_exchange",
     "late_result",
     "normalise_calls",
     "repair_exchanges",
@@ -239,14 +240,22 @@ def unanswered_calls(messages: Sequence[Message]) -> list[FunctionCall]:
 
     Only the tail is read: trailing tool messages and the assistant message before them.
     """
+    return last_exchange(messages)[1]
+
+
+def last_exchange(messages: Sequence[Message]) -> tuple[Message | None, list[FunctionCall]]:
+    """Return the last assistant message of `messages` and its calls without a result after it (none: None, []).
+
+    Only the tail is read: trailing tool messages and the assistant message before them.
+    """
     answered: set[str] = set()
     i = len(messages) - 1
     while i >= 0 and messages[i].role == "tool":
         answered.update(r.call_id for r in messages[i].function_results)
         i -= 1
     if i < 0 or messages[i].role != "assistant":
-        return []
-    return [c for c in messages[i].function_calls if c.call_id not in answered]
+        return None, []
+    return messages[i], [c for c in messages[i].function_calls if c.call_id not in answered]
 
 
 def drop_leading_orphans(messages: list[Message]) -> list[Message]:

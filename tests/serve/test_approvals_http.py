@@ -8,33 +8,20 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from contextpipe import Agent, tool
+from contextpipe import Agent
 from contextpipe.approvals import arguments_digest
 from contextpipe.models import ModelRequest
 from contextpipe.providers import History
 from contextpipe.serve import ServeSettings, create_app
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel, Turn, tool_call
+from helpers import PAID, balance, pay
 
 from .conftest import auth, client, keys
 from .test_http import sse
 
-PAID: list[str] = []
 ARGUMENTS = '{"invoice": "INV-7", "amount": 120}'
 DIGEST = arguments_digest("pay", ARGUMENTS)
-
-
-@tool(needs_approval=True)
-def pay(invoice: str, amount: int) -> str:
-    """Pay an invoice."""
-    PAID.append(invoice)
-    return f"paid {invoice}"
-
-
-@tool
-def balance() -> str:
-    """Return the account's balance."""
-    return "1200 EUR"
 
 
 @pytest.fixture(autouse=True)

@@ -8,12 +8,12 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from contextpipe import Agent, Durability, FunctionCall, Message, tool
+from contextpipe import Agent, Durability, FunctionCall, Message
 from contextpipe.providers import History
 from contextpipe.serve import ServeSettings, create_app
 from contextpipe.stores import Checkpoint, SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
-from helpers import get_weather_forecast, lookup_location_code
+from helpers import PAID, get_weather_forecast, lookup_location_code, pay
 
 from .conftest import KEYS, auth, keys, serving
 
@@ -108,16 +108,6 @@ async def test_inspector_runs_a_chat_and_shows_transcript_and_chart(tmp_path: Pa
             assert errors == []
             await browser.close()
     await store.close()
-
-
-PAID: list[str] = []
-
-
-@tool(needs_approval=True)
-def pay(invoice: str, amount: int) -> str:
-    """Pay an invoice."""
-    PAID.append(invoice)
-    return f"paid {invoice}"
 
 
 @pytest.mark.extra("browser")  # Playwright and Debian's chromium: CONTEXTPIPE_TEST_EXTRAS=browser bash scripts/test.sh

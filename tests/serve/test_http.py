@@ -489,7 +489,7 @@ def test_serving_stays_out_of_import_contextpipe_and_its_api_is_pinned() -> None
             "or m.startswith('contextpipe.serve')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    assert sorted(contextpipe.serve.__all__) == ["ApiKeys", "OnDisconnect", "ServeSettings", "create_app",
+    assert sorted(contextpipe.serve.__all__) == ["ApiKeys", "Grant", "OnDisconnect", "ServeSettings", "create_app",
                                                  "hash_key", "new_key"]
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from contextpipe import Agent, tool
 from contextpipe.providers import History
-from contextpipe.serve import create_app
+from contextpipe.serve import ApiKeys, create_app
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
 
@@ -272,3 +272,36 @@ async def test_a_retry_with_the_same_idempotency_key_is_answered_from_the_log() 
     assert chat_again.choices[0].message.content == chat.choices[0].message.content
     assert model.calls == 2
     assert await log(store, "idem") == [("user", "pay once"), ("assistant", "reply 1 to pay once")]
+
+
+async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
+    store = MemoryStore()
+    api_keys = ApiKeys()
+    api_keys.add("acme", "cp_backend", names_users=True)
+    api_keys.add("acme", "cp_alice", user="alice")
+    api_keys.add("acme", "cp_plain")
+    app = create_app(Agent(GateModel(), providers=[History(store)], name="test"), keys=api_keys)
+    async with openai_clients(app) as sdk:
+        backend, alice, plain = sdk(api_key="cp_backend"), sdk(api_key="cp_alice"), sdk(api_key="cp_plain")
+        bobs = await backend.responses.create(model="test", input="bob's secret", conversation="bob-1", user="bob")
+        with pytest.raises(openai.PermissionDeniedError, match="may not name users"):
+            await plain.responses.create(model="test", input="x", user="bob")
+        with pytest.raises(openai.PermissionDeniedError):
+            await alice.chat.completions.create(model="test", messages=[{"role": "user", "content": "x"}],
+                                                user="bob")
+        # A key bound to alice reaches none of bob's sessions, however it names them.
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.create(model="test", input="x", previous_response_id=bobs.id)
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.create(model="test", input="x", conversation="bob-1")
+        with pytest.raises(openai.NotFoundError):
+            await alice.chat.completions.create(model="test", messages=[{"role": "user", "content": "x"}],
+                                                extra_headers={"X-Session-Id": "bob-1"})
+        mine = await alice.chat.completions.with_raw_response.create(
+            model="test", messages=[{"role": "user", "content": "mine"}])
+    assert [text for _, text in await log(store, "bob-1")] == ["bob's secret", "reply 1 to bob's secret"]
+    sessions = {s.session_id: s for s in (await store.list_sessions("acme")).sessions}
+    assert set(sessions) == {"bob-1", mine.headers["x-session-id"]}
+    for session_id, user in (("bob-1", "bob"), (mine.headers["x-session-id"], "alice")):
+        stored = await store.get_session("acme", session_id)
+        assert stored is not None and stored.state["user_id"] == user

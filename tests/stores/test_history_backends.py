@@ -86,6 +86,21 @@ async def test_run_on_a_deleted_session_is_refused(store: SessionStore, tenant: 
         await agent.run("again", session=session)
 
 
+async def test_run_on_a_session_made_again_under_its_id_is_refused(store: SessionStore, tenant: str) -> None:
+    agent = Agent(ScriptedModel(["a", "b", "c"]), providers=[History(store)])
+    session = await agent.session("s", tenant=tenant)
+    await agent.run("hi", session=session)
+    assert await store.delete_session(tenant, "s")
+    other = await agent.session("s", tenant=tenant)
+    other.state["owner"] = "someone else"
+    await agent.run("theirs", session=other)
+    with pytest.raises(StoreError, match="a new session has been made since under the same id"):
+        await agent.run("again", session=session)
+    assert session.state.get("owner") is None
+    page = await store.load(tenant, "s")
+    assert [m.text for m in page.messages] == ["theirs", "b"]
+
+
 async def test_repair_after_a_kill_on_every_backend(store: SessionStore, tenant: str) -> None:
     runs: list[str] = []
 

@@ -43,7 +43,7 @@ from ..approvals import (
     awaiting_approval,
 )
 from ..errors import ApprovalError, CodecError, UsageError, clause, shorten
-from ..exchanges import tool_message
+from ..exchanges import last_exchange, tool_message
 from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..session import Session
 from ..trace import ApprovalAction, TracedToolCall
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from .calls import CallContexts
     from .writer import StepWriter
 
-__all__ = ["APPROVAL", "ApprovalGate", "agent_policy", "check_decisions", "open_calls", "pending_in"]
+__all__ = ["APPROVAL", "ApprovalGate", "agent_policy", "check_decisions", "pending_in"]
 
 APPROVAL = Source("tool", "approval")
 """The source of the tool message answering calls a person decided."""
@@ -83,21 +83,9 @@ def agent_policy(policy: AgentApprovalPolicy | None) -> ApprovalCheck | None:
     return covers
 
 
-def open_calls(history: Sequence[Message]) -> tuple[Message | None, list[FunctionCall]]:
-    """Return the last model message of `history` and its calls without a result after it (none: None, [])."""
-    answered: set[str] = set()
-    i = len(history) - 1
-    while i >= 0 and history[i].role == "tool":
-        answered.update(r.call_id for r in history[i].function_results)
-        i -= 1
-    if i < 0 or history[i].role != "assistant":
-        return None, []
-    return history[i], [c for c in history[i].function_calls if c.call_id not in answered]
-
-
 def _waiting(history: Sequence[Message]) -> tuple[Message | None, dict[str, FunctionCall]]:
     """Return the last model message of `history` and its calls marked as awaiting approval, still without a result."""
-    message, open_ = open_calls(history)
+    message, open_ = last_exchange(history)
     marked = awaiting_approval(message)
     return message, {c.call_id: c for c in open_ if c.call_id in marked}
 
@@ -210,7 +198,7 @@ def _new_decision(call_id: str, decision: Decision, call: FunctionCall | None, m
 
 
 def _listed(history: Sequence[Message]) -> str:
-    message, open_ = open_calls(history)
+    message, open_ = last_exchange(history)
     marked = awaiting_approval(message)
     return ", ".join(f"{c.name} ({c.call_id})" for c in open_ if c.call_id in marked) or "none"
 
@@ -326,7 +314,7 @@ class ApprovalGate:
         Raises `ApprovalError` when some still await one and the run has new input. The approvals
         are saved in the session's state before this returns: before the approved calls run.
         """
-        message, _ = open_calls(history)
+        message, _ = last_exchange(history)
         marked = awaiting_approval(message)
         answer: list[FunctionCall] = []
         waiting: list[PendingApproval] = []

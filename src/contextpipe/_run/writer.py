@@ -386,10 +386,13 @@ class StepWriter:
         session = self.session
         assert session is not None
         stored = await self.store.get_session(session.tenant, session.id)
-        if stored is None and session.version > 0:
+        if session.version > 0 and (stored is None or stored.created_at != session.created_at):
+            # A session made again under the same id (after a delete or an expiry) is another session:
+            # its state, its user and its log are not this run's to take up.
+            again = "" if stored is None else " (a new session has been made since under the same id)"
             raise StoreError(
                 f"session {session.id!r} (tenant {session.tenant!r}) no longer exists: it was deleted or it "
-                "expired; start a new one with agent.session(...)",
+                f"expired{again}; start a new one with agent.session(...)",
                 backend=self.store.backend, tenant=session.tenant, session_id=session.id,
             )
         if stored is not None and stored.version != session.version:

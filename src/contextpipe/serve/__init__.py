@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise UsageError(f'contextpipe serve needs {exc.name}: pip install "contextpipe[serve]"') from None
 
 from ._app import ServeSettings, create_app
-from ._keys import ApiKeys, hash_key, new_key
+from ._keys import ApiKeys, Grant, hash_key, new_key
 from ._runs import OnDisconnect
 
-__all__ = ["ApiKeys", "OnDisconnect", "ServeSettings", "create_app", "hash_key", "new_key"]
+__all__ = ["ApiKeys", "Grant", "OnDisconnect", "ServeSettings", "create_app", "hash_key", "new_key"]

@@ -50,7 +50,7 @@ from ..errors import (
     UsageError,
 )
 from ..messages import Message
-from ..session import Session, validate_session_id
+from ..session import Session, user_id, validate_session_id
 from ..stores import MessagePage, SessionStore
 from ._approvals import decide_approvals, list_approvals, refuse_unfit
 from ._facts import session_facts
@@ -70,6 +70,7 @@ from ._requests import (
     validate,
 )
 from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json
+from ._users import claim, reaches, request_user, reuse, visible
 
 __all__ = ["ServeSettings", "create_app"]
 
@@ -138,11 +139,12 @@ class _Api:
         auth = request.headers.get("authorization", "")
         if key is None and auth[:7].lower() == "bearer ":
             key = auth[7:].strip()
-        tenant = self.keys.tenant_for(key) if key else None
-        if tenant is None:
+        grant = self.keys.grant_for(key) if key else None
+        if grant is None:
             message = "a valid API key is needed: send 'Authorization: Bearer KEY'" if not key else "unknown API key"
             raise HTTPError(401, "Unauthorized", message, {"WWW-Authenticate": "Bearer"})
-        return tenant
+        request.state.grant = grant
+        return grant.tenant
 
     def _route(self, method: str, segments: list[str]) -> tuple[Handler, list[str]]:
         for pattern, routes in _ROUTES:
@@ -210,10 +212,11 @@ class _Api:
     async def _empty(self, tenant: str, session_id: str) -> bool:
         return not (await self.store.load(tenant, session_id, limit=1)).messages
 
-    async def _existing(self, tenant: str, session_id: str) -> Any:
+    async def _existing(self, request: Request, tenant: str, session_id: str) -> Any:
+        """Return the session of the caller's tenant (and user, for a key bound to one), or answer 404."""
         validate_session_id(session_id)
         session = await self.store.get_session(tenant, session_id)
-        if session is None:
+        if session is None or not visible(request.state.grant, session):
             raise HTTPError(404, "NotFound", f"no session {session_id!r}")
         return session
 
@@ -247,7 +250,8 @@ class _Api:
         while True:
             listing = await self.store.list_sessions(tenant, limit=limit, cursor=cursor)
             scanned += len(listing.sessions)
-            found += [s for s in listing.sessions if not query or query in s.session_id.lower()]
+            found += [s for s in listing.sessions if (not query or query in s.session_id.lower())
+                      and await reaches(self.store, request.state.grant, tenant, s.session_id)]
             cursor = listing.next_cursor
             # A search reads whole pages (nothing is skipped) and stops after about 1,000 sessions.
             if not query or cursor is None or len(found) >= limit or scanned >= 1000:
@@ -261,28 +265,34 @@ class _Api:
     async def create_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         self._writable()
         body = validate(CreateSession, await self._body(request))
+        user = request_user(request.state.grant, body.user_id)
         assert self.agent is not None
         if body.id is None:
             session = await self.agent.create_session(tenant=tenant, ttl=body.ttl)
-            return json_response(_session_json(session, None), 201)
-        existing = await self.store.get_session(tenant, body.id)
-        session = existing or await self.agent.session(body.id, tenant=tenant, ttl=body.ttl)
-        return json_response(_session_json(session, None), 200 if existing else 201)
+        else:
+            existing = await self.store.get_session(tenant, body.id)
+            if existing is not None:
+                return json_response(_session_json(await reuse(self.store, request.state.grant, existing, user),
+                                                   None))
+            session = await self.agent.session(body.id, tenant=tenant, ttl=body.ttl)
+        await claim(self.store, session, user)
+        return json_response(_session_json(session, None), 201)
 
     async def get_session(self, request: Request, tenant: str, params: list[str]) -> Response:
-        session = await self._existing(tenant, params[0])
+        session = await self._existing(request, tenant, params[0])
         checkpoint = await self.store.latest_checkpoint(tenant, session.id)
         return json_response(_session_json(session, checkpoint))
 
     async def delete_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         self._writable()
         validate_session_id(params[0])
-        if not await self.store.delete_session(tenant, params[0]):
+        if not await reaches(self.store, request.state.grant, tenant, params[0]) or \
+                not await self.store.delete_session(tenant, params[0]):
             raise HTTPError(404, "NotFound", f"no session {params[0]!r}")
         return Response(status_code=204)
 
     async def messages(self, request: Request, tenant: str, params: list[str]) -> Response:
-        session = await self._existing(tenant, params[0])
+        session = await self._existing(request, tenant, params[0])
         limit = query_int(request, "limit", 100, 1, 1000)
         before = query_int(request, "before", None, 0, 2**62)
         after = query_int(request, "after", None, -1, 2**62)
@@ -312,7 +322,7 @@ class _Api:
         return MessagePage(page.messages[:limit], page.first_seq, page.has_more), page.first_seq + limit - 1
 
     async def traces(self, request: Request, tenant: str, params: list[str]) -> Response:
-        session = await self._existing(tenant, params[0])
+        session = await self._existing(request, tenant, params[0])
         limit = query_int(request, "limit", None, 1, 10_000)
         traces = await self.store.load_traces(tenant, session.id, limit=limit)
         return json_response({"traces": traces}, items=("traces",))
@@ -324,7 +334,9 @@ class _Api:
                            params[0])
         approvals = decisions(body.approvals)
         self._refuse_when_draining(runs)
-        session = await self._existing(tenant, params[0])
+        session = await self._existing(request, tenant, params[0])
+        await claim(self.store, session, request_user(request.state.grant, body.user_id),
+                    wait=min(body.wait, self.settings.max_wait))
         if input is None and not approvals and await self._empty(tenant, session.id):
             raise HTTPError(409, "NothingToRun", "input is null (resume the session), but the session has no "
                             "messages to resume from: send input (text or user messages)")
@@ -399,10 +411,16 @@ class _Api:
         self._refuse_when_draining(runs)
         assert self.agent is not None
         thread = run_input.thread_id
-        if not new and (await self.store.get_session(tenant, thread) is None or await self._empty(tenant, thread)):
+        existing = await self.store.get_session(tenant, thread)
+        if existing is not None and not visible(request.state.grant, existing):
+            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
+        if not new and (existing is None or await self._empty(tenant, thread)):
             raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
                             "do not end with a user message: end them with the user's message to run on")
-        session = await self.agent.session(thread, tenant=tenant)
+        session = existing or await self.agent.session(thread, tenant=tenant)
+        if not visible(request.state.grant, session) and user_id(session) is not None:
+            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
+        await claim(self.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
         await self.probe(session, 0.0)
         run = runs.start(session, new or None, lease_wait=1.0, stream=True)
 

@@ -44,7 +44,7 @@ class _Api(Protocol):
 
     async def _body(self, request: Request) -> Any: ...
 
-    async def _existing(self, tenant: str, session_id: str) -> Any: ...
+    async def _existing(self, request: Request, tenant: str, session_id: str) -> Any: ...
 
     async def start_run(self, request: Request, runs: RunManager, session: Session,
                         input: str | Sequence[Message] | None, approvals: Mapping[str, Decision] | None, *,
@@ -53,7 +53,7 @@ class _Api(Protocol):
 
 async def list_approvals(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
     """Return the calls awaiting approval at the end of the session's log (an empty list when none)."""
-    session = await api._existing(tenant, params[0])
+    session = await api._existing(request, tenant, params[0])
     pending = pending_in(await log_tail(api.store, session), session)
     return json_response({"pending_approvals": [pending_to_json(p) for p in pending]})
 
@@ -63,7 +63,7 @@ async def decide_approvals(api: _Api, request: Request, tenant: str, params: lis
     runs = api._writable()
     body = validate(ApprovalsRequest, await api._body(request))
     api._refuse_when_draining(runs)
-    session = await api._existing(tenant, params[0])
+    session = await api._existing(request, tenant, params[0])
     return await api.start_run(request, runs, session, None, decisions(body.decisions), wait=body.wait,
                                stream=body.stream, traces=body.traces)
 

@@ -26,7 +26,7 @@ from .. import Agent
 from ..agent import DEFAULT_HISTORY_ID
 from ..errors import UsageError
 from ..session import validate_tenant
-from ._keys import ApiKeys, hash_key, new_key
+from ._keys import ApiKeys, Grant, hash_key, new_key
 
 __all__ = ["app_from_env", "history_line", "load_agent", "run_server", "run_ui"]
 
@@ -174,7 +174,7 @@ def app_from_env() -> Any:
     config = json.loads(os.environ[_CONFIG_ENV])
     keys = ApiKeys.load(config.get("keys_file"))
     for tenant, hashed in config.get("hashes", []):
-        keys._tenants[hashed] = tenant
+        keys.add_hashed(hashed, Grant(tenant))
     if not len(keys):
         raise UsageError("no API keys: pass --keys FILE or set CONTEXTPIPE_API_KEYS")
     settings = ServeSettings(**{**config["settings"], "cors_origins": tuple(config["settings"]["cors_origins"])})

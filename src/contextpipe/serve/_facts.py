@@ -26,14 +26,14 @@ class _Api(Protocol):
 
     agent: Agent | None
 
-    async def _existing(self, tenant: str, session_id: str) -> Any: ...
+    async def _existing(self, request: Request, tenant: str, session_id: str) -> Any: ...
 
 
 async def session_facts(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
     """Return the histories of the facts about the session's user, per `FactMemory` of the agent."""
     from ..providers.facts import FactMemory
 
-    session = await api._existing(tenant, params[0])
+    session = await api._existing(request, tenant, params[0])
     memories = [p for p in api.agent.providers if isinstance(p, FactMemory)] if api.agent is not None else []
     return json_response({"user_id": user_id(session), "memories": [
         {"source_id": memory.source_id, "collection": memory.collection,

@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..messages import Message
-from ..session import Session, validate_session_id
+from ..session import Session, user_id, validate_session_id
 from ._json import HTTPError, clean, dumps, json_response
 from ._openai_requests import (
     ChatRequest,
@@ -46,6 +46,7 @@ from ._openai_requests import (
 )
 from ._requests import idempotent_id, validate
 from ._runs import LiveRun, RunManager, result_to_json
+from ._users import claim, request_user, visible
 
 if TYPE_CHECKING:
     from .. import Agent, RunResult
@@ -105,7 +106,7 @@ async def chat_completions(api: _Api, request: Request, tenant: str, params: lis
     """``POST /v1/chat/completions``: run on the conversation's new user messages, answer as a chat completion."""
     runs, agent, body = await _start(api, request, ChatRequest)
     named = _header_session(request)
-    session = await _session(api, tenant, named)
+    session = await _session(api, request, tenant, named, request_user(request.state.grant, body.user))
     conversation = chat_messages(body.messages)
     if named is not None and await _has_messages(api, session):
         conversation = _trailing_user(conversation)
@@ -189,10 +190,12 @@ async def responses(api: _Api, request: Request, tenant: str, params: list[str])
     if len(set(named)) > 1:  # a 409, as the body is well formed: /openapi.json cannot tie a header to it
         raise HTTPError(409, "Conflict", f"the request names two conversations ({named[0]!r} and {named[1]!r}): "
                         f"name it once, with previous_response_id, conversation or the {SESSION_HEADER} header")
+    user = request_user(request.state.grant, body.user)
     if previous is not None:
-        session = await _latest_response(api, tenant, body.previous_response_id or "", *previous)
+        session = await _latest_response(api, request, tenant, body.previous_response_id or "", *previous)
+        await claim(api.store, session, user)
     else:
-        session = await _session(api, tenant, named[0] if named else None)
+        session = await _session(api, request, tenant, named[0] if named else None, user)
     input = response_messages(body)
     if input[-1].role != "user":
         raise _nothing_to_run("input")
@@ -294,10 +297,11 @@ def _decode_response_id(response_id: str) -> tuple[str, str]:
     return session_id, message_id
 
 
-async def _latest_response(api: _Api, tenant: str, response_id: str, session_id: str, message_id: str) -> Session:
+async def _latest_response(api: _Api, request: Request, tenant: str, response_id: str, session_id: str,
+                           message_id: str) -> Session:
     """Return the session of `response_id`, if its input is the latest user message there (404 / 409 if not)."""
     session = await api.store.get_session(tenant, session_id)
-    if session is None:
+    if session is None or not visible(request.state.grant, session):
         raise HTTPError(404, "NotFound", f"no response {response_id!r}: its conversation was deleted, or expired")
     latest = await _last(api.store, tenant, session_id, "user")
     if latest is None or latest.id != message_id:
@@ -350,11 +354,21 @@ def _header_session(request: Request) -> str | None:
     return named
 
 
-async def _session(api: _Api, tenant: str, named: str | None) -> Session:
+async def _session(api: _Api, request: Request, tenant: str, named: str | None, user: str | None) -> Session:
+    """Return the session `named` (created if new; None: a new one), given to `user` if it has no user yet.
+
+    A key bound to a user reaches its user's sessions only: any other is answered 404, as on every route.
+    """
     assert api.agent is not None
     if named is None:
-        return await api.agent.create_session(tenant=tenant)
-    return await api.agent.session(named, tenant=tenant)
+        session = await api.agent.create_session(tenant=tenant)
+    else:
+        session = await api.store.get_session(tenant, named) or await api.agent.session(named, tenant=tenant)
+        if not visible(request.state.grant, session) and (user_id(session) is not None
+                                                          or await _has_messages(api, session)):
+            raise HTTPError(404, "NotFound", f"no session {named!r}")  # another user's, or of no user
+    await claim(api.store, session, user)
+    return session
 
 
 async def _has_messages(api: _Api, session: Session) -> bool:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import mimetypes
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import pydantic
 from pydantic import Field
 
 from ..messages import Message, Part, TextPart, UriPart, new_message_id
 from ..models import ModelSettings
-from ._requests import MEDIA_TYPE, NOT_BLANK, RULES, SESSION_ID, URI
+from ._keys import USER_ID
+from ._requests import MEDIA_TYPE, NOT_BLANK, RULES, SESSION_ID, URI, USER_FIELD
 
 __all__ = ["ChatRequest", "ResponsesRequest", "chat_messages", "openai_request_schemas", "response_messages",
            "run_settings"]
@@ -36,14 +37,11 @@ def _whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _integer(low: int, high: int) -> Any:
-    """Return the type of an integer from `low` to `high`, as JSON may write it (``5`` or ``5.0``, as JSON Schema)."""
-    return Annotated[int, Field(ge=low, le=high), pydantic.BeforeValidator(_whole)]
-
-
-TOKENS: Final = _integer(1, 2**31)
-SEED: Final = _integer(-(2**63), 2**63 - 1)
-ONE: Final = _integer(1, 1)
+_Whole = pydantic.BeforeValidator(_whole)
+"""Integers as JSON may write them (``5`` or ``5.0``, as JSON Schema's ``integer`` takes both)."""
+TOKENS: TypeAlias = Annotated[int, Field(ge=1, le=2**31), _Whole]
+SEED: TypeAlias = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), _Whole]
+ONE: TypeAlias = Annotated[int, Field(ge=1, le=1), _Whole]
 
 
 class _Body(pydantic.BaseModel):
@@ -139,7 +137,7 @@ class ChatRequest(_Body):
     presence_penalty: float | None = Field(None, ge=-2, le=2, description=NOT_APPLIED)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description=NOT_APPLIED)
     stop: str | list[str] | None = Field(None, description=NOT_APPLIED)
-    user: str | None = Field(None, description=NOT_APPLIED)
+    user: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
     metadata: dict[str, str] | None = Field(None, description=NOT_APPLIED)
     store: bool | None = Field(None, description="Accepted, not applied: the server keeps every conversation.")
     parallel_tool_calls: bool | None = Field(None, description=NOT_APPLIED)
@@ -253,7 +251,7 @@ class ResponsesRequest(_Body):
                                           "generates.")
     reasoning: Reasoning | None = None
     top_p: float | None = Field(None, ge=0, le=1, description=NOT_APPLIED)
-    user: str | None = Field(None, description=NOT_APPLIED)
+    user: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
     metadata: dict[str, str] | None = Field(None, description=NOT_APPLIED)
     store: Literal[True] | None = Field(None, description="true: the server keeps every conversation.")
     parallel_tool_calls: bool | None = Field(None, description=NOT_APPLIED)

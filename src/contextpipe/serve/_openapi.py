@@ -23,13 +23,16 @@ _ERRORS = {
     400: "A client mistake: the body is not strict JSON (`InvalidJSON`), holds a lone surrogate (`InvalidText`), "
          "or does not fit this route (`BadRequest`); the message names the field and what to send.",
     401: "No API key, or an unknown one.",
-    404: "No such session for this tenant.",
+    403: "The API key may not name this user (`Forbidden`): only a key granted `users=any` names users, and a key "
+         "bound to a user acts for that user only.",
+    404: "No such session for this tenant (or, for a key bound to a user, for its user).",
     409: "The session is busy (`SessionBusy`, see `Retry-After`), the input's message id is taken by other "
          "content (`InputConflict`), there is nothing to run (`NothingToRun`: no input, and no messages to "
          "resume from), an `Idempotency-Key` came with a resume, which it cannot make safe to retry "
-         "(`NotIdempotent`), or a decision on a tool call cannot apply (`ApprovalError`: the call is not awaiting "
+         "(`NotIdempotent`), a decision on a tool call cannot apply (`ApprovalError`: the call is not awaiting "
          "approval, it was answered already, or the digest is of other arguments; or input came while calls "
-         "await a decision).",
+         "await a decision), the session belongs to another user than the one named (`UserMismatch`), or a "
+         "create names a session that is not this key's user's (`Conflict`).",
     410: "The session was deleted, or expired, while the run ran.",
     413: "The request body is too large.",
     502: "The model failed.",
@@ -82,7 +85,7 @@ def _paths() -> dict[str, Any]:
     run_responses = _responses({"200": {
         "description": "The result, or the event stream.",
         "content": {**_json("RunResult"), "text/event-stream": {"schema": _event(_RUN_EVENTS)}}}},
-        400, 404, 409, 410, 413, 502)
+        400, 403, 404, 409, 410, 413, 502)
     return {
         "/v1/info": {"get": {
             "summary": "Who am I: tenant, agent, store", "operationId": "info",
@@ -103,7 +106,7 @@ def _paths() -> dict[str, Any]:
                      "responses": _responses({
                          "201": {"description": "Created.", "content": _json("Session"), "links": session_links},
                          "200": {"description": "Already existed.", "content": _json("Session"),
-                                 "links": session_links}}, 400, 413)},
+                                 "links": session_links}}, 400, 403, 404, 409, 413)},
         },
         "/v1/sessions/{session_id}": {
             "parameters": [_ID],
@@ -178,7 +181,7 @@ def _paths() -> dict[str, Any]:
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
                      "requestBody": {"required": True, "content": _json("AgUiRunAgentInput")},
                      "responses": _responses({"200": {"description": "AG-UI events.", "content": {
-                         "text/event-stream": {"schema": _event(("message",))}}}}, 400, 409, 413)},
+                         "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 413)},
         },
     }
 

@@ -23,6 +23,7 @@ from ..codec import message_from_dict
 from ..messages import Message, new_message_id
 from ..stores._checks import decode_cursor, encode_cursor
 from ._json import HTTPError, where
+from ._keys import USER_ID
 
 __all__ = ["ApprovalsRequest", "CreateSession", "RunRequest", "decisions", "http_cursor", "input_messages", "invalid",
            "idempotent_id", "name_input", "query_int", "request_schemas", "store_cursor", "validate"]
@@ -41,6 +42,9 @@ DIGEST: Final = r"^[0-9a-f]{64}$"
 """A pending call's digest (`contextpipe.approvals.arguments_digest`): 64 lowercase hex digits."""
 IDEMPOTENCY_KEY: Final = r"^[!-~](?:[ -~]{0,253}[!-~])?$"
 """An ``Idempotency-Key`` header: 1-255 printable ASCII characters, not starting or ending with a space."""
+USER_FIELD: Final = ("The user the session belongs to (memories and facts are kept per user), given to a session "
+                     "of no user yet: only a key granted 'users=any' may name one; a key bound to a user acts for "
+                     "it. " + "1-200 characters: letters, digits and . _ : @ / = + -, starting with a letter or digit")
 MIN_TTL, MAX_TTL = 60.0, 10 * 365 * 86400.0
 """The shortest and longest session TTL a request may set (a minute, ten years)."""
 
@@ -65,6 +69,7 @@ class CreateSession(_Body):
         None, description="The session's id (none makes a random one): " + RULES[SESSION_ID])
     ttl: float | None = Field(None, ge=MIN_TTL, le=MAX_TTL,
                               description="Seconds of inactivity before the session expires: a minute to ten years.")
+    user_id: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
 
 
 class InputTextPart(_Body):
@@ -184,6 +189,7 @@ class RunRequest(_Body):
     approvals: Decisions | None = Field(
         None, description="Decisions on calls awaiting approval, by call id, as for `/approvals`: they are answered "
                           "before the input.")
+    user_id: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
 
 
     @pydantic.model_validator(mode="after")
