@@ -284,7 +284,7 @@ async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
     async with openai_clients(app) as sdk:
         backend, alice, plain = sdk(api_key="cp_backend"), sdk(api_key="cp_alice"), sdk(api_key="cp_plain")
         bobs = await backend.responses.create(model="test", input="bob's secret", conversation="bob-1", user="bob")
-        with pytest.raises(openai.PermissionDeniedError, match="may not name users"):
+        with pytest.raises(openai.PermissionDeniedError, match="may not name users: leave user out"):
             await plain.responses.create(model="test", input="x", user="bob")
         with pytest.raises(openai.PermissionDeniedError):
             await alice.chat.completions.create(model="test", messages=[{"role": "user", "content": "x"}],

@@ -106,7 +106,7 @@ async def chat_completions(api: _Api, request: Request, tenant: str, params: lis
     """``POST /v1/chat/completions``: run on the conversation's new user messages, answer as a chat completion."""
     runs, agent, body = await _start(api, request, ChatRequest)
     named = _header_session(request)
-    session = await _session(api, request, tenant, named, request_user(request.state.grant, body.user))
+    session = await _session(api, request, tenant, named, request_user(request.state.grant, body.user, "user"))
     conversation = chat_messages(body.messages)
     if named is not None and await _has_messages(api, session):
         conversation = _trailing_user(conversation)
@@ -190,7 +190,7 @@ async def responses(api: _Api, request: Request, tenant: str, params: list[str])
     if len(set(named)) > 1:  # a 409, as the body is well formed: /openapi.json cannot tie a header to it
         raise HTTPError(409, "Conflict", f"the request names two conversations ({named[0]!r} and {named[1]!r}): "
                         f"name it once, with previous_response_id, conversation or the {SESSION_HEADER} header")
-    user = request_user(request.state.grant, body.user)
+    user = request_user(request.state.grant, body.user, "user")
     if previous is not None:
         session = await _latest_response(api, request, tenant, body.previous_response_id or "", *previous)
         await claim(api.store, session, user)

@@ -204,7 +204,7 @@ def _openai_paths() -> dict[str, Any]:
                       "content": {**_json(result), "text/event-stream": {"schema": stream}}}}
         return {"post": {"summary": summary, "operationId": operation, "parameters": [session, key],
                          "requestBody": {"required": True, "content": _json(body)},
-                         "responses": _responses(ok, 400, 404, 409, 410, 413, 502)}}
+                         "responses": _responses(ok, 400, 403, 404, 409, 410, 413, 502)}}
 
     return {
         "/v1/chat/completions": route("OpenAI Chat Completions: run on the conversation's new user messages",
