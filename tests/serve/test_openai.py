@@ -274,6 +274,26 @@ async def test_a_retry_with_the_same_idempotency_key_is_answered_from_the_log() 
     assert await log(store, "idem") == [("user", "pay once"), ("assistant", "reply 1 to pay once")]
 
 
+
+async def test_a_retry_that_continues_from_a_previous_response_is_answered_from_the_log() -> None:
+    model = GateModel()
+    store = MemoryStore()
+    async with openai_clients(make_app(store, model)) as sdk:
+        client = sdk()
+        first = await client.responses.create(model="test", input="hi")
+        key = {"Idempotency-Key": "retry-after-hi"}
+        paid = await client.responses.create(model="test", input="pay", previous_response_id=first.id,
+                                             extra_headers=key)
+        # The first attempt ran, so `first` is no longer the latest response: the retry is still answered.
+        again = await client.responses.create(model="test", input="pay", previous_response_id=first.id,
+                                              extra_headers=key)
+        with pytest.raises(openai.ConflictError, match="not the latest"):  # without the key, it is a branch
+            await client.responses.create(model="test", input="pay", previous_response_id=first.id)
+    assert (again.id, again.output_text) == (paid.id, paid.output_text) and model.calls == 2
+    session = first.model_extra["contextpipe"]["session_id"] if first.model_extra else None
+    assert session is not None and await log(store, session) == [
+        ("user", "hi"), ("assistant", "reply 1 to hi"), ("user", "pay"), ("assistant", "reply 2 to pay")]
+
 async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
     store = MemoryStore()
     api_keys = ApiKeys()

@@ -299,12 +299,19 @@ def _decode_response_id(response_id: str) -> tuple[str, str]:
 
 async def _latest_response(api: _Api, request: Request, tenant: str, response_id: str, session_id: str,
                            message_id: str) -> Session:
-    """Return the session of `response_id`, if its input is the latest user message there (404 / 409 if not)."""
+    """Return the session of `response_id`, if its input is the latest user message there (404 / 409 if not).
+
+    A retry (the request's ``Idempotency-Key`` names the latest user message) passes too: its first
+    attempt ran, so the response it continues from is no longer the latest, and the retry is then
+    answered from the log.
+    """
     session = await api.store.get_session(tenant, session_id)
     if session is None or not visible(request.state.grant, session):
         raise HTTPError(404, "NotFound", f"no response {response_id!r}: its conversation was deleted, or expired")
     latest = await _last(api.store, tenant, session_id, "user")
-    if latest is None or latest.id != message_id:
+    key = request.headers.get("idempotency-key")
+    retried = key is not None and latest is not None and latest.id == idempotent_id(key, tenant, session_id)
+    if latest is None or (latest.id != message_id and not retried):  # a retry: its own input is the latest now
         raise HTTPError(409, "NotLatest", f"response {response_id!r} is not the latest of its conversation, and this "
                         "server does not branch conversations: continue from the latest response, or send "
                         f"conversation={session_id!r} to continue there")
