@@ -227,6 +227,21 @@ async def test_what_cannot_mean_anything_here_is_refused_saying_why() -> None:
             await sdk(api_key="wrong").models.list()
 
 
+
+async def test_a_refused_request_makes_no_session() -> None:
+    store = MemoryStore()
+    async with openai_clients(make_app(store, GateModel())) as sdk:
+        client = sdk()
+        with pytest.raises(openai.ConflictError, match="must end with the user's message"):
+            await client.chat.completions.create(model="test", messages=[{"role": "user", "content": "hi"},
+                                                                         {"role": "assistant", "content": "x"}])
+        with pytest.raises(openai.ConflictError, match="must end with the user's message"):
+            await client.responses.create(model="test", input=[{"role": "system", "content": "x"}],
+                                          conversation="never")
+        with pytest.raises(openai.BadRequestError, match="Idempotency-Key"):
+            await client.responses.create(model="test", input="hi", extra_headers={"Idempotency-Key": "k" * 300})
+    assert (await store.list_sessions("acme")).sessions == []
+
 async def test_another_tenant_cannot_continue_a_response() -> None:
     async with openai_clients(make_app(MemoryStore(), GateModel())) as sdk:
         first = await sdk().responses.create(model="test", input="secret")

@@ -106,14 +106,12 @@ async def chat_completions(api: _Api, request: Request, tenant: str, params: lis
     """``POST /v1/chat/completions``: run on the conversation's new user messages, answer as a chat completion."""
     runs, agent, body = await _start(api, request, ChatRequest)
     named = _header_session(request)
-    session = await _session(api, request, tenant, named, request_user(request.state.grant, body.user, "user"))
     conversation = chat_messages(body.messages)
+    if conversation[-1].role != "user":  # refused before a session is made, or claimed, for it
+        raise _nothing_to_run("messages")
+    session = await _session(api, request, tenant, named, request_user(request.state.grant, body.user, "user"))
     if named is not None and await _has_messages(api, session):
         conversation = _trailing_user(conversation)
-    elif conversation[-1].role != "user":
-        conversation = []
-    if not conversation:
-        raise _nothing_to_run("messages")
     input = _named(conversation, request, tenant, session.id)
     headers = {SESSION_HEADER: session.id}
     completion = f"chatcmpl-{uuid.uuid4().hex}"
@@ -191,14 +189,14 @@ async def responses(api: _Api, request: Request, tenant: str, params: list[str])
         raise HTTPError(409, "Conflict", f"the request names two conversations ({named[0]!r} and {named[1]!r}): "
                         f"name it once, with previous_response_id, conversation or the {SESSION_HEADER} header")
     user = request_user(request.state.grant, body.user, "user")
+    input = response_messages(body)
+    if input[-1].role != "user":  # refused before a session is made, or claimed, for it
+        raise _nothing_to_run("input")
     if previous is not None:
         session = await _latest_response(api, request, tenant, body.previous_response_id or "", *previous)
         await claim(api.store, session, user)
     else:
         session = await _session(api, request, tenant, named[0] if named else None, user)
-    input = response_messages(body)
-    if input[-1].role != "user":
-        raise _nothing_to_run("input")
     if body.instructions is not None and body.instructions != await _instructions(api, session):
         input = [Message.system(body.instructions), *input]
     input = _named(input, request, tenant, session.id)
@@ -348,6 +346,9 @@ async def _start(api: _Api, request: Request, model: type[Any]) -> tuple[RunMana
     assert agent is not None
     if body.model != model_id(agent):
         raise _no_model(agent, body.model)
+    key = request.headers.get("idempotency-key")
+    if key is not None:
+        idempotent_id(key, "", "")  # a key that is not one is a 400 before a session is made for the request
     return runs, agent, body
 
 
