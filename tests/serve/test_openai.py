@@ -319,11 +319,11 @@ async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
     async with openai_clients(app) as sdk:
         backend, alice, plain = sdk(api_key="cp_backend"), sdk(api_key="cp_alice"), sdk(api_key="cp_plain")
         bobs = await backend.responses.create(model="test", input="bob's secret", conversation="bob-1", user="bob")
-        with pytest.raises(openai.PermissionDeniedError, match="may not name users: leave user out"):
-            await plain.responses.create(model="test", input="x", user="bob")
-        with pytest.raises(openai.PermissionDeniedError):
-            await alice.chat.completions.create(model="test", messages=[{"role": "user", "content": "x"}],
-                                                user="bob")
+        # `user` is a hint clients send on their own (LibreChat: on every request): a key that may not
+        # name users decides, and the field changes nothing.
+        await plain.responses.create(model="test", input="x", user="bob", conversation="plain-1")
+        await alice.chat.completions.create(model="test", messages=[{"role": "user", "content": "x"}],
+                                            user="bob", extra_headers={"X-Session-Id": "alice-1"})
         # A key bound to alice reaches none of bob's sessions, however it names them.
         with pytest.raises(openai.NotFoundError):
             await alice.responses.create(model="test", input="x", previous_response_id=bobs.id)
@@ -336,7 +336,8 @@ async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
             model="test", messages=[{"role": "user", "content": "mine"}])
     assert [text for _, text in await log(store, "bob-1")] == ["bob's secret", "reply 1 to bob's secret"]
     sessions = {s.session_id: s for s in (await store.list_sessions("acme")).sessions}
-    assert set(sessions) == {"bob-1", mine.headers["x-session-id"]}
-    for session_id, user in (("bob-1", "bob"), (mine.headers["x-session-id"], "alice")):
+    assert set(sessions) == {"bob-1", "plain-1", "alice-1", mine.headers["x-session-id"]}
+    for session_id, user in (("bob-1", "bob"), ("plain-1", None), ("alice-1", "alice"),
+                             (mine.headers["x-session-id"], "alice")):
         stored = await store.get_session("acme", session_id)
-        assert stored is not None and stored.state["user_id"] == user
+        assert stored is not None and stored.state.get("user_id") == user, session_id

@@ -109,7 +109,7 @@ async def chat_completions(api: _Api, request: Request, tenant: str, params: lis
     conversation = chat_messages(body.messages)
     if conversation[-1].role != "user":  # refused before a session is made, or claimed, for it
         raise _nothing_to_run("messages")
-    session = await _session(api, request, tenant, named, request_user(request.state.grant, body.user, "user"))
+    session = await _session(api, request, tenant, named, _user(request, body.user))
     if named is not None and await _has_messages(api, session):
         conversation = _trailing_user(conversation)
     input = _named(conversation, request, tenant, session.id)
@@ -188,7 +188,7 @@ async def responses(api: _Api, request: Request, tenant: str, params: list[str])
     if len(set(named)) > 1:  # a 409, as the body is well formed: /openapi.json cannot tie a header to it
         raise HTTPError(409, "Conflict", f"the request names two conversations ({named[0]!r} and {named[1]!r}): "
                         f"name it once, with previous_response_id, conversation or the {SESSION_HEADER} header")
-    user = request_user(request.state.grant, body.user, "user")
+    user = _user(request, body.user)
     input = response_messages(body)
     if input[-1].role != "user":  # refused before a session is made, or claimed, for it
         raise _nothing_to_run("input")
@@ -350,6 +350,16 @@ async def _start(api: _Api, request: Request, model: type[Any]) -> tuple[RunMana
     if key is not None:
         idempotent_id(key, "", "")  # a key that is not one is a 400 before a session is made for the request
     return runs, agent, body
+
+
+def _user(request: Request, named: str | None) -> str | None:
+    """Return the user a request is for: its key's; or, for a key granted ``users=any``, the ``user`` it names.
+
+    OpenAI's ``user`` is an end-user hint that clients send on their own (LibreChat sends its user
+    id on every request): for a key that may not name users the key decides, and the field changes nothing.
+    """
+    grant = request.state.grant
+    return request_user(grant, named if grant.names_users else None, "user")
 
 
 def _header_session(request: Request) -> str | None:

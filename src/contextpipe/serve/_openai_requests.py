@@ -6,7 +6,7 @@ a served agent, and the common sampling fields clients send: `temperature`, the 
 `seed`, `reasoning_effort` and `response_format` apply to the run's model calls; the fields marked
 "accepted, not applied" are taken so that clients sending them still work. What cannot mean
 anything here is refused with a 400 that says why: the client's own tools (the agent's tools run on
-the server), ``n`` > 1, ``store: false`` (the server keeps every conversation).
+the server), ``n`` > 1, and on Responses ``store: false`` (the server keeps every conversation).
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ _Whole = pydantic.BeforeValidator(_whole)
 TOKENS: TypeAlias = Annotated[int, Field(ge=1, le=2**31), _Whole]
 SEED: TypeAlias = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), _Whole]
 ONE: TypeAlias = Annotated[int, Field(ge=1, le=1), _Whole]
+
+
+Effort: TypeAlias = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""How hard a reasoning model thinks, as the OpenAI APIs name it (`ModelSettings` ``reasoning_effort``)."""
 
 
 class _Body(pydantic.BaseModel):
@@ -130,7 +134,7 @@ class ChatRequest(_Body):
     max_tokens: TOKENS | None = Field(None, description="The most tokens each model call generates.")
     max_completion_tokens: TOKENS | None = Field(None, description="As max_tokens (its newer name).")
     seed: SEED | None = None
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Effort | None = None
     response_format: ResponseFormat | None = None
     n: ONE | None = Field(None, description="1: one answer per request.")
     top_p: float | None = Field(None, ge=0, le=1, description=NOT_APPLIED)
@@ -143,6 +147,12 @@ class ChatRequest(_Body):
     parallel_tool_calls: bool | None = Field(None, description=NOT_APPLIED)
     service_tier: str | None = Field(None, description=NOT_APPLIED)
     logprobs: Literal[False] | None = Field(None, description="false: log probabilities are not available.")
+    top_logprobs: Annotated[int, Field(ge=0, le=0), _Whole] | None = Field(None, description="0: log "
+                                                                              "probabilities are not available.")
+    logit_bias: dict[str, float] | None = Field(None, description=NOT_APPLIED)
+    safety_identifier: str | None = Field(None, description=NOT_APPLIED)
+    prompt_cache_key: str | None = Field(None, description=NOT_APPLIED)
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description=NOT_APPLIED)
 
     @pydantic.model_validator(mode="before")
     @classmethod
@@ -224,7 +234,7 @@ class Conversation(_Body):
 
 
 class Reasoning(_Body):
-    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = Field(None, description=NOT_APPLIED)
 
 
@@ -257,6 +267,11 @@ class ResponsesRequest(_Body):
     parallel_tool_calls: bool | None = Field(None, description=NOT_APPLIED)
     service_tier: str | None = Field(None, description=NOT_APPLIED)
     truncation: Literal["auto", "disabled"] | None = Field(None, description=NOT_APPLIED)
+    include: list[str] | None = Field(None, description=NOT_APPLIED)
+    stream_options: dict[str, bool] | None = Field(None, description=NOT_APPLIED)
+    max_tool_calls: Annotated[int, Field(ge=1, le=2**31), _Whole] | None = Field(None, description=NOT_APPLIED)
+    safety_identifier: str | None = Field(None, description=NOT_APPLIED)
+    prompt_cache_key: str | None = Field(None, description=NOT_APPLIED)
 
     @pydantic.model_validator(mode="before")
     @classmethod
