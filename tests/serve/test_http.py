@@ -454,7 +454,8 @@ def test_openapi_describes_every_route() -> None:
 
     paths = openapi_schema()["paths"]
     for pattern, methods in _ROUTES:
-        path = "/v1/" + "/".join(p if p is not None else "{session_id}" for p in pattern)
+        name = "{model}" if pattern[0] == "models" else "{session_id}"
+        path = "/v1/" + "/".join(p if p is not None else name for p in pattern)
         assert path in paths, path
         assert {m.lower() for m in methods} <= set(paths[path]), path
 

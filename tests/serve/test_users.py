@@ -138,11 +138,16 @@ async def test_a_key_without_users_may_not_name_one(served: tuple[Any, ScriptedM
         assert bad.status_code == 400 and "user_id" in bad.json()["error"]["message"]
 
 
-async def test_a_session_is_given_to_its_user_before_the_run_starts_so_no_other_user_slips_in() -> None:
+def gated_backend() -> tuple[Any, GateModel]:
+    """Return a server with one key that names users, and its model, which waits for the test's release."""
     model = GateModel(gated=True)
     keys = ApiKeys()
     keys.add("acme", BACKEND, names_users=True)
-    app = create_app(Agent(model, providers=[History(MemoryStore())]), keys=keys)
+    return create_app(Agent(model, providers=[History(MemoryStore())]), keys=keys), model
+
+
+async def test_a_session_is_given_to_its_user_before_the_run_starts_so_no_other_user_slips_in() -> None:
+    app, model = gated_backend()
     async with client(app) as c:
         await c.post("/v1/sessions", json={"id": "new"}, headers=as_(BACKEND))  # of no user yet
         first = asyncio.create_task(c.post("/v1/sessions/new/runs", json={"input": "Hi.", "user_id": "alice"},
@@ -158,10 +163,7 @@ async def test_a_session_is_given_to_its_user_before_the_run_starts_so_no_other_
 
 
 async def test_a_user_named_for_a_busy_session_of_no_user_waits_for_its_run_as_asked() -> None:
-    model = GateModel(gated=True)
-    keys = ApiKeys()
-    keys.add("acme", BACKEND, names_users=True)
-    app = create_app(Agent(model, providers=[History(MemoryStore())]), keys=keys)
+    app, model = gated_backend()
     async with client(app) as c:
         await c.post("/v1/sessions", json={"id": "s"}, headers=as_(BACKEND))  # of no user yet
         first = asyncio.create_task(c.post("/v1/sessions/s/runs", json={"input": "Hi."}, headers=as_(BACKEND)))

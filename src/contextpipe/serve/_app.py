@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from .. import Agent, __version__
+from .. import Agent, RunResult, __version__
 from ..approvals import Decision
 from ..codec import message_to_dict
 from ..errors import (
@@ -56,6 +56,7 @@ from ._approvals import decide_approvals, list_approvals, refuse_unfit
 from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
 from ._keys import ApiKeys
+from ._openai import chat_completions, get_model, list_models, model_id, responses
 from ._openapi import openapi_schema
 from ._requests import (
     CreateSession,
@@ -354,16 +355,31 @@ class _Api:
         # The status line goes out before the run's first event: see now whether the session is free,
         # and whether the decisions fit its log (a run that slips in between still cannot interleave;
         # this one then ends with an error event).
-        probe = await self.store.acquire_lease(session.tenant, session.id, "contextpipe-serve-probe", ttl=10,
-                                               wait=wait)
-        await self.store.release_lease(probe)
+        await self.probe(session, wait)
         if approvals:
             await refuse_unfit(self.store, session, approvals)
         run = runs.start(session, input, lease_wait=max(wait, 1.0), stream=True, traces=traces, approvals=approvals)
         return StreamingResponse(_sse(runs, run), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
+    async def probe(self, session: Session, wait: float) -> None:
+        """Raise `SessionBusy` (a 409) unless `session` is free, or frees up within `wait` seconds.
+
+        A streamed run checks it before its status line goes out: after it, a busy session could only
+        be told by an error event.
+        """
+        probe = await self.store.acquire_lease(session.tenant, session.id, "contextpipe-serve-probe", ttl=10,
+                                               wait=wait)
+        await self.store.release_lease(probe)
+
     async def _await_run(self, request: Request, runs: RunManager, run: LiveRun) -> Response:
+        result = await self.await_result(request, runs, run)
+        if isinstance(result, Response):
+            return result
+        return json_response(result_to_json(result, traces=run.traces), items=("input", "messages", "traces"))
+
+    async def await_result(self, request: Request, runs: RunManager, run: LiveRun) -> RunResult | Response:
+        """Wait for `run` to end; return its result, or the error response to send (499: the client went away)."""
         assert run.task is not None
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -385,7 +401,7 @@ class _Api:
         except Exception:
             log.exception("run failed")
             return json_response(error_to_json(Exception()), 500)
-        return json_response(result_to_json(result, traces=run.traces), items=("input", "messages", "traces"))
+        return result
 
     async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
         from ._agui import agui_events, agui_input
@@ -405,8 +421,7 @@ class _Api:
         if not visible(request.state.grant, session) and user_id(session) is not None:
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
         await claim(self.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
-        probe = await self.store.acquire_lease(tenant, session.id, "contextpipe-serve-probe", ttl=10)
-        await self.store.release_lease(probe)
+        await self.probe(session, 0.0)
         run = runs.start(session, new or None, lease_wait=1.0, stream=True)
 
         async def body() -> AsyncIterator[str]:
@@ -433,6 +448,10 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None, "runs"), {"POST": _Api.run}),
     (("sessions", None, "approvals"), {"GET": list_approvals, "POST": decide_approvals}),
     (("ag-ui",), {"POST": _Api.agui}),
+    (("chat", "completions"), {"POST": chat_completions}),
+    (("responses",), {"POST": responses}),
+    (("models",), {"GET": list_models}),
+    (("models", None), {"GET": get_model}),
 ]
 
 
@@ -454,32 +473,12 @@ async def _disconnected(request: Request) -> None:
 
 async def _sse(runs: RunManager, run: LiveRun) -> AsyncIterator[str]:
     finished = False
-    getter: asyncio.Future[tuple[str, dict[str, Any]] | None] | None = None
     try:
         yield ": run started\n\n"
-        while True:
-            if getter is None:
-                getter = asyncio.ensure_future(run.queue.get())
-            done, _ = await asyncio.wait({getter}, timeout=15)
-            if not done:
-                yield ": keep-alive\n\n"  # holds proxies open during long model or tool calls
-                continue
-            item, getter = getter.result(), None
-            chunk = []
-            while item is not None:  # send what is queued in one write
-                name, payload = item
-                chunk.append(f"event: {name}\ndata: {dumps(payload)}\n\n")
-                if run.queue.empty():
-                    break
-                item = run.queue.get_nowait()
-            if chunk:
-                yield "".join(chunk)
-            if item is None:
-                break
+        async for batch in run.batches():  # what is queued goes in one write; silence, a keep-alive
+            yield "".join(f"event: {name}\ndata: {dumps(payload)}\n\n" for name, payload in batch) or ": keep-alive\n\n"
         finished = True
     finally:
-        if getter is not None:
-            getter.cancel()
         if not finished:
             runs.detach(run)
 
@@ -552,7 +551,8 @@ def create_app(
         return JSONResponse({"ok": not draining, "draining": draining}, 503 if draining else 200)
 
     async def schema(request: Request) -> Response:
-        return JSONResponse(openapi_schema(read_only=settings.read_only or agent is None))
+        return JSONResponse(openapi_schema(read_only=settings.read_only or agent is None,
+                                           model=model_id(agent) if agent is not None else None))
 
     async def docs(request: Request) -> Response:
         return Response((STATIC / "docs.html").read_text(encoding="utf-8"), media_type="text/html")

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import UsageError
+from ._openai_requests import openai_request_schemas
 from ._requests import CURSOR, IDEMPOTENCY_KEY, RULES, SESSION_ID, request_schemas
 
 __all__ = ["openapi_schema"]
@@ -175,12 +176,80 @@ def _paths() -> dict[str, Any]:
                     "ApprovalsRequest")},
                 "responses": run_responses},
         },
+        **_openai_paths(),
         "/v1/ag-ui": {
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
                      "requestBody": {"required": True, "content": _json("AgUiRunAgentInput")},
                      "responses": _responses({"200": {"description": "AG-UI events.", "content": {
                          "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 413)},
         },
+    }
+
+
+def _openai_paths() -> dict[str, Any]:
+    """Describe the OpenAI-compatible routes (`serve._openai`): the SDK's own shapes, plus a ``contextpipe`` object."""
+    session = {"name": "X-Session-Id", "in": "header", "required": False,
+               "schema": {"type": "string", "pattern": SESSION_ID},
+               "description": "The session to run in (created if new); without it, a new session (Responses: "
+                              "unless previous_response_id or conversation names one)."}
+    key = {"name": "Idempotency-Key", "in": "header", "required": False,
+           "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY},
+           "description": "Names the turn's input message: a retry with the same key is answered from the log."}
+    named = {"X-Session-Id": {"description": "The session the run ran in.", "schema": {"type": "string"}}}
+
+    def route(summary: str, operation: str, body: str, result: str, events: str) -> dict[str, Any]:
+        stream = {"type": "object", "required": ["data"], "description": events, "properties": {
+            "event": {"type": "string"}, "data": {"type": "string"}}}
+        ok = {"200": {"description": "The answer, or its event stream (`\"stream\": true`).", "headers": named,
+                      "content": {**_json(result), "text/event-stream": {"schema": stream}}}}
+        return {"post": {"summary": summary, "operationId": operation, "parameters": [session, key],
+                         "requestBody": {"required": True, "content": _json(body)},
+                         "responses": _responses(ok, 400, 403, 404, 409, 410, 413, 502)}}
+
+    return {
+        "/v1/chat/completions": route("OpenAI Chat Completions: run on the conversation's new user messages",
+                                      "openaiChatCompletions", "OpenAIChatRequest", "OpenAIChatCompletion",
+                                      "`data:` lines of chat.completion.chunk objects, then `data: [DONE]`."),
+        "/v1/responses": route("OpenAI Responses: run on the turn's input", "openaiResponses",
+                               "OpenAIResponsesRequest", "OpenAIResponse",
+                               "Responses events: response.created ... response.output_text.delta ... "
+                               "response.completed (or response.incomplete, or error)."),
+        "/v1/models": {"get": {"summary": "OpenAI models: the served agent", "operationId": "openaiModels",
+                               "responses": _responses({"200": {"description": "The served agent, as a model.",
+                                                                "content": _json("OpenAIModelList")}})}},
+        "/v1/models/{model}": {"get": {
+            "summary": "OpenAI model: the served agent, by its id", "operationId": "openaiModel",
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": _responses({"200": {"description": "The served agent.", "content": _json("OpenAIModel")}},
+                                    404)}},
+    }
+
+
+def _openai_schemas() -> dict[str, Any]:
+    text, integer, about = {"type": "string"}, {"type": "integer"}, {"type": "object", "required": [
+        "session_id", "stop_reason", "pending_approvals"], "properties": {
+        "session_id": {"type": ["string", "null"]}, "stop_reason": {"type": "string"},
+        "pending_approvals": {"type": "array", "items": _ref("PendingApproval")}}}
+    model = {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
+        "id": text, "object": {"const": "model"}, "created": integer, "owned_by": text}}
+    choice = {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
+        "index": integer, "finish_reason": text, "message": {"type": "object", "required": ["role", "content"],
+                                                             "properties": {"role": {"const": "assistant"},
+                                                                            "content": text}}}}
+    return {
+        "OpenAIModel": model,
+        "OpenAIModelList": {"type": "object", "required": ["object", "data"], "properties": {
+            "object": {"const": "list"}, "data": {"type": "array", "items": model}}},
+        "OpenAIChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices",
+                                                                "usage", "contextpipe"], "properties": {
+            "id": text, "object": {"const": "chat.completion"}, "created": integer, "model": text,
+            "choices": {"type": "array", "items": choice}, "usage": {"type": "object"}, "contextpipe": about,
+            "repaired": _ref("Repaired")}},
+        "OpenAIResponse": {"type": "object", "required": ["id", "object", "created_at", "model", "status", "output",
+                                                          "usage", "contextpipe"], "properties": {
+            "id": text, "object": {"const": "response"}, "created_at": integer, "model": text,
+            "status": {"enum": ["completed", "incomplete"]}, "output": {"type": "array", "items": {"type": "object"}},
+            "output_text": text, "usage": {"type": "object"}, "contextpipe": about, "repaired": _ref("Repaired")}},
     }
 
 
@@ -286,17 +355,21 @@ def _agui_schemas() -> dict[str, Any]:
         return {"AgUiRunAgentInput": {"type": "object", "description": "AG-UI RunAgentInput"}}
 
 
-def openapi_schema(*, read_only: bool = False) -> dict[str, Any]:
-    """Return the OpenAPI document (writing routes are left out when `read_only`)."""
+def openapi_schema(*, read_only: bool = False, model: str | None = None) -> dict[str, Any]:
+    """Return the OpenAPI document (writing routes are left out when `read_only`).
+
+    `model` is the served agent's model id for OpenAI clients (`serve._openai.model_id`): the one
+    value the ``model`` field of their requests takes.
+    """
     paths = _paths()
-    schemas = _response_schemas()
+    schemas = _response_schemas() | _openai_schemas()
     if read_only:
         for item in paths.values():
             for method in ("post", "delete"):
                 item.pop(method, None)
         paths = {k: v for k, v in paths.items() if set(v) - {"parameters"}}
     else:
-        schemas |= request_schemas() | _agui_schemas()
+        schemas |= request_schemas() | openai_request_schemas(model) | _agui_schemas()
     return {
         "openapi": "3.1.0",
         "info": {"title": "contextpipe", "version": __version__,

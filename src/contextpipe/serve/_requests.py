@@ -26,7 +26,7 @@ from ._json import HTTPError, where
 from ._keys import USER_ID
 
 __all__ = ["ApprovalsRequest", "CreateSession", "RunRequest", "decisions", "http_cursor", "input_messages", "invalid",
-           "name_input", "query_int", "request_schemas", "store_cursor", "validate"]
+           "idempotent_id", "name_input", "query_int", "request_schemas", "store_cursor", "validate"]
 
 SESSION_ID: Final = r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$"
 """A session id, as the stores check it (`contextpipe.session.validate_session_id`)."""
@@ -291,9 +291,8 @@ def name_input(body: RunRequest, input: str | list[Message] | None, key: str | N
     the key could not keep a retried resume from running again: it is refused, not ignored (a 409, as
     the request is well formed: ``/openapi.json`` cannot tie a header to a body field).
     """
-    if key is not None and not re.fullmatch(IDEMPOTENCY_KEY, key):
-        raise HTTPError(400, "BadRequest", "the Idempotency-Key header must be 1-255 printable ASCII characters "
-                        "(a UUID, say)")
+    if key is not None:
+        idempotent_id(key, tenant, session_id)  # a key that is not one is a 400 before anything else
     if key is not None and input is None:
         raise HTTPError(409, "NotIdempotent", "an Idempotency-Key names the run's input message, and a resume "
                         "(\"input\": null) has none, so a retried resume would run again: leave the header out, "
@@ -306,12 +305,24 @@ def name_input(body: RunRequest, input: str | list[Message] | None, key: str | N
     elif key is None or (isinstance(body.input, list) and body.input[-1].id is not None):
         return input
     else:
-        message_id = "idem_" + hashlib.sha256(f"{tenant}\0{session_id}\0{key}".encode()).hexdigest()[:32]
+        message_id = idempotent_id(key, tenant, session_id)
     if isinstance(input, str):
         return [Message.user(input, id=message_id)]
     last = input[-1]
     return [*input[:-1], Message(last.role, last.parts, message_id, last.author_name, last.created_at,
                                  last.metadata)]
+
+
+def idempotent_id(key: str, tenant: str, session_id: str) -> str:
+    """Return the id of the input message an ``Idempotency-Key`` header's `key` names in a session.
+
+    The same key in another session or tenant names another message. A key that is not 1-255
+    printable ASCII characters is a 400.
+    """
+    if not re.fullmatch(IDEMPOTENCY_KEY, key):
+        raise HTTPError(400, "BadRequest", "the Idempotency-Key header must be 1-255 printable ASCII characters "
+                        "(a UUID, say)")
+    return "idem_" + hashlib.sha256(f"{tenant}\0{session_id}\0{key}".encode()).hexdigest()[:32]
 
 
 _INTEGER: Final = re.compile(r"-?[0-9]{1,19}")

@@ -20,6 +20,7 @@ from ..approvals import Decision, PendingApproval
 from ..codec import message_to_dict
 from ..errors import ContextPipeError
 from ..messages import Message
+from ..models import ModelSettings
 from ._json import clean
 
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "pending_to_json", "result_to_json"]
@@ -105,6 +106,36 @@ class LiveRun:
                 return
             yield item
 
+    async def batches(self, keep_alive: float = 15.0) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
+        """Yield the run's events as they come, each time all that is queued, until the run ends.
+
+        After `keep_alive` seconds without an event it yields an empty batch: the time to send the
+        client a keep-alive, which holds proxies open during long model or tool calls.
+        """
+        getter: asyncio.Future[tuple[str, dict[str, Any]] | None] | None = None
+        try:
+            while True:
+                if getter is None:
+                    getter = asyncio.ensure_future(self.queue.get())
+                done, _ = await asyncio.wait({getter}, timeout=keep_alive)
+                if not done:
+                    yield []
+                    continue
+                item, getter = getter.result(), None
+                batch = []
+                while item is not None:
+                    batch.append(item)
+                    if self.queue.empty():
+                        break
+                    item = self.queue.get_nowait()
+                if batch:
+                    yield batch
+                if item is None:
+                    return
+        finally:
+            if getter is not None:
+                getter.cancel()
+
     async def wait(self) -> RunResult:
         """Wait for the run to end; return its result or raise its error."""
         assert self.task is not None
@@ -140,24 +171,27 @@ class RunManager:
             self.deadline = time.monotonic() + timeout
 
     def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
-              stream: bool, traces: bool = False, approvals: Mapping[str, Decision] | None = None) -> LiveRun:
+              stream: bool, traces: bool = False, approvals: Mapping[str, Decision] | None = None,
+              settings: ModelSettings | None = None) -> LiveRun:
         """Start a run on `session` in its own task and return it (`traces`: put them in the result).
 
-        `approvals` decides calls awaiting approval, as in `Agent.run`.
+        `approvals` decides calls awaiting approval and `settings` are the run's model settings, as
+        in `Agent.run`.
         """
         run = LiveRun(session, traces=traces)
-        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals),
+        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals, settings),
                                        name=f"contextpipe-run:{session.tenant}/{session.id}")
         self.runs.add(run)
         run.task.add_done_callback(lambda _: self.runs.discard(run))
         return run
 
     async def _drive(self, run: LiveRun, input: str | Sequence[Message] | None, lease_wait: float,
-                     stream: bool, approvals: Mapping[str, Decision] | None) -> None:
+                     stream: bool, approvals: Mapping[str, Decision] | None,
+                     settings: ModelSettings | None) -> None:
         try:
             if stream:
                 async with self.agent.stream(input, session=run.session, lease_wait=lease_wait,
-                                             approvals=approvals) as events:
+                                             approvals=approvals, settings=settings) as events:
                     async for event in events:
                         item = event_to_json(event, traces=run.traces)
                         if item is not None:
@@ -165,7 +199,7 @@ class RunManager:
                     run.result = events.result
             else:
                 run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait,
-                                                  approvals=approvals)
+                                                  approvals=approvals, settings=settings)
                 _send(run, "done", result_to_json(run.result, traces=run.traces))
         except asyncio.CancelledError as exc:
             run.error = exc

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["claim", "reaches", "request_user", "reuse", "visible"]
 
 
-def request_user(grant: Grant, named: str | None) -> str | None:
-    """Return the user a request of `grant` is for, given the ``user_id`` it `named` (None: none named).
+def request_user(grant: Grant, named: str | None, field: str = "user_id") -> str | None:
+    """Return the user a request of `grant` is for, given the user it `named` in `field` (None: none named).
 
     Raises a 403 `HTTPError` when the key may not name that user.
     """
@@ -31,9 +31,9 @@ def request_user(grant: Grant, named: str | None) -> str | None:
         return grant.user
     if grant.user is not None:
         raise HTTPError(403, "Forbidden", f"this API key is for user {grant.user!r} and cannot act for "
-                        f"{named!r}: leave user_id out, or use a key granted 'users=any' in the keys file")
+                        f"{named!r}: leave {field} out, or use a key granted 'users=any' in the keys file")
     if not grant.names_users:
-        raise HTTPError(403, "Forbidden", "this API key may not name users: leave user_id out, or grant the key "
+        raise HTTPError(403, "Forbidden", f"this API key may not name users: leave {field} out, or grant the key "
                         "'users=any' (a back end serving many users) or 'user=ID' in the keys file")
     return named
 
