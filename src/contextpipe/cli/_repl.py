@@ -392,6 +392,10 @@ class ChatRepl:
         store, session = self.agent.store, self.session
         try:
             self._call(store.append(session.tenant, session.id, [message.with_source(_INPUT)]))
+            # A session deleted (or expired) meanwhile is made again by the append: go on in that one.
+            stored = self._call(store.get_session(session.tenant, session.id))
+            if stored is not None and stored.created_at != session.created_at:
+                self.session = stored
         except (ContextPipeError, KeyboardInterrupt) as exc:
             self.err.print(f"[yellow]{problem}; your message could not be kept in the session: "
                            f"{shown(error_text(exc))}[/yellow]")
