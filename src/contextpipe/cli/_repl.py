@@ -404,7 +404,7 @@ class ChatRepl:
         if stored is not None and stored.created_at != session.created_at:
             # The session was deleted (or expired) meanwhile, and the append made it again: go on in
             # that one, for the same user.
-            if (user := user_id(session)) is not None:
+            if (user := user_id(session)) is not None and user_id(stored) is None:
                 set_user_id(stored, user)
             self.session = stored
 
