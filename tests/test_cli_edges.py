@@ -28,6 +28,7 @@ import pexpect
 import pytest
 
 from contextpipe.messages import Message
+from contextpipe.session import user_id
 from contextpipe.stores.sqlite import SQLiteStore
 from contextpipe.testing import FakeError, FakeOpenAIServer, FakeReply
 
@@ -860,7 +861,7 @@ def test_the_flags_table_matches_the_library_messages() -> None:
 
 def test_a_session_deleted_during_the_chat_is_said_in_the_command_line_s_words(tmp_path: Path) -> None:
     db = tmp_path / "d.db"
-    child = spawn(["chat", "--demo-model", "--db", str(db), "--session", "s1"], tmp_path)
+    child = spawn(["chat", "--demo-model", "--db", str(db), "--session", "s1", "--user", "alice"], tmp_path)
     try:
         child.expect("you> ")
         child.sendline("one")
@@ -878,6 +879,13 @@ def test_a_session_deleted_during_the_chat_is_said_in_the_command_line_s_words(t
         child.close()
     [error] = [line for line in failed.splitlines() if line.startswith("error: ")]
     assert error.endswith("no longer exists: it was deleted or it expired; your next message starts a new one")
+
+    async def user_of_s1() -> str | None:
+        async with SQLiteStore(db) as store:
+            session = await store.get_session("default", "s1")
+            return user_id(session)
+
+    assert asyncio.run(user_of_s1()) == "alice"  # the session made again is the same user's
 
 
 def library_texts() -> list[str]:

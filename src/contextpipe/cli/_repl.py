@@ -26,7 +26,7 @@ from ..errors import ApprovalError, ContextPipeError, UsageError, shorten
 from ..events import RunResult, ToolCallFinished, ToolCallStarted
 from ..messages import Message, Source
 from ..models.base import TextDelta
-from ..session import Session
+from ..session import Session, set_user_id, user_id
 from ._lines import LineReader, trimmed
 from ._shared import CONTROL_CHARACTERS, error_text, message_line, shown
 
@@ -392,15 +392,21 @@ class ChatRepl:
         store, session = self.agent.store, self.session
         try:
             self._call(store.append(session.tenant, session.id, [message.with_source(_INPUT)]))
-            # A session deleted (or expired) meanwhile is made again by the append: go on in that one.
-            stored = self._call(store.get_session(session.tenant, session.id))
-            if stored is not None and stored.created_at != session.created_at:
-                self.session = stored
         except (ContextPipeError, KeyboardInterrupt) as exc:
             self.err.print(f"[yellow]{problem}; your message could not be kept in the session: "
                            f"{shown(error_text(exc))}[/yellow]")
             return
         self.err.print(f"[dim]{problem}; your message is kept in the session[/dim]")
+        try:
+            stored = self._call(store.get_session(session.tenant, session.id))
+        except (ContextPipeError, KeyboardInterrupt):
+            return  # the next turn reads the session again, and says what fails
+        if stored is not None and stored.created_at != session.created_at:
+            # The session was deleted (or expired) meanwhile, and the append made it again: go on in
+            # that one, for the same user.
+            if (user := user_id(session)) is not None and user_id(stored) is None:
+                set_user_id(stored, user)
+            self.session = stored
 
     # --- slash commands ----------------------------------------------------------------------------
 
