@@ -294,9 +294,11 @@ async def test_an_agui_run_ends_with_an_interrupt_per_call_awaiting_approval() -
     app, _ = payments("Paid INV-7.")
     async with client(app) as c:
         finished = await interrupted(c)
+        [pending] = await listed(c, "t1")
     [interrupt] = finished.outcome.interrupts
     assert finished.outcome.type == "interrupt"
-    assert (interrupt.reason, interrupt.tool_call_id, interrupt.id) == ("tool_approval", interrupt.id, interrupt.id)
+    assert (interrupt.reason, interrupt.tool_call_id, interrupt.id) == ("tool_approval", pending["call_id"],
+                                                                         pending["call_id"])
     assert interrupt.metadata == {"tool_name": "pay", "arguments": ARGUMENTS, "digest": DIGEST}
     assert interrupt.message and interrupt.response_schema["required"] == ["approved"]
     assert finished.result["stop_reason"] == "approval_required"
@@ -348,6 +350,22 @@ async def test_an_agui_resume_that_cannot_apply_is_refused_before_its_stream() -
         unknown = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
             {"interruptId": "call_nope", "status": "resolved", "payload": {"approved": True}}]), headers=auth())
         assert (unknown.status_code, unknown.json()["error"]["type"]) == (409, "ApprovalError")
+        twice = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+            {"interruptId": call, "status": "resolved", "payload": {"approved": False}},
+            {"interruptId": call, "status": "resolved", "payload": {"approved": True}}]), headers=auth())
+        assert (twice.status_code, twice.json()["error"]["type"]) == (409, "ApprovalError")
+        assert "answered twice" in twice.json()["error"]["message"]
+        for payload, field in (({"approved": True, "always": "yes"}, "always"),
+                               ({"approved": False, "reason": 7}, "reason"),
+                               ({"approved": True, "digest": "abc"}, "digest")):
+            bad = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+                {"interruptId": call, "status": "resolved", "payload": payload}]), headers=auth())
+            assert bad.status_code == 409 and f"payload.{field}" in bad.json()["error"]["message"], payload
+        nowhere = await c.post("/v1/ag-ui", json={**agui_run("r2", [], resume=[
+            {"interruptId": call, "status": "resolved", "payload": {"approved": True}}]), "threadId": "nope"},
+            headers=auth())
+        assert nowhere.status_code == 404
+        assert (await c.get("/v1/sessions/nope", headers=auth())).status_code == 404  # nothing was made
         other = "0" * 64
         wrong = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
             {"interruptId": call, "status": "resolved", "payload": {"approved": True, "digest": other}}]),

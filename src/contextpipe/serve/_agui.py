@@ -95,6 +95,8 @@ def agui_decisions(run_input: Any) -> dict[str, Decision] | None:
         return None
     out: dict[str, Decision] = {}
     for i, entry in enumerate(run_input.resume):
+        if entry.interrupt_id in out:
+            raise _unfit(f"resume[{i}]: interrupt {entry.interrupt_id!r} is answered twice: answer each once")
         payload = entry.payload if entry.payload is not None else {}
         if entry.status == "cancelled":
             out[entry.interrupt_id] = reject(_reason(payload, i) or "the user cancelled the call")

@@ -415,6 +415,8 @@ class _Api:
         existing = await self.store.get_session(tenant, thread)
         if existing is not None and not visible(request.state.grant, existing):
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
+        if approvals and existing is None:
+            raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
         if not new and not approvals and (existing is None or await self._empty(tenant, thread)):
             raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
                             "do not end with a user message: end them with the user's message to run on")
