@@ -260,3 +260,115 @@ async def test_a_read_only_server_lists_calls_awaiting_approval_but_takes_no_dec
         assert (refused.status_code, refused.json()["error"]["type"]) == (405, "ReadOnly")
         assert refused.headers["allow"] == "GET"
     assert PAID == []
+
+
+# --- AG-UI: calls awaiting approval are the protocol's interrupts, a resume answers them ------------
+
+
+def agui_events(response: httpx.Response) -> list[Any]:
+    """Return the AG-UI events of a response, each validated by the protocol's own models."""
+    import pydantic
+    from ag_ui import core
+
+    assert response.status_code == 200, response.text
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(core.Event)
+    return [adapter.validate_json(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def agui_run(run: str, messages: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+    return {"threadId": "t1", "runId": run, "state": {}, "tools": [], "context": [], "forwardedProps": {},
+            "messages": messages, **more}
+
+
+ASK = {"id": "u1", "role": "user", "content": "Pay INV-7."}
+
+
+async def interrupted(c: httpx.AsyncClient) -> Any:
+    """Ask to pay over AG-UI; return the run's RUN_FINISHED event, which carries the interrupt."""
+    finished = agui_events(await c.post("/v1/ag-ui", json=agui_run("r1", [ASK]), headers=auth()))[-1]
+    assert finished.type.value == "RUN_FINISHED"
+    return finished
+
+
+async def test_an_agui_run_ends_with_an_interrupt_per_call_awaiting_approval() -> None:
+    app, _ = payments("Paid INV-7.")
+    async with client(app) as c:
+        finished = await interrupted(c)
+        [pending] = await listed(c, "t1")
+    [interrupt] = finished.outcome.interrupts
+    assert finished.outcome.type == "interrupt"
+    assert (interrupt.reason, interrupt.tool_call_id, interrupt.id) == ("tool_approval", pending["call_id"],
+                                                                         pending["call_id"])
+    assert interrupt.metadata == {"tool_name": "pay", "arguments": ARGUMENTS, "digest": DIGEST}
+    assert interrupt.message and interrupt.response_schema["required"] == ["approved"]
+    assert finished.result["stop_reason"] == "approval_required"
+    assert PAID == []
+
+
+@pytest.mark.parametrize("always", [False, True])
+async def test_an_agui_resume_that_approves_runs_the_call_and_the_run_goes_on(always: bool) -> None:
+    app, model = payments("Paid INV-7.")
+    async with client(app) as c:
+        call = (await interrupted(c)).outcome.interrupts[0].id
+        history = [ASK, {"id": "a1", "role": "assistant", "toolCalls": [{"id": call, "type": "function", "function": {
+            "name": "pay", "arguments": ARGUMENTS}}]}]  # the whole history, as AG-UI clients send it
+        resume = [{"interruptId": call, "status": "resolved",
+                   "payload": {"approved": True, "digest": DIGEST, "always": always}}]
+        events = agui_events(await c.post("/v1/ag-ui", json=agui_run("r2", history, resume=resume), headers=auth()))
+        state = (await c.get("/v1/sessions/t1", headers=auth())).json()["state"]
+    types = [e.type.value for e in events]
+    assert "TOOL_CALL_RESULT" in types and types[-1] == "RUN_FINISHED"
+    assert events[-1].outcome is None and events[-1].result["text"] == "Paid INV-7."
+    assert PAID == ["INV-7"]
+    assert ("pay" in state.get("approvals", {}).get("always", [])) is always  # "always" is kept in the session
+    assert told(model.requests[-1]) == [(call, "paid INV-7", False)]
+
+
+async def test_an_agui_resume_that_rejects_or_cancels_answers_the_call_with_the_reason() -> None:
+    for entry, reason in (({"status": "resolved", "payload": {"approved": False, "reason": "wrong amount"}},
+                           "wrong amount"), ({"status": "cancelled"}, "the user cancelled the call")):
+        PAID.clear()
+        app, model = payments("I did not pay.")
+        async with client(app) as c:
+            call = (await interrupted(c)).outcome.interrupts[0].id
+            events = agui_events(await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+                {"interruptId": call, **entry}]), headers=auth()))
+        assert events[-1].result["text"] == "I did not pay."
+        assert PAID == []
+        [(call_id, result, is_error)] = told(model.requests[-1])
+        assert call_id == call and reason in result and is_error
+
+
+async def test_an_agui_resume_that_cannot_apply_is_refused_before_its_stream() -> None:
+    app, _ = payments("Paid INV-7.")
+    async with client(app) as c:
+        call = (await interrupted(c)).outcome.interrupts[0].id
+        unread = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+            {"interruptId": call, "status": "resolved", "payload": {"ok": True}}]), headers=auth())
+        assert (unread.status_code, unread.json()["error"]["type"]) == (409, "ApprovalError")
+        assert "resume[0].payload: answer a tool approval with" in unread.json()["error"]["message"]
+        unknown = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+            {"interruptId": "call_nope", "status": "resolved", "payload": {"approved": True}}]), headers=auth())
+        assert (unknown.status_code, unknown.json()["error"]["type"]) == (409, "ApprovalError")
+        twice = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+            {"interruptId": call, "status": "resolved", "payload": {"approved": False}},
+            {"interruptId": call, "status": "resolved", "payload": {"approved": True}}]), headers=auth())
+        assert (twice.status_code, twice.json()["error"]["type"]) == (409, "ApprovalError")
+        assert "answered twice" in twice.json()["error"]["message"]
+        for payload, field in (({"approved": True, "always": "yes"}, "always"),
+                               ({"approved": False, "reason": 7}, "reason"),
+                               ({"approved": True, "digest": "abc"}, "digest")):
+            bad = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+                {"interruptId": call, "status": "resolved", "payload": payload}]), headers=auth())
+            assert bad.status_code == 409 and f"payload.{field}" in bad.json()["error"]["message"], payload
+        nowhere = await c.post("/v1/ag-ui", json={**agui_run("r2", [], resume=[
+            {"interruptId": call, "status": "resolved", "payload": {"approved": True}}]), "threadId": "nope"},
+            headers=auth())
+        assert nowhere.status_code == 404
+        assert (await c.get("/v1/sessions/nope", headers=auth())).status_code == 404  # nothing was made
+        other = "0" * 64
+        wrong = await c.post("/v1/ag-ui", json=agui_run("r2", [], resume=[
+            {"interruptId": call, "status": "resolved", "payload": {"approved": True, "digest": other}}]),
+            headers=auth())
+        assert (wrong.status_code, wrong.json()["error"]["type"]) == (409, "ApprovalError")
+    assert PAID == []

@@ -10,14 +10,15 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
+from ..approvals import Decision, approve, reject
 from ..errors import UsageError
 from ..messages import Message
 from ._json import HTTPError
-from ._requests import RULES, SESSION_ID, validate
+from ._requests import DIGEST, RULES, SESSION_ID, validate
 
-__all__ = ["agui_events", "agui_input", "agui_schemas"]
+__all__ = ["agui_decisions", "agui_events", "agui_input", "agui_schemas"]
 
 
 def _require() -> Any:
@@ -82,6 +83,65 @@ def agui_input(body: Any) -> tuple[Any, list[Message]]:
     return run_input, new
 
 
+def agui_decisions(run_input: Any) -> dict[str, Decision] | None:
+    """Return the decisions a ``resume`` carries on the calls awaiting approval (None: it carries none).
+
+    Each entry answers the interrupt of one call (its ``interruptId`` is the call id):
+    ``"resolved"`` with a payload ``{"approved": true}`` (``"always": true`` also allows the tool
+    from now on in the session) runs the call; ``{"approved": false, "reason": "..."}`` or
+    ``"cancelled"`` answers it as rejected, with the reason, for the model to read.
+    """
+    if not run_input.resume:
+        return None
+    out: dict[str, Decision] = {}
+    for i, entry in enumerate(run_input.resume):
+        if entry.interrupt_id in out:
+            raise _unfit(f"resume[{i}]: interrupt {entry.interrupt_id!r} is answered twice: answer each once")
+        payload = entry.payload if entry.payload is not None else {}
+        if entry.status == "cancelled":
+            out[entry.interrupt_id] = reject(_reason(payload, i) or "the user cancelled the call")
+            continue
+        if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
+            raise _unfit(f"resume[{i}].payload: answer a tool approval with "
+                            "{\"approved\": true} or {\"approved\": false, \"reason\": \"...\"}")
+        digest = payload.get("digest")
+        if digest is not None and not (isinstance(digest, str) and re.fullmatch(DIGEST, digest)):
+            raise _unfit(f"resume[{i}].payload.digest: must be {RULES[DIGEST]}")
+        always = payload.get("always", False)
+        if not isinstance(always, bool):
+            raise _unfit(f"resume[{i}].payload.always: must be true or false")
+        out[entry.interrupt_id] = approve(digest=digest, always=always) if payload["approved"] else \
+            reject(_reason(payload, i), digest=digest)
+    return out
+
+
+def _reason(payload: Any, i: int) -> str:
+    reason = payload.get("reason", "") if isinstance(payload, dict) else ""
+    if not isinstance(reason, str):
+        raise _unfit(f"resume[{i}].payload.reason: must be text")
+    return reason
+
+
+def _unfit(problem: str) -> HTTPError:
+    # A 409, as the request is well formed: the protocol lets a payload be any JSON value.
+    return HTTPError(409, "ApprovalError", f"{problem}: nothing ran")
+
+
+def _interrupts(core: Any, pending: list[dict[str, Any]]) -> Any:
+    """Return the AG-UI interrupt outcome for the calls awaiting approval (`_runs.pending_to_json`)."""
+    return core.RunFinishedInterruptOutcome(interrupts=[core.Interrupt(
+        id=p["call_id"], reason="tool_approval", message=p["why"], tool_call_id=p["call_id"],
+        response_schema=APPROVAL_ANSWER,
+        metadata={"tool_name": p["tool_name"], "arguments": p["arguments"], "digest": p["digest"]})
+        for p in pending])
+
+
+APPROVAL_ANSWER: Final = {"type": "object", "required": ["approved"], "properties": {
+    "approved": {"type": "boolean"}, "reason": {"type": "string"}, "always": {"type": "boolean"},
+    "digest": {"type": "string", "pattern": DIGEST}}}
+"""The payload a ``resume`` entry answers a tool approval with (see `agui_decisions`)."""
+
+
 async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str, Any]]]) -> AsyncIterator[str]:
     """Translate contextpipe's ``(name, payload)`` run events into encoded AG-UI events."""
     core = _require()
@@ -120,7 +180,10 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
             result = {"text": payload["text"], "stop_reason": payload["stop_reason"]}
             if "repaired" in payload:  # the answer held what JSON cannot carry (see `_json.clean`)
                 result["repaired"] = payload["repaired"]
-            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id, result=result))
+            pending = payload.get("pending_approvals") or []
+            outcome = _interrupts(core, pending) if pending else None  # the calls wait for the user: an interrupt
+            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id, result=result,
+                                                       outcome=outcome))
         elif name == "error":
             error = payload["error"]
             yield encoder.encode(core.RunErrorEvent(message=error["message"], code=error["type"]))

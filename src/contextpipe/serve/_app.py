@@ -404,17 +404,20 @@ class _Api:
         return result
 
     async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
-        from ._agui import agui_events, agui_input
+        from ._agui import agui_decisions, agui_events, agui_input
 
         runs = self._writable()
         run_input, new = agui_input(await self._body(request))
+        approvals = agui_decisions(run_input)
         self._refuse_when_draining(runs)
         assert self.agent is not None
         thread = run_input.thread_id
         existing = await self.store.get_session(tenant, thread)
         if existing is not None and not visible(request.state.grant, existing):
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-        if not new and (existing is None or await self._empty(tenant, thread)):
+        if approvals and existing is None:
+            raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
+        if not new and not approvals and (existing is None or await self._empty(tenant, thread)):
             raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
                             "do not end with a user message: end them with the user's message to run on")
         session = existing or await self.agent.session(thread, tenant=tenant)
@@ -422,7 +425,9 @@ class _Api:
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
         await claim(self.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
         await self.probe(session, 0.0)
-        run = runs.start(session, new or None, lease_wait=1.0, stream=True)
+        if approvals:
+            await refuse_unfit(self.store, session, approvals)
+        run = runs.start(session, new or None, lease_wait=1.0, stream=True, approvals=approvals)
 
         async def body() -> AsyncIterator[str]:
             finished = False
