@@ -337,6 +337,18 @@ class LeaseLost(StoreError):
         error.gone = True
         return error
 
+    @classmethod
+    def session_ended(cls, backend: str, key: _Key, *, made_again: bool) -> Self:
+        """Say that the session a run holds was deleted (or expired) before the run's lease was taken.
+
+        `made_again`: a new session has been made since under the same id, which is not this run's.
+        """
+        again = " (a new session has been made since under the same id)" if made_again else ""
+        error = cls(f"{_named(key)} no longer exists: it was deleted or it expired{again}; start a new one with "
+                    "agent.session(...)", backend=backend, tenant=key.tenant, session_id=key.id)
+        error.gone = True
+        return error
+
 
 class ConcurrentUpdate(StoreError):
     """The session changed since it was read; reload it and apply the change again."""
