@@ -307,7 +307,7 @@ class SessionBusy(StoreError):
 
 
 class LeaseLost(StoreError):
-    """The run's lease no longer holds (taken over, or its session is gone); the store refused its write."""
+    """The run's lease no longer holds (taken over, or its session is gone): the run stops, and its writes are refused."""
 
     gone: bool = False
     """Whether the session no longer exists (deleted, or expired after the lease lapsed), not taken over."""
