@@ -307,7 +307,7 @@ class SessionBusy(StoreError):
 
 
 class LeaseLost(StoreError):
-    """The run's lease no longer holds (taken over, or its session is gone); the store refused its write."""
+    """The run's lease no longer holds (taken over, or its session is gone): the run stops, and its writes are refused."""
 
     gone: bool = False
     """Whether the session no longer exists (deleted, or expired after the lease lapsed), not taken over."""
@@ -334,6 +334,18 @@ class LeaseLost(StoreError):
             what = "was deleted while this run held its lease"
         error = cls(f"{_named(key)} {what}; the run (lease token {token}) stopped and nothing more is written to it",
                     backend=backend, tenant=key.tenant, session_id=key.id)
+        error.gone = True
+        return error
+
+    @classmethod
+    def session_ended(cls, backend: str, key: _Key, *, made_again: bool) -> Self:
+        """Say that the session a run holds was deleted (or expired) before the run's lease was taken.
+
+        `made_again`: a new session has been made since under the same id, which is not this run's.
+        """
+        again = " (a new session has been made since under the same id)" if made_again else ""
+        error = cls(f"{_named(key)} no longer exists: it was deleted or it expired{again}; start a new one with "
+                    "agent.session(...)", backend=backend, tenant=key.tenant, session_id=key.id)
         error.gone = True
         return error
 

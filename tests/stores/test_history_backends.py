@@ -11,10 +11,10 @@ from contextpipe import (
     Durability,
     FunctionCall,
     FunctionResult,
+    LeaseLost,
     Message,
     ModelServerError,
     SessionBusy,
-    StoreError,
     tool,
 )
 from contextpipe.models import ModelRequest
@@ -82,8 +82,9 @@ async def test_run_on_a_deleted_session_is_refused(store: SessionStore, tenant: 
     session = await agent.session("s", tenant=tenant)
     await agent.run("hi", session=session)
     assert await store.delete_session(tenant, "s")
-    with pytest.raises(StoreError, match="no longer exists"):
+    with pytest.raises(LeaseLost, match="no longer exists") as gone:
         await agent.run("again", session=session)
+    assert gone.value.gone  # retrying cannot help (over HTTP: 410)
 
 
 async def test_run_on_a_session_made_again_under_its_id_is_refused(store: SessionStore, tenant: str) -> None:
@@ -94,8 +95,9 @@ async def test_run_on_a_session_made_again_under_its_id_is_refused(store: Sessio
     other = await agent.session("s", tenant=tenant)
     other.state["owner"] = "someone else"
     await agent.run("theirs", session=other)
-    with pytest.raises(StoreError, match="a new session has been made since under the same id"):
+    with pytest.raises(LeaseLost, match="a new session has been made since under the same id") as gone:
         await agent.run("again", session=session)
+    assert gone.value.gone
     assert session.state.get("owner") is None
     page = await store.load(tenant, "s")
     assert [m.text for m in page.messages] == ["theirs", "b"]

@@ -389,12 +389,7 @@ class StepWriter:
         if session.version > 0 and (stored is None or stored.created_at != session.created_at):
             # A session made again under the same id (after a delete or an expiry) is another session:
             # its state, its user and its log are not this run's to take up.
-            again = "" if stored is None else " (a new session has been made since under the same id)"
-            raise StoreError(
-                f"session {session.id!r} (tenant {session.tenant!r}) no longer exists: it was deleted or it "
-                f"expired{again}; start a new one with agent.session(...)",
-                backend=self.store.backend, tenant=session.tenant, session_id=session.id,
-            )
+            raise LeaseLost.session_ended(self.store.backend, session.key, made_again=stored is not None)
         if stored is not None and stored.version != session.version:
             session.state = stored.state
             session.version = stored.version

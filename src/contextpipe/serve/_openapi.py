@@ -33,7 +33,7 @@ _ERRORS = {
          "approval, it was answered already, or the digest is of other arguments; or input came while calls "
          "await a decision), the session belongs to another user than the one named (`UserMismatch`), or a "
          "create names a session that is not this key's user's (`Conflict`).",
-    410: "The session was deleted, or expired, while the run ran.",
+    410: "The session was deleted, or expired, while the run ran or waited for it.",
     413: "The request body is too large.",
     502: "The model failed.",
     503: "The server is shutting down, or the store failed; see `Retry-After`.",
