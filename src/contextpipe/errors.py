@@ -307,7 +307,7 @@ class SessionBusy(StoreError):
 
 
 class LeaseLost(StoreError):
-    """The run's lease no longer holds (taken over, or its session is gone): the run stops, and its writes are refused."""
+    """The run's lease no longer holds (taken over, or its session is gone): the run stops, its writes refused."""
 
     gone: bool = False
     """Whether the session no longer exists (deleted, or expired after the lease lapsed), not taken over."""
