@@ -341,3 +341,21 @@ async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
                              (mine.headers["x-session-id"], "alice")):
         stored = await store.get_session("acme", session_id)
         assert stored is not None and stored.state.get("user_id") == user, session_id
+
+
+async def test_the_format_a_request_asks_for_reaches_the_model_in_chat_s_shape() -> None:
+    model = ScriptedModel(['{"city": "Oslo"}', '{"city": "Rome"}', "Plain."])
+    app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    async with openai_clients(app) as sdk:
+        client = sdk()
+        await client.responses.create(model="test", input="Where?", text={
+            "format": {"type": "json_schema", "name": "place", "schema": schema, "strict": True}})
+        await client.chat.completions.create(model="test", messages=[{"role": "user", "content": "Where?"}],
+                                             response_format={"type": "json_schema", "json_schema": {
+                                                 "name": "place", "schema": schema, "strict": True}})
+        await client.responses.create(model="test", input="Say it.", text={"format": {"type": "text"}})
+    responses, chat, plain = (r.settings.get("response_format") for r in model.requests)
+    assert responses == chat == {"type": "json_schema", "json_schema": {"name": "place", "schema": schema,
+                                                                        "strict": True}}
+    assert plain is None

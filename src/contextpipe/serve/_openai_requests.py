@@ -3,8 +3,8 @@
 Strict models, as for the native routes (`_requests`): ``/openapi.json`` publishes their schema and
 every body is validated against it. They hold the fields of OpenAI's APIs that mean something for
 a served agent, and the common sampling fields clients send: `temperature`, the token limit,
-`seed`, `reasoning_effort` and `response_format` apply to the run's model calls; the fields marked
-"accepted, not applied" are taken so that clients sending them still work. What cannot mean
+`seed`, `reasoning_effort`, `response_format` (Responses: `text.format`) apply to the run's model
+calls; the fields marked "accepted, not applied" are taken so that clients sending them still work. What cannot mean
 anything here is refused with a 400 that says why: the client's own tools (the agent's tools run on
 the server), ``n`` > 1, and on Responses ``store: false`` (the server keeps every conversation).
 """
@@ -238,6 +238,21 @@ class Reasoning(_Body):
     summary: Literal["auto", "concise", "detailed"] | None = Field(None, description=NOT_APPLIED)
 
 
+class TextFormat(_Body):
+    """``text.format`` of a Responses request: plain text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, description="The schema's name (json_schema).")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema (json_schema).")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextOptions(_Body):
+    format: TextFormat | None = Field(None, description="The answer's format, for every model call of the run.")
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description=NOT_APPLIED)
+
+
 class ResponsesRequest(_Body):
     """The body of ``POST /v1/responses``."""
 
@@ -260,6 +275,7 @@ class ResponsesRequest(_Body):
     max_output_tokens: TOKENS | None = Field(None, description="The most tokens each model call "
                                           "generates.")
     reasoning: Reasoning | None = None
+    text: TextOptions | None = None
     top_p: float | None = Field(None, ge=0, le=1, description=NOT_APPLIED)
     user: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
     metadata: dict[str, str] | None = Field(None, description=NOT_APPLIED)
@@ -318,11 +334,22 @@ def run_settings(body: ChatRequest | ResponsesRequest) -> ModelSettings | None:
     else:
         limit = body.max_output_tokens
         effort = body.reasoning.effort if body.reasoning is not None else None
+        answer_format = body.text.format if body.text is not None else None
+        if answer_format is not None and answer_format.type != "text":
+            settings["response_format"] = _chat_format(answer_format)
     if limit is not None:
         settings["max_output_tokens"] = limit
     if effort is not None:
         settings["reasoning_effort"] = effort
     return settings or None
+
+
+def _chat_format(answer_format: TextFormat) -> dict[str, Any]:
+    """Return Responses' `answer_format` as `ModelSettings.response_format` takes it (Chat Completions' shape)."""
+    if answer_format.type == "json_object":
+        return {"type": "json_object"}
+    schema = answer_format.model_dump(exclude_none=True, by_alias=True, exclude={"type"})
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def _message(role: str, parts: list[Part], name: str | None) -> Message:
