@@ -223,6 +223,8 @@ async def test_what_cannot_mean_anything_here_is_refused_saying_why() -> None:
             await client.responses.create(model="test", input="hi", previous_response_id="abc")
         with pytest.raises(openai.NotFoundError, match=r"no response 'resp_0\.0'"):
             await client.responses.create(model="test", input="hi", previous_response_id="resp_0.0")
+        with pytest.raises(openai.NotFoundError, match=r"no response 'resp_5pW5\.RWZ'"):  # its session id is none
+            await client.responses.create(model="test", input="hi", previous_response_id="resp_5pW5.RWZ")
         with pytest.raises(openai.AuthenticationError):
             await sdk(api_key="wrong").models.list()
 
