@@ -361,3 +361,15 @@ async def test_the_format_a_request_asks_for_reaches_the_model_in_chat_s_shape()
     assert responses == chat == {"type": "json_schema", "json_schema": {"name": "place", "schema": schema,
                                                                         "strict": True}}
     assert plain is None
+
+
+async def test_a_json_object_format_reaches_the_model_and_an_unnamed_schema_is_a_400() -> None:
+    model = ScriptedModel(['{"city": "Oslo"}'])
+    app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
+    async with openai_clients(app) as sdk:
+        client = sdk()
+        await client.responses.create(model="test", input="Where? JSON.", text={"format": {"type": "json_object"}})
+        with pytest.raises(openai.BadRequestError, match=r"text\.format\.name: Field required"):
+            await client.responses.create(model="test", input="Where?", text={
+                "format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]

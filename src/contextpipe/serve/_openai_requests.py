@@ -238,14 +238,23 @@ class Reasoning(_Body):
     summary: Literal["auto", "concise", "detailed"] | None = Field(None, description=NOT_APPLIED)
 
 
-class TextFormat(_Body):
-    """``text.format`` of a Responses request: plain text, any JSON object, or JSON matching a schema."""
+class PlainFormat(_Body):
+    """``text.format`` of a Responses request: plain text (the default) or any JSON object."""
 
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = Field(None, description="The schema's name (json_schema).")
-    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema (json_schema).")
+    type: Literal["text", "json_object"]
+
+
+class SchemaFormat(_Body):
+    """``text.format`` of a Responses request: JSON matching a schema."""
+
+    type: Literal["json_schema"]
+    name: str = Field(description="The schema's name.")
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema of the answer.")
     description: str | None = None
     strict: bool | None = None
+
+
+TextFormat: TypeAlias = Annotated[PlainFormat | SchemaFormat, Field(discriminator="type")]
 
 
 class TextOptions(_Body):
@@ -344,10 +353,10 @@ def run_settings(body: ChatRequest | ResponsesRequest) -> ModelSettings | None:
     return settings or None
 
 
-def _chat_format(answer_format: TextFormat) -> dict[str, Any]:
+def _chat_format(answer_format: PlainFormat | SchemaFormat) -> dict[str, Any]:
     """Return Responses' `answer_format` as `ModelSettings.response_format` takes it (Chat Completions' shape)."""
-    if answer_format.type == "json_object":
-        return {"type": "json_object"}
+    if isinstance(answer_format, PlainFormat):
+        return {"type": answer_format.type}
     schema = answer_format.model_dump(exclude_none=True, by_alias=True, exclude={"type"})
     return {"type": "json_schema", "json_schema": schema}
 
