@@ -367,7 +367,7 @@ class SessionStore(abc.ABC):
         """Return the newest `limit` messages (all when None) with `after` < sequence < `before`.
 
         Raises `CorruptRecord` naming the session and sequence of any message that cannot be read,
-        and `UsageError` for a bound below 0.
+        and `UsageError` for a bound that is not an int of at least 0 (a negative one, a bool, a float).
         """
         key = key_and_limit(tenant, session_id, limit)
         check_bounds(before, after)
