@@ -223,6 +223,8 @@ async def test_what_cannot_mean_anything_here_is_refused_saying_why() -> None:
             await client.responses.create(model="test", input="hi", previous_response_id="abc")
         with pytest.raises(openai.NotFoundError, match=r"no response 'resp_0\.0'"):
             await client.responses.create(model="test", input="hi", previous_response_id="resp_0.0")
+        with pytest.raises(openai.NotFoundError, match=r"no response 'resp_5pW5\.RWZ'"):  # its session id is none
+            await client.responses.create(model="test", input="hi", previous_response_id="resp_5pW5.RWZ")
         with pytest.raises(openai.AuthenticationError):
             await sdk(api_key="wrong").models.list()
 
@@ -341,3 +343,33 @@ async def test_openai_clients_act_for_users_as_their_keys_allow() -> None:
                              (mine.headers["x-session-id"], "alice")):
         stored = await store.get_session("acme", session_id)
         assert stored is not None and stored.state.get("user_id") == user, session_id
+
+
+async def test_the_format_a_request_asks_for_reaches_the_model_in_chat_s_shape() -> None:
+    model = ScriptedModel(['{"city": "Oslo"}', '{"city": "Rome"}', "Plain."])
+    app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    async with openai_clients(app) as sdk:
+        client = sdk()
+        await client.responses.create(model="test", input="Where?", text={
+            "format": {"type": "json_schema", "name": "place", "schema": schema, "strict": True}})
+        await client.chat.completions.create(model="test", messages=[{"role": "user", "content": "Where?"}],
+                                             response_format={"type": "json_schema", "json_schema": {
+                                                 "name": "place", "schema": schema, "strict": True}})
+        await client.responses.create(model="test", input="Say it.", text={"format": {"type": "text"}})
+    responses, chat, plain = (r.settings.get("response_format") for r in model.requests)
+    assert responses == chat == {"type": "json_schema", "json_schema": {"name": "place", "schema": schema,
+                                                                        "strict": True}}
+    assert plain is None
+
+
+async def test_a_json_object_format_reaches_the_model_and_an_unnamed_schema_is_a_400() -> None:
+    model = ScriptedModel(['{"city": "Oslo"}'])
+    app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
+    async with openai_clients(app) as sdk:
+        client = sdk()
+        await client.responses.create(model="test", input="Where? JSON.", text={"format": {"type": "json_object"}})
+        with pytest.raises(openai.BadRequestError, match=r"text\.format\.name: Field required"):
+            await client.responses.create(model="test", input="Where?", text={
+                "format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]

@@ -194,3 +194,10 @@ async def test_a_user_is_never_given_a_session_made_again_under_the_id_it_was_re
     assert refused.value.status == 404
     stored = await store.get_session("acme", "s")
     assert stored is not None and user_id(stored) == "bob"
+
+
+async def test_info_says_which_user_a_key_is_for(served: tuple[Any, ScriptedModel]) -> None:
+    app, _ = served
+    async with client(app) as c:
+        seen = {key: (await c.get("/v1/info", headers=as_(key))).json() for key in (ALICE, BACKEND, PLAIN)}
+    assert [(i["user"], i["names_users"]) for i in seen.values()] == [("alice", False), (None, True), (None, False)]

@@ -119,6 +119,9 @@ async def test_bounded_tail_loads_and_paging_backwards(store: SessionStore, tena
     assert (missing.messages, missing.has_more) == ([], False)
     with pytest.raises(UsageError, match="limit must be at least 1"):
         await store.load(tenant, "s", limit=0)
+    for bounds in ({"before": -1}, {"after": -1}, {"after": -5, "before": 3}, {"before": True}, {"after": 2.5}):
+        with pytest.raises(UsageError, match="must be a sequence number"):  # the same refusal on every backend
+            await store.load(tenant, "s", **bounds)  # type: ignore[arg-type]
 
 
 async def test_session_state_compare_and_swap(store: SessionStore, tenant: str) -> None:

@@ -176,7 +176,8 @@ async def test_streamed_loads_equal_plain_loads_across_the_real_array_sizes(
     async with SQLiteStore(tmp_path / "big.db") as store:
         await store.append("t", "s", log)
         await store.save_checkpoint("t", "s", Checkpoint(n // 3, Message.system("summary"), 1.0))
-        windows = [(None, None, None), (1000, None, None), (None, n - 4000, 7), (257, n, n // 2), (n, None, 1)]
+        back = n - 4000 if n > 4000 else n // 2  # a window that holds messages at every size
+        windows = [(None, None, None), (1000, None, None), (None, back, 7), (257, n, n // 2), (n, None, 1)]
         await assert_streamed_equals_plain(store, monkeypatch, REAL_THRESHOLDS, windows)
 
 

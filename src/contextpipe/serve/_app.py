@@ -238,7 +238,9 @@ class _Api:
             about = {"name": agent.name, "model": agent.model.name, "tools": sorted(agent.tools),
                      "providers": [{"source_id": p.source_id, "kind": p.kind} for p in agent.providers],
                      "store_traces": agent.durability.store_traces}
-        return json_response({"tenant": tenant, "version": __version__, "store": self.store.backend,
+        grant = request.state.grant
+        return json_response({"tenant": tenant, "user": grant.user, "names_users": grant.names_users,
+                              "version": __version__, "store": self.store.backend,
                               "read_only": self.settings.read_only or agent is None, "agent": about})
 
     async def list_sessions(self, request: Request, tenant: str, params: list[str]) -> Response:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ..errors import UsageError
 from ..messages import Message
 from ..session import Session, user_id, validate_session_id
 from ._json import HTTPError, clean, dumps, json_response
@@ -289,7 +290,7 @@ def _decode_response_id(response_id: str) -> tuple[str, str]:
         session_id, message_id = (base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)).decode()
                                   for p in response_id[5:].split("."))
         validate_session_id(session_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, binascii.Error, UnicodeDecodeError, UsageError):  # UsageError: no session id
         raise HTTPError(404, "NotFound", f"no response {response_id!r}: send previous_response_id as a response "
                         "of this server gave it") from None
     return session_id, message_id

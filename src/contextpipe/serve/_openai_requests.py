@@ -3,8 +3,8 @@
 Strict models, as for the native routes (`_requests`): ``/openapi.json`` publishes their schema and
 every body is validated against it. They hold the fields of OpenAI's APIs that mean something for
 a served agent, and the common sampling fields clients send: `temperature`, the token limit,
-`seed`, `reasoning_effort` and `response_format` apply to the run's model calls; the fields marked
-"accepted, not applied" are taken so that clients sending them still work. What cannot mean
+`seed`, `reasoning_effort`, `response_format` (Responses: `text.format`) apply to the run's model
+calls; the fields marked "accepted, not applied" are taken so that clients sending them still work. What cannot mean
 anything here is refused with a 400 that says why: the client's own tools (the agent's tools run on
 the server), ``n`` > 1, and on Responses ``store: false`` (the server keeps every conversation).
 """
@@ -238,6 +238,30 @@ class Reasoning(_Body):
     summary: Literal["auto", "concise", "detailed"] | None = Field(None, description=NOT_APPLIED)
 
 
+class PlainFormat(_Body):
+    """``text.format`` of a Responses request: plain text (the default) or any JSON object."""
+
+    type: Literal["text", "json_object"]
+
+
+class SchemaFormat(_Body):
+    """``text.format`` of a Responses request: JSON matching a schema."""
+
+    type: Literal["json_schema"]
+    name: str = Field(description="The schema's name.")
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema of the answer.")
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat: TypeAlias = Annotated[PlainFormat | SchemaFormat, Field(discriminator="type")]
+
+
+class TextOptions(_Body):
+    format: TextFormat | None = Field(None, description="The answer's format, for every model call of the run.")
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description=NOT_APPLIED)
+
+
 class ResponsesRequest(_Body):
     """The body of ``POST /v1/responses``."""
 
@@ -260,6 +284,7 @@ class ResponsesRequest(_Body):
     max_output_tokens: TOKENS | None = Field(None, description="The most tokens each model call "
                                           "generates.")
     reasoning: Reasoning | None = None
+    text: TextOptions | None = None
     top_p: float | None = Field(None, ge=0, le=1, description=NOT_APPLIED)
     user: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
     metadata: dict[str, str] | None = Field(None, description=NOT_APPLIED)
@@ -318,11 +343,22 @@ def run_settings(body: ChatRequest | ResponsesRequest) -> ModelSettings | None:
     else:
         limit = body.max_output_tokens
         effort = body.reasoning.effort if body.reasoning is not None else None
+        answer_format = body.text.format if body.text is not None else None
+        if answer_format is not None and answer_format.type != "text":
+            settings["response_format"] = _chat_format(answer_format)
     if limit is not None:
         settings["max_output_tokens"] = limit
     if effort is not None:
         settings["reasoning_effort"] = effort
     return settings or None
+
+
+def _chat_format(answer_format: PlainFormat | SchemaFormat) -> dict[str, Any]:
+    """Return Responses' `answer_format` as `ModelSettings.response_format` takes it (Chat Completions' shape)."""
+    if isinstance(answer_format, PlainFormat):
+        return {"type": answer_format.type}
+    schema = answer_format.model_dump(exclude_none=True, by_alias=True, exclude={"type"})
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def _message(role: str, parts: list[Part], name: str | None) -> Message:

@@ -44,6 +44,13 @@ def key_and_limit(tenant: str, session_id: str, limit: int | None) -> SessionKey
     return key
 
 
+def check_bounds(before: int | None, after: int | None) -> None:
+    """Refuse a `before` or `after` bound of `SessionStore.load` that is no sequence (one below 0, a bool, a float)."""
+    for name, bound in (("before", before), ("after", after)):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+            raise UsageError(f"{name} must be a sequence number (an int of at least 0) or None, got {bound!r}")
+
+
 def _bad_limit(limit: int) -> UsageError:
     return UsageError(f"limit must be at least 1 (or None for no limit), got {limit}")
 

@@ -55,6 +55,7 @@ from ..messages import Message
 from ..outbox import OutboxEntry
 from ..session import Session, SessionKey, validate_tenant
 from ._checks import (
+    check_bounds,
     check_limit,
     decode_cursor,
     duplicate_in_batch,
@@ -365,9 +366,11 @@ class SessionStore(abc.ABC):
     ) -> MessagePage:
         """Return the newest `limit` messages (all when None) with `after` < sequence < `before`.
 
-        Raises `CorruptRecord` naming the session and sequence of any message that cannot be read.
+        Raises `CorruptRecord` naming the session and sequence of any message that cannot be read,
+        and `UsageError` for a bound that is not an int of at least 0 (a negative one, a bool, a float).
         """
         key = key_and_limit(tenant, session_id, limit)
+        check_bounds(before, after)
         try:
             return await self._load(key, limit, before, after)
         except Exception as exc:
