@@ -1,15 +1,16 @@
 """The AG-UI event protocol (``ag-ui-protocol`` package) over a contextpipe run.
 
 AG-UI clients post a ``RunAgentInput`` (thread id, run id, the conversation as they see it) and read
-server-sent events. The thread id is the session id; the session keeps the history, so only the
-user messages after the client's last non-user message are taken as the run's input.
+server-sent events. The thread id is the session id; the session keeps the history. Clients resend
+the whole history each turn, so messages the session already holds are recognised by id (`agui_new`)
+and only the user messages after them are the run's input.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from ..approvals import Decision, approve, reject
@@ -18,7 +19,7 @@ from ..messages import Message
 from ._json import HTTPError
 from ._requests import DIGEST, RULES, SESSION_ID, validate
 
-__all__ = ["agui_decisions", "agui_events", "agui_input", "agui_schemas"]
+__all__ = ["agui_decisions", "agui_events", "agui_input", "agui_new", "agui_schemas"]
 
 
 def _require() -> Any:
@@ -71,16 +72,44 @@ def agui_input(body: Any) -> tuple[Any, list[Message]]:
     run_input = validate(core.RunAgentInput, body, strict=True, by_alias=True, by_name=False)
     if not re.fullmatch(SESSION_ID, run_input.thread_id):
         raise HTTPError(400, "BadRequest", f"invalid request: threadId: must be {RULES[SESSION_ID]}")
+    return run_input, _trailing_users(run_input.messages)
+
+
+def _user(m: Any) -> Message:
+    content = m.content
+    if not isinstance(content, str):
+        content = "".join(getattr(part, "text", "") or "" for part in content)
+    return Message.user(content, id=m.id)
+
+
+def _trailing_users(messages: list[Any]) -> list[Message]:
     new: list[Message] = []
-    for m in reversed(run_input.messages):
+    for m in reversed(messages):
         if getattr(m, "role", None) != "user":
             break
-        content = m.content
-        if not isinstance(content, str):
-            content = "".join(getattr(part, "text", "") or "" for part in content)
-        new.append(Message.user(content, id=m.id))
+        new.append(_user(m))
     new.reverse()
-    return run_input, new
+    return new
+
+
+async def agui_new(run_input: Any, known: Callable[[str], Awaitable[bool]]) -> list[Message]:
+    """Return the user messages of ``run_input`` to run on, given which message ids the session holds.
+
+    The messages after the last one the session knows are new: their user messages are the input
+    (other roles there, such as the assistant messages the client names itself, are not stored).
+    When nothing after it is a user message and the known one is a user message, that one is
+    returned again, so the run is answered from the log (a retry, or a history that ends with a
+    tool result) instead of answering twice. When the session knows none, the trailing user
+    messages are the input.
+    """
+    messages = run_input.messages
+    for i in range(len(messages) - 1, -1, -1):
+        if await known(messages[i].id):
+            new = [_user(m) for m in messages[i + 1:] if getattr(m, "role", None) == "user"]
+            if not new and getattr(messages[i], "role", None) == "user":
+                new = [_user(messages[i])]
+            return new
+    return _trailing_users(messages)
 
 
 def agui_decisions(run_input: Any) -> dict[str, Decision] | None:
