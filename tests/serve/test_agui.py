@@ -63,3 +63,32 @@ async def test_a_history_ending_past_its_last_user_message_is_answered_from_the_
             assert answer(await c.post("/v1/ag-ui", json=run("r2", history), headers=auth())) == "reply 1 to one"
         assert await stored(c) == [("user", "one"), ("assistant", "reply 1 to one")]
         assert model.calls == 1
+
+
+class ThinkingModel(GateModel):
+    """GateModel that streams some reasoning before its answer."""
+
+    async def stream(self, request: Any) -> Any:
+        from contextpipe.models import ReasoningDelta
+
+        yield ReasoningDelta("Let me ")
+        yield ReasoningDelta("think.")
+        async for event in super().stream(request):
+            yield event
+
+
+async def test_reasoning_is_streamed_as_protocol_reasoning_events_before_the_answer() -> None:
+    import pydantic
+    from ag_ui import core
+
+    async with client(make_app(MemoryStore(), ThinkingModel())) as c:
+        response = await c.post("/v1/ag-ui", json=run("r1", [user("u1", "one")]), headers=auth())
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(core.Event)
+    parsed = [adapter.validate_python(e) for e in events(response)]
+    types = [e.type.value for e in parsed]
+    assert types[:5] == ["RUN_STARTED", "REASONING_START", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",
+                         "REASONING_MESSAGE_CONTENT"]
+    assert types[5:8] == ["REASONING_MESSAGE_END", "REASONING_END", "TEXT_MESSAGE_START"]
+    assert "".join(e.delta for e in parsed if e.type.value == "REASONING_MESSAGE_CONTENT") == "Let me think."
+    assert len({e.message_id for e in parsed[1:7]}) == 1 and parsed[7].message_id != parsed[1].message_id
+    assert answer(response) == "reply 1 to one"

@@ -171,6 +171,38 @@ APPROVAL_ANSWER: Final = {"type": "object", "required": ["approved"], "propertie
 """The payload a ``resume`` entry answers a tool approval with (see `agui_decisions`)."""
 
 
+class _Stream:
+    """The message being streamed: the answer's text (TEXT_MESSAGE_*) or the model's reasoning (REASONING_*)."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.kind: str | None = None
+        self.id = ""
+
+    def delta(self, kind: str, text: str) -> list[Any]:
+        core, out = self.core, []
+        if kind != self.kind:
+            out = self.close()
+            self.kind, self.id = kind, f"msg-{uuid.uuid4().hex}"
+            if kind == "text_delta":
+                out.append(core.TextMessageStartEvent(message_id=self.id, role="assistant"))
+            else:
+                out += [core.ReasoningStartEvent(message_id=self.id),
+                        core.ReasoningMessageStartEvent(message_id=self.id, role="reasoning")]
+        if text:  # the protocol refuses an empty delta
+            content = core.TextMessageContentEvent if kind == "text_delta" else core.ReasoningMessageContentEvent
+            out.append(content(message_id=self.id, delta=text))
+        return out
+
+    def close(self) -> list[Any]:
+        core, kind, self.kind = self.core, self.kind, None
+        if kind == "text_delta":
+            return [core.TextMessageEndEvent(message_id=self.id)]
+        if kind == "reasoning_delta":
+            return [core.ReasoningMessageEndEvent(message_id=self.id), core.ReasoningEndEvent(message_id=self.id)]
+        return []
+
+
 async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str, Any]]]) -> AsyncIterator[str]:
     """Translate contextpipe's ``(name, payload)`` run events into encoded AG-UI events."""
     core = _require()
@@ -179,18 +211,14 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
     encoder = EventEncoder()
     thread_id, run_id = run_input.thread_id, run_input.run_id
     yield encoder.encode(core.RunStartedEvent(thread_id=thread_id, run_id=run_id))
-    text_id: str | None = None
+    stream = _Stream(core)
     async for name, payload in events:
-        if name == "text_delta":
-            if text_id is None:
-                text_id = f"msg-{uuid.uuid4().hex}"
-                yield encoder.encode(core.TextMessageStartEvent(message_id=text_id, role="assistant"))
-            if payload["text"]:
-                yield encoder.encode(core.TextMessageContentEvent(message_id=text_id, delta=payload["text"]))
+        if name in ("text_delta", "reasoning_delta"):
+            for event in stream.delta(name, payload["text"]):
+                yield encoder.encode(event)
             continue
-        if text_id is not None:
-            yield encoder.encode(core.TextMessageEndEvent(message_id=text_id))
-            text_id = None
+        for event in stream.close():
+            yield encoder.encode(event)
         if name == "tool_call_started":
             call_id = payload["call_id"]
             yield encoder.encode(core.ToolCallStartEvent(tool_call_id=call_id, tool_call_name=payload["name"]))
