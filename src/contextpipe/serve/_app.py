@@ -410,7 +410,7 @@ class _Api:
         from ._agui import agui_decisions, agui_events, agui_input, agui_new
 
         runs = self._writable()
-        run_input, new = agui_input(await self._body(request))
+        run_input, _ = agui_input(await self._body(request))
         approvals = agui_decisions(run_input)
         self._refuse_when_draining(runs)
         assert self.agent is not None
@@ -418,8 +418,8 @@ class _Api:
         existing = await self.store.get_session(tenant, thread)
         if existing is not None and not visible(request.state.grant, existing):
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-        if existing is not None:  # the history the client resends: what the session holds is not input again
-            new = await agui_new(run_input, lambda i: self._holds(tenant, thread, i))
+        # The history the client resends: what the session holds is not input again.
+        new = await agui_new(run_input, lambda i: self._holds(tenant, thread, i))
         if approvals and existing is None:
             raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
         if not new and not approvals and (existing is None or await self._empty(tenant, thread)):
