@@ -66,13 +66,13 @@ def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
             _require_tags(value, schemas)
 
 
-def agui_input(body: Any) -> tuple[Any, list[Message]]:
-    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`); return it and the new user messages to run on."""
+def agui_input(body: Any) -> Any:
+    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`) and return it (`agui_new` finds its input)."""
     core = _require()
     run_input = validate(core.RunAgentInput, body, strict=True, by_alias=True, by_name=False)
     if not re.fullmatch(SESSION_ID, run_input.thread_id):
         raise HTTPError(400, "BadRequest", f"invalid request: threadId: must be {RULES[SESSION_ID]}")
-    return run_input, _trailing_users(run_input.messages)
+    return run_input
 
 
 def _user(m: Any) -> Message:

@@ -410,7 +410,7 @@ class _Api:
         from ._agui import agui_decisions, agui_events, agui_input, agui_new
 
         runs = self._writable()
-        run_input, _ = agui_input(await self._body(request))
+        run_input = agui_input(await self._body(request))
         approvals = agui_decisions(run_input)
         self._refuse_when_draining(runs)
         assert self.agent is not None
