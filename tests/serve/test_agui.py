@@ -65,6 +65,23 @@ async def test_a_history_ending_past_its_last_user_message_is_answered_from_the_
         assert model.calls == 1
 
 
+async def test_a_new_thread_looks_up_none_of_the_history_a_client_brings_to_it() -> None:
+    store, lookups = MemoryStore(), []
+    real = store.message_seq
+
+    async def counted(tenant: str, session_id: str, message_id: str) -> int | None:
+        lookups.append(message_id)
+        return await real(tenant, session_id, message_id)
+
+    store.message_seq = counted  # type: ignore[method-assign]
+    async with client(make_app(store, GateModel())) as c:
+        history = [m for i in range(50) for m in (user(f"u{i}", f"m{i}"), assistant(f"a{i}", "x"))]
+        response = await c.post("/v1/ag-ui", json=run("r1", [*history, user("last", "go")]), headers=auth())
+        assert answer(response) == "reply 1 to go"
+        assert [id for id in lookups if id != "last"] == []  # the run's own retry check looks up its input only
+        assert await stored(c) == [("user", "go"), ("assistant", "reply 1 to go")]
+
+
 class ThinkingModel(GateModel):
     """GateModel that streams some reasoning before its answer."""
 

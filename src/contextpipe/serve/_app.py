@@ -209,8 +209,9 @@ class _Api:
         raw = b"".join(chunks)
         return read_json(raw) if raw.strip() else {}
 
-    async def _holds(self, tenant: str, session_id: str, message_id: str) -> bool:
-        return await self.store.message_seq(tenant, session_id, message_id) is not None
+    async def _holds(self, session: Session | None, message_id: str) -> bool:
+        # A thread not made yet holds nothing: no lookup per message of the history a client brings to it.
+        return session is not None and await self.store.message_seq(session.tenant, session.id, message_id) is not None
 
     async def _empty(self, tenant: str, session_id: str) -> bool:
         return not (await self.store.load(tenant, session_id, limit=1)).messages
@@ -419,7 +420,7 @@ class _Api:
         if existing is not None and not visible(request.state.grant, existing):
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
         # The history the client resends: what the session holds is not input again.
-        new = await agui_new(run_input, lambda i: self._holds(tenant, thread, i))
+        new = await agui_new(run_input, lambda i: self._holds(existing, i))
         if approvals and existing is None:
             raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
         if not new and not approvals and (existing is None or await self._empty(tenant, thread)):
