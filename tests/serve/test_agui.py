@@ -9,7 +9,7 @@ import httpx2 as httpx
 
 from contextpipe.stores import MemoryStore
 
-from .conftest import GateModel, auth, client, make_app
+from .conftest import GateModel, ThinkingModel, auth, client, make_app
 
 
 def events(response: httpx.Response) -> list[dict[str, Any]]:
@@ -80,18 +80,6 @@ async def test_a_new_thread_looks_up_none_of_the_history_a_client_brings_to_it()
         assert answer(response) == "reply 1 to go"
         assert [id for id in lookups if id != "last"] == []  # the run's own retry check looks up its input only
         assert await stored(c) == [("user", "go"), ("assistant", "reply 1 to go")]
-
-
-class ThinkingModel(GateModel):
-    """GateModel that streams some reasoning before its answer."""
-
-    async def stream(self, request: Any) -> Any:
-        from contextpipe.models import ReasoningDelta
-
-        yield ReasoningDelta("Let me ")
-        yield ReasoningDelta("think.")
-        async for event in super().stream(request):
-            yield event
 
 
 async def test_reasoning_is_streamed_as_protocol_reasoning_events_before_the_answer() -> None:
