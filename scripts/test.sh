@@ -72,6 +72,14 @@ if wants browser && ! installed browser; then
   fi
   stamp browser
 fi
+# The official AG-UI client, at its locked version, once for each version of its lockfile (a stamp in
+# its node_modules): tests/serve/test_agui_client.py runs it under node, and skips without node.
+agui_client=tests/serve/agui_client
+agui_lock=$(sha256sum "$agui_client/package-lock.json" | cut -c1-16)
+if command -v npm >/dev/null 2>&1 && [ "$(cat "$agui_client/node_modules/.installed" 2>/dev/null)" != "$agui_lock" ]; then
+  npm ci --prefix "$agui_client" --no-audit --no-fund --silent
+  echo "$agui_lock" >"$agui_client/node_modules/.installed"
+fi
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/contextpipe-test.XXXXXX")
 chmod a+x "$run_dir"  # the postgres user runs the servers in it

@@ -11,7 +11,7 @@ import httpx2 as httpx
 import uvicorn
 
 from contextpipe import Agent, Durability, Message, TextDelta, Usage
-from contextpipe.models import ModelRequest, ModelResponse, ResponseComplete
+from contextpipe.models import ModelRequest, ModelResponse, ReasoningDelta, ResponseComplete
 from contextpipe.providers import History
 from contextpipe.serve import ApiKeys, ServeSettings, create_app
 from contextpipe.stores import SessionStore
@@ -55,6 +55,16 @@ class GateModel:
         for word in response.text.split(" "):
             yield TextDelta(word + " ")
         yield ResponseComplete(response)
+
+
+class ThinkingModel(GateModel):
+    """GateModel that streams some reasoning ("Let me think.") before its answer."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        yield ReasoningDelta("Let me ")
+        yield ReasoningDelta("think.")
+        async for event in super().stream(request):
+            yield event
 
 
 def make_app(store: SessionStore, model: Any, **settings: Any) -> Any:

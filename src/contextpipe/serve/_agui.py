@@ -1,15 +1,16 @@
 """The AG-UI event protocol (``ag-ui-protocol`` package) over a contextpipe run.
 
 AG-UI clients post a ``RunAgentInput`` (thread id, run id, the conversation as they see it) and read
-server-sent events. The thread id is the session id; the session keeps the history, so only the
-user messages after the client's last non-user message are taken as the run's input.
+server-sent events. The thread id is the session id; the session keeps the history. Clients resend
+the whole history each turn, so messages the session already holds are recognised by id (`agui_new`)
+and only the user messages after them are the run's input.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from ..approvals import Decision, approve, reject
@@ -18,7 +19,7 @@ from ..messages import Message
 from ._json import HTTPError
 from ._requests import DIGEST, RULES, SESSION_ID, validate
 
-__all__ = ["agui_decisions", "agui_events", "agui_input", "agui_schemas"]
+__all__ = ["agui_decisions", "agui_events", "agui_input", "agui_new", "agui_schemas"]
 
 
 def _require() -> Any:
@@ -65,22 +66,50 @@ def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
             _require_tags(value, schemas)
 
 
-def agui_input(body: Any) -> tuple[Any, list[Message]]:
-    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`); return it and the new user messages to run on."""
+def agui_input(body: Any) -> Any:
+    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`) and return it (`agui_new` finds its input)."""
     core = _require()
     run_input = validate(core.RunAgentInput, body, strict=True, by_alias=True, by_name=False)
     if not re.fullmatch(SESSION_ID, run_input.thread_id):
         raise HTTPError(400, "BadRequest", f"invalid request: threadId: must be {RULES[SESSION_ID]}")
+    return run_input
+
+
+def _user(m: Any) -> Message:
+    content = m.content
+    if not isinstance(content, str):
+        content = "".join(getattr(part, "text", "") or "" for part in content)
+    return Message.user(content, id=m.id)
+
+
+def _trailing_users(messages: list[Any]) -> list[Message]:
     new: list[Message] = []
-    for m in reversed(run_input.messages):
+    for m in reversed(messages):
         if getattr(m, "role", None) != "user":
             break
-        content = m.content
-        if not isinstance(content, str):
-            content = "".join(getattr(part, "text", "") or "" for part in content)
-        new.append(Message.user(content, id=m.id))
+        new.append(_user(m))
     new.reverse()
-    return run_input, new
+    return new
+
+
+async def agui_new(run_input: Any, known: Callable[[str], Awaitable[bool]]) -> list[Message]:
+    """Return the user messages of ``run_input`` to run on, given which message ids the session holds.
+
+    The messages after the last one the session knows are new: their user messages are the input
+    (other roles there, such as the assistant messages the client names itself, are not stored).
+    When nothing after it is a user message and the known one is a user message, that one is
+    returned again, so the run is answered from the log (a retry, or a history that ends with a
+    tool result) instead of answering twice. When the session knows none, the trailing user
+    messages are the input.
+    """
+    messages = run_input.messages
+    for i in range(len(messages) - 1, -1, -1):
+        if await known(messages[i].id):
+            new = [_user(m) for m in messages[i + 1:] if getattr(m, "role", None) == "user"]
+            if not new and getattr(messages[i], "role", None) == "user":
+                new = [_user(messages[i])]
+            return new
+    return _trailing_users(messages)
 
 
 def agui_decisions(run_input: Any) -> dict[str, Decision] | None:
@@ -142,6 +171,38 @@ APPROVAL_ANSWER: Final = {"type": "object", "required": ["approved"], "propertie
 """The payload a ``resume`` entry answers a tool approval with (see `agui_decisions`)."""
 
 
+class _Stream:
+    """The message being streamed: the answer's text (TEXT_MESSAGE_*) or the model's reasoning (REASONING_*)."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.kind: str | None = None
+        self.id = ""
+
+    def delta(self, kind: str, text: str) -> list[Any]:
+        core, out = self.core, []
+        if kind != self.kind:
+            out = self.close()
+            self.kind, self.id = kind, f"msg-{uuid.uuid4().hex}"
+            if kind == "text_delta":
+                out.append(core.TextMessageStartEvent(message_id=self.id, role="assistant"))
+            else:
+                out += [core.ReasoningStartEvent(message_id=self.id),
+                        core.ReasoningMessageStartEvent(message_id=self.id, role="reasoning")]
+        if text:  # the protocol refuses an empty delta
+            content = core.TextMessageContentEvent if kind == "text_delta" else core.ReasoningMessageContentEvent
+            out.append(content(message_id=self.id, delta=text))
+        return out
+
+    def close(self) -> list[Any]:
+        core, kind, self.kind = self.core, self.kind, None
+        if kind == "text_delta":
+            return [core.TextMessageEndEvent(message_id=self.id)]
+        if kind == "reasoning_delta":
+            return [core.ReasoningMessageEndEvent(message_id=self.id), core.ReasoningEndEvent(message_id=self.id)]
+        return []
+
+
 async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str, Any]]]) -> AsyncIterator[str]:
     """Translate contextpipe's ``(name, payload)`` run events into encoded AG-UI events."""
     core = _require()
@@ -150,18 +211,14 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
     encoder = EventEncoder()
     thread_id, run_id = run_input.thread_id, run_input.run_id
     yield encoder.encode(core.RunStartedEvent(thread_id=thread_id, run_id=run_id))
-    text_id: str | None = None
+    stream = _Stream(core)
     async for name, payload in events:
-        if name == "text_delta":
-            if text_id is None:
-                text_id = f"msg-{uuid.uuid4().hex}"
-                yield encoder.encode(core.TextMessageStartEvent(message_id=text_id, role="assistant"))
-            if payload["text"]:
-                yield encoder.encode(core.TextMessageContentEvent(message_id=text_id, delta=payload["text"]))
+        if name in ("text_delta", "reasoning_delta"):
+            for event in stream.delta(name, payload["text"]):
+                yield encoder.encode(event)
             continue
-        if text_id is not None:
-            yield encoder.encode(core.TextMessageEndEvent(message_id=text_id))
-            text_id = None
+        for event in stream.close():
+            yield encoder.encode(event)
         if name == "tool_call_started":
             call_id = payload["call_id"]
             yield encoder.encode(core.ToolCallStartEvent(tool_call_id=call_id, tool_call_name=payload["name"]))

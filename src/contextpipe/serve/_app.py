@@ -209,6 +209,10 @@ class _Api:
         raw = b"".join(chunks)
         return read_json(raw) if raw.strip() else {}
 
+    async def _holds(self, session: Session | None, message_id: str) -> bool:
+        # A thread not made yet holds nothing: no lookup per message of the history a client brings to it.
+        return session is not None and await self.store.message_seq(session.tenant, session.id, message_id) is not None
+
     async def _empty(self, tenant: str, session_id: str) -> bool:
         return not (await self.store.load(tenant, session_id, limit=1)).messages
 
@@ -406,10 +410,10 @@ class _Api:
         return result
 
     async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
-        from ._agui import agui_decisions, agui_events, agui_input
+        from ._agui import agui_decisions, agui_events, agui_input, agui_new
 
         runs = self._writable()
-        run_input, new = agui_input(await self._body(request))
+        run_input = agui_input(await self._body(request))
         approvals = agui_decisions(run_input)
         self._refuse_when_draining(runs)
         assert self.agent is not None
@@ -417,6 +421,8 @@ class _Api:
         existing = await self.store.get_session(tenant, thread)
         if existing is not None and not visible(request.state.grant, existing):
             raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
+        # The history the client resends: what the session holds is not input again.
+        new = await agui_new(run_input, lambda i: self._holds(existing, i))
         if approvals and existing is None:
             raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
         if not new and not approvals and (existing is None or await self._empty(tenant, thread)):
