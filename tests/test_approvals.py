@@ -450,7 +450,8 @@ async def test_a_call_run_as_another_decision_always_allowed_its_tool_and_cut_is
     assert session.state[STATE_KEY] == {"approved": {}, "always": ["ship"]}
 
 
-async def test_a_run_cut_after_an_approved_call_completed_keeps_its_result_and_the_rejection() -> None:
+@pytest.mark.parametrize("persistence", ["per_step", "per_run"])
+async def test_a_run_cut_after_an_approved_call_completed_keeps_its_result_and_the_rejection(persistence: Any) -> None:
     started, calls = asyncio.Event(), []
 
     @tool(needs_approval=True)
@@ -463,7 +464,7 @@ async def test_a_run_cut_after_an_approved_call_completed_keeps_its_result_and_t
         return f"shipped {order}"
 
     script = tool_call("ship", order="O-1") + tool_call("ship", order="O-2") + tool_call("ship", order="O-3")
-    agent, _ = agent_for(script, "Checked.", tools=[ship])
+    agent, _ = agent_for(script, "Checked.", tools=[ship], durability=Durability(persistence=persistence))
     session = await agent.session("s")
     one, two, three = (await agent.run("Ship all three.", session=session)).pending_approvals
     task = asyncio.ensure_future(agent.run(None, session=session, approvals={
@@ -508,21 +509,6 @@ async def test_a_waiting_call_run_as_the_session_always_allows_its_tool_is_kept_
     result = await agent.run(None, session=session)
     assert result.messages[0].function_results[0].result.startswith("Error: the call to 'ship' was interrupted")
     assert calls == ["O-1"] and result.text == "Checked."
-
-
-async def test_a_run_saved_per_run_that_fails_after_the_approved_call_ran_does_not_ask_again() -> None:
-    agent, _ = agent_for(tool_call("pay", invoice="A", amount=1), RuntimeError("the model is down"), "Paid A.",
-                         durability=Durability(persistence="per_run"))
-    session = await agent.session("s")
-    [pending] = (await agent.run("Pay A.", session=session)).pending_approvals
-    with pytest.raises(RuntimeError, match="model is down"):  # the call ran; its result was not saved
-        await agent.run(None, session=session, approvals={pending.call_id: pending.approve()})
-    assert PAID == ["A"]
-    with pytest.raises(ApprovalError, match="approved by an earlier run"):
-        await agent.run(None, session=session, approvals={pending.call_id: pending.reject()})
-    result = await agent.run(None, session=session, approvals={pending.call_id: pending.approve()})
-    assert result.messages[0].function_results[0].result.startswith("Error: the call to 'pay' was interrupted")
-    assert result.text == "Paid A." and PAID == ["A"]
 
 
 async def test_pending_approvals_lists_what_a_run_without_input_would_stop_on() -> None:

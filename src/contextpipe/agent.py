@@ -95,7 +95,8 @@ class Agent:
     a tool's own ``@tool(needs_approval=...)`` counts as well.
 
     `durability` (a `Durability`) says how runs save: ``per_step`` (after every
-    model call and tool result; the default) or ``per_run`` (once when the run succeeds), and
+    model call and tool result; the default) or ``per_run`` (once when the run succeeds; the
+    answer to calls the log left open, such as calls a person decided, as soon as it exists), and
     whether each run's traces are stored with its session.
 
     A run on a session holds the session's lease, ``durability.lease_ttl`` seconds (15 by default)
@@ -342,7 +343,6 @@ class Agent:
                         async for event in events:
                             yield event
                     await writer.save_run(ctx, loop.state.new_messages)
-                    gate.answered(run_saved=True)
                 except BaseException as exc:
                     error = exc
                     await _keep_input(writer, ctx, exc)

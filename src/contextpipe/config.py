@@ -35,7 +35,8 @@ its model calls and tools take, so the TTL only bounds how long a dead worker bl
 It is also the default of `SessionStore.acquire_lease`."""
 
 Persistence: TypeAlias = Literal["per_step", "per_run"]
-"""``per_step``: save after every model call and tool result; ``per_run``: once when the run succeeds."""
+"""``per_step``: save after every model call and tool result; ``per_run``: once when the run succeeds (and
+the answer to calls the log left open, such as calls a person decided, as soon as it exists)."""
 
 @dataclass(frozen=True, slots=True)
 class RunLimits:

@@ -414,15 +414,14 @@ class ApprovalGate:
             record["reason"] = decision.reason
         return record
 
-    def answered(self, *, run_saved: bool = False) -> None:
+    def answered(self) -> None:
         """Forget the approvals of the calls just answered, once their answers are in the log (saved with the state).
 
-        That is every approval kept: the calls still open await a decision, so none was approved. A
-        run saved per run stores the answers with the whole run (`run_saved`): until then the
-        approvals stay, so a run that fails before (its state is saved) does not ask about the calls again.
+        That is every approval kept: the calls still open await a decision, so none was approved.
+        The answer is saved right away in either mode (`StepWriter.save_answer`).
         """
-        session, kept, writer = self._session, self._kept, self._writer
-        if session is None or not kept.approved or (writer is not None and not writer.per_step and not run_saved):
+        session, kept = self._session, self._kept
+        if session is None or not kept.approved:
             return
         kept.approved.clear()
         kept.write(session)

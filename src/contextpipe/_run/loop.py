@@ -42,17 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost
 from ..events import ApprovalRequired, RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from ..exchanges import late_result, normalise_calls, tool_message, unanswered_calls, untagged
+from ..exchanges import LATE_RESULT_KEY, late_result, normalise_calls, tool_message, unanswered_calls, untagged
 from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
-from ..models.base import (
-    CallModel,
-    ChatModel,
-    ModelRequest,
-    ModelResponse,
-    ReasoningDelta,
-    TextDelta,
-    Usage,
-)
+from ..models.base import CallModel, ChatModel, ModelRequest, ModelResponse, ReasoningDelta, TextDelta, Usage
 from ..pipeline import MessageView, Segment
 from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
@@ -149,6 +141,7 @@ class StepLoop:
         self._stop: Stop | None = None
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
+        self._reopened: set[str] = set()  # the ids of the calls the log left open: the model may not take them
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
         writer.held_open = self._threads.running  # they keep a cancelled run's lease renewed
         self._unconfirmed: list[Message] = []  # the model output being saved
@@ -173,9 +166,9 @@ class StepLoop:
     async def events(self) -> AsyncGenerator[RunEvent, None]:
         """Drive the loop: model step, tool step, until a `Stop`; yield events on the way.
 
-        Only what can yield is an async generator (a streamed call, the tool step): a complete
-        call is a plain await, so a run that wants no events builds no generator per step. However
-        the loop ends, it first waits for the tool threads still running (`_settle`).
+        Only what can yield is an async generator (a streamed call, the tool step; a complete call is
+        a plain await), so a run that wants no events builds no generator per step. However the loop
+        ends, it first waits for the tool threads still running (`_settle`).
         """
         async with self._settling():
             if open_end := self._prepare():  # only a log that may end in open calls: no generator otherwise
@@ -208,15 +201,23 @@ class StepLoop:
 
     @asynccontextmanager
     async def _settling(self) -> AsyncIterator[None]:
-        """Around the loop: however it ends, wait for the tool threads still running first (`_settle`)."""
+        """Around the loop: however it ends, wait for the tool threads still running first (`_settle`).
+
+        A run that stops with an error keeps, per run, what came of the calls the log left open (`_keep_reopened`).
+        """
         try:
             yield
         except BaseException as exc:
             if self._threads:
                 await self._settle(exc)
+            await self._keep_reopened(exc)
             raise
         if self._threads:
-            await self._settle(None)
+            try:
+                await self._settle(None)
+            except BaseException as exc:  # the cancellation the wait deferred
+                await self._keep_reopened(exc)
+                raise
 
     async def _save_late(self) -> StepPersisted | None:
         """Add and save the late results that came since the last step (a step boundary); return the event.
@@ -230,7 +231,7 @@ class StepLoop:
         try:
             return await self._save(self.state.steps, messages)
         except BaseException as exc:
-            await self._save_stopping(messages, exc, "the late results of tool threads")
+            await self.writer.save_stopping(self.ctx, messages, exc, "the late results of tool threads")
             raise
 
     async def _settle(self, error: BaseException | None) -> None:
@@ -319,7 +320,9 @@ class StepLoop:
 
         The answer goes right after the history, before the context providers' messages and the input.
         """
-        pending = await self.approvals.resume(history, unanswered_calls(history), bool(self.ctx.input))
+        open_calls = unanswered_calls(history)
+        self._reopened = {c.call_id for c in open_calls}
+        pending = await self.approvals.resume(history, open_calls, bool(self.ctx.input))
         if self.approvals.pending:
             self._stop = Stop("approval_required")
         if not pending:
@@ -344,7 +347,7 @@ class StepLoop:
             self.state.new_messages.append(message)
             for call in pending:
                 self._threads.answering(call, message)
-            saved = await self.writer.save_step(self.ctx, [message], with_request=False)
+            saved = await self.writer.save_answer(self.ctx, [message])
             self.approvals.answered()
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
             cut = self._cut_repair(pending, results, message, running, answers_all(self.writer, self.ctx, exc))
@@ -389,7 +392,8 @@ class StepLoop:
         state.steps = step
         if response.usage is not None:
             state.usage = state.usage + response.usage
-        produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages])
+        produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages],
+                                          set(self._reopened))
         self._mark_stop(step, produced)
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
@@ -519,25 +523,19 @@ class StepLoop:
             call = by_id[result.call_id]
             messages.append(message := self._add_tool_message([call], [result]))
             self._threads.answering(call, message)
-        if not messages or not await self._save_stopping(messages, error, "the results of calls that finished"):
+        what = "the results of calls that finished"
+        if not messages or not await self.writer.save_stopping(self.ctx, messages, error, what):
             return
         for result in finished:
             self._threads.saved(by_id[result.call_id])
 
-    async def _save_stopping(self, messages: Sequence[Message], error: BaseException, what: str) -> bool:
-        """Save `messages` as the run stops with `error`, whatever cancels the wait; return whether they were.
-
-        Appends are idempotent by message id: saving again what a cut save may have stored is safe. A
-        failure is a note on `error` (the run's own error goes on); a lost lease saves nothing.
-        """
-        if self.writer.lost is not None:
-            return False
-        try:
-            await self.writer.keep(self.writer.save_step(self.ctx, messages, with_request=False), error)
-        except Exception as exc:
-            error.add_note(f"{what} could not be saved as the run stopped: {type(exc).__name__}: {exc}")
-            return False
-        return True
+    async def _keep_reopened(self, error: BaseException) -> None:
+        """Per run, save as the run stops what came of the calls the log left open since their answer was saved."""
+        if (reopened := self._reopened) and not self.writer.per_step:  # a thread's result, a late result
+            theirs = [m for m in self.state.new_messages if m.metadata.get(LATE_RESULT_KEY) in reopened
+                      or any(r.call_id in reopened for r in m.function_results)]
+            await self.writer.save_stopping(self.ctx, theirs, error, "what came of the calls the log left open",
+                                            early=True)
 
     async def _held(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """`_answer_withdrawn`; then the calls that need approval are marked in the model's message, and not run."""

@@ -82,13 +82,13 @@ async def save_cut_answer(writer: StepWriter, ctx: RunContext, answer: Message |
 
     Whether or not the run keeps its input, what its calls got is saved: a call a person approved
     that completed is never answered "interrupted" by the next run. The calls left out stay open
-    for the next run (which runs calls to tools that run again). A failed save is a note on
-    `error`, and the input is not kept then.
+    for the next run (which runs calls to tools that run again), even by a run saved per run
+    (`StepWriter.save_answer`). A failed save is a note on `error`, and the input is not kept then.
     """
     if answer is None or writer.lost is not None:
         return
     try:
-        await writer.keep(writer.save_step(ctx, [answer], with_request=False), error)
+        await writer.keep(writer.save_answer(ctx, [answer]), error)
     except Exception as exc:
         error.add_note(f"the answers to the calls the session's previous run left open could not be saved: "
                        f"{type(exc).__name__}: {exc}")

@@ -10,7 +10,9 @@ writer each step. The writer saves:
   interrupted before its first model output was saved (a cancelled task, Ctrl-C) still saves the
   request messages, so the caller's input is never lost (unless calls a previous run left open
   before it could not all be answered, `left_open`: the input never goes between a call and its result);
-- per run: everything once, when the run has succeeded;
+- per run: everything once, when the run has succeeded, but the answer to calls the log left open
+  (decided by a person, or left by a run that stopped), saved as soon as it exists, and what a
+  stopping run has of theirs (a thread's result, a late result) as it stops (`save_answer`);
 - summary checkpoints (for compaction), the session's state (with the run's token calibration)
   and, when asked, the run's traces.
 
@@ -85,6 +87,7 @@ class StepWriter:
             if self._loader is None and p.policy.load_messages:
                 self._loader = p
         self._request_stored = False  # a save of the request messages returned
+        self._answered_early: set[str] = set()  # ids of the answers to open calls saved before a per-run save
         # The calls an earlier run left open without a saved answer (id: name); None until the loop read the history.
         self._left_open: dict[str, str] | None = None
         self.awaiting_approval: set[str] = set()
@@ -245,6 +248,45 @@ class StepWriter:
         raise_swallowed_cancellation()  # a driver swallowed it: the run must not go on (to its tools) as if saved
         return saved
 
+    async def save_answer(self, ctx: RunContext, answers: Sequence[Message]) -> list[Message]:
+        """Save now, in either mode, the `answers` to calls the log left open; return what was saved.
+
+        Those calls (decided by a person, or left by a run that stopped) ran or were answered: a
+        run saved per run that stops after them (fails, is cut) must not leave them open, or the
+        next run would report a completed side effect "interrupted". The answers close calls an
+        earlier run left, so they may come before this run's request messages; `save_run` skips
+        them, and so does a second `save_answer` (once its save returned).
+        """
+        if self.per_step:
+            return await self.save_step(ctx, answers, with_request=False)
+        answers = [m for m in answers if m.id not in self._answered_early]
+        if not self.stores_messages or not answers:
+            return []
+        saved = await self._save(ctx, answers, with_request=False)
+        self._answered_early.update(m.id for m in answers)
+        raise_swallowed_cancellation()
+        return saved
+
+    async def save_stopping(self, ctx: RunContext, messages: Sequence[Message], error: BaseException, what: str, *,
+                            early: bool = False) -> bool:
+        """Save `messages` as the run stops with `error`, whatever cancels the wait; return whether they were.
+
+        Per step (`save_step`); with `early`, per run too (`save_answer`). Appends are idempotent
+        by message id: saving again what a cut save may have stored is safe. A failure is a note on
+        `error` (the run's own error goes on); a lost lease saves nothing.
+        """
+        if self.lost is not None:
+            return False
+        if not messages:
+            return True
+        try:
+            save = self.save_answer(ctx, messages) if early else self.save_step(ctx, messages, with_request=False)
+            await self.keep(save, error)
+        except Exception as exc:
+            error.add_note(f"{what} could not be saved as the run stopped: {type(exc).__name__}: {exc}")
+            return False
+        return True
+
     async def save_input(self, ctx: RunContext) -> None:
         """Keep the request messages of a run stopped before they were saved (per-step mode only).
 
@@ -330,11 +372,13 @@ class StepWriter:
         """Save a whole successful run at once (per-run mode only).
 
         Tool messages before its first model output answer calls an earlier run left open (a call
-        decided by a person, or one a killed run left): they are stored before the request
-        messages, in the same append, as the input may not come between a call and its result.
+        a killed run left): they are stored before the request messages, in the same append, as the
+        input may not come between a call and its result. Those saved already (`save_answer`) are
+        left out.
         """
         if self.per_step or not self.stores_messages:
             return
+        response = [m for m in response if m.id not in self._answered_early]
         lead = 0
         while lead < len(response) and response[lead].role == "tool":
             lead += 1
