@@ -373,3 +373,49 @@ async def test_a_json_object_format_reaches_the_model_and_an_unnamed_schema_is_a
             await client.responses.create(model="test", input="Where?", text={
                 "format": {"type": "json_schema", "schema": {"type": "object"}}})
     assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]
+
+
+async def test_a_chat_json_schema_format_needs_a_name_and_a_blank_user_message_is_a_400() -> None:
+    model = ScriptedModel(['{"city": "Oslo"}'])
+    app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
+    hi: Any = [{"role": "user", "content": "Where? JSON."}]
+    async with openai_clients(app) as sdk:
+        client = sdk()
+        with pytest.raises(openai.BadRequestError, match=r"response_format\.json_schema\.name: Field required"):
+            await client.chat.completions.create(model="test", messages=hi, response_format={
+                "type": "json_schema", "json_schema": {"schema": {"type": "object"}}})  # type: ignore[typeddict-item]
+        with pytest.raises(openai.BadRequestError, match="input is empty: send text"):
+            await client.chat.completions.create(model="test", messages=[{"role": "user", "content": " \n"}])
+        await client.chat.completions.create(model="test", messages=hi, response_format={"type": "json_object"})
+    assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]
+
+
+async def test_a_model_id_holding_a_slash_is_retrieved_as_the_sdk_sends_it() -> None:
+    app = create_app(Agent(ScriptedModel(["Hi."]), providers=[History(MemoryStore())], name="team/helper"),
+                     keys=keys())
+    async with openai_clients(app) as sdk:
+        client = sdk()  # the SDK sends the id as one path segment: team%2Fhelper
+        assert (await client.models.retrieve("team/helper")).id == "team/helper"
+        answer = await client.chat.completions.create(model="team/helper", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.NotFoundError, match="send model='team/helper'"):
+            await client.models.retrieve("team")
+    assert answer.choices[0].message.content == "Hi."
+
+
+async def test_a_streamed_run_that_stops_short_ends_with_response_incomplete_which_the_helper_holds() -> None:
+    @tool(needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    model = ScriptedModel([tool_call("refund", order="A-1")])
+    app = create_app(Agent(model, tools=[refund], providers=[History(MemoryStore())], name="test"), keys=keys())
+    async with openai_clients(app) as sdk, sdk().responses.stream(model="test", input="Refund A-1.") as stream:
+        events = [event async for event in stream]
+        with pytest.raises(RuntimeError, match=r"response\.completed"):  # what the docs tell users to expect
+            await stream.get_final_response()
+    last = events[-1]
+    assert last.type == "response.incomplete" and last.response.status == "incomplete"
+    about = (last.response.model_extra or {})["contextpipe"]
+    assert about["stop_reason"] == "approval_required"
+    assert [p["tool_name"] for p in about["pending_approvals"]] == ["refund"]

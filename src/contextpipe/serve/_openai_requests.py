@@ -86,7 +86,8 @@ class ChatUserMessage(_Body):
     """The user's message: text, or parts of text and images."""
 
     role: Literal["user"]
-    content: str | Annotated[list[Annotated[ChatText | ChatImage, Field(discriminator="type")]], Field(min_length=1)]
+    content: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[Annotated[
+        ChatText | ChatImage, Field(discriminator="type")]], Field(min_length=1)]
     name: str | None = Field(None, description="The author's name.")
 
 
@@ -116,9 +117,29 @@ class StreamOptions(_Body):
     include_obfuscation: bool | None = Field(None, description=NOT_APPLIED)
 
 
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+class PlainFormat(_Body):
+    """The answer's format (Responses' ``text.format``, Chat's ``response_format``): plain text or any JSON object."""
+
+    type: Literal["text", "json_object"]
+
+
+class ChatJsonSchema(_Body):
+    """``response_format.json_schema`` of a Chat Completions request."""
+
+    name: str = Field(description="The schema's name.")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema of the answer.")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ChatSchemaFormat(_Body):
+    """``response_format`` of a Chat Completions request: JSON matching a schema."""
+
+    type: Literal["json_schema"]
+    json_schema: ChatJsonSchema
+
+
+ResponseFormat: TypeAlias = Annotated[PlainFormat | ChatSchemaFormat, Field(discriminator="type")]
 
 
 class ChatRequest(_Body):
@@ -238,12 +259,6 @@ class Reasoning(_Body):
     summary: Literal["auto", "concise", "detailed"] | None = Field(None, description=NOT_APPLIED)
 
 
-class PlainFormat(_Body):
-    """``text.format`` of a Responses request: plain text (the default) or any JSON object."""
-
-    type: Literal["text", "json_object"]
-
-
 class SchemaFormat(_Body):
     """``text.format`` of a Responses request: JSON matching a schema."""
 
@@ -339,7 +354,7 @@ def run_settings(body: ChatRequest | ResponsesRequest) -> ModelSettings | None:
         if body.seed is not None:
             settings["seed"] = body.seed
         if body.response_format is not None and body.response_format.type != "text":
-            settings["response_format"] = body.response_format.model_dump(exclude_none=True)
+            settings["response_format"] = body.response_format.model_dump(exclude_none=True, by_alias=True)
     else:
         limit = body.max_output_tokens
         effort = body.reasoning.effort if body.reasoning is not None else None
