@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import openai
@@ -375,7 +375,7 @@ async def test_a_json_object_format_reaches_the_model_and_an_unnamed_schema_is_a
     assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]
 
 
-async def test_a_chat_json_schema_format_needs_a_name_and_a_blank_user_message_is_a_400() -> None:
+async def test_a_chat_json_schema_format_needs_a_name() -> None:
     model = ScriptedModel(['{"city": "Oslo"}'])
     app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
     hi: Any = [{"role": "user", "content": "Where? JSON."}]
@@ -384,10 +384,71 @@ async def test_a_chat_json_schema_format_needs_a_name_and_a_blank_user_message_i
         with pytest.raises(openai.BadRequestError, match=r"response_format\.json_schema\.name: Field required"):
             await client.chat.completions.create(model="test", messages=hi, response_format={
                 "type": "json_schema", "json_schema": {"schema": {"type": "object"}}})  # type: ignore[typeddict-item]
-        with pytest.raises(openai.BadRequestError, match="input is empty: send text"):
-            await client.chat.completions.create(model="test", messages=[{"role": "user", "content": " \n"}])
         await client.chat.completions.create(model="test", messages=hi, response_format={"type": "json_object"})
     assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]
+
+
+async def refusal(call: Awaitable[Any]) -> tuple[int, Any]:
+    """Return the status and the error (``{"type", "message"}``) the server refused `call` with."""
+    with pytest.raises(openai.APIStatusError) as refused:
+        await call
+    return refused.value.status_code, refused.value.body
+
+
+def bad_request(message: str) -> tuple[int, Any]:
+    return 400, {"type": "BadRequest", "message": "invalid request: " + message}
+
+
+async def test_a_blank_or_empty_responses_input_is_one_400_naming_the_field_and_what_to_send() -> None:
+    store, model = MemoryStore(), GateModel()
+    async with openai_clients(make_app(store, model)) as sdk:
+        create = sdk().responses.create
+        assert await refusal(create(model="test", input=" \n")) == bad_request(
+            "input: must be the user's text (not blank), or a list of messages (at least one)")
+        assert await refusal(create(model="test", input=[])) == bad_request(
+            "input: must be the user's text (not blank), or a list of messages (at least one)")
+        assert await refusal(create(model="test", input=[{"role": "user", "content": "\t"}])) == bad_request(
+            "input[0].content: must be the user's text (not blank), or a list of input_text and input_image "
+            "parts (at least one)")
+        assert await refusal(create(model="test", input=[{"role": "system", "content": ""},
+                                                         {"role": "user", "content": "Hi."}])) == bad_request(
+            "input[0].content: must be text (not blank), or a list of input_text and output_text parts (at least "
+            "one)")
+    assert model.calls == 0 and not (await store.list_sessions("acme")).sessions
+
+
+async def test_a_blank_new_chat_message_is_a_409_naming_it() -> None:
+    store, model = MemoryStore(), GateModel()
+    async with openai_clients(make_app(store, model)) as sdk:
+        create = sdk().chat.completions.create
+        assert await refusal(create(model="test", messages=[{"role": "user", "content": []}])) == bad_request(
+            "messages[0].content: must be text, or a list of text and image_url parts (at least one)")
+        new = "is one of the turn's new user messages (those after the last non-user message): send the user's " \
+              "text, or an image, to answer"
+        assert await refusal(create(model="test", messages=[{"role": "user", "content": " \n"}])) == (
+            409, {"type": "NothingToRun", "message": f"messages[0].content is blank, and it {new}"})
+        assert await refusal(create(model="test", messages=[
+            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": [{"type": "text", "text": " "}]}, {"role": "user", "content": "More."}],
+            extra_headers={"X-Session-Id": "chat-blank"})) == (
+            409, {"type": "NothingToRun", "message": f"messages[2].content is blank, and it {new}"})
+    assert model.calls == 0 and not (await store.list_sessions("acme")).sessions  # nothing made, nothing run
+
+
+async def test_a_blank_chat_message_an_earlier_turn_was_answered_with_stays_accepted() -> None:
+    store = MemoryStore()
+    async with openai_clients(make_app(store, GateModel())) as sdk:
+        create = sdk().chat.completions.create
+        # Clients resend the whole conversation every turn, this blank message with it.
+        history: list[Any] = [{"role": "user", "content": " "}, {"role": "assistant", "content": "Yes?"},
+                              {"role": "user", "content": "Hi."}]
+        first = await create(model="test", messages=history, extra_headers={"X-Session-Id": "chat-blank"})
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "Bye."}]
+        await create(model="test", messages=history, extra_headers={"X-Session-Id": "chat-blank"})
+    assert await log(store, "chat-blank") == [  # stored as sent, each message once
+        ("user", " "), ("assistant", "Yes?"), ("user", "Hi."), ("assistant", "reply 1 to Hi."), ("user", "Bye."),
+        ("assistant", "reply 2 to Bye.")]
 
 
 async def test_a_model_id_holding_a_slash_is_retrieved_as_the_sdk_sends_it() -> None:

@@ -16,7 +16,7 @@ import re
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import pydantic
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from ..messages import Message, Part, TextPart, UriPart, new_message_id
 from ..models import ModelSettings
@@ -60,6 +60,25 @@ def _refuse_tools(data: Any, fields: tuple[str, ...]) -> Any:
     return data
 
 
+def _text_or_list(value: Any) -> str | None:
+    """Return the union tag of text-or-list content: None for neither, and for an empty list."""
+    if isinstance(value, str):
+        return "text"
+    return "list" if isinstance(value, list) and value else None
+
+
+def _new_text_or_list(value: Any) -> str | None:
+    """As `_text_or_list`, and None for blank text: what is all new input (on Responses) cannot be blank.
+
+    The members' own ``pattern`` and ``min_length`` say the same in the JSON Schema.
+    """
+    return None if isinstance(value, str) and not re.search(NOT_BLANK, value) else _text_or_list(value)
+
+
+_PARTS: Final = "At least one part."
+_NEW_TEXT: Final = "Text, not blank."
+
+
 # --- Chat Completions ---------------------------------------------------------------------------------
 
 
@@ -82,12 +101,26 @@ class ChatImage(_Body):
     image_url: ChatImageUrl
 
 
+# Chat Completions content may be blank: a client resends the whole conversation, and the endpoint refuses a
+# blank user message among the turn's new ones only (an earlier one was answered already).
+ChatUserContent: TypeAlias = Annotated[
+    Annotated[str, Field(description="Text; among the turn's new messages (after the last non-user message) "
+                                     "not blank, or it is a 409."), Tag("text")]
+    | Annotated[list[Annotated[ChatText | ChatImage, Field(discriminator="type")]],
+                Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_text_or_list, custom_error_type="chat_user_content",
+                  custom_error_message="must be text, or a list of text and image_url parts (at least one)")]
+ChatTextContent: TypeAlias = Annotated[
+    Annotated[str, Tag("text")] | Annotated[list[ChatText], Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_text_or_list, custom_error_type="chat_text_content",
+                  custom_error_message="must be text, or a list of text parts (at least one)")]
+
+
 class ChatUserMessage(_Body):
     """The user's message: text, or parts of text and images."""
 
     role: Literal["user"]
-    content: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[Annotated[
-        ChatText | ChatImage, Field(discriminator="type")]], Field(min_length=1)]
+    content: ChatUserContent
     name: str | None = Field(None, description="The author's name.")
 
 
@@ -95,7 +128,7 @@ class ChatTextMessage(_Body):
     """A system (or developer) message, or an earlier answer: text."""
 
     role: Literal["system", "developer", "assistant"]
-    content: str | Annotated[list[ChatText], Field(min_length=1)]
+    content: ChatTextContent
     name: str | None = Field(None, description="The author's name.")
 
 
@@ -216,13 +249,26 @@ class InputImage(_Body):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+InputUserContent: TypeAlias = Annotated[
+    Annotated[str, Field(pattern=NOT_BLANK, description=_NEW_TEXT), Tag("text")]
+    | Annotated[list[Annotated[InputText | InputImage, Field(discriminator="type")]],
+                Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_new_text_or_list, custom_error_type="input_user_content", custom_error_message="must be the "
+                  "user's text (not blank), or a list of input_text and input_image parts (at least one)")]
+InputTextContent: TypeAlias = Annotated[
+    Annotated[str, Field(pattern=NOT_BLANK, description=_NEW_TEXT), Tag("text")]
+    | Annotated[list[Annotated[InputText | OutputText, Field(discriminator="type")]],
+                Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_new_text_or_list, custom_error_type="input_text_content", custom_error_message="must be "
+                  "text (not blank), or a list of input_text and output_text parts (at least one)")]
+
+
 class InputUserMessage(_Body):
     """The user's message: text, or parts of text and images."""
 
     type: Literal["message"] | None = None
     role: Literal["user"]
-    content: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[Annotated[
-        InputText | InputImage, Field(discriminator="type")]], Field(min_length=1)]
+    content: InputUserContent
     id: str | None = Field(None, description=NOT_APPLIED)
     status: Literal["in_progress", "completed", "incomplete"] | None = Field(None, description=NOT_APPLIED)
 
@@ -232,13 +278,17 @@ class InputTextMessage(_Body):
 
     type: Literal["message"] | None = None
     role: Literal["system", "developer", "assistant"]
-    content: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[Annotated[
-        InputText | OutputText, Field(discriminator="type")]], Field(min_length=1)]
+    content: InputTextContent
     id: str | None = Field(None, description=NOT_APPLIED)
     status: Literal["in_progress", "completed", "incomplete"] | None = Field(None, description=NOT_APPLIED)
 
 
 InputMessage = Annotated[InputUserMessage | InputTextMessage, Field(discriminator="role")]
+ResponsesInput: TypeAlias = Annotated[
+    Annotated[str, Field(pattern=NOT_BLANK, description="The user's text, not blank."), Tag("text")]
+    | Annotated[list[InputMessage], Field(min_length=1, description="At least one message."), Tag("list")],
+    Discriminator(_new_text_or_list, custom_error_type="responses_input", custom_error_message="must be the "
+                  "user's text (not blank), or a list of messages (at least one)")]
 
 
 def _items(items: Any) -> Any:
@@ -285,7 +335,7 @@ class ResponsesRequest(_Body):
         "properties": {"previous_response_id": {"type": "string"}, "conversation": {"type": ["string", "object"]}}}})
 
     model: str = Field(description="The served agent's id (GET /v1/models).")
-    input: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[InputMessage], Field(min_length=1)] = Field(
+    input: ResponsesInput = Field(
         description="This turn's input, ending with the user's message: text, or a list of messages.")
     instructions: str | None = Field(None, description="A system message for the conversation: kept in the "
                                      "session as a system message when the session has none with this text "
