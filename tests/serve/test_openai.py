@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import openai
@@ -373,3 +373,110 @@ async def test_a_json_object_format_reaches_the_model_and_an_unnamed_schema_is_a
             await client.responses.create(model="test", input="Where?", text={
                 "format": {"type": "json_schema", "schema": {"type": "object"}}})
     assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]
+
+
+async def test_a_chat_json_schema_format_needs_a_name() -> None:
+    model = ScriptedModel(['{"city": "Oslo"}'])
+    app = create_app(Agent(model, providers=[History(MemoryStore())], name="test"), keys=keys())
+    hi: Any = [{"role": "user", "content": "Where? JSON."}]
+    async with openai_clients(app) as sdk:
+        client = sdk()
+        with pytest.raises(openai.BadRequestError, match=r"response_format\.json_schema\.name: Field required"):
+            await client.chat.completions.create(model="test", messages=hi, response_format={
+                "type": "json_schema", "json_schema": {"schema": {"type": "object"}}})  # type: ignore[typeddict-item]
+        await client.chat.completions.create(model="test", messages=hi, response_format={"type": "json_object"})
+    assert [r.settings.get("response_format") for r in model.requests] == [{"type": "json_object"}]
+
+
+async def refusal(call: Awaitable[Any]) -> tuple[int, Any]:
+    """Return the status and the error (``{"type", "message"}``) the server refused `call` with."""
+    with pytest.raises(openai.APIStatusError) as refused:
+        await call
+    return refused.value.status_code, refused.value.body
+
+
+def bad_request(message: str) -> tuple[int, Any]:
+    return 400, {"type": "BadRequest", "message": "invalid request: " + message}
+
+
+async def test_a_blank_or_empty_responses_input_is_one_400_naming_the_field_and_what_to_send() -> None:
+    store, model = MemoryStore(), GateModel()
+    async with openai_clients(make_app(store, model)) as sdk:
+        create = sdk().responses.create
+        assert await refusal(create(model="test", input=" \n")) == bad_request(
+            "input: must be the user's text (not blank), or a list of messages (at least one)")
+        assert await refusal(create(model="test", input=[])) == bad_request(
+            "input: must be the user's text (not blank), or a list of messages (at least one)")
+        assert await refusal(create(model="test", input=[{"role": "user", "content": "\t"}])) == bad_request(
+            "input[0].content: must be the user's text (not blank), or a list of input_text and input_image "
+            "parts (at least one)")
+        assert await refusal(create(model="test", input=[{"role": "system", "content": ""},
+                                                         {"role": "user", "content": "Hi."}])) == bad_request(
+            "input[0].content: must be text (not blank), or a list of input_text and output_text parts (at least "
+            "one)")
+    assert model.calls == 0 and not (await store.list_sessions("acme")).sessions
+
+
+async def test_a_blank_new_chat_message_is_a_409_naming_it() -> None:
+    store, model = MemoryStore(), GateModel()
+    async with openai_clients(make_app(store, model)) as sdk:
+        create = sdk().chat.completions.create
+        assert await refusal(create(model="test", messages=[{"role": "user", "content": []}])) == bad_request(
+            "messages[0].content: must be text, or a list of text and image_url parts (at least one)")
+        new = "is one of the turn's new user messages (those after the last non-user message): send the user's " \
+              "text, or an image, to answer"
+        assert await refusal(create(model="test", messages=[{"role": "user", "content": " \n"}])) == (
+            409, {"type": "NothingToRun", "message": f"messages[0].content is blank, and it {new}"})
+        assert await refusal(create(model="test", messages=[
+            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": [{"type": "text", "text": " "}]}, {"role": "user", "content": "More."}],
+            extra_headers={"X-Session-Id": "chat-blank"})) == (
+            409, {"type": "NothingToRun", "message": f"messages[2].content is blank, and it {new}"})
+    assert model.calls == 0 and not (await store.list_sessions("acme")).sessions  # nothing made, nothing run
+
+
+async def test_a_blank_chat_message_an_earlier_turn_was_answered_with_stays_accepted() -> None:
+    store = MemoryStore()
+    async with openai_clients(make_app(store, GateModel())) as sdk:
+        create = sdk().chat.completions.create
+        # Clients resend the whole conversation every turn, this blank message with it.
+        history: list[Any] = [{"role": "user", "content": " "}, {"role": "assistant", "content": "Yes?"},
+                              {"role": "user", "content": "Hi."}]
+        first = await create(model="test", messages=history, extra_headers={"X-Session-Id": "chat-blank"})
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "Bye."}]
+        await create(model="test", messages=history, extra_headers={"X-Session-Id": "chat-blank"})
+    assert await log(store, "chat-blank") == [  # stored as sent, each message once
+        ("user", " "), ("assistant", "Yes?"), ("user", "Hi."), ("assistant", "reply 1 to Hi."), ("user", "Bye."),
+        ("assistant", "reply 2 to Bye.")]
+
+
+async def test_a_model_id_holding_a_slash_is_retrieved_as_the_sdk_sends_it() -> None:
+    app = create_app(Agent(ScriptedModel(["Hi."]), providers=[History(MemoryStore())], name="team/helper"),
+                     keys=keys())
+    async with openai_clients(app) as sdk:
+        client = sdk()  # the SDK sends the id as one path segment: team%2Fhelper
+        assert (await client.models.retrieve("team/helper")).id == "team/helper"
+        answer = await client.chat.completions.create(model="team/helper", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.NotFoundError, match="send model='team/helper'"):
+            await client.models.retrieve("team")
+    assert answer.choices[0].message.content == "Hi."
+
+
+async def test_a_streamed_run_that_stops_short_ends_with_response_incomplete_which_the_helper_holds() -> None:
+    @tool(needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    model = ScriptedModel([tool_call("refund", order="A-1")])
+    app = create_app(Agent(model, tools=[refund], providers=[History(MemoryStore())], name="test"), keys=keys())
+    async with openai_clients(app) as sdk, sdk().responses.stream(model="test", input="Refund A-1.") as stream:
+        events = [event async for event in stream]
+        with pytest.raises(RuntimeError, match=r"response\.completed"):  # what the docs tell users to expect
+            await stream.get_final_response()
+    last = events[-1]
+    assert last.type == "response.incomplete" and last.response.status == "incomplete"
+    about = (last.response.model_extra or {})["contextpipe"]
+    assert about["stop_reason"] == "approval_required"
+    assert [p["tool_name"] for p in about["pending_approvals"]] == ["refund"]

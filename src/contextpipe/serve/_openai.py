@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -35,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import UsageError
-from ..messages import Message
+from ..messages import Message, TextPart
 from ..session import Session, user_id, validate_session_id
 from ._json import HTTPError, clean, dumps, json_response
 from ._openai_requests import (
@@ -45,7 +46,7 @@ from ._openai_requests import (
     response_messages,
     run_settings,
 )
-from ._requests import idempotent_id, validate
+from ._requests import NOT_BLANK, idempotent_id, validate
 from ._runs import LiveRun, RunManager, result_to_json
 from ._users import claim, request_user, visible
 
@@ -110,6 +111,7 @@ async def chat_completions(api: _Api, request: Request, tenant: str, params: lis
     conversation = chat_messages(body.messages)
     if conversation[-1].role != "user":  # refused before a session is made, or claimed, for it
         raise _nothing_to_run("messages")
+    _refuse_blank_input(conversation)
     session = await _session(api, request, tenant, named, _user(request, body.user))
     if named is not None and await _has_messages(api, session):
         conversation = _trailing_user(conversation)
@@ -400,6 +402,20 @@ def _trailing_user(messages: Sequence[Message]) -> list[Message]:
     while at > 0 and messages[at - 1].role == "user":
         at -= 1
     return list(messages[at:])
+
+
+def _refuse_blank_input(conversation: list[Message]) -> None:
+    """Refuse a blank message among the conversation's new user messages: there is nothing to answer.
+
+    A blank user message before an answer is kept as sent: clients resend the whole conversation every
+    turn, and a conversation that was answered once is answered again.
+    """
+    new = _trailing_user(conversation)
+    for at, message in enumerate(new, len(conversation) - len(new)):
+        if all(isinstance(p, TextPart) for p in message.parts) and not re.search(NOT_BLANK, message.text):
+            raise HTTPError(409, "NothingToRun", f"messages[{at}].content is blank, and it is one of the turn's new "
+                            "user messages (those after the last non-user message): send the user's text, or an "
+                            "image, to answer")
 
 
 def _named(input: list[Message], request: Request, tenant: str, session_id: str) -> list[Message]:

@@ -16,7 +16,7 @@ import re
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import pydantic
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from ..messages import Message, Part, TextPart, UriPart, new_message_id
 from ..models import ModelSettings
@@ -60,6 +60,25 @@ def _refuse_tools(data: Any, fields: tuple[str, ...]) -> Any:
     return data
 
 
+def _text_or_list(value: Any) -> str | None:
+    """Return the union tag of text-or-list content: None for neither, and for an empty list."""
+    if isinstance(value, str):
+        return "text"
+    return "list" if isinstance(value, list) and value else None
+
+
+def _new_text_or_list(value: Any) -> str | None:
+    """As `_text_or_list`, and None for blank text: what is all new input (on Responses) cannot be blank.
+
+    The members' own ``pattern`` and ``min_length`` say the same in the JSON Schema.
+    """
+    return None if isinstance(value, str) and not re.search(NOT_BLANK, value) else _text_or_list(value)
+
+
+_PARTS: Final = "At least one part."
+_NEW_TEXT: Final = "Text, not blank."
+
+
 # --- Chat Completions ---------------------------------------------------------------------------------
 
 
@@ -82,11 +101,26 @@ class ChatImage(_Body):
     image_url: ChatImageUrl
 
 
+# Chat Completions content may be blank: a client resends the whole conversation, and the endpoint refuses a
+# blank user message among the turn's new ones only (an earlier one was answered already).
+ChatUserContent: TypeAlias = Annotated[
+    Annotated[str, Field(description="Text; among the turn's new messages (after the last non-user message) "
+                                     "not blank, or it is a 409."), Tag("text")]
+    | Annotated[list[Annotated[ChatText | ChatImage, Field(discriminator="type")]],
+                Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_text_or_list, custom_error_type="chat_user_content",
+                  custom_error_message="must be text, or a list of text and image_url parts (at least one)")]
+ChatTextContent: TypeAlias = Annotated[
+    Annotated[str, Tag("text")] | Annotated[list[ChatText], Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_text_or_list, custom_error_type="chat_text_content",
+                  custom_error_message="must be text, or a list of text parts (at least one)")]
+
+
 class ChatUserMessage(_Body):
     """The user's message: text, or parts of text and images."""
 
     role: Literal["user"]
-    content: str | Annotated[list[Annotated[ChatText | ChatImage, Field(discriminator="type")]], Field(min_length=1)]
+    content: ChatUserContent
     name: str | None = Field(None, description="The author's name.")
 
 
@@ -94,7 +128,7 @@ class ChatTextMessage(_Body):
     """A system (or developer) message, or an earlier answer: text."""
 
     role: Literal["system", "developer", "assistant"]
-    content: str | Annotated[list[ChatText], Field(min_length=1)]
+    content: ChatTextContent
     name: str | None = Field(None, description="The author's name.")
 
 
@@ -116,9 +150,29 @@ class StreamOptions(_Body):
     include_obfuscation: bool | None = Field(None, description=NOT_APPLIED)
 
 
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+class PlainFormat(_Body):
+    """The answer's format (Responses' ``text.format``, Chat's ``response_format``): plain text or any JSON object."""
+
+    type: Literal["text", "json_object"]
+
+
+class ChatJsonSchema(_Body):
+    """``response_format.json_schema`` of a Chat Completions request."""
+
+    name: str = Field(description="The schema's name.")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema of the answer.")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ChatSchemaFormat(_Body):
+    """``response_format`` of a Chat Completions request: JSON matching a schema."""
+
+    type: Literal["json_schema"]
+    json_schema: ChatJsonSchema
+
+
+ResponseFormat: TypeAlias = Annotated[PlainFormat | ChatSchemaFormat, Field(discriminator="type")]
 
 
 class ChatRequest(_Body):
@@ -195,13 +249,26 @@ class InputImage(_Body):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+InputUserContent: TypeAlias = Annotated[
+    Annotated[str, Field(pattern=NOT_BLANK, description=_NEW_TEXT), Tag("text")]
+    | Annotated[list[Annotated[InputText | InputImage, Field(discriminator="type")]],
+                Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_new_text_or_list, custom_error_type="input_user_content", custom_error_message="must be the "
+                  "user's text (not blank), or a list of input_text and input_image parts (at least one)")]
+InputTextContent: TypeAlias = Annotated[
+    Annotated[str, Field(pattern=NOT_BLANK, description=_NEW_TEXT), Tag("text")]
+    | Annotated[list[Annotated[InputText | OutputText, Field(discriminator="type")]],
+                Field(min_length=1, description=_PARTS), Tag("list")],
+    Discriminator(_new_text_or_list, custom_error_type="input_text_content", custom_error_message="must be "
+                  "text (not blank), or a list of input_text and output_text parts (at least one)")]
+
+
 class InputUserMessage(_Body):
     """The user's message: text, or parts of text and images."""
 
     type: Literal["message"] | None = None
     role: Literal["user"]
-    content: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[Annotated[
-        InputText | InputImage, Field(discriminator="type")]], Field(min_length=1)]
+    content: InputUserContent
     id: str | None = Field(None, description=NOT_APPLIED)
     status: Literal["in_progress", "completed", "incomplete"] | None = Field(None, description=NOT_APPLIED)
 
@@ -211,13 +278,17 @@ class InputTextMessage(_Body):
 
     type: Literal["message"] | None = None
     role: Literal["system", "developer", "assistant"]
-    content: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[Annotated[
-        InputText | OutputText, Field(discriminator="type")]], Field(min_length=1)]
+    content: InputTextContent
     id: str | None = Field(None, description=NOT_APPLIED)
     status: Literal["in_progress", "completed", "incomplete"] | None = Field(None, description=NOT_APPLIED)
 
 
 InputMessage = Annotated[InputUserMessage | InputTextMessage, Field(discriminator="role")]
+ResponsesInput: TypeAlias = Annotated[
+    Annotated[str, Field(pattern=NOT_BLANK, description="The user's text, not blank."), Tag("text")]
+    | Annotated[list[InputMessage], Field(min_length=1, description="At least one message."), Tag("list")],
+    Discriminator(_new_text_or_list, custom_error_type="responses_input", custom_error_message="must be the "
+                  "user's text (not blank), or a list of messages (at least one)")]
 
 
 def _items(items: Any) -> Any:
@@ -236,12 +307,6 @@ class Conversation(_Body):
 class Reasoning(_Body):
     effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = Field(None, description=NOT_APPLIED)
-
-
-class PlainFormat(_Body):
-    """``text.format`` of a Responses request: plain text (the default) or any JSON object."""
-
-    type: Literal["text", "json_object"]
 
 
 class SchemaFormat(_Body):
@@ -270,7 +335,7 @@ class ResponsesRequest(_Body):
         "properties": {"previous_response_id": {"type": "string"}, "conversation": {"type": ["string", "object"]}}}})
 
     model: str = Field(description="The served agent's id (GET /v1/models).")
-    input: Annotated[str, Field(pattern=NOT_BLANK)] | Annotated[list[InputMessage], Field(min_length=1)] = Field(
+    input: ResponsesInput = Field(
         description="This turn's input, ending with the user's message: text, or a list of messages.")
     instructions: str | None = Field(None, description="A system message for the conversation: kept in the "
                                      "session as a system message when the session has none with this text "
@@ -339,7 +404,7 @@ def run_settings(body: ChatRequest | ResponsesRequest) -> ModelSettings | None:
         if body.seed is not None:
             settings["seed"] = body.seed
         if body.response_format is not None and body.response_format.type != "text":
-            settings["response_format"] = body.response_format.model_dump(exclude_none=True)
+            settings["response_format"] = body.response_format.model_dump(exclude_none=True, by_alias=True)
     else:
         limit = body.max_output_tokens
         effort = body.reasoning.effort if body.reasoning is not None else None

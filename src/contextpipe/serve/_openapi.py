@@ -28,11 +28,12 @@ _ERRORS = {
     404: "No such session for this tenant (or, for a key bound to a user, for its user).",
     409: "The session is busy (`SessionBusy`, see `Retry-After`), the input's message id is taken by other "
          "content (`InputConflict`), there is nothing to run (`NothingToRun`: no input, and no messages to "
-         "resume from), an `Idempotency-Key` came with a resume, which it cannot make safe to retry "
-         "(`NotIdempotent`), a decision on a tool call cannot apply (`ApprovalError`: the call is not awaiting "
-         "approval, it was answered already, or the digest is of other arguments; or input came while calls "
-         "await a decision), the session belongs to another user than the one named (`UserMismatch`), or a "
-         "create names a session that is not this key's user's (`Conflict`).",
+         "resume from; on the OpenAI routes, input that does not end with the user's message; on Chat "
+         "Completions, a blank new user message), an `Idempotency-Key` came with a resume, which it cannot make "
+         "safe to retry (`NotIdempotent`), a decision on a tool call cannot apply (`ApprovalError`: the call "
+         "is not awaiting approval, it was answered already, or the digest is of other arguments; or input came "
+         "while calls await a decision), the session belongs to another user than the one named "
+         "(`UserMismatch`), or a create names a session that is not this key's user's (`Conflict`).",
     410: "The session was deleted, or expired, while the run ran or waited for it.",
     413: "The request body is too large.",
     502: "The model failed.",
