@@ -87,14 +87,14 @@ async def test_a_run_saved_per_run_cut_while_an_approved_sync_tool_runs_keeps_wh
         """Ship an order."""
         calls.append(order)
         started.set()
-        release.wait()
+        assert release.wait(timeout=120), "the test never released the tool"
         return f"shipped {order}"
 
     agent = agent_for(tool_call("ship", order="O-1"), "Checked.", tools=[ship])
     session = await agent.session("s")
     [pending] = (await agent.run("Ship O-1.", session=session)).pending_approvals
     task = asyncio.ensure_future(agent.run(None, session=session, approvals={pending.call_id: pending.approve()}))
-    await asyncio.to_thread(started.wait)
+    assert await asyncio.to_thread(started.wait, 120), "the approved call never started"
     task.cancel()  # the run waits for the thread before it ends
     release.set()
     with pytest.raises(asyncio.CancelledError):
@@ -194,7 +194,7 @@ async def test_a_call_run_as_its_tool_is_now_always_allowed_and_cut_keeps_what_i
     # Approving the first for always allows the second: it runs as allowed, with no decision of its own.
     task = asyncio.ensure_future(agent.run(None, session=session,
                                            approvals={first.call_id: first.approve(always=True)}))
-    await asyncio.to_thread(started.wait)
+    assert await asyncio.to_thread(started.wait, 120), "the approved call never started"
     task.cancel()  # the run waits for the thread before it ends
     release.set()
     with pytest.raises(asyncio.CancelledError):
