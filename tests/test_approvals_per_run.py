@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ def agent_for(*script: Any, tools: list[Tool] | None = None, durability: Durabil
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> SessionStore:
-    return MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "sessions.db")
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "sessions.db")
+    yield s
+    await s.close()
 
 
 async def cut_while_running(task: asyncio.Future[Any], started: threading.Event, release: threading.Event) -> None:

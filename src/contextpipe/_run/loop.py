@@ -522,7 +522,7 @@ class StepLoop:
             self._threads.saved(by_id[result.call_id])
 
     async def keep_open_at_start(self, error: BaseException) -> None:
-        """Save, as the run stops with `error`, what came of the calls the log left open (saved per run too).
+        """Per run, save, as the run stops with `error`, what came of the calls the log left open.
 
         Their answers were saved as they were made; a thread's result or a late result that came
         after would otherwise be lost with a run saved per run, wherever the run failed (in the

@@ -272,9 +272,9 @@ class StepWriter:
         """Save `messages` as the run stops with `error`, whatever cancels the wait; return whether they were.
 
         Per step (`save_step`); per run too when they answer calls the log left open (`answering_open`:
-        `save_answer`). Appends are idempotent
-        by message id: saving again what a cut save may have stored is safe. A failure is a note on
-        `error` (the run's own error goes on); a lost lease saves nothing.
+        `save_answer`). Appends are idempotent by message id: saving again what a cut save may have
+        stored is safe. A failure is a note on `error` (the run's own error goes on); a lost lease
+        saves nothing.
         """
         if self.lost is not None:
             return False
