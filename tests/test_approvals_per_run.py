@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contextpipe import Agent, ApprovalError, Durability, tool
+from contextpipe.errors import StoreError
 from contextpipe.exchanges import LATE_RESULT_KEY
 from contextpipe.exchanges import exchange_problem as broken_exchange
 from contextpipe.messages import FunctionCall
 from contextpipe.models import ModelRequest
-from contextpipe.stores import MemoryStore
+from contextpipe.stores import MemoryStore, SQLiteStore
+from contextpipe.stores.base import SessionStore
 from contextpipe.testing import ScriptedModel, Turn, tool_call
 from contextpipe.tools import Tool
 from helpers import PAID, balance, pay
@@ -31,13 +35,32 @@ def _no_payments() -> None:
     PAID.clear()
 
 
-def agent_for(*script: Any, tools: list[Tool] | None = None, durability: Durability = PER_RUN) -> Agent:
+def agent_for(*script: Any, tools: list[Tool] | None = None, durability: Durability = PER_RUN,
+              store: SessionStore | None = None) -> Agent:
     return Agent(ScriptedModel(list(script)), tools=tools if tools is not None else [pay, balance],
-                 store=MemoryStore(), durability=durability)
+                 store=store if store is not None else MemoryStore(), durability=durability)
 
 
-async def test_a_run_saved_per_run_that_fails_after_the_approved_call_ran_keeps_its_result() -> None:
-    agent = agent_for(tool_call("pay", invoice="A", amount=1), RuntimeError("the model is down"), "Paid A.")
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "sessions.db")
+    yield s
+    await s.close()
+
+
+async def cut_while_running(task: asyncio.Future[Any], started: threading.Event, release: threading.Event) -> None:
+    """Cancel `task` once its tool's thread `started`, then `release` the thread; the run ends cancelled."""
+    assert await asyncio.to_thread(started.wait, 120), "the approved call never started"
+    task.cancel()  # the run waits for the thread before it ends
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_run_saved_per_run_that_fails_after_the_approved_call_ran_keeps_its_result(
+        store: SessionStore) -> None:
+    agent = agent_for(tool_call("pay", invoice="A", amount=1), RuntimeError("the model is down"), "Paid A.",
+                      store=store)
     session = await agent.session("s")
     [pending] = (await agent.run("Pay A.", session=session)).pending_approvals
     with pytest.raises(RuntimeError, match="model is down"):  # the call ran and its result was saved at once
@@ -79,7 +102,8 @@ async def test_a_run_saved_per_run_stores_the_decided_answer_once_before_its_inp
     assert store.batches == [["user", "assistant"], ["tool"], ["user", "assistant"]]  # the answer sent once
 
 
-async def test_a_run_saved_per_run_cut_while_an_approved_sync_tool_runs_keeps_what_its_thread_returned() -> None:
+async def test_a_run_saved_per_run_cut_while_an_approved_sync_tool_runs_keeps_what_its_thread_returned(
+        store: SessionStore) -> None:
     started, release, calls = threading.Event(), threading.Event(), []
 
     @tool(needs_approval=True)
@@ -87,18 +111,14 @@ async def test_a_run_saved_per_run_cut_while_an_approved_sync_tool_runs_keeps_wh
         """Ship an order."""
         calls.append(order)
         started.set()
-        release.wait()
+        assert release.wait(timeout=120), "the test never released the tool"
         return f"shipped {order}"
 
-    agent = agent_for(tool_call("ship", order="O-1"), "Checked.", tools=[ship])
+    agent = agent_for(tool_call("ship", order="O-1"), "Checked.", tools=[ship], store=store)
     session = await agent.session("s")
     [pending] = (await agent.run("Ship O-1.", session=session)).pending_approvals
     task = asyncio.ensure_future(agent.run(None, session=session, approvals={pending.call_id: pending.approve()}))
-    await asyncio.to_thread(started.wait)
-    task.cancel()  # the run waits for the thread before it ends
-    release.set()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cut_while_running(task, started, release)
     answers = {r.call_id: r.result for m in await agent.history(session) for r in m.function_results}
     assert answers == {pending.call_id: "shipped O-1"}  # the thread's result, not "interrupted"
     result = await agent.run(None, session=session)
@@ -130,9 +150,11 @@ async def test_a_late_result_of_an_approved_call_is_kept_when_the_run_then_fails
     assert broken_exchange(log) is None
 
 
-async def test_a_model_reusing_the_id_of_the_call_just_answered_gets_a_new_one() -> None:
+@pytest.mark.parametrize("persistence", ["per_step", "per_run"])
+async def test_a_model_reusing_the_id_of_the_call_just_answered_gets_a_new_one(persistence: Any) -> None:
     reused = Turn(calls=(FunctionCall("call_1", "balance", "{}"),))  # the id of the call a person approved
-    agent = agent_for(tool_call("pay", invoice="A", amount=1, call_id="call_1"), reused, "Paid A; 1200 EUR left.")
+    agent = agent_for(tool_call("pay", invoice="A", amount=1, call_id="call_1"), reused, "Paid A; 1200 EUR left.",
+                      durability=Durability(persistence=persistence))
     session = await agent.session("s")
     [pending] = (await agent.run("Pay A.", session=session)).pending_approvals
     result = await agent.run(None, session=session, approvals={pending.call_id: pending.approve()})
@@ -194,11 +216,7 @@ async def test_a_call_run_as_its_tool_is_now_always_allowed_and_cut_keeps_what_i
     # Approving the first for always allows the second: it runs as allowed, with no decision of its own.
     task = asyncio.ensure_future(agent.run(None, session=session,
                                            approvals={first.call_id: first.approve(always=True)}))
-    await asyncio.to_thread(started.wait)
-    task.cancel()  # the run waits for the thread before it ends
-    release.set()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cut_while_running(task, started, release)
     answers = {r.call_id: r.result for m in await agent.history(session) for r in m.function_results}
     assert answers == {first.call_id: "shipped O-1", second.call_id: "shipped O-2"}  # never "interrupted"
     result = await agent.run(None, session=session)
@@ -228,3 +246,88 @@ async def test_the_late_result_of_a_call_run_as_allowed_is_kept_when_the_run_the
     log = await agent.history(session)
     late = [m for m in log if m.metadata.get(LATE_RESULT_KEY) == second.call_id]
     assert len(late) == 1 and "shipped O-2" in late[0].text and broken_exchange(log) is None
+
+
+class SaveOfTheRunBreaks(MemoryStore):
+    """A memory store whose append of a run's messages (the one holding a model output) fails, once armed.
+
+    `how="fail"` raises `StoreError`; `how="hang"` never returns (the run is cancelled there).
+    """
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.armed, self.reached = how, False, asyncio.Event()
+        self.batches: list[list[str]] = []
+
+    async def append(self, tenant: str, session_id: str, messages: Any, **kwargs: Any) -> Any:
+        messages = list(messages)
+        if self.armed and any(m.role == "assistant" for m in messages):
+            self.armed = False
+            self.reached.set()
+            if self.how == "fail":
+                raise StoreError("the disk is full")
+            await asyncio.Event().wait()
+        self.batches.append([m.role for m in messages])
+        return await super().append(tenant, session_id, messages, **kwargs)
+
+
+def late_shipment(store: MemoryStore, answer: Any) -> Agent:
+    """An agent whose approved `ship` times out at once and returns later, when `answer` (the model) releases it."""
+    return agent_for(tool_call("ship", order="O-1"), answer, tools=[ship], store=store)
+
+
+SHIPPED = threading.Event()
+
+
+@tool(needs_approval=True, timeout=0.001)  # it blocks until released: the timeout always comes first
+def ship(order: str) -> str:
+    """Ship an order."""
+    SHIPPED.wait(timeout=120)  # the bound only stops a broken test from hanging the suite
+    return f"shipped {order}"
+
+
+def assert_late_result_kept(log: list[Any], call_id: str) -> None:
+    assert [m.role for m in log] == ["user", "assistant", "tool", "user"]
+    assert log[2].function_results[0].is_error  # the timeout, saved as soon as it was the answer
+    assert log[3].metadata[LATE_RESULT_KEY] == call_id and "shipped O-1" in log[3].text
+    assert broken_exchange(log) is None
+
+
+@pytest.mark.parametrize("how", ["fail", "hang"])
+async def test_the_late_result_of_an_approved_call_is_kept_when_the_save_of_the_run_fails_or_is_cut(
+        how: str) -> None:
+    SHIPPED.clear()
+
+    def answer(request: ModelRequest) -> str:
+        SHIPPED.set()  # the run ends once the thread returned: its late result is among the run's messages
+        return "O-1 is on its way."
+
+    store = SaveOfTheRunBreaks(how)
+    agent = late_shipment(store, answer)
+    session = await agent.session("s")
+    [pending] = (await agent.run("Ship O-1.", session=session)).pending_approvals
+    store.armed = True
+    task = asyncio.ensure_future(agent.run(None, session=session, approvals={pending.call_id: pending.approve()}))
+    await store.reached.wait()
+    if how == "hang":
+        task.cancel()
+    with pytest.raises(StoreError if how == "fail" else asyncio.CancelledError):
+        await task
+    assert_late_result_kept(await agent.history(session), pending.call_id)
+    assert store.batches[-2:] == [["tool"], ["user"]]  # the timeout's answer once, then the late result alone
+
+
+async def test_the_late_result_of_an_approved_call_is_kept_when_the_run_is_cancelled_waiting_for_its_thread() -> None:
+    SHIPPED.clear()
+    answered = threading.Event()
+
+    def answer(request: ModelRequest) -> str:
+        answered.set()  # the run then waits for the thread (the cancellation is deferred until it returns)
+        return "O-1 is on its way."
+
+    agent = late_shipment(MemoryStore(), answer)
+    session = await agent.session("s")
+    [pending] = (await agent.run("Ship O-1.", session=session)).pending_approvals
+    task = asyncio.ensure_future(agent.run(None, session=session, approvals={pending.call_id: pending.approve()}))
+    await cut_while_running(task, answered, SHIPPED)
+    assert_late_result_kept(await agent.history(session), pending.call_id)

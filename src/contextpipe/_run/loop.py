@@ -141,7 +141,7 @@ class StepLoop:
         self._stop: Stop | None = None
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
-        self._reopened: set[str] = set()  # the ids of the calls the log left open: the model may not take them
+        self._open_at_start: set[str] = set()  # the ids of the calls the log left open: the model may not take them
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
         writer.held_open = self._threads.running  # they keep a cancelled run's lease renewed
         self._unconfirmed: list[Message] = []  # the model output being saved
@@ -201,23 +201,15 @@ class StepLoop:
 
     @asynccontextmanager
     async def _settling(self) -> AsyncIterator[None]:
-        """Around the loop: however it ends, wait for the tool threads still running first (`_settle`).
-
-        A run that stops with an error keeps, per run, what came of the calls the log left open (`_keep_reopened`).
-        """
+        """Around the loop: however it ends, wait for the tool threads still running first (`_settle`)."""
         try:
             yield
         except BaseException as exc:
             if self._threads:
                 await self._settle(exc)
-            await self._keep_reopened(exc)
             raise
         if self._threads:
-            try:
-                await self._settle(None)
-            except BaseException as exc:  # the cancellation the wait deferred
-                await self._keep_reopened(exc)
-                raise
+            await self._settle(None)
 
     async def _save_late(self) -> StepPersisted | None:
         """Add and save the late results that came since the last step (a step boundary); return the event.
@@ -321,7 +313,7 @@ class StepLoop:
         The answer goes right after the history, before the context providers' messages and the input.
         """
         open_calls = unanswered_calls(history)
-        self._reopened = {c.call_id for c in open_calls}
+        self._open_at_start = {c.call_id for c in open_calls}
         pending = await self.approvals.resume(history, open_calls, bool(self.ctx.input))
         if self.approvals.pending:
             self._stop = Stop("approval_required")
@@ -393,7 +385,7 @@ class StepLoop:
         if response.usage is not None:
             state.usage = state.usage + response.usage
         produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages],
-                                          set(self._reopened))
+                                          set(self._open_at_start))
         self._mark_stop(step, produced)
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
@@ -529,13 +521,18 @@ class StepLoop:
         for result in finished:
             self._threads.saved(by_id[result.call_id])
 
-    async def _keep_reopened(self, error: BaseException) -> None:
-        """Per run, save as the run stops what came of the calls the log left open since their answer was saved."""
-        if (reopened := self._reopened) and not self.writer.per_step:  # a thread's result, a late result
-            theirs = [m for m in self.state.new_messages if m.metadata.get(LATE_RESULT_KEY) in reopened
-                      or any(r.call_id in reopened for r in m.function_results)]
+    async def keep_open_at_start(self, error: BaseException) -> None:
+        """Per run, save, as the run stops with `error`, what came of the calls the log left open.
+
+        Their answers were saved as they were made; a thread's result or a late result that came
+        after would otherwise be lost with a run saved per run, wherever the run failed (in the
+        loop, or in the save of the whole run). Saving again what was saved stores nothing twice.
+        """
+        if (open_at_start := self._open_at_start) and not self.writer.per_step:
+            theirs = [m for m in self.state.new_messages if m.metadata.get(LATE_RESULT_KEY) in open_at_start
+                      or any(r.call_id in open_at_start for r in m.function_results)]
             await self.writer.save_stopping(self.ctx, theirs, error, "what came of the calls the log left open",
-                                            early=True)
+                                            answering_open=True)
 
     async def _held(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """`_answer_withdrawn`; then the calls that need approval are marked in the model's message, and not run."""

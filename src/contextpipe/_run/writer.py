@@ -268,20 +268,23 @@ class StepWriter:
         return saved
 
     async def save_stopping(self, ctx: RunContext, messages: Sequence[Message], error: BaseException, what: str, *,
-                            early: bool = False) -> bool:
+                            answering_open: bool = False) -> bool:
         """Save `messages` as the run stops with `error`, whatever cancels the wait; return whether they were.
 
-        Per step (`save_step`); with `early`, per run too (`save_answer`). Appends are idempotent
-        by message id: saving again what a cut save may have stored is safe. A failure is a note on
-        `error` (the run's own error goes on); a lost lease saves nothing.
+        Per step (`save_step`); per run too when they answer calls the log left open (`answering_open`:
+        `save_answer`). Appends are idempotent by message id: saving again what a cut save may have
+        stored is safe. A failure is a note on `error` (the run's own error goes on); a lost lease
+        saves nothing.
         """
         if self.lost is not None:
             return False
         if not messages:
             return True
         try:
-            save = self.save_answer(ctx, messages) if early else self.save_step(ctx, messages, with_request=False)
-            await self.keep(save, error)
+            if answering_open:
+                await self.keep(self.save_answer(ctx, messages), error)
+            else:
+                await self.keep(self.save_step(ctx, messages, with_request=False), error)
         except Exception as exc:
             error.add_note(f"{what} could not be saved as the run stopped: {type(exc).__name__}: {exc}")
             return False
@@ -371,35 +374,29 @@ class StepWriter:
     async def save_run(self, ctx: RunContext, response: Sequence[Message]) -> None:
         """Save a whole successful run at once (per-run mode only).
 
-        Tool messages before its first model output answer calls an earlier run left open (a call
-        a killed run left): they are stored before the request messages, in the same append, as the
-        input may not come between a call and its result. Those saved already (`save_answer`) are
-        left out.
+        The answers to calls an earlier run left open were saved as they were made (`save_answer`):
+        they are left out, so the input never comes between a call and its result.
         """
         if self.per_step or not self.stores_messages:
             return
-        response = [m for m in response if m.id not in self._answered_early]
-        lead = 0
-        while lead < len(response) and response[lead].role == "tool":
-            lead += 1
-        await self._save(ctx, response[lead:], with_request=True, lead=response[:lead])
+        await self._save(ctx, [m for m in response if m.id not in self._answered_early], with_request=True)
 
     async def _save(self, ctx: RunContext, response: Sequence[Message], *, with_request: bool,
-                    durable: bool = True, lead: Sequence[Message] = ()) -> list[Message]:
+                    durable: bool = True) -> list[Message]:
         session = self.session
         assert session is not None
         if self.lost is not None:
             raise self.lost
         saved: list[Message] | None = None
         for provider in self._providers:
-            batch = [*provider.select_response(lead), *(provider.select_request(ctx) if with_request else [])]
+            batch = provider.select_request(ctx) if with_request else []
             batch.extend(provider.select_response(response))
             if batch:
                 await provider.save(session, batch, lease=self.lease_for(provider), durable=durable or with_request)
             if saved is None:
                 saved = batch
         if self._left_open:
-            for message in (*lead, *response):
+            for message in response:
                 for result in message.function_results:
                     self._left_open.pop(result.call_id, None)
         return saved or []
