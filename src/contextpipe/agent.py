@@ -345,7 +345,7 @@ class Agent:
                     await writer.save_run(ctx, loop.state.new_messages)
                 except BaseException as exc:
                     error = exc
-                    await loop.keep_open_at_start(exc)  # per run (per step those are saved already)
+                    await writer.keep_open_answers(ctx, loop.state.new_messages, loop.open_at_start, exc)  # per run
                     await _keep_input(writer, ctx, exc)
                     raise
                 finally:

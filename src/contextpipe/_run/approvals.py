@@ -18,6 +18,11 @@ A run meets approvals in three places:
   A run that fails before (a provider's before_run) has saved nothing: the calls still wait.
 - after each model call (`ApprovalGate.check`): the calls that need approval are marked in the
   model's message (`AWAITING_KEY`, saved with it), the others run, and the run stops.
+
+A sync tool among the others that timed out has a late result still to come (`contextpipe._run.threads`),
+and it may not go into the log while calls of its exchange wait: nothing comes between a call and
+its result. The run holds it in the session's state instead (`ApprovalGate.hold_late`), and the run
+that answers the exchange puts it right after the answer (`ApprovalGate.held_after`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +48,7 @@ from ..approvals import (
     awaiting_approval,
 )
 from ..errors import ApprovalError, CodecError, UsageError, clause, shorten
-from ..exchanges import last_exchange, tool_message
+from ..exchanges import LATE_RESULT_KEY, last_exchange, tool_message
 from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..session import Session
 from ..trace import ApprovalAction, TracedToolCall
@@ -126,6 +131,8 @@ class _Kept:
     """Approved calls not known to be answered yet: call id -> the id of the message that made it and its digest."""
     always: set[str]
     """Tools always allowed in the session."""
+    late: list[dict[str, Any]] = field(default_factory=list)
+    """Late results held until their exchange is answered (`ApprovalGate.hold_late`), as stored messages."""
 
     @classmethod
     def read(cls, session: Session | None) -> _Kept:
@@ -136,15 +143,17 @@ class _Kept:
         try:
             approved = {str(k): {"message_id": str(v["message_id"]), "digest": str(v["digest"])}
                         for k, v in dict(raw.get("approved", {})).items()}
-            return cls(approved, {str(t) for t in raw.get("always", [])})
+            late = [dict(m) for m in raw.get("late", [])]
+            return cls(approved, {str(t) for t in raw.get("always", [])}, late)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise CodecError(f"session {shorten(session.id)}: state under key {STATE_KEY!r} is not the session's "
                              f"approvals ({type(exc).__name__}: {clause(exc)}); remove the key to start afresh"
                              ) from exc
 
     def write(self, session: Session) -> None:
-        if self.approved or self.always:
-            session.state[STATE_KEY] = {"approved": dict(self.approved), "always": sorted(self.always)}
+        if self.approved or self.always or self.late:
+            session.state[STATE_KEY] = {"approved": dict(self.approved), "always": sorted(self.always),
+                                        **({"late": list(self.late)} if self.late else {})}
         else:
             session.state.pop(STATE_KEY, None)
 
@@ -218,6 +227,7 @@ class ApprovalGate:
         self._tools: Mapping[str, Tool] | None = None
         self._watching = False
         self._actions: dict[str, ApprovalAction] = {}  # how each call about to run (or rejected) was decided
+        self._released: set[str] = set()  # the ids of the held late results given back (`held_after`)
         self.pending: list[PendingApproval] = []
         """The calls awaiting a person's decision: the run stops (``approval_required``) when there are any."""
 
@@ -369,6 +379,55 @@ class ApprovalGate:
         self._kept.write(session)
         self._baseline = None
 
+    # --- late results of an exchange that waits -------------------------------------------------------
+
+    def holds_late(self, error: BaseException | None) -> bool:
+        """Tell whether late results coming now are held (`hold_late`): calls of their exchange wait for a person.
+
+        Not without a session to hold them in, nor when a run saved per run fails: its exchange is
+        not saved either.
+        """
+        writer = self._writer
+        return bool(self.pending) and self._session is not None and writer is not None and \
+            (writer.per_step or error is None)
+
+    async def hold_late(self, messages: Sequence[Message]) -> None:
+        """Hold `messages`, late results of calls whose exchange awaits a person, in the session's state.
+
+        Saved at once per step (under the run's lease), with the run's session state per run, which
+        is saved after its messages. `held_after` gives them back to the run that answers the exchange.
+        """
+        from ..codec import message_to_dict  # only a run that holds one needs the codec
+
+        session, writer = self._session, self._writer
+        assert session is not None
+        assert writer is not None
+        self._kept.late.extend(message_to_dict(m) for m in messages)
+        self._kept.write(session)
+        if writer.per_step:
+            await writer.guard(writer.store.save_session(session, lease=writer.lease))
+
+    def holding(self) -> bool:
+        """Tell whether the session holds late results (`hold_late`) for a run to give back."""
+        return bool(self._kept.late)
+
+    def held_after(self, history: Sequence[Message]) -> list[Message]:
+        """Return the late results held for calls made in `history`, once none of its calls waits for a person.
+
+        Those whose call is not in `history` stay held. Those already in it (a save that stored
+        them, cut before the session's state said so) are not returned again. `answered` forgets
+        them all once the run saved them.
+        """
+        if not self._kept.late or self.pending:
+            return []
+        from ..codec import message_from_dict
+
+        made = {c.call_id for m in history for c in m.function_calls}
+        present = {m.id for m in history}
+        held = [m for m in map(message_from_dict, self._kept.late) if m.metadata.get(LATE_RESULT_KEY) in made]
+        self._released = {m.id for m in held}
+        return [m for m in held if m.id not in present]
+
     def take(self, call_id: str) -> ApprovalAction | None:
         """Return (and forget) how the call about to run was approved, for its trace."""
         return self._actions.pop(call_id, None)
@@ -418,12 +477,15 @@ class ApprovalGate:
         """Forget the approvals of the calls just answered, once their answers are in the log (saved with the state).
 
         That is every approval kept: the calls still open await a decision, so none was approved.
-        The answer is saved right away in either mode (`StepWriter.save_answer`).
+        The late results given back (`held_after`), saved with the answer, are forgotten too. The
+        answer is saved right away in either mode (`StepWriter.save_answer`).
         """
         session, kept = self._session, self._kept
-        if session is None or not kept.approved:
+        if session is None or not (kept.approved or self._released):
             return
         kept.approved.clear()
+        kept.late = [m for m in kept.late if m.get("id") not in self._released]
+        self._released = set()
         kept.write(session)
 
 
