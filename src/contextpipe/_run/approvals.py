@@ -47,7 +47,7 @@ from ..approvals import (
     arguments_digest,
     awaiting_approval,
 )
-from ..errors import ApprovalError, CodecError, UsageError, clause, shorten
+from ..errors import ApprovalError, CodecError, LeaseLost, UsageError, clause, shorten
 from ..exchanges import LATE_RESULT_KEY, last_exchange, tool_message
 from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..session import Session
@@ -228,6 +228,8 @@ class ApprovalGate:
         self._watching = False
         self._actions: dict[str, ApprovalAction] = {}  # how each call about to run (or rejected) was decided
         self._released: set[str] = set()  # the ids of the held late results given back (`held_after`)
+        self._wait_stored = False  # whether the calls waiting for a person are in the log (found there)
+        self._unsaved_late: list[Message] = []  # per run, late results to hold once the run is saved
         self.pending: list[PendingApproval] = []
         """The calls awaiting a person's decision: the run stops (``approval_required``) when there are any."""
 
@@ -293,7 +295,7 @@ class ApprovalGate:
                 self._actions[call.call_id] = "allowed"
                 continue
             waiting.append(PendingApproval(call.call_id, call.name, call.arguments, why, made_by[call.call_id].id))
-        self.pending = waiting
+        self.pending, self._wait_stored = waiting, False  # the model's message: saved with the step, or the run
         if not waiting:
             return produced, calls
         why_by_id = {p.call_id: p.why for p in waiting}
@@ -341,7 +343,7 @@ class ApprovalGate:
         if allowed and message is not None:  # they run as approved ones do: kept as such before they start
             self._asked = (message, {c.call_id: c for c in pending if c.call_id in marked})
         await self._keep_approvals(allowed)
-        self.pending = waiting
+        self.pending, self._wait_stored = waiting, bool(waiting)
         return answer
 
     def _always(self, calls: Sequence[FunctionCall]) -> set[str]:
@@ -379,33 +381,48 @@ class ApprovalGate:
         self._kept.write(session)
         self._baseline = None
 
-    # --- late results of an exchange that waits -------------------------------------------------------
+    # --- late results that come while calls wait ------------------------------------------------------
 
-    def holds_late(self, error: BaseException | None) -> bool:
-        """Tell whether late results coming now are held (`hold_late`): calls of their exchange wait for a person.
-
-        Not without a session to hold them in, nor when a run saved per run fails: its exchange is
-        not saved either.
-        """
-        writer = self._writer
-        return bool(self.pending) and self._session is not None and writer is not None and \
-            (writer.per_step or error is None)
+    def holds_late(self) -> bool:
+        """Tell whether late results coming now are held (`hold_late`): calls wait for a person, in a session."""
+        return bool(self.pending) and self._session is not None and self._writer is not None
 
     async def hold_late(self, messages: Sequence[Message]) -> None:
-        """Hold `messages`, late results of calls whose exchange awaits a person, in the session's state.
+        """Hold `messages`, late results that came while calls at the log's end wait for a person.
 
-        Saved at once per step (under the run's lease), with the run's session state per run, which
-        is saved after its messages. `held_after` gives them back to the run that answers the exchange.
+        Nothing may come between those calls and their answer, so the results wait in the session's
+        state. The hold is saved at once when the waiting calls are in the log (per step, or found
+        there by this run), on top of the stored state only (the run's own state changes are saved
+        as it ends). Per run, calls this run's model made are saved with the whole run: the hold
+        waits for that save (`keep_held`), and is lost with the run's messages when there is none.
         """
-        from ..codec import message_to_dict  # only a run that holds one needs the codec
-
         session, writer = self._session, self._writer
         assert session is not None
         assert writer is not None
+        if not (writer.per_step or self._wait_stored):
+            self._unsaved_late.extend(messages)
+            return
+        self._add_late(messages)
+        writer.check()
+        stored = await writer.store.get_session(session.tenant, session.id)
+        if stored is None or stored.created_at != session.created_at:
+            raise LeaseLost.session_ended(writer.store.backend, session.key, made_again=stored is not None)
+        self._kept.write(stored)
+        await writer.store.save_session(stored, lease=writer.lease)  # not `guard`: this runs in a task of its own
+        session.version = stored.version
+
+    def keep_held(self) -> None:
+        """Per run, once the whole run is saved: hold what `hold_late` kept back (saved with the run's state)."""
+        if self._unsaved_late:
+            self._add_late(self._unsaved_late)
+            self._unsaved_late = []
+
+    def _add_late(self, messages: Sequence[Message]) -> None:
+        from ..codec import message_to_dict  # only a run that holds one needs the codec
+
+        assert self._session is not None
         self._kept.late.extend(message_to_dict(m) for m in messages)
-        self._kept.write(session)
-        if writer.per_step:
-            await writer.guard(writer.store.save_session(session, lease=writer.lease))
+        self._kept.write(self._session)
 
     def holding(self) -> bool:
         """Tell whether the session holds late results (`hold_late`) for a run to give back."""
@@ -414,18 +431,26 @@ class ApprovalGate:
     def held_after(self, history: Sequence[Message]) -> list[Message]:
         """Return the late results held for calls made in `history`, once none of its calls waits for a person.
 
-        Those whose call is not in `history` stay held. Those already in it (a save that stored
-        them, cut before the session's state said so) are not returned again. `answered` forgets
-        them all once the run saved them.
+        Those whose call is not in `history` stay held. Those in it already (their save landed, but
+        not the session state's) are forgotten at once; `answered` forgets the others once the run
+        saved them.
         """
         if not self._kept.late or self.pending:
             return []
         from ..codec import message_from_dict
 
         made = {c.call_id for m in history for c in m.function_calls}
-        present = {m.id for m in history}
         held = [m for m in map(message_from_dict, self._kept.late) if m.metadata.get(LATE_RESULT_KEY) in made]
-        self._released = {m.id for m in held}
+        fresh = self._forget_present(held, {m.id for m in history})
+        self._released = {m.id for m in fresh}
+        return fresh
+
+    def _forget_present(self, held: list[Message], present: set[str]) -> list[Message]:
+        """Forget the `held` results whose ids are `present` in the log already; return the others."""
+        if any(m.id in present for m in held):
+            assert self._session is not None
+            self._kept.late = [d for d in self._kept.late if d.get("id") not in present]
+            self._kept.write(self._session)
         return [m for m in held if m.id not in present]
 
     def take(self, call_id: str) -> ApprovalAction | None:

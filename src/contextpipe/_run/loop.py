@@ -216,9 +216,10 @@ class StepLoop:
         """Wait for the tool threads still running, then save what they produced (`contextpipe._run.threads`).
 
         A call the run never answered gets the thread's result as its own; a call answered with a
-        timeout error gets a late result. Neither a cancellation (however often repeated) nor the
-        run's `error` cuts the wait short: the run keeps its lease until the threads are done. Only
-        a lost lease does, as nothing may be written then.
+        timeout error gets a late result, held in the session while calls wait for a person
+        (`ApprovalGate.hold_late`). Neither a cancellation (however often repeated) nor the run's
+        `error` cuts the wait short: the run keeps its lease until the threads are done. Only a
+        lost lease does, as nothing may be written then.
         """
         writer, threads = self.writer, self._threads
         if writer.lost is not None:
@@ -229,7 +230,7 @@ class StepLoop:
             if error is None:
                 raise
             return
-        messages, held, resaved = self._produced(error)
+        messages, held, resaved = self._produced()
         try:
             save = writer.save_step(self.ctx, messages, with_request=resaved)
             cut = await writer.keep(save, error, cancelled=cancelled)  # bounded if cancelled (`_run.way_out`)
@@ -244,7 +245,7 @@ class StepLoop:
         if (cancelled or cut) and error is None:
             raise asyncio.CancelledError  # the cancellation the wait deferred (the run's own error goes on as it is)
 
-    def _produced(self, error: BaseException | None) -> tuple[list[Message], list[Message], bool]:
+    def _produced(self) -> tuple[list[Message], list[Message], bool]:
         """Return what the finished threads produced (`_settle`): to save, to hold, and if it resaves a model output."""
         threads = self._threads
         messages = threads.unsaved()  # answers whose save was cut: saved again (appends are idempotent by id)
@@ -252,10 +253,9 @@ class StepLoop:
         messages.extend(self._add_tool_message([call], [result]) for call, result in unanswered)
         resaved: list[Message] = []
         held: list[Message] = []  # late results of an exchange awaiting a person: they wait with it (`_run.approvals`)
-        if late and self.approvals.holds_late(error):
+        if late and self.approvals.holds_late():
             held, late = [self._contexts.attach(late_result(c, r), [c]) for c, r in late], []
-        awaiting = {p.call_id for p in self.approvals.pending}
-        if late and (stopped := [c for c in unanswered_calls(self._tail) if c.call_id not in awaiting]):
+        if late and (stopped := unanswered_calls(self._tail)):
             # Calls of the step the run cut (async tools, or a model output being saved) would come before the
             # late results with no answer: they are answered as what they were, instead of leaving the log to
             # repair, after their model output, saved again if its save did not return (appends are idempotent
@@ -280,7 +280,8 @@ class StepLoop:
 
         The working set is the providers' segments (tagged lazily, only if something reads the
         sources) plus this run's own messages; a request is a view over them, not a copy. Returns
-        the history when it may end in calls without results (empty in the common case).
+        the history when it may end in calls without results, or the session holds late results
+        to give back (`ApprovalGate.held_after`); empty in the common case.
         """
         ctx = self.ctx
         self._tools = ctx.tools  # fixed once the providers' before_run is over
