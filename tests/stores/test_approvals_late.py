@@ -194,11 +194,13 @@ class SavesBreak(MemoryStore):
         await super().save_session(session, **kwargs)
 
 
-async def test_a_held_late_result_saved_with_the_answer_is_forgotten_when_the_state_save_was_lost() -> None:
+@pytest.mark.parametrize("persistence", PERSISTENCE)
+async def test_a_held_late_result_saved_with_the_answer_is_forgotten_when_the_state_save_was_lost(
+        persistence: Any) -> None:
     """The deciding run saved the answer and the late result, then failed to save the session's state:
     the next run finds the result in the log, forgets it, and adds nothing twice."""
     lookup, store = Lookup(), SavesBreak(state=True)
-    agent = agent_for(store, lookup, "Paid INV-7.", "Anything else?", persistence="per_step")
+    agent = agent_for(store, lookup, "Paid INV-7.", "Anything else?", persistence=persistence)
     [pending] = (await stop_for_approval(agent, lookup))[-1].result.pending_approvals
     store.armed = True
     with pytest.raises(StoreError):
@@ -209,7 +211,7 @@ async def test_a_held_late_result_saved_with_the_answer_is_forgotten_when_the_st
     log = await agent.history(await agent.session(SID))
     assert roles(log) == ["user", "assistant", "tool", "tool", "user", "assistant", "user", "assistant"]
     assert [m.metadata.get(LATE_RESULT_KEY) is not None for m in log].count(True) == 1
-    assert "late" not in (await agent.session(SID)).state[STATE_KEY] and broken_exchange(log) is None
+    assert "late" not in (await agent.session(SID)).state.get(STATE_KEY, {}) and broken_exchange(log) is None
 
 
 async def test_per_run_nothing_is_held_for_calls_whose_run_was_not_saved() -> None:
@@ -289,3 +291,53 @@ async def test_a_decided_call_that_times_out_while_another_still_waits_has_its_l
     assert roles(log) == ["user", "assistant", "tool", "tool", "user", "assistant"]
     assert log[4].metadata[LATE_RESULT_KEY] == decide["ship"].call_id and "shipped O-1" in log[4].text
     assert broken_exchange(log) is None and STATE_KEY not in (await agent.session(SID)).state
+
+
+async def test_per_run_the_late_result_of_a_call_the_log_held_is_kept_when_the_run_then_fails() -> None:
+    """Per run: a person approves a sync call, which times out (its answer saved at once); the model then
+    makes a call that waits, and the save of the run fails. The late result of the approved call, whose
+    call is in the log, is held all the same, and the next run gives it back after that call's answer."""
+    release = threading.Event()
+
+    @tool(needs_approval=True, timeout=0.001)  # it blocks until released: the timeout always comes first
+    def ship(order: str) -> str:
+        """Ship an order."""
+        assert release.wait(timeout=120), "the test never released the tool"
+        return f"shipped {order}"
+
+    def then_pay(request: ModelRequest) -> Any:
+        release.set()  # the run stops for pay's approval, waits for ship's thread, and holds its result
+        return tool_call("pay", invoice="INV-7", amount=120)
+
+    store = SavesBreak(messages=True)
+    model = ScriptedModel([tool_call("ship", order="O-1"), then_pay, "Shipped O-1."])
+    agent = Agent(model, tools=[ship, pay], store=store, durability=Durability(persistence="per_run"))
+    [pending] = (await agent.run("Ship O-1, then pay INV-7.", session=await agent.session(SID))).pending_approvals
+    store.armed = True  # the save of the next run (its model's call to pay) fails
+    with pytest.raises(StoreError, match="disk is full"):
+        await agent.run(None, session=await agent.session(SID), approvals={pending.call_id: pending.approve()})
+    log = await agent.history(await agent.session(SID))
+    assert roles(log) == ["user", "assistant", "tool"] and log[2].function_results[0].is_error  # ship's timeout
+    [held] = (await agent.session(SID)).state[STATE_KEY]["late"]
+    assert held["metadata"][LATE_RESULT_KEY] == pending.call_id
+    result = await agent.run(None, session=await agent.session(SID))  # nothing open: it gives the result back
+    assert result.text == "Shipped O-1."
+    log = await agent.history(await agent.session(SID))
+    assert roles(log) == ["user", "assistant", "tool", "user", "assistant"] and log[3].id == held["id"]
+    assert broken_exchange(log) is None and "late" not in (await agent.session(SID)).state.get(STATE_KEY, {})
+
+
+async def test_a_session_never_saved_before_holds_a_late_result_too(store: SessionStore) -> None:
+    """A `Session` made by hand (version 0, nothing stored yet) is the run's to save: holding is no `LeaseLost`."""
+    lookup = Lookup()
+    agent = agent_for(store, lookup, "Paid INV-7.", persistence="per_step")
+    events = []
+    async for event in agent.stream("Pay INV-7 and tell me when it is due.", session=Session(SID)):
+        if isinstance(event, ApprovalRequired):
+            lookup.release.set()
+        events.append(event)
+    [pending] = events[-1].result.pending_approvals
+    assert len((await agent.session(SID)).state[STATE_KEY]["late"]) == 1
+    await agent.run(None, session=await agent.session(SID), approvals={pending.call_id: pending.approve()})
+    log = await agent.history(await agent.session(SID))
+    assert roles(log) == ["user", "assistant", "tool", "tool", "user", "assistant"] and broken_exchange(log) is None

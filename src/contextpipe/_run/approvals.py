@@ -229,6 +229,7 @@ class ApprovalGate:
         self._actions: dict[str, ApprovalAction] = {}  # how each call about to run (or rejected) was decided
         self._released: set[str] = set()  # the ids of the held late results given back (`held_after`)
         self._wait_stored = False  # whether the calls waiting for a person are in the log (found there)
+        self._logged: set[str] = set()  # the ids of the calls the log left open at the run's start
         self._unsaved_late: list[Message] = []  # per run, late results to hold once the run is saved
         self.pending: list[PendingApproval] = []
         """The calls awaiting a person's decision: the run stops (``approval_required``) when there are any."""
@@ -328,6 +329,7 @@ class ApprovalGate:
         """
         message, _ = last_exchange(history)
         marked = awaiting_approval(message)
+        self._logged = {c.call_id for c in pending}
         answer: list[FunctionCall] = []
         waiting: list[PendingApproval] = []
         always = self._always(pending)
@@ -391,25 +393,30 @@ class ApprovalGate:
         """Hold `messages`, late results that came while calls at the log's end wait for a person.
 
         Nothing may come between those calls and their answer, so the results wait in the session's
-        state. The hold is saved at once when the waiting calls are in the log (per step, or found
-        there by this run), on top of the stored state only (the run's own state changes are saved
-        as it ends). Per run, calls this run's model made are saved with the whole run: the hold
-        waits for that save (`keep_held`), and is lost with the run's messages when there is none.
+        state. The hold is saved at once when its call is in the log (per step; or, per run, a call
+        the log left open, or waiting calls found there), on top of the stored state only (the run's
+        own state changes are saved as it ends). Per run, a late result of a call this run's model
+        made is saved with the whole run: its hold waits for that save (`keep_held`), and is lost
+        with the run's messages when there is none.
         """
         session, writer = self._session, self._writer
         assert session is not None
         assert writer is not None
-        if not (writer.per_step or self._wait_stored):
-            self._unsaved_late.extend(messages)
+        now = list(messages) if writer.per_step or self._wait_stored else \
+            [m for m in messages if m.metadata.get(LATE_RESULT_KEY) in self._logged]
+        self._unsaved_late.extend(m for m in messages if m not in now)
+        if not now:
             return
-        self._add_late(messages)
+        self._add_late(now)
         writer.check()
         stored = await writer.store.get_session(session.tenant, session.id)
-        if stored is None or stored.created_at != session.created_at:
+        if session.version > 0 and (stored is None or stored.created_at != session.created_at):
             raise LeaseLost.session_ended(writer.store.backend, session.key, made_again=stored is not None)
-        self._kept.write(stored)
-        await writer.store.save_session(stored, lease=writer.lease)  # not `guard`: this runs in a task of its own
-        session.version = stored.version
+        saved = Session(session.id, session.tenant, stored.state if stored is not None else {}, session.version,
+                        session.created_at, session.ttl)
+        self._kept.write(saved)
+        await writer.store.save_session(saved, lease=writer.lease)  # not `guard`: this runs in a task of its own
+        session.version = saved.version
 
     def keep_held(self) -> None:
         """Per run, once the whole run is saved: hold what `hold_late` kept back (saved with the run's state)."""
