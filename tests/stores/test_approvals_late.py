@@ -327,10 +327,16 @@ async def test_per_run_the_late_result_of_a_call_the_log_held_is_kept_when_the_r
     assert broken_exchange(log) is None and "late" not in (await agent.session(SID)).state.get(STATE_KEY, {})
 
 
-async def test_a_session_never_saved_before_holds_a_late_result_too(store: SessionStore) -> None:
-    """A `Session` made by hand (version 0, nothing stored yet) is the run's to save: holding is no `LeaseLost`."""
+@pytest.mark.parametrize("stored", [False, True])
+async def test_a_session_made_by_hand_holds_a_late_result_too(store: SessionStore, stored: bool) -> None:
+    """A `Session` made by hand (version 0), for a session not stored yet or one stored already, is the
+    run's: holding is no `LeaseLost`."""
     lookup = Lookup()
     agent = agent_for(store, lookup, "Paid INV-7.", persistence="per_step")
+    if stored:
+        session = await agent.session(SID)
+        session.state["note"] = "kept"
+        await store.save_session(session)
     events = []
     async for event in agent.stream("Pay INV-7 and tell me when it is due.", session=Session(SID)):
         if isinstance(event, ApprovalRequired):
@@ -341,3 +347,4 @@ async def test_a_session_never_saved_before_holds_a_late_result_too(store: Sessi
     await agent.run(None, session=await agent.session(SID), approvals={pending.call_id: pending.approve()})
     log = await agent.history(await agent.session(SID))
     assert roles(log) == ["user", "assistant", "tool", "tool", "user", "assistant"] and broken_exchange(log) is None
+    assert (await agent.session(SID)).state.get("note") == ("kept" if stored else None)

@@ -404,7 +404,8 @@ class ApprovalGate:
         assert writer is not None
         now = list(messages) if writer.per_step or self._wait_stored else \
             [m for m in messages if m.metadata.get(LATE_RESULT_KEY) in self._logged]
-        self._unsaved_late.extend(m for m in messages if m not in now)
+        held_now = {m.id for m in now}
+        self._unsaved_late.extend(m for m in messages if m.id not in held_now)
         if not now:
             return
         self._add_late(now)

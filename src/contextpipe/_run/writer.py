@@ -446,6 +446,8 @@ class StepWriter:
             # its state, its user and its log are not this run's to take up.
             raise LeaseLost.session_ended(self.store.backend, session.key, made_again=stored is not None)
         if stored is not None and stored.version != session.version:
+            if session.version == 0:  # an object made by hand for a stored session: it is that session
+                session.created_at = stored.created_at
             session.state = stored.state
             session.version = stored.version
 
