@@ -343,9 +343,10 @@ class Agent:
                         async for event in events:
                             yield event
                     await writer.save_run(ctx, loop.state.new_messages)
+                    gate.keep_held()  # per run: late results that came while calls wait, held once those are saved
                 except BaseException as exc:
                     error = exc
-                    await loop.keep_open_at_start(exc)  # per run (per step those are saved already)
+                    await writer.keep_open_answers(ctx, loop.state.new_messages, loop.open_at_start, exc)  # per run
                     await _keep_input(writer, ctx, exc)
                     raise
                 finally:
@@ -452,7 +453,7 @@ class Agent:
 
 
 _RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration",
-                  APPROVALS_KEY: "the session's approvals (tools always allowed, approved calls)"}
+                  APPROVALS_KEY: "the session's approvals (tools always allowed, approved calls, held late results)"}
 
 
 def _state_keys(provider: ContextProvider) -> list[str]:

@@ -42,7 +42,8 @@ DECISIONS_KEY: Final = "approvals"
 """Metadata key of the tool message answering decided calls: ``{call_id: {"decision": ..., "digest": ...}}``."""
 
 STATE_KEY: Final = "approvals"
-"""Session state key of the session's approvals: the tools always allowed, and approved calls not yet answered."""
+"""Session state key of the session's approvals: the tools always allowed, approved calls not yet answered,
+and late results held while calls wait for a person (given back after their answer)."""
 
 _DIGEST_VERSION: Final = "contextpipe.approval.v1"
 

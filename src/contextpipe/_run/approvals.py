@@ -18,6 +18,11 @@ A run meets approvals in three places:
   A run that fails before (a provider's before_run) has saved nothing: the calls still wait.
 - after each model call (`ApprovalGate.check`): the calls that need approval are marked in the
   model's message (`AWAITING_KEY`, saved with it), the others run, and the run stops.
+
+A sync tool among the others that timed out has a late result still to come (`contextpipe._run.threads`),
+and it may not go into the log while calls of its exchange wait: nothing comes between a call and
+its result. The run holds it in the session's state instead (`ApprovalGate.hold_late`), and the run
+that answers the exchange puts it right after the answer (`ApprovalGate.held_after`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
@@ -42,8 +47,8 @@ from ..approvals import (
     arguments_digest,
     awaiting_approval,
 )
-from ..errors import ApprovalError, CodecError, UsageError, clause, shorten
-from ..exchanges import last_exchange, tool_message
+from ..errors import ApprovalError, CodecError, LeaseLost, UsageError, clause, shorten
+from ..exchanges import LATE_RESULT_KEY, last_exchange, tool_message
 from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..session import Session
 from ..trace import ApprovalAction, TracedToolCall
@@ -126,6 +131,8 @@ class _Kept:
     """Approved calls not known to be answered yet: call id -> the id of the message that made it and its digest."""
     always: set[str]
     """Tools always allowed in the session."""
+    late: list[dict[str, Any]] = field(default_factory=list)
+    """Late results held until their exchange is answered (`ApprovalGate.hold_late`), as stored messages."""
 
     @classmethod
     def read(cls, session: Session | None) -> _Kept:
@@ -136,15 +143,17 @@ class _Kept:
         try:
             approved = {str(k): {"message_id": str(v["message_id"]), "digest": str(v["digest"])}
                         for k, v in dict(raw.get("approved", {})).items()}
-            return cls(approved, {str(t) for t in raw.get("always", [])})
+            late = [dict(m) for m in raw.get("late", [])]
+            return cls(approved, {str(t) for t in raw.get("always", [])}, late)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise CodecError(f"session {shorten(session.id)}: state under key {STATE_KEY!r} is not the session's "
                              f"approvals ({type(exc).__name__}: {clause(exc)}); remove the key to start afresh"
                              ) from exc
 
     def write(self, session: Session) -> None:
-        if self.approved or self.always:
-            session.state[STATE_KEY] = {"approved": dict(self.approved), "always": sorted(self.always)}
+        if self.approved or self.always or self.late:
+            session.state[STATE_KEY] = {"approved": dict(self.approved), "always": sorted(self.always),
+                                        **({"late": list(self.late)} if self.late else {})}
         else:
             session.state.pop(STATE_KEY, None)
 
@@ -218,6 +227,10 @@ class ApprovalGate:
         self._tools: Mapping[str, Tool] | None = None
         self._watching = False
         self._actions: dict[str, ApprovalAction] = {}  # how each call about to run (or rejected) was decided
+        self._released: set[str] = set()  # the ids of the held late results given back (`held_after`)
+        self._wait_stored = False  # whether the calls waiting for a person are in the log (found there)
+        self._logged: set[str] = set()  # the ids of the calls the log left open at the run's start
+        self._unsaved_late: list[Message] = []  # per run, late results to hold once the run is saved
         self.pending: list[PendingApproval] = []
         """The calls awaiting a person's decision: the run stops (``approval_required``) when there are any."""
 
@@ -283,7 +296,7 @@ class ApprovalGate:
                 self._actions[call.call_id] = "allowed"
                 continue
             waiting.append(PendingApproval(call.call_id, call.name, call.arguments, why, made_by[call.call_id].id))
-        self.pending = waiting
+        self.pending, self._wait_stored = waiting, False  # the model's message: saved with the step, or the run
         if not waiting:
             return produced, calls
         why_by_id = {p.call_id: p.why for p in waiting}
@@ -316,6 +329,7 @@ class ApprovalGate:
         """
         message, _ = last_exchange(history)
         marked = awaiting_approval(message)
+        self._logged = {c.call_id for c in pending}
         answer: list[FunctionCall] = []
         waiting: list[PendingApproval] = []
         always = self._always(pending)
@@ -331,7 +345,7 @@ class ApprovalGate:
         if allowed and message is not None:  # they run as approved ones do: kept as such before they start
             self._asked = (message, {c.call_id: c for c in pending if c.call_id in marked})
         await self._keep_approvals(allowed)
-        self.pending = waiting
+        self.pending, self._wait_stored = waiting, bool(waiting)
         return answer
 
     def _always(self, calls: Sequence[FunctionCall]) -> set[str]:
@@ -368,6 +382,84 @@ class ApprovalGate:
         session.version = saved.version
         self._kept.write(session)
         self._baseline = None
+
+    # --- late results that come while calls wait ------------------------------------------------------
+
+    def holds_late(self) -> bool:
+        """Tell whether late results coming now are held (`hold_late`): calls wait for a person, in a session."""
+        return bool(self.pending) and self._session is not None and self._writer is not None
+
+    async def hold_late(self, messages: Sequence[Message]) -> None:
+        """Hold `messages`, late results that came while calls at the log's end wait for a person.
+
+        Nothing may come between those calls and their answer, so the results wait in the session's
+        state. The hold is saved at once when its call is in the log (per step; or, per run, a call
+        the log left open, or waiting calls found there), on top of the stored state only (the run's
+        own state changes are saved as it ends). Per run, a late result of a call this run's model
+        made is saved with the whole run: its hold waits for that save (`keep_held`), and is lost
+        with the run's messages when there is none.
+        """
+        session, writer = self._session, self._writer
+        assert session is not None
+        assert writer is not None
+        now = list(messages) if writer.per_step or self._wait_stored else \
+            [m for m in messages if m.metadata.get(LATE_RESULT_KEY) in self._logged]
+        held_now = {m.id for m in now}
+        self._unsaved_late.extend(m for m in messages if m.id not in held_now)
+        if not now:
+            return
+        self._add_late(now)
+        writer.check()
+        stored = await writer.store.get_session(session.tenant, session.id)
+        if session.version > 0 and (stored is None or stored.created_at != session.created_at):
+            raise LeaseLost.session_ended(writer.store.backend, session.key, made_again=stored is not None)
+        saved = Session(session.id, session.tenant, stored.state if stored is not None else {}, session.version,
+                        session.created_at, session.ttl)
+        self._kept.write(saved)
+        await writer.store.save_session(saved, lease=writer.lease)  # not `guard`: this runs in a task of its own
+        session.version = saved.version
+
+    def keep_held(self) -> None:
+        """Per run, once the whole run is saved: hold what `hold_late` kept back (saved with the run's state)."""
+        if self._unsaved_late:
+            self._add_late(self._unsaved_late)
+            self._unsaved_late = []
+
+    def _add_late(self, messages: Sequence[Message]) -> None:
+        from ..codec import message_to_dict  # only a run that holds one needs the codec
+
+        assert self._session is not None
+        self._kept.late.extend(message_to_dict(m) for m in messages)
+        self._kept.write(self._session)
+
+    def holding(self) -> bool:
+        """Tell whether the session holds late results (`hold_late`) for a run to give back."""
+        return bool(self._kept.late)
+
+    def held_after(self, history: Sequence[Message]) -> list[Message]:
+        """Return the late results held for calls made in `history`, once none of its calls waits for a person.
+
+        Those whose call is not in `history` stay held. Those in it already (their save landed, but
+        not the session state's) are forgotten at once; `answered` forgets the others once the run
+        saved them.
+        """
+        if not self._kept.late or self.pending:
+            return []
+        from ..codec import message_from_dict
+
+        made = {c.call_id for m in history for c in m.function_calls}
+        held = [m for m in map(message_from_dict, self._kept.late) if m.metadata.get(LATE_RESULT_KEY) in made]
+        fresh = self._forget_present(held, {m.id for m in history})
+        self._released = {m.id for m in fresh}
+        return fresh
+
+    def _forget_present(self, held: list[Message], present: set[str]) -> list[Message]:
+        """Forget the `held` results whose ids are `present` in the log already; return the others."""
+        if any(m.id in present for m in held):
+            assert self._session is not None
+            self._kept.late = [d for d in self._kept.late if d.get("id") not in present]
+            self._kept.write(self._session)
+        return [m for m in held if m.id not in present]
 
     def take(self, call_id: str) -> ApprovalAction | None:
         """Return (and forget) how the call about to run was approved, for its trace."""
@@ -418,12 +510,15 @@ class ApprovalGate:
         """Forget the approvals of the calls just answered, once their answers are in the log (saved with the state).
 
         That is every approval kept: the calls still open await a decision, so none was approved.
-        The answer is saved right away in either mode (`StepWriter.save_answer`).
+        The late results given back (`held_after`), saved with the answer, are forgotten too. The
+        answer is saved right away in either mode (`StepWriter.save_answer`).
         """
         session, kept = self._session, self._kept
-        if session is None or not kept.approved:
+        if session is None or not (kept.approved or self._released):
             return
         kept.approved.clear()
+        kept.late = [m for m in kept.late if m.get("id") not in self._released]
+        self._released = set()
         kept.write(session)
 
 

@@ -6,29 +6,21 @@ The model is always called through one chain: the providers' middleware, then th
 which checks the request (`contextpipe._run.invariants`), streams or completes, and returns the
 response with the request it actually sent, so the trace shows what the model saw.
 
-With per-step persistence (the default) the model's new messages are saved right after the call
-and each tool result right after it is produced (parallel calls too, one ``tool`` message per
-result), so a crash at step k loses nothing before it. The loop keeps its working set in memory and
-saves deltas: a step costs O(new messages), never a re-read of the history.
+Per step (the default) the model's new messages are saved right after the call and each tool
+result as soon as it is produced (one ``tool`` message per result), so a crash at step k loses
+nothing before it. The working set stays in memory: a step costs O(new messages).
 
-Model output is normalised before it is stored (empty or repeated call ids renamed, nameless
-calls answered with an error), and a stored log that breaks the tool-exchange rules anyway is
-repaired in the run's view, with a note on the trace, so no content can make a session unusable.
+Model output is normalised before it is stored (call ids made unique, nameless calls answered
+with an error); a stored log that breaks the tool-exchange rules is repaired in the run's view,
+with a note on the trace. A log that ends in calls without results (a crash, a kill, a cancelled
+stream) is answered before the first call: recorded results kept, idempotent tools run again, the
+rest "interrupted" (`contextpipe._run.repair`); calls awaiting a person wait (`contextpipe._run.approvals`).
 
-Before the first call the loop also repairs a session whose log ends in tool calls without results
-(a crash, a kill, a cancelled stream): recorded results are kept, calls to idempotent tools are run
-again, and every other call gets an explicit "interrupted" result, so no model ever sees an
-unanswered call (`contextpipe._run.repair`; a run cut meanwhile answers them all before it keeps its input),
-but calls awaiting a person's approval wait for it (`contextpipe._run.approvals`).
-
-A sync tool's thread that outlives the wait for it (a timeout, a cancelled run) is kept
-(`contextpipe._run.threads`): its late result is recorded before the next model call, and the loop
-ends only once every such thread has finished and what it produced is saved, whatever ended the run
-(except a lost lease), so the run keeps its session until then.
-
-A cancelled run ends whatever a driver does: each step starts by raising a cancellation a driver
-swallowed (`contextpipe._run.threads.raise_swallowed_cancellation`), and what the run saves on its
-way out once its threads are done takes at most the lease's TTL (`StepWriter.keep`, `_run.way_out`).
+A sync tool's thread that outlives the wait for it is kept (`contextpipe._run.threads`): its late
+result is recorded before the next model call, and the run ends, keeping its session until then,
+only once every such thread has finished and what it produced is saved (unless the lease is lost).
+A cancelled run ends whatever a driver does: each step raises a cancellation a driver swallowed,
+and the saves of its way out take at most the lease's TTL (`StepWriter.keep`, `_run.way_out`).
 """
 
 from __future__ import annotations
@@ -42,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost
 from ..events import ApprovalRequired, RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
-from ..exchanges import LATE_RESULT_KEY, late_result, normalise_calls, tool_message, unanswered_calls, untagged
+from ..exchanges import late_result, normalise_calls, tool_message, unanswered_calls, untagged
 from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from ..models.base import CallModel, ChatModel, ModelRequest, ModelResponse, ReasoningDelta, TextDelta, Usage
 from ..pipeline import MessageView, Segment
@@ -53,7 +45,7 @@ from .calls import CallContexts, deferrable, invoke_tool, returned, stopped_with
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .repair import REPAIR, answers_all, check_history, cut_answer, save_cut_answer
-from .replay import STOP_KEY
+from .replay import marked_stopped
 from .threads import RunThreads, raise_swallowed_cancellation
 from .tool_chain import ToolChain
 
@@ -101,12 +93,6 @@ class LoopState:
     error_steps: int = 0
 
 
-def _stopped(message: Message, reason: StopReason) -> Message:
-    """Return `message`, the last of a run stopped at a limit, saying why in its metadata (`replay.STOP_KEY`)."""
-    return Message(message.role, message.parts, message.id, message.author_name, message.created_at,
-                   {**message.metadata, STOP_KEY: reason}, message.source)
-
-
 _DONE = object()
 
 
@@ -141,7 +127,7 @@ class StepLoop:
         self._stop: Stop | None = None
         self._final_call = False  # the latest request withdrew the tools
         self._head = 0  # how many of `_parts` are history (an interrupted run's answer goes after them)
-        self._open_at_start: set[str] = set()  # the ids of the calls the log left open: the model may not take them
+        self.open_at_start: set[str] = set()  # the ids of the calls the log left open: the model may not take them
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
         writer.held_open = self._threads.running  # they keep a cancelled run's lease renewed
         self._unconfirmed: list[Message] = []  # the model output being saved
@@ -230,9 +216,10 @@ class StepLoop:
         """Wait for the tool threads still running, then save what they produced (`contextpipe._run.threads`).
 
         A call the run never answered gets the thread's result as its own; a call answered with a
-        timeout error gets a late result. Neither a cancellation (however often repeated) nor the
-        run's `error` cuts the wait short: the run keeps its lease until the threads are done. Only
-        a lost lease does, as nothing may be written then.
+        timeout error gets a late result, held in the session while calls wait for a person
+        (`ApprovalGate.hold_late`). Neither a cancellation (however often repeated) nor the run's
+        `error` cuts the wait short: the run keeps its lease until the threads are done. Only a
+        lost lease does, as nothing may be written then.
         """
         writer, threads = self.writer, self._threads
         if writer.lost is not None:
@@ -243,10 +230,31 @@ class StepLoop:
             if error is None:
                 raise
             return
+        messages, held, resaved = self._produced()
+        try:
+            save = writer.save_step(self.ctx, messages, with_request=resaved)
+            cut = await writer.keep(save, error, cancelled=cancelled)  # bounded if cancelled (`_run.way_out`)
+            if held:
+                cut = await writer.keep(self.approvals.hold_late(held), error, cancelled=cancelled) or cut
+        except Exception as exc:
+            if error is None:
+                raise
+            error.add_note(f"what tool threads produced after the run stopped waiting for them could not be "
+                           f"saved: {type(exc).__name__}: {exc}")
+            return
+        if (cancelled or cut) and error is None:
+            raise asyncio.CancelledError  # the cancellation the wait deferred (the run's own error goes on as it is)
+
+    def _produced(self) -> tuple[list[Message], list[Message], bool]:
+        """Return what the finished threads produced (`_settle`): to save, to hold, and if it resaves a model output."""
+        threads = self._threads
         messages = threads.unsaved()  # answers whose save was cut: saved again (appends are idempotent by id)
         unanswered, late = threads.finish()
         messages.extend(self._add_tool_message([call], [result]) for call, result in unanswered)
         resaved: list[Message] = []
+        held: list[Message] = []  # late results of an exchange awaiting a person: they wait with it (`_run.approvals`)
+        if late and self.approvals.holds_late():
+            held, late = [self._contexts.attach(late_result(c, r), [c]) for c, r in late], []
         if late and (stopped := unanswered_calls(self._tail)):
             # Calls of the step the run cut (async tools, or a model output being saved) would come before the
             # late results with no answer: they are answered as what they were, instead of leaving the log to
@@ -256,17 +264,7 @@ class StepLoop:
             messages.extend(resaved)
             messages.append(self._add_tool_message(stopped, [stopped_with_run(c) for c in stopped]))
         messages.extend(self._add_late(late))
-        try:
-            save = writer.save_step(self.ctx, messages, with_request=bool(resaved))
-            cut = await writer.keep(save, error, cancelled=cancelled)  # bounded if cancelled (`_run.way_out`)
-        except Exception as exc:
-            if error is None:
-                raise
-            error.add_note(f"what tool threads produced after the run stopped waiting for them could not be "
-                           f"saved: {type(exc).__name__}: {exc}")
-            return
-        if (cancelled or cut) and error is None:
-            raise asyncio.CancelledError  # the cancellation the wait deferred (the run's own error goes on as it is)
+        return messages, held, bool(resaved)
 
     def _add_late(self, late: Sequence[tuple[FunctionCall, FunctionResult]]) -> list[Message]:
         """Add the late results of calls answered with a timeout error to the run's messages; return them."""
@@ -282,7 +280,8 @@ class StepLoop:
 
         The working set is the providers' segments (tagged lazily, only if something reads the
         sources) plus this run's own messages; a request is a view over them, not a copy. Returns
-        the history when it may end in calls without results (empty in the common case).
+        the history when it may end in calls without results, or the session holds late results
+        to give back (`ApprovalGate.held_after`); empty in the common case.
         """
         ctx = self.ctx
         self._tools = ctx.tools  # fixed once the providers' before_run is over
@@ -305,19 +304,23 @@ class StepLoop:
         self._parts.extend(ctx.segments[split:])
         self._parts.append(Segment(INPUT, ctx.input, _tagged=ctx.input))
         self.writer.left_open(unanswered_calls(open_end))  # no input is kept before each has its answer saved
+        if not open_end and self.approvals.holding():  # late results held for an exchange answered since
+            return [m for s in head for m in s.messages]
         return open_end
 
     async def _answer_interrupted(self, history: list[Message]) -> AsyncGenerator[RunEvent, None]:
         """Answer the calls a previous, interrupted run left without results (see module docstring).
 
-        The answer goes right after the history, before the context providers' messages and the input.
+        The answer goes right after the history, before the context providers' messages and the input;
+        the late results its exchange held while it waited for a person follow it (`_run.approvals`).
         """
         open_calls = unanswered_calls(history)
-        self._open_at_start = {c.call_id for c in open_calls}
+        self.open_at_start = {c.call_id for c in open_calls}
         pending = await self.approvals.resume(history, open_calls, bool(self.ctx.input))
         if self.approvals.pending:
             self._stop = Stop("approval_required")
-        if not pending:
+        held = self.approvals.held_after(history)  # given back once nothing in their exchange waits
+        if not pending and not held:
             return
         self._contexts.expect(history, pending)
         results = self.approvals.answers(pending, self.ctx.journal, self._idempotent)  # rejected, or interrupted
@@ -333,23 +336,38 @@ class StepLoop:
                 results[call.call_id] = result = await self.writer.guard(running)
                 if self.want_events:
                     yield ToolCallFinished(call, result)
-            message = self._contexts.attach(
-                self.approvals.answer(pending, [results[c.call_id] for c in pending], REPAIR), pending)
-            self._parts.insert(self._head, Segment(message.source or REPAIR, [message], _tagged=[message]))
-            self.state.new_messages.append(message)
-            for call in pending:
-                self._threads.answering(call, message)
-            saved = await self.writer.save_answer(self.ctx, [message])
-            self.approvals.answered()
+            answer = [message := self._add_answer(pending, results)] if pending else []
+            saved = await self.writer.save_answer(self.ctx, [*answer, *self._add_held(held, self._head + len(answer))])
+            self._answered(pending)
         except BaseException as exc:  # a run cut here that keeps its input answers every call first
             cut = self._cut_repair(pending, results, message, running, answers_all(self.writer, self.ctx, exc))
-            await save_cut_answer(self.writer, self.ctx, cut, exc)
+            await save_cut_answer(self.writer, self.ctx, cut, exc)  # what was held stays so, for the next run
             raise
-        for call in pending:
-            self._threads.saved(call)
         if self.want_events and saved:
             yield StepPersisted(0, saved)
         self._chain.raise_failure()
+
+    def _add_answer(self, pending: list[FunctionCall], results: dict[str, FunctionResult]) -> Message:
+        """Put the answer of the calls the log left open right after the history in the working set; return it."""
+        message = self._contexts.attach(
+            self.approvals.answer(pending, [results[c.call_id] for c in pending], REPAIR), pending)
+        self._parts.insert(self._head, Segment(message.source or REPAIR, [message], _tagged=[message]))
+        self.state.new_messages.append(message)
+        for call in pending:
+            self._threads.answering(call, message)
+        return message
+
+    def _answered(self, pending: list[FunctionCall]) -> None:
+        """Note that the answer of the calls the log left open is saved (and what their exchange held)."""
+        self.approvals.answered()
+        for call in pending:
+            self._threads.saved(call)
+
+    def _add_held(self, held: list[Message], at: int) -> list[Message]:
+        """Put the late results an exchange held (`ApprovalGate.held_after`) at `at` in the working set; return them."""
+        self._parts[at:at] = [Segment(m.source or REPAIR, [m], _tagged=[m]) for m in held]
+        self.state.new_messages.extend(held)
+        return held
 
     def _cut_repair(self, pending: list[FunctionCall], results: dict[str, FunctionResult], message: Message | None,
                     running: asyncio.Future[FunctionResult] | None, whole: bool) -> Message | None:
@@ -385,7 +403,7 @@ class StepLoop:
         if response.usage is not None:
             state.usage = state.usage + response.usage
         produced, notes = normalise_calls([m.with_source(self._model_source) for m in response.messages],
-                                          set(self._open_at_start))
+                                          set(self.open_at_start))
         self._mark_stop(step, produced)
         if notes:
             ctx.journal.changes.append(ContextChange("model", "normalised_output", tuple(notes)))
@@ -521,19 +539,6 @@ class StepLoop:
         for result in finished:
             self._threads.saved(by_id[result.call_id])
 
-    async def keep_open_at_start(self, error: BaseException) -> None:
-        """Per run, save, as the run stops with `error`, what came of the calls the log left open.
-
-        Their answers were saved as they were made; a thread's result or a late result that came
-        after would otherwise be lost with a run saved per run, wherever the run failed (in the
-        loop, or in the save of the whole run). Saving again what was saved stores nothing twice.
-        """
-        if (open_at_start := self._open_at_start) and not self.writer.per_step:
-            theirs = [m for m in self.state.new_messages if m.metadata.get(LATE_RESULT_KEY) in open_at_start
-                      or any(r.call_id in open_at_start for r in m.function_results)]
-            await self.writer.save_stopping(self.ctx, theirs, error, "what came of the calls the log left open",
-                                            answering_open=True)
-
     async def _held(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
         """`_answer_withdrawn`; then the calls that need approval are marked in the model's message, and not run."""
         produced, calls = self._answer_withdrawn(step)
@@ -574,13 +579,13 @@ class StepLoop:
         A call that calls tools anyway has them answered "not run", and that answer is marked instead.
         """
         if self._final_call and produced and not any(m.tool_flag & 1 for m in produced):
-            produced[-1] = _stopped(produced[-1], self._limit_reason(step))
+            produced[-1] = marked_stopped(produced[-1], self._limit_reason(step))
 
     def _add_tool_message(self, calls: Sequence[FunctionCall], results: Sequence[FunctionResult], *,
                           stop: StopReason | None = None) -> Message:
         message = self._contexts.attach(tool_message(calls, results), calls)
         if stop is not None:
-            message = _stopped(message, stop)
+            message = marked_stopped(message, stop)
         self._tail.append(message)
         self.state.new_messages.append(message)
         return message

@@ -35,18 +35,24 @@ from typing import TYPE_CHECKING, Final, cast, get_args
 
 from ..errors import InputConflict, shorten
 from ..events import RunResult, StopReason
+from ..messages import Message
 from ..models.base import Usage
 from ..stores.base import SessionStore
 
 if TYPE_CHECKING:
-    from ..messages import Message
     from ..providers.base import HistoryProvider
     from ..session import Session
 
-__all__ = ["STOP_KEY", "EarlierRun", "find_earlier", "log_store", "replayed"]
+__all__ = ["STOP_KEY", "EarlierRun", "find_earlier", "log_store", "marked_stopped", "replayed"]
 
 STOP_KEY: Final = "stop_reason"
 """Metadata key of the last message of a run stopped at a limit: why the run stopped there."""
+
+
+def marked_stopped(message: Message, reason: StopReason) -> Message:
+    """Return `message`, the last of a run stopped at a limit, saying why in its metadata (`STOP_KEY`)."""
+    return Message(message.role, message.parts, message.id, message.author_name, message.created_at,
+                   {**message.metadata, STOP_KEY: reason}, message.source)
 
 _PAGE: Final = 64
 """Messages read per page while looking for the end of an earlier run (most runs fit in one)."""

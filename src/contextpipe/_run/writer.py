@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..approvals import awaiting_approval
 from ..errors import LeaseLost, StoreError
-from ..exchanges import unanswered_calls
+from ..exchanges import LATE_RESULT_KEY, unanswered_calls
 from ..stores.base import Checkpoint, SessionStore
 from ..tokens import CALIBRATION_KEY
 from .heartbeat import LeaseHeartbeat
@@ -290,6 +290,20 @@ class StepWriter:
             return False
         return True
 
+    async def keep_open_answers(self, ctx: RunContext, messages: Sequence[Message], open_at_start: set[str],
+                                error: BaseException) -> None:
+        """Per run, save, as the run stops with `error`, what of its `messages` came of the calls the log left open.
+
+        Their answers were saved as they were made; a thread's result or a late result that came
+        after would otherwise be lost with a run saved per run, wherever the run failed (in the
+        loop, or in the save of the whole run). Saving again what was saved stores nothing twice.
+        """
+        if open_at_start and not self.per_step:
+            theirs = [m for m in messages if m.metadata.get(LATE_RESULT_KEY) in open_at_start
+                      or any(r.call_id in open_at_start for r in m.function_results)]
+            await self.save_stopping(ctx, theirs, error, "what came of the calls the log left open",
+                                     answering_open=True)
+
     async def save_input(self, ctx: RunContext) -> None:
         """Keep the request messages of a run stopped before they were saved (per-step mode only).
 
@@ -432,6 +446,8 @@ class StepWriter:
             # its state, its user and its log are not this run's to take up.
             raise LeaseLost.session_ended(self.store.backend, session.key, made_again=stored is not None)
         if stored is not None and stored.version != session.version:
+            if session.version == 0:  # an object made by hand for a stored session: it is that session
+                session.created_at = stored.created_at
             session.state = stored.state
             session.version = stored.version
 
