@@ -141,7 +141,15 @@ def test_sigterm_drains_runs_in_flight(tmp_path: Path, stop: list[subprocess.Pop
     thread = stream_in_thread(base, "s1", out)
     wait_for(tmp_path / "entered", process)
     process.send_signal(signal.SIGTERM)
-    if gate_opens:
+    if gate_opens:  # while the run is in flight the server still listens, and refuses new work with 503
+        give_up = time.monotonic() + HANG
+        while httpx.get(f"{base}/healthz").status_code != 503:  # progress signal: the drain has begun
+            assert time.monotonic() < give_up, "the server never began draining"
+        refused = httpx.post(f"{base}/v1/sessions/s1/runs", json={"input": "too late"},
+                             headers={"Authorization": f"Bearer {KEY}"})
+        assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")
+        assert refused.json()["error"]["type"] == "ShuttingDown"
+        assert not (tmp_path / "open").exists() and process.poll() is None  # the run is still in flight
         (tmp_path / "open").touch()
     process.wait(timeout=60)
     thread.join(timeout=60)
