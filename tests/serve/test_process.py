@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import sqlite3
@@ -40,9 +41,13 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) 
                           env={**os.environ, **(env or {})}, cwd=cwd, timeout=60, check=False)
 
 
-def start(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+def start(args: list[str], env: dict[str, str], cwd: Path, open_files: int | None = None) -> subprocess.Popen[str]:
+    def limit() -> None:  # in the server process, before it starts: its open-files limit, soft and hard
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     return subprocess.Popen([sys.executable, "-m", "contextpipe.cli", *args], env={**os.environ, **env},
-                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
 
 
 HANG = 120.0
@@ -281,3 +286,37 @@ def test_ui_serves_a_sqlite_file_read_only(tmp_path: Path, stop: list[subprocess
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=60)
     assert (tmp_path / "s.db").read_bytes() == before
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Return what the server sends until it closes the connection (a bounded wait: HANG)."""
+    sock.settimeout(HANG)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def serve_gate(tmp_path: Path, stop: list[subprocess.Popen[str]], *options: str, port: int | None = None,
+               open_files: int | None = None) -> tuple[subprocess.Popen[str], int]:
+    port = port or free_port()
+    env = {"GATE_DIR": str(tmp_path), "CONTEXTPIPE_API_KEYS": f"acme {hash_key(KEY)}"}
+    process = start(["serve", f"{HERE / 'gate_agent.py'}:agent", "--port", str(port), "--log-level", "warning",
+                     *options], env, tmp_path, open_files)
+    stop.append(process)
+    wait_ready(process, f"http://127.0.0.1:{port}")
+    return process, port
+
+
+def test_a_server_stopped_with_clients_connected_can_start_again_on_its_port(
+        tmp_path: Path, stop: list[subprocess.Popen[str]]) -> None:
+    first, port = serve_gate(tmp_path, stop)
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    clients[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert clients[0].recv(65536).startswith(b"HTTP/1.1 200 ")  # a keep-alive connection, now idle
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=HANG)
+    for sock in clients:  # the server closed them first: its side of each waits in TIME_WAIT
+        assert read_to_end(sock) == b""
+        sock.close()
+    serve_gate(tmp_path, stop, port=port)  # binds at once

@@ -189,6 +189,9 @@ def app_from_env() -> Any:
 
 def _free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As uvicorn binds: the connections of a server just stopped (in TIME_WAIT) do not hold the port,
+        # while a process listening on it still does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
