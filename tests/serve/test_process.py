@@ -229,6 +229,8 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     cases.append((["serve", f"{memory_agent}:agent", "--workers", "2"], "--workers needs a store the workers share"))
     cases.append((["serve", f"{memory_agent}:not_an_agent"], "it is of type int"))
     cases.append((["serve", f"{memory_agent}:agent", "--log-level", "loud"], "--log-level must be one of"))
+    cases.append((["serve", f"{memory_agent}:agent", "--body-timeout", "0"], "--body-timeout must be a number"))
+    cases.append((["serve", f"{memory_agent}:agent", "--max-connections", "0"], "--max-connections must be at"))
     cases.append((["ui", "--db", str(tmp_path / "notes.txt")], "not a contextpipe session database"))
     newer = tmp_path / "newer.db"
     with sqlite3.connect(newer) as db:
@@ -306,6 +308,64 @@ def serve_gate(tmp_path: Path, stop: list[subprocess.Popen[str]], *options: str,
     stop.append(process)
     wait_ready(process, f"http://127.0.0.1:{port}")
     return process, port
+
+
+def test_slow_and_idle_clients_are_cut(tmp_path: Path, stop: list[subprocess.Popen[str]]) -> None:
+    _, port = serve_gate(tmp_path, stop, "--header-timeout", "0.5", "--body-timeout", "0.5",
+                         "--keep-alive-timeout", "0.5")
+    silent, half_head, half_body, kept = (socket.create_connection(("127.0.0.1", port)) for _ in range(4))
+    half_head.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n")
+    half_body.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + KEY.encode() +
+                      b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\": ")
+    kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert read_to_end(silent) == b""
+    assert read_to_end(half_head) == b""
+    answer = read_to_end(half_body)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"RequestTimeout"' in answer
+    assert read_to_end(kept).startswith(b"HTTP/1.1 200 ")  # answered, then closed once idle
+    for sock in (silent, half_head, half_body, kept):
+        sock.close()
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+
+
+def test_idle_connections_past_the_open_files_limit_leave_room(tmp_path: Path,
+                                                               stop: list[subprocess.Popen[str]]) -> None:
+    process, port = serve_gate(tmp_path, stop, "--header-timeout", "600", open_files=256)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]  # more than the server's 256 files
+    for sock in idle[::2]:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # half a head
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=HANG).status_code == 200
+        closed = 0
+        for sock in idle[:100]:  # the oldest were closed to make room
+            sock.settimeout(0)
+            try:
+                closed += sock.recv(1) == b""
+            except ConnectionResetError:  # closed with its half head unread
+                closed += 1
+            except BlockingIOError:  # still open
+                pass
+        assert closed > 0
+    finally:
+        for sock in idle:
+            sock.close()
+    assert process.poll() is None
+
+
+def test_with_every_connection_busy_a_new_one_is_answered_503(tmp_path: Path,
+                                                              stop: list[subprocess.Popen[str]]) -> None:
+    _, port = serve_gate(tmp_path, stop, "--max-connections", "2", "--body-timeout", "600")
+    busy = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    for sock in busy:
+        sock.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n")
+        sock.settimeout(HANG)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 ")  # progress signal: the app awaits its body
+    refused = httpx.get(f"http://127.0.0.1:{port}/healthz")
+    assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")
+    assert refused.json()["error"]["type"] == "TooManyConnections"
+    for sock in busy:
+        sock.close()
 
 
 def test_a_server_stopped_with_clients_connected_can_start_again_on_its_port(

@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -94,6 +94,17 @@ class ServeSettings:
     """Serve reading routes only (the ``contextpipe ui --db FILE`` mode)."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins (like ``https://app.example.com``) whose pages may call the API (CORS)."""
+    header_timeout: float = 10.0
+    """Seconds a connection has to send a request's head, from its start or the previous response (``serve``)."""
+    body_timeout: float = 60.0
+    """Seconds a request's body has to arrive whole after its head; then 408 and the connection closes (``serve``)."""
+    keep_alive_timeout: float = 5.0
+    """Seconds an idle keep-alive connection is kept open (``serve``)."""
+    max_connections: int | None = None
+    """Connections open at once per process (``serve``); None: the open-files limit less a tenth (at least 64).
+
+    Past it, a new connection closes the one idle the longest; with none idle, it is answered 503.
+    """
 
 
 Handler = Callable[["_Api", Request, str, list[str]], Awaitable[Response]]
@@ -201,11 +212,14 @@ class _Api:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # the client went, or was too slow (`ServeSettings.body_timeout`): none will read
+            raise HTTPError(400, "ClientDisconnect", "the connection closed before the request's body ended") from None
         raw = b"".join(chunks)
         return read_json(raw) if raw.strip() else {}
 
@@ -518,10 +532,12 @@ def create_app(
     api = _Api(agent, store, keys, settings)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        from ._connections import GUARD, Guard
+
         restore = drain_on_signals(api.runs, settings.drain_timeout) if api.runs is not None else list
         try:
-            yield
+            yield {GUARD: Guard(settings)}  # for `contextpipe serve`'s protocol (`_connections`)
         finally:
             restore()
             if api.runs is not None:
