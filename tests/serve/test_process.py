@@ -373,7 +373,11 @@ def test_a_server_stopped_with_clients_connected_can_start_again_on_its_port(
     first, port = serve_gate(tmp_path, stop)
     clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
     clients[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
-    assert clients[0].recv(65536).startswith(b"HTTP/1.1 200 ")  # a keep-alive connection, now idle
+    clients[0].settimeout(HANG)
+    answer = b""
+    while not answer.endswith(b"}"):  # the whole response: a keep-alive connection, now idle
+        answer += clients[0].recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 ")
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=HANG)
     for sock in clients:  # the server closed them first: its side of each waits in TIME_WAIT

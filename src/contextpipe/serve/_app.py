@@ -537,7 +537,10 @@ def create_app(
 
         restore = drain_on_signals(api.runs, settings.drain_timeout) if api.runs is not None else list
         try:
-            yield {GUARD: Guard(settings)}  # for `contextpipe serve`'s protocol (`_connections`)
+            yield {GUARD: Guard(  # for `contextpipe serve`'s protocol (`_connections`)
+                header_timeout=settings.header_timeout, body_timeout=settings.body_timeout,
+                keep_alive_timeout=settings.keep_alive_timeout, max_connections=settings.max_connections,
+                retry_after=settings.retry_after)}
         finally:
             restore()
             if api.runs is not None:

@@ -31,8 +31,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
-    from ._app import ServeSettings
-
 __all__ = ["GUARD", "Guard", "GuardedProtocol", "default_max_connections", "open_files_limit", "raise_open_files"]
 
 GUARD: Final = "contextpipe.connections"
@@ -73,11 +71,15 @@ def _error(kind: str, message: str) -> bytes:
 
 
 class Guard:
-    """One server process's connection settings, and its idle connections, the longest idle first."""
+    """One server process's connection settings (`ServeSettings`' fields), and its idle connections, oldest first."""
 
-    def __init__(self, settings: ServeSettings) -> None:
-        self.settings = settings
-        self.max_connections = settings.max_connections or default_max_connections(open_files_limit())
+    def __init__(self, *, header_timeout: float, body_timeout: float, keep_alive_timeout: float,
+                 max_connections: int | None, retry_after: int) -> None:
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.keep_alive_timeout = keep_alive_timeout
+        self.max_connections = max_connections or default_max_connections(open_files_limit())
+        self.retry_after = retry_after
         self.idle: OrderedDict[GuardedProtocol, None] = OrderedDict()
 
     def evict(self) -> bool:
@@ -93,7 +95,7 @@ class Guard:
                       "requests; retry later")
         await send({"type": "http.response.start", "status": 503, "headers": [
             (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-            (b"retry-after", b"%d" % self.settings.retry_after), (b"connection", b"close")]})
+            (b"retry-after", b"%d" % self.retry_after), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
 
 
@@ -104,7 +106,7 @@ class GuardedProtocol(HttpToolsProtocol):
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.guard: Guard = app_state[GUARD]
-        self.timeout_keep_alive = self.guard.settings.keep_alive_timeout  # (uvicorn types it int; a float will do)
+        self.timeout_keep_alive = self.guard.keep_alive_timeout  # (uvicorn types it int; a float will do)
         self.timer: asyncio.TimerHandle | None = None
 
     def arm(self, delay: float, then: Any) -> None:
@@ -123,16 +125,16 @@ class GuardedProtocol(HttpToolsProtocol):
             self.app = self.guard.too_many  # this connection's one request is answered 503
         else:
             self.guard.idle[self] = None
-        self.arm(self.guard.settings.header_timeout, self.head_late)
+        self.arm(self.guard.header_timeout, self.head_late)
 
     def data_received(self, data: bytes) -> None:
         if self.timer is None and (self.cycle is None or self.cycle.response_complete):
-            self.arm(self.guard.settings.header_timeout, self.head_late)  # the next request's head begins
+            self.arm(self.guard.header_timeout, self.head_late)  # the next request's head begins
         super().data_received(data)
 
     def on_headers_complete(self) -> None:
         self.guard.idle.pop(self, None)
-        self.arm(self.guard.settings.body_timeout, self.body_late)
+        self.arm(self.guard.body_timeout, self.body_late)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -164,7 +166,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if not cycle.response_started:
             cycle.response_started = True
             body = _error("RequestTimeout", f"the request's body did not arrive whole within "
-                          f"{self.guard.settings.body_timeout:g} seconds of its head; send it faster")
+                          f"{self.guard.body_timeout:g} seconds of its head; send it faster")
             head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
             self.transport.write(STATUS_LINE[408] + head + body)
         cycle.disconnected = True  # the app reads the end of the body as a disconnect; what it sends is dropped

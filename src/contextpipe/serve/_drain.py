@@ -35,7 +35,8 @@ def drain_on_signals(runs: RunManager, timeout: float) -> Callable[[], object]:
     """Make SIGTERM / SIGINT drain `runs` (`timeout` seconds) before the server's own handler runs; return an undo.
 
     The server listens on meanwhile. A second signal goes to the server's handler at once (uvicorn:
-    stop without waiting for the drain; a third SIGINT quits). Call it in the server's event loop.
+    stop listening, the runs keep the rest of their time; a third SIGINT quits). Call it in the
+    server's event loop.
     """
     if threading.current_thread() is not threading.main_thread():
         return list
