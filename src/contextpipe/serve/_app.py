@@ -95,7 +95,7 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()
     """Browser origins (like ``https://app.example.com``) whose pages may call the API (CORS)."""
     header_timeout: float = 10.0
-    """Seconds a connection has to send a request's head, from its start or the previous response (``serve``)."""
+    """Seconds a connection has to send a request's head, from its start or its next request's first byte (serve)."""
     body_timeout: float = 60.0
     """Seconds a request's body has to arrive whole after its head; then 408 and the connection closes (``serve``)."""
     keep_alive_timeout: float = 5.0
@@ -532,15 +532,10 @@ def create_app(
     api = _Api(agent, store, keys, settings)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        from ._connections import GUARD, Guard
-
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         restore = drain_on_signals(api.runs, settings.drain_timeout) if api.runs is not None else list
         try:
-            yield {GUARD: Guard(  # for `contextpipe serve`'s protocol (`_connections`)
-                header_timeout=settings.header_timeout, body_timeout=settings.body_timeout,
-                keep_alive_timeout=settings.keep_alive_timeout, max_connections=settings.max_connections,
-                retry_after=settings.retry_after)}
+            yield
         finally:
             restore()
             if api.runs is not None:

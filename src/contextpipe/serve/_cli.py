@@ -11,7 +11,6 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
-import json
 import os
 import socket
 import sys
@@ -27,10 +26,9 @@ from ..agent import DEFAULT_HISTORY_ID
 from ..errors import UsageError
 from ..session import validate_tenant
 from ._keys import ApiKeys, Grant, hash_key, new_key
+from ._worker_config import read_config, write_config
 
 __all__ = ["app_from_env", "history_line", "load_agent", "run_server", "run_ui"]
-
-_CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
 
 
 _EXPECTED: Final = "serve expects MODULE:ATTRIBUTE naming an Agent in the module (like examples.weather:agent)"
@@ -171,7 +169,7 @@ def app_from_env() -> Any:
     """Build the app from the configuration `run_server` / `run_ui` left in the environment (uvicorn factory)."""
     from . import ServeSettings, create_app
 
-    config = json.loads(os.environ[_CONFIG_ENV])
+    config = read_config()
     keys = ApiKeys.load(config.get("keys_file"))
     for tenant, hashed in config.get("hashes", []):
         keys.add_hashed(hashed, Grant(tenant))
@@ -225,7 +223,7 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
     cap = config["settings"]["max_connections"] or default_max_connections(open_files)
     say(f"connections: at most {cap} open per process (open-files limit {open_files}); idle ones closed first"
         if cap is not None else "connections: no cap (no open-files limit to read)")
-    os.environ[_CONFIG_ENV] = json.dumps(config)
+    write_config(config)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     say(f"contextpipe on {url}  (API docs: {url}/docs)")

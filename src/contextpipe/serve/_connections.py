@@ -6,16 +6,18 @@ holds a file descriptor for ever, and some thousands of them leave the process u
 anyone. `GuardedProtocol` is uvicorn's httptools protocol with, per `ServeSettings`:
 
 - ``header_timeout``: a request's head must be whole this many seconds after the connection opens
-  (or after the previous response, for a keep-alive one), else the connection is closed;
-- ``body_timeout``: its body must be whole this many seconds after its head, else it is cut: 408
-  when no response has started, and the connection is closed;
+  (or after the next request's first byte, for a keep-alive one), else the connection is closed;
+- ``body_timeout``: its body must be whole this many seconds after its head (a pipelined request's:
+  after the request before it is answered, as uvicorn reads no more until then), else it is cut:
+  408 when no response has started, and the connection is closed;
 - ``keep_alive_timeout``: an idle keep-alive connection is closed after it;
 - ``max_connections`` open at once per process: a connection beyond it closes the one idle the
   longest (idle: no request being answered, so a keep-alive one or one still sending its head), so
   idle clients cannot lock out a real request. When none is idle, the new one is answered 503 with
   ``Retry-After`` once its head is read, and closed.
 
-The protocol finds its `Guard` in the ASGI lifespan state, which `create_app` fills at start-up.
+The protocol builds its `Guard` from the settings ``contextpipe serve`` leaves in the environment for
+its workers (`process_guard`), one per server process; an app served some other way is not held to it.
 """
 
 from __future__ import annotations
@@ -24,17 +26,17 @@ import asyncio
 import contextlib
 import json
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from ._worker_config import read_config
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
-__all__ = ["GUARD", "Guard", "GuardedProtocol", "default_max_connections", "open_files_limit", "raise_open_files"]
-
-GUARD: Final = "contextpipe.connections"
-"""The lifespan state's key for the process's `Guard`."""
+__all__ = ["Guard", "GuardedProtocol", "default_max_connections", "open_files_limit", "process_guard",
+           "raise_open_files"]
 
 
 def open_files_limit() -> int | None:
@@ -99,14 +101,26 @@ class Guard:
         await send({"type": "http.response.body", "body": body})
 
 
+def process_guard(server_state: Any) -> Guard:
+    """Return the `Guard` of the server whose protocols share `server_state` (made on its first connection)."""
+    guard: Guard | None = getattr(server_state, "contextpipe_guard", None)
+    if guard is None:
+        settings = read_config()["settings"]
+        guard = Guard(header_timeout=settings["header_timeout"], body_timeout=settings["body_timeout"],
+                      keep_alive_timeout=settings["keep_alive_timeout"], max_connections=settings["max_connections"],
+                      retry_after=settings["retry_after"])
+        server_state.contextpipe_guard = guard
+    return guard
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with deadlines for a request's head and body, and the connection cap."""
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self.guard: Guard = app_state[GUARD]
-        self.timeout_keep_alive = self.guard.keep_alive_timeout  # (uvicorn types it int; a float will do)
+        self.guard = process_guard(server_state)
+        self.timeout_keep_alive = self.guard.keep_alive_timeout  # type: ignore[assignment]  # (int in uvicorn; a float does)
         self.timer: asyncio.TimerHandle | None = None
 
     def arm(self, delay: float, then: Any) -> None:
@@ -134,8 +148,12 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.guard.idle.pop(self, None)
-        self.arm(self.guard.body_timeout, self.body_late)
+        queued = self.cycle is not None and not self.cycle.response_complete  # a pipelined request
         super().on_headers_complete()
+        if queued:  # uvicorn reads no more until the request before it is answered: its time starts then
+            self.disarm()
+        else:
+            self.arm(self.guard.body_timeout, self.body_late)
 
     def on_message_complete(self) -> None:
         self.disarm()
@@ -144,9 +162,13 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         answered = not self.pipeline  # (else a pipelined request starts now)
         super().on_response_complete()
-        if answered and not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if answered:
             self.guard.idle.pop(self, None)
             self.guard.idle[self] = None
+        elif self.cycle.more_body:  # the pipelined request's body is read from now on
+            self.arm(self.guard.body_timeout, self.body_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
