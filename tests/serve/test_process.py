@@ -384,3 +384,86 @@ def test_a_server_stopped_with_clients_connected_can_start_again_on_its_port(
         assert read_to_end(sock) == b""
         sock.close()
     serve_gate(tmp_path, stop, port=port)  # binds at once
+
+
+def one_response(sock: socket.socket, data: bytes = b"") -> tuple[bytes, bytes]:
+    """Read one response with a Content-Length from `sock` (after `data`, already read); return it and what follows."""
+    sock.settimeout(HANG)
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole head: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    found = re.search(rb"(?im)^content-length: *(\d+)", head)
+    assert found is not None, head
+    length = int(found.group(1))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed inside a body: {data + rest!r}"
+        rest += chunk
+    return head + b"\r\n\r\n" + rest[:length], rest[length:]
+
+
+def nothing_more(sock: socket.socket) -> bool:
+    """Tell whether the server has written nothing more on `sock` for now (a read that would block)."""
+    sock.settimeout(0)
+    try:
+        sock.recv(65536)
+    except BlockingIOError:
+        return True
+    return False
+
+
+def body_deadline_passed(port: int) -> None:
+    """Return once a body deadline armed now has fired: one armed before it, for as long, has fired too
+    (timers of one event loop with equal delays fire in the order they were armed)."""
+    probe = socket.create_connection(("127.0.0.1", port))
+    probe.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + KEY.encode() +
+                  b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    assert read_to_end(probe).startswith(b"HTTP/1.1 408 ")
+    probe.close()
+
+
+RUN = (b"POST /v1/sessions/s1/runs HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + KEY.encode() +
+       b"\r\nContent-Type: application/json\r\nContent-Length: 18\r\n\r\n{\"input\": \"hello\"}")
+HALF_BODY = (b"POST /v1/sessions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + KEY.encode() +
+             b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\": ")
+HEALTH = b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+@pytest.mark.parametrize("ahead", [0, 1], ids=["after-a-run", "after-a-run-and-one-more"])
+def test_a_pipelined_body_deadline_waits_for_the_requests_before_it(
+        tmp_path: Path, stop: list[subprocess.Popen[str]], ahead: int) -> None:
+    _, port = serve_gate(tmp_path, stop, "--body-timeout", "0.2")
+    assert httpx.post(f"http://127.0.0.1:{port}/v1/sessions", json={"id": "s1"},
+                      headers={"Authorization": f"Bearer {KEY}"}).status_code == 201
+    sock = socket.create_connection(("127.0.0.1", port))
+    # ahead=0: a run (held at the gate), then a request whose body stops half way.
+    # ahead=1: a quick request, the run (started when the first is answered), then the half body.
+    sock.sendall((HEALTH if ahead else b"") + RUN + HALF_BODY)  # one write: uvicorn reads them at once
+    wait_for(tmp_path / "entered", stop[0])  # the run is in its model
+    body_deadline_passed(port)  # a deadline armed for the half body by now (too early) has fired
+    rest = b""
+    if ahead:
+        health, rest = one_response(sock)
+        assert health.startswith(b"HTTP/1.1 200 ")
+    assert rest == b"" and nothing_more(sock)  # the run is not answered yet: nothing else was written
+    (tmp_path / "open").touch()
+    run, rest = one_response(sock, rest)
+    assert run.startswith(b"HTTP/1.1 200 ") and b"reply to hello" in run  # the run's response, whole
+    rest += read_to_end(sock)
+    assert rest.startswith(b"HTTP/1.1 408 ") and b'"RequestTimeout"' in rest  # then the half body's 408
+    sock.close()
+
+
+def test_a_request_answered_before_its_body_ended_leaves_the_next_head_a_deadline(
+        tmp_path: Path, stop: list[subprocess.Popen[str]]) -> None:
+    _, port = serve_gate(tmp_path, stop, "--header-timeout", "0.3", "--keep-alive-timeout", "600")
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 10\r\n\r\n{")  # no key: answered 401 before its body ends
+    refused, rest = one_response(sock)
+    assert refused.startswith(b"HTTP/1.1 401 ") and rest == b""
+    sock.sendall(b"\"id\": 1}\r\nGET /healthz HTTP/1.1\r\n")  # the rest of the body, and half the next head
+    assert read_to_end(sock) == b""  # closed: the half head had a deadline (keep-alive's is far off)
+    sock.close()

@@ -8,8 +8,8 @@ anyone. `GuardedProtocol` is uvicorn's httptools protocol with, per `ServeSettin
 - ``header_timeout``: a request's head must be whole this many seconds after the connection opens
   (or after the next request's first byte, for a keep-alive one), else the connection is closed;
 - ``body_timeout``: its body must be whole this many seconds after its head (a pipelined request's:
-  after the request before it is answered, as uvicorn reads no more until then), else it is cut:
-  408 when no response has started, and the connection is closed;
+  after the requests before it are answered), else it is cut: 408 when no response has started,
+  and the connection is closed;
 - ``keep_alive_timeout``: an idle keep-alive connection is closed after it;
 - ``max_connections`` open at once per process: a connection beyond it closes the one idle the
   longest (idle: no request being answered, so a keep-alive one or one still sending its head), so
@@ -105,7 +105,11 @@ def process_guard(server_state: Any) -> Guard:
     """Return the `Guard` of the server whose protocols share `server_state` (made on its first connection)."""
     guard: Guard | None = getattr(server_state, "contextpipe_guard", None)
     if guard is None:
-        settings = read_config()["settings"]
+        try:
+            settings = read_config()["settings"]
+        except KeyError:
+            raise RuntimeError("GuardedProtocol reads the settings `contextpipe serve` leaves its workers; serve "
+                               "the app with `contextpipe serve`, or use uvicorn's own protocol") from None
         guard = Guard(header_timeout=settings["header_timeout"], body_timeout=settings["body_timeout"],
                       keep_alive_timeout=settings["keep_alive_timeout"], max_connections=settings["max_connections"],
                       retry_after=settings["retry_after"])
@@ -150,24 +154,26 @@ class GuardedProtocol(HttpToolsProtocol):
         self.guard.idle.pop(self, None)
         queued = self.cycle is not None and not self.cycle.response_complete  # a pipelined request
         super().on_headers_complete()
-        if queued:  # uvicorn reads no more until the request before it is answered: its time starts then
+        if queued:  # its time starts when the requests before it are answered (`on_response_complete`)
             self.disarm()
         else:
             self.arm(self.guard.body_timeout, self.body_late)
 
     def on_message_complete(self) -> None:
         self.disarm()
+        if self.cycle is not None and self.cycle.response_complete:  # answered before its body was whole:
+            self.arm(self.guard.header_timeout, self.head_late)  # what follows is the next request's head
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        answered = not self.pipeline  # (else a pipelined request starts now)
+        started = self.pipeline[-1][0] if self.pipeline else None  # the pipelined request uvicorn starts now
         super().on_response_complete()
         if self.transport.is_closing():
             return
-        if answered:
+        if started is None:
             self.guard.idle.pop(self, None)
             self.guard.idle[self] = None
-        elif self.cycle.more_body:  # the pipelined request's body is read from now on
+        elif started is self.cycle and started.more_body:  # only the last one read may lack some body
             self.arm(self.guard.body_timeout, self.body_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
