@@ -35,6 +35,14 @@ def serve(
                                            "error.")] = "info",
     cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="Browser origin allowed to call "
                                                           "the API (repeatable).")] = None,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a connection has to send a request's head; then "
+                                                  "it is closed.")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request's body has to arrive whole after its head; "
+                                                "then 408 and the connection is closed.")] = 60.0,
+    keep_alive_timeout: Annotated[float, typer.Option(help="Seconds an idle keep-alive connection is kept.")] = 5.0,
+    max_connections: Annotated[int | None, typer.Option(help="Connections open at once per worker (past it the one "
+                                                        "idle the longest is closed; none idle: 503). Default: the "
+                                                        "open-files limit less a tenth.", show_default=False)] = None,
     new_key: Annotated[str | None, typer.Option("--new-key", metavar="TENANT", help="Make an API key for TENANT "
                                                 "(appended to --keys FILE when given) and exit.")] = None,
     show_traceback: Annotated[bool, typer.Option("--traceback", help="When your code raises (importing the "
@@ -52,6 +60,8 @@ def serve(
         serve_cli.run_server(target, host=host, port=port, workers=workers, keys_file=keys, tenant=tenant,
                              on_disconnect=on_disconnect, drain_timeout=drain_timeout, max_body_bytes=max_body,
                              app_dir=app_dir, log_level=log_level, cors_origins=tuple(cors_origin or ()),
+                             header_timeout=header_timeout, body_timeout=body_timeout,
+                             keep_alive_timeout=keep_alive_timeout, max_connections=max_connections,
                              say=lambda line: print(line, file=sys.stderr, flush=True))
     except ContextPipeError as exc:
         if exc.__cause__ is None:

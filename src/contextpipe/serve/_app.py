@@ -14,12 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import unquote
 
@@ -27,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -53,6 +50,7 @@ from ..messages import Message
 from ..session import Session, user_id, validate_session_id
 from ..stores import MessagePage, SessionStore
 from ._approvals import decide_approvals, list_approvals, refuse_unfit
+from ._drain import drain, drain_on_signals
 from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
 from ._keys import ApiKeys
@@ -96,6 +94,17 @@ class ServeSettings:
     """Serve reading routes only (the ``contextpipe ui --db FILE`` mode)."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins (like ``https://app.example.com``) whose pages may call the API (CORS)."""
+    header_timeout: float = 10.0
+    """Seconds a connection has to send a request's head, from its start or its next request's first byte (serve)."""
+    body_timeout: float = 60.0
+    """Seconds a request's body has to arrive whole after its head; then 408 and the connection closes (``serve``)."""
+    keep_alive_timeout: float = 5.0
+    """Seconds an idle keep-alive connection is kept open (``serve``)."""
+    max_connections: int | None = None
+    """Connections open at once per process (``serve``); None: the open-files limit less a tenth (at least 64).
+
+    Past it, a new connection closes the one idle the longest; with none idle, it is answered 503.
+    """
 
 
 Handler = Callable[["_Api", Request, str, list[str]], Awaitable[Response]]
@@ -120,6 +129,8 @@ class _Api:
     async def handle(self, request: Request) -> Response:
         """Answer one ``/v1`` request: every client mistake a 4xx JSON error, every route's own errors mapped."""
         try:
+            if self.runs is not None:
+                self._refuse_when_draining(self.runs)
             tenant = self._tenant(request)
             raw = request.scope.get("raw_path") or request.scope["path"].encode()
             prefix = request.scope.get("root_path", "").encode() + b"/v1/"
@@ -201,11 +212,14 @@ class _Api:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPError(413, "PayloadTooLarge", f"the request body is over {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # the client went, or was too slow (`ServeSettings.body_timeout`): none will read
+            raise HTTPError(400, "ClientDisconnect", "the connection closed before the request's body ended") from None
         raw = b"".join(chunks)
         return read_json(raw) if raw.strip() else {}
 
@@ -227,7 +241,7 @@ class _Api:
     def _refuse_when_draining(self, runs: RunManager) -> None:
         if runs.draining:
             raise HTTPError(503, "ShuttingDown", "the server is shutting down; retry on another worker",
-                            {"Retry-After": str(self.settings.retry_after)})
+                            {"Retry-After": str(self.settings.retry_after), "Connection": "close"})
 
     def _writable(self) -> RunManager:
         assert self.runs is not None  # (`_route` answers writing requests to a read-only server with 405)
@@ -496,34 +510,6 @@ async def _sse(runs: RunManager, run: LiveRun) -> AsyncIterator[str]:
             runs.detach(run)
 
 
-def _drain_on_signals(runs: RunManager, timeout: float) -> Callable[[], object]:
-    """Make SIGTERM / SIGINT start draining `runs` before the ASGI server's own handler runs.
-
-    The server (uvicorn) then stops accepting connections and waits for the open ones; the runs in
-    flight get `timeout` seconds in all before they are cancelled cleanly.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return list
-    installed: dict[int, Any] = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous = signal.getsignal(sig)
-        if not callable(previous):
-            continue
-
-        def handler(signum: int, frame: FrameType | None, previous: Callable[..., Any] = previous) -> None:
-            runs.begin_drain(timeout)
-            previous(signum, frame)
-
-        signal.signal(sig, handler)
-        installed[sig] = previous
-
-    def restore() -> None:
-        for sig, previous in installed.items():
-            signal.signal(sig, previous)
-
-    return restore
-
-
 def create_app(
     agent: Agent | None,
     *,
@@ -547,15 +533,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        restore = _drain_on_signals(api.runs, settings.drain_timeout) if api.runs is not None else list
+        restore = drain_on_signals(api.runs, settings.drain_timeout) if api.runs is not None else list
         try:
             yield
         finally:
             restore()
             if api.runs is not None:
-                cancelled = await api.runs.drain(settings.drain_timeout)
-                if cancelled:
-                    log.warning("shutdown: %d run(s) did not finish in time and were cancelled", cancelled)
+                await drain(api.runs, settings.drain_timeout)
             if close_store:
                 await store.close()
 

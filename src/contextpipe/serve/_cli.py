@@ -11,7 +11,6 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
-import json
 import os
 import socket
 import sys
@@ -27,10 +26,9 @@ from ..agent import DEFAULT_HISTORY_ID
 from ..errors import UsageError
 from ..session import validate_tenant
 from ._keys import ApiKeys, Grant, hash_key, new_key
+from ._worker_config import read_config, write_config
 
 __all__ = ["app_from_env", "history_line", "load_agent", "run_server", "run_ui"]
-
-_CONFIG_ENV: Final = "CONTEXTPIPE_SERVE_CONFIG"
 
 
 _EXPECTED: Final = "serve expects MODULE:ATTRIBUTE naming an Agent in the module (like examples.weather:agent)"
@@ -171,7 +169,7 @@ def app_from_env() -> Any:
     """Build the app from the configuration `run_server` / `run_ui` left in the environment (uvicorn factory)."""
     from . import ServeSettings, create_app
 
-    config = json.loads(os.environ[_CONFIG_ENV])
+    config = read_config()
     keys = ApiKeys.load(config.get("keys_file"))
     for tenant, hashed in config.get("hashes", []):
         keys.add_hashed(hashed, Grant(tenant))
@@ -189,6 +187,9 @@ def app_from_env() -> Any:
 
 def _free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As uvicorn binds: the connections of a server just stopped (in TIME_WAIT) do not hold the port,
+        # while a process listening on it still does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
@@ -198,6 +199,8 @@ def _free(host: str, port: int) -> None:
 def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Callable[[str], None],
          tenant: str, drain_timeout: float, log_level: str) -> None:
     import uvicorn
+
+    from ._connections import default_max_connections, raise_open_files
 
     if workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
@@ -216,7 +219,11 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
                              f"{config['target']} keeps its sessions in memory, in each worker apart")
         say(history_line(agent))
     _free(host, port)
-    os.environ[_CONFIG_ENV] = json.dumps(config)
+    open_files = raise_open_files()
+    cap = config["settings"]["max_connections"] or default_max_connections(open_files)
+    say(f"connections: at most {cap} open per process (open-files limit {open_files}); idle ones closed first"
+        if cap is not None else "connections: no cap (no open-files limit to read)")
+    write_config(config)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     say(f"contextpipe on {url}  (API docs: {url}/docs)")
@@ -225,18 +232,27 @@ def _run(config: dict[str, Any], *, host: str, port: int, workers: int, say: Cal
         say(f"inspector: {url}/ui/#key={ephemeral}")
     else:
         say(f"inspector: {url}/ui/")
+    # The protocol holds the connections to `ServeSettings`' deadlines and cap (`_connections`); the app
+    # serves no WebSocket, so an upgrade request is an HTTP request like any other.
     uvicorn.run("contextpipe.serve._cli:app_from_env", factory=True, host=host, port=port, workers=workers,
+                http="contextpipe.serve._connections:GuardedProtocol", ws="none",
                 timeout_graceful_shutdown=max(1, int(drain_timeout)), log_level=log_level, lifespan="on")
 
 
 def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
                keys_file: str | None = None, tenant: str = "default", on_disconnect: str = "finish",
                drain_timeout: float = 30.0, max_body_bytes: int = 1 << 20, app_dir: str = ".",
-               log_level: str = "info", cors_origins: tuple[str, ...] = (),
+               log_level: str = "info", cors_origins: tuple[str, ...] = (), header_timeout: float = 10.0,
+               body_timeout: float = 60.0, keep_alive_timeout: float = 5.0, max_connections: int | None = None,
                say: Callable[[str], None] = print) -> None:
     """Serve the agent `target` (``module:attribute``) until SIGTERM or Ctrl-C."""
     from . import ServeSettings
 
+    for option, seconds in (("header", header_timeout), ("body", body_timeout), ("keep-alive", keep_alive_timeout)):
+        if not seconds > 0:
+            raise UsageError(f"--{option}-timeout must be a number of seconds above 0, got {seconds}")
+    if max_connections is not None and max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1, got {max_connections}")
     if on_disconnect not in ("finish", "cancel"):
         raise UsageError(f"--on-disconnect must be 'finish' or 'cancel', got {on_disconnect!r}")
     if max_body_bytes < 1024:
@@ -245,7 +261,9 @@ def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, worker
         if not origin.startswith(("http://", "https://")) and origin != "*":
             raise UsageError(f"--cors-origin must be an origin like https://app.example.com, got {origin!r}")
     settings = ServeSettings(max_body_bytes=max_body_bytes, on_disconnect=on_disconnect,  # type: ignore[arg-type]
-                             drain_timeout=drain_timeout, cors_origins=tuple(cors_origins))
+                             drain_timeout=drain_timeout, cors_origins=tuple(cors_origins),
+                             header_timeout=header_timeout, body_timeout=body_timeout,
+                             keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
     config = {"mode": "serve", "target": target, "app_dir": str(Path(app_dir).resolve()), "keys_file": keys_file,
               "settings": asdict(settings)}
     _run(config, host=host, port=port, workers=workers, say=say, tenant=tenant, drain_timeout=drain_timeout,
