@@ -271,6 +271,34 @@ def test_construction_rejects_duplicate_ids_keys_and_loaders() -> None:
                                     policy=HistoryPolicy(load_messages=False, store_context_messages=True))])
 
 
+async def test_a_runs_own_providers_follow_the_agents_for_that_run_only() -> None:
+    log: list[str] = []
+    model = ScriptedModel(["one", "two"])
+    agent = Agent(model, providers=[Recorder("a", log)])
+    await agent.run("hi", providers=[Recorder("per-run", log)])
+    async with agent.stream("again") as events:
+        async for _ in events:
+            pass
+    assert log == ["before:a", "before:per-run", "after:per-run", "after:a", "before:a", "after:a"]
+    assert [(m.source, m.text) for m in model.requests[0].messages] == [
+        (Source("context", "a"), "Context from a."), (Source("context", "per-run"), "Context from per-run."),
+        (Source("input"), "hi")]
+    assert len(model.requests[1].messages) == 2  # the next run has the agent's providers only
+
+
+async def test_a_runs_own_providers_are_refused_when_they_cannot_be() -> None:
+    class Stateful(ContextProvider):
+        state_keys = ("mine",)
+
+    agent = Agent(ScriptedModel(), providers=[Recorder("a", [])])
+    cases = [([Recorder("a", [])], "source_id 'a'"), ([Recorder("b", []), Recorder("b", [])], "source_id 'b'"),
+             ([History(MemoryStore(), source_id="h")], "not history providers"),
+             ([Stateful("s")], "declares session state keys")]
+    for providers, problem in cases:
+        with pytest.raises(UsageError, match=problem):
+            await agent.run("hi", providers=providers)
+
+
 class Prefs(BaseModel):
     favourite_food: str | None = None
     runs: int = 0

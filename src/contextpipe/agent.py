@@ -247,6 +247,7 @@ class Agent:
         lease_wait: float = 0.0,
         deps: Any = None,
         approvals: Mapping[str, Decision] | None = None,
+        providers: Sequence[ContextProvider] = (),
     ) -> RunResult:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
 
@@ -265,10 +266,13 @@ class Agent:
         before (the same id: a client's retry) is not run again: its earlier result comes back from
         the log, marked `RunResult.replayed`; one whose run was interrupted resumes that run; the
         same id with other content raises `InputConflict`.
+
+        `providers` shape this run only, after the agent's own (a server's per-request context): each
+        needs a source_id of its own, and may be neither a history provider nor declare state keys.
         """
         result: RunResult | None = None
-        async for event in self._events(input, session, settings, lease_wait, deps, approvals, stream=False,
-                                        want_events=False):
+        async for event in self._events(input, session, settings, lease_wait, deps, approvals, providers,
+                                        stream=False, want_events=False):
             if isinstance(event, RunDone):
                 result = event.result
         assert result is not None
@@ -283,15 +287,16 @@ class Agent:
         lease_wait: float = 0.0,
         deps: Any = None,
         approvals: Mapping[str, Decision] | None = None,
+        providers: Sequence[ContextProvider] = (),
     ) -> AgentStream:
         """Run the agent, streaming events: text deltas, tool calls, persisted steps, then `RunDone`.
 
-        Persistence, `deps` and `approvals` are the same as for `run`; a run that stops for approval
+        Persistence, `deps`, `approvals` and `providers` are the same as for `run`; a run that stops for approval
         sends `ApprovalRequired` before `RunDone`. Use ``async with agent.stream(...) as events`` when you may
         stop iterating early, so the run is closed (providers told, lease released) at once.
         """
-        return AgentStream(self._events(input, session, settings, lease_wait, deps, approvals, stream=True,
-                                        want_events=True))
+        return AgentStream(self._events(input, session, settings, lease_wait, deps, approvals, providers,
+                                        stream=True, want_events=True))
 
     def run_sync(self, input: str | Message | Sequence[Message] | None, **kwargs: Any) -> RunResult:
         """Blocking `run`, for scripts; refuses to run inside an already running event loop."""
@@ -309,6 +314,7 @@ class Agent:
         lease_wait: float,
         deps: Any,
         approvals: Mapping[str, Decision] | None,
+        run_providers: Sequence[ContextProvider],
         *,
         stream: bool,
         want_events: bool,
@@ -316,6 +322,7 @@ class Agent:
         input_messages = [] if input is None else as_messages(input)
         if not input_messages and session is None:
             raise UsageError("nothing to run: pass input, or a session to resume")
+        providers = self._with_run_providers(run_providers)
         spans = Spans(self.telemetry, self.name)
         traced = spans.tracer is not None
         if traced:
@@ -338,7 +345,7 @@ class Agent:
                                 approvals=gate)
                 error: BaseException | None = None
                 try:
-                    await run_before(self.providers, ctx, spans, writer.guard)
+                    await run_before(providers, ctx, spans, writer.guard)
                     async with aclosing(loop.events()) as events:  # a stream closed early closes the loop here
                         async for event in events:
                             yield event
@@ -350,7 +357,7 @@ class Agent:
                     await _keep_input(writer, ctx, exc)
                     raise
                 finally:
-                    failures = await self._finish(ctx, loop, writer, spans, error)
+                    failures = await self._finish(providers, ctx, loop, writer, spans, error)
                 raise_swallowed_cancellation()  # a driver swallowed a cancellation on the way out: the caller gets it
                 result = self._result(ctx, loop, session, earlier)
                 if failures:
@@ -365,6 +372,22 @@ class Agent:
             raise
         finally:
             Spans.end(spans.root, run_error if not isinstance(run_error, GeneratorExit) else None)
+
+    def _with_run_providers(self, extra: Sequence[ContextProvider]) -> Sequence[ContextProvider]:
+        """Return the agent's providers, then `extra` (one run's own, see `run`), refusing those that cannot be."""
+        taken = {p.source_id for p in self.providers}
+        for p in extra:
+            if not isinstance(p, ContextProvider) or isinstance(p, HistoryProvider):
+                raise UsageError(f"a run's own providers must be context providers, not history providers: got {p!r}; "
+                                 "give the agent a history provider instead")
+            if p.source_id in taken:
+                raise UsageError(f"a run's provider {p!r} uses source_id {p.source_id!r}, which another provider of "
+                                 "the run uses; give it a source_id of its own")
+            if _state_keys(p):
+                raise UsageError(f"a run's provider {p!r} declares session state keys; only the agent's providers "
+                                 "may (their keys are checked when the agent is built): give the agent the provider")
+            taken.add(p.source_id)
+        return (*self.providers, *extra) if extra else self.providers
 
     def _context(self, session: Session | None, input_messages: list[Message], settings: ModelSettings | None,
                  writer: StepWriter) -> RunContext:
@@ -411,7 +434,8 @@ class Agent:
         )
 
     async def _finish(
-        self, ctx: RunContext, loop: StepLoop, writer: StepWriter, spans: Spans, error: BaseException | None
+        self, providers: Sequence[ContextProvider], ctx: RunContext, loop: StepLoop, writer: StepWriter, spans: Spans,
+        error: BaseException | None,
     ) -> list[tuple[str, BaseException]]:
         """Call `after_run` on the started providers and save the session state.
 
@@ -420,7 +444,7 @@ class Agent:
         """
         outcome = RunOutcome(ctx, None if error is not None else loop.state.new_messages, error)
         try:  # on a cancelled run's way out, both are bounded (`_run.way_out`)
-            failures = await writer.leaving(run_after(self.providers, ctx, outcome, spans), error)
+            failures = await writer.leaving(run_after(providers, ctx, outcome, spans), error)
         except WayOutExpired as exc:
             failures = [("after_run", exc)]
         traces = [t.to_dict(compact_runs=True) for t in ctx.journal.traces] if self.durability.store_traces else ()

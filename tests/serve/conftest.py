@@ -9,12 +9,14 @@ from typing import Any
 
 import httpx2 as httpx
 import uvicorn
+from pydantic import BaseModel, ConfigDict
 
-from contextpipe import Agent, Durability, Message, TextDelta, Usage
+from contextpipe import Agent, Durability, Message, ProviderState, TextDelta, ToolContext, Usage, tool
 from contextpipe.models import ModelRequest, ModelResponse, ReasoningDelta, ResponseComplete
 from contextpipe.providers import History
 from contextpipe.serve import ApiKeys, ServeSettings, create_app
-from contextpipe.stores import SessionStore
+from contextpipe.serve._agui import STATE_KEY
+from contextpipe.stores import MemoryStore, SessionStore
 
 KEYS = {"acme": "cp_acme_key", "globex": "cp_globex_key"}
 
@@ -70,6 +72,31 @@ class ThinkingModel(GateModel):
 def make_app(store: SessionStore, model: Any, **settings: Any) -> Any:
     agent = Agent(model, providers=[History(store)], durability=Durability(store_traces=True), name="test")
     return create_app(agent, keys=keys(), settings=ServeSettings(**settings))
+
+
+class Todos(BaseModel):
+    """A tool's view of the client's state: the keys it does not name are kept (extra="allow")."""
+
+    model_config = ConfigDict(extra="allow")
+    items: list[str] = []
+
+
+TODOS = ProviderState(STATE_KEY, Todos)
+
+
+@tool
+def add_todo(ctx: ToolContext, item: str) -> str:
+    """Add an item to the user's list."""
+    todos = ctx.state(TODOS)
+    todos.items.append(item)
+    return f"added {item} to {len(todos.items) - 1} items"
+
+
+def agent_app(model: Any, store: SessionStore | None = None) -> Any:
+    """The app of an agent with a `History` in `store` and the `add_todo` tool (it changes the AG-UI state)."""
+    store = store or MemoryStore()
+    agent = Agent(model, tools=[add_todo], providers=[History(store)], durability=Durability(store_traces=True))
+    return create_app(agent, keys=keys())
 
 
 def client(app: Any) -> httpx.AsyncClient:

@@ -1,15 +1,24 @@
-"""AG-UI details: the history a client resends each turn, recognised by message id."""
+"""AG-UI details: the history a client resends each turn (recognised by message id), shared state, context, images."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import httpx2 as httpx
+import jsonpatch
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from contextpipe import Agent, ContextProvider, DataPart, Source, TextPart, UriPart, UsageError
+from contextpipe.serve import create_app
+from contextpipe.serve._agui import MAX_STATE_BYTES, STATE_KEY, json_patch
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, tool_call
 
-from .conftest import GateModel, ThinkingModel, auth, client, make_app
+from .conftest import GateModel, ThinkingModel, agent_app, auth, client, keys, make_app, serving
 
 
 def events(response: httpx.Response) -> list[dict[str, Any]]:
@@ -91,9 +100,137 @@ async def test_reasoning_is_streamed_as_protocol_reasoning_events_before_the_ans
     adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(core.Event)
     parsed = [adapter.validate_python(e) for e in events(response)]
     types = [e.type.value for e in parsed]
-    assert types[:5] == ["RUN_STARTED", "REASONING_START", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",
-                         "REASONING_MESSAGE_CONTENT"]
-    assert types[5:8] == ["REASONING_MESSAGE_END", "REASONING_END", "TEXT_MESSAGE_START"]
+    assert types[:6] == ["RUN_STARTED", "STATE_SNAPSHOT", "REASONING_START", "REASONING_MESSAGE_START",
+                         "REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT"]
+    assert types[6:9] == ["REASONING_MESSAGE_END", "REASONING_END", "TEXT_MESSAGE_START"]
     assert "".join(e.delta for e in parsed if e.type.value == "REASONING_MESSAGE_CONTENT") == "Let me think."
-    assert len({e.message_id for e in parsed[1:7]}) == 1 and parsed[7].message_id != parsed[1].message_id
+    assert len({e.message_id for e in parsed[2:8]}) == 1 and parsed[8].message_id != parsed[2].message_id
     assert answer(response) == "reply 1 to one"
+
+
+async def test_a_tool_changes_the_shared_state_the_run_stores_and_streams_as_snapshot_then_delta() -> None:
+    model = ScriptedModel([tool_call("add_todo", item="eggs"), "Added eggs.", "You have two items."])
+    async with serving(agent_app(model)) as url, httpx.AsyncClient(base_url=url) as c:
+        body = {**run("r1", [user("u1", "add eggs")]), "state": {"items": ["milk"], "theme": "dark"}}
+        seen = events(await c.post("/v1/ag-ui", json=body, headers=auth()))
+        assert [e["type"] for e in seen[:2]] == ["RUN_STARTED", "STATE_SNAPSHOT"]
+        assert seen[1]["snapshot"] == {"items": ["milk"], "theme": "dark"}
+        assert [e["type"] for e in seen[-2:]] == ["STATE_DELTA", "RUN_FINISHED"]
+        assert seen[-2]["delta"] == [{"op": "replace", "path": "/items", "value": ["milk", "eggs"]}]
+        assert next(e for e in seen if e["type"] == "TOOL_CALL_RESULT")["content"] == "added eggs to 1 items"
+        kept = (await c.get("/v1/sessions/t1", headers=auth())).json()["state"][STATE_KEY]
+        assert kept == jsonpatch.apply_patch(seen[1]["snapshot"], seen[-2]["delta"]) == \
+            {"items": ["milk", "eggs"], "theme": "dark"}
+        # Without a state, the run starts from the session's; no tool changes it: no delta.
+        later = {k: v for k, v in run("r2", [user("u1", "add eggs"), user("u2", "how many?")]).items() if k != "state"}
+        seen = events(await c.post("/v1/ag-ui", json=later, headers=auth()))
+        assert seen[1] == {"type": "STATE_SNAPSHOT", "snapshot": kept}
+        assert "STATE_DELTA" not in [e["type"] for e in seen]
+
+
+async def test_a_state_that_is_not_an_object_or_too_large_is_a_400_naming_it() -> None:
+    async with serving(agent_app(ScriptedModel())) as url, httpx.AsyncClient(base_url=url) as c:
+        for state, problem in (([1], "not an array"), ("x", "not a string"),
+                               ({"big": "x" * MAX_STATE_BYTES}, f"over the {MAX_STATE_BYTES}")):
+            response = await c.post("/v1/ag-ui", json={**run("r1", [user("u1", "hi")]), "state": state},
+                                    headers=auth())
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["message"].startswith("invalid request: state: ")
+            assert problem in response.json()["error"]["message"]
+        assert (await c.get("/v1/sessions/t1", headers=auth())).status_code == 404  # nothing was made
+
+
+async def test_context_entries_reach_the_model_as_their_own_source_and_are_not_stored() -> None:
+    model = ScriptedModel(["Noted."])
+    async with serving(agent_app(model)) as url, httpx.AsyncClient(base_url=url) as c:
+        body = {**run("r1", [user("u1", "what is open?")]),
+                "context": [{"description": "the page", "value": "/orders/17"}, {"description": "time", "value": "9"}]}
+        assert answer(await c.post("/v1/ag-ui", json=body, headers=auth())) == "Noted."
+        sent = model.requests[0].messages
+        assert [(m.source, m.text) for m in sent] == [
+            (Source("context", "ag-ui"), "Context from the application (the page):\n/orders/17"),
+            (Source("context", "ag-ui"), "Context from the application (time):\n9"),
+            (Source("input"), "what is open?")]
+        assert await stored(c) == [("user", "what is open?"), ("assistant", "Noted.")]
+        [trace] = (await c.get("/v1/sessions/t1/traces", headers=auth())).json()["traces"]
+        assert [(m["source_kind"], m["source_id"]) for m in trace["messages"]] == [
+            ("context", "ag-ui"), ("context", "ag-ui"), ("input", None)]
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
+
+
+def image(source: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "image", "source": source}
+
+
+async def test_image_parts_reach_the_model_and_are_stored_with_the_message() -> None:
+    model = ScriptedModel(["A chart."])
+    content = [{"type": "text", "text": "What is "}, {"type": "text", "text": "this?"},
+               image({"type": "data", "value": base64.b64encode(PNG).decode(), "mimeType": "image/png"}),
+               image({"type": "url", "value": "https://example.com/b.jpg"}),
+               image({"type": "url", "value": "https://example.com/c", "mimeType": "image/webp"})]
+    async with serving(agent_app(model)) as url, httpx.AsyncClient(base_url=url) as c:
+        response = await c.post("/v1/ag-ui", json=run("r1", [{"id": "u1", "role": "user", "content": content}]),
+                                headers=auth())
+        assert answer(response) == "A chart."
+        [given] = model.requests[0].messages
+        assert given.parts == (TextPart("What is this?"), DataPart(PNG, "image/png"),
+                               UriPart("https://example.com/b.jpg", "image/jpeg"),
+                               UriPart("https://example.com/c", "image/webp"))
+        assert given.id == "u1" and given.source == Source("input")
+        messages = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"]
+        assert messages[0]["parts"][1:3] == [
+            {"kind": "data", "media_type": "image/png", "data": base64.b64encode(PNG).decode()},
+            {"kind": "uri", "media_type": "image/jpeg", "uri": "https://example.com/b.jpg"}]
+        # The same message again is a retry, answered from the log: its parts read the same.
+        assert answer(await c.post("/v1/ag-ui", json=run("r2", [{"id": "u1", "role": "user", "content": content}]),
+                                   headers=auth())) == "A chart."
+        assert len(model.requests) == 1
+
+
+async def test_an_unread_part_or_bad_base64_is_a_400_naming_the_part() -> None:
+    data = {"type": "data", "value": base64.b64encode(PNG).decode(), "mimeType": "image/png"}
+    cases = [
+        ({"type": "binary", "mimeType": "image/png", "data": "AAAA"}, "messages[0].content[1]: Input tag 'binary'"),
+        ({"type": "audio", "source": data}, "messages[0].content[1]: audio parts are not read here"),
+        (image({**data, "value": "not base64!"}), "messages[0].content[1].source.value: must be the image's bytes"),
+        (image({**data, "value": "AAA"}), "messages[0].content[1].source.value: must be the image's bytes"),
+        (image({**data, "mimeType": "text/plain"}), "messages[0].content[1].source.mimeType: must be an image's"),
+        (image({"type": "url", "value": "no uri"}), "messages[0].content[1].source.value: must be an absolute URI"),
+        (image({"type": "file", "value": "file-1"}), "messages[0].content[1].source: a file source"),
+    ]
+    async with serving(agent_app(ScriptedModel())) as url, httpx.AsyncClient(base_url=url) as c:
+        for part, problem in cases:
+            content = [{"type": "text", "text": "look"}, part]
+            response = await c.post("/v1/ag-ui", json=run("r1", [{"id": "u1", "role": "user", "content": content}]),
+                                    headers=auth())
+            assert response.status_code == 400, response.text
+            assert problem in response.json()["error"]["message"]
+        # An earlier message of the history is checked as well: the document says what passes, wherever.
+        history = [{"id": "u0", "role": "user", "content": [{"type": "video", "source": data}]},
+                   assistant("a0", "ok"), user("u1", "hi")]
+        response = await c.post("/v1/ag-ui", json=run("r1", history), headers=auth())
+        assert response.status_code == 400 and "messages[0].content[0]: video parts" in response.text
+        assert (await c.get("/v1/sessions/t1", headers=auth())).status_code == 404
+
+
+keys_ = st.text("a/~01", max_size=3)  # few letters: the same keys often, and the two a JSON Pointer escapes
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys_, inner, max_size=3),
+                           max_leaves=12)
+
+
+@given(st.dictionaries(keys_, json_values, max_size=4), st.dictionaries(keys_, json_values, max_size=4))
+def test_the_state_delta_turns_the_old_state_into_the_new(old: dict[str, Any], new: dict[str, Any]) -> None:
+    patch = json_patch(old, new)
+    assert json.dumps(jsonpatch.apply_patch(old, patch), sort_keys=True) == json.dumps(new, sort_keys=True)
+    assert (patch == []) == (json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True))
+
+
+def test_an_agent_whose_provider_keeps_its_state_under_the_clients_key_is_refused() -> None:
+    class Claims(ContextProvider):
+        state_keys = (STATE_KEY,)
+
+    with pytest.raises(UsageError, match=f"session state key '{STATE_KEY}', which the AG-UI route keeps"):
+        create_app(Agent(ScriptedModel(), providers=[Claims("claims")]), keys=keys())

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from contextpipe.serve._agui import STATE_KEY
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, tool_call
 
-from .conftest import KEYS, ThinkingModel, make_app, serving
+from .conftest import KEYS, ThinkingModel, agent_app, make_app, serving
 
 CLIENT = Path(__file__).parent / "agui_client"
 NODE = shutil.which("node")
@@ -23,25 +25,31 @@ HANG = 120.0
 """A hang guard only: the client's exit is the progress signal."""
 
 
+async def run_node(script: str, url: str, thread: str) -> tuple[bytes, bytes]:
+    """Run `script` of the client against the server at `url`, on `thread`; return its output and its warnings."""
+    assert NODE is not None
+    assert (CLIENT / "node_modules" / "@ag-ui" / "client").is_dir(), \
+        f"the AG-UI client is not installed: run `npm ci` in {CLIENT}"
+    node = await asyncio.create_subprocess_exec(NODE, script, url, KEYS["acme"], thread, cwd=CLIENT,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(node.communicate(), HANG)
+    finally:
+        if node.returncode is None:
+            node.kill()
+            await node.wait()
+    assert node.returncode == 0, err.decode()
+    return out, err
+
+
 @pytest.mark.skipif(NODE is None and not os.environ.get("CI"),
                     reason="NO NODE: the official AG-UI client test runs under node, not installed")
 async def test_the_official_client_resends_its_history_and_the_session_stores_it_once() -> None:
     assert NODE is not None, "CI must run every test: install node (and npm) for the official AG-UI client's test"
-    assert (CLIENT / "node_modules" / "@ag-ui" / "client").is_dir(), \
-        f"the AG-UI client is not installed: run `npm ci` in {CLIENT}"
     model = ThinkingModel()
     store = MemoryStore()
     async with serving(make_app(store, model)) as url:
-        node = await asyncio.create_subprocess_exec(NODE, "conversation.mjs", url, KEYS["acme"], "t-node",
-                                                    cwd=CLIENT, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(node.communicate(), HANG)
-        finally:
-            if node.returncode is None:
-                node.kill()
-                await node.wait()
-    assert node.returncode == 0, err.decode()
+        out, err = await run_node("conversation.mjs", url, "t-node")
     # The client only warns when it drops an event it does not know or a field the protocol lacks.
     assert err == b"", err.decode()
     seen = json.loads(out)
@@ -53,3 +61,21 @@ async def test_the_official_client_resends_its_history_and_the_session_stores_it
     assert [(m.role, m.text) for m in stored] == [("user", "one"), ("assistant", "reply 1 to one"),
                                                    ("user", "two"), ("assistant", "reply 2 to two")]
     assert model.calls == 2
+
+
+@pytest.mark.skipif(NODE is None and not os.environ.get("CI"),
+                    reason="NO NODE: the official AG-UI client test runs under node, not installed")
+async def test_the_official_client_applies_the_state_snapshot_and_the_delta_a_tool_made() -> None:
+    assert NODE is not None, "CI must run every test: install node (and npm) for the official AG-UI client's test"
+    model = ScriptedModel([tool_call("add_todo", item="eggs"), "Added eggs.", "Two items."])
+    store = MemoryStore()
+    async with serving(agent_app(model, store)) as url:
+        out, err = await run_node("state.mjs", url, "t-state")
+    assert err == b"", err.decode()  # a patch the client cannot apply, or an event its schema refuses, is a warning
+    first, second = json.loads(out)
+    start, changed = {"items": ["milk"], "theme": "dark"}, {"items": ["milk", "eggs"], "theme": "dark"}
+    assert first == {"applied": [["STATE_SNAPSHOT", start],
+                                 ["STATE_DELTA", [{"op": "replace", "path": "/items", "value": ["milk", "eggs"]}]]],
+                     "state": changed}
+    assert second == {"applied": [["STATE_SNAPSHOT", changed]], "state": changed}
+    assert (await store.get_session("acme", "t-state")).state[STATE_KEY] == changed  # type: ignore[union-attr]

@@ -4,22 +4,46 @@ AG-UI clients post a ``RunAgentInput`` (thread id, run id, the conversation as t
 server-sent events. The thread id is the session id; the session keeps the history. Clients resend
 the whole history each turn, so messages the session already holds are recognised by id (`agui_new`)
 and only the user messages after them are the run's input.
+
+The request's part in its run is an `AgUiRun`, one of the run's own providers: it puts the client's
+shared state into the session (under `STATE_KEY`, for the tools) and its context entries into the
+prompt. The stream tells the client the state the run starts from (``STATE_SNAPSHOT``) and, once
+the run is over, what its tools changed (``STATE_DELTA``, `json_patch`).
 """
 
 from __future__ import annotations
 
+import base64
+import copy
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..approvals import Decision, approve, reject
 from ..errors import UsageError
-from ..messages import Message
+from ..messages import DataPart, Message, Part, TextPart, UriPart
+from ..providers.base import ContextProvider
 from ._json import HTTPError
-from ._requests import DIGEST, RULES, SESSION_ID, validate
+from ._openai_requests import image_part
+from ._requests import BASE64, DIGEST, RULES, SESSION_ID, URI, validate
 
-__all__ = ["agui_decisions", "agui_events", "agui_input", "agui_new", "agui_schemas"]
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..pipeline import RunContext
+    from ..session import Session
+
+__all__ = ["MAX_STATE_BYTES", "STATE_KEY", "AgUiRun", "agui_decisions", "agui_events", "agui_input", "agui_new",
+           "agui_schemas", "check_state_key", "json_patch"]
+
+STATE_KEY: Final = "ag-ui.state"
+"""The session state key the AG-UI client's shared state is kept under; a tool reads and changes it
+with ``ctx.state(ProviderState(STATE_KEY, Model))``."""
+MAX_STATE_BYTES: Final = 256 * 1024
+"""The largest shared state a request may send, in bytes of compact UTF-8 JSON."""
+IMAGE_TYPE: Final = r"^image/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$"
+"""An image's media type (``image/png``)."""
 
 
 def _require() -> Any:
@@ -34,17 +58,41 @@ def _require() -> Any:
 def agui_schemas() -> dict[str, Any]:
     """Return the JSON Schemas of ``RunAgentInput`` and its parts (``AgUi...``), as `agui_input` validates it.
 
-    It is the protocol's own schema (``ag-ui-protocol``'s models, camelCase names only) with one rule
-    added: ``threadId`` is a session id.
+    It is the protocol's own schema (``ag-ui-protocol``'s models, camelCase names only) with the rules
+    `agui_input` adds: ``threadId`` is a session id, ``state`` an object, and a user message holds
+    text and images (``AgUiUserImagePart``: base64 bytes, or a URL) only.
     """
     core = _require()
     schema = core.RunAgentInput.model_json_schema(by_alias=True, ref_template="#/components/schemas/AgUi{model}")
     out = {f"AgUi{name}": definition for name, definition in schema.pop("$defs", {}).items()}
     schema["properties"]["threadId"] = {"type": "string", "pattern": SESSION_ID,
                                         "description": "The session id: " + RULES[SESSION_ID]}
+    schema["properties"]["state"] = {"anyOf": [{"type": "object"}, {"type": "null"}], "default": None, "description":
+                                     f"The shared state the run starts from (at most {MAX_STATE_BYTES} bytes of JSON); "
+                                     "absent or null: the session's."}
     out["AgUiRunAgentInput"] = schema
+    _user_images(out)
     _require_tags(out, out)
     return out
+
+
+def _user_images(schemas: dict[str, Any]) -> None:
+    """Narrow the parts of a user message to text and ``AgUiUserImagePart`` (tool messages keep the protocol's)."""
+    ref = "#/components/schemas/AgUi{}".format
+    data, url = copy.deepcopy(schemas["AgUiDataSource"]), copy.deepcopy(schemas["AgUiUrlSource"])
+    data["properties"]["value"] |= {"pattern": BASE64, "minLength": 1}
+    data["properties"]["mimeType"] |= {"pattern": IMAGE_TYPE}
+    url["properties"]["value"] |= {"pattern": URI}
+    url["properties"]["mimeType"]["anyOf"][0] |= {"pattern": IMAGE_TYPE}
+    image = copy.deepcopy(schemas["AgUiImagePart"])
+    image["description"] = "An image of a user message: its bytes (standard base64) or its URL."
+    image["properties"]["source"] = {"oneOf": [{"$ref": ref("UserImageData")}, {"$ref": ref("UserImageUrl")}],
+                                     "discriminator": {"propertyName": "type", "mapping": {
+                                         "data": ref("UserImageData"), "url": ref("UserImageUrl")}}}
+    schemas.update(AgUiUserImagePart=image, AgUiUserImageData=data, AgUiUserImageUrl=url)
+    schemas["AgUiUserMessage"]["properties"]["content"]["anyOf"][1]["items"] = {
+        "oneOf": [{"$ref": ref("TextPart")}, {"$ref": ref("UserImagePart")}],
+        "discriminator": {"propertyName": "type", "mapping": {"text": ref("TextPart"), "image": ref("UserImagePart")}}}
 
 
 def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
@@ -67,19 +115,78 @@ def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
 
 
 def agui_input(body: Any) -> Any:
-    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`) and return it (`agui_new` finds its input)."""
+    """Validate a ``RunAgentInput`` body strictly (`agui_schemas`) and return it (`agui_new` finds its input).
+
+    Beyond the protocol's schema: its state is a JSON object (or absent) of at most `MAX_STATE_BYTES`,
+    and its user messages hold text and images (bytes in base64, or a URL) only.
+    """
     core = _require()
     run_input = validate(core.RunAgentInput, body, strict=True, by_alias=True, by_name=False)
     if not re.fullmatch(SESSION_ID, run_input.thread_id):
         raise HTTPError(400, "BadRequest", f"invalid request: threadId: must be {RULES[SESSION_ID]}")
+    _check_state(run_input.state)
+    for i, m in enumerate(run_input.messages):  # the held ones too: what passes is what the schema says
+        if getattr(m, "role", None) == "user" and not isinstance(m.content, str):
+            for j, part in enumerate(m.content):
+                _check_part(part, f"messages[{i}].content[{j}]")
     return run_input
 
 
+def _check_state(state: Any) -> None:
+    """Raise a 400 `HTTPError` for a shared state that is not a JSON object (or null), or is over `MAX_STATE_BYTES`."""
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        kind = "an array" if isinstance(state, list) else "a string" if isinstance(state, str) else "a scalar"
+        raise _bad(f"state: must be a JSON object (or left out: the session's state is kept), not {kind}")
+    size = len(json.dumps(state, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > MAX_STATE_BYTES:
+        raise _bad(f"state: {size} bytes of JSON, over the {MAX_STATE_BYTES} the session keeps: keep bulky data "
+                   "out of the shared state")
+
+
+def _check_part(part: Any, where: str) -> None:
+    """Raise a 400 `HTTPError` for a part of a user message no run can read: only text and images are read."""
+    if part.type == "text":
+        return
+    if part.type != "image":
+        raise _bad(f"{where}: {part.type} parts are not read here: send text and image parts")
+    source = part.source
+    if source.type not in ("data", "url"):
+        raise _bad(f"{where}.source: a {source.type} source (a handle at a model provider) cannot be read here: "
+                   "send the image's bytes (a data source) or its URL")
+    if source.mime_type is not None and not re.fullmatch(IMAGE_TYPE, source.mime_type):
+        raise _bad(f"{where}.source.mimeType: must be an image's media type, like image/png")
+    if source.type == "url" and not re.fullmatch(URI, source.value):
+        raise _bad(f"{where}.source.value: must be {RULES[URI]}")
+    if source.type == "data" and not (source.value and re.fullmatch(BASE64, source.value)):
+        raise _bad(f"{where}.source.value: must be the image's bytes in {RULES[BASE64]}")
+
+
+def _bad(problem: str) -> HTTPError:
+    return HTTPError(400, "BadRequest", f"invalid request: {problem}")
+
+
 def _user(m: Any) -> Message:
+    """Return the contextpipe message of a user message (checked by `agui_input`): its text and images, in order."""
     content = m.content
-    if not isinstance(content, str):
-        content = "".join(getattr(part, "text", "") or "" for part in content)
-    return Message.user(content, id=m.id)
+    if isinstance(content, str):
+        return Message.user(content, id=m.id)
+    parts: list[Part] = []
+    for part in content:
+        if part.type == "image":
+            parts.append(_image(part.source))
+        elif parts and isinstance(parts[-1], TextPart):  # text after text is one part, as it was before images
+            parts[-1] = TextPart(parts[-1].text + part.text)
+        else:
+            parts.append(TextPart(part.text))
+    return Message("user", tuple(parts) or (TextPart(""),), id=m.id)
+
+
+def _image(source: Any) -> DataPart | UriPart:
+    if source.type == "data":
+        return DataPart(base64.b64decode(source.value), source.mime_type)
+    return UriPart(source.value, source.mime_type) if source.mime_type is not None else image_part(source.value)
 
 
 def _trailing_users(messages: list[Any]) -> list[Message]:
@@ -171,6 +278,81 @@ APPROVAL_ANSWER: Final = {"type": "object", "required": ["approved"], "propertie
 """The payload a ``resume`` entry answers a tool approval with (see `agui_decisions`)."""
 
 
+class AgUiRun(ContextProvider):
+    """One AG-UI request's part in its run, given to it as one of the run's own providers (``Agent.run(providers=)``).
+
+    Before the run, under the session's lease, it stores the client's shared `state` in the session
+    (under `STATE_KEY`; None keeps the session's) and adds the request's `context` entries to the
+    prompt, as context from source ``ag-ui`` (for this run only: they are not stored).
+    """
+
+    kind = "ag-ui"
+
+    def __init__(self, run_input: Any, stored: Session) -> None:
+        super().__init__("ag-ui")
+        state = run_input.state
+        self.state: dict[str, Any] | None = state
+        """The state the client sent; None when it sent none."""
+        self.snapshot = copy.deepcopy(state if state is not None else _shared(stored))
+        """The state the client is told the run starts from (``STATE_SNAPSHOT``)."""
+        self.context = [Message.user(f"Context from the application ({c.description}):\n{c.value}")
+                        for c in run_input.context or ()]
+        """The request's context entries, one message each."""
+        self.session: Session | None = None
+        """The session of the run, once it started (a retry answered from the log never does)."""
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """Store the client's state in the run's session, and add the context entries."""
+        self.session = ctx.session
+        if ctx.session is not None and self.state is not None:
+            ctx.session.state[STATE_KEY] = self.state
+        ctx.add_messages(self.context)
+
+    def delta(self) -> list[dict[str, Any]]:
+        """Return what the run changed in the shared state, against `snapshot` (empty: nothing, or it never started).
+
+        Read once the run is over: tools change the state from worker threads while it runs.
+        """
+        return json_patch(self.snapshot, _shared(self.session)) if self.session is not None else []
+
+
+def _shared(session: Session) -> Any:
+    return session.state_to_json().get(STATE_KEY, {})
+
+
+def json_patch(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
+    """Return a JSON Patch (RFC 6902) turning JSON value `old` into `new`: objects key by key, other values whole.
+
+    >>> for op in json_patch({"a": 1, "b": [1], "c": {"d": 0}}, {"b": [1, 2], "c": {"d": 0, "e/f": None}}):
+    ...     print(op)
+    {'op': 'remove', 'path': '/a'}
+    {'op': 'replace', 'path': '/b', 'value': [1, 2]}
+    {'op': 'add', 'path': '/c/e~1f', 'value': None}
+    """
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        same = json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)  # 1 == True, but not in JSON
+        return [] if same else [{"op": "replace", "path": path, "value": new}]
+    ops: list[dict[str, Any]] = [{"op": "remove", "path": _pointer(path, key)} for key in old if key not in new]
+    for key, value in new.items():
+        ops += json_patch(old[key], value, _pointer(path, key)) if key in old else \
+            [{"op": "add", "path": _pointer(path, key), "value": value}]
+    return ops
+
+
+def _pointer(path: str, key: str) -> str:
+    return f"{path}/{key.replace('~', '~0').replace('/', '~1')}"
+
+
+def check_state_key(agent: Agent) -> None:
+    """Raise `UsageError` when a provider of `agent` keeps its own state under `STATE_KEY` (the client's)."""
+    from ..session import ProviderState
+
+    for p in agent.providers:
+        if STATE_KEY in p.state_keys or any(state.key == STATE_KEY for state in ProviderState.held_by(p)):
+            raise UsageError(f"{p!r} uses session state key {STATE_KEY!r}, which the AG-UI route keeps the "
+                             "client's shared state under; give the provider a key of its own")
+
+
 class _Stream:
     """The message being streamed: the answer's text (TEXT_MESSAGE_*) or the model's reasoning (REASONING_*)."""
 
@@ -203,14 +385,20 @@ class _Stream:
         return []
 
 
-async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str, Any]]]) -> AsyncIterator[str]:
-    """Translate contextpipe's ``(name, payload)`` run events into encoded AG-UI events."""
+async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str, Any]]],
+                      run: AgUiRun) -> AsyncIterator[str]:
+    """Translate contextpipe's ``(name, payload)`` run events into encoded AG-UI events.
+
+    The state the run starts from is sent after ``RUN_STARTED``; what its tools changed, before the
+    run's last event (``RUN_FINISHED`` or ``RUN_ERROR``).
+    """
     core = _require()
     from ag_ui.encoder import EventEncoder
 
     encoder = EventEncoder()
     thread_id, run_id = run_input.thread_id, run_input.run_id
     yield encoder.encode(core.RunStartedEvent(thread_id=thread_id, run_id=run_id))
+    yield encoder.encode(core.StateSnapshotEvent(snapshot=run.snapshot))
     stream = _Stream(core)
     async for name, payload in events:
         if name in ("text_delta", "reasoning_delta"):
@@ -228,19 +416,28 @@ async def agui_events(run_input: Any, events: AsyncIterator[tuple[str, dict[str,
             yield encoder.encode(core.ToolCallResultEvent(message_id=f"result-{payload['call_id']}",
                                                           tool_call_id=payload["call_id"], content=payload["result"],
                                                           role="tool"))
-        elif name == "done":
-            if payload.get("replayed") and payload["text"]:  # a retry answered from the log streamed nothing
-                replay_id = f"msg-{uuid.uuid4().hex}"
-                yield encoder.encode(core.TextMessageStartEvent(message_id=replay_id, role="assistant"))
-                yield encoder.encode(core.TextMessageContentEvent(message_id=replay_id, delta=payload["text"]))
-                yield encoder.encode(core.TextMessageEndEvent(message_id=replay_id))
-            result = {"text": payload["text"], "stop_reason": payload["stop_reason"]}
-            if "repaired" in payload:  # the answer held what JSON cannot carry (see `_json.clean`)
-                result["repaired"] = payload["repaired"]
-            pending = payload.get("pending_approvals") or []
-            outcome = _interrupts(core, pending) if pending else None  # the calls wait for the user: an interrupt
-            yield encoder.encode(core.RunFinishedEvent(thread_id=thread_id, run_id=run_id, result=result,
-                                                       outcome=outcome))
-        elif name == "error":
-            error = payload["error"]
-            yield encoder.encode(core.RunErrorEvent(message=error["message"], code=error["type"]))
+        elif name in ("done", "error"):
+            delta = run.delta()
+            if delta:
+                yield encoder.encode(core.StateDeltaEvent(delta=delta))
+            for event in _finished(core, run_input, payload) if name == "done" else \
+                    [core.RunErrorEvent(message=payload["error"]["message"], code=payload["error"]["type"])]:
+                yield encoder.encode(event)
+
+
+def _finished(core: Any, run_input: Any, payload: dict[str, Any]) -> list[Any]:
+    """Return the events that end a finished run: its answer when it was answered from the log, ``RUN_FINISHED``."""
+    out = []
+    if payload.get("replayed") and payload["text"]:  # a retry answered from the log streamed nothing
+        replay_id = f"msg-{uuid.uuid4().hex}"
+        out = [core.TextMessageStartEvent(message_id=replay_id, role="assistant"),
+               core.TextMessageContentEvent(message_id=replay_id, delta=payload["text"]),
+               core.TextMessageEndEvent(message_id=replay_id)]
+    result = {"text": payload["text"], "stop_reason": payload["stop_reason"]}
+    if "repaired" in payload:  # the answer held what JSON cannot carry (see `_json.clean`)
+        result["repaired"] = payload["repaired"]
+    pending = payload.get("pending_approvals") or []
+    outcome = _interrupts(core, pending) if pending else None  # the calls wait for the user: an interrupt
+    out.append(core.RunFinishedEvent(thread_id=run_input.thread_id, run_id=run_input.run_id, result=result,
+                                     outcome=outcome))
+    return out

@@ -47,8 +47,10 @@ from ..errors import (
     UsageError,
 )
 from ..messages import Message
-from ..session import Session, user_id, validate_session_id
+from ..session import Session, validate_session_id
 from ..stores import MessagePage, SessionStore
+from ._agui import check_state_key
+from ._agui_route import agui
 from ._approvals import decide_approvals, list_approvals, refuse_unfit
 from ._drain import drain, drain_on_signals
 from ._facts import session_facts
@@ -423,46 +425,6 @@ class _Api:
             return json_response(error_to_json(Exception()), 500)
         return result
 
-    async def agui(self, request: Request, tenant: str, params: list[str]) -> Response:
-        from ._agui import agui_decisions, agui_events, agui_input, agui_new
-
-        runs = self._writable()
-        run_input = agui_input(await self._body(request))
-        approvals = agui_decisions(run_input)
-        self._refuse_when_draining(runs)
-        assert self.agent is not None
-        thread = run_input.thread_id
-        existing = await self.store.get_session(tenant, thread)
-        if existing is not None and not visible(request.state.grant, existing):
-            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-        # The history the client resends: what the session holds is not input again.
-        new = await agui_new(run_input, lambda i: self._holds(existing, i))
-        if approvals and existing is None:
-            raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
-        if not new and not approvals and (existing is None or await self._empty(tenant, thread)):
-            raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
-                            "do not end with a user message: end them with the user's message to run on")
-        session = existing or await self.agent.session(thread, tenant=tenant)
-        if not visible(request.state.grant, session) and user_id(session) is not None:
-            raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
-        await claim(self.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
-        await self.probe(session, 0.0)
-        if approvals:
-            await refuse_unfit(self.store, session, approvals)
-        run = runs.start(session, new or None, lease_wait=1.0, stream=True, approvals=approvals)
-
-        async def body() -> AsyncIterator[str]:
-            finished = False
-            try:
-                async for chunk in agui_events(run_input, run.events()):
-                    yield chunk
-                finished = True
-            finally:
-                if not finished:
-                    runs.detach(run)
-
-        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
-
 
 _WRITING = frozenset({"POST", "DELETE"})
 _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
@@ -474,7 +436,7 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None, "facts"), {"GET": session_facts}),
     (("sessions", None, "runs"), {"POST": _Api.run}),
     (("sessions", None, "approvals"), {"GET": list_approvals, "POST": decide_approvals}),
-    (("ag-ui",), {"POST": _Api.agui}),
+    (("ag-ui",), {"POST": agui}),
     (("chat", "completions"), {"POST": chat_completions}),
     (("responses",), {"POST": responses}),
     (("models",), {"GET": list_models}),
@@ -529,6 +491,8 @@ def create_app(
         if agent is None:
             raise UsageError("create_app needs an agent, or a store to inspect")
         store = agent.store
+    if agent is not None:
+        check_state_key(agent)
     api = _Api(agent, store, keys, settings)
 
     @contextlib.asynccontextmanager

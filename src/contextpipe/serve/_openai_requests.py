@@ -23,8 +23,8 @@ from ..models import ModelSettings
 from ._keys import USER_ID
 from ._requests import MEDIA_TYPE, NOT_BLANK, RULES, SESSION_ID, URI, USER_FIELD
 
-__all__ = ["ChatRequest", "ResponsesRequest", "chat_messages", "openai_request_schemas", "response_messages",
-           "run_settings"]
+__all__ = ["ChatRequest", "ResponsesRequest", "chat_messages", "image_part", "openai_request_schemas",
+           "response_messages", "run_settings"]
 
 NOT_APPLIED: Final = "Accepted, not applied: the agent's model settings decide."
 RESPONSE_ID: Final = r"^resp_[A-Za-z0-9_-]{1,300}\.[A-Za-z0-9_-]{1,300}$"
@@ -221,7 +221,7 @@ def chat_messages(messages: list[ChatUserMessage | ChatTextMessage]) -> list[Mes
     out = []
     for m in messages:
         parts: list[Part] = [TextPart(m.content)] if isinstance(m.content, str) else [
-            _image(p.image_url.url) if isinstance(p, ChatImage) else TextPart(p.text) for p in m.content]
+            image_part(p.image_url.url) if isinstance(p, ChatImage) else TextPart(p.text) for p in m.content]
         out.append(_message(m.role, parts, m.name))
     return out
 
@@ -388,7 +388,7 @@ def response_messages(body: ResponsesRequest) -> list[Message]:
     out = []
     for m in body.input:
         parts: list[Part] = [TextPart(m.content)] if isinstance(m.content, str) else [
-            _image(p.image_url) if isinstance(p, InputImage) else TextPart(p.text) for p in m.content]
+            image_part(p.image_url) if isinstance(p, InputImage) else TextPart(p.text) for p in m.content]
         out.append(_message(m.role, parts, None))
     return out
 
@@ -431,7 +431,7 @@ def _message(role: str, parts: list[Part], name: str | None) -> Message:
     return Message(kind, tuple(parts), new_message_id(), name)  # type: ignore[arg-type]
 
 
-def _image(url: str) -> Part:
+def image_part(url: str) -> UriPart:
     """Return the part for an image URL, with its media type (a ``data:`` URL's own, or from the file name)."""
     if url.startswith("data:"):
         media_type = url[5:].partition(",")[0].partition(";")[0]

@@ -21,6 +21,7 @@ from ..codec import message_to_dict
 from ..errors import ContextPipeError
 from ..messages import Message
 from ..models import ModelSettings
+from ..providers.base import ContextProvider
 from ._json import clean
 
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "pending_to_json", "result_to_json"]
@@ -172,14 +173,14 @@ class RunManager:
 
     def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
               stream: bool, traces: bool = False, approvals: Mapping[str, Decision] | None = None,
-              settings: ModelSettings | None = None) -> LiveRun:
+              settings: ModelSettings | None = None, providers: Sequence[ContextProvider] = ()) -> LiveRun:
         """Start a run on `session` in its own task and return it (`traces`: put them in the result).
 
-        `approvals` decides calls awaiting approval and `settings` are the run's model settings, as
-        in `Agent.run`.
+        `approvals` decides calls awaiting approval, `settings` are the run's model settings and
+        `providers` its own context providers, as in `Agent.run`.
         """
         run = LiveRun(session, traces=traces)
-        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals, settings),
+        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals, settings, providers),
                                        name=f"contextpipe-run:{session.tenant}/{session.id}")
         self.runs.add(run)
         run.task.add_done_callback(lambda _: self.runs.discard(run))
@@ -187,11 +188,11 @@ class RunManager:
 
     async def _drive(self, run: LiveRun, input: str | Sequence[Message] | None, lease_wait: float,
                      stream: bool, approvals: Mapping[str, Decision] | None,
-                     settings: ModelSettings | None) -> None:
+                     settings: ModelSettings | None, providers: Sequence[ContextProvider]) -> None:
         try:
             if stream:
                 async with self.agent.stream(input, session=run.session, lease_wait=lease_wait,
-                                             approvals=approvals, settings=settings) as events:
+                                             approvals=approvals, settings=settings, providers=providers) as events:
                     async for event in events:
                         item = event_to_json(event, traces=run.traces)
                         if item is not None:
@@ -199,7 +200,7 @@ class RunManager:
                     run.result = events.result
             else:
                 run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait,
-                                                  approvals=approvals, settings=settings)
+                                                  approvals=approvals, settings=settings, providers=providers)
                 _send(run, "done", result_to_json(run.result, traces=run.traces))
         except asyncio.CancelledError as exc:
             run.error = exc

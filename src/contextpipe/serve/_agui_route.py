@@ -1,0 +1,88 @@
+"""``POST /v1/ag-ui``: a run through the AG-UI protocol (`serve._agui` translates it), streamed as AG-UI events.
+
+The thread is the session, made when new; the request's new user messages are the input, its
+``resume`` decides approvals, and its shared state and context entries go to the run through an
+`AgUiRun`. Everything a request can get wrong is answered before the stream starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..session import Session, user_id
+from ._approvals import refuse_unfit
+from ._json import HTTPError
+from ._users import claim, visible
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..stores import SessionStore
+    from ._runs import RunManager
+
+__all__ = ["agui"]
+
+
+class _Api(Protocol):
+    """What the route needs of the API (`serve._app._Api`)."""
+
+    agent: Agent | None
+    store: SessionStore
+
+    def _writable(self) -> RunManager: ...
+
+    def _refuse_when_draining(self, runs: RunManager) -> None: ...
+
+    async def _body(self, request: Request) -> Any: ...
+
+    async def _holds(self, session: Session | None, message_id: str) -> bool: ...
+
+    async def _empty(self, tenant: str, session_id: str) -> bool: ...
+
+    async def probe(self, session: Session, wait: float) -> None: ...
+
+
+async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
+    """Run on the request's thread and stream the run as AG-UI events."""
+    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input, agui_new
+
+    runs = api._writable()
+    run_input = agui_input(await api._body(request))
+    approvals = agui_decisions(run_input)
+    api._refuse_when_draining(runs)
+    assert api.agent is not None
+    thread = run_input.thread_id
+    existing = await api.store.get_session(tenant, thread)
+    if existing is not None and not visible(request.state.grant, existing):
+        raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
+    # The history the client resends: what the session holds is not input again.
+    new = await agui_new(run_input, lambda i: api._holds(existing, i))
+    if approvals and existing is None:
+        raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
+    if not new and not approvals and (existing is None or await api._empty(tenant, thread)):
+        raise HTTPError(409, "NothingToRun", f"thread {thread!r} has no messages yet, and the request's messages "
+                        "do not end with a user message: end them with the user's message to run on")
+    session = existing or await api.agent.session(thread, tenant=tenant)
+    if not visible(request.state.grant, session) and user_id(session) is not None:
+        raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
+    await claim(api.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
+    await api.probe(session, 0.0)
+    if approvals:
+        await refuse_unfit(api.store, session, approvals)
+    agui_run = AgUiRun(run_input, session)
+    run = runs.start(session, new or None, lease_wait=1.0, stream=True, approvals=approvals, providers=[agui_run])
+
+    async def body() -> AsyncIterator[str]:
+        finished = False
+        try:
+            async for chunk in agui_events(run_input, run.events(), agui_run):
+                yield chunk
+            finished = True
+        finally:
+            if not finished:
+                runs.detach(run)
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
