@@ -121,7 +121,11 @@ class Session:
     created_at: float = field(default_factory=time.time)
     """When the session was created (seconds since the epoch)."""
     ttl: float | None = None
-    """Seconds of inactivity after which the store may delete the session; None keeps it."""
+    """Seconds of inactivity after which the store may delete the session; None keeps it.
+
+    On an object made by hand (version 0) for a stored session, None takes the stored ttl: to make
+    a stored session permanent, load it (``agent.session(...)``) and set ``ttl = None``.
+    """
 
     def __post_init__(self) -> None:
         validate_session_id(self.id)

@@ -325,3 +325,17 @@ async def test_a_sqlite_file_of_the_earlier_schema_is_read_and_upgraded_when_wri
             str(sqlite_module.SQLITE_SCHEMA_VERSION),)
         assert conn.execute("SELECT session_id, lease_ttl FROM cp_sessions ORDER BY session_id").fetchall() == [
             ("held", 0.0), ("s", 15.0)]
+
+
+@pytest.mark.parametrize("given_ttl", [None, 7200])
+async def test_a_session_object_made_by_hand_keeps_the_stored_sessions_ttl_unless_it_gives_one(
+        store: SessionStore, tenant: str, given_ttl: int | None) -> None:
+    """`Session(id)` naming a stored session is that session: its run does not make it permanent (nor
+    change its creation time); a ttl given on the object is the caller's to set."""
+    stored = Session("s", tenant, ttl=3600)
+    await store.save_session(stored)
+    agent = Agent(ScriptedModel(["Hello."]), store=store)
+    await agent.run("Hi.", session=Session("s", tenant, ttl=given_ttl))
+    after = await store.get_session(tenant, "s")
+    assert after is not None
+    assert (after.ttl, after.created_at) == (given_ttl or 3600, stored.created_at)

@@ -448,6 +448,8 @@ class StepWriter:
         if stored is not None and stored.version != session.version:
             if session.version == 0:  # an object made by hand for a stored session: it is that session
                 session.created_at = stored.created_at
+                if session.ttl is None:  # (a ttl given on the object is the caller's to set)
+                    session.ttl = stored.ttl
             session.state = stored.state
             session.version = stored.version
 
