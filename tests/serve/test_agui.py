@@ -9,7 +9,7 @@ from typing import Any
 import httpx2 as httpx
 import jsonpatch
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import Agent, ContextProvider, DataPart, Source, TextPart, UriPart, UsageError
@@ -221,6 +221,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                            max_leaves=12)
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # (load, not bugs)
 @given(st.dictionaries(keys_, json_values, max_size=4), st.dictionaries(keys_, json_values, max_size=4))
 def test_the_state_delta_turns_the_old_state_into_the_new(old: dict[str, Any], new: dict[str, Any]) -> None:
     patch = json_patch(old, new)
