@@ -78,7 +78,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("stores", "stores.*"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
-    ("pipeline", "events"),
+    ("pipeline", "events", "_stream"),
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals"),
     ("providers", "providers.*"),

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._run.approvals import ApprovalGate, agent_policy, pending_in
@@ -25,6 +23,7 @@ from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replay
 from ._run.threads import raise_swallowed_cancellation
 from ._run.way_out import WayOutExpired
 from ._run.writer import StepWriter
+from ._stream import ADMITTED, Admitted, AgentStream
 from .approvals import STATE_KEY as APPROVALS_KEY
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
 from .errors import AfterRunError, CodecError, UsageError
@@ -293,7 +292,9 @@ class Agent:
 
         Persistence, `deps`, `approvals` and `providers` are the same as for `run`; a run that stops for approval
         sends `ApprovalRequired` before `RunDone`. Use ``async with agent.stream(...) as events`` when you may
-        stop iterating early, so the run is closed (providers told, lease released) at once.
+        stop iterating early, so the run is closed (providers told, lease released) at once. ``await
+        events.start()`` returns once the run holds the session's lease and its input and approvals were
+        accepted, raising the error that keeps it from starting otherwise (`AgentStream.start`).
         """
         return AgentStream(self._events(input, session, settings, lease_wait, deps, approvals, providers,
                                         stream=True, want_events=True))
@@ -318,7 +319,7 @@ class Agent:
         *,
         stream: bool,
         want_events: bool,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncIterator[StreamEvent | Admitted]:
         input_messages = [] if input is None else as_messages(input)
         if not input_messages and session is None:
             raise UsageError("nothing to run: pass input, or a session to resume")
@@ -334,6 +335,7 @@ class Agent:
                 earlier, input_messages = await self._earlier(session, input, input_messages)
                 gate = ApprovalGate(self._approval_check, session, writer)
                 await gate.decide(approvals, self._loader())
+                yield ADMITTED  # the run is admitted (`AgentStream.start`): errors from here on are the run's
                 if (replay := replayed(earlier, session)) is not None:
                     yield RunDone(replay)
                     return
@@ -527,35 +529,3 @@ async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseExc
         await writer.leaving(writer.save_input(ctx), interruption)
     except Exception as exc:
         interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")
-
-
-@dataclass
-class AgentStream:
-    """The events of one streamed run; iterate it, or use it as an async context manager."""
-
-    _events: AsyncIterator[StreamEvent]
-    result: RunResult | None = field(default=None)
-    """The run's result, once the stream has finished."""
-
-    def __aiter__(self) -> AgentStream:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        event = await self._events.__anext__()
-        if isinstance(event, RunDone):
-            self.result = event.result
-        return event
-
-    async def __aenter__(self) -> AgentStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Stop the run now (if still going): providers get `after_run`, the lease is released."""
-        closer = getattr(self._events, "aclose", None)
-        if closer is not None:
-            await closer()

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from .calls import CallContexts
     from .writer import StepWriter
 
-__all__ = ["APPROVAL", "ApprovalGate", "agent_policy", "check_decisions", "pending_in"]
+__all__ = ["APPROVAL", "ApprovalGate", "agent_policy", "pending_in"]
 
 APPROVAL = Source("tool", "approval")
 """The source of the tool message answering calls a person decided."""
@@ -108,19 +108,6 @@ def pending_in(history: Sequence[Message], session: Session) -> list[PendingAppr
     marked, kept = awaiting_approval(message), _Kept.read(session)
     return [PendingApproval(c.call_id, c.name, c.arguments, marked[c.call_id], message.id) for c in waiting.values()
             if not kept.approved_earlier(c, message) and c.name not in kept.always]
-
-
-def check_decisions(history: Sequence[Message], session: Session, approvals: Mapping[str, Decision]) -> None:
-    """Check `approvals` against the end of `history` (`session`'s log) as a run does, storing nothing.
-
-    Raises `ApprovalError` (or `UsageError` for a value that is no decision) where the run's
-    `ApprovalGate.decide` would: a front end can refuse a decision before it starts a run. The run
-    checks again under the session's lease, where a decision that came in between wins.
-    """
-    message, waiting = _waiting(history)
-    kept = _Kept.read(session)
-    for call_id, decision in approvals.items():
-        _new_decision(call_id, decision, waiting.get(call_id), message, kept, history, session)
 
 
 @dataclass(slots=True)

@@ -14,14 +14,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..session import Session, user_id
-from ._approvals import refuse_unfit
 from ._json import HTTPError
 from ._users import claim, visible
 
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..stores import SessionStore
-    from ._runs import RunManager
+    from ._runs import LiveRun, RunManager
 
 __all__ = ["agui"]
 
@@ -42,7 +41,7 @@ class _Api(Protocol):
 
     async def _empty(self, tenant: str, session_id: str) -> bool: ...
 
-    async def probe(self, session: Session, wait: float) -> None: ...
+    async def admit(self, request: Request, runs: RunManager, run: LiveRun) -> Response | None: ...
 
 
 async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
@@ -69,11 +68,11 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     if not visible(request.state.grant, session) and user_id(session) is not None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
     await claim(api.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
-    await api.probe(session, 0.0)
-    if approvals:
-        await refuse_unfit(api.store, session, approvals)
     agui_run = AgUiRun(run_input, session)
-    run = runs.start(session, new or None, lease_wait=1.0, stream=True, approvals=approvals, providers=[agui_run])
+    run = runs.start(session, new or None, lease_wait=0.0, stream=True, approvals=approvals, providers=[agui_run])
+    refused = await api.admit(request, runs, run)  # a busy thread, or a resume that cannot apply: before the stream
+    if refused is not None:
+        return refused
 
     async def body() -> AsyncIterator[str]:
         finished = False

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from starlette.applications import Starlette
@@ -51,7 +51,7 @@ from ..session import Session, validate_session_id
 from ..stores import MessagePage, SessionStore
 from ._agui import check_state_key
 from ._agui_route import agui
-from ._approvals import decide_approvals, list_approvals, refuse_unfit
+from ._approvals import decide_approvals, list_approvals
 from ._drain import drain, drain_on_signals
 from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
@@ -75,6 +75,7 @@ from ._users import claim, reaches, request_user, reuse, visible
 __all__ = ["ServeSettings", "create_app"]
 
 log = logging.getLogger("contextpipe.serve")
+T = TypeVar("T")
 STATIC = Path(__file__).parent / "static"
 
 
@@ -374,25 +375,14 @@ class _Api:
         if not streaming:
             return await self._await_run(request, runs, runs.start(session, input, lease_wait=wait, stream=False,
                                                                    traces=traces, approvals=approvals))
-        # The status line goes out before the run's first event: see now whether the session is free,
-        # and whether the decisions fit its log (a run that slips in between still cannot interleave;
-        # this one then ends with an error event).
-        await self.probe(session, wait)
-        if approvals:
-            await refuse_unfit(self.store, session, approvals)
-        run = runs.start(session, input, lease_wait=max(wait, 1.0), stream=True, traces=traces, approvals=approvals)
+        # The status line goes out once the run is admitted (it holds the session's lease, its input and
+        # decisions accepted): what refuses it is answered as the route's JSON error, not an event after a 200.
+        run = runs.start(session, input, lease_wait=wait, stream=True, traces=traces, approvals=approvals)
+        refused = await self.admit(request, runs, run)
+        if refused is not None:
+            return refused
         return StreamingResponse(_sse(runs, run), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    async def probe(self, session: Session, wait: float) -> None:
-        """Raise `SessionBusy` (a 409) unless `session` is free, or frees up within `wait` seconds.
-
-        A streamed run checks it before its status line goes out: after it, a busy session could only
-        be told by an error event.
-        """
-        probe = await self.store.acquire_lease(session.tenant, session.id, "contextpipe-serve-probe", ttl=10,
-                                               wait=wait)
-        await self.store.release_lease(probe)
 
     async def _await_run(self, request: Request, runs: RunManager, run: LiveRun) -> Response:
         result = await self.await_result(request, runs, run)
@@ -402,20 +392,34 @@ class _Api:
 
     async def await_result(self, request: Request, runs: RunManager, run: LiveRun) -> RunResult | Response:
         """Wait for `run` to end; return its result, or the error response to send (499: the client went away)."""
-        assert run.task is not None
+        return await self._watch(request, runs, run, run.wait())
+
+    async def admit(self, request: Request, runs: RunManager, run: LiveRun) -> Response | None:
+        """Wait until the streamed `run` is admitted (`RunManager.started`): None; else the error response to send.
+
+        That is the error the route gives when it does not stream (a 409 for a busy session), or a
+        499 when the client went away meanwhile.
+        """
+        return await self._watch(request, runs, run, runs.started(run))
+
+    async def _watch(self, request: Request, runs: RunManager, run: LiveRun, step: Awaitable[T]) -> T | Response:
+        """Await `step` of `run`; return what it returns, or the error response to send (499: the client went away)."""
+        waiting = asyncio.ensure_future(step)
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            await asyncio.wait({run.task, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not run.task.done():
+            await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():
+                waiting.cancel()
                 runs.detach(run)
                 return Response(status_code=499)
         except asyncio.CancelledError:
+            waiting.cancel()
             runs.detach(run)
             raise
         finally:
             gone.cancel()
         try:
-            result = await run.wait()
+            return waiting.result()
         except ContextPipeError as exc:
             return self._error(exc).response()
         except asyncio.CancelledError:
@@ -423,7 +427,6 @@ class _Api:
         except Exception:
             log.exception("run failed")
             return json_response(error_to_json(Exception()), 500)
-        return result
 
 
 _WRITING = frozenset({"POST", "DELETE"})

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .._run.approvals import check_decisions, pending_in
+from .._run.approvals import pending_in
 from ._json import json_response
 from ._requests import ApprovalsRequest, decisions, validate
 from ._runs import pending_to_json
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..stores import SessionStore
     from ._runs import RunManager
 
-__all__ = ["decide_approvals", "list_approvals", "refuse_unfit"]
+__all__ = ["decide_approvals", "list_approvals"]
 
 TAIL: Final = 64
 """Messages read at a time from the end of the log: the calls awaiting approval are in the last model message."""
@@ -66,16 +66,6 @@ async def decide_approvals(api: _Api, request: Request, tenant: str, params: lis
     session = await api._existing(request, tenant, params[0])
     return await api.start_run(request, runs, session, None, decisions(body.decisions), wait=body.wait,
                                stream=body.stream, traces=body.traces)
-
-
-async def refuse_unfit(store: SessionStore, session: Session, approvals: Mapping[str, Decision]) -> None:
-    """Raise `ApprovalError` for decisions the session's log refuses now (before a stream's status line goes out).
-
-    The run checks them again under the session's lease: a decision that came in between still
-    wins, and this one's stream then ends with an ``error`` event.
-    """
-    current = await store.get_session(session.tenant, session.id) or session
-    check_decisions(await log_tail(store, current), current, approvals)
 
 
 async def log_tail(store: SessionStore, session: Session) -> list[Message]:

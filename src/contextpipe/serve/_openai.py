@@ -68,7 +68,7 @@ class _Api(Protocol):
     def _writable(self) -> RunManager: ...
     def _refuse_when_draining(self, runs: RunManager) -> None: ...
     async def _body(self, request: Request) -> Any: ...
-    async def probe(self, session: Session, wait: float) -> None: ...
+    async def admit(self, request: Request, runs: RunManager, run: LiveRun) -> Response | None: ...
     async def await_result(self, request: Request, runs: RunManager, run: LiveRun) -> RunResult | Response: ...
 
 
@@ -446,8 +446,11 @@ async def _answer(api: _Api, request: Request, runs: RunManager, session: Sessio
             return result
         return json_response(render.result(clean(result_to_json(result), items=("input", "messages"))),
                              headers=headers)
-    await api.probe(session, 0.0)  # a busy session is a 409, before the status line goes out
-    run = runs.start(session, input, lease_wait=1.0, stream=True, settings=settings)
+    run = runs.start(session, input, lease_wait=0.0, stream=True, settings=settings)
+    refused = await api.admit(request, runs, run)  # a busy session is a 409, before the status line goes out
+    if refused is not None:
+        refused.headers.update(headers)
+        return refused
     return StreamingResponse(_events(runs, run, render), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", **headers})
 

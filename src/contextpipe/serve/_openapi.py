@@ -182,7 +182,7 @@ def _paths() -> dict[str, Any]:
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
                      "requestBody": {"required": True, "content": _json("AgUiRunAgentInput")},
                      "responses": _responses({"200": {"description": "AG-UI events.", "content": {
-                         "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 413)},
+                         "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 410, 413)},
         },
     }
 

@@ -96,6 +96,8 @@ class LiveRun:
     """False once the client went away (events are no longer queued)."""
     detached: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the client went away."""
+    admitted: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a streamed run holds its session's lease, its input and decisions accepted (`AgentStream.start`)."""
     result: RunResult | None = None
     error: BaseException | None = None
 
@@ -193,6 +195,8 @@ class RunManager:
             if stream:
                 async with self.agent.stream(input, session=run.session, lease_wait=lease_wait,
                                              approvals=approvals, settings=settings, providers=providers) as events:
+                    await events.start()
+                    run.admitted.set()
                     async for event in events:
                         item = event_to_json(event, traces=run.traces)
                         if item is not None:
@@ -210,6 +214,22 @@ class RunManager:
             _send(run, "error", error_to_json(exc))
         finally:
             run.queue.put_nowait(None)
+
+    async def started(self, run: LiveRun) -> None:
+        """Wait until `run` is admitted, or raise the error that kept it from starting (`AgentStream.start`).
+
+        A streamed run is admitted once it holds its session's lease and its input and approval
+        decisions were accepted: a server sends its status line then, so what refuses the run is an
+        HTTP error, not an event after a 200. A run that is not streamed is admitted when it ends.
+        """
+        assert run.task is not None
+        admitted = asyncio.ensure_future(run.admitted.wait())
+        try:
+            await asyncio.wait({admitted, run.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            admitted.cancel()
+        if not run.admitted.is_set():
+            await run.wait()
 
     def detach(self, run: LiveRun) -> None:
         """Stop sending `run` events (its client went away); finish or cancel it, per `on_disconnect`."""
