@@ -69,7 +69,8 @@ from ._requests import (
     store_cursor,
     validate,
 )
-from ._runs import LiveRun, OnDisconnect, RunManager, error_to_json, result_to_json
+from ._runs import LiveRun, OnDisconnect, RunManager, cancelled_json, error_to_json, result_to_json
+from ._session_tools import cancel_run, export_session, session_json
 from ._users import claim, reaches, request_user, reuse, visible
 
 __all__ = ["ServeSettings", "create_app"]
@@ -295,16 +296,16 @@ class _Api:
         else:
             existing = await self.store.get_session(tenant, body.id)
             if existing is not None:
-                return json_response(_session_json(await reuse(self.store, request.state.grant, existing, user),
+                return json_response(session_json(await reuse(self.store, request.state.grant, existing, user),
                                                    None))
             session = await self.agent.session(body.id, tenant=tenant, ttl=body.ttl)
         await claim(self.store, session, user)
-        return json_response(_session_json(session, None), 201)
+        return json_response(session_json(session, None), 201)
 
     async def get_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         session = await self._existing(request, tenant, params[0])
         checkpoint = await self.store.latest_checkpoint(tenant, session.id)
-        return json_response(_session_json(session, checkpoint))
+        return json_response(session_json(session, checkpoint))
 
     async def delete_session(self, request: Request, tenant: str, params: list[str]) -> Response:
         self._writable()
@@ -382,7 +383,7 @@ class _Api:
         if refused is not None:
             return refused
         return StreamingResponse(_sse(runs, run), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Run-Id": run.id})
 
     async def _await_run(self, request: Request, runs: RunManager, run: LiveRun) -> Response:
         result = await self.await_result(request, runs, run)
@@ -423,6 +424,8 @@ class _Api:
         except ContextPipeError as exc:
             return self._error(exc).response()
         except asyncio.CancelledError:
+            if run.cancel_requested:
+                return json_response(cancelled_json(run), 409)
             return HTTPError(503, "Cancelled", "the run was cancelled: the server is shutting down").response()
         except Exception:
             log.exception("run failed")
@@ -439,21 +442,14 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None, "facts"), {"GET": session_facts}),
     (("sessions", None, "runs"), {"POST": _Api.run}),
     (("sessions", None, "approvals"), {"GET": list_approvals, "POST": decide_approvals}),
+    (("sessions", None, "cancel"), {"POST": cancel_run}),
+    (("sessions", None, "export"), {"GET": export_session}),
     (("ag-ui",), {"POST": agui}),
     (("chat", "completions"), {"POST": chat_completions}),
     (("responses",), {"POST": responses}),
     (("models",), {"GET": list_models}),
     (("models", None), {"GET": get_model}),
 ]
-
-
-def _session_json(session: Any, checkpoint: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {"id": session.id, "version": session.version, "created_at": session.created_at,
-                            "ttl": session.ttl, "state": session.state_to_json(), "checkpoint": None}
-    if checkpoint is not None:
-        data["checkpoint"] = {"seq": checkpoint.seq, "summary": message_to_dict(checkpoint.summary),
-                              "created_at": checkpoint.created_at}
-    return data
 
 
 async def _disconnected(request: Request) -> None:

@@ -33,7 +33,8 @@ _ERRORS = {
          "safe to retry (`NotIdempotent`), a decision on a tool call cannot apply (`ApprovalError`: the call "
          "is not awaiting approval, it was answered already, or the digest is of other arguments; or input came "
          "while calls await a decision), the session belongs to another user than the one named "
-         "(`UserMismatch`), or a create names a session that is not this key's user's (`Conflict`).",
+         "(`UserMismatch`), a create names a session that is not this key's user's (`Conflict`), or a cancel request "
+         "stopped the run (`Cancelled`, with `reason` `request`).",
     410: "The session was deleted, or expired, while the run ran or waited for it.",
     413: "The request body is too large.",
     502: "The model failed.",
@@ -82,7 +83,7 @@ def _links(*operations: str) -> dict[str, Any]:
 
 def _paths() -> dict[str, Any]:
     session_links = _links("getSession", "listMessages", "listTraces", "listFacts", "listApprovals",
-                           "decideApprovals", "run", "deleteSession")
+                           "decideApprovals", "run", "cancelRun", "exportSession", "deleteSession")
     run_responses = _responses({"200": {
         "description": "The result, or the event stream.",
         "content": {**_json("RunResult"), "text/event-stream": {"schema": _event(_RUN_EVENTS)}}}},
@@ -177,6 +178,7 @@ def _paths() -> dict[str, Any]:
                     "ApprovalsRequest")},
                 "responses": run_responses},
         },
+        **_session_tool_paths(),
         **_openai_paths(),
         "/v1/ag-ui": {
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
@@ -184,6 +186,40 @@ def _paths() -> dict[str, Any]:
                      "responses": _responses({"200": {"description": "AG-UI events.", "content": {
                          "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 410, 413)},
         },
+    }
+
+
+def _session_tool_paths() -> dict[str, Any]:
+    """Describe ``.../cancel`` and ``.../export`` (`serve._session_tools`)."""
+    cancel = _responses({"202": {"description": "The run in flight on the session in this server process was "
+                                 "cancelled: it stops at its next safe point, and its stream ends with an `error` "
+                                 "event of type `Cancelled` (`reason` `request`).", "content": _json("Cancelled")}},
+                        400, 404, 409)
+    cancel["404"]["description"] = ("No such session (`NotFound`), or nothing runs on it (`NoRunInFlight`): no run "
+                                    "in this server process, and its lease is free.")
+    cancel["409"]["description"] = ("A run holds the session, but not in this server process (`RunElsewhere`): "
+                                    "with several workers a cancel stops only the runs of the worker that answers.")
+    disposition = {"Content-Disposition": {"required": True, "schema": {"type": "string"},
+                                           "description": "`attachment; filename=\"ID.json\"` (or `ID.md`)."}}
+    export = _responses({"200": {"description": "The whole session.", "headers": disposition, "content": {
+        **_json("SessionExport"), "text/markdown": {"schema": {"type": "string"}}}}}, 400, 404)
+    return {
+        "/v1/sessions/{session_id}/cancel": {
+            "parameters": [_ID],
+            "post": {"summary": "Cancel the run in flight on the session (in this server process)",
+                     "description": "Stops the run as a disconnect does with `on_disconnect=cancel`: what it stored "
+                                    "stays, and a tool call it stopped is answered with an error. A run is a task of "
+                                    "the process that started it: with `serve --workers N`, only the worker "
+                                    "running it can cancel it (another answers 409 `RunElsewhere`).",
+                     "operationId": "cancelRun", "responses": cancel}},
+        "/v1/sessions/{session_id}/export": {
+            "parameters": [_ID],
+            "get": {"summary": "The whole session: as JSON (session, messages, traces) or a Markdown transcript",
+                    "operationId": "exportSession",
+                    "parameters": [{"name": "format", "in": "query", "required": False,
+                                    "schema": {"type": "string", "enum": ["json", "markdown"], "default": "json"},
+                                    "description": "`json` (the default) or `markdown`."}],
+                    "responses": export}},
     }
 
 
@@ -337,6 +373,12 @@ def _response_schemas() -> dict[str, Any]:
                             "lineage": text, "versions": {"type": "array", "items": _fact()}}}}}}},
             "repaired": _ref("Repaired")}},
         "PendingApproval": pending,
+        "Cancelled": {"type": "object", "required": ["cancelled", "run_id"], "properties": {
+            "cancelled": {"const": True}, "run_id": {"type": "string", "description": "The run cancelled (the "
+                                                                                      "`X-Run-Id` of its stream)."}}},
+        "SessionExport": {"type": "object", "required": ["session", "messages", "traces"], "properties": {
+            "session": _ref("Session"), "messages": {"type": "array", "items": _message({"seq": {"type": "integer"}})},
+            "traces": {"type": "array", "items": {"type": "object"}}}},
         "ApprovalList": {"type": "object", "required": ["pending_approvals"], "properties": {
             "pending_approvals": {"type": "array", "items": _ref("PendingApproval")}, "repaired": _ref("Repaired")}},
         "RunResult": {"type": "object", "required": ["session_id", "text", "stop_reason", "steps", "replayed",

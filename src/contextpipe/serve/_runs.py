@@ -4,12 +4,17 @@ A run's events go through a queue to whoever streams them. When the client disco
 either goes on to the end and persists everything (``on_disconnect="finish"``, the default) or is
 cancelled at once (``"cancel"``); either way the agent closes the run, so providers are told and
 the session's lease is released. `RunManager.drain` (on SIGTERM) refuses new runs and waits for the
-ones in flight up to a deadline, then cancels the rest cleanly.
+ones in flight up to a deadline, then cancels the rest cleanly. `RunManager.cancel` stops a session's
+run the same way when a client asks (``POST /v1/sessions/{id}/cancel``): its stream ends with an
+``error`` event of type ``Cancelled`` (`cancelled_json`), whose ``reason`` tells a cancel request from
+a shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,7 +29,8 @@ from ..models import ModelSettings
 from ..providers.base import ContextProvider
 from ._json import clean
 
-__all__ = ["LiveRun", "OnDisconnect", "RunManager", "event_to_json", "pending_to_json", "result_to_json"]
+__all__ = ["LiveRun", "OnDisconnect", "RunManager", "cancelled_json", "event_to_json", "pending_to_json",
+           "result_to_json"]
 
 OnDisconnect: TypeAlias = Literal["finish", "cancel"]
 
@@ -83,6 +89,19 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
     return {"error": {"type": type(exc).__name__, "message": message}}
 
 
+def cancelled_json(run: LiveRun) -> dict[str, Any]:
+    """Return the JSON body telling `run`'s client it was cancelled: by a cancel request, or by a shutdown."""
+    if run.cancel_requested:
+        message = ("the run was cancelled by a cancel request (POST /v1/sessions/{id}/cancel); what it stored "
+                   "stays, and a tool call it stopped is answered with an error")
+        return {"error": {"type": "Cancelled", "reason": "request", "run_id": run.id, "message": message}}
+    return {"error": {"type": "Cancelled", "reason": "shutdown", "run_id": run.id,
+                      "message": "the run was cancelled (server shutdown)"}}
+
+
+_ORDER = itertools.count()
+
+
 @dataclass(eq=False)
 class LiveRun:
     """One run in flight: its task and the queue its events go to."""
@@ -100,6 +119,12 @@ class LiveRun:
     """Set once a streamed run holds its session's lease, its input and decisions accepted (`AgentStream.start`)."""
     result: RunResult | None = None
     error: BaseException | None = None
+    id: str = field(default_factory=lambda: "run_" + secrets.token_hex(8))
+    """Names the run to its client (the ``X-Run-Id`` header) and in a cancel's answer."""
+    order: int = field(default_factory=lambda: next(_ORDER))
+    """When it started among this process's runs (the oldest of a session's is the one a cancel stops)."""
+    cancel_requested: bool = False
+    """True once a client asked to cancel it (`RunManager.cancel`)."""
 
     async def events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Yield ``(name, payload)`` pairs until the run ends (the last is ``done`` or ``error``)."""
@@ -208,7 +233,7 @@ class RunManager:
                 _send(run, "done", result_to_json(run.result, traces=run.traces))
         except asyncio.CancelledError as exc:
             run.error = exc
-            _send(run, "error", {"error": {"type": "Cancelled", "message": "the run was cancelled (server shutdown)"}})
+            _send(run, "error", cancelled_json(run))
         except Exception as exc:
             run.error = exc
             _send(run, "error", error_to_json(exc))
@@ -237,6 +262,25 @@ class RunManager:
         run.detached.set()
         if self.on_disconnect == "cancel" and run.task is not None and not run.task.done():
             run.task.cancel()
+
+    def cancel(self, tenant: str, session_id: str) -> LiveRun | None:
+        """Cancel the run in flight on the session in this process and return it (None when there is none).
+
+        It stops at its next safe point, as on a disconnect with ``on_disconnect="cancel"``: what it
+        stored stays, and a tool call it stopped is answered. Of several runs on the session here (the
+        others wait for its lease), the oldest is cancelled: the one holding the session. Asked again
+        while it stops, it returns the same run and cancels nothing more (its way out is left whole).
+        """
+        live = [r for r in self.runs if r.session.tenant == tenant and r.session.id == session_id
+                and r.task is not None and not r.task.done()]
+        if not live:
+            return None
+        run = min(live, key=lambda r: r.order)
+        if not run.cancel_requested:
+            run.cancel_requested = True
+            assert run.task is not None
+            run.task.cancel()
+        return run
 
     async def drain(self, grace: float | None = None) -> int:
         """Wait for runs in flight until the drain deadline, cancel the rest; return how many were cancelled.
