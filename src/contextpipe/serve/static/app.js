@@ -83,6 +83,9 @@ async function newSession() {
 async function openSession(id) {
   state.current = id;
   state.selectedCall = null;
+  state.extra = new Map();
+  state.loadedFor = null;
+  state.diffBase = null;
   const url = new URL(location.href);
   url.searchParams.set("session", id);
   history.replaceState(null, "", url);

@@ -2,9 +2,12 @@
 import { el, fmtInt, $ } from "./dom.js";
 import { state } from "./state.js";
 import { colorFor, describeKey, renderChart } from "./chart.js";
+import { renderDiff } from "./diff.js";
+import { loadMessagesFor, renderRequest } from "./request.js";
 
 export function selectCall(i) {
   state.selectedCall = i;
+  state.diffBase = null;
   renderChart(selectCall);
   renderCallDetail();
   for (const node of document.querySelectorAll(".marker.callmark")) {
@@ -32,10 +35,6 @@ export function renderCallDetail() {
     ` — ${d.reason} (${fmtInt(d.tokens_before)} → ${fmtInt(d.tokens_after)} tokens)`));
   const timings = (trace.provider_timings || []).map((t) => el("tr", {},
     el("td", { text: `${t.source_id}.${t.hook}` }), el("td", { class: "num", text: `${(t.seconds * 1000).toFixed(2)} ms` })));
-  const messages = trace.messages.map((m) => el("tr", {},
-    el("td", { class: "num", text: m.index }), el("td", { text: m.run ? `${m.count} messages` : m.role }),
-    el("td", { text: m.source_id ? `${m.source_kind}:${m.source_id}` : m.source_kind }),
-    el("td", { class: "num", text: fmtInt(m.tokens) }), el("td", { class: "muted", text: m.preview || "" })));
   box.replaceChildren(
     el("h3", { text: `Model call ${i + 1}` }), el("div", { class: "stats" }, ...stats.map((s) => el("span", { text: s }))),
     el("h3", { text: "Tokens by source" }),
@@ -44,9 +43,27 @@ export function renderCallDetail() {
     decisions.length ? el("div", {}, ...decisions) : el("p", { class: "muted", text: "Nothing was dropped or summarised for this call." }),
     timings.length ? el("h3", { text: "Provider hooks" }) : null,
     timings.length ? el("table", {}, el("tbody", {}, ...timings)) : null,
-    el("h3", { text: "Request" }),
-    el("table", {}, el("thead", {}, el("tr", {}, el("th", { class: "num", text: "#" }), el("th", { text: "role" }),
-      el("th", { text: "source" }), el("th", { class: "num", text: "tokens" }), el("th", { text: "content" }))),
-    el("tbody", {}, ...messages)),
-    trace.tools.length ? el("p", { class: "muted", text: `tools offered: ${trace.tools.map((t) => `${t.name} (${t.source_id}, ${t.tokens})`).join(", ")}` }) : null);
+    ...renderRequest(trace),
+    ...compare(i));
+  if (state.loadedFor !== state.current) {  // once per session: the older messages the requests name
+    state.loadedFor = state.current;
+    const before = state.extra.size;
+    loadMessagesFor(state.traces).then(() => { if (state.extra.size > before) renderCallDetail(); });
+  }
+}
+
+/** The diff section: the request of a call picked in a list (the previous one at first) against call `i`'s. */
+function compare(i) {
+  if (state.traces.length < 2) return [];
+  if (state.diffBase === null || state.diffBase === i || state.diffBase >= state.traces.length) {
+    state.diffBase = i > 0 ? i - 1 : 1;
+  }
+  const base = state.diffBase;
+  const pick = el("select", { id: "diff-base", "aria-label": "Compare with model call",
+    onchange: (event) => { state.diffBase = Number(event.target.value); renderCallDetail(); } },
+    ...state.traces.map((_, j) => (j === i ? null : el("option", { value: j, selected: j === base, text: `call ${j + 1}` }))));
+  return [
+    el("h3", {}, `Changes from `, pick, ` to call ${i + 1}`),
+    el("ol", { class: "diff-list", id: "diff" }, ...renderDiff(state.traces[base], state.traces[i])),
+  ];
 }

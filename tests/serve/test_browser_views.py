@@ -1,0 +1,117 @@
+"""The inspector's debugging views in a real browser (Debian's headless Chromium, driven by Playwright):
+the full request of each model call, the diff of two calls, find in messages, export / delete / stop, 800 px.
+
+The Export and Stop tests need the export and cancel routes; they skip, saying so, on a server without them."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from contextpipe import Agent, Durability, Message
+from contextpipe.pipeline import RunContext
+from contextpipe.providers import ContextProvider, History
+from contextpipe.serve import create_app
+from contextpipe.stores import SQLiteStore
+from contextpipe.testing import ScriptedModel, tool_call
+from helpers import get_weather_forecast, lookup_location_code
+
+from .conftest import KEYS, auth, keys, serving
+
+LONG = "I am going to Suzhou next week, for a conference on canals, and I would like to pack light for it."
+pytestmark = pytest.mark.extra("browser")  # CONTEXTPIPE_TEST_EXTRAS=browser bash scripts/test.sh
+
+
+class RunCounter(ContextProvider):
+    """Instructions that differ run by run, and a context message that only the request holds."""
+
+    def __init__(self) -> None:
+        super().__init__("counter")
+        self.runs = 0
+
+    async def before_run(self, ctx: RunContext) -> None:
+        self.runs += 1
+        ctx.add_instructions(f"This is run {self.runs}.\nAnswer briefly.")
+        ctx.add_messages([Message.user(f"Reminder {self.runs}: the user likes trains.")])
+
+
+@asynccontextmanager
+async def browser_page(width: int = 1400, height: int = 860) -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    executable = shutil.which("chromium")
+    assert executable is not None
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        page = await browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        yield page
+        assert errors == []
+        await browser.close()
+
+
+async def weather_app(tmp_path: Path) -> tuple[Any, SQLiteStore]:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel(["Noted.", tool_call("lookup_location_code", city="Suzhou"),
+                           tool_call("get_weather_forecast", location_code="SZ"), "Sunny: a T-shirt."])
+    agent = Agent(model, instructions="You are a weather assistant.", providers=[History(store), RunCounter()],
+                  tools=[lookup_location_code, get_weather_forecast], durability=Durability(store_traces=True))
+    return create_app(agent, keys=keys()), store
+
+
+async def two_runs(base: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=base) as c:
+        await c.post("/v1/sessions", json={"id": "alice/trip"}, headers=auth())
+        for text in (LONG, "What should I wear there?"):
+            assert (await c.post("/v1/sessions/alice%2Ftrip/runs", json={"input": text}, headers=auth())).is_success
+        response = await c.get("/v1/sessions/alice%2Ftrip/traces", headers=auth())
+    traces: list[dict[str, Any]] = response.json()["traces"]
+    return traces
+
+
+async def test_the_call_detail_shows_the_whole_request_and_what_changed_from_another_call(tmp_path: Path) -> None:
+    app, store = await weather_app(tmp_path)
+    async with serving(app) as base, browser_page() as page:
+        traces = await two_runs(base)
+        assert len(traces) == 4 and any(m.get("run") for m in traces[3]["messages"])  # history folded in the trace
+        await page.goto(f"{base}/ui/?session=alice/trip#key={KEYS['acme']}")
+        request = page.locator("#request")
+        await request.locator("li.req.tool").first.wait_for()
+        # Call 4: every message of the log the run loaded (the trace folds them), whole; nothing but the trace's count.
+        sent = [m.get("count", 1) for m in traces[3]["messages"]]
+        assert await request.locator("li.req.message").count() == sum(sent)
+        text = await request.inner_text()
+        assert LONG in text and len(LONG) > 60  # not the trace's 60-character preview
+        assert "You are a weather assistant." in text and "This is run 2.\nAnswer briefly." in text
+        assert '"location_code": "SZ"' in text and "Sunny, 25 C, NW wind 4." in text
+        tool = request.locator("li.req.tool[data-key='tool:lookup_location_code']")
+        assert "Return the location code for a city name." in await tool.inner_text()
+        assert '"city"' in await tool.inner_text()
+        reminder = request.locator("li.req.missing", has_text="Reminder 2")
+        assert "not stored in the log" in await reminder.inner_text()
+        heads = await request.locator("li.req.message .req-head strong").all_inner_texts()
+        assert heads[-1] == "tool · tool:get_weather_forecast"
+
+        # Call 4 against call 3 (the one before it, at first): what the last tool step added, nothing removed.
+        diff = page.locator("#diff")
+        added = await diff.locator("li.diff.added .req-head strong").all_inner_texts()
+        assert added == ["assistant · model:scripted", "tool · tool:get_weather_forecast"]
+        assert await diff.locator("li.diff.removed, li.diff.changed").count() == 0
+        # Call 2 (run 2) against call 1 (run 1): the counter's instructions changed line by line.
+        await page.locator("#chart g.call").nth(1).click()
+        await page.select_option("#diff-base", "0")
+        changed = diff.locator("li.diff.changed[data-key='instructions:counter:1']")
+        assert await changed.locator(".line.del").all_inner_texts() == ["- This is run 1."]
+        assert await changed.locator(".line.add").all_inner_texts() == ["+ This is run 2."]
+        assert await changed.locator(".line.same").all_inner_texts() == ["  Answer briefly."]
+        assert "Reminder 1" in await diff.locator("li.diff.removed").inner_text()
+        added_text = " ".join(await diff.locator("li.diff.added").all_inner_texts())
+        assert "What should I wear there?" in added_text and "Reminder 2" in added_text
+    await store.close()
