@@ -115,3 +115,38 @@ async def test_the_call_detail_shows_the_whole_request_and_what_changed_from_ano
         added_text = " ".join(await diff.locator("li.diff.added").all_inner_texts())
         assert "What should I wear there?" in added_text and "Reminder 2" in added_text
     await store.close()
+
+
+async def test_find_highlights_every_match_and_jumps_between_them(tmp_path: Path) -> None:
+    app, store = await weather_app(tmp_path)
+    async with serving(app) as base, browser_page() as page:
+        await two_runs(base)
+        async with httpx.AsyncClient(base_url=base) as c:
+            messages = (await c.get("/v1/sessions/alice%2Ftrip/messages", headers=auth())).json()["messages"]
+        await page.goto(f"{base}/ui/?session=alice/trip#key={KEYS['acme']}")
+        await page.wait_for_selector("#transcript .msg")
+        await page.fill("#find", "sU")
+        # Case-insensitive, over text, call arguments and results: "Suzhou" and "Sunny" wherever they are.
+        expected = sum((p.get("text", "") + p.get("arguments", "") + p.get("result", "") + p.get("name", "")).lower()
+                       .count("su") for m in messages for p in m["parts"])
+        marks = page.locator("#transcript mark.hit")
+        assert await marks.count() == expected > 3
+        assert await page.locator("#find-count").inner_text() == f"1 of {expected} matches"
+        await page.click("#find-next")
+        await page.click("#find-next")
+        assert await page.locator("#find-count").inner_text() == f"3 of {expected} matches"
+        assert await marks.nth(2).get_attribute("class") == "hit current"
+        await page.click("#find-prev")
+        await page.click("#find-prev")
+        await page.click("#find-prev")
+        assert await page.locator("#find-count").inner_text() == f"{expected} of {expected} matches"
+        assert await page.locator("#transcript .result mark.hit").first.inner_text() == "Su"  # in "Sunny, 25 C"
+        assert await page.locator("#transcript .call mark.hit").first.inner_text() == "Su"  # in "city": "Suzhou"
+        await page.check("#find-only")
+        shown = await page.locator("#transcript li.msg:visible").count()
+        with_hits = await page.locator("#transcript li.msg", has=page.locator("mark.hit")).count()
+        assert shown == with_hits < len(messages)
+        await page.fill("#find", "no such words")
+        assert await page.locator("#find-count").inner_text() == "0 matches"
+        assert await marks.count() == 0
+    await store.close()

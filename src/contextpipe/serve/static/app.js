@@ -5,6 +5,7 @@ import { state, TRACE_LIMIT } from "./state.js";
 import { renderTranscript } from "./transcript.js";
 import { renderChart } from "./chart.js";
 import { renderCallDetail, selectCall } from "./calls.js";
+import { applyFind, jump } from "./find.js";
 
 const KEY_STORE = "contextpipe.key";
 
@@ -149,6 +150,7 @@ function render(scroll = true) {
     `${calls === 1 ? "" : "s"} traced${calls >= TRACE_LIMIT ? " (the newest)" : ""} · created ${fmtTime(s.created_at)}`;
   $("older").hidden = !state.hasOlder;
   renderTranscript(scroll);
+  applyFind();
   renderApprovals();
   renderChart(selectCall);
   renderCallDetail();
@@ -294,6 +296,13 @@ $("search").addEventListener("input", () => {
 $("more-sessions").addEventListener("click", () => loadSessions(false));
 $("new-session").addEventListener("click", () => newSession().catch((e) => { $("chat-error").textContent = e.message; }));
 $("older").addEventListener("click", () => loadOlder());
+$("find").addEventListener("input", () => applyFind(true));
+$("find-only").addEventListener("change", () => applyFind(true));
+$("find-next").addEventListener("click", () => jump(1));
+$("find-prev").addEventListener("click", () => jump(-1));
+$("find").addEventListener("keydown", (event) => {
+  if (event.key === "Enter") { event.preventDefault(); jump(event.shiftKey ? -1 : 1); }
+});
 $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
