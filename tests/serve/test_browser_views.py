@@ -5,6 +5,8 @@ The Export and Stop tests need the export and cancel routes; they skip, saying s
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +24,7 @@ from contextpipe.stores import SQLiteStore
 from contextpipe.testing import ScriptedModel, tool_call
 from helpers import get_weather_forecast, lookup_location_code
 
-from .conftest import KEYS, auth, keys, serving
+from .conftest import KEYS, GateModel, auth, keys, make_app, serving
 
 LONG = "I am going to Suzhou next week, for a conference on canals, and I would like to pack light for it."
 pytestmark = pytest.mark.extra("browser")  # CONTEXTPIPE_TEST_EXTRAS=browser bash scripts/test.sh
@@ -149,4 +151,89 @@ async def test_find_highlights_every_match_and_jumps_between_them(tmp_path: Path
         await page.fill("#find", "no such words")
         assert await page.locator("#find-count").inner_text() == "0 matches"
         assert await marks.count() == 0
+    await store.close()
+
+
+async def test_delete_asks_first_and_then_deletes_the_session(tmp_path: Path) -> None:
+    app, store = await weather_app(tmp_path)
+    async with serving(app) as base, browser_page() as page:
+        await two_runs(base)
+        async with httpx.AsyncClient(base_url=base) as c:
+            await c.post("/v1/sessions", json={"id": "bob"}, headers=auth())
+        await page.goto(f"{base}/ui/?session=alice/trip#key={KEYS['acme']}")
+        await page.wait_for_selector("#transcript .msg")
+        asked: list[str] = []
+
+        async def answer(dialog: Any, accept: bool) -> None:
+            asked.append(dialog.message)
+            await (dialog.accept() if accept else dialog.dismiss())
+
+        page.once("dialog", lambda d: answer(d, False))
+        await page.click("#delete-session")
+        assert asked and "alice/trip" in asked[0]  # (the click returns once the dialog is answered)
+        async with httpx.AsyncClient(base_url=base) as c:
+            assert (await c.get("/v1/sessions/alice%2Ftrip", headers=auth())).status_code == 200
+        page.once("dialog", lambda d: answer(d, True))
+        await page.click("#delete-session")
+        await page.wait_for_selector("#placeholder", state="visible")
+        assert await page.locator("#sessions li").all_inner_texts() != [] and \
+            await page.locator("#sessions li[data-session='alice/trip']").count() == 0
+        async with httpx.AsyncClient(base_url=base) as c:
+            assert (await c.get("/v1/sessions/alice%2Ftrip", headers=auth())).status_code == 404
+            await page.click("#sessions li[data-session='bob']")
+            await page.wait_for_selector("#session", state="visible")
+            assert (await c.delete("/v1/sessions/bob", headers=auth())).status_code == 204  # gone meanwhile
+        page.once("dialog", lambda d: answer(d, True))
+        await page.click("#delete-session")
+        await page.locator("#session-error", has_text="no session 'bob'").wait_for()  # the server's own message
+    await store.close()
+
+
+async def _route_missing(c: httpx.AsyncClient, method: str, path: str) -> bool:
+    response = await c.request(method, path, headers=auth())
+    return response.status_code == 404 and response.json()["error"]["message"] == "no such route; see /docs"
+
+
+async def test_export_downloads_json_and_markdown(tmp_path: Path) -> None:
+    app, store = await weather_app(tmp_path)
+    async with serving(app) as base, browser_page() as page:
+        await two_runs(base)
+        async with httpx.AsyncClient(base_url=base) as c:
+            if await _route_missing(c, "GET", "/v1/sessions/alice%2Ftrip/export?format=json"):
+                pytest.skip("WAITS ON THE BACKEND: this server has no GET /v1/sessions/{id}/export yet")
+        await page.goto(f"{base}/ui/?session=alice/trip#key={KEYS['acme']}")
+        await page.wait_for_selector("#transcript .msg")
+        async with page.expect_download() as json_download:
+            await page.click("#export-json")
+        exported = await asyncio.to_thread(Path(await (await json_download.value).path()).read_text)
+        assert LONG in json.dumps(json.loads(exported))
+        async with page.expect_download() as md_download:
+            await page.click("#export-markdown")
+        markdown = await asyncio.to_thread(Path(await (await md_download.value).path()).read_text)
+        assert LONG in markdown and "Sunny, 25 C" in markdown
+        assert await page.locator("#session-error").inner_text() == ""
+    await store.close()
+
+
+async def test_stop_shows_only_while_a_run_is_in_flight_and_cancels_it(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = GateModel(gated=True)
+    async with serving(make_app(store, model)) as base, browser_page() as page:
+        async with httpx.AsyncClient(base_url=base) as c:
+            await c.post("/v1/sessions", json={"id": "slow"}, headers=auth())
+            if await _route_missing(c, "POST", "/v1/sessions/slow/cancel"):
+                pytest.skip("WAITS ON THE BACKEND: this server has no POST /v1/sessions/{id}/cancel yet")
+        await page.goto(f"{base}/ui/?session=slow#key={KEYS['acme']}")
+        await page.wait_for_selector("#chat", state="visible")
+        assert not await page.locator("#stop").is_visible()
+        await page.fill("#chat-input", "Take your time.")
+        await page.press("#chat-input", "Enter")
+        await model.entered.wait()
+        await page.locator("#stop").wait_for(state="visible")
+        await page.click("#stop")
+        await page.locator("#stop").wait_for(state="hidden")
+        async with httpx.AsyncClient(base_url=base) as c:
+            after = await c.post("/v1/sessions/slow/cancel", headers=auth())
+        assert after.status_code == 404 and after.json()["error"]["type"] == "NoRunInFlight"
+        assert model.calls == 1
     await store.close()

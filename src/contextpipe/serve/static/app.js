@@ -95,7 +95,9 @@ async function openSession(id) {
   $("session").hidden = false;
   $("chat").hidden = state.info.read_only;
   $("chat-error").textContent = "";
+  $("session-error").textContent = "";
   $("run-result").hidden = true;
+  $("delete-session").hidden = state.info.read_only;
   await refreshSession();
 }
 
@@ -210,6 +212,7 @@ async function streamRun(route, body, shown, badge = "decision") {
   let result = null;
   state.streaming = true;
   $("live").hidden = false;
+  $("stop").hidden = state.info.read_only;
   $("chat-send").disabled = true;
   $("chat-error").textContent = "";
   $("run-result").hidden = true;
@@ -257,11 +260,59 @@ async function streamRun(route, body, shown, badge = "decision") {
   } finally {
     state.streaming = false;
     $("live").hidden = true;
+    $("stop").hidden = true;
     $("chat-send").disabled = false;
   }
   if (state.current === id) await refreshSession();
   loadSessions(true);
   return result;
+}
+
+// --- export, delete, stop ----------------------------------------------------------------------
+
+function showError(error) { $("session-error").textContent = error.message; }
+
+async function exportSession(format) {
+  const id = state.current;
+  const response = await fetch(new URL(`${sessionPath(id)}/export?format=${format}`, API),
+                               { headers: { Authorization: `Bearer ${state.key}` } });
+  if (!response.ok) {
+    let body = null;
+    try { body = await response.json(); } catch (_) { body = null; }
+    throw new ApiError(response.status, body);
+  }
+  const named = /filename="?([^";]+)"?/.exec(response.headers.get("Content-Disposition") || "");
+  const name = named ? named[1] : `${id.replaceAll("/", "_")}.${format === "json" ? "json" : "md"}`;
+  const link = el("a", { href: URL.createObjectURL(await response.blob()), download: name, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  $("session-error").textContent = "";
+}
+
+async function deleteSession() {
+  const id = state.current;
+  if (!confirm(`Delete the session “${id}” and all its messages? This cannot be undone.`)) return;
+  await api(sessionPath(id), { method: "DELETE" });
+  state.current = null;
+  const url = new URL(location.href);
+  url.searchParams.delete("session");
+  history.replaceState(null, "", url);
+  $("session").hidden = true;
+  $("placeholder").hidden = false;
+  await loadSessions(true);
+}
+
+async function stopRun() {
+  $("stop").disabled = true;
+  try {
+    await api(`${sessionPath(state.current)}/cancel`, { method: "POST" });
+    $("run-result").textContent = "Stopping the run…";
+    $("run-result").hidden = false;
+  } finally {
+    $("stop").disabled = false;
+  }
 }
 
 // --- live updates from other clients -------------------------------------------------------------
@@ -296,6 +347,10 @@ $("search").addEventListener("input", () => {
 $("more-sessions").addEventListener("click", () => loadSessions(false));
 $("new-session").addEventListener("click", () => newSession().catch((e) => { $("chat-error").textContent = e.message; }));
 $("older").addEventListener("click", () => loadOlder());
+$("export-json").addEventListener("click", () => exportSession("json").catch(showError));
+$("export-markdown").addEventListener("click", () => exportSession("markdown").catch(showError));
+$("delete-session").addEventListener("click", () => deleteSession().catch(showError));
+$("stop").addEventListener("click", () => stopRun().catch(showError));
 $("find").addEventListener("input", () => applyFind(true));
 $("find-only").addEventListener("change", () => applyFind(true));
 $("find-next").addEventListener("click", () => jump(1));
