@@ -237,3 +237,22 @@ async def test_stop_shows_only_while_a_run_is_in_flight_and_cancels_it(tmp_path:
         assert after.status_code == 404 and after.json()["error"]["type"] == "NoRunInFlight"
         assert model.calls == 1
     await store.close()
+
+
+async def test_at_800_pixels_the_panels_stack_without_a_horizontal_scrollbar(tmp_path: Path) -> None:
+    app, store = await weather_app(tmp_path)
+    async with serving(app) as base, browser_page(800, 900) as page:
+        await two_runs(base)
+        await page.goto(f"{base}/ui/?session=alice/trip#key={KEYS['acme']}")
+        await page.locator("#request li.req.tool").first.wait_for()
+        assert await page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+        transcript = await page.locator(".transcript-pane").bounding_box()
+        detail = await page.locator(".calls-pane").bounding_box()
+        assert transcript is not None and detail is not None
+        assert detail["y"] >= transcript["y"] + transcript["height"] - 1  # stacked, not side by side
+        assert transcript["width"] > 700 and detail["width"] > 700
+        for selector in ("#transcript li.msg", "#request li.req", "#diff li.diff"):
+            box = await page.locator(selector).first.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 800, selector
+        await page.screenshot(path=str(tmp_path / "narrow.png"), full_page=True)
+    await store.close()
