@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe.serve import ApiKeys, ServeSettings, create_app, new_key
+from contextpipe.serve._app import STATIC
 from contextpipe.serve._openapi import openapi_schema
 from contextpipe.stores import MemoryStore, SQLiteStore
 
@@ -55,6 +56,17 @@ async def test_every_api_route_needs_a_known_key() -> None:
         assert (await c.get("/v1/info", headers={"X-API-Key": KEYS["acme"]})).json()["tenant"] == "acme"
         for public in ("/healthz", "/openapi.json", "/docs", "/ui/", "/ui/app.js"):
             assert (await c.get(public)).status_code == 200, public
+
+
+async def test_the_inspector_modules_are_served_as_javascript() -> None:
+    # A browser runs a <script type="module"> only when it comes with a JavaScript MIME type.
+    modules = sorted(p.name for p in STATIC.glob("*.js"))
+    assert "app.js" in modules and len(modules) > 1
+    async with client(make_app(MemoryStore(), GateModel())) as c:
+        for name in modules:
+            response = await c.get(f"/ui/{name}")
+            assert response.status_code == 200, name
+            assert response.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript"), name
 
 
 async def test_a_tenant_never_sees_another_tenants_sessions() -> None:

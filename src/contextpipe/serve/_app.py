@@ -258,6 +258,9 @@ class _Api:
         about: dict[str, Any] | None = None
         if agent is not None:
             about = {"name": agent.name, "model": agent.model.name, "tools": sorted(agent.tools),
+                     # What the model is told of each of the agent's own tools (a trace keeps only names).
+                     "tool_definitions": [{"name": t.spec.name, "description": t.spec.description,
+                                           "parameters": t.spec.parameters} for t in agent.tools.values()],
                      "providers": [{"source_id": p.source_id, "kind": p.kind} for p in agent.providers],
                      "store_traces": agent.durability.store_traces}
         grant = request.state.grant

@@ -325,7 +325,11 @@ def _response_schemas() -> dict[str, Any]:
         "seq": {"type": "integer"}, "summary": _ref("Message"), "created_at": number}}
     agent = {"type": "object", "properties": {
         "name": {"type": ["string", "null"]}, "model": text, "tools": {"type": "array", "items": text},
-        "providers": {"type": "array", "items": {"type": "object"}}, "store_traces": {"type": "boolean"}}}
+        "providers": {"type": "array", "items": {"type": "object"}}, "store_traces": {"type": "boolean"},
+        "tool_definitions": {"type": "array", "description": "What the model is told of each of the agent's own "
+                             "tools: name, description, JSON schema of its parameters.", "items": {
+                                 "type": "object", "required": ["name", "description", "parameters"],
+                                 "properties": {"name": text, "description": text, "parameters": {"type": "object"}}}}}}
     pending = {"type": "object", "required": ["call_id", "tool_name", "arguments", "why", "digest", "message_id"],
                "properties": {
                    "call_id": {"type": "string", "description": "The key of the decision in `decisions`."},
