@@ -165,8 +165,9 @@ class SessionStore(abc.ABC):
     keeps_outbox: bool = False
     """True when appends keep the outbox entries messages carry, for `outbox` and `mark_delivered`."""
     _lease_polling: bool = False
-    """True: `acquire_lease` waiters poll on their own, in no order (the reference for `_lease_line`; 50 runs
-    queued on one session are served in order and FIGURE faster in line: bench/results/lease-line.json)."""
+    """True: `acquire_lease` waiters poll on their own, in no order (the reference for `_lease_line`). 50 runs
+    queued on one session are served in order, 90x (SQLite) and 7.5x (PostgreSQL) faster in line than polling
+    (bench/results/lease-line.json)."""
 
     @property
     def server(self) -> str:
