@@ -42,9 +42,7 @@ removes its messages, state, lease and checkpoints together.
 from __future__ import annotations
 
 import abc
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -72,7 +70,6 @@ __all__ = [
 
 SessionDeletedHook = Callable[[SessionKey], Awaitable[None]]
 """An ``async`` callback told the key of each session a store deleted (see `on_session_deleted`)."""
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +164,10 @@ class SessionStore(abc.ABC):
     """How long the store waits for its server to answer a command (None: no server)."""
     keeps_outbox: bool = False
     """True when appends keep the outbox entries messages carry, for `outbox` and `mark_delivered`."""
+    _lease_polling: bool = False
+    """True: `acquire_lease` waiters poll on their own, in no order (the reference for `_lease_line`). 50 runs
+    queued on one session are served in order, 90x (SQLite) and 7.5x (PostgreSQL) faster in line than polling
+    (bench/results/lease-line.json)."""
 
     @property
     def server(self) -> str:
@@ -441,22 +442,24 @@ class SessionStore(abc.ABC):
             await self._release_lease(lease)
         except Exception as exc:
             raise self._store_error(exc) from exc
+        if (line := self.__dict__.get("_lease_line")) is not None:
+            line.released(lease.key)  # the next run of this process in line asks at once
 
     async def acquire_lease(
         self, tenant: str, session_id: str, owner: str, *, ttl: float = DEFAULT_LEASE_TTL, wait: float = 0.0
     ) -> Lease:
-        """Take the session's lease, waiting up to `wait` seconds; raises `SessionBusy` if it stays held."""
-        deadline = time.monotonic() + wait
-        delay = 0.005
-        while True:
-            lease = await self.try_acquire_lease(tenant, session_id, owner, ttl)
-            if lease is not None:
-                return lease
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SessionBusy.held(self.backend, SessionKey(tenant, session_id))
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.1)
+        """Take the session's lease, waiting up to `wait` seconds; raises `SessionBusy` if it stays held.
+
+        Runs of this process waiting on one session get it first come, first served (`_lease_line`); runs of
+        other processes compete with them through the store. ``wait=0`` never goes ahead of a waiting run.
+        """
+        if wait <= 0 and "_lease_line" not in self.__dict__:  # nobody has waited here: one try, no import
+            if (lease := await self.try_acquire_lease(tenant, session_id, owner, ttl)) is None:
+                raise SessionBusy.held(self.backend, key_of(tenant, session_id))
+            return lease
+        from ._lease_line import acquire  # lazily: a run that never waits does not load it
+
+        return await acquire(self, key_of(tenant, session_id), owner, ttl, wait)
 
     # --- traces ----------------------------------------------------------------------------------
 
