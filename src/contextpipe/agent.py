@@ -44,11 +44,11 @@ from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
 from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
-from .tools import Tool, as_tool
 from .trace import RunJournal
 
 if TYPE_CHECKING:
     from .approvals import AgentApprovalPolicy, Decision, PendingApproval
+    from .tools import Tool
 
 __all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
 
@@ -141,6 +141,8 @@ class Agent:
         self._approval_check = agent_policy(needs_approval)
         self.tools: dict[str, Tool] = {}
         """The agent's own tools by name."""
+        if tools:
+            from .tools import as_tool  # here: an agent without tools never loads the @tool machinery (or pydantic)
         for item in tools:
             t = as_tool(item)
             if t.name in self.tools:

@@ -46,13 +46,13 @@ from typing import Final
 from ._compaction_decision import CompactionDecision
 from ._media import describe, media_tokens
 from ._preview import preview
+from ._tool_spec import ToolSpec
 from .errors import ModelResponseError, UsageError
 from .exchanges import Group, GroupKind
 from .exchanges import group_messages as _group
 from .messages import FunctionResult, Message, Part
 from .models.base import ChatModel, ModelRequest
 from .tokens import REPLY_PRIMING, TokenCounter, Tokenizer
-from .tools import ToolSpec
 
 __all__ = [
     "ClearToolResults",

@@ -24,7 +24,6 @@ from .errors import UsageError
 from .exchanges import ValidatedChunks
 from .messages import INPUT, Message, Source
 from .models.base import ModelMiddleware, ModelSettings
-from .tools import Tool, ToolMiddleware, as_tool
 from .trace import ContextChange, RunJournal
 
 if TYPE_CHECKING:
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
     from .models.base import ChatModel
     from .session import Session
     from .tokens import TokenCounter
+    from .tools import Tool, ToolMiddleware
 
 __all__ = ["AgentInfo", "CheckpointSink", "MessageView", "RunContext", "RunOutcome", "Segment"]
 
@@ -328,6 +328,8 @@ class RunContext:
 
     def add_tools(self, tools: Iterable[Tool | Callable[..., Any]]) -> None:
         """Offer more tools for this run; a name already taken is an error, never an override."""
+        from .tools import as_tool  # here: a run given no tools never loads the @tool machinery
+
         source_id = self._source_id()
         for item in tools:
             t = as_tool(item)

@@ -28,9 +28,9 @@ from functools import lru_cache
 from typing import Any, Final, Protocol, runtime_checkable
 
 from ._media import media_tokens
+from ._tool_spec import ToolSpec
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
-from .tools import ToolSpec
 
 __all__ = [
     "CALIBRATION_KEY",

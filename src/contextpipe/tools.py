@@ -51,6 +51,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, get_args, get_origin, overload
 
+from ._tool_spec import ToolSpec
 from .errors import UsageError
 from .messages import DataPart, UriPart
 from .outbox import Outbox, returning
@@ -65,18 +66,6 @@ __all__ = ["CallTool", "ContextHandler", "Handler", "Tool", "ToolInvocation", "T
            "ToolSpec", "tool"]
 
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """What a model is told about a tool: its name, description and JSON schema of arguments."""
-
-    name: str
-    """Name the model calls the tool by."""
-    description: str
-    """What the tool does, for the model."""
-    parameters: dict[str, Any]
-    """JSON schema (an object schema) of the arguments."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 from ..exchanges import LATE_RESULT_KEY
 from ..messages import FunctionCall, FunctionResult, Message
 from ..outbox import OUTBOX_KEY
-from ..tool_context import ToolContext
-from ..tools import ToolOutcome
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `tool_context` and `tools` are imported with a tool call: a run without one never loads them
     from ..outbox import Outbox
     from ..session import Session
-    from ..tools import Tool
+    from ..tool_context import ToolContext
+    from ..tools import Tool, ToolOutcome
     from .threads import RunThreads
 
 __all__ = ["CallContexts", "interrupted", "invoke_tool", "not_run_again", "returned", "stopped_with_run"]
@@ -63,6 +62,8 @@ class CallContexts:
 
     def for_call(self, call: FunctionCall) -> ToolContext[Any]:
         """Return the context of `call` (one of the calls `expect` was told about last)."""
+        from ..tool_context import ToolContext
+
         context = ToolContext.for_call(call.call_id, call.name, deps=self.deps, session=self.session,
                                        message_id=self._made_by.get(call.call_id, ""), agent=self.agent,
                                        state_owners=self.state_owners, outbox_problem=self.outbox_problem)
@@ -98,6 +99,8 @@ async def invoke_tool(tools: dict[str, Tool], call: FunctionCall, arguments: str
     """
     tool = tools.get(call.name)
     if tool is None:
+        from ..tools import ToolOutcome
+
         names = ", ".join(sorted(tools)) or "none"
         return ToolOutcome(f"Error: there is no tool named {call.name!r}. Available tools: {names}.", is_error=True)
     return await tool._invoke(arguments, None if threads is None else functools.partial(threads.started, call),

@@ -38,7 +38,6 @@ from ..exchanges import late_result, normalise_calls, tool_message, unanswered_c
 from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
 from ..models.base import CallModel, ChatModel, ModelRequest, ModelResponse, ReasoningDelta, TextDelta, Usage
 from ..pipeline import MessageView, Segment
-from ..tools import ToolOutcome
 from ..trace import ContextChange, PromptTrace
 from .approvals import ApprovalGate
 from .calls import CallContexts, deferrable, invoke_tool, returned, stopped_with_run
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
     from ..telemetry import ExecuteTool
     from ..tool_context import ToolContext
-    from ..tools import Tool, ToolSpec
+    from ..tools import Tool, ToolOutcome, ToolSpec
     from .writer import StepWriter
 
 __all__ = ["ModelStep", "StepLoop", "Stop"]

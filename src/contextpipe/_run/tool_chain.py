@@ -16,17 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..errors import ToolMiddlewareError, UsageError, clause, shorten
 from ..messages import FunctionCall, FunctionResult
-from ..tool_context import ToolContext
-from ..tools import CallTool, ToolInvocation, ToolMiddleware, ToolOutcome
 from ..trace import ApprovalAction, RunJournal, ToolMiddlewareAction, TracedToolCall, TracedToolMiddleware
+
+if TYPE_CHECKING:  # `tools` is imported with a call through middleware: a run without tool calls never loads it
+    from ..tool_context import ToolContext
+    from ..tools import CallTool, ToolInvocation, ToolMiddleware, ToolOutcome
 
 __all__ = ["ToolChain"]
 
-Invoke = Callable[[FunctionCall, str, ToolContext[Any]], Awaitable[ToolOutcome]]
+Invoke: TypeAlias = "Callable[[FunctionCall, str, ToolContext[Any]], Awaitable[ToolOutcome]]"
 """Runs the tool the model's call names with JSON arguments and the call's context (`_run.calls.invoke_tool`)."""
 
 
@@ -62,6 +64,8 @@ class ToolChain:
             self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error,
                                                           approval=approval))
             return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
+        from ..tools import ToolInvocation
+
         state = _Call([None] * len(self._middleware))
         chain = self._terminal(call, state, context)
         for index in reversed(range(len(self._middleware))):
@@ -89,6 +93,8 @@ class ToolChain:
         return run_tool
 
     def _bind(self, index: int, call_next: CallTool, state: _Call) -> CallTool:
+        from ..tools import ToolInvocation, ToolOutcome
+
         source_id, middleware = self._middleware[index]
 
         async def bound(call: ToolInvocation) -> ToolOutcome:
@@ -134,6 +140,8 @@ class ToolChain:
 
     def _failed(self, call: FunctionCall, state: _Call, exc: Exception) -> ToolOutcome:
         """Note the failure to raise after the step; return the error result the call is answered with."""
+        from ..tools import ToolOutcome
+
         source_id = self._middleware[state.culprit][0]  # the outermost one notes an exception no inner one raised
         ran = "the tool had run, but its result was lost" if state.ran else "the tool did not run"
         failure = ToolMiddlewareError(

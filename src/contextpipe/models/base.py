@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
 
+from .._tool_spec import ToolSpec
 from ..messages import Message
-from ..tools import ToolSpec
 
 __all__ = [
     "CallModel",
