@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 from ..errors import UsageError
 
 __all__ = ["EMBEDDER_KEY", "Embedder", "Fusion", "SearchHit", "VectorRecord", "VectorStore", "Where",
-           "check_embedder", "combmnz", "embed_queries", "embed_query", "fuse", "keyword_terms", "rrf"]
+           "check_embedder", "combmnz", "delete_user", "embed_queries", "embed_query", "fuse", "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
 """Metadata filter: every key must equal its value (or be one of the values, for a list); None matches a
@@ -198,6 +198,15 @@ class VectorStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources the store owns."""
+
+
+async def delete_user(vectors: VectorStore, collection: str, tenant: str, user_id: str,
+                      session_ids: Sequence[str] = ()) -> int:
+    """Delete the records of `collection` that name `user_id`, or one of `session_ids`, in `tenant`; return how many."""
+    gone = await vectors.delete(collection, where={"tenant": tenant, "user_id": user_id})
+    if session_ids:
+        gone += await vectors.delete(collection, where={"tenant": tenant, "session_id": list(session_ids)})
+    return gone
 
 
 def _without(hits: list[SearchHit], skip: frozenset[str], k: int) -> list[SearchHit]:
