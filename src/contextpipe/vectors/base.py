@@ -196,6 +196,13 @@ class VectorStore(abc.ABC):
         raise UsageError(f"{type(self).__name__} cannot list its records: implement VectorStore.records() "
                          "to read a fact's history from it")
 
+    async def erase_deleted(self, collection: str) -> None:  # noqa: B027 - optional hook
+        """Make the deleted records' words unreadable from the store's indexes too (after a user's erasure).
+
+        A keyword index may keep a deleted record's words until it merges (SQLite FTS5 does): this
+        merges it now. The built-in stores with nothing left behind do nothing.
+        """
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources the store owns."""
 
@@ -206,6 +213,7 @@ async def delete_user(vectors: VectorStore, collection: str, tenant: str, user_i
     gone = await vectors.delete(collection, where={"tenant": tenant, "user_id": user_id})
     if session_ids:
         gone += await vectors.delete(collection, where={"tenant": tenant, "session_id": list(session_ids)})
+    await vectors.erase_deleted(collection)
     return gone
 
 
