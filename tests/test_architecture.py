@@ -32,7 +32,7 @@ SURFACES = {
         "external_input",
     ],
     "contextpipe.stores": [
-        "Checkpoint", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
+        "Checkpoint", "Erased", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
         "SQLiteStore", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
