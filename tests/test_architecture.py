@@ -32,7 +32,7 @@ SURFACES = {
         "external_input",
     ],
     "contextpipe.stores": [
-        "Checkpoint", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
+        "Checkpoint", "Erased", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
         "SQLiteStore", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
@@ -81,7 +81,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline", "events", "_stream"),
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals"),
-    ("providers", "providers.*"),
+    ("providers", "providers.*", "erasure"),  # erasure: what providers and stores keep of a user
     ("_run.loop", "_run"),
     ("agent",),
 ]

@@ -124,7 +124,8 @@ def test_importing_the_agent_loads_no_heavy_module() -> None:
     # The built-in providers, the vector types and the durable stores load when first named.
     assert [m for m in loaded if m.startswith(("contextpipe.providers.", "contextpipe.vectors", "contextpipe.stores."))
             and m not in ("contextpipe.providers.base", "contextpipe.stores.base", "contextpipe.stores._checks",
-                          "contextpipe.stores._common", "contextpipe.stores.memory")] == []
+                          "contextpipe.stores._common", "contextpipe.stores._records",
+                          "contextpipe.stores.memory")] == []
     assert [m for m in loaded if m in DEFERRED] == []
 
 

@@ -49,8 +49,9 @@ def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
         "AfterRunError", "Agent", "AgentInfo", "AgentStream", "ApprovalError", "ApprovalRequired",
         "CodecError", "ConcurrentUpdate", "ContextPipeError",
-        "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "Durability", "FunctionCall",
-        "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "InputConflict", "LeaseLost", "Message",
+        "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "Durability", "ForgetReport",
+        "FunctionCall", "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "InputConflict", "LeaseLost",
+        "Message",
         "ModelAuthError",
         "ModelBadRequest",
         "ModelConnectionError", "ModelError", "ModelRateLimited", "ModelResponseError", "ModelServerError",

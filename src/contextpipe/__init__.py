@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .agent import Agent, AgentStream
     from .approvals import PendingApproval, approve, reject
     from .config import Durability, Heartbeat, HistoryPolicy, RunLimits
+    from .erasure import ForgetReport
     from .errors import (
         AfterRunError,
         ApprovalError,
@@ -93,6 +94,7 @@ __all__ = [
     "CorruptRecord",
     "DataPart",
     "Durability",
+    "ForgetReport",
     "FunctionCall",
     "FunctionResult",
     "Heartbeat",
@@ -164,6 +166,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ApprovalRequired", "ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason",
                      "StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
     **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),
+    "ForgetReport": ".erasure",
     **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",
                      "UnknownPart", "UriPart"), ".messages"),
     "ModelSettings": ".models.base", "Usage": ".models.base",
@@ -174,7 +177,8 @@ _EXPORTS: dict[str, str] = {
     "Tool": ".tools", "ToolOutcome": ".tools", "tool": ".tools", "ToolContext": ".tool_context",
     "PromptTrace": ".trace",
 }
-_SUBMODULES = ("agent", "approvals", "codec", "compaction", "config", "errors", "events", "exchanges", "messages",
+_SUBMODULES = ("agent", "approvals", "codec", "compaction", "config", "erasure", "errors", "events", "exchanges",
+               "messages",
                "models", "pipeline", "providers", "session", "stores", "telemetry", "tokens", "tool_context", "tools",
                "trace", "vectors")
 

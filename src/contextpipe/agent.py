@@ -48,6 +48,7 @@ from .trace import RunJournal
 
 if TYPE_CHECKING:
     from .approvals import AgentApprovalPolicy, Decision, PendingApproval
+    from .erasure import ForgetReport
     from .tools import Tool
 
 __all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
@@ -222,6 +223,33 @@ class Agent:
     async def history(self, session: Session, *, limit: int | None = None) -> list[Message]:
         """Return the session's stored messages (the last `limit` when given) from the agent's store."""
         return (await self.store.load(session.tenant, session.id, limit=limit)).messages
+
+    async def forget_user(self, tenant: str, user_id: str, *, wait: float = 0.0) -> ForgetReport:
+        """Remove everything kept of `user_id` in `tenant` (a GDPR erasure); return what went.
+
+        The user's sessions (``session.state["user_id"]``) go from the agent's store and its history
+        providers' stores, with their logs, summaries and traces; so do the user's memories and facts
+        in its `SemanticMemory` and `FactMemory` providers. If a run holds one of the sessions longer
+        than `wait` seconds, `SessionBusy` names it and nothing is removed. Safe to call again: a
+        retry removes what is left (`contextpipe.erasure`).
+
+        >>> import asyncio
+        >>> from contextpipe.testing import ScriptedModel
+        >>> agent = Agent(model=ScriptedModel(["Hello!"]))
+        >>> async def main():
+        ...     session = await agent.session("alice-1")
+        ...     session.state["user_id"] = "alice"
+        ...     await agent.run("Hi", session=session)
+        ...     return await agent.forget_user("default", "alice")
+        >>> report = asyncio.run(main()); (report.session_ids, report.messages)
+        (('alice-1',), 2)
+        """
+        from .erasure import forget_user  # here: importing the agent need not load it
+
+        stores = dict.fromkeys([self.store, *(p.store for p in self.history_providers
+                                              if isinstance(p.store, SessionStore))])
+        return await forget_user(tenant, user_id, run_store=self.store, stores=list(stores),
+                                 providers=self.providers, wait=wait)
 
     async def pending_approvals(self, session: Session) -> list[PendingApproval]:
         """Return the tool calls of `session` awaiting a person's decision (an empty list when none does).

@@ -28,6 +28,7 @@ from ..vectors.base import (
     VectorStore,
     Where,
     check_embedder,
+    delete_user,
     embed_query,
 )
 from ._fact_records import Fact, seconds, user_facts
@@ -204,6 +205,14 @@ class FactMemory(ContextProvider):
         """Wait for background extractions to finish."""
         while self._running:
             await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+
+    async def forget_user(self, tenant: str, user_id: str, session_ids: Sequence[str] = ()) -> int:
+        """Delete every version of `user_id`'s facts (and any learned in `session_ids`); return how many went.
+
+        Background extractions are waited for first, so none writes a fact afterwards (`Agent.forget_user`).
+        """
+        await self.drain()
+        return await delete_user(self.vectors, self.collection, tenant, user_id, session_ids)
 
     async def _forget_extracted(self, pending: _Pending, where: Where) -> None:
         """Drop the waiting turns whose extraction (here, or in another process) has written their facts."""

@@ -14,7 +14,7 @@ from .base import HistoryProvider, LoadedHistory
 
 if TYPE_CHECKING:
     from ..config import HistoryPolicy
-    from ..session import Session
+    from ..session import Session, SessionKey
     from ..stores.base import Checkpoint, Lease, SessionStore
 
 __all__ = ["History"]
@@ -146,6 +146,13 @@ class History(HistoryProvider):
         """Tag kept messages as this provider's history once, so later runs need no tagged copies."""
         source = Source("history", self.source_id)
         return [m.with_source(source) for m in messages]
+
+    def forget_cached(self, keys: Sequence[SessionKey]) -> None:
+        """Drop the messages kept in this process for the sessions `keys` (`Agent.forget_user`)."""
+        for key in keys:
+            tail = self._tails.pop((key.tenant, key.id), None)
+            if tail is not None:
+                self._cached -= len(tail.messages)
 
     def _keep(self, session: Session, token: int, tail: _Tail) -> None:
         size = len(tail.messages)

@@ -36,6 +36,7 @@ from ..vectors.base import (
     VectorRecord,
     VectorStore,
     check_embedder,
+    delete_user,
     embed_queries,
     embed_query,
     keyword_terms,
@@ -493,6 +494,14 @@ class SemanticMemory(ContextProvider):
         while len(recent) > _RECENT_LINES:
             recent.popitem(last=False)
         return [known[line] for line in lines]
+
+    async def forget_user(self, tenant: str, user_id: str, session_ids: Sequence[str] = ()) -> int:
+        """Delete the memories of `user_id` and of its sessions `session_ids`; return how many went.
+
+        Used by `Agent.forget_user`. The embeddings kept in this process for reuse are dropped too.
+        """
+        self._recent.clear()
+        return await delete_user(self.vectors, self.collection, tenant, user_id, session_ids)
 
     async def forget_session(self, tenant: str, session_id: str) -> int:
         """Delete the memories recorded for one session (for vector stores that do not cascade)."""

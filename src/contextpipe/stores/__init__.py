@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 from .base import (
     Checkpoint,
+    Erased,
     Lease,
     MessagePage,
     OutboxEntry,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Checkpoint",
+    "Erased",
     "Lease",
     "MemoryStore",
     "MessagePage",

@@ -44,7 +44,6 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Self
 
 from ..config import DEFAULT_LEASE_TTL
@@ -52,6 +51,7 @@ from ..errors import SessionBusy, StoreError, UsageError
 from ..messages import Message
 from ..outbox import OutboxEntry
 from ..session import Session, SessionKey, validate_tenant
+from ..session import user_id as user_id_of
 from ._checks import (
     check_bounds,
     check_limit,
@@ -62,91 +62,15 @@ from ._checks import (
     key_of,
     to_store_error,
 )
+from ._records import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionListing
 
 __all__ = [
-    "Checkpoint", "Lease", "MessagePage", "OutboxEntry", "SessionDeletedHook", "SessionInfo", "SessionKey",
+    "Checkpoint", "Erased", "Lease", "MessagePage", "OutboxEntry", "SessionDeletedHook", "SessionInfo", "SessionKey",
     "SessionListing", "SessionStore",
 ]
 
 SessionDeletedHook = Callable[[SessionKey], Awaitable[None]]
 """An ``async`` callback told the key of each session a store deleted (see `on_session_deleted`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The right to run on one session until `expires_at`; `token` fences writes."""
-
-    tenant: str
-    """Tenant of the leased session."""
-    session_id: str
-    """Id of the leased session."""
-    owner: str
-    """Who holds the lease (a random id per run)."""
-    token: int
-    """Fencing token: grows with every acquisition; writes carrying an older token are refused."""
-    expires_at: float
-    """Time (seconds since the epoch, on the store's clock) after which another run may take the lease over."""
-    ttl: float
-    """How long the lease lasts after each acquisition or renewal, in seconds."""
-
-    @property
-    def key(self) -> SessionKey:
-        """The leased session's key."""
-        return SessionKey(self.tenant, self.session_id)
-
-    def renewed(self, expires_at: float) -> Lease:
-        """Return the same lease, now expiring at `expires_at`."""
-        return Lease(self.tenant, self.session_id, self.owner, self.token, expires_at, self.ttl)
-
-
-@dataclass(frozen=True, slots=True)
-class MessagePage:
-    """A contiguous slice of a session's log, oldest first."""
-
-    messages: list[Message]
-    """The messages, in sequence order."""
-    first_seq: int
-    """Sequence of ``messages[0]`` (when empty: one past the end of the requested range)."""
-    has_more: bool
-    """True when older messages exist before this page (load again with ``before=first_seq``)."""
-
-    @property
-    def last_seq(self) -> int:
-        """Sequence of the last message of the page (``first_seq - 1`` when empty)."""
-        return self.first_seq + len(self.messages) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """A summary standing in for the log up to and including sequence `seq`."""
-
-    seq: int
-    """Last sequence the summary covers."""
-    summary: Message
-    """The summary, sent to the model in place of the messages it covers."""
-    created_at: float
-    """When the checkpoint was written."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """A session as listed: identity, version, sizes and times."""
-
-    tenant: str
-    session_id: str
-    version: int
-    message_count: int
-    created_at: float
-    updated_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class SessionListing:
-    """One page of `SessionStore.list_sessions`, most recently updated first."""
-
-    sessions: list[SessionInfo]
-    next_cursor: str | None
-    """Pass to the next call to continue; None on the last page."""
 
 
 class SessionStore(abc.ABC):
@@ -231,14 +155,38 @@ class SessionStore(abc.ABC):
 
         The `on_session_deleted` hooks run after the session is gone.
         """
+        return await self.erase_session(tenant, session_id) is not None
+
+    async def erase_session(self, tenant: str, session_id: str) -> Erased | None:
+        """Delete the session like `delete_session`; return what went (None: there was no session).
+
+        It is the one deletion the append-only log allows (retention, a user's erasure): the rows go,
+        not a marker. A lease some run holds goes with them (that run's next write gets `LeaseLost`).
+        """
         key = key_of(tenant, session_id)
         try:
-            existed = await self._delete(key)
+            erased = await self._delete(key)
         except Exception as exc:
             raise self._store_error(exc) from exc
-        if existed:
+        if erased is not None:
             await self._notify_deleted([key])
-        return existed
+        return erased
+
+    async def user_sessions(self, tenant: str, user_id: str) -> list[str]:
+        """Return the ids of the tenant's sessions that belong to `user_id` (``session.state["user_id"]``).
+
+        It reads every session of the tenant (a page of the listing, then each record): meant for
+        rare whole-user operations such as `Agent.forget_user`, not for a request path.
+        """
+        found, cursor = [], None
+        while True:
+            page = await self.list_sessions(tenant, limit=500, cursor=cursor)
+            for info in page.sessions:
+                session = await self.get_session(tenant, info.session_id)
+                if session is not None and user_id_of(session) == user_id:
+                    found.append(info.session_id)
+            if (cursor := page.next_cursor) is None:
+                return found
 
     def on_session_deleted(self, hook: SessionDeletedHook) -> Callable[[], None]:
         """Call `hook` with the key of every session this store deletes; return a function that unregisters it.
@@ -541,8 +489,8 @@ class SessionStore(abc.ABC):
         """Store the session's state (`save_session`); return its new version."""
 
     @abc.abstractmethod
-    async def _delete(self, key: SessionKey) -> bool:
-        """Delete the session (`delete_session`, which runs the hooks); return whether it existed."""
+    async def _delete(self, key: SessionKey) -> Erased | None:
+        """Delete the session (`erase_session`, which runs the hooks); return what went, None if nothing did."""
 
     @abc.abstractmethod
     async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:

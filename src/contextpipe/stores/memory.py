@@ -28,7 +28,7 @@ from ._common import (
     lease_is_free,
     lease_lost,
 )
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
+from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
 __all__ = ["MemoryStore"]
 
@@ -150,8 +150,9 @@ class MemoryStore(SessionStore):
         return entry.version
 
     @override
-    async def _delete(self, key: SessionKey) -> bool:
-        return self._entries.pop(key, None) is not None
+    async def _delete(self, key: SessionKey) -> Erased | None:
+        entry = self._entries.pop(key, None)
+        return None if entry is None else Erased(len(entry.log), len(entry.checkpoints), len(entry.traces))
 
     @override
     async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:

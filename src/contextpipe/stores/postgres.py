@@ -31,7 +31,7 @@ from ..session import Session, SessionKey
 from . import _common as common
 from . import _outbox as outbox
 from . import _rows as row_codec
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
+from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
     import asyncpg
@@ -287,10 +287,12 @@ class PostgresStore(SessionStore):
                         row["now"])
         return row
 
-    async def _delete_rows(self, conn: asyncpg.Connection, key: SessionKey, *, keep_row: bool = False) -> bool:
+    async def _delete_rows(self, conn: asyncpg.Connection, key: SessionKey, *,
+                           keep_row: bool = False) -> Erased | None:
         p = self._p
-        for table in ("messages", "checkpoints", "traces", "outbox"):
-            await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2", key.tenant, key.id)
+        counts = [int(str(await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2",
+                                             key.tenant, key.id)).split()[-1])
+                  for table in ("messages", "checkpoints", "traces", "outbox")]
         if keep_row:
             status = await conn.execute(
                 f"UPDATE {p}sessions SET state = '{{}}', version = 0, ttl = NULL, expires_at = NULL, last_seq = 0, "
@@ -299,7 +301,7 @@ class PostgresStore(SessionStore):
         else:
             status = await conn.execute(f"DELETE FROM {p}sessions WHERE tenant = $1 AND session_id = $2",
                                         key.tenant, key.id)
-        return str(status).split()[-1] != "0"
+        return None if str(status).split()[-1] == "0" else Erased(*counts[:3])
 
     async def _touch(self, conn: asyncpg.Connection, key: SessionKey) -> None:
         await conn.execute(
@@ -336,7 +338,7 @@ class PostgresStore(SessionStore):
         return int(row["version"]) + 1
 
     @override
-    async def _delete(self, key: SessionKey) -> bool:
+    async def _delete(self, key: SessionKey) -> Erased | None:
         async with self._transaction() as conn:
             return await self._delete_rows(conn, key)
 

@@ -28,7 +28,7 @@ from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
 from . import _rows as row_codec
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
+from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -172,10 +172,11 @@ return {'ok', ''}
 """
 
 _DELETE: Final = """
-local existed = redis.call('EXISTS', KEYS[1])
+local gone = {redis.call('EXISTS', KEYS[1]), redis.call('LLEN', KEYS[2]), redis.call('ZCARD', KEYS[4]),
+              redis.call('LLEN', KEYS[7])}
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7])
 redis.call('ZREM', KEYS[6], ARGV[1])
-return existed
+return gone
 """
 
 
@@ -353,8 +354,9 @@ class RedisStore(SessionStore):
         return int(value)
 
     @override
-    async def _delete(self, key: SessionKey) -> bool:
-        return bool(await self._lua_delete(keys=self._keys(key), args=[key.id]))
+    async def _delete(self, key: SessionKey) -> Erased | None:
+        existed, messages, summaries, traces = await self._lua_delete(keys=self._keys(key), args=[key.id])
+        return Erased(int(messages), int(summaries), int(traces)) if existed else None
 
     @override
     async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:

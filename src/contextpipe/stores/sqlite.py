@@ -38,7 +38,7 @@ from . import _sqlite_lease as lease_rows
 from . import _sqlite_log as log
 from ._sqlite_file import SQLITE_SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from ._sqlite_file import create_tables, open_for_writing, open_read_only
-from .base import Checkpoint, Lease, MessagePage, SessionInfo, SessionStore
+from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
 __all__ = ["SQLiteStore"]
 
@@ -292,17 +292,15 @@ class SQLiteStore(SessionStore):
         conn.execute(f"UPDATE cp_sessions SET updated_at = ?, expires_at = {_EXPIRY_AFTER_WRITE} "
                      "WHERE tenant = ? AND session_id = ?", (now, now, key.tenant, key.id))
 
-    def _delete_rows(self, conn: sqlite3.Connection, key: SessionKey) -> bool:
+    def _delete_rows(self, conn: sqlite3.Connection, key: SessionKey) -> Erased | None:
         """Delete everything of the session (its `on_session_deleted` hooks run after the operation)."""
         k = (key.tenant, key.id)
-        conn.execute("DELETE FROM cp_messages WHERE tenant = ? AND session_id = ?", k)
-        conn.execute("DELETE FROM cp_checkpoints WHERE tenant = ? AND session_id = ?", k)
-        conn.execute("DELETE FROM cp_traces WHERE tenant = ? AND session_id = ?", k)
-        conn.execute("DELETE FROM cp_outbox WHERE tenant = ? AND session_id = ?", k)
-        existed = conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).rowcount > 0
-        if existed:
-            self._dropped.append(key)
-        return existed
+        counts = [conn.execute(f"DELETE FROM cp_{table} WHERE tenant = ? AND session_id = ?", k).rowcount
+                  for table in ("messages", "checkpoints", "traces", "outbox")]
+        if conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).rowcount == 0:
+            return None
+        self._dropped.append(key)
+        return Erased(*counts[:3])
 
     # --- session records ---------------------------------------------------------------------------
 
@@ -341,11 +339,11 @@ class SQLiteStore(SessionStore):
         return int(row["version"]) + 1
 
     @override
-    async def _delete(self, key: SessionKey) -> bool:
-        existed, _ = await self._execute(self._delete_durably, key)  # its hooks are run by `delete_session`
-        return existed
+    async def _delete(self, key: SessionKey) -> Erased | None:
+        erased, _ = await self._execute(self._delete_durably, key)  # its hooks are run by `erase_session`
+        return erased
 
-    def _delete_durably(self, conn: sqlite3.Connection, key: SessionKey) -> bool:
+    def _delete_durably(self, conn: sqlite3.Connection, key: SessionKey) -> Erased | None:
         with self._transaction(conn, durable=True):
             return self._delete_rows(conn, key)
 

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 from ..errors import UsageError
 
 __all__ = ["EMBEDDER_KEY", "Embedder", "Fusion", "SearchHit", "VectorRecord", "VectorStore", "Where",
-           "check_embedder", "combmnz", "embed_queries", "embed_query", "fuse", "keyword_terms", "rrf"]
+           "check_embedder", "combmnz", "delete_user", "embed_queries", "embed_query", "fuse", "keyword_terms", "rrf"]
 
 Where = Mapping[str, Any]
 """Metadata filter: every key must equal its value (or be one of the values, for a list); None matches a
@@ -196,8 +196,25 @@ class VectorStore(abc.ABC):
         raise UsageError(f"{type(self).__name__} cannot list its records: implement VectorStore.records() "
                          "to read a fact's history from it")
 
+    async def erase_deleted(self, collection: str) -> None:  # noqa: B027 - optional hook
+        """Make the deleted records' words unreadable from the store's indexes too (after a user's erasure).
+
+        A keyword index may keep a deleted record's words until it merges (SQLite FTS5 does): this
+        merges it now. The built-in stores with nothing left behind do nothing.
+        """
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources the store owns."""
+
+
+async def delete_user(vectors: VectorStore, collection: str, tenant: str, user_id: str,
+                      session_ids: Sequence[str] = ()) -> int:
+    """Delete the records of `collection` that name `user_id`, or one of `session_ids`, in `tenant`; return how many."""
+    gone = await vectors.delete(collection, where={"tenant": tenant, "user_id": user_id})
+    if session_ids:
+        gone += await vectors.delete(collection, where={"tenant": tenant, "session_id": list(session_ids)})
+    await vectors.erase_deleted(collection)
+    return gone
 
 
 def _without(hits: list[SearchHit], skip: frozenset[str], k: int) -> list[SearchHit]:

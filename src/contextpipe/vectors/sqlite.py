@@ -506,6 +506,15 @@ class SQLiteVectorStore(VectorStore):
                                                               [collection, *params]).fetchone()[0]))
 
     @override
+    async def erase_deleted(self, collection: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            table = self._keyword_tables.table(conn, collection)
+            if table is not None:  # FTS5 keeps a deleted row's terms in its segments until they merge
+                conn.execute(f"INSERT INTO {table} ({table}) VALUES ('optimize')")
+
+        await self._run(op)
+
+    @override
     async def records(self, collection: str, *, where: Where | None = None) -> list[SearchHit]:
         check_where(where)
         sql_where, params = json_where(where)
