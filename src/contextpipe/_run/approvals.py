@@ -549,12 +549,12 @@ _ACTIONS: dict[type, ApprovalAction] = {Approval: "approved", Rejection: "reject
 
 def _refuse_input(waiting: Sequence[PendingApproval]) -> None:
     names = ", ".join(f"{p.tool_name} ({p.call_id})" for p in waiting)
+    client = "; a client tool's call: pending.answer(result)" if any(p.client for p in waiting) else ""
     raise ApprovalError(
-        f"the session's tool calls {names} await approval (or a client tool's result), and new input may not come "
-        "before they are answered; nothing was run or stored. Decide them first: agent.run(None, session=session, "
-        "approvals={call_id: approve() or reject('why')}, or pending.answer(result) for a client tool's call) (a run "
-        "without input lists them in result.pending_approvals), then send the input again",
-        call_ids=[p.call_id for p in waiting])
+        f"the session's tool calls {names} await approval, and new input may not come before they are "
+        "answered; nothing was run or stored. Decide them first: agent.run(None, session=session, "
+        f"approvals={{call_id: approve() or reject('why'){client}}}) (a run without input lists them in "
+        "result.pending_approvals), then send the input again", call_ids=[p.call_id for p in waiting])
 
 
 async def _ask(check: ApprovalCheck, whose: str, call: FunctionCall,
