@@ -47,19 +47,27 @@ class _Api(Protocol):
 
 async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
     """Run on the request's thread and stream the run as AG-UI events."""
-    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input, agui_new
+    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input, agui_known, agui_new
+    from ._agui_tools import agui_answers, agui_tools
 
     runs = api._writable()
     run_input = agui_input(await api._body(request))
     approvals = agui_decisions(run_input)
     api._refuse_when_draining(runs)
     assert api.agent is not None
+    tools = agui_tools(run_input, api.agent)
     thread = run_input.thread_id
     existing = await api.store.get_session(tenant, thread)
     if existing is not None and not visible(request.state.grant, existing):
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
     # The history the client resends: what the session holds is not input again.
-    new = await agui_new(run_input, lambda i: api._holds(existing, i))
+    at = await agui_known(run_input, lambda i: api._holds(existing, i))
+    answers = await agui_answers(run_input.messages[at + 1:], api.agent, existing)  # client tools' results
+    if set(answers) & set(approvals or {}):
+        raise HTTPError(409, "ApprovalError", f"calls {sorted(set(answers) & set(approvals or {}))} are answered "
+                        "by a tool message and by resume both: answer each once; nothing ran")
+    approvals = {**(approvals or {}), **answers} or None
+    new = agui_new(run_input, at, answering=bool(answers))
     if approvals and existing is None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
     if not new and not approvals and (existing is None or await api._empty(tenant, thread)):
@@ -73,7 +81,8 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     if approvals:
         await refuse_unfit(api.store, session, approvals)
     agui_run = AgUiRun(run_input, session)
-    run = runs.start(session, new or None, lease_wait=1.0, stream=True, approvals=approvals, providers=[agui_run])
+    run = runs.start(session, new or None, lease_wait=1.0, stream=True, approvals=approvals, providers=[agui_run],
+                     tools=tools)
 
     async def body() -> AsyncIterator[str]:
         finished = False
