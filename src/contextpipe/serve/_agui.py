@@ -214,7 +214,7 @@ def agui_new(run_input: Any, at: int, *, answering: bool = False) -> list[Messag
 
     The messages after it are new: their user messages are the input (other roles there, such as
     the assistant messages the client names itself, are not stored). When nothing after it is a
-    user message and the known one is a user message, that one is returned again, so the run is
+    user message, the last user message up to the known one is returned again, so the run is
     answered from the log (a retry) instead of answering twice; not when the request is `answering`
     client tools' calls (`serve._agui_tools`). When the session knows none, the trailing user
     messages are the input.
@@ -223,8 +223,8 @@ def agui_new(run_input: Any, at: int, *, answering: bool = False) -> list[Messag
     if at < 0:
         return _trailing_users(messages)
     new = [_user(m) for m in messages[at + 1:] if getattr(m, "role", None) == "user"]
-    if not new and not answering and getattr(messages[at], "role", None) == "user":
-        new = [_user(messages[at])]
+    if not new and not answering:  # the last user message up to the known one (a stored call's message is known)
+        new = _trailing_users([m for m in messages[:at + 1] if getattr(m, "role", None) == "user"])[-1:]
     return new
 
 
