@@ -25,7 +25,7 @@ from ..approvals import Decision, approve, reject
 from ..errors import UsageError
 from ..messages import DataPart, Message, Part, TextPart, UriPart
 from ..providers.base import ContextProvider
-from ._agui_tools import client_call_events
+from ._agui_tools import TOOL_NAME, client_call_events
 from ._json import HTTPError
 from ._openai_requests import image_part
 from ._requests import BASE64, DIGEST, RULES, SESSION_ID, URI, validate
@@ -61,7 +61,8 @@ def agui_schemas() -> dict[str, Any]:
 
     It is the protocol's own schema (``ag-ui-protocol``'s models, camelCase names only) with the rules
     `agui_input` adds: ``threadId`` is a session id, ``state`` an object, and a user message holds
-    text and images (``AgUiUserImagePart``: base64 bytes, or a URL) only.
+    text and images (``AgUiUserImagePart``: base64 bytes, or a URL) only, and a front-end tool has a
+    tool's name and the schema of an object (or none) as its parameters.
     """
     core = _require()
     schema = core.RunAgentInput.model_json_schema(by_alias=True, ref_template="#/components/schemas/AgUi{model}")
@@ -72,6 +73,10 @@ def agui_schemas() -> dict[str, Any]:
                                      f"The shared state the run starts from (at most {MAX_STATE_BYTES} bytes of JSON); "
                                      "absent or null: the session's."}
     out["AgUiRunAgentInput"] = schema
+    out["AgUiTool"]["properties"]["name"] |= {"pattern": TOOL_NAME, "description": "1-64 letters, digits, _ or -."}
+    out["AgUiTool"]["properties"]["parameters"] = {"anyOf": [
+        {"type": "object", "properties": {"type": {"const": "object"}}}, {"type": "null"}], "default": None,
+        "description": "The JSON schema of the arguments: an object's (or null: none)."}
     _user_images(out)
     _require_tags(out, out)
     return out

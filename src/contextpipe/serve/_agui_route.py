@@ -20,6 +20,8 @@ from ._users import claim, visible
 
 if TYPE_CHECKING:
     from ..agent import Agent
+    from ..approvals import Decision
+    from ..messages import Message
     from ..stores import SessionStore
     from ._runs import RunManager
 
@@ -47,8 +49,8 @@ class _Api(Protocol):
 
 async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
     """Run on the request's thread and stream the run as AG-UI events."""
-    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input, agui_known, agui_new
-    from ._agui_tools import agui_answers, agui_tools
+    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input
+    from ._agui_tools import agui_tools
 
     runs = api._writable()
     run_input = agui_input(await api._body(request))
@@ -60,14 +62,7 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     existing = await api.store.get_session(tenant, thread)
     if existing is not None and not visible(request.state.grant, existing):
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-    # The history the client resends: what the session holds is not input again.
-    at = await agui_known(run_input, lambda i: api._holds(existing, i))
-    answers = await agui_answers(run_input.messages[at + 1:], api.agent, existing)  # client tools' results
-    if set(answers) & set(approvals or {}):
-        raise HTTPError(409, "ApprovalError", f"calls {sorted(set(answers) & set(approvals or {}))} are answered "
-                        "by a tool message and by resume both: answer each once; nothing ran")
-    approvals = {**(approvals or {}), **answers} or None
-    new = agui_new(run_input, at, answering=bool(answers))
+    new, approvals = await _what_to_run(api, run_input, existing, approvals)
     if approvals and existing is None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
     if not new and not approvals and (existing is None or await api._empty(tenant, thread)):
@@ -95,3 +90,16 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
                 runs.detach(run)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+async def _what_to_run(api: _Api, run_input: Any, existing: Session | None,
+                       resumed: dict[str, Decision] | None) -> tuple[list[Message], dict[str, Decision] | None]:
+    """Return the run's input and its decisions: the `resumed` ones, and the results front-end tools gave."""
+    from ._agui import agui_known, agui_new
+    from ._agui_tools import agui_approvals
+
+    assert api.agent is not None
+    # The history the client resends: what the session holds is not input again.
+    at = await agui_known(run_input, lambda i: api._holds(existing, i))
+    approvals = await agui_approvals(run_input, at, api.agent, existing, resumed)
+    return agui_new(run_input, at, answering=len(approvals or {}) > len(resumed or {})), approvals

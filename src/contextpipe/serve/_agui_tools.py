@@ -11,7 +11,7 @@ history the client resends, and are left alone; one naming no call of the sessio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ..approvals import Decision, answer
 from ..client_tools import ClientTool
@@ -22,22 +22,35 @@ if TYPE_CHECKING:
     from ..agent import Agent
     from ..session import Session
 
-__all__ = ["agui_answers", "agui_tools", "client_call_events"]
+__all__ = ["TOOL_NAME", "agui_answers", "agui_approvals", "agui_tools", "client_call_events"]
+
+TOOL_NAME: Final = r"^[A-Za-z0-9_-]{1,64}$"
+"""A front-end tool's name, as any tool's."""
 
 
 def agui_tools(run_input: Any, agent: Agent) -> list[ClientTool]:
-    """Return the request's ``tools`` as the run's client tools; a 400 for one the agent's tools name already."""
+    """Return the request's ``tools`` as the run's client tools; a 409 for a name the agent's tools use already."""
     out: list[ClientTool] = []
     for i, t in enumerate(run_input.tools or ()):
         if t.name in agent.tools or any(o.name == t.name for o in out):
             whose = "one of the agent's own tools" if t.name in agent.tools else "another tool of the request"
-            raise HTTPError(400, "BadRequest", f"invalid request: tools[{i}].name: {t.name!r} is the name of {whose}; "
-                            "give each front-end tool a name of its own")
+            raise HTTPError(409, "ToolConflict", f"tools[{i}].name: {t.name!r} is the name of {whose}; give each "
+                            "front-end tool a name of its own: nothing ran")
         try:
             out.append(ClientTool(t.name, t.description, t.parameters))
         except UsageError as exc:
             raise HTTPError(400, "BadRequest", f"invalid request: tools[{i}]: {exc}") from None
     return out
+
+
+async def agui_approvals(run_input: Any, at: int, agent: Agent, session: Session | None,
+                         approvals: dict[str, Decision] | None) -> dict[str, Decision] | None:
+    """Return the decisions of `approvals` (``resume``) and the results the tool messages after message `at` give."""
+    answers = await agui_answers(run_input.messages[at + 1:], agent, session)
+    if twice := sorted(set(answers) & set(approvals or {})):
+        raise HTTPError(409, "ApprovalError", f"calls {twice} are answered by a tool message and in resume both: "
+                        "answer each once; nothing ran")
+    return {**(approvals or {}), **answers} or None
 
 
 async def agui_answers(messages: list[Any], agent: Agent, session: Session | None) -> dict[str, Decision]:
