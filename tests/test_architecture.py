@@ -72,8 +72,8 @@ def test_each_concept_has_one_home() -> None:
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy", "_sqlite", "_compat", "_compaction_decision", "_tool_spec"),
-    ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "approvals", "tools", "tokens",
-     "config"),
+    ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "approvals", "tools",
+     "client_tools", "tokens", "config"),
     ("exchanges", "models.base", "vectors", "vectors.*"),
     ("stores", "stores.*"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),

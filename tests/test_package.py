@@ -48,7 +48,7 @@ def test_anthropic_and_responses_models_load_their_sdks_on_first_use() -> None:
 def test_public_api_is_pinned() -> None:
     assert sorted(contextpipe.__all__) == sorted([
         "AfterRunError", "Agent", "AgentInfo", "AgentStream", "ApprovalError", "ApprovalRequired",
-        "CodecError", "ConcurrentUpdate", "ContextPipeError",
+        "ClientTool", "CodecError", "ConcurrentUpdate", "ContextPipeError",
         "ContextProvider", "ContextWindowExceeded", "CorruptRecord", "DataPart", "Durability", "ForgetReport",
         "FunctionCall", "FunctionResult", "Heartbeat", "HistoryPolicy", "HistoryProvider", "InputConflict", "LeaseLost",
         "Message",

@@ -16,6 +16,7 @@ TYPE_CHECKING = False  # as typing.TYPE_CHECKING (mypy reads it so), without imp
 if TYPE_CHECKING:
     from .agent import Agent, AgentStream
     from .approvals import PendingApproval, approve, reject
+    from .client_tools import ClientTool
     from .config import Durability, Heartbeat, HistoryPolicy, RunLimits
     from .erasure import ForgetReport
     from .errors import (
@@ -86,6 +87,7 @@ __all__ = [
     "AgentStream",
     "ApprovalError",
     "ApprovalRequired",
+    "ClientTool",
     "CodecError",
     "ConcurrentUpdate",
     "ContextPipeError",
@@ -155,7 +157,7 @@ __all__ = [
 # Where each public name lives. The modules `import contextpipe` used to load eagerly stay reachable as
 # attributes (``contextpipe.stores``), imported when first named.
 _EXPORTS: dict[str, str] = {
-    "Agent": ".agent", "AgentStream": ".agent",
+    "Agent": ".agent", "AgentStream": ".agent", "ClientTool": ".client_tools",
     **dict.fromkeys(("PendingApproval", "approve", "reject"), ".approvals"),
     **dict.fromkeys(("AfterRunError", "ApprovalError", "CodecError", "ConcurrentUpdate", "ContextPipeError",
                      "ContextWindowExceeded", "CorruptRecord", "InputConflict", "LeaseLost", "McpError",

@@ -277,6 +277,7 @@ class Agent:
         deps: Any = None,
         approvals: Mapping[str, Decision] | None = None,
         providers: Sequence[ContextProvider] = (),
+        tools: Sequence[Tool | Callable[..., Any]] = (),
     ) -> RunResult:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
 
@@ -298,10 +299,14 @@ class Agent:
 
         `providers` shape this run only, after the agent's own (a server's per-request context): each
         needs a source_id of its own, and may be neither a history provider nor declare state keys.
+
+        `tools` are offered in this run only, beside the agent's (a name the agent's tools use is a
+        `UsageError`): a front end's tools (`contextpipe.ClientTool`), which the caller runs (the run stops
+        with ``stop_reason="client_tool_calls"``), or any tool.
         """
         result: RunResult | None = None
         async for event in self._events(input, session, settings, lease_wait, deps, approvals, providers,
-                                        stream=False, want_events=False):
+                                        stream=False, want_events=False, tools=tools):
             if isinstance(event, RunDone):
                 result = event.result
         assert result is not None
@@ -317,17 +322,19 @@ class Agent:
         deps: Any = None,
         approvals: Mapping[str, Decision] | None = None,
         providers: Sequence[ContextProvider] = (),
+        tools: Sequence[Tool | Callable[..., Any]] = (),
     ) -> AgentStream:
         """Run the agent, streaming events: text deltas, tool calls, persisted steps, then `RunDone`.
 
-        Persistence, `deps`, `approvals` and `providers` are the same as for `run`; a run that stops for approval
-        sends `ApprovalRequired` before `RunDone`. Use ``async with agent.stream(...) as events`` when you may
-        stop iterating early, so the run is closed (providers told, lease released) at once. ``await
-        events.start()`` returns once the run holds the session's lease and its input and approvals were
-        accepted, raising the error that keeps it from starting otherwise (`AgentStream.start`).
+        Persistence, `deps`, `approvals`, `providers` and `tools` are the same as for `run`; a run that stops for
+        approval (or a client tool's result) sends `ApprovalRequired` before `RunDone`. Use ``async with
+        agent.stream(...) as events`` when you may stop iterating early, so the run is closed (providers told,
+        lease released) at once. ``await events.start()`` returns once the run holds the session's lease and
+        its input and approvals were accepted, raising the error that keeps it from starting otherwise
+        (`AgentStream.start`).
         """
         return AgentStream(self._events(input, session, settings, lease_wait, deps, approvals, providers,
-                                        stream=True, want_events=True))
+                                        stream=True, want_events=True, tools=tools))
 
     def run_sync(self, input: str | Message | Sequence[Message] | None, **kwargs: Any) -> RunResult:
         """Blocking `run`, for scripts; refuses to run inside an already running event loop."""
@@ -349,10 +356,12 @@ class Agent:
         *,
         stream: bool,
         want_events: bool,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
     ) -> AsyncIterator[StreamEvent | Admitted]:
         input_messages = [] if input is None else as_messages(input)
         if not input_messages and session is None:
             raise UsageError("nothing to run: pass input, or a session to resume")
+        run_tools = _run_tools(self.tools, tools)
         providers = self._with_run_providers(run_providers)
         spans = Spans(self.telemetry, self.name)
         traced = spans.tracer is not None
@@ -369,7 +378,7 @@ class Agent:
                 if (replay := replayed(earlier, session)) is not None:
                     yield RunDone(replay)
                     return
-                ctx = self._context(session, input_messages, settings, writer)
+                ctx = self._context(session, input_messages, settings, writer, run_tools)
                 contexts = CallContexts(session, self, deps, self._state_owners, writer.outbox_problem())
                 loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
                                 writer, stream=stream, want_events=want_events, contexts=contexts,
@@ -422,13 +431,13 @@ class Agent:
         return (*self.providers, *extra) if extra else self.providers
 
     def _context(self, session: Session | None, input_messages: list[Message], settings: ModelSettings | None,
-                 writer: StepWriter) -> RunContext:
+                 writer: StepWriter, run_tools: dict[str, Tool] | None = None) -> RunContext:
         return RunContext(
             agent=self, session=session, input=input_messages, instructions=self.instructions, tools=self.tools,
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
             tokens=self.token_counter(session), journal=RunJournal(history=self._history_id(session)),
             checkpoints=writer.save_checkpoint,
-            lease_token=writer.lease.token if writer.lease is not None else None,
+            lease_token=writer.lease.token if writer.lease is not None else None, run_tools=run_tools,
         )
 
     def _history_id(self, session: Session | None) -> str | None:
@@ -559,3 +568,12 @@ async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseExc
         await writer.leaving(writer.save_input(ctx), interruption)
     except Exception as exc:
         interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")
+
+
+def _run_tools(agent_tools: dict[str, Tool], tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    """Return a run's own tools by name (``agent.run(..., tools=)``; `contextpipe.client_tools.own_tools`)."""
+    if not tools:
+        return {}
+    from .client_tools import own_tools  # here: a run given no tools of its own never loads the tools machinery
+
+    return own_tools(agent_tools, tools)

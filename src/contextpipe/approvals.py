@@ -19,6 +19,11 @@ A decision made from a `PendingApproval` carries the digest of the arguments it 
 approval under that id has other arguments; `approve()` and `reject()` alone are bound to the call
 id only. ``approve(always=True)`` also allows the tool for the rest of the session (kept in the
 session's state under `STATE_KEY`).
+
+A call to a `contextpipe.ClientTool` (a tool the caller runs, such as a web page's) waits the same way,
+marked `PendingApproval.client`: the caller runs it and resumes with its result,
+``approvals={pending.call_id: pending.answer("the result")}`` (an `Answer`, stored as the call's
+result, never run on the server), or declines it with ``pending.reject("why")``.
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ if TYPE_CHECKING:
     from .messages import Message
     from .tool_context import ToolContext
 
-__all__ = ["AWAITING_KEY", "DECISIONS_KEY", "STATE_KEY", "AgentApprovalPolicy", "Approval", "ApprovalCheck",
-           "Decision", "PendingApproval", "Rejection", "approve", "arguments_digest", "awaiting_approval", "reject"]
+__all__ = ["AWAITING_KEY", "CLIENT_KEY", "DECISIONS_KEY", "STATE_KEY", "AgentApprovalPolicy", "Answer", "Approval",
+           "ApprovalCheck", "Decision", "PendingApproval", "Rejection", "answer", "approve", "arguments_digest",
+           "awaiting_approval", "client_calls", "reject"]
 
 AWAITING_KEY: Final = "awaiting_approval"
 """Metadata key of a model message whose calls await approval: ``{call_id: why}``."""
+
+CLIENT_KEY: Final = "client_calls"
+"""Metadata key of a model message whose calls are a client's to run (`contextpipe.ClientTool`): their ids."""
 
 DECISIONS_KEY: Final = "approvals"
 """Metadata key of the tool message answering decided calls: ``{call_id: {"decision": ..., "digest": ...}}``."""
@@ -80,6 +89,12 @@ def awaiting_approval(message: Message | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in marked.items()} if isinstance(marked, dict) else {}
 
 
+def client_calls(message: Message | None) -> set[str]:
+    """Return the ids of the calls a model message marked as the client's to run (`CLIENT_KEY`) when it was saved."""
+    marked = message.metadata.get(CLIENT_KEY) if message is not None and message.metadata else None
+    return {str(i) for i in marked} if isinstance(marked, list) else set()
+
+
 @dataclass(frozen=True, slots=True)
 class Approval:
     """A person approved a call: it runs when the run resumes (see `approve`)."""
@@ -104,7 +119,19 @@ class Rejection:
     """The `arguments_digest` of the arguments rejected; None rejects the call id whatever they are."""
 
 
-Decision: TypeAlias = Approval | Rejection
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The client ran a call to a `contextpipe.ClientTool`: `result` is stored as the call's result (see `answer`)."""
+
+    result: str
+    """What the call returned, as the model reads it."""
+    is_error: bool = False
+    """True when the call failed (`result` then says how)."""
+    digest: str | None = field(default=None, repr=False)
+    """The `arguments_digest` of the arguments the client ran the call with; None: the call id, whatever they are."""
+
+
+Decision: TypeAlias = Approval | Rejection | Answer
 """What ``agent.run(..., approvals={call_id: decision})`` takes for each call."""
 
 
@@ -119,6 +146,11 @@ def approve(*, digest: str | None = None, always: bool = False) -> Approval:
 def reject(reason: str = "", *, digest: str | None = None) -> Rejection:
     """Reject a call, telling the model `reason`; prefer ``pending.reject(reason)``, bound to the arguments shown."""
     return Rejection(reason, digest)
+
+
+def answer(result: str, *, is_error: bool = False, digest: str | None = None) -> Answer:
+    """Give the result of a client tool's call (`PendingApproval.client`); prefer ``pending.answer(result)``."""
+    return Answer(result, is_error, digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +169,8 @@ class PendingApproval:
     """The id of the model message that made the call (in the session's log)."""
     digest: str = ""
     """The `arguments_digest` of `tool_name` and `arguments` (computed when not given)."""
+    client: bool = False
+    """True for a call to a `contextpipe.ClientTool`: it waits for the caller's result (`answer`), not for approval."""
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -157,3 +191,7 @@ class PendingApproval:
     def reject(self, reason: str = "") -> Rejection:
         """Reject this call with these arguments, telling the model `reason`."""
         return Rejection(reason, self.digest)
+
+    def answer(self, result: str, *, is_error: bool = False) -> Answer:
+        """Give the result the client got running this call (a `client` one) with these arguments."""
+        return Answer(result, is_error, self.digest)

@@ -31,9 +31,10 @@ __all__ = [
     "ToolCallStarted",
 ]
 
-StopReason: TypeAlias = Literal["completed", "max_steps", "tool_errors", "approval_required"]
-"""Why the tool loop ended: it ``completed``, was cut short at the step or tool-error limit, or waits
-for a person to decide on tool calls (``approval_required``: see `RunResult.pending_approvals`)."""
+StopReason: TypeAlias = Literal["completed", "max_steps", "tool_errors", "approval_required", "client_tool_calls"]
+"""Why the tool loop ended: it ``completed``, was cut short at the step or tool-error limit, waits
+for a person to decide on tool calls (``approval_required``: see `RunResult.pending_approvals`), or
+waits only for the caller to run calls of its client tools (``client_tool_calls``: `contextpipe.ClientTool`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ class StepPersisted:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRequired:
-    """The run stops here: these tool calls wait for a person's decision (the last event before `RunDone`).
+    """The run stops here: these tool calls wait for a person's decision or a client's result (then `RunDone`).
 
     The calls are in the session's log; resume with ``agent.run(None, session=..., approvals={...})``.
     """
@@ -95,7 +96,7 @@ class RunResult:
     """One provenance record per model call: every instruction, message and tool, its source and tokens."""
     stop_reason: StopReason
     """``completed``, or why the tool loop was cut short (``max_steps``, ``tool_errors``), or
-    ``approval_required`` (see `pending_approvals`)."""
+    ``approval_required`` / ``client_tool_calls`` (see `pending_approvals`)."""
     steps: int
     """Model calls made."""
     session: Session | None = None
@@ -105,8 +106,9 @@ class RunResult:
     that earlier run's result read back from the log, with no model call and nothing stored (`usage`,
     `traces` and `steps` are this call's: none)."""
     pending_approvals: list[PendingApproval] = field(default_factory=list)
-    """With ``stop_reason="approval_required"``: the tool calls waiting for a person's decision (call id,
-    tool, arguments, why). Decide with ``agent.run(None, session=..., approvals={call_id: decision})``."""
+    """With ``stop_reason="approval_required"`` or ``"client_tool_calls"``: the tool calls waiting for a person's
+    decision or a client's result (call id, tool, arguments, why, `client`). Decide with
+    ``agent.run(None, session=..., approvals={call_id: decision})``."""
 
 
 @dataclass(frozen=True, slots=True)

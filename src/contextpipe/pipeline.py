@@ -228,6 +228,7 @@ class RunContext:
         journal: RunJournal | None = None,
         checkpoints: CheckpointSink | None = None,
         lease_token: int | None = None,
+        run_tools: Mapping[str, Tool] | None = None,
     ) -> None:
         self.agent = agent
         """The agent that is running (its name, instructions, tools and model)."""
@@ -248,8 +249,8 @@ class RunContext:
         self.segments: list[Segment] = []
         """Messages contributed so far (history and context), in order, each with its source."""
         self._instructions: list[tuple[str, str]] = [("agent", instructions)] if instructions else []
-        self._tools: dict[str, Tool] = dict(tools)
-        self._tool_sources: dict[str, str] = dict.fromkeys(tools, "agent")
+        self._tools: dict[str, Tool] = {**tools, **(run_tools or {})}  # a run's own tools (``run``): names checked
+        self._tool_sources: dict[str, str] = dict.fromkeys(tools, "agent") | dict.fromkeys(run_tools or (), "run")
         self._middleware: list[ModelMiddleware] = []
         self._tool_middleware: list[tuple[str, ToolMiddleware]] = []
         self._current: str | None = None

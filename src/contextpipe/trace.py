@@ -79,9 +79,10 @@ ToolMiddlewareAction: TypeAlias = Literal["changed_arguments", "blocked", "chang
 """What a tool middleware did to a call: passed it on with other arguments, answered it without
 calling on (the tool did not run), returned another outcome than the one it got back, or raised."""
 
-ApprovalAction: TypeAlias = Literal["approved", "allowed", "rejected"]
+ApprovalAction: TypeAlias = Literal["approved", "allowed", "rejected", "answered"]
 """How a call that needed approval was decided: ``approved`` by a person, ``allowed`` because its
-tool is always allowed in the session, or ``rejected`` (not run; the model got the reason)."""
+tool is always allowed in the session, ``rejected`` (not run; the model got the reason), or
+``answered``: a client tool's call the client ran (`contextpipe.ClientTool`), its result given back."""
 
 
 @dataclass(frozen=True, slots=True)

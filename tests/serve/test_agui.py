@@ -68,8 +68,10 @@ async def test_a_history_ending_past_its_last_user_message_is_answered_from_the_
         await c.post("/v1/ag-ui", json=run("r1", [user("u1", "one")]), headers=auth())
         tail = [user("u1", "one"), assistant("client-a1", "reply 1 to one"),
                 {"id": "tr", "role": "tool", "toolCallId": "c1", "content": "42"}]
-        for history in (tail, tail[:2], tail[:1]):
+        for history in (tail[:2], tail[:1]):
             assert answer(await c.post("/v1/ag-ui", json=run("r2", history), headers=auth())) == "reply 1 to one"
+        refused = await c.post("/v1/ag-ui", json=run("r2", tail), headers=auth())  # a result of no call of the thread
+        assert refused.status_code == 409 and "answers call 'c1', which the thread never made" in refused.text
         assert await stored(c) == [("user", "one"), ("assistant", "reply 1 to one")]
         assert model.calls == 1
 
@@ -235,3 +237,42 @@ def test_an_agent_whose_provider_keeps_its_state_under_the_clients_key_is_refuse
 
     with pytest.raises(UsageError, match=f"session state key '{STATE_KEY}', which the AG-UI route keeps"):
         create_app(Agent(ScriptedModel(), providers=[Claims("claims")]), keys=keys())
+
+
+WHERE = {"name": "user_location", "description": "Where the user is.", "parameters": {"type": "object"}}
+
+
+async def test_a_front_end_result_answers_its_call_once_and_the_resent_history_stores_nothing_twice() -> None:
+    model = ScriptedModel([tool_call("user_location"), "You are in Suzhou."])
+    store = MemoryStore()
+    async with client(agent_app(model, store)) as c:
+        first = events(await c.post("/v1/ag-ui", json=run("r1", [user("u1", "Where?")]) | {"tools": [WHERE]},
+                                    headers=auth()))
+        start = next(e for e in first if e["type"] == "TOOL_CALL_START")
+        assert (start["toolCallId"], start["toolCallName"]) == ("call_1", "user_location")
+        assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["call_1"]}
+        call = {"id": start["parentMessageId"], "role": "assistant", "toolCalls": [
+            {"id": "call_1", "type": "function", "function": {"name": "user_location", "arguments": "{}"}}]}
+        result = {"id": "t1", "role": "tool", "toolCallId": "call_1", "content": "Suzhou"}
+        history = [user("u1", "Where?"), call, result]
+        early = events(await c.post("/v1/ag-ui", json=run("r2", [*history[:2], user("u2", "Hello?")]), headers=auth()))
+        assert early[-1]["type"] == "RUN_ERROR" and "pending.answer(result)" in early[-1]["message"]  # call open
+        assert answer(await c.post("/v1/ag-ui", json=run("r2", history) | {"tools": [WHERE]}, headers=auth())) == \
+            "You are in Suzhou."
+        again = [*history, assistant("client-a", "You are in Suzhou.")]
+        assert answer(await c.post("/v1/ag-ui", json=run("r3", again), headers=auth())) == "You are in Suzhou."
+    log = (await store.load("acme", "t1")).messages
+    assert [m.role for m in log] == ["user", "assistant", "tool", "assistant"]
+    assert log[2].function_results[0].result == "Suzhou"
+    model.assert_done()
+
+
+async def test_front_end_tools_named_as_the_agents_or_of_no_schema_are_refused() -> None:
+    async with client(agent_app(ScriptedModel([]))) as c:
+        for tools, problem in (([WHERE | {"name": "add_todo"}], "'add_todo' is the name of one of the agent's own"),
+                               ([WHERE, WHERE], "another tool of the request"),
+                               ([WHERE | {"parameters": {"type": "array"}}], "must be a JSON schema of an object")):
+            response = await c.post("/v1/ag-ui", json=run("r1", [user("u1", "hi")]) | {"tools": tools},
+                                    headers=auth())
+            assert response.status_code == (400 if "schema" in problem else 409), response.text
+            assert problem in response.text

@@ -79,3 +79,32 @@ async def test_the_official_client_applies_the_state_snapshot_and_the_delta_a_to
                      "state": changed}
     assert second == {"applied": [["STATE_SNAPSHOT", changed]], "state": changed}
     assert (await store.get_session("acme", "t-state")).state[STATE_KEY] == changed  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(NODE is None and not os.environ.get("CI"),
+                    reason="NO NODE: the official AG-UI client test runs under node, not installed")
+async def test_the_official_client_runs_a_front_end_tool_and_the_next_run_continues_with_its_result() -> None:
+    assert NODE is not None, "CI must run every test: install node (and npm) for the official AG-UI client's test"
+    model = ScriptedModel([tool_call("user_location", precise=True), lambda request: "You are in " + next(
+        r.result for m in request.messages for r in m.function_results) + "."])
+    store = MemoryStore()
+    async with serving(agent_app(model, store)) as url:
+        out, err = await run_node("frontend_tools.mjs", url, "t-tools")
+    assert err == b"", err.decode()  # an event the client's schema refuses, or one out of order, is a warning
+    seen = json.loads(out)
+    first, second = seen["runs"]
+    assert first["events"] == ["RUN_STARTED", "STATE_SNAPSHOT", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
+                               "RUN_FINISHED"]
+    assert first["finished"]["result"]["stop_reason"] == "client_tool_calls"
+    assert first["finished"]["pendingToolCallIds"] == ["call_1"]
+    [call_message] = first["newMessages"]
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in call_message["toolCalls"]] == [("call_1", "user_location", {"precise": True})]
+    assert "TOOL_CALL_START" not in second["events"] and second["events"][-1] == "RUN_FINISHED"
+    assert second["finished"]["result"] == {"text": "You are in Suzhou, 31.3N 120.6E.", "stop_reason": "completed"}
+    assert [m[0] for m in seen["messages"]] == ["user", "assistant", "tool", "assistant"]
+    stored = (await store.load("acme", "t-tools")).messages
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]  # the result once, no duplicate
+    assert stored[1].id == call_message["id"]  # the client's assistant message is the stored one (parentMessageId)
+    assert stored[2].function_results[0].result == "Suzhou, 31.3N 120.6E"
+    model.assert_done()

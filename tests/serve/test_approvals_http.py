@@ -67,7 +67,7 @@ async def test_a_run_stops_at_a_call_that_needs_approval_and_an_approval_resumes
         result = await stopped(c)
         pending = {"call_id": "call_1", "tool_name": "pay", "arguments": ARGUMENTS,
                    "why": "tool 'pay' needs approval for every call", "digest": DIGEST,
-                   "message_id": result["messages"][0]["id"]}
+                   "message_id": result["messages"][0]["id"], "client": False}
         assert (result["stop_reason"], result["pending_approvals"], PAID) == ("approval_required", [pending], [])
         assert await listed(c) == [pending]
         assert (await c.get("/v1/sessions/nobody/approvals", headers=auth())).status_code == 404

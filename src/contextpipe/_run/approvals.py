@@ -19,6 +19,10 @@ A run meets approvals in three places:
 - after each model call (`ApprovalGate.check`): the calls that need approval are marked in the
   model's message (`AWAITING_KEY`, saved with it), the others run, and the run stops.
 
+A call to a `contextpipe.ClientTool` waits the same way, also marked as the client's (`CLIENT_KEY`):
+never allowed by a policy or an "always", only answered (`Answer`, stored as its result) or rejected.
+The run stops with ``client_tool_calls`` when only such calls wait (`ApprovalGate.stop_reason`).
+
 A sync tool among the others that timed out has a late result still to come (`contextpipe._run.threads`),
 and it may not go into the log while calls of its exchange wait: nothing comes between a call and
 its result. The run holds it in the session's state instead (`ApprovalGate.hold_late`), and the run
@@ -36,9 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..approvals import (
     AWAITING_KEY,
+    CLIENT_KEY,
     DECISIONS_KEY,
     STATE_KEY,
     AgentApprovalPolicy,
+    Answer,
     Approval,
     ApprovalCheck,
     Decision,
@@ -46,8 +52,10 @@ from ..approvals import (
     Rejection,
     arguments_digest,
     awaiting_approval,
+    client_calls,
 )
 from ..errors import ApprovalError, CodecError, LeaseLost, UsageError, clause, shorten
+from ..events import StopReason
 from ..exchanges import LATE_RESULT_KEY, last_exchange, tool_message
 from ..messages import FunctionCall, FunctionResult, Message, Source
 from ..session import Session
@@ -105,9 +113,10 @@ def pending_in(history: Sequence[Message], session: Session) -> list[PendingAppr
     message, waiting = _waiting(history)
     if message is None:
         return []
-    marked, kept = awaiting_approval(message), _Kept.read(session)
-    return [PendingApproval(c.call_id, c.name, c.arguments, marked[c.call_id], message.id) for c in waiting.values()
-            if not kept.approved_earlier(c, message) and c.name not in kept.always]
+    marked, kept, client = awaiting_approval(message), _Kept.read(session), client_calls(message)
+    return [PendingApproval(c.call_id, c.name, c.arguments, marked[c.call_id], message.id, client=c.call_id in client)
+            for c in waiting.values()
+            if c.call_id in client or (not kept.approved_earlier(c, message) and c.name not in kept.always)]
 
 
 @dataclass(slots=True)
@@ -165,9 +174,10 @@ class _Kept:
 def _new_decision(call_id: str, decision: Decision, call: FunctionCall | None, message: Message | None,
                   kept: _Kept, history: Sequence[Message], session: Session) -> bool:
     """Check one decision (see `ApprovalGate.decide`); return False for an approval an earlier run recorded already."""
-    if not isinstance(decision, Approval | Rejection):
+    if not isinstance(decision, Approval | Rejection | Answer):
         raise UsageError(f"approvals[{shorten(call_id)}] is {type(decision).__name__}: give approve() or "
-                         "reject('why') (or pending.approve() / pending.reject('why'), bound to the arguments shown)")
+                         "reject('why') (or pending.approve() / pending.reject('why'), bound to the arguments shown; "
+                         "pending.answer(result) for a client tool's call)")
     if call is None or message is None:
         answered = any(r.call_id == call_id for m in history for r in m.function_results)
         raise ApprovalError(
@@ -182,6 +192,9 @@ def _new_decision(call_id: str, decision: Decision, call: FunctionCall | None, m
             f"the decision on call {shorten(call_id)} was made for other arguments than those of the call awaiting "
             f"approval ({call.name}({shorten(call.arguments)})); nothing was run. Decide again on the call as "
             "it is (result.pending_approvals)", call_ids=[call_id])
+    from ..client_tools import misfit  # here: a run given no decision never loads the tools machinery
+
+    misfit(call, decision, call.call_id in client_calls(message))
     if not kept.approved_earlier(call, message):
         return True
     if isinstance(decision, Approval):
@@ -271,6 +284,8 @@ class ApprovalGate:
 
         The calls that need approval are `pending`, unless their tool is always allowed in the session.
         """
+        from ..client_tools import ClientTool  # here: only a step with tool calls gets here
+
         self._actions.clear()
         contexts.expect(produced, calls)
         made_by = {c.call_id: m for m in produced for c in m.function_calls}
@@ -279,23 +294,26 @@ class ApprovalGate:
             why = await self._why(call, contexts.for_call)
             if why is None:
                 continue
-            if call.name in self._kept.always:
+            client = isinstance((self._tools or {}).get(call.name), ClientTool)
+            if call.name in self._kept.always and not client:
                 self._actions[call.call_id] = "allowed"
                 continue
-            waiting.append(PendingApproval(call.call_id, call.name, call.arguments, why, made_by[call.call_id].id))
+            waiting.append(PendingApproval(call.call_id, call.name, call.arguments, why, made_by[call.call_id].id,
+                                           client=client))
         self.pending, self._wait_stored = waiting, False  # the model's message: saved with the step, or the run
         if not waiting:
             return produced, calls
-        why_by_id = {p.call_id: p.why for p in waiting}
-        marked = [_marked(m, {c.call_id: why_by_id[c.call_id] for c in m.function_calls if c.call_id in why_by_id})
-                  for m in produced]
-        return marked, [c for c in calls if c.call_id not in why_by_id]
+        return _marked_all(produced, waiting), [c for c in calls if c.call_id not in {p.call_id for p in waiting}]
 
     async def _why(self, call: FunctionCall, context_for: Callable[[FunctionCall], ToolContext[Any]]) -> str | None:
         """Return why `call` needs approval (its tool's check first, then the agent's); None when it needs none."""
         tool = (self._tools or {}).get(call.name)
         if tool is None:  # answered "no such tool" without running anything
             return None
+        from ..client_tools import ClientTool, client_why
+
+        if isinstance(tool, ClientTool):  # it always waits, whatever a policy says
+            return client_why(call.name)
         for check, whose in ((tool.needs_approval, f"tool {call.name!r}"), (self._policy, "the agent's policy")):
             if check is True:
                 return f"tool {call.name!r} needs approval for every call"
@@ -315,17 +333,18 @@ class ApprovalGate:
         are saved in the session's state before this returns: before the approved calls run.
         """
         message, _ = last_exchange(history)
-        marked = awaiting_approval(message)
+        marked, client = awaiting_approval(message), client_calls(message)
         self._logged = {c.call_id for c in pending}
         answer: list[FunctionCall] = []
         waiting: list[PendingApproval] = []
         always = self._always(pending)
         for call in pending:
-            if message is None or call.call_id not in marked or self._answers_now(call, message, always):
+            if message is None or call.call_id not in marked or \
+                    self._answers_now(call, message, set() if call.call_id in client else always):
                 answer.append(call)
             else:
                 waiting.append(PendingApproval(call.call_id, call.name, call.arguments, marked[call.call_id],
-                                               message.id))
+                                               message.id, client=call.call_id in client))
         if waiting and has_input:
             _refuse_input(waiting)
         allowed = {c.call_id: c for c in answer if self._actions.get(c.call_id) == "allowed"}
@@ -334,6 +353,10 @@ class ApprovalGate:
         await self._keep_approvals(allowed)
         self.pending, self._wait_stored = waiting, bool(waiting)
         return answer
+
+    def stop_reason(self) -> StopReason:
+        """Return why the run stops for the `pending` calls: ``client_tool_calls`` when all are a client's to run."""
+        return "client_tool_calls" if all(p.client for p in self.pending) else "approval_required"
 
     def _always(self, calls: Sequence[FunctionCall]) -> set[str]:
         """Return the tools always allowed: by the session, or by this run's decision on one of `calls`."""
@@ -344,7 +367,7 @@ class ApprovalGate:
         """Tell whether the open `call` awaiting approval is answered now (decided, or allowed); note how."""
         decision = self._decided.get(call.call_id)
         if decision is not None:
-            self._actions[call.call_id] = "approved" if isinstance(decision, Approval) else "rejected"
+            self._actions[call.call_id] = _ACTIONS[type(decision)]
         elif self._kept.approved_earlier(call, message):  # it may have run: answered as any open call, even
             pass  # when its tool is always allowed now (it is not run again)
         elif call.name in always:
@@ -463,7 +486,12 @@ class ApprovalGate:
         results: dict[str, FunctionResult] = {}
         for call in calls:
             decision = self._decided.get(call.call_id)
-            if isinstance(decision, Rejection):
+            if isinstance(decision, Answer):  # the client ran it: its result, never run here
+                self._actions.pop(call.call_id, None)
+                journal.record_tool_call(TracedToolCall(0, call.call_id, call.name, decision.is_error,
+                                                        approval="answered"))
+                results[call.call_id] = FunctionResult(call.call_id, decision.result, is_error=decision.is_error)
+            elif isinstance(decision, Rejection):
                 self._actions.pop(call.call_id, None)
                 journal.record_tool_call(TracedToolCall(0, call.call_id, call.name, True, approval="rejected"))
                 reason = f" ({decision.reason.strip()})" if decision.reason.strip() else ""
@@ -487,8 +515,7 @@ class ApprovalGate:
 
     def _record(self, call: FunctionCall) -> dict[str, str]:
         decision = self._decided[call.call_id]
-        record = {"decision": "approved" if isinstance(decision, Approval) else "rejected",
-                  "digest": arguments_digest(call.name, call.arguments)}
+        record = {"decision": _ACTIONS[type(decision)], "digest": arguments_digest(call.name, call.arguments)}
         if isinstance(decision, Rejection) and decision.reason:
             record["reason"] = decision.reason
         return record
@@ -509,12 +536,16 @@ class ApprovalGate:
         kept.write(session)
 
 
+_ACTIONS: dict[type, ApprovalAction] = {Approval: "approved", Rejection: "rejected", Answer: "answered"}
+
+
 def _refuse_input(waiting: Sequence[PendingApproval]) -> None:
     names = ", ".join(f"{p.tool_name} ({p.call_id})" for p in waiting)
+    client = "; a client tool's call: pending.answer(result)" if any(p.client for p in waiting) else ""
     raise ApprovalError(
         f"the session's tool calls {names} await approval, and new input may not come before they are "
         "answered; nothing was run or stored. Decide them first: agent.run(None, session=session, "
-        "approvals={call_id: approve() or reject('why')}) (a run without input lists them in "
+        f"approvals={{call_id: approve() or reject('why'){client}}}) (a run without input lists them in "
         "result.pending_approvals), then send the input again", call_ids=[p.call_id for p in waiting])
 
 
@@ -538,10 +569,19 @@ async def _ask(check: ApprovalCheck, whose: str, call: FunctionCall,
     return f"{whose} asks for approval of this call" if verdict else None
 
 
-def _marked(message: Message, why: dict[str, str]) -> Message:
-    """Return `message` with its calls in `why` marked as awaiting approval (saved with it)."""
+def _marked_all(produced: list[Message], waiting: Sequence[PendingApproval]) -> list[Message]:
+    """Return the model's `produced` messages with the `waiting` calls marked in them (`_marked`)."""
+    why_by_id = {p.call_id: p.why for p in waiting}
+    clients = {p.call_id for p in waiting if p.client}
+    return [_marked(m, {c.call_id: why_by_id[c.call_id] for c in m.function_calls if c.call_id in why_by_id}, clients)
+            for m in produced]
+
+
+def _marked(message: Message, why: dict[str, str], clients: set[str]) -> Message:
+    """Return `message` with its calls in `why` marked as awaiting approval, those in `clients` as a client's."""
     if not why:
         return message
+    client = sorted(c for c in why if c in clients)
     return Message(message.role, message.parts, message.id, message.author_name, message.created_at,
-                   {**message.metadata, AWAITING_KEY: why}, message.source)
+                   {**message.metadata, AWAITING_KEY: why, **({CLIENT_KEY: client} if client else {})}, message.source)
 

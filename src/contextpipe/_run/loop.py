@@ -317,7 +317,7 @@ class StepLoop:
         self.open_at_start = {c.call_id for c in open_calls}
         pending = await self.approvals.resume(history, open_calls, bool(self.ctx.input))
         if self.approvals.pending:
-            self._stop = Stop("approval_required")
+            self._stop = Stop(self.approvals.stop_reason())
         held = self.approvals.held_after(history)  # given back once nothing in their exchange waits
         if not pending and not held:
             return
@@ -545,7 +545,7 @@ class StepLoop:
             produced, calls = await self.writer.guard(self.approvals.check(produced, calls, self._contexts))
             self._tail[-len(produced):] = self.state.new_messages[-len(produced):] = produced
             if self.approvals.pending:  # the other calls run, then the run stops
-                self._stop = Stop("approval_required")
+                self._stop = Stop(self.approvals.stop_reason())
         return produced, calls
 
     def _answer_withdrawn(self, step: ModelStep) -> tuple[list[Message], list[FunctionCall]]:
@@ -566,7 +566,7 @@ class StepLoop:
 
     def _stop_reason(self, step: ModelStep) -> StopReason:
         if not step.final:
-            return "approval_required" if self.approvals.pending else "completed"
+            return self.approvals.stop_reason() if self.approvals.pending else "completed"
         return self._limit_reason(step.step)
 
     def _limit_reason(self, step: int) -> StopReason:

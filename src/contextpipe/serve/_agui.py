@@ -25,6 +25,7 @@ from ..approvals import Decision, approve, reject
 from ..errors import UsageError
 from ..messages import DataPart, Message, Part, TextPart, UriPart
 from ..providers.base import ContextProvider
+from ._agui_tools import TOOL_NAME, client_call_events
 from ._json import HTTPError
 from ._openai_requests import image_part
 from ._requests import BASE64, DIGEST, RULES, SESSION_ID, URI, validate
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
     from ..session import Session
 
-__all__ = ["MAX_STATE_BYTES", "STATE_KEY", "AgUiRun", "agui_decisions", "agui_events", "agui_input", "agui_new",
-           "agui_schemas", "check_state_key", "json_patch"]
+__all__ = ["MAX_STATE_BYTES", "STATE_KEY", "AgUiRun", "agui_decisions", "agui_events", "agui_input", "agui_known",
+           "agui_new", "agui_schemas", "check_state_key", "json_patch"]
 
 STATE_KEY: Final = "ag-ui.state"
 """The session state key the AG-UI client's shared state is kept under; a tool reads and changes it
@@ -60,7 +61,8 @@ def agui_schemas() -> dict[str, Any]:
 
     It is the protocol's own schema (``ag-ui-protocol``'s models, camelCase names only) with the rules
     `agui_input` adds: ``threadId`` is a session id, ``state`` an object, and a user message holds
-    text and images (``AgUiUserImagePart``: base64 bytes, or a URL) only.
+    text and images (``AgUiUserImagePart``: base64 bytes, or a URL) only, and a front-end tool has a
+    tool's name and the schema of an object (or none) as its parameters.
     """
     core = _require()
     schema = core.RunAgentInput.model_json_schema(by_alias=True, ref_template="#/components/schemas/AgUi{model}")
@@ -71,6 +73,10 @@ def agui_schemas() -> dict[str, Any]:
                                      f"The shared state the run starts from (at most {MAX_STATE_BYTES} bytes of JSON); "
                                      "absent or null: the session's."}
     out["AgUiRunAgentInput"] = schema
+    out["AgUiTool"]["properties"]["name"] |= {"pattern": TOOL_NAME, "description": "1-64 letters, digits, _ or -."}
+    out["AgUiTool"]["properties"]["parameters"] = {"anyOf": [
+        {"type": "object", "properties": {"type": {"const": "object"}}}, {"type": "null"}], "default": None,
+        "description": "The JSON schema of the arguments: an object's (or null: none)."}
     _user_images(out)
     _require_tags(out, out)
     return out
@@ -199,24 +205,32 @@ def _trailing_users(messages: list[Any]) -> list[Message]:
     return new
 
 
-async def agui_new(run_input: Any, known: Callable[[str], Awaitable[bool]]) -> list[Message]:
-    """Return the user messages of ``run_input`` to run on, given which message ids the session holds.
-
-    The messages after the last one the session knows are new: their user messages are the input
-    (other roles there, such as the assistant messages the client names itself, are not stored).
-    When nothing after it is a user message and the known one is a user message, that one is
-    returned again, so the run is answered from the log (a retry, or a history that ends with a
-    tool result) instead of answering twice. When the session knows none, the trailing user
-    messages are the input.
-    """
+async def agui_known(run_input: Any, known: Callable[[str], Awaitable[bool]]) -> int:
+    """Return the index of the last message of ``run_input`` the session holds (`known` by id); -1 for none."""
     messages = run_input.messages
     for i in range(len(messages) - 1, -1, -1):
         if await known(messages[i].id):
-            new = [_user(m) for m in messages[i + 1:] if getattr(m, "role", None) == "user"]
-            if not new and getattr(messages[i], "role", None) == "user":
-                new = [_user(messages[i])]
-            return new
-    return _trailing_users(messages)
+            return i
+    return -1
+
+
+def agui_new(run_input: Any, at: int, *, answering: bool = False) -> list[Message]:
+    """Return the user messages of ``run_input`` to run on, given the last message the session holds (`agui_known`).
+
+    The messages after it are new: their user messages are the input (other roles there, such as
+    the assistant messages the client names itself, are not stored). When nothing after it is a
+    user message, the last user message up to the known one is returned again, so the run is
+    answered from the log (a retry) instead of answering twice; not when the request is `answering`
+    client tools' calls (`serve._agui_tools`). When the session knows none, the trailing user
+    messages are the input.
+    """
+    messages = run_input.messages
+    if at < 0:
+        return _trailing_users(messages)
+    new = [_user(m) for m in messages[at + 1:] if getattr(m, "role", None) == "user"]
+    if not new and not answering:  # the last user message up to the known one (a stored call's message is known)
+        new = _trailing_users([m for m in messages[:at + 1] if getattr(m, "role", None) == "user"])[-1:]
+    return new
 
 
 def agui_decisions(run_input: Any) -> dict[str, Decision] | None:
@@ -437,7 +451,10 @@ def _finished(core: Any, run_input: Any, payload: dict[str, Any]) -> list[Any]:
     if "repaired" in payload:  # the answer held what JSON cannot carry (see `_json.clean`)
         result["repaired"] = payload["repaired"]
     pending = payload.get("pending_approvals") or []
-    outcome = _interrupts(core, pending) if pending else None  # the calls wait for the user: an interrupt
+    out += client_call_events(core, pending)  # the client runs those: it gets them as calls
+    asked = [p for p in pending if not p.get("client")]
+    outcome = _interrupts(core, asked) if asked else core.RunFinishedSuccessOutcome(
+        pending_tool_call_ids=[p["call_id"] for p in pending]) if pending else None  # asked: an interrupt
     out.append(core.RunFinishedEvent(thread_id=run_input.thread_id, run_id=run_input.run_id, result=result,
                                      outcome=outcome))
     return out

@@ -19,6 +19,8 @@ from ._users import claim, visible
 
 if TYPE_CHECKING:
     from ..agent import Agent
+    from ..approvals import Decision
+    from ..messages import Message
     from ..stores import SessionStore
     from ._runs import LiveRun, RunManager
 
@@ -46,19 +48,20 @@ class _Api(Protocol):
 
 async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> Response:
     """Run on the request's thread and stream the run as AG-UI events."""
-    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input, agui_new
+    from ._agui import AgUiRun, agui_decisions, agui_events, agui_input
+    from ._agui_tools import agui_tools
 
     runs = api._writable()
     run_input = agui_input(await api._body(request))
     approvals = agui_decisions(run_input)
     api._refuse_when_draining(runs)
     assert api.agent is not None
+    tools = agui_tools(run_input, api.agent)
     thread = run_input.thread_id
     existing = await api.store.get_session(tenant, thread)
     if existing is not None and not visible(request.state.grant, existing):
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-    # The history the client resends: what the session holds is not input again.
-    new = await agui_new(run_input, lambda i: api._holds(existing, i))
+    new, approvals = await _what_to_run(api, run_input, existing, approvals)
     if approvals and existing is None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
     if not new and not approvals and (existing is None or await api._empty(tenant, thread)):
@@ -69,7 +72,8 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
     await claim(api.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
     agui_run = AgUiRun(run_input, session)
-    run = runs.start(session, new or None, lease_wait=0.0, stream=True, approvals=approvals, providers=[agui_run])
+    run = runs.start(session, new or None, lease_wait=0.0, stream=True, approvals=approvals, providers=[agui_run],
+                     tools=tools)
     refused = await api.admit(request, runs, run)  # a busy thread, or a resume that cannot apply: before the stream
     if refused is not None:
         return refused
@@ -85,3 +89,16 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
                 runs.detach(run)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+async def _what_to_run(api: _Api, run_input: Any, existing: Session | None,
+                       resumed: dict[str, Decision] | None) -> tuple[list[Message], dict[str, Decision] | None]:
+    """Return the run's input and its decisions: the `resumed` ones, and the results front-end tools gave."""
+    from ._agui import agui_known, agui_new
+    from ._agui_tools import agui_approvals
+
+    assert api.agent is not None
+    # The history the client resends: what the session holds is not input again.
+    at = await agui_known(run_input, lambda i: api._holds(existing, i))
+    approvals = await agui_approvals(run_input, at, api.agent, existing, resumed)
+    return agui_new(run_input, at, answering=len(approvals or {}) > len(resumed or {})), approvals

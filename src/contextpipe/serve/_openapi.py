@@ -182,6 +182,9 @@ def _paths() -> dict[str, Any]:
         **_openai_paths(),
         "/v1/ag-ui": {
             "post": {"summary": "Run through the AG-UI protocol (threadId is the session id)", "operationId": "agui",
+                     "description": "The request's `tools` are front-end tools: a run that calls them streams the "
+                                    "calls and finishes (`pendingToolCallIds`); the next request's `tool` messages "
+                                    "carry their results, and the run continues.",
                      "requestBody": {"required": True, "content": _json("AgUiRunAgentInput")},
                      "responses": _responses({"200": {"description": "AG-UI events.", "content": {
                          "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 410, 413)},
@@ -330,14 +333,17 @@ def _response_schemas() -> dict[str, Any]:
                              "tools: name, description, JSON schema of its parameters.", "items": {
                                  "type": "object", "required": ["name", "description", "parameters"],
                                  "properties": {"name": text, "description": text, "parameters": {"type": "object"}}}}}}
-    pending = {"type": "object", "required": ["call_id", "tool_name", "arguments", "why", "digest", "message_id"],
+    pending = {"type": "object", "required": ["call_id", "tool_name", "arguments", "why", "digest", "message_id",
+                                              "client"],
                "properties": {
                    "call_id": {"type": "string", "description": "The key of the decision in `decisions`."},
                    "tool_name": text, "arguments": {"type": "string", "description": "The arguments, as JSON text."},
                    "why": {"type": "string", "description": "Why it needs approval."},
                    "digest": {"type": "string", "description": "Send it back with the decision: it binds the "
                               "decision to these arguments."},
-                   "message_id": {"type": "string", "description": "The model message that made the call."}}}
+                   "message_id": {"type": "string", "description": "The model message that made the call."},
+                   "client": {"type": "boolean", "description": "True for a call to a front-end tool (AG-UI "
+                              "`tools`): the client runs it and sends its result (stop_reason `client_tool_calls`)."}}}
     return {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["type", "message"], "properties": {"type": text, "message": text}}}},

@@ -27,6 +27,7 @@ from ..errors import ContextPipeError
 from ..messages import Message
 from ..models import ModelSettings
 from ..providers.base import ContextProvider
+from ..tools import Tool
 from ._json import clean
 
 __all__ = ["LiveRun", "OnDisconnect", "RunManager", "cancelled_json", "event_to_json", "pending_to_json",
@@ -53,10 +54,10 @@ def result_to_json(result: RunResult, *, traces: bool = False) -> dict[str, Any]
     return data
 
 
-def pending_to_json(pending: PendingApproval) -> dict[str, str]:
+def pending_to_json(pending: PendingApproval) -> dict[str, Any]:
     """Return the JSON form of a call awaiting approval: what to show a person, and what to send back."""
     return {"call_id": pending.call_id, "tool_name": pending.tool_name, "arguments": pending.arguments,
-            "why": pending.why, "digest": pending.digest, "message_id": pending.message_id}
+            "why": pending.why, "digest": pending.digest, "message_id": pending.message_id, "client": pending.client}
 
 
 def event_to_json(event: Any, *, traces: bool = False) -> tuple[str, dict[str, Any]] | None:
@@ -200,14 +201,16 @@ class RunManager:
 
     def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
               stream: bool, traces: bool = False, approvals: Mapping[str, Decision] | None = None,
-              settings: ModelSettings | None = None, providers: Sequence[ContextProvider] = ()) -> LiveRun:
+              settings: ModelSettings | None = None, providers: Sequence[ContextProvider] = (),
+              tools: Sequence[Tool] = ()) -> LiveRun:
         """Start a run on `session` in its own task and return it (`traces`: put them in the result).
 
         `approvals` decides calls awaiting approval, `settings` are the run's model settings and
-        `providers` its own context providers, as in `Agent.run`.
+        `providers` its own context providers and `tools` its own tools, as in `Agent.run`.
         """
         run = LiveRun(session, traces=traces)
-        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals, settings, providers),
+        run.task = asyncio.create_task(self._drive(run, input, lease_wait, stream, approvals, settings, providers,
+                                                   tools),
                                        name=f"contextpipe-run:{session.tenant}/{session.id}")
         self.runs.add(run)
         run.task.add_done_callback(lambda _: self.runs.discard(run))
@@ -215,11 +218,13 @@ class RunManager:
 
     async def _drive(self, run: LiveRun, input: str | Sequence[Message] | None, lease_wait: float,
                      stream: bool, approvals: Mapping[str, Decision] | None,
-                     settings: ModelSettings | None, providers: Sequence[ContextProvider]) -> None:
+                     settings: ModelSettings | None, providers: Sequence[ContextProvider],
+                     tools: Sequence[Tool] = ()) -> None:
         try:
             if stream:
                 async with self.agent.stream(input, session=run.session, lease_wait=lease_wait,
-                                             approvals=approvals, settings=settings, providers=providers) as events:
+                                             approvals=approvals, settings=settings, providers=providers,
+                                             tools=tools) as events:
                     await events.start()
                     run.admitted.set()
                     async for event in events:
@@ -229,7 +234,8 @@ class RunManager:
                     run.result = events.result
             else:
                 run.result = await self.agent.run(input, session=run.session, lease_wait=lease_wait,
-                                                  approvals=approvals, settings=settings, providers=providers)
+                                                  approvals=approvals, settings=settings, providers=providers,
+                                                  tools=tools)
                 _send(run, "done", result_to_json(run.result, traces=run.traces))
         except asyncio.CancelledError as exc:
             run.error = exc
