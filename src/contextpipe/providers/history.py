@@ -108,7 +108,12 @@ class History(HistoryProvider):
         if not self.policy.load_messages or ctx.session is None:
             return
         bound, bounded_by = self._run_bound(ctx)
-        view = await self._load_view(ctx.session, ctx.lease_token, ctx.tokens, bound)
+        if type(self).load_view is not History.load_view:
+            # A subclass that loads its own way is called as every history provider is (it bounds by `max_tokens`).
+            view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
+            bounded_by = f"History(max_tokens={self.max_tokens})"
+        else:
+            view = await self._load_view(ctx.session, ctx.lease_token, ctx.tokens, bound)
         self.provide(ctx, view, bounded_by)
 
     def _run_bound(self, ctx: RunContext) -> tuple[int | None, str]:
