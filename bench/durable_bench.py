@@ -14,6 +14,10 @@ Cases (each runs in its own process, so memory figures do not mix):
 - ``compaction N``: ``History`` + ``Compaction`` (summarise the old part, then a token budget), the
   same agent run again and again; reports the first run, later runs, a cold run, the summariser's
   calls and the peak memory of a run (tracemalloc) — from 1,000 to 1,000,000 messages;
+- ``bounded N``: later runs of ``History`` alone (its default bound; ``max_tokens=None``, the whole log)
+  and of ``History`` + ``Compaction(TokenBudget(8_000))`` with no summary checkpoint, from 1,000 to
+  1,000,000 messages (``--only bounded``; ``--configs`` chooses; on a tree before the bound, the
+  default is the whole log and ``max_tokens=None`` is skipped);
 - ``tokens N``: `TokenCounter` over N distinct messages with the default cache, then again;
 - ``import``: ``import contextpipe`` in a fresh interpreter (median of 15, and ``-X importtime``'s
   top entries).
@@ -193,6 +197,53 @@ def make_agent(store: Any, compaction: bool, summariser: Summariser | None = Non
     return Agent(FakeModel(), providers=providers, store=store)
 
 
+CONFIGS = ("default", "unbounded", "budget")
+"""``bounded`` cases: History's default bound, ``History(max_tokens=None)``, and TokenBudget without a checkpoint."""
+
+
+def bounded_agent(store: Any, config: str) -> Any:
+    from contextpipe import Agent
+    from contextpipe.providers import History
+
+    history = History(store, max_tokens=None) if config == "unbounded" else History(store)  # type: ignore[call-arg]
+    providers: list[Any] = [history]
+    if config == "budget":
+        from contextpipe.compaction import TokenBudget
+        from contextpipe.providers import Compaction
+        from contextpipe.tokens import EstimateTokenizer
+
+        providers.append(Compaction(TokenBudget(8_000, output_reserve=1_000), tokenizer=EstimateTokenizer()))
+    return Agent(FakeModel(), providers=providers, store=store)
+
+
+async def case_bounded(path: Path, config: str, runs: int, budget: float) -> dict[str, Any]:
+    """First run, later runs (the same agent), peak memory of a later run, and a cold run, of one config."""
+    store = open_store(path)
+    agent = bounded_agent(store, config)
+    session = await agent.session(SESSION)
+    gc.collect()
+    with h.Stopwatch() as first:
+        await agent.run("Where is my order?", session=session)
+    samples = await timed_runs(lambda _: agent.run("And the invoice?", session=session), runs, budget)
+    sent = agent.model.last_len
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    await agent.run("Thanks, one more question.", session=session)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    await store.close()
+    store = open_store(path)
+    agent = bounded_agent(store, config)
+    gc.collect()
+    with h.Stopwatch() as cold:
+        session = await agent.session(SESSION)
+        await agent.run("Hello again.", session=session)
+    await store.close()
+    return {"first_ms": first.wall * 1000, **as_ms(samples), "cold_ms": cold.wall * 1000, "sent": sent,
+            "peak_run_bytes": peak}
+
+
 def open_store(path: Path) -> Any:
     from contextpipe.stores import SQLiteStore
 
@@ -362,6 +413,8 @@ def child(args: argparse.Namespace) -> None:
                 result = asyncio.run(case_history(path, size, True, args.runs, args.budget))
             elif kind == "compaction":
                 result = asyncio.run(case_compaction(path, size, args.runs, args.budget))
+            elif kind.startswith("bounded-"):
+                result = asyncio.run(case_bounded(path, kind.removeprefix("bounded-"), args.runs, args.budget))
             elif kind == "cold-runs":
                 result = asyncio.run(case_cold_runs(path, size, args.runs))
             else:
@@ -485,6 +538,30 @@ def compaction(args: argparse.Namespace, sizes: list[int], results: h.Results) -
         add(case, "contextpipe", "peak Python memory of a later run", "MB", value=r["peak_run_bytes"] / 1e6)
 
 
+def bounded(args: argparse.Namespace, sizes: list[int], results: h.Results) -> None:
+    """History's bound: each config at each size (a case per size, a row per config)."""
+    import inspect
+
+    from contextpipe.providers import History
+
+    bound = "max_tokens" in inspect.signature(History).parameters  # False on a tree before the bound
+    labels = {"default": "History (default bound)" if bound else "History (whole log: no bound yet)",
+              "unbounded": "History(max_tokens=None)", "budget": "History + TokenBudget(8,000), no checkpoint"}
+    for n in sizes:
+        for config in [c for c in args.configs.split(",") if bound or c != "unbounded"]:
+            r = run_child(f"bounded-{config}", n, args)
+            if r is None:
+                continue
+            case, side, add = f"{n:,} messages", labels[config], results.add
+            add(case, side, "later runs", "ms", samples=r["samples_ms"])
+            add(case, side, "later runs, CPU", "ms", samples=r["cpu_ms"])
+            add(case, side, "first run", "ms", value=r["first_ms"])
+            add(case, side, "cold run", "ms", value=r["cold_ms"])
+            add(case, side, "messages sent", "", value=r["sent"])
+            add(case, side, "peak Python memory of a later run", "MB", value=r["peak_run_bytes"] / 1e6)
+            add(case, side, "peak RSS", "MB", value=r["rss_mb"])
+
+
 def tokens(args: argparse.Namespace, results: h.Results) -> None:
     for n in [100_000, 300_000, 1_000_000]:
         r = run_child("tokens", n, args)
@@ -508,6 +585,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=None,
                         help="a contextpipe source tree to run the history cases on too, interleaved")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds with --before")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="bounded cases: " + ", ".join(CONFIGS))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -518,7 +596,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     commit = h.git_commit(args.before) if args.before is not None else None
     reference = {"name": f"an earlier tree ({commit or args.before})", "commit": commit, "side": "before"}
-    by_metric = not only & {"history", "instructions", "import"}  # compaction and tokens: a column per figure
+    by_metric = not only & {"history", "instructions", "import"}  # compaction, bounded, tokens: a column per figure
     results = h.Results(
         "durable", "Durable runs on SQLiteStore (synchronous=FULL), no LLM: sessions of realistic shape; "
         "a cold run opens a new store and agent, a warm one runs the same agent again",
@@ -530,6 +608,8 @@ def main() -> None:
         count_instructions(args, sizes, results)
     if "compaction" in only:
         compaction(args, sizes, results)
+    if "bounded" in only:
+        bounded(args, sizes, results)
     if "tokens" in only:
         tokens(args, results)
     if "import" in only:

@@ -195,6 +195,15 @@ class CompactionStrategy(abc.ABC):
     name: str = "strategy"
     trigger: Trigger | None = None
 
+    @property
+    def kept_tokens(self) -> int | None:
+        """The most tokens of messages a view keeps after this strategy, or None when it cannot say.
+
+        A `History` before the `Compaction` loads no more than twice this of the log (`TokenBudget`
+        says its budget; a strategy that may need older messages, `Summarize`, says None).
+        """
+        return None
+
     async def run(self, view: CompactionView) -> None:
         """Apply the strategy if its trigger fires."""
         if self.trigger is None or self.trigger.fires(view):
@@ -252,6 +261,11 @@ class TokenBudget(CompactionStrategy):
             raise UsageError("max_input_tokens must be larger than output_reserve")
         self.budget = max_input_tokens - output_reserve
         self.trigger = trigger
+
+    @property
+    def kept_tokens(self) -> int | None:
+        """The budget, when the strategy always runs (a trigger may let larger views through)."""
+        return self.budget if self.trigger is None else None
 
     async def apply(self, view: CompactionView) -> None:
         """Drop the oldest unpinned groups until the request fits."""
@@ -485,6 +499,13 @@ class CompactionPipeline(CompactionStrategy):
     def __init__(self, strategies: Sequence[CompactionStrategy], *, trigger: Trigger | None = None) -> None:
         self.strategies = list(strategies)
         self.trigger = trigger
+
+    @property
+    def kept_tokens(self) -> int | None:
+        """The smallest bound of the strategies, when every one of them says one (and the pipeline always runs)."""
+        kept = [s.kept_tokens for s in self.strategies]
+        bounds = [k for k in kept if k is not None]
+        return min(bounds) if bounds and len(bounds) == len(kept) and self.trigger is None else None
 
     async def apply(self, view: CompactionView) -> None:
         """Run each strategy in turn."""

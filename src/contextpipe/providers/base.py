@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import HistoryPolicy
 from ..errors import UsageError
 from ..messages import Message
+from ..trace import ContextChange
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext, RunOutcome
@@ -67,6 +68,9 @@ class LoadedHistory:
     compaction can save summaries as checkpoints through `HistoryProvider.save_checkpoint`)."""
     summary: Message | None = None
     """A summary checkpoint standing for the log before ``messages``, if there is one."""
+    left_out: int = 0
+    """How many messages of the log, older than ``messages`` and after the checkpoint, a bound left out
+    (the run's traces say so: a ``history_bound`` change); counted from log sequences, never read."""
 
 
 class ContextProvider:
@@ -218,7 +222,16 @@ class HistoryProvider(ContextProvider):
         policy = self.policy
         if not policy.load_messages or ctx.session is None:
             return
-        view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
+        self.provide(ctx, await self.load_view(ctx.session, lease_token=ctx.lease_token))
+
+    def provide(self, ctx: RunContext, view: LoadedHistory, bounded_by: str = "the history provider's bound") -> None:
+        """Put a loaded `view` into the run's context, noting in its traces what a bound left out."""
+        policy = self.policy
+        if view.left_out and view.first_seq is not None:
+            first = view.first_seq - view.left_out
+            ctx.journal.changes.append(ContextChange(self.source_id, "history_bound", (
+                f"{view.left_out:,} older messages (log sequences {first:,} to {view.first_seq - 1:,}) not loaded: "
+                f"{bounded_by}",)))
         if policy.provide_filter is not None:
             loaded = [view.summary, *view.messages] if view.summary is not None else view.messages
             ctx.add_history(policy.provide_filter(loaded))

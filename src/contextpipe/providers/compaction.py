@@ -68,6 +68,14 @@ class Compaction(ContextProvider):
         self.checkpoints = checkpoints
         self._cache = TokenCache()
 
+    @property
+    def history_tokens(self) -> int | None:
+        """The most tokens of history this provider lets through (`CompactionStrategy.kept_tokens`), or None.
+
+        A `History` registered before it loads no more than twice this of the log per run.
+        """
+        return self.strategy.kept_tokens
+
     def _counter(self, ctx: RunContext) -> TokenCounter:
         if self.tokenizer is None:
             return ctx.tokens
