@@ -160,6 +160,8 @@ def with_output(result: RunResult[Any], check: OutputCheck | None) -> RunResult[
     if check.valid:
         result._output = check.value
     elif check.attempts:
+        result._output = NoOutput(f"no answer matched the output type ({check.attempts} attempt(s)); the last "
+                                  "answer is the result's text")
         raise OutputValidationError(check.raw, check.errors, check.attempts, result)
     else:
         result._output = NoOutput(
