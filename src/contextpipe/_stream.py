@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Final, Literal
+from typing import Final, Generic, Literal
 
 from .errors import UsageError
-from .events import RunDone, RunResult, StreamEvent
+from .events import OutputT, RunDone, RunResult, StreamEvent
 
 __all__ = ["ADMITTED", "AgentStream", "Admitted"]
 
@@ -27,13 +27,16 @@ class Admitted:
 ADMITTED: Final = Admitted()
 
 
-class AgentStream:
-    """The events of one streamed run; iterate it, or use it as an async context manager."""
+class AgentStream(Generic[OutputT]):
+    """The events of one streamed run; iterate it, or use it as an async context manager.
+
+    ``AgentStream[City]`` is the stream of a run given ``output_type=City``: its `result` has ``output: City``.
+    """
 
     def __init__(self, events: AsyncIterator[StreamEvent | Admitted]) -> None:
         self._events = events
         self._admitted = False
-        self.result: RunResult | None = None
+        self.result: RunResult[OutputT] | None = None
         """The run's result, once the stream has finished."""
 
     async def start(self) -> None:
@@ -78,7 +81,7 @@ class AgentStream:
         assert isinstance(first, Admitted), first  # (`Agent._events` yields it before any event)
         self._admitted = True
 
-    def __aiter__(self) -> AgentStream:
+    def __aiter__(self) -> AgentStream[OutputT]:
         return self
 
     async def __anext__(self) -> StreamEvent:
@@ -90,7 +93,7 @@ class AgentStream:
             self.result = event.result
         return event
 
-    async def __aenter__(self) -> AgentStream:
+    async def __aenter__(self) -> AgentStream[OutputT]:
         return self
 
     async def __aexit__(

@@ -12,21 +12,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from ._agent_state import RESERVED_KEYS, provider_state_keys, stored_calibration
 from ._run.approvals import ApprovalGate, agent_policy, pending_in
 from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
+from ._run.output import OutputCheck, OutputLoop, output_check, with_output
 from ._run.repair import answer_open_end
 from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
 from ._run.threads import raise_swallowed_cancellation
 from ._run.way_out import WayOutExpired
 from ._run.writer import StepWriter
 from ._stream import ADMITTED, Admitted, AgentStream
-from .approvals import STATE_KEY as APPROVALS_KEY
 from .config import DEFAULT_DURABILITY, Durability, RunLimits
-from .errors import AfterRunError, CodecError, UsageError
+from .errors import AfterRunError, OutputValidationError, UsageError
 from .events import RunDone, RunResult, StreamEvent
 from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
@@ -34,8 +35,6 @@ from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
 from .session import (
     DEFAULT_TENANT,
-    RESERVED_STATE_KEYS,
-    ProviderState,
     Session,
     validate_session_id,
     validate_tenant,
@@ -43,7 +42,7 @@ from .session import (
 from .stores.base import SessionStore
 from .stores.memory import MemoryStore
 from .telemetry import InstrumentedModel, Spans, Telemetry, instrument_tool_calls
-from .tokens import CALIBRATION_KEY, Calibration, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
+from .tokens import CALIBRATION_KEY, TokenCache, TokenCounter, Tokenizer, tokenizer_for_model
 from .trace import RunJournal
 
 if TYPE_CHECKING:
@@ -52,6 +51,9 @@ if TYPE_CHECKING:
     from .tools import Tool
 
 __all__ = ["DEFAULT_HISTORY_ID", "Agent", "AgentStream", "RunDone", "RunResult", "StreamEvent"]
+
+_T = TypeVar("_T")
+_Input = str | Message | Sequence[Message] | None
 
 DEFAULT_HISTORY_ID = "default-history"
 """The source_id of the history an agent given no history provider keeps its sessions' messages with."""
@@ -172,7 +174,7 @@ class Agent:
     def _check_providers(self, default_history: HistoryProvider | None) -> None:
         seen_ids: dict[str, ContextProvider] = {}
         seen_keys: dict[str, ContextProvider] = {}
-        self._state_owners: dict[str, str] = dict(_RESERVED_KEYS)  # keys a tool's state may not use: what each holds
+        self._state_owners: dict[str, str] = dict(RESERVED_KEYS)  # keys a tool's state may not use: what each holds
         loaders = []
         for p in self.providers:
             if not isinstance(p, ContextProvider):
@@ -188,7 +190,7 @@ class Agent:
                     "give each a unique source_id"
                 )
             seen_ids[p.source_id] = p
-            for key in _state_keys(p):
+            for key in provider_state_keys(p):
                 if key in seen_keys:
                     raise UsageError(
                         f"context providers {seen_keys[key]!r} and {p!r} both use session state key {key!r}; "
@@ -267,9 +269,20 @@ class Agent:
 
     # --- runs ---------------------------------------------------------------------------------------
 
+    @overload
+    async def run(self, input: _Input, *, session: Session | None = ..., settings: ModelSettings | None = ...,
+                  lease_wait: float = ..., deps: Any = ..., approvals: Mapping[str, Decision] | None = ...,
+                  providers: Sequence[ContextProvider] = ..., tools: Sequence[Tool | Callable[..., Any]] = ...,
+                  output_type: None = None, output_retries: int = ...) -> RunResult[str]: ...
+    @overload
+    async def run(self, input: _Input, *, session: Session | None = ..., settings: ModelSettings | None = ...,
+                  lease_wait: float = ..., deps: Any = ..., approvals: Mapping[str, Decision] | None = ...,
+                  providers: Sequence[ContextProvider] = ..., tools: Sequence[Tool | Callable[..., Any]] = ...,
+                  output_type: type[_T], output_retries: int = ...) -> RunResult[_T]: ...
+
     async def run(
         self,
-        input: str | Message | Sequence[Message] | None,
+        input: _Input,
         *,
         session: Session | None = None,
         settings: ModelSettings | None = None,
@@ -278,7 +291,9 @@ class Agent:
         approvals: Mapping[str, Decision] | None = None,
         providers: Sequence[ContextProvider] = (),
         tools: Sequence[Tool | Callable[..., Any]] = (),
-    ) -> RunResult:
+        output_type: type[Any] | None = None,
+        output_retries: int = 2,
+    ) -> RunResult[Any]:
         """Run the agent on `input` (None resumes the session without new input) and return the result.
 
         `deps` are the application's dependencies for this run (a database pool, the signed-in
@@ -303,18 +318,36 @@ class Agent:
         `tools` are offered in this run only, beside the agent's (a name the agent's tools use is a
         `UsageError`): a front end's tools (`contextpipe.ClientTool`), which the caller runs (the run stops
         with ``stop_reason="client_tool_calls"``), or any tool.
+
+        `output_type` (a pydantic model, a dataclass, a TypedDict, ``list[int]``, ...) makes the answer
+        structured: the model is asked for its JSON schema (the vendor's native structured output), and
+        `RunResult.output` is the answer validated into it. An answer that does not match is sent back
+        with the errors, at most `output_retries` times, every attempt saved; then `OutputValidationError`
+        (see ``docs/guides/structured-output.md``).
         """
-        result: RunResult | None = None
+        check, settings = output_check(output_type, output_retries, settings)
+        result: RunResult[Any] | None = None
         async for event in self._events(input, session, settings, lease_wait, deps, approvals, providers,
-                                        stream=False, want_events=False, tools=tools):
+                                        stream=False, want_events=False, tools=tools, output=check):
             if isinstance(event, RunDone):
                 result = event.result
         assert result is not None
         return result
 
+    @overload
+    def stream(self, input: _Input, *, session: Session | None = ..., settings: ModelSettings | None = ...,
+               lease_wait: float = ..., deps: Any = ..., approvals: Mapping[str, Decision] | None = ...,
+               providers: Sequence[ContextProvider] = ..., tools: Sequence[Tool | Callable[..., Any]] = ...,
+               output_type: None = None, output_retries: int = ...) -> AgentStream[str]: ...
+    @overload
+    def stream(self, input: _Input, *, session: Session | None = ..., settings: ModelSettings | None = ...,
+               lease_wait: float = ..., deps: Any = ..., approvals: Mapping[str, Decision] | None = ...,
+               providers: Sequence[ContextProvider] = ..., tools: Sequence[Tool | Callable[..., Any]] = ...,
+               output_type: type[_T], output_retries: int = ...) -> AgentStream[_T]: ...
+
     def stream(
         self,
-        input: str | Message | Sequence[Message] | None,
+        input: _Input,
         *,
         session: Session | None = None,
         settings: ModelSettings | None = None,
@@ -323,7 +356,9 @@ class Agent:
         approvals: Mapping[str, Decision] | None = None,
         providers: Sequence[ContextProvider] = (),
         tools: Sequence[Tool | Callable[..., Any]] = (),
-    ) -> AgentStream:
+        output_type: type[Any] | None = None,
+        output_retries: int = 2,
+    ) -> AgentStream[Any]:
         """Run the agent, streaming events: text deltas, tool calls, persisted steps, then `RunDone`.
 
         Persistence, `deps`, `approvals`, `providers` and `tools` are the same as for `run`; a run that stops for
@@ -331,12 +366,14 @@ class Agent:
         agent.stream(...) as events`` when you may stop iterating early, so the run is closed (providers told,
         lease released) at once. ``await events.start()`` returns once the run holds the session's lease and
         its input and approvals were accepted, raising the error that keeps it from starting otherwise
-        (`AgentStream.start`).
+        (`AgentStream.start`). With `output_type`, the text of every attempt streams as it comes, and the
+        result (``RunDone``, `AgentStream.result`) has the validated `RunResult.output`.
         """
+        check, settings = output_check(output_type, output_retries, settings)
         return AgentStream(self._events(input, session, settings, lease_wait, deps, approvals, providers,
-                                        stream=True, want_events=True, tools=tools))
+                                        stream=True, want_events=True, tools=tools, output=check))
 
-    def run_sync(self, input: str | Message | Sequence[Message] | None, **kwargs: Any) -> RunResult:
+    def run_sync(self, input: _Input, **kwargs: Any) -> RunResult[Any]:
         """Blocking `run`, for scripts; refuses to run inside an already running event loop."""
         try:
             asyncio.get_running_loop()
@@ -357,6 +394,7 @@ class Agent:
         stream: bool,
         want_events: bool,
         tools: Sequence[Tool | Callable[..., Any]] = (),
+        output: OutputCheck | None = None,
     ) -> AsyncIterator[StreamEvent | Admitted]:
         input_messages = [] if input is None else as_messages(input)
         if not input_messages and session is None:
@@ -376,14 +414,11 @@ class Agent:
                 await gate.decide(approvals, self._loader())
                 yield ADMITTED  # the run is admitted (`AgentStream.start`): errors from here on are the run's
                 if (replay := replayed(earlier, session)) is not None:
-                    yield RunDone(replay)
+                    yield RunDone(with_output(replay, output))
                     return
                 ctx = self._context(session, input_messages, settings, writer, run_tools)
                 contexts = CallContexts(session, self, deps, self._state_owners, writer.outbox_problem())
-                loop = StepLoop(ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits,
-                                writer, stream=stream, want_events=want_events, contexts=contexts,
-                                instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None,
-                                approvals=gate)
+                loop = self._loop(ctx, writer, spans, gate, contexts, stream, want_events, output)
                 error: BaseException | None = None
                 try:
                     await run_before(providers, ctx, spans, writer.guard)
@@ -400,7 +435,7 @@ class Agent:
                 finally:
                     failures = await self._finish(providers, ctx, loop, writer, spans, error)
                 raise_swallowed_cancellation()  # a driver swallowed a cancellation on the way out: the caller gets it
-                result = self._result(ctx, loop, session, earlier)
+                result = self._result(ctx, loop, session, earlier, output, failures)
                 if failures:
                     raise AfterRunError(failures, result)
                 if spans.root is not None:
@@ -414,6 +449,16 @@ class Agent:
         finally:
             Spans.end(spans.root, run_error if not isinstance(run_error, GeneratorExit) else None)
 
+    def _loop(self, ctx: RunContext, writer: StepWriter, spans: Spans, gate: ApprovalGate, contexts: CallContexts,
+              stream: bool, want_events: bool, output: OutputCheck | None) -> StepLoop:
+        """Return the step loop of a run (one that checks its answers, given an output type)."""
+        traced = spans.tracer is not None
+        kwargs: dict[str, Any] = {} if output is None else {"output": output}
+        return (StepLoop if output is None else OutputLoop)(
+            ctx, InstrumentedModel(self.model, spans) if traced else self.model, self.limits, writer, stream=stream,
+            want_events=want_events, contexts=contexts, approvals=gate,
+            instrument_tools=(lambda ex: instrument_tool_calls(ex, spans)) if traced else None, **kwargs)
+
     def _with_run_providers(self, extra: Sequence[ContextProvider]) -> Sequence[ContextProvider]:
         """Return the agent's providers, then `extra` (one run's own, see `run`), refusing those that cannot be."""
         taken = {p.source_id for p in self.providers}
@@ -424,7 +469,7 @@ class Agent:
             if p.source_id in taken:
                 raise UsageError(f"a run's provider {p!r} uses source_id {p.source_id!r}, which another provider of "
                                  "the run uses; give it a source_id of its own")
-            if _state_keys(p):
+            if provider_state_keys(p):
                 raise UsageError(f"a run's provider {p!r} declares session state keys; only the agent's providers "
                                  "may (their keys are checked when the agent is built): give the agent the provider")
             taken.add(p.source_id)
@@ -462,17 +507,24 @@ class Agent:
         earlier = await find_earlier(store, session, input_messages)
         return earlier, input_messages if earlier is None else []
 
-    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None,
-                earlier: EarlierRun | None = None) -> RunResult:
+    def _result(self, ctx: RunContext, loop: StepLoop, session: Session | None, earlier: EarlierRun | None,
+                output: OutputCheck | None, failures: list[tuple[str, BaseException]]) -> RunResult[Any]:
+        """Return the run's result; raise `OutputValidationError` (with `failures` as notes) for an invalid answer."""
         state = loop.state
         messages, given = state.new_messages, ctx.input
         if earlier is not None:  # a resumed run: the interrupted run's input and messages come first
             messages, given = [*earlier.messages, *messages], earlier.input
-        return RunResult(
+        result: RunResult[Any] = RunResult(
             text=final_text(messages), messages=messages, input=given,
             usage=state.usage, traces=ctx.journal.traces, stop_reason=state.stop_reason, steps=state.steps,
             session=session, pending_approvals=list(loop.approvals.pending),
         )
+        try:
+            return with_output(result, output)
+        except OutputValidationError as exc:
+            for source_id, failure in failures:
+                exc.add_note(f"also failed after the run: {source_id!r}: {type(failure).__name__}: {failure}")
+            raise
 
     async def _finish(
         self, providers: Sequence[ContextProvider], ctx: RunContext, loop: StepLoop, writer: StepWriter, spans: Spans,
@@ -510,46 +562,11 @@ class Agent:
         """
         if self._tokenizer is None:
             self._tokenizer = tokenizer_for_model(self.model.name)
-        calibration = _calibration(session) if session is not None and CALIBRATION_KEY in session.state else None
+        calibration = stored_calibration(session) if session is not None and CALIBRATION_KEY in session.state else None
         # Each session counts into its own bounded part of the cache: a busy one cannot evict the others'.
         scope = (session.tenant, session.id) if session is not None else None
         return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
                             cache_size=self._token_cache.max_per_session)
-
-
-_RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration",
-                  APPROVALS_KEY: "the session's approvals (tools always allowed, approved calls, held late results)"}
-
-
-def _state_keys(provider: ContextProvider) -> list[str]:
-    """Return the session state keys `provider` uses: those it declares and its `ProviderState` attributes'.
-
-    Raises `UsageError` for a key the session or the agent keeps for itself, and for two held
-    `ProviderState` objects sharing a key with different models.
-    """
-    models: dict[str, type[Any]] = {}
-    for state in ProviderState.held_by(provider):
-        if models.setdefault(state.key, state.model) is not state.model:
-            raise UsageError(f"{provider!r} holds two ProviderState objects with key {state.key!r} "
-                             f"({models[state.key].__name__} and {state.model.__name__}); give each its own key")
-    keys = list(dict.fromkeys([*provider.state_keys, *models]))
-    for key in keys:
-        if key in _RESERVED_KEYS:
-            raise UsageError(f"{provider!r} uses session state key {key!r}, which is reserved for "
-                             f"{_RESERVED_KEYS[key]}; use a key of its own, such as {provider.source_id!r}")
-    return keys
-
-
-def _calibration(session: Session) -> Calibration:
-    """Return the calibration kept in `session`'s state."""
-    kept = session.state[CALIBRATION_KEY]
-    if isinstance(kept, Calibration):
-        return kept
-    try:
-        return Calibration.from_dict(kept)
-    except ValueError as exc:
-        raise CodecError(f"session {session.id!r}: state under key {CALIBRATION_KEY!r} does not match "
-                         f"Calibration: {exc}") from exc
 
 
 async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseException) -> None:

@@ -26,8 +26,10 @@ ContextPipeError                 root: catch this to catch everything contextpip
 │   ├── LeaseLost                this run's lease was taken over, or its session is gone; writes refused
 │   ├── ConcurrentUpdate         session state changed since it was read (compare-and-swap failed)
 │   └── CorruptRecord            a stored row could not be decoded
-└── AfterRunError                one or more context providers failed in `after_run` (the run's
-                                 result is kept on the error)
+├── AfterRunError                one or more context providers failed in `after_run` (the run's
+│                                result is kept on the error)
+└── OutputValidationError        the model's answer did not match the run's `output_type`, however often
+                                 it was sent back (the last answer, the errors and the result are kept)
 ```
 
 Each adapter (model client, store backend) translates its library's errors into these in one place,
@@ -60,6 +62,7 @@ __all__ = [
     "ModelResponseError",
     "ModelServerError",
     "ModelTimeout",
+    "OutputValidationError",
     "SkillError",
     "RequestInvariantError",
     "ScriptExhausted",
@@ -384,6 +387,25 @@ class AfterRunError(ContextPipeError):
         names = ", ".join(f"{sid!r} ({type(exc).__name__}: {exc})" for sid, exc in errors)
         super().__init__(f"after_run failed in context provider(s): {names}")
         self.errors = list(errors)
+        self.result = result
+
+
+class OutputValidationError(ContextPipeError):
+    """Raised when no answer of the model matched the run's ``output_type``, retries included.
+
+    The run itself completed and was saved (every attempt is in the session's log). `raw` is the
+    model's last answer, `errors` what was wrong with it (pydantic's message), `attempts` how many
+    answers were validated, `result` the run's result (its `RunResult.output` is not available).
+    Give the model more chances (``output_retries=``), a clearer schema, or handle the raw answer.
+    """
+
+    def __init__(self, raw: str, errors: str, attempts: int, result: object | None = None) -> None:
+        super().__init__(f"the model's answer did not match the output type after {attempts} attempt(s): "
+                         f"{clause(errors[:600])}; last answer: {shorten(raw, 300)}. Raise output_retries, "
+                         "describe the fields better, or read the answer from the error's `raw`")
+        self.raw = raw
+        self.errors = errors
+        self.attempts = attempts
         self.result = result
 
 

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, cast
 
 from .approvals import PendingApproval  # at run time, as Session below
+from .errors import UsageError
 from .messages import FunctionCall, FunctionResult, Message
 from .models.base import ReasoningDelta, TextDelta, Usage
 from .session import Session  # at run time, so that typing.get_type_hints resolves the events' fields
 from .trace import PromptTrace
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar  # a default (PEP 696), which typing has from Python 3.13 on
+
+    OutputT = TypeVar("OutputT", default=str)
+else:
+    from typing import TypeVar
+
+    OutputT = TypeVar("OutputT")
 
 __all__ = [
     "ApprovalRequired",
@@ -80,9 +90,31 @@ class ApprovalRequired:
     kind: Literal["approval_required"] = "approval_required"
 
 
+@dataclass(frozen=True, slots=True)
+class NoOutput:
+    """Why a run's result has no `RunResult.output` (it stopped before a final answer)."""
+
+    why: str
+    """What to do instead."""
+
+
+_TEXT: Final = NoOutput("")  # `RunResult.output` is the text: the run had no output type
+
+
 @dataclass(slots=True)
-class RunResult:
-    """What a run produced."""
+class RunResult(Generic[OutputT]):
+    """What a run produced; `output` is its answer, typed (``RunResult[City]`` for ``output_type=City``).
+
+    >>> import asyncio
+    >>> from pydantic import BaseModel
+    >>> from contextpipe import Agent
+    >>> from contextpipe.testing import ScriptedModel
+    >>> class City(BaseModel):
+    ...     name: str
+    >>> agent = Agent(ScriptedModel(['{"name": "Suzhou"}']))
+    >>> asyncio.run(agent.run("Which city?", output_type=City)).output
+    City(name='Suzhou')
+    """
 
     text: str
     """The final answer: text of the last assistant message."""
@@ -109,13 +141,27 @@ class RunResult:
     """With ``stop_reason="approval_required"`` or ``"client_tool_calls"``: the tool calls waiting for a person's
     decision or a client's result (call id, tool, arguments, why, `client`). Decide with
     ``agent.run(None, session=..., approvals={call_id: decision})``."""
+    _output: Any = field(default=_TEXT, repr=False, compare=False)
+
+    @property
+    def output(self) -> OutputT:
+        """The answer: with ``output_type=`` given to the run, validated into that type; otherwise `text`.
+
+        A run that stopped before its final answer (waiting for approvals, at a limit without one)
+        has none: reading it raises `UsageError` saying why.
+        """
+        if self._output is _TEXT:
+            return cast("OutputT", self.text)
+        if isinstance(self._output, NoOutput):
+            raise UsageError(self._output.why)
+        return cast("OutputT", self._output)
 
 
 @dataclass(frozen=True, slots=True)
 class RunDone:
     """The last event of a stream: the run's result."""
 
-    result: RunResult
+    result: RunResult[Any]
     """The result, as `Agent.run` would return it."""
     kind: Literal["run_done"] = "run_done"
 

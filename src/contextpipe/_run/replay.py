@@ -204,6 +204,8 @@ def _stop_reason(produced: Sequence[Message]) -> StopReason | None:
     reason = last.metadata.get(STOP_KEY) if last.metadata else None
     if reason in _STOPS:
         return cast("StopReason", reason)
+    if last.metadata and last.metadata.get("output") == "invalid":  # sent back (`_run.output`): not the answer
+        return None
     return "completed" if last.role == "assistant" and not last.function_calls else None
 
 
