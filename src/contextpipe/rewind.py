@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .stores.base import Lease, SessionStore
 
 __all__ = ["MARKER_KEY", "LogEntry", "Rewound", "fork", "is_marker", "last_user_seq", "leased", "read_log", "rewind",
-           "rewound_ids", "rewound_ranges", "view_messages"]
+           "rewound_ids", "rewound_ranges", "view_messages", "view_tail"]
 
 MARKER_KEY: Final = "contextpipe.rewind"
 """Metadata key of a rewind marker: ``{"to": seq}``, the last sequence kept."""
@@ -114,6 +114,31 @@ async def view_messages(store: SessionStore, tenant: str, session_id: str, *, re
             break
         end = page.first_seq
     return [entry for part in reversed(found) for entry in part]
+
+
+async def view_tail(store: SessionStore, tenant: str, session_id: str, rewound: Rewound, floor: int,
+                    count: Callable[[list[Message]], list[int]], bound: int | None, limit: int | None,
+                    first_page: int) -> list[tuple[int, Message]]:
+    """Return the newest view messages after `floor` whose `count` fits `bound`, at most `limit`, oldest first.
+
+    Read backward page by page (the first `first_page` messages, each further page twice the one before).
+    """
+    kept: list[tuple[int, Message]] = []
+    total, before, size, full = 0, None, first_page, False
+    while not full:
+        want = size if limit is None else min(size, limit - len(kept))
+        page = await view_messages(store, tenant, session_id, rewound=rewound, before=before, after=floor, limit=want)
+        counts = count([m for _, m in page])
+        for entry, tokens in zip(reversed(page), reversed(counts), strict=True):
+            if bound is not None and total + tokens > bound:
+                full = True
+                break
+            kept.append(entry)
+            total += tokens
+        full = full or len(page) < want or (limit is not None and len(kept) >= limit)
+        before, size = (page[0][0] if page else before), 2 * size
+    kept.reverse()
+    return kept
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import UsageError
 from ..exchanges import drop_leading_orphans
 from ..messages import Message, Source
-from ..rewind import Rewound, is_marker, rewound_ranges, view_messages
+from ..rewind import Rewound, is_marker, rewound_ranges, view_tail
 from ..tokens import EstimateTokenizer, TokenCounter
 from .base import HistoryProvider, LoadedHistory
 
@@ -196,23 +196,9 @@ class History(HistoryProvider):
         checkpoint = await self.store.latest_checkpoint(session.tenant, session.id)
         if checkpoint is not None and checkpoint.seq in rewound:
             checkpoint = None
-        floor, limit = (checkpoint.seq if checkpoint is not None else 0), self.max_messages
-        kept: list[tuple[int, Message]] = []
-        total, before, size, full = 0, None, _FIRST_PAGE, False
-        while not full:
-            want = size if limit is None else min(size, limit - len(kept))
-            page = await view_messages(self.store, session.tenant, session.id, rewound=rewound, before=before,
-                                       after=floor, limit=want)
-            for (seq, message), count in zip(reversed(page), reversed(counter.messages([m for _, m in page])),
-                                             strict=True):
-                if bound is not None and total + count > bound:
-                    full = True
-                    break
-                kept.append((seq, message))
-                total += count
-            full = full or len(page) < want or (limit is not None and len(kept) >= limit)
-            before, size = (page[0][0] if page else before), 2 * size
-        kept.reverse()
+        floor = checkpoint.seq if checkpoint is not None else 0
+        kept = await view_tail(self.store, session.tenant, session.id, rewound, floor, counter.messages, bound,
+                               self.max_messages, _FIRST_PAGE)
         first = kept[0][0] if kept else floor + 1
         left_out = first - floor - 1 - rewound.hidden_between(floor, first)
         messages = [m for _, m in kept]
