@@ -75,7 +75,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "approvals", "tools",
      "client_tools", "tokens", "config"),
     ("exchanges", "models.base", "vectors", "vectors.*"),
-    ("stores", "stores.*"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
+    ("stores", "stores.*", "rewind"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
+    # rewind: the view of a log its markers leave, over any store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
     ("pipeline", "events", "_stream"),

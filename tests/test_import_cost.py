@@ -134,7 +134,8 @@ def test_a_first_run_in_memory_loads_only_the_default_history() -> None:
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     # The agent adds its default history when it is built; the runs themselves import nothing more.
-    assert loaded["by the runs"] == ["contextpipe.providers.history"]
+    # History reads the session's view (its rewind markers; `contextpipe.rewind`, a small module of its own).
+    assert loaded["by the runs"] == ["contextpipe.providers.history", "contextpipe.rewind"]
     assert "contextpipe.testing.scripted" in loaded["in all"]  # the check sees the program's own imports
     assert [m for m in loaded["in all"] if m in DEFERRED or m in HEAVY or m.split(".")[0] in HEAVY] == []
 

@@ -223,8 +223,46 @@ class Agent:
         return await self.session(f"s-{uuid.uuid4().hex}", tenant=tenant, ttl=ttl)
 
     async def history(self, session: Session, *, limit: int | None = None) -> list[Message]:
-        """Return the session's stored messages (the last `limit` when given) from the agent's store."""
-        return (await self.store.load(session.tenant, session.id, limit=limit)).messages
+        """Return the session's view (the last `limit` messages when given): its log minus what was rewound."""
+        from .rewind import view_messages  # lazily, as every undo helper below
+
+        return [m for _, m in await view_messages(self.store, session.tenant, session.id, limit=limit)]
+
+    async def rewind(self, session_id: str, *, to: int, tenant: str = DEFAULT_TENANT, lease_wait: float = 0.0) -> int:
+        """Leave the session's messages after sequence `to` out of its view; return the point kept (see `rewind`).
+
+        It takes the session's lease as a run does: `SessionBusy` while a run holds it past `lease_wait`.
+        """
+        from .rewind import leased, rewind
+
+        async with leased(self.store, tenant, session_id, lease_wait) as lease:
+            return await rewind(self.store, tenant, session_id, to, lease)
+
+    async def regenerate(self, session_id: str, *, tenant: str = DEFAULT_TENANT, **run: Any) -> RunResult:
+        """Rewind the session's last reply (to its last user message) and run again; `run` goes to `run`."""
+        from .rewind import last_user_seq
+
+        await self.rewind(session_id, to=await last_user_seq(self.store, tenant, session_id), tenant=tenant)
+        return await self.run(None, session=await self.session(session_id, tenant=tenant), **run)
+
+    async def edit(self, session_id: str, seq: int, text: str, *, tenant: str = DEFAULT_TENANT,
+                   **run: Any) -> RunResult:
+        """Rewind to before the user message at `seq` and run with `text` in its place."""
+        from .rewind import last_user_seq
+
+        if await last_user_seq(self.store, tenant, session_id, before=seq + 1) != seq:
+            raise UsageError(f"sequence {seq} of {tenant}/{session_id} is no user message in the view; edit one")
+        await self.rewind(session_id, to=seq - 1, tenant=tenant)
+        return await self.run(text, session=await self.session(session_id, tenant=tenant), **run)
+
+    async def fork(self, session_id: str, *, at: int, new_id: str, tenant: str = DEFAULT_TENANT) -> Session:
+        """Start session `new_id` with the view of `session_id` up to sequence `at` (copied; see `fork`)."""
+        from .rewind import fork, leased
+
+        validate_session_id(new_id)
+        async with leased(self.store, tenant, new_id, 0.0) as lease:
+            await fork(self.store, tenant, session_id, at, new_id, lease)
+        return await self.session(new_id, tenant=tenant)
 
     async def forget_user(self, tenant: str, user_id: str, *, wait: float = 0.0) -> ForgetReport:
         """Remove everything kept of `user_id` in `tenant` (a GDPR erasure); return what went.

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import UsageError
 from ..exchanges import drop_leading_orphans
 from ..messages import Message, Source
+from ..rewind import Rewound, is_marker, rewound_ranges, view_tail
 from ..tokens import EstimateTokenizer, TokenCounter
 from .base import HistoryProvider, LoadedHistory
 
@@ -140,6 +141,9 @@ class History(HistoryProvider):
             assert lease_token is not None
             tail = await self._cached_tail(session, lease_token, counter, bound)
         if tail is None:
+            rewound = await rewound_ranges(self.store, session.tenant, session.id)
+            if rewound.ranges:  # read around the rewound ranges, and keep nothing (`_cached_tail` reads on)
+                return await self._read_view(session, counter, bound, rewound)
             tail = await self._read_tail(session, counter, bound)
         if caching:
             assert lease_token is not None
@@ -181,6 +185,30 @@ class History(HistoryProvider):
         tail.fit(bound)
         return tail
 
+    async def _read_view(self, session: Session, counter: TokenCounter, bound: int | None,
+                         rewound: Rewound) -> LoadedHistory:
+        """Read the newest view messages after the checkpoint within the bounds, stepping over rewound ranges.
+
+        A checkpoint at a rewound sequence summarises messages the view leaves out: it is not used
+        (the view is read from the start, within the bounds). Log positions are reported only when
+        the messages read are contiguous in the log (so compaction saves checkpoints only then).
+        """
+        checkpoint = await self.store.latest_checkpoint(session.tenant, session.id)
+        if checkpoint is not None and checkpoint.seq in rewound:
+            checkpoint = None
+        floor = checkpoint.seq if checkpoint is not None else 0
+        kept = await view_tail(self.store, session.tenant, session.id, rewound, floor, counter.messages, bound,
+                               self.max_messages, _FIRST_PAGE)
+        first = kept[0][0] if kept else floor + 1
+        left_out = first - floor - 1 - rewound.hidden_between(floor, first)
+        messages = [m for _, m in kept]
+        if checkpoint is not None or left_out:
+            messages = drop_leading_orphans(messages)
+            kept = kept[len(kept) - len(messages):]
+        contiguous = bool(kept) and kept[-1][0] - kept[0][0] == len(kept) - 1
+        return LoadedHistory(messages, kept[0][0] if contiguous else None,
+                             checkpoint.summary if checkpoint is not None else None, left_out=left_out)
+
     async def save_checkpoint(self, session: Session, checkpoint: Checkpoint, *, lease: Lease | None = None) -> bool:
         """Keep `checkpoint` in the store, so later runs load the summary plus the newer messages."""
         await self.store.save_checkpoint(session.tenant, session.id, checkpoint, lease=lease)
@@ -208,6 +236,8 @@ class History(HistoryProvider):
         if not page.messages or page.first_seq != last or page.messages[0].id != tail.messages[-1].id:
             return None
         new = page.messages[1:]
+        if any(is_marker(m) for m in new):
+            return None  # rewound since: the view is read again around the rewound ranges
         kept = _Tail(token, checkpoint, self._tagged(tail), tail.first_seq, False, counts=tail.counts,
                      total=tail.total, bound=bound, tokenizer=tail.tokenizer)
         kept.extend(self._tag(new) if new else [], counter)

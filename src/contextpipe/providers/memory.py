@@ -95,6 +95,16 @@ def _unspaced(char: str) -> bool:
             or 0xF900 <= point <= 0xFAFF or 0xFF66 <= point <= 0xFF9F or 0x20000 <= point <= 0x3134F)
 
 
+async def _rewound_ids(ctx: RunContext) -> list[str]:
+    """Return the ids of the run's session's rewound messages (in the run's store), for recall to leave out."""
+    store = getattr(ctx.agent, "store", None)
+    if ctx.session is None or store is None:
+        return []
+    from ..rewind import rewound_ids
+
+    return await rewound_ids(store, ctx.session.tenant, ctx.session.id)
+
+
 def _user_from_state(session: Session | None) -> str | None:
     return user_id(session)
 
@@ -363,8 +373,9 @@ class SemanticMemory(ContextProvider):
         The last `query_messages` context messages, when asked for, go into the query before it. In
         ``tool`` and ``both`` modes, offer the search tool (to a run with a session: it has the scope).
         """
+        rewound = await _rewound_ids(ctx)  # a rewound turn is not recalled in its session
         if self.mode != "before_run" and ctx.session is not None:
-            ctx.add_tools([self._tool(ctx.session)])
+            ctx.add_tools([self._tool(ctx.session, rewound)])
             ctx.add_instructions(f"Use {self.tool_name} to search earlier conversations, turns no longer in "
                                  "this one included, by what was said, when and by whom; each result gives "
                                  "its date and message id.")
@@ -377,12 +388,12 @@ class SemanticMemory(ContextProvider):
             context = ctx.messages[:len(ctx.messages) - len(ctx.input)]
             recent = [m.text for m in context[-self.query_messages:] if m.text and m.id not in ids]
         query = "\n".join([*recent, *(m.text for m in given if m.text)])
-        hits = await self.recall(query, ctx.session, exclude=[m.id for m in ctx.messages])
+        hits = await self.recall(query, ctx.session, exclude=[*(m.id for m in ctx.messages), *rewound])
         if hits:
             ctx.add_messages([Message.user("Relevant memories from earlier conversations (may be outdated):\n"
                                            + "\n".join(self.format(h) for h in hits), metadata={"memory": True})])
 
-    def _tool(self, session: Session) -> Tool:
+    def _tool(self, session: Session, rewound: Sequence[str] = ()) -> Tool:
         """Return the search tool of one run: the memories in `session`'s scope."""
         async def run(query: str, args: dict[str, Any]) -> str | ToolOutcome:
             speaker = args.get("speaker")
@@ -395,7 +406,8 @@ class SemanticMemory(ContextProvider):
             if since is not None and until is not None and until <= since:
                 return ToolOutcome(f"Error: 'end' ({args['end']}) must come after 'start' ({args['start']}).",
                                    is_error=True)
-            hits = await self.recall(query, session, since=since, until=until, speaker=speaker or None)
+            hits = await self.recall(query, session, since=since, until=until, speaker=speaker or None,
+                                     exclude=rewound)
             if not hits:
                 return "No memories match."
             return "\n".join(self.format(h, with_id=True) for h in hits)
