@@ -73,7 +73,7 @@ def test_each_concept_has_one_home() -> None:
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_lazy", "_sqlite", "_compat", "_compaction_decision", "_tool_spec"),
     ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "approvals", "tools",
-     "client_tools", "tokens", "config"),
+     "client_tools", "tokens", "config", "output"),
     ("exchanges", "models.base", "vectors", "vectors.*"),
     ("stores", "stores.*", "rewind"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
     # rewind: the view of a log its markers leave, over any store
@@ -82,8 +82,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline", "events", "_stream"),
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals"),
-    ("providers", "providers.*", "erasure"),  # erasure: what providers and stores keep of a user
-    ("_run.loop", "_run"),
+    ("providers", "providers.*", "erasure", "_agent_state"),  # erasure: what providers and stores keep of a user
+    ("_run.loop", "_run", "_run.output"),  # _run.output: the loop of a run with an output type
     ("agent",),
 ]
 

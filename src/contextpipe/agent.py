@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from ._agent_state import RESERVED_KEYS, provider_state_keys, stored_calibration
+from ._agent_state import check_providers, provider_state_keys, stored_calibration
 from ._run.approvals import ApprovalGate, agent_policy, pending_in
 from ._run.calls import CallContexts
 from ._run.hooks import run_after, run_before
 from ._run.loop import StepLoop
 from ._run.output import OutputCheck, OutputLoop, output_check, with_output
-from ._run.repair import answer_open_end
+from ._run.repair import keep_input
 from ._run.replay import EarlierRun, final_text, find_earlier, log_store, replayed
 from ._run.threads import raise_swallowed_cancellation
 from ._run.way_out import WayOutExpired
@@ -167,46 +167,10 @@ class Agent:
             added = History(self.store, source_id=DEFAULT_HISTORY_ID)
             self.providers = (added, *self.providers)
             self.history_providers = (added,)
-        self._check_providers(added)
+        self._state_owners = check_providers(self.providers, added)
+        """Session state keys a tool's state may not use, and what each holds."""
         self._tokenizer: Tokenizer | None = None
         self._token_cache = TokenCache()
-
-    def _check_providers(self, default_history: HistoryProvider | None) -> None:
-        seen_ids: dict[str, ContextProvider] = {}
-        seen_keys: dict[str, ContextProvider] = {}
-        self._state_owners: dict[str, str] = dict(RESERVED_KEYS)  # keys a tool's state may not use: what each holds
-        loaders = []
-        for p in self.providers:
-            if not isinstance(p, ContextProvider):
-                raise UsageError(f"providers must be ContextProvider instances, got {p!r}")
-            if p.source_id in seen_ids and seen_ids[p.source_id] is default_history:
-                raise UsageError(
-                    f"{p!r} uses source_id {p.source_id!r}, the history the agent adds when given no history "
-                    "provider; give it another source_id, or pass default_history=False"
-                )
-            if p.source_id in seen_ids:
-                raise UsageError(
-                    f"two context providers use source_id {p.source_id!r} ({seen_ids[p.source_id]!r} and {p!r}); "
-                    "give each a unique source_id"
-                )
-            seen_ids[p.source_id] = p
-            for key in provider_state_keys(p):
-                if key in seen_keys:
-                    raise UsageError(
-                        f"context providers {seen_keys[key]!r} and {p!r} both use session state key {key!r}; "
-                        "give each its own key"
-                    )
-                seen_keys[key] = p
-                self._state_owners[key] = f"the state of context provider {p.source_id!r}"
-            if isinstance(p, HistoryProvider) and p.policy.load_messages:
-                loaders.append(p)
-        if len(loaders) > 1:
-            names = ", ".join(repr(p) for p in loaders)
-            raise UsageError(
-                f"only one history provider may load messages, but {names} all do; give the others "
-                "policy=HistoryPolicy(load_messages=False) (for audit logs: "
-                "HistoryPolicy(load_messages=False, store_context_messages=True))"
-            )
 
     # --- sessions -----------------------------------------------------------------------------------
 
@@ -238,22 +202,24 @@ class Agent:
         async with leased(self.store, tenant, session_id, lease_wait) as lease:
             return await rewind(self.store, tenant, session_id, to, lease)
 
-    async def regenerate(self, session_id: str, *, tenant: str = DEFAULT_TENANT, **run: Any) -> RunResult:
+    async def regenerate(self, session_id: str, *, tenant: str = DEFAULT_TENANT, **run: Any) -> RunResult[Any]:
         """Rewind the session's last reply (to its last user message) and run again; `run` goes to `run`."""
         from .rewind import last_user_seq
 
         await self.rewind(session_id, to=await last_user_seq(self.store, tenant, session_id), tenant=tenant)
-        return await self.run(None, session=await self.session(session_id, tenant=tenant), **run)
+        result: RunResult[Any] = await self.run(None, session=await self.session(session_id, tenant=tenant), **run)
+        return result
 
     async def edit(self, session_id: str, seq: int, text: str, *, tenant: str = DEFAULT_TENANT,
-                   **run: Any) -> RunResult:
+                   **run: Any) -> RunResult[Any]:
         """Rewind to before the user message at `seq` and run with `text` in its place."""
         from .rewind import last_user_seq
 
         if await last_user_seq(self.store, tenant, session_id, before=seq + 1) != seq:
             raise UsageError(f"sequence {seq} of {tenant}/{session_id} is no user message in the view; edit one")
         await self.rewind(session_id, to=seq - 1, tenant=tenant)
-        return await self.run(text, session=await self.session(session_id, tenant=tenant), **run)
+        result: RunResult[Any] = await self.run(text, session=await self.session(session_id, tenant=tenant), **run)
+        return result
 
     async def fork(self, session_id: str, *, at: int, new_id: str, tenant: str = DEFAULT_TENANT) -> Session:
         """Start session `new_id` with the view of `session_id` up to sequence `at` (copied; see `fork`)."""
@@ -468,7 +434,7 @@ class Agent:
                 except BaseException as exc:
                     error = exc
                     await writer.keep_open_answers(ctx, loop.state.new_messages, loop.open_at_start, exc)  # per run
-                    await _keep_input(writer, ctx, exc)
+                    await keep_input(writer, ctx, exc)
                     raise
                 finally:
                     failures = await self._finish(providers, ctx, loop, writer, spans, error)
@@ -605,24 +571,6 @@ class Agent:
         scope = (session.tenant, session.id) if session is not None else None
         return TokenCounter(self._tokenizer, calibration=calibration, cache=self._token_cache.scope(scope),
                             cache_size=self._token_cache.max_per_session)
-
-
-async def _keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseException) -> None:
-    """Save the input of a run interrupted before its first answer was saved; a failure becomes a note.
-
-    Interrupted means stopped from outside (a cancelled task, Ctrl-C, a stream closed early): not
-    an `Exception`. A run that failed keeps no input here (its tool threads' results may still save
-    it, with the model output they follow: `StepLoop._settle`). The calls the session's previous run
-    left open are answered first when the loop did not get to them (`contextpipe._run.repair.answer_open_end`).
-    """
-    if isinstance(interruption, Exception) or not writer.keeps_input(ctx):
-        return
-    try:
-        # Stopped before the loop read the history: the calls left open are answered first.
-        await writer.leaving(answer_open_end(writer, ctx), interruption)
-        await writer.leaving(writer.save_input(ctx), interruption)
-    except Exception as exc:
-        interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")
 
 
 def _run_tools(agent_tools: dict[str, Tool], tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:

@@ -57,7 +57,8 @@ class Rewound:
 
     ranges: tuple[tuple[int, int], ...] = ()
     markers: int = 0
-    """How many rewind markers the log holds (the next one is ``rewind-<markers + 1>``)."""
+    """How many ids ``rewind-1``, ``rewind-2``, ... the log holds, in a row (the next marker is
+    ``rewind-<markers + 1>``); a message of a client's that took one of these ids is not a marker."""
 
     def __contains__(self, seq: object) -> bool:
         return isinstance(seq, int) and any(lo <= seq <= hi for lo, hi in self.ranges)
@@ -83,7 +84,8 @@ async def rewound_ranges(store: SessionStore, tenant: str, session_id: str) -> R
     n = 0
     while (seq := await store.message_seq(tenant, session_id, f"rewind-{n + 1}")) is not None:
         page = await store.load(tenant, session_id, after=seq - 1, before=seq + 1)
-        ranges.append((int(page.messages[0].metadata[MARKER_KEY]["to"]) + 1, seq))
+        if page.messages and is_marker(page.messages[0]):  # a client's message may carry such an id: passed over
+            ranges.append((int(page.messages[0].metadata[MARKER_KEY]["to"]) + 1, seq))
         n += 1
     return Rewound(_merged(ranges), n)
 

@@ -67,6 +67,18 @@ async def test_rewinding_a_busy_session_is_refused(store: SessionStore, tenant: 
     await store.release_lease(lease)
 
 
+async def test_a_clients_message_with_a_marker_id_is_no_marker(store: SessionStore, tenant: str) -> None:
+    # Message ids come from clients too (AG-UI, HTTP): one named like a marker is passed over, not read as one.
+    await store.append(tenant, "s", [Message.user("q1", id="rewind-1"), Message.assistant("a1"),
+                                     Message.user("q2"), Message.assistant("a2")])
+    agent = Agent(ScriptedModel([]), providers=[History(store)])
+    session = await agent.session("s", tenant=tenant)
+    assert texts(await agent.history(session)) == ["q1", "a1", "q2", "a2"]
+    assert await agent.rewind("s", to=2, tenant=tenant) == 2
+    assert texts(await agent.history(session)) == ["q1", "a1"]
+    assert [e.message.id for e in await read_log(store, tenant, "s")][-1] == "rewind-2"
+
+
 async def test_fork_is_independent(store: SessionStore, tenant: str) -> None:
     model = ScriptedModel(["a1", "a2", "b2", "a3"])
     agent = Agent(model, providers=[History(store)])

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..pipeline import RunContext
     from .writer import StepWriter
 
-__all__ = ["REPAIR", "answer_open_end", "answers_all", "check_history", "cut_answer", "save_cut_answer"]
+__all__ = ["REPAIR", "answer_open_end", "answers_all", "check_history", "cut_answer", "keep_input", "save_cut_answer"]
 
 REPAIR = Source("tool", "repair")
 """The source of the messages a repair adds."""
@@ -131,3 +131,21 @@ def _resegment(messages: Sequence[Message], segments: Sequence[Segment]) -> list
         else:
             out.append(Segment(source, [message]))
     return out
+
+
+async def keep_input(writer: StepWriter, ctx: RunContext, interruption: BaseException) -> None:
+    """Save the input of a run interrupted before its first answer was saved; a failure becomes a note.
+
+    Interrupted means stopped from outside (a cancelled task, Ctrl-C, a stream closed early): not
+    an `Exception`. A run that failed keeps no input here (its tool threads' results may still save
+    it, with the model output they follow: `StepLoop._settle`). The calls the session's previous run
+    left open are answered first when the loop did not get to them (`answer_open_end`).
+    """
+    if isinstance(interruption, Exception) or not writer.keeps_input(ctx):
+        return
+    try:
+        # Stopped before the loop read the history: the calls left open are answered first.
+        await writer.leaving(answer_open_end(writer, ctx), interruption)
+        await writer.leaving(writer.save_input(ctx), interruption)
+    except Exception as exc:
+        interruption.add_note(f"the run's input could not be kept in the session: {type(exc).__name__}: {exc}")
