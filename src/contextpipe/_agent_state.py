@@ -55,7 +55,7 @@ def stored_calibration(session: Session) -> Calibration:
 def check_providers(providers: Sequence[ContextProvider], default_history: HistoryProvider | None) -> dict[str, str]:
     """Check an agent's providers; return the session state keys a tool's state may not use, and what each holds.
 
-    Raises `UsageError` for a provider that is none, two sharing a source_id or a state key (the
+    Raises `UsageError` for an item that is not a `ContextProvider`, two sharing a source_id or a state key (the
     agent's `default_history` named when one of them is it), and more than one history provider loading messages.
     """
     seen_ids: dict[str, ContextProvider] = {}

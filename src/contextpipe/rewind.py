@@ -12,8 +12,9 @@ A rewind point inside a tool exchange (an assistant message's calls and their re
 before the exchange: the view never ends in a call without its results.
 
 The markers are found through each store's message-id index (``rewind-1``, ``rewind-2``, ... until
-one is missing), so a session that was never rewound costs one index lookup, and one with n rewinds
-n + 1 lookups and n one-message reads — never a scan of the log.
+one is missing), so a session that was never rewound costs one index lookup, and one with n such ids
+in a row (markers, or a client's message that took such an id and is passed over) n + 1 lookups and
+n one-message reads — never a scan of the log.
 
 A `fork` copies the view up to a sequence into a new session (its own log, independent afterwards);
 see `fork` for why it copies and what that costs.
