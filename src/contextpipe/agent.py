@@ -32,6 +32,7 @@ from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
+from .queue import QueuedMessage, When, drain, enqueue, key_of
 from .session import (
     DEFAULT_TENANT,
     RESERVED_STATE_KEYS,
@@ -223,6 +224,24 @@ class Agent:
     async def history(self, session: Session, *, limit: int | None = None) -> list[Message]:
         """Return the session's stored messages (the last `limit` when given) from the agent's store."""
         return (await self.store.load(session.tenant, session.id, limit=limit)).messages
+
+    async def enqueue(self, session: Session | str, message: str | Message, *, when: When = "asap",
+                      tenant: str = DEFAULT_TENANT) -> QueuedMessage:
+        """Queue a user message for a session, running or not: stored at once, without its lease (`contextpipe.queue`).
+
+        ``when="asap"``: the run holding the session gets it before its next model call (or the next run, before
+        its input); ``"next"``: a run of its own, by `drain_queue`. The session is created if it does not exist.
+        """
+        return await enqueue(self.store, key_of(session, tenant), message, when)
+
+    async def drain_queue(self, session: Session | str, *, tenant: str = DEFAULT_TENANT,
+                          lease_wait: float = 0.0) -> list[RunResult]:
+        """Run the session's ``next`` messages, each as a run of its own, in order; return their results.
+
+        Each waits up to `lease_wait` seconds for the run in progress and first delivers the ``asap`` messages
+        queued; a run that stops for approval ends the drain (the rest stay queued).
+        """
+        return await drain(self, key_of(session, tenant), lease_wait)
 
     async def forget_user(self, tenant: str, user_id: str, *, wait: float = 0.0) -> ForgetReport:
         """Remove everything kept of `user_id` in `tenant` (a GDPR erasure); return what went.

@@ -47,6 +47,7 @@ class _Entry:
     outbox: dict[str, tuple[int, OutboxEntry]] = field(default_factory=dict)
     """Outbox entries not marked delivered, by key, with their place in the store's order of writes."""
     delivered: set[str] = field(default_factory=set)
+    queue: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # `_queue_kv.MemoryQueue`
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
