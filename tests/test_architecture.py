@@ -78,9 +78,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("stores", "stores.*"),  # a store makes its vector store (SQLiteStore.vectors); vectors know no store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
-    ("pipeline", "events", "_stream"),
+    ("pipeline", "events", "_stream", "queue"),  # queue: messages for a session, kept by the stores
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
-     "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals"),
+     "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals", "_run.inbox",
+     "_run.steps"),
     ("providers", "providers.*", "erasure"),  # erasure: what providers and stores keep of a user
     ("_run.loop", "_run"),
     ("agent",),

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     )
     from .events import (
         ApprovalRequired,
+        MessageDelivered,
         ReasoningDelta,
         RunDone,
         RunResult,
@@ -130,6 +131,7 @@ __all__ = [
     "Session",
     "SessionBusy",
     "SkillError",
+    "MessageDelivered",
     "Source",
     "StepPersisted",
     "StopReason",
@@ -165,8 +167,8 @@ _EXPORTS: dict[str, str] = {
                      "ModelResponseError", "ModelServerError", "ModelTimeout", "RequestInvariantError",
                      "ScriptExhausted", "SessionBusy", "SkillError", "StoreError", "ToolMiddlewareError",
                      "UsageError"), ".errors"),
-    **dict.fromkeys(("ApprovalRequired", "ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason",
-                     "StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
+    **dict.fromkeys(("ApprovalRequired", "MessageDelivered", "ReasoningDelta", "RunDone", "RunResult", "StepPersisted",
+                     "StopReason", "StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
     **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),
     "ForgetReport": ".erasure",
     **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",

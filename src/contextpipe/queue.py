@@ -40,15 +40,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias, get_args
+from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeAlias, get_args
 
 from .errors import UsageError, shorten
 from .messages import INPUT, Message
 from .session import Session, SessionKey
+from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
-    from .agent import Agent
     from .events import RunResult
+    from .stores._queue import QueueTable
     from .stores.base import Lease, SessionStore
 
 __all__ = ["QueuedMessage", "When", "deliver", "drain", "enqueue", "key_of", "pending", "settle"]
@@ -91,6 +92,15 @@ def _as_message(message: str | Message, when: str) -> Message:
     return message
 
 
+def _table(store: SessionStore) -> QueueTable:
+    """Return the store's queue table: the memory store's own (loaded with it), the others' from `stores._queue_sql`."""
+    if isinstance(store, MemoryStore):
+        return store.queue_table
+    from .stores._queue_sql import table_for
+
+    return table_for(store)
+
+
 def key_of(session: Session | str, tenant: str) -> SessionKey:
     """Return the key of `session` (a `Session`, or an id in `tenant`)."""
     return session.key if isinstance(session, Session) else SessionKey(tenant, session)
@@ -102,13 +112,11 @@ async def enqueue(store: SessionStore, key: SessionKey, message: str | Message, 
     The session need not exist: it is created by the run that delivers the message. Queuing again a
     message with an id already queued adds nothing.
     """
-    from .stores._queue import table_for
     from .stores._rows import encode_message
 
     queued = _as_message(message, when)
-    table = table_for(store)
     try:
-        await table.add(key, queued.id, when, encode_message(queued))
+        await _table(store).add(key, queued.id, when, encode_message(queued))
     except Exception as exc:
         raise store._store_error(exc) from exc
     return QueuedMessage(queued.id, key.tenant, key.id, when, queued)  # type: ignore[arg-type]
@@ -116,24 +124,23 @@ async def enqueue(store: SessionStore, key: SessionKey, message: str | Message, 
 
 async def pending(store: SessionStore, key: SessionKey) -> list[QueuedMessage]:
     """Return the session's entries not settled, in the order they were queued (a delivered one may be among them)."""
-    from .stores._queue import table_for
-    from .stores._rows import decode_message
-
     try:
-        rows = await table_for(store).rows(key)
+        rows = await _table(store).rows(key)
     except Exception as exc:
         raise store._store_error(exc) from exc
+    if not rows:
+        return []
+    from .stores._rows import decode_message
+
     return [QueuedMessage(entry_id, key.tenant, key.id, when, decode_message(store.backend, key, 0, body))  # type: ignore[arg-type]
             for entry_id, when, body in rows]
 
 
 async def settle(store: SessionStore, key: SessionKey, entry_ids: Sequence[str]) -> None:
     """Mark entries settled: `pending` lists them no more."""
-    from .stores._queue import table_for
-
     if entry_ids:
         try:
-            await table_for(store).settle(key, entry_ids)
+            await _table(store).settle(key, entry_ids)
         except Exception as exc:
             raise store._store_error(exc) from exc
 
@@ -155,7 +162,17 @@ async def deliver(store: SessionStore, key: SessionKey, lease: Lease | None) -> 
     return fresh
 
 
-async def drain(agent: Agent, key: SessionKey, lease_wait: float) -> list[RunResult]:
+class _Agent(Protocol):
+    """What `drain` needs of an `contextpipe.Agent`."""
+
+    store: SessionStore
+
+    async def session(self, session_id: str, *, tenant: str = ...) -> Session: ...
+
+    async def run(self, input: Message, *, session: Session, lease_wait: float = ...) -> RunResult: ...
+
+
+async def drain(agent: _Agent, key: SessionKey, lease_wait: float) -> list[RunResult]:
     """Run the session's ``next`` entries one by one, each settled once its run returned (`Agent.drain_queue`)."""
     results: list[RunResult] = []
     while next_up := [q for q in await pending(agent.store, key) if q.when == "next"]:

@@ -131,10 +131,8 @@ class StepLoop:
                         yield event
             while self._stop is None:
                 raise_swallowed_cancellation()  # a step boundary: a cancellation a call swallowed ends the run here
-                if (late := await self._save_late()) is not None:
-                    yield late
-                for delivered in await self._inbox.deliver(self._parts, self._tail, self.state.steps):
-                    yield delivered  # the session's queued messages (`contextpipe._run.inbox`)
+                for event in await self._boundary():  # late results of tool threads, then queued messages
+                    yield event
                 request = self._request()
                 started, ratio = time.perf_counter(), self.ctx.tokens.ratio
                 response: ModelResponse | None = None
@@ -166,6 +164,12 @@ class StepLoop:
             raise
         if self._threads:
             await self._settle(None)
+
+    async def _boundary(self) -> list[RunEvent]:
+        """Save the tool threads' late results at a step boundary, then deliver the session's queued messages."""
+        late = await self._save_late()
+        delivered = await self._inbox.deliver(self._parts, self._tail, self.state.steps)  # `contextpipe._run.inbox`
+        return [late, *delivered] if late is not None else list(delivered)
 
     async def _save_late(self) -> StepPersisted | None:
         """Add and save the late results that came since the last step (a step boundary); return the event.
