@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     )
     from .events import (
         ApprovalRequired,
+        MessageDelivered,
         ReasoningDelta,
         RunDone,
         RunResult,
@@ -132,6 +133,7 @@ __all__ = [
     "Session",
     "SessionBusy",
     "SkillError",
+    "MessageDelivered",
     "Source",
     "StepPersisted",
     "StopReason",
@@ -168,8 +170,8 @@ _EXPORTS: dict[str, str] = {
                      "RequestInvariantError",
                      "ScriptExhausted", "SessionBusy", "SkillError", "StoreError", "ToolMiddlewareError",
                      "UsageError"), ".errors"),
-    **dict.fromkeys(("ApprovalRequired", "ReasoningDelta", "RunDone", "RunResult", "StepPersisted", "StopReason",
-                     "StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
+    **dict.fromkeys(("ApprovalRequired", "MessageDelivered", "ReasoningDelta", "RunDone", "RunResult", "StepPersisted",
+                     "StopReason", "StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted"), ".events"),
     **dict.fromkeys(("Durability", "Heartbeat", "HistoryPolicy", "RunLimits"), ".config"),
     "ForgetReport": ".erasure",
     **dict.fromkeys(("DataPart", "FunctionCall", "FunctionResult", "Message", "ReasoningPart", "Source", "TextPart",

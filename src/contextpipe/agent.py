@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from ._agent_state import check_providers, provider_state_keys, stored_calibration
 from ._run.approvals import ApprovalGate, agent_policy, pending_in
@@ -33,6 +33,7 @@ from .messages import Message, as_messages
 from .models.base import ChatModel, ModelSettings
 from .pipeline import RunContext, RunOutcome
 from .providers.base import ContextProvider, HistoryProvider
+from .queue import QueuedMessage, When, drain, enqueue, key_of
 from .session import (
     DEFAULT_TENANT,
     Session,
@@ -193,10 +194,7 @@ class Agent:
         return [m for _, m in await view_messages(self.store, session.tenant, session.id, limit=limit)]
 
     async def rewind(self, session_id: str, *, to: int, tenant: str = DEFAULT_TENANT, lease_wait: float = 0.0) -> int:
-        """Leave the session's messages after sequence `to` out of its view; return the point kept (see `rewind`).
-
-        It takes the session's lease as a run does: `SessionBusy` while a run holds it past `lease_wait`.
-        """
+        """Leave messages after `to` out of the view, under the lease (`SessionBusy` past `lease_wait`)."""
         from .rewind import leased, rewind
 
         async with leased(self.store, tenant, session_id, lease_wait) as lease:
@@ -207,8 +205,8 @@ class Agent:
         from .rewind import last_user_seq
 
         await self.rewind(session_id, to=await last_user_seq(self.store, tenant, session_id), tenant=tenant)
-        result: RunResult[Any] = await self.run(None, session=await self.session(session_id, tenant=tenant), **run)
-        return result
+        session = await self.session(session_id, tenant=tenant)
+        return cast("RunResult[Any]", await self.run(None, session=session, **run))
 
     async def edit(self, session_id: str, seq: int, text: str, *, tenant: str = DEFAULT_TENANT,
                    **run: Any) -> RunResult[Any]:
@@ -218,8 +216,8 @@ class Agent:
         if await last_user_seq(self.store, tenant, session_id, before=seq + 1) != seq:
             raise UsageError(f"sequence {seq} of {tenant}/{session_id} is no user message in the view; edit one")
         await self.rewind(session_id, to=seq - 1, tenant=tenant)
-        result: RunResult[Any] = await self.run(text, session=await self.session(session_id, tenant=tenant), **run)
-        return result
+        session = await self.session(session_id, tenant=tenant)
+        return cast("RunResult[Any]", await self.run(text, session=session, **run))
 
     async def fork(self, session_id: str, *, at: int, new_id: str, tenant: str = DEFAULT_TENANT) -> Session:
         """Start session `new_id` with the view of `session_id` up to sequence `at` (copied; see `fork`)."""
@@ -229,6 +227,24 @@ class Agent:
         async with leased(self.store, tenant, new_id, 0.0) as lease:
             await fork(self.store, tenant, session_id, at, new_id, lease)
         return await self.session(new_id, tenant=tenant)
+
+    async def enqueue(self, session: Session | str, message: str | Message, *, when: When = "asap",
+                      tenant: str = DEFAULT_TENANT) -> QueuedMessage:
+        """Queue a user message for a session, running or not: stored at once, without its lease (`contextpipe.queue`).
+
+        ``when="asap"``: the run holding the session gets it before its next model call (or the next run, before
+        its input); ``"next"``: a run of its own, by `drain_queue`. The session is created if it does not exist.
+        """
+        return await enqueue(self.store, key_of(session, tenant), message, when)
+
+    async def drain_queue(self, session: Session | str, *, tenant: str = DEFAULT_TENANT,
+                          lease_wait: float = 0.0) -> list[RunResult]:
+        """Run the session's ``next`` messages, each as a run of its own, in order; return their results.
+
+        Each waits up to `lease_wait` seconds for the run in progress and first delivers the ``asap`` messages
+        queued; a run that stops for approval ends the drain (the rest stay queued).
+        """
+        return await drain(self, key_of(session, tenant), lease_wait)
 
     async def forget_user(self, tenant: str, user_id: str, *, wait: float = 0.0) -> ForgetReport:
         """Remove everything kept of `user_id` in `tenant` (a GDPR erasure); return what went.

@@ -29,6 +29,7 @@ else:
 
 __all__ = [
     "ApprovalRequired",
+    "MessageDelivered",
     "ReasoningDelta",
     "RunDone",
     "RunEvent",
@@ -76,6 +77,20 @@ class StepPersisted:
     messages: Sequence[Message]
     """What was saved."""
     kind: Literal["step_persisted"] = "step_persisted"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDelivered:
+    """A message queued for the session (``agent.enqueue(..., when="asap")``) joined the run at a step boundary.
+
+    It is in the session's log (delivered exactly once, `contextpipe.queue`), and the model sees it in its next call.
+    """
+
+    message: Message
+    """The delivered user message (its id is the queued entry's)."""
+    step: int
+    """Model calls made before it: 0 when it came before the run's input, at the run's start."""
+    kind: Literal["message_delivered"] = "message_delivered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +181,10 @@ class RunDone:
     kind: Literal["run_done"] = "run_done"
 
 
-RunEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted | ApprovalRequired
+RunEvent: TypeAlias = (TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted
+                      | MessageDelivered | ApprovalRequired)
 """Events of the tool loop."""
 
 StreamEvent: TypeAlias = (TextDelta | ReasoningDelta | ToolCallStarted | ToolCallFinished | StepPersisted
-                          | ApprovalRequired | RunDone)
+                          | MessageDelivered | ApprovalRequired | RunDone)
 """Events `Agent.stream` yields; the last is always `RunDone`."""

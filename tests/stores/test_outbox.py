@@ -161,7 +161,7 @@ async def test_a_sqlite_file_without_the_outbox_table_reads_as_empty(tmp_path: P
         assert [e.payload for e in await writer.outbox("t")] == [1]
 
 
-async def test_a_postgres_database_of_schema_2_is_migrated_to_3_keeping_its_sessions(tenant: str) -> None:
+async def test_a_postgres_database_of_schema_2_is_migrated_keeping_its_sessions(tenant: str) -> None:
     import asyncpg
 
     from contextpipe.stores import PostgresStore
@@ -174,15 +174,16 @@ async def test_a_postgres_database_of_schema_2_is_migrated_to_3_keeping_its_sess
     try:
         async with PostgresStore(dsn, prefix=prefix) as store:
             await store.append(tenant, "s", [Message.user("written at schema 2")])
-        # What a database of the previous release holds: schema 3's tables but the outbox, at version 2.
+        # What a database of an earlier release holds: today's tables but the outbox and the queue, at version 2.
         await conn.execute(f"DROP TABLE {prefix}outbox")
+        await conn.execute(f"DROP TABLE {prefix}queue")
         await conn.execute(f"UPDATE {prefix}schema SET version = 2")
         async with PostgresStore(dsn, prefix=prefix) as store:
             assert [m.text for m in (await store.load(tenant, "s")).messages] == ["written at schema 2"]
             await store.append(tenant, "s", [carrying("c1", ("emails", 1))])
             assert [e.payload for e in await store.outbox(tenant)] == [1]
-        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 3
+        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 4
     finally:
-        for table in ("messages", "checkpoints", "traces", "outbox", "sessions", "schema"):
+        for table in ("messages", "checkpoints", "traces", "outbox", "queue", "sessions", "schema"):
             await conn.execute(f"DROP TABLE IF EXISTS {prefix}{table} CASCADE")
         await conn.close()

@@ -29,22 +29,23 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost
 from ..events import ApprovalRequired, RunEvent, StepPersisted, StopReason, ToolCallFinished, ToolCallStarted
 from ..exchanges import late_result, normalise_calls, tool_message, unanswered_calls, untagged
 from ..messages import INPUT, FunctionCall, FunctionResult, Message, Source
-from ..models.base import CallModel, ChatModel, ModelRequest, ModelResponse, ReasoningDelta, TextDelta, Usage
+from ..models.base import CallModel, ChatModel, ModelRequest, ModelResponse, ReasoningDelta, TextDelta
 from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
 from .approvals import ApprovalGate
 from .calls import CallContexts, deferrable, invoke_tool, returned, stopped_with_run
+from .inbox import Inbox
 from .invariants import check_messages
 from .model_chain import chain, consume, no_deltas, with_request
 from .repair import REPAIR, answers_all, check_history, cut_answer, save_cut_answer
 from .replay import marked_stopped
+from .steps import LoopState, ModelStep, Stop
 from .threads import RunThreads, raise_swallowed_cancellation
 from .tool_chain import ToolChain
 
@@ -57,39 +58,6 @@ if TYPE_CHECKING:
     from .writer import StepWriter
 
 __all__ = ["ModelStep", "StepLoop", "Stop"]
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """The run is over."""
-
-    reason: StopReason
-    """Why."""
-
-
-@dataclass(slots=True)
-class ModelStep:
-    """What one model call produced."""
-
-    step: int
-    """Model call number, from 1."""
-    final: bool
-    """True when tools were withdrawn for this call (a limit was reached)."""
-    produced: list[Message]
-    """The model's new messages, tagged with the model as source and normalised."""
-    calls: list[FunctionCall]
-    """The function calls among them, in order."""
-
-
-@dataclass(slots=True)
-class LoopState:
-    """What the loop produced; read by the agent to build the result."""
-
-    new_messages: list[Message] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    stop_reason: StopReason = "completed"
-    steps: int = 0
-    error_steps: int = 0
 
 
 _DONE = object()
@@ -130,6 +98,7 @@ class StepLoop:
         self._threads = RunThreads()  # the sync tools' threads that may outlive the wait for them
         writer.held_open = self._threads.running  # they keep a cancelled run's lease renewed
         self._unconfirmed: list[Message] = []  # the model output being saved
+        self._inbox = Inbox(writer, want_events)
         self._chain = ToolChain(self._run_tool, (), ctx.journal)  # with the middleware once before_run is over
 
     def _run_tool(self, call: FunctionCall, arguments: str, context: ToolContext[Any]) -> Awaitable[ToolOutcome]:
@@ -162,8 +131,8 @@ class StepLoop:
                         yield event
             while self._stop is None:
                 raise_swallowed_cancellation()  # a step boundary: a cancellation a call swallowed ends the run here
-                if (late := await self._save_late()) is not None:
-                    yield late
+                for event in await self._boundary():  # late results of tool threads, then queued messages
+                    yield event
                 request = self._request()
                 started, ratio = time.perf_counter(), self.ctx.tokens.ratio
                 response: ModelResponse | None = None
@@ -195,6 +164,12 @@ class StepLoop:
             raise
         if self._threads:
             await self._settle(None)
+
+    async def _boundary(self) -> list[RunEvent]:
+        """Save the tool threads' late results at a step boundary, then deliver the session's queued messages."""
+        late = await self._save_late()
+        delivered = await self._inbox.deliver(self._parts, self._tail, self.state.steps)  # `contextpipe._run.inbox`
+        return [late, *delivered] if late is not None else list(delivered)
 
     async def _save_late(self) -> StepPersisted | None:
         """Add and save the late results that came since the last step (a step boundary); return the event.

@@ -15,7 +15,7 @@ from ..errors import CorruptRecord, LeaseLost, SessionBusy, UsageError
 from ..session import Session, SessionKey
 from .base import Lease
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """Version of the durable layout (tables, keys) written by this release (SQLite has its own, see `SQLiteStore`).
 
 3 adds the outbox table (`contextpipe.stores._outbox`)."""

@@ -15,6 +15,7 @@ from urllib.parse import quote
 from .._sqlite import refuse_other_applications, use_wal
 from ..errors import StoreError, shorten
 from ._outbox import SQLITE_OUTBOX
+from ._queue import SQLITE_QUEUE
 
 SQLITE_SCHEMA_VERSION: Final = 4
 """Version of the SQLite layout written by this release (cp_meta ``schema_version``).
@@ -24,9 +25,9 @@ ttl (``lease_ttl``), which bounds a lease however the clock moved. A file of ver
 upgraded in place when opened for writing (one added column; an older contextpipe then refuses to open the
 file and says to upgrade, but one that already had it open goes on writing leases without their ttl, which
 may leave another lease's ttl on them: the guide says to stop those processes first). A file of another
-version is refused with a `StoreError` saying what to do; nothing in it is changed. The outbox table
-(``cp_outbox``, `contextpipe.stores._outbox`) is an addition, not a new layout: a writer creates it in a
-file that has none.
+version is refused with a `StoreError` saying what to do; nothing in it is changed. The outbox and queue
+tables (``cp_outbox``, ``cp_queue``: `contextpipe.stores._outbox`, `._queue`) are additions, not a new
+layout: a writer creates them in a file that has none.
 """
 
 _UPGRADABLE_VERSION: Final = 3
@@ -104,7 +105,7 @@ def open_for_writing(path: str, busy_ms: int, synchronous: Literal["FULL", "NORM
 
 def create_tables(conn: sqlite3.Connection, path: str) -> None:
     """Create the tables that are missing and mark a new file with this release's schema (in a transaction)."""
-    for statement in (_SCHEMA + SQLITE_OUTBOX).split(";"):
+    for statement in (_SCHEMA + SQLITE_OUTBOX + SQLITE_QUEUE).split(";"):
         if statement.strip():
             conn.execute(statement)
     version = schema_version(conn, path)

@@ -30,7 +30,7 @@ from ._common import (
 )
 from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryQueue", "MemoryStore"]
 
 
 @dataclass
@@ -47,6 +47,7 @@ class _Entry:
     outbox: dict[str, tuple[int, OutboxEntry]] = field(default_factory=dict)
     """Outbox entries not marked delivered, by key, with their place in the store's order of writes."""
     delivered: set[str] = field(default_factory=set)
+    queue: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # `MemoryQueue`
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
@@ -104,6 +105,8 @@ class MemoryStore(SessionStore):
         self._entries: dict[SessionKey, _Entry] = {}
         self._order = itertools.count()  # of outbox entries, as they are written
         self._clock = clock if clock is not None else steady_clock()
+        self.queue_table = MemoryQueue(self)
+        """The store's message queue (`contextpipe.queue`)."""
 
     async def _entry(self, key: SessionKey, *, create: bool = False) -> _Entry | None:
         entry = self._entries.get(key)
@@ -288,3 +291,30 @@ class MemoryStore(SessionStore):
         if entry is not None and entry.lease_token == lease.token and entry.lease_owner == lease.owner:
             entry.lease_owner = None
             entry.lease_expires = 0.0
+
+
+class MemoryQueue:
+    """The queue of a `MemoryStore` (`contextpipe.stores._queue.QueueTable`): kept in each session's entry."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def add(self, key: SessionKey, entry_id: str, when: str, body: str) -> None:
+        """Write the entry (idempotent by id)."""
+        entry = await self._store._entry(key, create=True)
+        assert entry is not None
+        entry.queue.setdefault(entry_id, (when, body, False))
+        entry.updated_at = self._store._clock()
+
+    async def rows(self, key: SessionKey) -> list[tuple[str, str, str]]:
+        """Return the entries not settled, in order."""
+        entry = await self._store._entry(key)
+        return [] if entry is None else [(i, w, b) for i, (w, b, done) in entry.queue.items() if not done]
+
+    async def settle(self, key: SessionKey, entry_ids: Sequence[str]) -> None:
+        """Mark entries settled."""
+        entry = await self._store._entry(key)
+        queue = entry.queue if entry is not None else {}
+        for i in entry_ids:
+            if (kept := queue.get(i)) is not None:
+                queue[i] = (kept[0], kept[1], True)

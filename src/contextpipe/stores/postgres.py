@@ -30,6 +30,7 @@ from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
 from . import _common as common
 from . import _outbox as outbox
+from . import _queue as queue
 from . import _rows as row_codec
 from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
@@ -71,7 +72,7 @@ def _migrations(p: str) -> list[list[str]]:
         f"""CREATE TABLE {p}traces (
             tenant TEXT NOT NULL, session_id TEXT NOT NULL, n BIGINT NOT NULL, body TEXT NOT NULL,
             PRIMARY KEY (tenant, session_id, n))""",
-    ], outbox.postgres_migration(p)]
+    ], outbox.postgres_migration(p), queue.postgres_migration(p)]
 
 
 class PostgresStore(SessionStore):
@@ -292,7 +293,7 @@ class PostgresStore(SessionStore):
         p = self._p
         counts = [int(str(await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2",
                                              key.tenant, key.id)).split()[-1])
-                  for table in ("messages", "checkpoints", "traces", "outbox")]
+                  for table in ("messages", "checkpoints", "traces", "outbox", "queue")]
         if keep_row:
             status = await conn.execute(
                 f"UPDATE {p}sessions SET state = '{{}}', version = 0, ttl = NULL, expires_at = NULL, last_seq = 0, "
