@@ -2,7 +2,7 @@
 
 Each session is a handful of keys sharing one hash tag (``{tenant/session}``): a hash with the
 record, a list with the log (index = sequence - 1), a hash of message ids for idempotent appends, a
-sorted set of checkpoints, a lease key and the message queue (`_queue_kv`). Every write is one Lua
+sorted set of checkpoints, a lease key and the message queue (`_queue_redis`). Every write is one Lua
 script, so the checks (lease, version, known ids) and the write are atomic. TTLs are Redis's own key
 expiry, pushed forward on every write. Timestamps come from the Redis server's clock.
 
