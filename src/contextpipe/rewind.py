@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from .errors import UsageError
 from .exchanges import is_late_result, unanswered_calls
 from .messages import Message, TextPart
+from .session import REWINDS_KEY
 
 if TYPE_CHECKING:
     from .stores.base import Lease, SessionStore
@@ -79,8 +80,15 @@ def _merged(ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(merged)
 
 
-async def rewound_ranges(store: SessionStore, tenant: str, session_id: str) -> Rewound:
-    """Return what the session's rewind markers leave out (one index lookup when there are none)."""
+async def rewound_ranges(store: SessionStore, tenant: str, session_id: str,
+                         state: Mapping[str, object] | None = None) -> Rewound:
+    """Return what the session's rewind markers leave out (one index lookup when there are none).
+
+    Given the session's `state`, as a run holds it: a session never rewound (no ``REWINDS_KEY``) costs
+    no lookup at all.
+    """
+    if state is not None and not state.get(REWINDS_KEY):
+        return Rewound()
     ranges: list[tuple[int, int]] = []
     n = 0
     while (seq := await store.message_seq(tenant, session_id, f"rewind-{n + 1}")) is not None:
@@ -175,7 +183,8 @@ async def _snapped(store: SessionStore, tenant: str, session_id: str, rewound: R
 async def rewind(store: SessionStore, tenant: str, session_id: str, to: int, lease: Lease) -> int:
     """Append a marker leaving the view's messages after `to` out (under `lease`); return the point kept.
 
-    The point moves back to before a tool exchange it falls in; ``to=0`` rewinds everything. Raises
+    The point moves back to before a tool exchange it falls in; ``to=0`` rewinds everything (a session
+    not stored yet has nothing to rewind: no marker is written). Raises
     `UsageError` when `to` is past the end of the log or itself rewound.
     """
     if type(to) is not int or to < 0:
@@ -188,6 +197,13 @@ async def rewind(store: SessionStore, tenant: str, session_id: str, to: int, lea
         raise UsageError(f"sequence {to} of {tenant}/{session_id} is already rewound; rewind to a sequence in "
                          "the view (Agent.history lists them)")
     to = await _snapped(store, tenant, session_id, rewound, to) if to else 0
+    # Counted in the session's state first: a crash before the marker leaves a count and no rewind (a lookup
+    # more), never a marker that loads skip looking for.
+    session = await store.get_session(tenant, session_id)
+    if session is None:
+        return 0  # no session, no log: nothing to leave out
+    session.state[REWINDS_KEY] = rewound.markers + 1
+    await store.save_session(session, lease=lease)
     marker = Message("system", (TextPart(f"[rewound: messages after sequence {to} are left out]"),),
                      id=f"rewind-{rewound.markers + 1}", metadata={MARKER_KEY: {"to": to}})
     await store.append(tenant, session_id, [marker], lease=lease)
@@ -224,6 +240,7 @@ async def fork(store: SessionStore, tenant: str, session_id: str, at: int, new_i
         after = page.last_seq
     target = await store.load_or_create(tenant, new_id)
     target.state.update(source.state)
+    target.state.pop(REWINDS_KEY, None)  # the copied view holds no marker
     await store.save_session(target, lease=lease)
     return copied
 
@@ -251,9 +268,13 @@ async def last_user_seq(store: SessionStore, tenant: str, session_id: str, *, be
         before = window[0][0]
 
 
-async def rewound_ids(store: SessionStore, tenant: str, session_id: str, *, limit: int = 10_000) -> list[str]:
-    """Return the ids of the session's rewound messages, the newest `limit` of them (for recall to leave out)."""
-    rewound = await rewound_ranges(store, tenant, session_id)
+async def rewound_ids(store: SessionStore, tenant: str, session_id: str, *, limit: int = 10_000,
+                      state: Mapping[str, object] | None = None) -> list[str]:
+    """Return the ids of the session's rewound messages, the newest `limit` of them (for recall to leave out).
+
+    `state` as for `rewound_ranges`: a session never rewound costs no lookup.
+    """
+    rewound = await rewound_ranges(store, tenant, session_id, state)
     ids: list[str] = []
     for lo, hi in reversed(rewound.ranges):
         page = await store.load(tenant, session_id, after=lo - 1, before=hi + 1, limit=limit - len(ids))

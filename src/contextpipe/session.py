@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_TENANT",
     "RESERVED_STATE_KEYS",
+    "REWINDS_KEY",
     "USER_ID_KEY",
     "USER_NAME_KEY",
     "ProviderState",
@@ -267,9 +268,14 @@ USER_ID_KEY: Final = "user_id"
 USER_NAME_KEY: Final = "user_name"
 """Session state key holding the user's display name (`SemanticMemory` attributes messages by it)."""
 
+REWINDS_KEY: Final = "rewinds"
+"""Session state key counting the session's rewinds (`contextpipe.rewind`): a session without it was never
+rewound, so loading its history looks for no rewind marker."""
+
 RESERVED_STATE_KEYS: Final = {
     USER_ID_KEY: "the user the session belongs to",
     USER_NAME_KEY: "the user's name",
+    REWINDS_KEY: "the session's rewinds (contextpipe.rewind)",
 }
 """Keys of ``session.state`` the session keeps for itself, with what each holds; no provider may use them."""
 

@@ -154,7 +154,7 @@ async def test_the_view_is_the_log_minus_the_rewound_ranges(steps: list[tuple[st
             assert await rewind(store, "default", sid, target, lease) == expected
             await store.release_lease(lease)
             model = [e for e in model if e[0] <= expected]
-            last += 1  # the marker
+            last += 1 if last else 0  # the marker (a session not stored yet gets none)
             continue
         n += 1
         batch = [Message.user(f"u{n}.{i}") for i in range(arg)] if op == "append" else [

@@ -141,7 +141,7 @@ class History(HistoryProvider):
             assert lease_token is not None
             tail = await self._cached_tail(session, lease_token, counter, bound)
         if tail is None:
-            rewound = await rewound_ranges(self.store, session.tenant, session.id)
+            rewound = await rewound_ranges(self.store, session.tenant, session.id, session.state)
             if rewound.ranges:  # read around the rewound ranges, and keep nothing (`_cached_tail` reads on)
                 return await self._read_view(session, counter, bound, rewound)
             tail = await self._read_tail(session, counter, bound)

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import UsageError
 from ..exchanges import is_late_result
 from ..messages import INPUT, Message, Source
-from ..session import USER_NAME_KEY, Session, user_id
+from ..session import REWINDS_KEY, USER_NAME_KEY, Session, user_id
 from ..tools import Tool, ToolOutcome
 from ..vectors.base import (
     EMBEDDER_KEY,
@@ -98,11 +98,11 @@ def _unspaced(char: str) -> bool:
 async def _rewound_ids(ctx: RunContext) -> list[str]:
     """Return the ids of the run's session's rewound messages (in the run's store), for recall to leave out."""
     store = getattr(ctx.agent, "store", None)
-    if ctx.session is None or store is None:
-        return []
+    if ctx.session is None or store is None or not ctx.session.state.get(REWINDS_KEY):
+        return []  # never rewound: nothing to look up
     from ..rewind import rewound_ids
 
-    return await rewound_ids(store, ctx.session.tenant, ctx.session.id)
+    return await rewound_ids(store, ctx.session.tenant, ctx.session.id, state=ctx.session.state)
 
 
 def _user_from_state(session: Session | None) -> str | None:
