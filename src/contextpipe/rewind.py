@@ -11,8 +11,9 @@ messages follow the last marker.
 A rewind point inside a tool exchange (an assistant message's calls and their results) moves back to
 before the exchange: the view never ends in a call without its results.
 
-The markers are found through each store's message-id index (``rewind-1``, ``rewind-2``, ... until
-one is missing), so a session that was never rewound costs one index lookup, and one with n such ids
+A session's rewinds are counted in its state (``REWINDS_KEY``), so a session never rewound costs a
+load nothing. The markers are found through each store's message-id index (``rewind-1``,
+``rewind-2``, ... until one is missing): a session with n such ids
 in a row (markers, or a client's message that took such an id and is passed over) n + 1 lookups and
 n one-message reads — never a scan of the log.
 
