@@ -79,6 +79,21 @@ async def test_a_clients_message_with_a_marker_id_is_no_marker(store: SessionSto
     assert [e.message.id for e in await read_log(store, tenant, "s")][-1] == "rewind-2"
 
 
+async def test_a_session_object_from_before_a_rewind_still_sees_it(store: SessionStore, tenant: str) -> None:
+    model = ScriptedModel(["a1", "a2", "a3"])
+    history = History(store)
+    agent = Agent(model, providers=[history])
+    held = await agent.session("s", tenant=tenant)  # held across the rewind, never reloaded
+    await agent.run("u1", session=held)
+    await agent.run("u2", session=await agent.session("s", tenant=tenant))
+    stale = await store.get_session(tenant, "s")
+    assert stale is not None
+    await agent.rewind("s", to=2, tenant=tenant)
+    assert texts(list(await history.load(stale))) == ["u1", "a1"]  # loaded outside a run
+    await agent.run("u3", session=stale)  # a run brings it up to date under its lease
+    assert sent(model) == ["u1", "a1", "u3"]
+
+
 async def test_fork_is_independent(store: SessionStore, tenant: str) -> None:
     model = ScriptedModel(["a1", "a2", "b2", "a3"])
     agent = Agent(model, providers=[History(store)])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -114,7 +114,8 @@ class History(HistoryProvider):
             view = await self.load_view(ctx.session, lease_token=ctx.lease_token)
             bounded_by = f"History(max_tokens={self.max_tokens})"
         else:
-            view = await self._load_view(ctx.session, ctx.lease_token, ctx.tokens, bound)
+            # The run's session, brought up to date under its lease: its state says whether it was ever rewound.
+            view = await self._load_view(ctx.session, ctx.lease_token, ctx.tokens, bound, ctx.session.state)
         self.provide(ctx, view, bounded_by)
 
     def _run_bound(self, ctx: RunContext) -> tuple[int | None, str]:
@@ -134,14 +135,19 @@ class History(HistoryProvider):
         return bound, bounded_by
 
     async def _load_view(self, session: Session, lease_token: int | None, counter: TokenCounter,
-                         bound: int | None) -> LoadedHistory:
+                         bound: int | None, state: Mapping[str, object] | None = None) -> LoadedHistory:
+        """Load the view within `bound`.
+
+        `state`, the state of a run's up-to-date session, spares a session never rewound the look for rewind
+        markers (None, as for a `Session` object a caller holds: always look).
+        """
         caching = lease_token is not None and self.cache_messages > 0
         tail = None
         if caching:
             assert lease_token is not None
             tail = await self._cached_tail(session, lease_token, counter, bound)
         if tail is None:
-            rewound = await rewound_ranges(self.store, session.tenant, session.id, session.state)
+            rewound = await rewound_ranges(self.store, session.tenant, session.id, state)
             if rewound.ranges:  # read around the rewound ranges, and keep nothing (`_cached_tail` reads on)
                 return await self._read_view(session, counter, bound, rewound)
             tail = await self._read_tail(session, counter, bound)
