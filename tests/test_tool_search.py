@@ -63,7 +63,8 @@ async def test_300_mcp_tools_offer_the_search_and_reach_the_right_tool() -> None
     ran = result.messages[3].function_results[0]
     assert not ran.is_error and ran.result.startswith("github_create_issue: ")  # the server ran the right tool
     instructions = model.requests[0].instructions or ""
-    assert "search_tools" in instructions and "- calendar_list_events: List or search the events" in instructions
+    assert "search_tools" in instructions and all(name in instructions for name, _ in TOOLS)  # names, as summaries
+    assert "more: search to find them" not in instructions                                  # would not all fit
     assert result.traces[0].tokens_by_source()["instructions:tool-search"] <= 2_000  # the catalogue's bound
     for trace in result.traces:
         change = next(c for c in trace.changes if c.action == "tool_search")
@@ -88,6 +89,15 @@ async def test_found_tools_stay_offered_and_a_resumed_run_offers_them_again(tmp_
         agent = Agent(again, tools=POOL, providers=[History(store), ToolSearch(threshold=20, max_results=4)])
         await agent.run(None, session=await agent.session("s"))
     assert names(again.requests[0]) == names(first.requests[2])
+
+
+async def test_the_catalogue_has_summaries_when_they_fit_and_stays_in_its_bound() -> None:
+    model = ScriptedModel(["ok", "ok"])
+    await Agent(model, tools=POOL[:40], providers=[ToolSearch(threshold=10)]).run("go")
+    assert "- gmail_get_draft: Get one draft from Gmail by its id" in (model.requests[0].instructions or "")
+    result = await Agent(model, tools=POOL, providers=[ToolSearch(catalogue_tokens=300)]).run("go")
+    assert result.traces[0].tokens_by_source()["instructions:tool-search"] <= 300
+    assert "more: search to find them)" in (model.requests[1].instructions or "")
 
 
 async def test_a_tool_called_unoffered_runs_and_is_offered_from_then_on() -> None:

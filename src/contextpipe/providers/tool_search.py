@@ -231,22 +231,32 @@ class ToolSearch(ContextProvider):
         ctx.add_middleware(offer)
 
     def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int]) -> str:
-        """Return the instructions that tell the model to search, with as many ``name: summary`` lines as fit."""
+        """Return the instructions that tell the model to search, with a catalogue of the tools that fits.
+
+        ``name: summary`` lines when all of them fit in `catalogue_tokens`; otherwise the names alone,
+        as many as fit (with how many more there are), so the model knows what to search for.
+        """
         head = (f"You have {len(tools)} tools; their definitions are not shown until you find them. Call "
                 f"{SEARCH_TOOL} with a few words of what you need: the tools it returns can be called from your "
                 "next step on.")
-        lines: list[str] = []
         budget = self.catalogue_tokens - count(head)
-        for name, t in tools.items():
-            line = f"- {name}: {_summary(t.description)}" if t.description else f"- {name}"
-            cost = count(line) + 1
-            if cost > budget:
-                break
-            lines.append(line)
-            budget -= cost
-        if not lines:
+        lines = [f"- {n}: {_summary(t.description)}" if t.description else f"- {n}" for n, t in tools.items()]
+        full = _fitting(lines, "\n", budget, count)
+        if len(full) == len(lines):
+            return f"{head}\nTools:\n" + "\n".join(full)
+        names = _fitting(list(tools), ", ", budget - 20, count)  # 20: room for the line saying how many more
+        if not names:
             return head
-        rest = len(tools) - len(lines)
-        more = f"\n(and {rest} more: search to find them)" if rest else ""
-        return f"{head}\nTools:\n" + "\n".join(lines) + more
+        rest = f" (and {len(tools) - len(names)} more: search to find them)" if len(names) < len(tools) else ""
+        return f"{head}\nTool names: " + ", ".join(names) + rest
+
+
+def _fitting(items: list[str], separator: str, budget: int, count: Callable[[str | None], int]) -> list[str]:
+    """Return the leading `items` whose text, joined by `separator`, fits in `budget` tokens (counted piece by piece)."""
+    cost, joint = 0, count(separator)
+    for taken, item in enumerate(items):
+        cost += count(item) + (joint if taken else 0)
+        if cost > budget:
+            return items[:taken]
+    return items
 
