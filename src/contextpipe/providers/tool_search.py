@@ -252,7 +252,7 @@ class ToolSearch(ContextProvider):
 
 
 def _fitting(items: list[str], separator: str, budget: int, count: Callable[[str | None], int]) -> list[str]:
-    """Return the leading `items` whose text, joined by `separator`, fits in `budget` tokens (counted piece by piece)."""
+    """Return the leading `items` whose text, joined by `separator`, fits in `budget` tokens (counted per piece)."""
     cost, joint = 0, count(separator)
     for taken, item in enumerate(items):
         cost += count(item) + (joint if taken else 0)
