@@ -29,7 +29,7 @@ SURFACES = {
         "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
         "LoadedHistory", "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest",
         "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch",
-        "external_input",
+        "ToolSearch", "external_input",
     ],
     "contextpipe.stores": [
         "Checkpoint", "Erased", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",

@@ -68,13 +68,15 @@ class ContextChange:
     source_id: str
     """The provider that made the change (``repair`` for the run's own repairs)."""
     action: Literal["replaced_instructions", "removed_tools", "repaired_log", "normalised_output",
-                    "adapted_request", "history_bound", "validated_output", "invalid_output"]
+                    "adapted_request", "history_bound", "validated_output", "invalid_output", "tool_search"]
     """What it did."""
     items: tuple[str, ...]
     """What was affected: the sources of replaced instructions, ``tool (source)`` of removed tools,
     or one note per repair, or per adaptation a model client made to fit its API (`ModelResponse.notes`),
     or (``history_bound``) how many older messages a history provider's bound left out, and which bound,
-    or how the call's answer matched the run's output type (``output``: which attempt validated)."""
+    or how the call's answer matched the run's output type (``output``: which attempt validated), or
+    (``tool_search``, `contextpipe.providers.ToolSearch`) how many of the run's tools the call was offered
+    and which were found by a search."""
 
 
 ToolMiddlewareAction: TypeAlias = Literal["changed_arguments", "blocked", "changed_result", "raised"]

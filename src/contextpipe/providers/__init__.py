@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .message import MessageContext, MessageProvider
     from .search import SearchResult, TextSearch
     from .skills import ScriptRequest, Skill, SkillProblem, Skills
+    from .tool_search import ToolSearch
 
 __all__ = [
     "Compaction",
@@ -42,6 +43,7 @@ __all__ = [
     "Skills",
     "StdioServer",
     "TextSearch",
+    "ToolSearch",
     "external_input",
 ]
 
@@ -55,4 +57,5 @@ __getattr__ = lazy_exports(__name__, {
     "SemanticMemory": ".memory",
     "SearchResult": ".search", "TextSearch": ".search",
     **dict.fromkeys(("ScriptRequest", "Skill", "SkillProblem", "Skills"), ".skills"),
+    "ToolSearch": ".tool_search",
 })
