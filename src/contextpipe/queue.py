@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from .stores._queue import QueueTable
     from .stores.base import Lease, SessionStore
 
-__all__ = ["QueuedMessage", "When", "deliver", "drain", "enqueue", "key_of", "pending", "settle"]
+__all__ = ["QueuedMessage", "When", "deliver", "drain", "enqueue", "key_of", "nothing_queued", "pending", "settle"]
 
 When: TypeAlias = Literal["asap", "next"]
 """When a queued message reaches the session: at the running run's next step boundary, or as a run of its own."""
@@ -143,6 +143,18 @@ async def settle(store: SessionStore, key: SessionKey, entry_ids: Sequence[str])
             await _table(store).settle(key, entry_ids)
         except Exception as exc:
             raise store._store_error(exc) from exc
+
+
+def nothing_queued(store: SessionStore, key: SessionKey, lease: Lease) -> bool:
+    """Return True when the store knows, without asking its backend, that nothing is queued for the session.
+
+    The fast path of a run's step boundary (`contextpipe._run.inbox`); False means "look" (`deliver`),
+    so a store that knows nothing is always asked. The memory store looks in its own dict; SQLite
+    answers from the run's latest append fenced by `lease`, which looked at the queue in its own
+    transaction (once: the answer is taken). A message queued after that append is delivered at the
+    boundary after, as if it came just after this one's look.
+    """
+    return _table(store).nothing_queued(key, lease)
 
 
 async def deliver(store: SessionStore, key: SessionKey, lease: Lease | None) -> list[Message]:

@@ -15,9 +15,12 @@ The tables' classes are in `_queue_sql` (and `_queue_redis`; the memory store ke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from ..session import SessionKey
+
+if TYPE_CHECKING:
+    from ._records import Lease
 
 __all__ = ["SQLITE_QUEUE", "QueueRow", "QueueTable", "postgres_migration"]
 
@@ -51,6 +54,13 @@ class QueueTable(Protocol):
 
     async def settle(self, key: SessionKey, entry_ids: Sequence[str]) -> None:
         """Mark the entries settled (`rows` no longer lists them); unknown or settled ones are skipped."""
+
+    def nothing_queued(self, key: SessionKey, lease: Lease) -> bool:
+        """Return True if the table knows without I/O that `rows` would list nothing now (`contextpipe.queue`).
+
+        False when it does not know. A table that answers from a fenced write's look at the queue
+        (SQLite) forgets that look once asked, so it answers True at most once per look.
+        """
 
 
 def postgres_migration(p: str) -> list[str]:

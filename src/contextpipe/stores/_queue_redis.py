@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..session import SessionKey
 
 if TYPE_CHECKING:
+    from ._records import Lease
     from .redis import RedisStore
 
 __all__ = ["RedisQueue"]
@@ -72,6 +73,10 @@ class RedisQueue:
                 when, body = json.loads(raw)
                 found.append((entry_id, when, body))
         return found
+
+    def nothing_queued(self, key: SessionKey, lease: Lease) -> bool:
+        """Not known without a round trip: the boundary reads the list."""
+        return False
 
     async def settle(self, key: SessionKey, entry_ids: Sequence[str]) -> None:
         """Mark entries settled."""

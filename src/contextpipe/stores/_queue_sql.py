@@ -13,11 +13,13 @@ if TYPE_CHECKING:
 
     import asyncpg
 
+    from ._records import Lease
     from .base import SessionStore
     from .postgres import PostgresStore
     from .sqlite import SQLiteStore
 
 __all__ = ["table_for"]
+
 
 
 def table_for(store: SessionStore) -> QueueTable:
@@ -77,6 +79,11 @@ class _SQLiteQueue:
 
         await store._run(mark)
 
+    def nothing_queued(self, key: SessionKey, lease: Lease) -> bool:
+        # The run's latest append fenced by `lease` looked at the queue in its transaction (`SQLiteStore._append`):
+        # this spares a boundary one trip to the store's thread (70-100 µs).
+        return self._store._queue_looks.pop((lease.tenant, lease.session_id, lease.token), None) is False
+
 
 class _PostgresQueue:
     def __init__(self, store: PostgresStore) -> None:
@@ -104,3 +111,6 @@ class _PostgresQueue:
                 f"UPDATE {self._store._p}queue SET settled_at = extract(epoch from clock_timestamp())::float8 "
                 "WHERE tenant = $1 AND session_id = $2 AND settled_at IS NULL AND entry_id = ANY($3::text[])",
                 key.tenant, key.id, list(entry_ids))
+
+    def nothing_queued(self, key: SessionKey, lease: Lease) -> bool:
+        return False  # not known without a query: the boundary reads the table

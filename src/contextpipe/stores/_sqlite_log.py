@@ -279,3 +279,9 @@ def message_seq(conn: sqlite3.Connection, key: SessionKey, message_id: str, now:
         "WHERE m.tenant = ? AND m.session_id = ? AND m.message_id = ? AND (s.expires_at IS NULL OR s.expires_at > ?)",
         (key.tenant, key.id, message_id, now)).fetchone()
     return None if row is None else int(row["seq"])
+
+
+def queue_waiting(conn: sqlite3.Connection, key: SessionKey) -> bool:
+    """Return whether the session's queue (`_queue`) holds entries not settled (inside the caller's transaction)."""
+    return conn.execute("SELECT 1 FROM cp_queue WHERE tenant = ? AND session_id = ? AND settled_at IS NULL LIMIT 1",
+                        (key.tenant, key.id)).fetchone() is not None

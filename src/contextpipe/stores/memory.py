@@ -311,6 +311,11 @@ class MemoryQueue:
         entry = await self._store._entry(key)
         return [] if entry is None else [(i, w, b) for i, (w, b, done) in entry.queue.items() if not done]
 
+    def nothing_queued(self, key: SessionKey, lease: Lease) -> bool:
+        """Return True when no entry of the session is waiting (exact: the queue is in this dict)."""
+        entry = self._store._entries.get(key)
+        return entry is None or not entry.queue or all(done for _, _, done in entry.queue.values())
+
     async def settle(self, key: SessionKey, entry_ids: Sequence[str]) -> None:
         """Mark entries settled."""
         entry = await self._store._entry(key)

@@ -133,6 +133,7 @@ class SQLiteStore(SessionStore):
         self._closed = False
         self._dropped: list[SessionKey] = []  # sessions deleted by the running operation (worker thread only)
         self._vector_cascade = False
+        self._queue_looks: dict[tuple[str, str, int], bool] = {}  # lease -> entries waiting (`_append`)
         self.commits = 0
         """Write transactions committed by this store."""
         self.durable_commits = 0
@@ -377,8 +378,19 @@ class SQLiteStore(SessionStore):
     @override
     async def _append(self, key: SessionKey, messages: Sequence[Message], lease: Lease | None, durable: bool) -> int:
         encoded = row_codec.encode_batch(messages, compact=True)
-        return await self._run(self._write_now, key, lease, durable, self._append_rows, encoded,
-                               outbox_rows(messages))
+        look = None if lease is None else (lease.tenant, lease.session_id, lease.token)
+        if look is not None:  # a run's append looks at the queue too: its next boundary need not look (`_queue_sql`)
+            self._queue_looks.pop(look, None)
+        last, queued = await self._run(self._write_now, key, lease, durable, self._append_looking, encoded,
+                                       outbox_rows(messages), look is not None)
+        if look is not None:
+            self._queue_looks[look] = queued
+        return last
+
+    @staticmethod
+    def _append_looking(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
+                        encoded: list[tuple[str, str]], entries: outbox.OutboxRows, look: bool) -> tuple[int, bool]:
+        return SQLiteStore._append_rows(conn, key, row, now, encoded, entries), look and log.queue_waiting(conn, key)
 
     @staticmethod
     def _append_rows(conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float,
@@ -548,6 +560,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _release_lease(self, lease: Lease) -> None:
+        self._queue_looks.pop((lease.tenant, lease.session_id, lease.token), None)
         await self._run(self._release, lease)
 
     def _release(self, conn: sqlite3.Connection, lease: Lease) -> None:
