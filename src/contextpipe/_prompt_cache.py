@@ -14,7 +14,6 @@ changes the ids at the runs' ends).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ previous prefix; any other change of the messages (a rewind, a provider's messag
 
 def digest(text: str) -> str:
     """Return a short digest of `text` (a tool definition's canonical JSON, an instruction block)."""
+    import hashlib  # lazily: `tests/test_import_cost.py` counts it heavy, and only a trace read needs it
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 

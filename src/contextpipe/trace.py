@@ -239,6 +239,10 @@ def _cache_text(usage: Usage | None) -> str:
     return f" (cache {usage.cache_read_tokens} read / {usage.cache_write_tokens} written)"
 
 
+def _cache_dict(check: CacheCheck | None) -> dict[str, Any] | None:
+    return check.to_dict() if check is not None else None
+
+
 def _middleware_lines(calls: Sequence[TracedToolCall]) -> list[str]:
     """Return a line per tool call that an approval decided or middleware saw (each middleware, outermost first)."""
     lines = []
@@ -475,7 +479,7 @@ class PromptTrace:
             "tool_calls": [asdict(c) for c in self.tool_calls],
             "provider_timings": [asdict(t) for t in self.provider_timings],
             "history": self.history,
-            "cache": self.cache.to_dict() if self.cache is not None else None,
+            "cache": _cache_dict(self.cache),
         }
 
     def to_json(self, **kwargs: Any) -> str:
