@@ -99,3 +99,41 @@ def test_matched_tokens_never_exceed_either_prefix(prev: Prefix, cur: Prefix) ->
 def test_an_identical_request_matches_fully(prefix: Prefix) -> None:
     check = compare(prefix, prefix, "previous_call")
     assert check.broke_at is None and check.matched_tokens == prefix.tokens and not check.collapsed
+
+
+class Fixed(ContextProvider):
+    """Stable instructions, and a tool only from its second run on."""
+
+    def __init__(self, source_id: str) -> None:
+        super().__init__(source_id)
+        self.runs = 0
+
+    async def before_run(self, ctx):  # type: ignore[no-untyped-def]
+        self.runs += 1
+        ctx.add_instructions(f"Rules of {self.source_id}. " + "Stable rule. " * 400)
+        if self.runs > 1 and self.source_id == "tooly":
+            ctx.add_tools([lookup])
+
+
+async def _second_run(providers: list[ContextProvider], reorder: bool = False):  # type: ignore[no-untyped-def]
+    store = MemoryStore()
+    model = ScriptedModel([Turn("one", usage=CACHED), Turn("two", usage=CACHED)])
+    agent = Agent(model, providers=[History(store), *providers])
+    session = await agent.session("s")
+    await agent.run("hello " * 600, session=session)
+    if reorder:
+        agent = Agent(model, providers=[History(store), *reversed(providers)])
+    result = await agent.run("again", session=session)
+    return result.traces[0].cache
+
+
+async def test_a_tool_added_between_runs_is_named() -> None:
+    check = await _second_run([Fixed("tooly")])
+    assert check is not None and (check.cause, check.culprit) == ("tools_changed", "lookup")
+    assert check.matched_tokens == 0 and check.collapsed
+
+
+async def test_reordered_providers_break_at_the_instructions() -> None:
+    check = await _second_run([Fixed("a"), Fixed("b")], reorder=True)
+    assert check is not None and (check.broke_at, check.cause) == ("instructions", "instructions_changed")
+    assert "reordered" in check.detail and check.culprit == "b"
