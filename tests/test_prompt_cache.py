@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from contextpipe import Agent, tool
 from contextpipe._prompt_cache import Prefix, Segment, compare
 from contextpipe.models.base import Usage
-from contextpipe.providers import History
+from contextpipe.compaction import SlidingWindow
+from contextpipe.providers import Compaction, History
 from contextpipe.providers.base import ContextProvider
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel
@@ -137,3 +138,24 @@ async def test_reordered_providers_break_at_the_instructions() -> None:
     check = await _second_run([Fixed("a"), Fixed("b")], reorder=True)
     assert check is not None and (check.broke_at, check.cause) == ("instructions", "instructions_changed")
     assert "reordered" in check.detail and check.culprit == "b"
+
+
+async def test_compaction_on_the_next_run_is_named_as_the_cause(caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    model = ScriptedModel([Turn("one", usage=CACHED), Turn("two", usage=CACHED)])
+    # One turn fits: the first run's turn is dropped from the second run's request.
+    agent = Agent(model, providers=[History(store), Compaction(SlidingWindow(max_turns=1))])
+    session = await agent.session("s")
+    first = await agent.run("hello " * 2000, session=session)
+    assert not first.traces[0].compaction
+    with caplog.at_level(logging.WARNING, logger="contextpipe.cache"):
+        result = await agent.run("again", session=session)
+    trace = result.traces[0]
+    assert [d.action for d in trace.compaction] == ["dropped"]
+    check = trace.cache
+    assert check is not None and check.against == "previous_run"
+    assert (check.broke_at, check.cause, check.culprit) == ("messages", "compaction", "sliding_window")
+    assert check.collapsed and check.matched_tokens == 0
+    [record] = caplog.records
+    assert record.levelname == "WARNING" and "(compaction: compaction 'sliding_window' dropped" in record.getMessage()
+    assert any(c.action == "cache_collapsed" for c in trace.changes)
