@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from contextpipe import Agent, tool
 from contextpipe._prompt_cache import Prefix, Segment, compare
-from contextpipe.models.base import Usage
 from contextpipe.compaction import SlidingWindow
+from contextpipe.models.base import Usage
 from contextpipe.providers import Compaction, History
 from contextpipe.providers.base import ContextProvider
 from contextpipe.stores import MemoryStore
