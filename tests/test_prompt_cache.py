@@ -90,10 +90,13 @@ _prefixes = st.builds(Prefix, _blocks, _blocks, _segments)
 
 
 @given(_prefixes, _prefixes)
-def test_matched_tokens_never_exceed_either_prefix(prev: Prefix, cur: Prefix) -> None:
+def test_matched_tokens_are_within_the_previous_prefix_and_a_break_names_its_cause(prev: Prefix, cur: Prefix) -> None:
     check = compare(prev, cur, "previous_call")
-    assert 0 <= check.matched_tokens <= prev.tokens
-    assert (check.broke_at is None) == (check.matched_tokens == prev.tokens) or prev.tokens == 0 or check.broke_at
+    assert 0 <= check.matched_tokens <= prev.tokens and check.lost_tokens == prev.tokens - check.matched_tokens
+    if check.broke_at is None:
+        assert check.matched_tokens == prev.tokens and check.cause is None
+    else:
+        assert check.cause is not None and check.detail
 
 
 @given(_prefixes)
