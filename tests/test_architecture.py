@@ -71,7 +71,8 @@ def test_each_concept_has_one_home() -> None:
 # Patterns are matched against the dotted name inside the package; the first match wins, and a module
 # that matches nothing is at the top (like cli and demo: it may use anything, nothing may use it).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_lazy", "_sqlite", "_compat", "_compaction_decision", "_tool_spec"),
+    ("errors", "_lazy", "_sqlite", "_compat", "_compaction_decision", "_tool_spec",
+     "_prompt_cache"),
     ("messages", "codec", "_media", "_preview", "session", "outbox", "tool_context", "approvals", "tools",
      "client_tools", "tokens", "config", "output"),
     ("exchanges", "models.base", "vectors", "vectors.*"),
@@ -82,7 +83,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline", "events", "_stream", "queue"),  # queue: messages for a session, kept by the stores
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals", "_run.inbox",
-     "_run.steps"),
+     "_run.steps", "_run.cache_watch"),
     ("providers", "providers.*", "erasure", "_agent_state"),  # erasure: what providers and stores keep of a user
     ("_run.loop", "_run", "_run.output"),  # _run.output: the loop of a run with an output type
     ("agent",),

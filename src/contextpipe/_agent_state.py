@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._prompt_cache import PROMPT_CACHE_KEY
 from .approvals import STATE_KEY as APPROVALS_KEY
 from .errors import CodecError, UsageError
 from .providers.base import ContextProvider, HistoryProvider
@@ -18,7 +19,8 @@ from .tokens import CALIBRATION_KEY, Calibration
 __all__ = ["RESERVED_KEYS", "check_providers", "provider_state_keys", "stored_calibration"]
 
 RESERVED_KEYS = {**RESERVED_STATE_KEYS, CALIBRATION_KEY: "the agent's token calibration",
-                  APPROVALS_KEY: "the session's approvals (tools always allowed, approved calls, held late results)"}
+                  APPROVALS_KEY: "the session's approvals (tools always allowed, approved calls, held late results)",
+                  PROMPT_CACHE_KEY: "the last model call's prompt-cache fingerprint"}
 
 
 def provider_state_keys(provider: ContextProvider) -> list[str]:

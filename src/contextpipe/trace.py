@@ -29,12 +29,15 @@ from typing import Any, Literal, TypeAlias
 
 from ._compaction_decision import CompactionDecision
 from ._preview import preview
+from ._prompt_cache import MIN_CACHEABLE_TOKENS, CacheCheck, Prefix, Segment, compare, digest, tool_digest
 from .messages import INPUT
 from .models.base import ModelRequest, Usage
 from .tokens import REPLY_PRIMING, TokenCounter
 
 __all__ = [
+    "MIN_CACHEABLE_TOKENS",
     "ApprovalAction",
+    "CacheCheck",
     "ContextChange",
     "PromptTrace",
     "ProviderTiming",
@@ -68,7 +71,8 @@ class ContextChange:
     source_id: str
     """The provider that made the change (``repair`` for the run's own repairs)."""
     action: Literal["replaced_instructions", "removed_tools", "repaired_log", "normalised_output",
-                    "adapted_request", "history_bound", "validated_output", "invalid_output", "tool_search"]
+                    "adapted_request", "history_bound", "validated_output", "invalid_output", "tool_search",
+                    "cache_collapsed"]
     """What it did."""
     items: tuple[str, ...]
     """What was affected: the sources of replaced instructions, ``tool (source)`` of removed tools,
@@ -76,7 +80,8 @@ class ContextChange:
     or (``history_bound``) how many older messages a history provider's bound left out, and which bound,
     or how the call's answer matched the run's output type (``output``: which attempt validated), or
     (``tool_search``, `contextpipe.providers.ToolSearch`) how many of the run's tools the call was offered
-    and which were found by a search."""
+    and which were found by a search, or (``cache_collapsed``, source ``prompt-cache``) what broke the
+    prompt cache and the tokens lost (`CacheCheck`)."""
 
 
 ToolMiddlewareAction: TypeAlias = Literal["changed_arguments", "blocked", "changed_result", "raised"]
@@ -215,6 +220,8 @@ class TracedTool:
     source_id: str
     """``agent`` or the provider that added it."""
     tokens: int
+    digest: str = ""
+    """A digest of the definition as sent (name, description, schema): what prompt-cache checks compare."""
 
 
 _UNTAGGED = INPUT  # a message a middleware made up without a source counts as input, as in the filters
@@ -232,6 +239,10 @@ def _cache_text(usage: Usage | None) -> str:
     if usage is None or not (usage.cache_read_tokens or usage.cache_write_tokens):
         return ""
     return f" (cache {usage.cache_read_tokens} read / {usage.cache_write_tokens} written)"
+
+
+def _cache_dict(check: CacheCheck | None) -> dict[str, Any] | None:
+    return check.to_dict() if check is not None else None
 
 
 def _middleware_lines(calls: Sequence[TracedToolCall]) -> list[str]:
@@ -275,6 +286,38 @@ class PromptTrace:
     _journal: RunJournal | None = field(default=None, repr=False)
     _detail: tuple[list[TracedInstruction], list[TracedMessage], list[TracedTool]] | None = field(
         default=None, repr=False)
+    _previous: PromptTrace | Prefix | None = field(default=None, repr=False)
+    _prefix: Prefix | None = field(default=None, repr=False)
+    _cache: CacheCheck | None = field(default=None, repr=False)
+
+    @property
+    def cache(self) -> CacheCheck | None:
+        """How much of this call's prompt prefix matched the previous call's (computed when first read).
+
+        Compared with the run's previous call, or on a run's first call with the last call of the
+        session's previous run when the model reported cache use then; None when there is nothing to compare.
+        """
+        prev = self._previous
+        if self._cache is None and prev is not None:
+            if isinstance(prev, PromptTrace):
+                self._cache = compare(prev.cache_prefix(), self.cache_prefix(), "previous_call")
+            else:
+                self._cache = compare(prev, self.cache_prefix(), "previous_run")
+        return self._cache
+
+    def cache_prefix(self) -> Prefix:
+        """Return the call's prompt in cache order (tools, instructions, messages), as `CacheCheck` compares it."""
+        if self._prefix is None:
+            instructions, messages, tools = self._compute()
+            usage = self.usage
+            self._prefix = Prefix(
+                [(t.name, t.digest, t.tokens) for t in tools],
+                [(i.source_id, digest(i.text), i.tokens) for i in instructions],
+                [Segment(1, m.message_id, m.message_id, m.tokens) for m in messages],
+                usage.cache_read_tokens + usage.cache_write_tokens if usage is not None else 0,
+                [(d.strategy, d.action, frozenset(d.message_ids)) for d in self.compaction
+                 if d.action != "over_budget"])
+        return self._prefix
 
     @property
     def provider_timings(self) -> tuple[ProviderTiming, ...]:
@@ -328,8 +371,8 @@ class PromptTrace:
             source = m.source or _UNTAGGED
             messages.append(TracedMessage(i, m.id, m.role, source.kind, source.source_id, scale(counter.raw_message(m)),
                                           preview(m)))
-        tools = [TracedTool(spec.name, self._tool_sources.get(spec.name, "agent"), scale(counter.tools([spec])))
-                 for spec in request.tools]
+        tools = [TracedTool(spec.name, self._tool_sources.get(spec.name, "agent"), scale(counter.tools([spec])),
+                            tool_digest(spec.name, spec.description, spec.parameters)) for spec in request.tools]
         self._detail = (instructions, messages, tools)
         return self._detail
 
@@ -397,6 +440,8 @@ class PromptTrace:
         lines.extend(_middleware_lines(self.tool_calls))
         for t in self.provider_timings:
             lines.append(f"  provider {t.source_id}.{t.hook}: {t.seconds * 1000:.2f} ms")
+        if self.cache is not None:
+            lines.append(f"  prompt cache: {self.cache.text()}")
         lines.append(f"  history: {self.history or 'none'}")
         return "\n".join(lines)
 
@@ -436,6 +481,7 @@ class PromptTrace:
             "tool_calls": [asdict(c) for c in self.tool_calls],
             "provider_timings": [asdict(t) for t in self.provider_timings],
             "history": self.history,
+            "cache": _cache_dict(self.cache),
         }
 
     def to_json(self, **kwargs: Any) -> str:

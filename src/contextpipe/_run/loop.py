@@ -39,6 +39,7 @@ from ..models.base import CallModel, ChatModel, ModelRequest, ModelResponse, Rea
 from ..pipeline import MessageView, Segment
 from ..trace import ContextChange, PromptTrace
 from .approvals import ApprovalGate
+from .cache_watch import previous_prefix, watch_cache
 from .calls import CallContexts, deferrable, invoke_tool, returned, stopped_with_run
 from .inbox import Inbox
 from .invariants import check_messages
@@ -400,10 +401,13 @@ class StepLoop:
     def _trace(self, step: int, sent: ModelRequest, response: ModelResponse, latency: float, ratio: float) -> None:
         ctx = self.ctx
         journal = ctx.journal
-        journal.traces.append(PromptTrace(
+        trace = PromptTrace(
             step, self.model.name, response.usage, latency, response.finish_reason, journal.take_compaction(),
             journal.take_changes(), _request=sent, _instruction_sources=ctx.instruction_sources,
-            _tool_sources=self._tool_sources, _counter=ctx.tokens, _ratio=ratio, _journal=journal))
+            _tool_sources=self._tool_sources, _counter=ctx.tokens, _ratio=ratio, _journal=journal,
+            _previous=previous_prefix(ctx))
+        journal.traces.append(trace)
+        watch_cache(ctx, trace)
 
     async def _call_model(self, request: ModelRequest) -> AsyncIterator[TextDelta | ReasoningDelta | ModelResponse]:
         """Send `request` through the chain, streaming; yield the deltas as they arrive, then the response."""
