@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ..agent import Agent
     from ..session import Session, SessionKey
     from ..stores import MessagePage, SessionStore
-    from ._app import ServeSettings
     from ._runs import RunManager
 
 __all__ = ["fork_session", "list_queue", "log_entries", "queue_input", "rewind_session"]
@@ -47,12 +46,19 @@ NEXT_WAIT: Final = 3600.0
 _HINT: Final = "GET /v1/sessions/{id}/messages?view=true lists the sequences of the view"
 
 
+class _Settings(Protocol):
+    @property
+    def max_wait(self) -> float: ...
+
+
 class _Api(Protocol):
     """What the routes need of the API (`serve._app._Api`)."""
 
     agent: Agent | None
     store: SessionStore
-    settings: ServeSettings
+
+    @property
+    def settings(self) -> _Settings: ...
 
     def _writable(self) -> RunManager: ...
 

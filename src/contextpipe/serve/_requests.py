@@ -221,10 +221,19 @@ class RunRequest(_Body):
         return self
 
 
+def _whole(value: Any) -> Any:
+    """Read a whole float (``4.0``) as the integer it is: JSON Schema counts it an integer, and so does the API."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+Seq = Annotated[int, pydantic.BeforeValidator(_whole)]
+"""A sequence of a session's log."""
+
+
 class RewindRequest(_Body):
     """The body of ``POST /v1/sessions/{session_id}/rewind``."""
 
-    to: int = Field(ge=0, le=2**62, description="The last sequence to keep in the session's view (0: leave it all "
+    to: Seq = Field(ge=0, le=2**62, description="The last sequence to keep in the session's view (0: leave it all "
                     "out); a point inside a tool exchange moves back to before it.")
     wait: float = Field(0.0, ge=0, description="Seconds to wait for a busy session instead of getting 409 "
                                                "(at most the server's max_wait).")
@@ -233,7 +242,7 @@ class RewindRequest(_Body):
 class ForkRequest(_Body):
     """The body of ``POST /v1/sessions/{session_id}/fork``."""
 
-    at: int = Field(ge=0, le=2**62, description="The last sequence of the session's view the fork starts with "
+    at: Seq = Field(ge=0, le=2**62, description="The last sequence of the session's view the fork starts with "
                     "(moved back to before a tool exchange it falls in).")
     new_id: Annotated[str, Field(pattern=SESSION_ID)] | None = Field(
         None, description="The new session's id, of no existing session (none makes a random one): "
