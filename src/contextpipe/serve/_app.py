@@ -32,7 +32,6 @@ from starlette.types import Receive, Scope, Send
 
 from .. import Agent, RunResult, __version__
 from ..approvals import Decision
-from ..codec import message_to_dict
 from ..errors import (
     ApprovalError,
     CodecError,
@@ -47,11 +46,13 @@ from ..errors import (
     UsageError,
 )
 from ..messages import Message
+from ..queue import When
 from ..session import Session, validate_session_id
 from ..stores import MessagePage, SessionStore
 from ._agui import check_state_key
 from ._agui_route import agui
 from ._approvals import decide_approvals, list_approvals
+from ._conversation import fork_session, list_queue, log_entries, queue_input, rewind_session
 from ._drain import drain, drain_on_signals
 from ._facts import session_facts
 from ._json import HTTPError, dumps, json_response, read_json
@@ -324,9 +325,12 @@ class _Api:
         before = query_int(request, "before", None, 0, 2**62)
         after = query_int(request, "after", None, -1, 2**62)
         assert limit is not None
+        view = {None: False, "false": False, "true": True}.get(request.query_params.get("view"))
+        if view is None:
+            raise HTTPError(400, "BadRequest", "view must be true (the view only: no rewound messages) or false")
         page, next_after = await self._page(tenant, session.id, limit, before, after)
         return json_response({
-            "messages": [{"seq": seq, **message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)],
+            "messages": await log_entries(self.store, session, page, view=view),
             "first_seq": page.first_seq, "has_more": page.has_more,
             "next_before": page.first_seq if page.has_more else None, "next_after": next_after,
         }, items=("messages",))
@@ -368,23 +372,30 @@ class _Api:
             raise HTTPError(409, "NothingToRun", "input is null (resume the session), but the session has no "
                             "messages to resume from: send input (text or user messages)")
         return await self.start_run(request, runs, session, input, approvals, wait=body.wait, stream=body.stream,
-                                    traces=body.traces)
+                                    traces=body.traces, queue=body.queue)
 
     async def start_run(self, request: Request, runs: RunManager, session: Session,
                         input: str | Sequence[Message] | None, approvals: Mapping[str, Decision] | None, *,
-                        wait: float, stream: bool, traces: bool) -> Response:
-        """Run on `session` and answer with the result, or stream its events (`stream`, or ``Accept`` asks)."""
+                        wait: float, stream: bool, traces: bool, queue: When | None = None) -> Response:
+        """Run on `session` and answer with the result, or stream its events (`stream`, or ``Accept`` asks).
+
+        With `queue`, input the busy session refuses is queued instead (`queue_input`: 202).
+        """
         wait = min(wait, self.settings.max_wait)
         streaming = stream or "text/event-stream" in request.headers.get("accept", "")
-        if not streaming:
-            return await self._await_run(request, runs, runs.start(session, input, lease_wait=wait, stream=False,
-                                                                   traces=traces, approvals=approvals))
+        run = runs.start(session, input, lease_wait=wait, stream=streaming, traces=traces, approvals=approvals)
+        if not streaming and queue is None:
+            return await self._await_run(request, runs, run)
         # The status line goes out once the run is admitted (it holds the session's lease, its input and
         # decisions accepted): what refuses it is answered as the route's JSON error, not an event after a 200.
-        run = runs.start(session, input, lease_wait=wait, stream=True, traces=traces, approvals=approvals)
-        refused = await self.admit(request, runs, run)
+        refused = await self.admit(request, runs, run)  # (a run not streamed is admitted when it ends)
         if refused is not None:
+            if queue is not None and input is not None and isinstance(run.error, SessionBusy):
+                return await queue_input(self, runs, session, input, queue)
             return refused
+        if not streaming:
+            assert run.result is not None
+            return json_response(result_to_json(run.result, traces=run.traces), items=("input", "messages", "traces"))
         return StreamingResponse(_sse(runs, run), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Run-Id": run.id})
 
@@ -444,6 +455,9 @@ _ROUTES: list[tuple[tuple[str | None, ...], dict[str, Handler]]] = [
     (("sessions", None, "traces"), {"GET": _Api.traces}),
     (("sessions", None, "facts"), {"GET": session_facts}),
     (("sessions", None, "runs"), {"POST": _Api.run}),
+    (("sessions", None, "queue"), {"GET": list_queue}),
+    (("sessions", None, "rewind"), {"POST": rewind_session}),
+    (("sessions", None, "fork"), {"POST": fork_session}),
     (("sessions", None, "approvals"), {"GET": list_approvals, "POST": decide_approvals}),
     (("sessions", None, "cancel"), {"POST": cancel_run}),
     (("sessions", None, "export"), {"GET": export_session}),

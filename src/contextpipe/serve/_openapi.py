@@ -34,7 +34,8 @@ _ERRORS = {
          "is not awaiting approval, it was answered already, or the digest is of other arguments; or input came "
          "while calls await a decision), the session belongs to another user than the one named "
          "(`UserMismatch`), a create names a session that is not this key's user's (`Conflict`), or a cancel request "
-         "stopped the run (`Cancelled`, with `reason` `request`).",
+         "stopped the run (`Cancelled`, with `reason` `request`), or a rewind or fork names a sequence the log cannot "
+         "take: past its end, or rewound already (`BadSequence`).",
     410: "The session was deleted, or expired, while the run ran or waited for it.",
     413: "The request body is too large.",
     502: "The model failed.",
@@ -66,7 +67,7 @@ def _responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
 
 
 _RUN_EVENTS = ("text_delta", "reasoning_delta", "tool_call_started", "tool_call_finished", "step_persisted",
-               "approval_required", "done", "error")
+               "message_delivered", "approval_required", "done", "error")
 
 
 def _event(names: tuple[str, ...]) -> dict[str, Any]:
@@ -83,7 +84,8 @@ def _links(*operations: str) -> dict[str, Any]:
 
 def _paths() -> dict[str, Any]:
     session_links = _links("getSession", "listMessages", "listTraces", "listFacts", "listApprovals",
-                           "decideApprovals", "run", "cancelRun", "exportSession", "deleteSession")
+                           "decideApprovals", "run", "cancelRun", "exportSession", "listQueue", "rewindSession",
+                           "forkSession", "deleteSession")
     run_responses = _responses({"200": {
         "description": "The result, or the event stream.",
         "content": {**_json("RunResult"), "text/event-stream": {"schema": _event(_RUN_EVENTS)}}}},
@@ -126,7 +128,11 @@ def _paths() -> dict[str, Any]:
                                    _int("before", "Only messages with a sequence below this (`next_before`).",
                                         0, 2**62),
                                    _int("after", "Only messages with a sequence above this, paging forward "
-                                        "(`next_after`: to follow a session).", -1, 2**62)],
+                                        "(`next_after`: to follow a session).", -1, 2**62),
+                                   {"name": "view", "in": "query", "required": False,
+                                    "schema": {"type": "boolean", "default": False},
+                                    "description": "Only the session's view: no rewound messages, no rewind markers "
+                                                   "(a page may then hold fewer than `limit`)."}],
                     "responses": _responses({"200": {"description": "A page.", "content": _json("MessagePage")}},
                                             400, 404)},
         },
@@ -151,7 +157,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "Run the agent on the session",
                 "description": "Returns the result; with `\"stream\": true` or `Accept: text/event-stream`, streams "
                                "server-sent events instead: `text_delta`, `reasoning_delta`, `tool_call_started`, "
-                               "`tool_call_finished`, `step_persisted`, `approval_required` (the calls awaiting a "
+                               "`tool_call_finished`, `step_persisted`, `message_delivered` (a queued message "
+                               "joined the run), `approval_required` (the calls awaiting a "
                                "decision, when the run stops for them), then `done` (the result) or `error`. "
                                "A request whose input message id was answered in the session before (a retry) "
                                "gets that answer back, marked `replayed`, without running again.",
@@ -160,8 +167,11 @@ def _paths() -> dict[str, Any]:
                                 "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY},
                                 "description": "Names the run's input (its last message) in this session: a retry "
                                                "with the same key and input returns the first result."}],
-                "responses": run_responses},
+                "responses": {**run_responses, "202": {
+                    "description": "With `queue`, the session was busy: the input is queued (the queued message).",
+                    "content": _json("QueuedMessage")}}},
         },
+        **_conversation_paths(),
         "/v1/sessions/{session_id}/approvals": {
             "parameters": [_ID],
             "get": {"summary": "The tool calls awaiting a person's decision at the end of the session's log",
@@ -189,6 +199,30 @@ def _paths() -> dict[str, Any]:
                      "responses": _responses({"200": {"description": "AG-UI events.", "content": {
                          "text/event-stream": {"schema": _event(("message",))}}}}, 400, 404, 409, 410, 413)},
         },
+    }
+
+
+def _conversation_paths() -> dict[str, Any]:
+    """Describe ``.../queue``, ``.../rewind`` and ``.../fork`` (`serve._conversation`)."""
+    def post(summary: str, operation: str, body: str, ok: dict[str, Any]) -> dict[str, Any]:
+        return {"parameters": [_ID], "post": {"summary": summary, "operationId": operation,
+                                             "requestBody": {"required": True, "content": _json(body)},
+                                             "responses": _responses(ok, 400, 403, 404, 409, 410, 413)}}
+
+    return {
+        "/v1/sessions/{session_id}/queue": {
+            "parameters": [_ID],
+            "get": {"summary": "The messages queued for the session and not delivered yet, oldest first",
+                    "operationId": "listQueue",
+                    "responses": _responses({"200": {"description": "The queued messages (none: an empty list).",
+                                                     "content": _json("QueueList")}}, 400, 404)}},
+        "/v1/sessions/{session_id}/rewind": post(
+            "Leave the view's messages after a sequence out (they stay stored, marked rewound)", "rewindSession",
+            "RewindRequest", {"200": {"description": "Rewound: `to` is the point kept (moved back to before a tool "
+                                      "exchange it fell in).", "content": _json("Rewound")}}),
+        "/v1/sessions/{session_id}/fork": post(
+            "Start a new session with this one's view up to a sequence", "forkSession", "ForkRequest",
+            {"201": {"description": "The new session.", "content": _json("Session")}}),
     }
 
 
@@ -308,6 +342,32 @@ def _message(extra: dict[str, Any] | None = None) -> dict[str, Any]:
             "properties": properties}
 
 
+def _logged() -> dict[str, Any]:
+    """Describe a message of ``.../messages``: with its sequence, and marked when a rewind left it out."""
+    schema = _message({"seq": {"type": "integer"}})
+    schema["properties"] |= {
+        "rewound": {"const": True, "description": "Present on a message a rewind left out of the view (and on "
+                                                  "the rewind marker itself)."},
+        "rewind_to": {"type": "integer", "description": "Present on a rewind marker: the last sequence it kept."}}
+    return schema
+
+
+def _queue_schemas() -> dict[str, Any]:
+    queued = {"type": "object", "required": ["id", "when", "text", "created_at", "message"], "properties": {
+        "id": {"type": "string", "description": "The message's id, which it keeps in the log once delivered."},
+        "when": {"enum": ["asap", "next"]}, "text": {"type": "string"},
+        "created_at": {"type": ["number", "null"], "description": "When the message was written: the server's "
+                       "clock when it was queued, unless the client sent `created_at`."},
+        "message": _ref("Message"), "session_id": {"type": "string"}, "repaired": _ref("Repaired")}}
+    return {
+        "QueuedMessage": queued,
+        "QueueList": {"type": "object", "required": ["queued"], "properties": {
+            "queued": {"type": "array", "items": queued}, "repaired": _ref("Repaired")}},
+        "Rewound": {"type": "object", "required": ["session_id", "to"], "properties": {
+            "session_id": {"type": "string"}, "to": {"type": "integer"}}},
+    }
+
+
 def _fact() -> dict[str, Any]:
     """Describe a version of a fact as the server returns it (`contextpipe.providers.Fact.to_dict`)."""
     number, text, ids = {"type": ["number", "null"]}, {"type": ["string", "null"]}, {"type": "array", "items": {
@@ -369,7 +429,7 @@ def _response_schemas() -> dict[str, Any]:
             "sessions": {"type": "array", "items": listed}, "next_cursor": {"type": ["string", "null"]}}},
         "MessagePage": {"type": "object", "required": ["messages", "first_seq", "has_more", "next_before",
                                                        "next_after"],
-                        "properties": {"messages": {"type": "array", "items": _message({"seq": {"type": "integer"}})},
+                        "properties": {"messages": {"type": "array", "items": _logged()},
                                        "first_seq": {"type": "integer"}, "has_more": {"type": "boolean"},
                                        "next_before": {"type": ["integer", "null"]},
                                        "next_after": {"type": ["integer", "null"]}}},
@@ -420,7 +480,7 @@ def openapi_schema(*, read_only: bool = False, model: str | None = None) -> dict
     value the ``model`` field of their requests takes.
     """
     paths = _paths()
-    schemas = _response_schemas() | _openai_schemas()
+    schemas = _response_schemas() | _openai_schemas() | _queue_schemas()
     if read_only:
         for item in paths.values():
             for method in ("post", "delete"):

@@ -25,8 +25,9 @@ from ..stores._checks import decode_cursor, encode_cursor
 from ._json import HTTPError, where
 from ._keys import USER_ID
 
-__all__ = ["ApprovalsRequest", "CreateSession", "RunRequest", "decisions", "http_cursor", "input_messages", "invalid",
-           "idempotent_id", "name_input", "query_int", "request_schemas", "store_cursor", "validate"]
+__all__ = ["ApprovalsRequest", "CreateSession", "ForkRequest", "RewindRequest", "RunRequest", "decisions",
+           "http_cursor", "input_messages", "invalid", "idempotent_id", "name_input", "query_int", "request_schemas",
+           "store_cursor", "validate"]
 
 SESSION_ID: Final = r"^[A-Za-z0-9][A-Za-z0-9._:@/=+-]{0,199}$"
 """A session id, as the stores check it (`contextpipe.session.validate_session_id`)."""
@@ -167,9 +168,13 @@ class RunRequest(_Body):
     """The body of ``POST /v1/sessions/{session_id}/runs``."""
 
     # message_id names text input only: a message of a list has its own id, and a resume has none.
-    model_config = pydantic.ConfigDict(json_schema_extra={
-        "if": {"properties": {"input": {"type": "string"}}},
-        "else": {"properties": {"message_id": {"type": "null"}}}})
+    # A queued run takes one user message (text, or a list of one) and no decisions (`_queued_input`).
+    model_config = pydantic.ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"properties": {"input": {"type": "string"}}},
+         "else": {"properties": {"message_id": {"type": "null"}}}},
+        {"if": {"required": ["queue"], "properties": {"queue": {"type": "string"}}},
+         "then": {"properties": {"input": {"type": ["string", "array"], "maxItems": 1},
+                                 "approvals": {"type": "null"}}}}]})
 
     input: Annotated[
         Annotated[Annotated[str, Field(pattern=NOT_BLANK)], Tag("text")]
@@ -190,7 +195,11 @@ class RunRequest(_Body):
         None, description="Decisions on calls awaiting approval, by call id, as for `/approvals`: they are answered "
                           "before the input.")
     user_id: Annotated[str, Field(pattern=USER_ID)] | None = Field(None, description=USER_FIELD)
-
+    queue: Literal["asap", "next"] | None = Field(
+        None, description="When the session is busy, queue the input instead of answering 409: `asap` (the run "
+                          "holding the session gets it before its next model call) or `next` (a run of its own once "
+                          "that run ends); answered 202 with the queued message's id. On an idle session the input "
+                          "runs at once, as without `queue`.")
 
     @pydantic.model_validator(mode="after")
     def _message_id_names_text(self) -> RunRequest:
@@ -200,11 +209,50 @@ class RunRequest(_Body):
             raise ValueError(f"message_id names text input, and input {what}")
         return self
 
+    @pydantic.model_validator(mode="after")
+    def _queued_input(self) -> RunRequest:
+        if self.queue is None:
+            return self
+        if self.input is None or (isinstance(self.input, list) and len(self.input) != 1):
+            raise ValueError("queue takes one user message: send input as text or a list of one message "
+                             "(queue each message of a longer list in a request of its own)")
+        if self.approvals is not None:
+            raise ValueError("decisions cannot be queued: send approvals without queue (POST .../approvals)")
+        return self
+
+
+def _whole(value: Any) -> Any:
+    """Read a whole float (``4.0``) as the integer it is: JSON Schema counts it an integer, and so does the API."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+Seq = Annotated[int, pydantic.BeforeValidator(_whole)]
+"""A sequence of a session's log."""
+
+
+class RewindRequest(_Body):
+    """The body of ``POST /v1/sessions/{session_id}/rewind``."""
+
+    to: Seq = Field(ge=0, le=2**62, description="The last sequence to keep in the session's view (0: leave it all "
+                    "out); a point inside a tool exchange moves back to before it.")
+    wait: float = Field(0.0, ge=0, description="Seconds to wait for a busy session instead of getting 409 "
+                                               "(at most the server's max_wait).")
+
+
+class ForkRequest(_Body):
+    """The body of ``POST /v1/sessions/{session_id}/fork``."""
+
+    at: Seq = Field(ge=0, le=2**62, description="The last sequence of the session's view the fork starts with "
+                    "(moved back to before a tool exchange it falls in).")
+    new_id: Annotated[str, Field(pattern=SESSION_ID)] | None = Field(
+        None, description="The new session's id, of no existing session (none makes a random one): "
+                          + RULES[SESSION_ID])
+
 
 def request_schemas() -> dict[str, Any]:
     """Return the JSON Schemas of the request bodies, for ``components.schemas`` of the OpenAPI document."""
     out: dict[str, Any] = {}
-    for model in (CreateSession, RunRequest, ApprovalsRequest):
+    for model in (CreateSession, RunRequest, ApprovalsRequest, RewindRequest, ForkRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(schema.pop("$defs", {}))
         out[model.__name__] = schema

@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -77,6 +77,8 @@ def event_to_json(event: Any, *, traces: bool = False) -> tuple[str, dict[str, A
     if kind == "step_persisted":
         messages: Sequence[Message] = event.messages
         return kind, {"step": event.step, "messages": [message_to_dict(m) for m in messages]}
+    if kind == "message_delivered":
+        return kind, {"step": event.step, "message": message_to_dict(event.message)}
     if kind == "approval_required":
         return kind, {"pending_approvals": [pending_to_json(p) for p in event.pending]}
     if kind == "run_done":
@@ -190,6 +192,8 @@ class RunManager:
         self.agent = agent
         self.on_disconnect: OnDisconnect = on_disconnect
         self.runs: set[LiveRun] = set()
+        self.background: set[asyncio.Task[Any]] = set()
+        """Work for no client (the runs of queued ``next`` messages): drained at shutdown as runs are."""
         self.draining = False
         self.deadline: float | None = None
 
@@ -198,6 +202,13 @@ class RunManager:
         if not self.draining:
             self.draining = True
             self.deadline = time.monotonic() + timeout
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `work` in a task of its own, tracked like a run: `drain` waits for it, then cancels it."""
+        task = asyncio.create_task(work, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
 
     def start(self, session: Session, input: str | Sequence[Message] | None, *, lease_wait: float,
               stream: bool, traces: bool = False, approvals: Mapping[str, Decision] | None = None,
@@ -296,6 +307,7 @@ class RunManager:
         if self.deadline is None:
             self.begin_drain(grace or 0.0)
         tasks = [r.task for r in self.runs if r.task is not None and not r.task.done()]
+        tasks += [t for t in self.background if not t.done()]
         if not tasks:
             return 0
         assert self.deadline is not None
