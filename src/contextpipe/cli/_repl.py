@@ -28,7 +28,8 @@ from ..messages import Message, Source
 from ..models.base import TextDelta
 from ..session import Session, set_user_id, user_id
 from ._lines import LineReader, trimmed
-from ._shared import CONTROL_CHARACTERS, error_text, message_line, shown
+from ._shared import CONTROL_CHARACTERS, error_text, shown
+from ._undo import NothingToDo, fork_here, history_lines, undo, unreply
 
 __all__ = ["COMMANDS", "ChatRepl", "WaitNotice", "WordWrap"]
 
@@ -37,7 +38,10 @@ T = TypeVar("T")
 COMMANDS: dict[str, str] = {
     "/help": "list these commands",
     "/session": "the session's id, size and where it is stored",
-    "/history [N]": "the session's last N messages (default 10)",
+    "/history [N]": "the session's last N messages (default 10), and where rewound ones are left out",
+    "/undo": "take back your last message and its answer (type it again, or something else)",
+    "/retry": "answer your last message again",
+    "/fork [ID]": "copy the session into a new one (default <id>-fork-<n>) and go on in that",
     "/inspect [N]": "where the tokens of the Nth stored model call came from (default: the last)",
     "/paste": "send the lines that follow as one message, up to a line holding only '.' (or Ctrl-D)",
     "/exit": "leave (also /quit, Ctrl-D or Ctrl-C)",
@@ -236,8 +240,9 @@ class ChatRepl:
 
     # --- a turn ------------------------------------------------------------------------------------
 
-    def _turn(self, text: str) -> None:
-        message = Message.user(text)
+    def _turn(self, text: str | None) -> None:
+        """Send `text` (None: answer the session's view as it is, for /retry) and stream the answer."""
+        message = Message.user(text) if text is not None else None
         self.out.print("[bold]assistant>[/bold] ", end="")
         stream = self.out.file
         width = self.out.width if self.out.is_terminal else None
@@ -261,7 +266,8 @@ class ChatRepl:
             wrap.finish()
             self.out.print()
             self.unanswered += 1
-            self._report_kept(message)
+            if message is not None:
+                self._report_kept(message)
             return
         except ContextPipeError as exc:
             wrap.finish()
@@ -272,16 +278,18 @@ class ChatRepl:
         except Exception:  # a bug: keep the message, then let the traceback show
             wrap.finish()
             self.out.print()
-            self._keep_input(message, "the run crashed")
+            if message is not None:
+                self._keep_input(message, "the run crashed")
             raise
-        self._keep_input(message, problem)
+        if message is not None:
+            self._keep_input(message, problem)
 
     def _wait_notice(self) -> WaitNotice:
         if _moves_cursor(self.out):
             return WaitNotice(self.out, self.wait_notice_after)
         return WaitNotice(self.err if _moves_cursor(self.err) else None, self.wait_notice_after, inline=False)
 
-    def _hold(self, text: str, wrap: WordWrap) -> None:
+    def _hold(self, text: str | None, wrap: WordWrap) -> None:
         """Have the calls the session's earlier run left waiting decided, then send `text` (held back until then).
 
         A run that fails or is interrupted meanwhile leaves the message unsent: it is not kept in the
@@ -427,14 +435,33 @@ class ChatRepl:
                 self._call(self._inspect(self._number(argument, None)))
             elif name == "/paste":
                 self._paste()
+            elif name in ("/undo", "/retry", "/fork"):
+                self._undo_command(name, argument)
             else:
                 self.err.print(f"unknown command {escape(name)}; /help lists the commands (start a line with // "
                                "to send it to the model as it is)")
         except KeyboardInterrupt:
             self.out.print()
+        except NothingToDo as exc:
+            self.err.print(f"[yellow]{escape(str(exc))}[/yellow]")
         except ContextPipeError as exc:
             self.err.print(f"[red]error:[/red] {shown(error_text(exc))}")
         return True
+
+    def _undo_command(self, name: str, argument: str) -> None:
+        """/undo, /retry or /fork [ID] (`_undo`): act on the session's view; go on in the session they leave."""
+        before = self.session.id
+        if name == "/undo":
+            self.session, text = self._call(undo(self.agent, self.session))
+            self.out.print(f"[dim]undone: your message {shown(repr(text))} and what followed it (kept in the log, "
+                           "left out of the view); type it again or anything else[/dim]")
+        elif name == "/retry":
+            self.session = self._call(unreply(self.agent, self.session))
+            self._turn(None)
+        else:
+            self.session, at = self._call(fork_here(self.agent, self.session, argument or None))
+            self.out.print(f"forked {shown(repr(before))} at message {at} into {shown(repr(self.session.id))}; "
+                           f"now chatting in {shown(repr(self.session.id))} ({shown(repr(before))} stays as it was)")
 
     def _paste(self) -> None:
         """Send the lines up to one holding only '.' (or Ctrl-D) as one message; Ctrl-C cancels."""
@@ -471,11 +498,8 @@ class ChatRepl:
         self.out.print(f"model {escape(self.agent.model.name)}; context: {escape(providers)}")
 
     async def _show_history(self, last: int | None) -> None:
-        page = await self.agent.store.load(self.session.tenant, self.session.id, limit=last)
-        if not page.messages:
-            self.out.print("[dim]no messages yet[/dim]")
-        for seq, m in enumerate(page.messages, page.first_seq):
-            self.out.print(message_line(seq, m))
+        for line in await history_lines(self.agent, self.session, last or 10):
+            self.out.print(line)
 
     async def _inspect(self, number: int | None) -> None:
         traces = await self.agent.store.load_traces(self.session.tenant, self.session.id)
