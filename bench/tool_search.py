@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What tool definitions cost per request with 300 MCP tools, with and without `ToolSearch`.
 
-A real MCP server (``tests/fixtures/mcp_many_tools.py``, 300 tools of 20 services) is started over
+A real MCP server (``fixtures/mcp/many_tools.py``, 300 tools of 20 services) is started over
 stdio and its tools are offered to an agent whose scripted model (named ``gpt-4o``, so the run's
 token counter counts exactly with ``o200k_base``) files a GitHub issue:
 
@@ -31,7 +31,7 @@ from contextpipe.models import ModelRequest
 from contextpipe.providers import McpTools, StdioServer, ToolSearch
 from contextpipe.testing import ScriptedModel, Turn, tool_call
 
-SERVER = str(h.ROOT / "tests" / "fixtures" / "mcp_many_tools.py")
+SERVER = str(h.ROOT / "fixtures" / "mcp" / "many_tools.py")
 CASE = "300 MCP tools"
 TASK = "File a bug in GitHub: the login page is broken."
 

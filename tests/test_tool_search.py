@@ -17,10 +17,10 @@ from contextpipe.providers import History, McpTools, StdioServer, ToolSearch
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import FakeOpenAIServer, FakeReply, ScriptedModel, Turn, tool_call
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from mcp_many_tools import TOOLS
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "mcp"))
+from many_tools import TOOLS
 
-SERVER = str(Path(__file__).parent / "fixtures" / "mcp_many_tools.py")
+SERVER = str(Path(__file__).resolve().parent.parent / "fixtures" / "mcp" / "many_tools.py")
 
 
 def _tool(name: str, description: str) -> Tool:
