@@ -16,9 +16,7 @@ from contextpipe.models import ModelRequest, OpenAIChatModel
 from contextpipe.providers import History, McpTools, StdioServer, ToolSearch
 from contextpipe.stores import SQLiteStore
 from contextpipe.testing import FakeOpenAIServer, FakeReply, ScriptedModel, Turn, tool_call
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "mcp"))
-from many_tools import TOOLS
+from many_tools import TOOLS  # (fixtures/mcp, on the tests' path: pyproject.toml)
 
 SERVER = str(Path(__file__).resolve().parent.parent / "fixtures" / "mcp" / "many_tools.py")
 
