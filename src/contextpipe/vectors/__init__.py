@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         SentenceTransformerEmbedder,
     )
     from .ingest import Chunk, chunk_markdown, chunk_text, ingest_folder
+    from ._recall import IndexStats
     from .memory import MemoryVectorStore
     from .pgvector import PgVectorStore
     from .sqlite import SQLiteVectorStore
@@ -40,6 +41,7 @@ __all__ = [
     "E5SmallEmbedder",
     "Embedder",
     "HashEmbedder",
+    "IndexStats",
     "LocalEmbedder",
     "MPNetEmbedder",
     "MemoryVectorStore",
@@ -62,7 +64,7 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
     "MPNetEmbedder": ".embedders", "OpenAIEmbedder": ".embedders", "SentenceTransformerEmbedder": ".embedders",
-    "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
+    "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite", "IndexStats": "._recall",
     "PgVectorStore": ".pgvector", "embedder_for": ".choice",
     "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})
 
