@@ -21,6 +21,7 @@ from . import _cxx
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
+    from ._recall import IndexStats
     from .choice import embedder_for
     from .embedders import (
         E5SmallEmbedder,
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
         SentenceTransformerEmbedder,
     )
     from .ingest import Chunk, chunk_markdown, chunk_text, ingest_folder
-    from ._recall import IndexStats
     from .memory import MemoryVectorStore
     from .pgvector import PgVectorStore
     from .sqlite import SQLiteVectorStore
