@@ -12,8 +12,9 @@ of it the graph walk found goes into a window of the last `SAMPLES` checks. When
 - at or above it, the same queries are tried at `SHRINK` times the depth as well: when that still
   holds the target, the depth shrinks.
 
-After a change the window starts again, checking every search until it is full (a few milliseconds
-of background work each, at 100,000 records); then one search in `CHECK_EVERY`. A collection that
+After a change the window starts again, checking every search until it is full (20 to 30 ms of
+background work each at 100,000 x 384, bench/results/vectors-tuning.json: a scan of the collection);
+then one search in `check_every(size)`, so a check costs about 1 % of the searches. A collection that
 grew or shrank by `REESTIMATE_SHARE` since its depth was chosen starts again from the default.
 
 `DepthTuner` holds this per collection; `IndexStats` is what ``SQLiteVectorStore.stats`` reports.
@@ -29,11 +30,14 @@ import numpy as np
 
 from ._hnsw import SCAN_BYTES, CollectionIndex, IndexSearch, approximate_top, exact_top, search_depth
 
-__all__ = ["TARGET_RECALL", "DepthTuner", "IndexStats", "Tuners", "nearest", "reference_top", "scan_records"]
+__all__ = ["TARGET_RECALL", "DepthTuner", "IndexStats", "Tuners", "check_every", "nearest", "reference_top",
+           "scan_records"]
 
 TARGET_RECALL = 0.98  # the share of the true top k a search should find, by default
 SAMPLES = 16  # checked queries per estimate: 160 of the true top 10 (a standard error near 0.01 at 0.98)
-CHECK_EVERY = 256  # once estimated, one unfiltered search in this many is checked again (about 1 % more work)
+CHECK_EVERY = 256  # once estimated, one unfiltered search in at least this many is checked again ...
+RECORDS_PER_CHECK = 20  # ... and one in size / 20: a check scans the collection (30 ms at 100,000 x 384, a
+#                         search 0.5 ms), so one in 5,000 searches there costs 1 % more work
 WAITING = 8  # queries held for checking at most (the oldest dropped: a sample, not data)
 GROW = 1.5  # depth times this when the estimate is below the target ...
 SHRINK = 0.75  # ... and times this when the queries checked still find the target there
@@ -68,12 +72,17 @@ class IndexStats:
     """Unfiltered searches of this collection by this store since it opened."""
 
 
+def check_every(size: int) -> int:
+    """Return how many unfiltered searches of a `size`-record collection go by between checks, once estimated."""
+    return max(CHECK_EVERY, size // RECORDS_PER_CHECK)
+
+
 def reference_top(c: CollectionIndex, q: np.ndarray[Any, Any], k: int, search: IndexSearch) -> list[int]:
     """Return the keys of the true top `k`: every 8-bit vector scanned, the best ``max(64, 8 k)`` re-scored.
 
     The 8-bit distances misrank only near neighbours by a little: the true top k is among their best
     8 k (a test holds this reference to `exact_top` over the float32 vectors). It costs one scan
-    (a few milliseconds at 100,000 x 384) where `exact_top` over the whole collection would copy
+    (20 to 30 ms at 100,000 x 384) where `exact_top` over the whole collection would copy
     every float32 vector first.
     """
     indexed = len(c.records) - len(c.pending)
@@ -140,7 +149,7 @@ class DepthTuner:
         elif not self._size:
             self._size = size
         self._since_check += 1
-        if len(self._found) >= SAMPLES and self._since_check < CHECK_EVERY:
+        if len(self._found) >= SAMPLES and self._since_check < check_every(size):
             return False
         self._since_check = 0
         self._waiting.append((q, k))
