@@ -77,7 +77,8 @@ def search_depth(size: int, k: int, scale: float = 1.0) -> tuple[int, int]:
     expansion = max(EXPANSION_SEARCH, min(EXPANSION_MAX, size // RECORDS_PER_EXPANSION), candidates)
     if scale == 1.0:
         return expansion, candidates
-    return max(k, round(expansion * scale)), max(k, round(candidates * scale))
+    deepest = 4 * EXPANSION_MAX  # (a deeper walk than this costs about what a scan does at 1,000,000)
+    return max(k, min(deepest, round(expansion * scale))), max(k, min(deepest, round(candidates * scale)))
 
 
 # --- asking usearch for keys: the public search, and the compiled shortcut ---------------------------

@@ -15,7 +15,7 @@ of it the graph walk found goes into a window of the last `SAMPLES` checks. When
 After a change the window starts again, checking every search until it is full (20 to 30 ms of
 background work each at 100,000 x 384, bench/results/vectors-tuning.json: a scan of the collection);
 then one search in `check_every(size)`, so a check costs about 1 % of the searches. A collection that
-grew or shrank by `REESTIMATE_SHARE` since its depth was chosen starts again from the default.
+grew or shrank by `REESTIMATE_SHARE` since its depth was chosen is estimated again, from that depth.
 
 `DepthTuner` holds this per collection; `IndexStats` is what ``SQLiteVectorStore.stats`` reports.
 """
@@ -23,6 +23,7 @@ grew or shrank by `REESTIMATE_SHARE` since its depth was chosen starts again fro
 from __future__ import annotations
 
 import collections
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,16 +34,20 @@ from ._hnsw import SCAN_BYTES, CollectionIndex, IndexSearch, approximate_top, ex
 __all__ = ["TARGET_RECALL", "DepthTuner", "IndexStats", "Tuners", "check_every", "nearest", "reference_top",
            "scan_records"]
 
+logger = logging.getLogger("contextpipe.vectors")
+
 TARGET_RECALL = 0.98  # the share of the true top k a search should find, by default
 SAMPLES = 16  # checked queries per estimate: 160 of the true top 10 (a standard error near 0.01 at 0.98)
 CHECK_EVERY = 256  # once estimated, one unfiltered search in at least this many is checked again ...
 RECORDS_PER_CHECK = 20  # ... and one in size / 20: a check scans the collection (30 ms at 100,000 x 384, a
 #                         search 0.5 ms), so one in 5,000 searches there costs 1 % more work
-WAITING = 8  # queries held for checking at most (the oldest dropped: a sample, not data)
+WAITING = 64  # queries held for checking at most (the oldest dropped: a sample, not data)
 GROW = 1.5  # depth times this when the estimate is below the target ...
 SHRINK = 0.75  # ... and times this when the queries checked still find the target there
 MAX_SCALE = 16.0  # the deepest walk: 16 times the default (at 100,000 records: expansion 800, 320 re-scored)
 MIN_SCALE = 0.25
+SHRINK_MARGIN = 0.015  # shrink only when the shallower walk finds this much more than the target: 16 checks of a
+#                        top 10 have a standard error near 0.01, so a walk just at the target must not flip-flop
 REESTIMATE_SHARE = 0.25  # a collection this much larger or smaller than when its depth was chosen starts again
 REFERENCE_CANDIDATES = 64  # the reference re-scores at least this many of the 8-bit scan's best (and 8 k)
 
@@ -145,7 +150,7 @@ class DepthTuner:
         if self.target is None or not walked:
             return False
         if self._size and abs(size - self._size) > REESTIMATE_SHARE * self._size:
-            self._restart(size, scale=1.0)
+            self._restart(size, self.scale, self.scan)  # (from the depth chosen: the data is likely as hard)
         elif not self._size:
             self._size = size
         self._since_check += 1
@@ -155,15 +160,24 @@ class DepthTuner:
         self._waiting.append((q, k))
         return True
 
+    @property
+    def waiting(self) -> int:
+        """Queries kept for a check and not checked yet."""
+        return len(self._waiting)
+
     def check(self, c: CollectionIndex, search: IndexSearch, scan_limit: int) -> None:
-        """Check the queries kept (on the worker thread, after their searches answered); move the depth when due."""
-        while self._waiting and self.target is not None:
+        """Check the oldest query kept (on the worker thread, after its search answered); move the depth when due.
+
+        One query per call: the store holds its one lock meanwhile (a scan of the collection), so a
+        search or an upsert waits for one check at most, never for a batch of them.
+        """
+        if self._waiting and self.target is not None:
             q, k = self._waiting.popleft()
             if len(c.records) <= max(k, scan_limit) or c.index is None or q.shape[0] != c.dim:
-                continue  # (scanned anyway, or changed since)
+                return  # (scanned anyway, or changed since)
             truth = set(reference_top(c, q, k, search))
             if not truth:
-                continue
+                return
             now = self._found_share(c, q, k, search, truth, self.scale, self.scan)
             # What a shallower walk finds (scanning: the walk at this depth), to know whether it would do.
             lower = self._found_share(c, q, k, search, truth,
@@ -188,7 +202,7 @@ class DepthTuner:
                 self._restart(size, self.scale)
         elif now < self.target:
             self._restart(size, min(MAX_SCALE, self.scale * GROW), scan=self.scale >= MAX_SCALE)
-        elif lower >= self.target and self.scale > MIN_SCALE:
+        elif lower >= self.target + SHRINK_MARGIN and self.scale > MIN_SCALE:
             self._restart(size, max(MIN_SCALE, self.scale * SHRINK))
 
     def _restart(self, size: int, scale: float, scan: bool = False) -> None:
@@ -216,6 +230,13 @@ class Tuners:
         self.target = target
         self._by_collection: dict[str, DepthTuner] = {}
 
+    def drain(self, collection: str, cached: CollectionIndex | None, search: IndexSearch,
+              scan_limit: int | None) -> None:
+        """Check every query `collection`'s tuner still holds (before `stats` answers)."""
+        tuner = self[collection]
+        while tuner.waiting:
+            self.check(collection, cached, search, scan_limit)
+
     def __getitem__(self, collection: str) -> DepthTuner:
         tuner = self._by_collection.get(collection)
         if tuner is None:
@@ -225,5 +246,12 @@ class Tuners:
     def check(self, collection: str, cached: CollectionIndex | None, search: IndexSearch,
               scan_limit: int | None) -> None:
         """Check the queries `collection`'s tuner kept against its index `cached` (if it is still held)."""
-        if cached is not None and cached.index is not None:
-            self[collection].check(cached, search, scan_records(cached, scan_limit))
+        tuner = self[collection]
+        if cached is None or cached.index is None:
+            tuner._waiting.clear()
+            return
+        try:
+            tuner.check(cached, search, scan_records(cached, scan_limit))
+        except Exception:  # a check must never fail silently, nor fail a search: stop checking, and say so
+            logger.exception("recall checks of vector collection %r failed: stopped, at the depth chosen", collection)
+            tuner.target = None

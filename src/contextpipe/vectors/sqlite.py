@@ -492,12 +492,15 @@ class SQLiteVectorStore(VectorStore):
     async def stats(self, collection: str) -> IndexStats:
         """Return how `collection` is searched and how much of the true top k its searches find.
 
-        The estimate comes from queries checked in the background since this store opened (every
-        check queued before this call is counted); it is ``None`` until one was checked. Example:
+        The estimate comes from queries checked in the background since this store opened (the
+        queries still waiting for their check are checked first); it is ``None`` until one was
+        checked, and again right after the depth changed. Each check scans the collection while
+        holding the store's lock (30 ms at 100,000 x 384): a search or upsert meanwhile waits for it. Example:
         docs/guides/memory.md, "How much of the true top k a search finds".
         """
         def op(conn: sqlite3.Connection) -> IndexStats:
             cached = self._indexes.sync(conn, collection)
+            self._tuners.drain(collection, cached, self._index_search, self.scan_limit)
             return self._tuners[collection].stats(cached, scan_records(cached, self.scan_limit))
 
         stats: IndexStats = await self._run(op)
