@@ -492,10 +492,9 @@ class SQLiteVectorStore(VectorStore):
     async def stats(self, collection: str) -> IndexStats:
         """Return how `collection` is searched and how much of the true top k its searches find.
 
-        The estimate comes from queries checked in the background since this store opened (the
-        queries still waiting for their check are checked first); it is ``None`` until one was
-        checked, and again right after the depth changed. Each check scans the collection while
-        holding the store's lock (30 ms at 100,000 x 384): a search or upsert meanwhile waits for it. Example:
+        The estimate comes from queries checked in the background since the store opened (those still
+        waiting are checked first); ``None`` until one was, and right after the depth changed. A check
+        scans the collection holding the store's lock (30 ms at 100,000 x 384): searches wait for it. Example:
         docs/guides/memory.md, "How much of the true top k a search finds".
         """
         def op(conn: sqlite3.Connection) -> IndexStats:
