@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -145,3 +147,37 @@ async def test_the_store_checks_itself_in_the_background_and_reports_it() -> Non
 def test_a_target_recall_out_of_range_is_refused(target: float) -> None:
     with pytest.raises(UsageError, match="target_recall"):
         SQLiteVectorStore(":memory:", target_recall=target)
+
+
+async def test_a_failing_check_stops_the_checks_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    matrix = _uniform(600 + 20, 16, seed=9)
+    store = SQLiteVectorStore(":memory:", scan_limit=0)
+    try:
+        await store.upsert("notes", [VectorRecord(f"r{i}", matrix[i].tolist(), f"t{i}") for i in range(600)])
+
+        def broken(*args: object) -> list[int]:
+            raise RuntimeError("a check that fails")
+
+        monkeypatch.setattr(_recall, "reference_top", broken)
+        searches = [store.vector_search("notes", q.tolist(), k=5) for q in matrix[600:]]
+        for hits in await asyncio.gather(*searches):  # (concurrent: checks wait while searches go on)
+            assert len(hits) == 5  # searches answer as ever
+        stats = await store.stats("notes")  # returns: nothing left waiting for a check that cannot run
+        assert stats.target_recall is None and stats.checked == 0 and stats.searches == 20
+        assert [r.name for r in caplog.records if "recall checks" in r.getMessage()] == ["contextpipe.vectors"]
+        assert (await store.vector_search("notes", matrix[0].tolist(), k=1))[0].id == "r0"
+    finally:
+        await store.close()
+
+
+def test_a_collection_has_one_check_job_queued_at_most() -> None:
+    tuners = _recall.Tuners(0.98)
+    assert tuners.schedule("notes") and not tuners.schedule("notes") and tuners.schedule("other")
+    c = _index(_uniform(300, 8, seed=2))
+    q = _uniform(2, 8, seed=3)
+    for row in q:
+        assert tuners["notes"].searched(row, 5, 300, walked=True)
+    assert tuners.check("notes", c, SEARCH, 0)  # one checked, one waits: the job goes on
+    assert not tuners.check("notes", c, SEARCH, 0) and tuners["notes"].stats(c, 0).checked == 2
+    assert tuners.schedule("notes")  # none queued any more

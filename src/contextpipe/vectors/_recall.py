@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,8 +32,8 @@ import numpy as np
 
 from ._hnsw import SCAN_BYTES, CollectionIndex, IndexSearch, approximate_top, exact_top, search_depth
 
-__all__ = ["TARGET_RECALL", "DepthTuner", "IndexStats", "Tuners", "check_every", "nearest", "reference_top",
-           "scan_records"]
+__all__ = ["TARGET_RECALL", "DepthTuner", "IndexStats", "Tuners", "check_every", "check_later", "nearest",
+           "reference_top", "scan_records"]
 
 logger = logging.getLogger("contextpipe.vectors")
 
@@ -198,11 +199,11 @@ class DepthTuner:
         now = sum(f for f, _ in self._found) / len(self._found)
         lower = sum(f for _, f in self._found) / len(self._found)
         if self.scan:
-            if lower >= self.target:  # the deepest walk holds the target now (the data changed): walk again
+            if lower >= min(1.0, self.target + SHRINK_MARGIN):  # the deepest walk holds it now (the data changed)
                 self._restart(size, self.scale)
         elif now < self.target:
             self._restart(size, min(MAX_SCALE, self.scale * GROW), scan=self.scale >= MAX_SCALE)
-        elif lower >= self.target + SHRINK_MARGIN and self.scale > MIN_SCALE:
+        elif lower >= min(1.0, self.target + SHRINK_MARGIN) and self.scale > MIN_SCALE:
             self._restart(size, max(MIN_SCALE, self.scale * SHRINK))
 
     def _restart(self, size: int, scale: float, scan: bool = False) -> None:
@@ -229,13 +230,20 @@ class Tuners:
         DepthTuner(target)  # (a target out of range is refused here, not at the first search)
         self.target = target
         self._by_collection: dict[str, DepthTuner] = {}
+        self._scheduled: set[str] = set()  # collections with a check job queued on the worker thread
+
+    def schedule(self, collection: str) -> bool:
+        """Return True when a check job must be queued for `collection` (at most one is, at any time)."""
+        if collection in self._scheduled:
+            return False
+        self._scheduled.add(collection)
+        return True
 
     def drain(self, collection: str, cached: CollectionIndex | None, search: IndexSearch,
               scan_limit: int | None) -> None:
         """Check every query `collection`'s tuner still holds (before `stats` answers)."""
-        tuner = self[collection]
-        while tuner.waiting:
-            self.check(collection, cached, search, scan_limit)
+        while self.check(collection, cached, search, scan_limit):
+            pass
 
     def __getitem__(self, collection: str) -> DepthTuner:
         tuner = self._by_collection.get(collection)
@@ -244,14 +252,37 @@ class Tuners:
         return tuner
 
     def check(self, collection: str, cached: CollectionIndex | None, search: IndexSearch,
-              scan_limit: int | None) -> None:
-        """Check the queries `collection`'s tuner kept against its index `cached` (if it is still held)."""
+              scan_limit: int | None) -> bool:
+        """Check the oldest query `collection`'s tuner kept against its index `cached` (if it is still held).
+
+        Return True when more wait (the job checking them queues itself again, so other work gets ahead
+        between checks); False once none does, and the collection can be scheduled again.
+        """
         tuner = self[collection]
-        if cached is None or cached.index is None:
+        if cached is None or cached.index is None or tuner.target is None:
             tuner._waiting.clear()
-            return
-        try:
-            tuner.check(cached, search, scan_records(cached, scan_limit))
-        except Exception:  # a check must never fail silently, nor fail a search: stop checking, and say so
-            logger.exception("recall checks of vector collection %r failed: stopped, at the depth chosen", collection)
-            tuner.target = None
+        else:
+            try:
+                tuner.check(cached, search, scan_records(cached, scan_limit))
+            except Exception:  # a check must never fail silently, nor fail a search: stop checking, and say so
+                logger.exception("recall checks of vector collection %r failed: stopped, at the depth chosen",
+                                 collection)
+                tuner.target = None
+                tuner._waiting.clear()
+        if tuner.waiting:
+            return True
+        self._scheduled.discard(collection)
+        return False
+
+
+def check_later(tuners: Tuners, collection: str, later: Callable[[Callable[[Any], None]], None],
+                held: Callable[[str], CollectionIndex | None], search: IndexSearch, scan_limit: int | None) -> None:
+    """Queue (`later`: on the store's worker thread) the job checking `collection`'s kept queries, one per turn.
+
+    `held` finds the collection's index when the job runs; the job queues itself again while queries wait.
+    """
+    def job(conn: Any) -> None:
+        if tuners.check(collection, held(collection), search, scan_limit):
+            later(job)
+
+    later(job)

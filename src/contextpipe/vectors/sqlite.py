@@ -69,7 +69,7 @@ from ._hnsw import (
     IndexSearch,
     WorkerThread,
 )
-from ._recall import TARGET_RECALL, IndexStats, Tuners, nearest, scan_records
+from ._recall import TARGET_RECALL, IndexStats, Tuners, check_later, nearest, scan_records
 from ._sql import json_where, statements
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, searched_terms
 
@@ -132,12 +132,11 @@ class SQLiteVectorStore(VectorStore):
     """Vectors in a SQLite file with an HNSW index (usearch) and FTS5 keyword search.
 
     Made by `SQLiteStore.vectors()` (same file as the sessions) or directly. `exact_limit`: a metadata
-    filter keeping at most this many records is searched exactly. `target_recall`: the share of the
-    true top k each collection holds its graph searches to, checking itself in the background
-    (``None``: no checks, the default depth; see `stats`). `scan_limit`: a collection of at most
-    this many records is searched by scanning all its (8-bit) vectors instead of walking the HNSW graph,
-    then re-scoring the best exactly (default: as many as 4 MB holds, 10,416 of 384 dimensions; 0 always
-    walks the graph). `index_dir` is where the HNSW indexes
+    filter keeping at most this many records is searched exactly. `target_recall`: the share of the true
+    top k each collection holds its walks to, checking itself in the background (``None``: no checks).
+    `scan_limit`: a collection of at most this many records is searched by scanning all its (8-bit)
+    vectors instead of walking the HNSW graph, then re-scoring the best exactly (default: as many as
+    4 MB holds, 10,416 of 384 dimensions; 0 always walks the graph). `index_dir` is where the HNSW indexes
     are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
     `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
     process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
@@ -466,11 +465,12 @@ class SQLiteVectorStore(VectorStore):
             if q.shape[0] != c.dim:
                 raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
             records, tuner = c.records, self._tuners[collection]
+            walked = len(records) > scan_records(c, self.scan_limit)
             found = nearest(c, q, k, subset, exact_limit=self.exact_limit, scan_limit=self.scan_limit,
                             search=self._index_search, scale=tuner.scale, scan=tuner.scan)
-            if subset is None and tuner.searched(q, k, len(records), len(records) > scan_records(c, self.scan_limit)):
-                self._queue_on_worker(lambda conn: self._tuners.check(
-                    collection, self._cache.get(collection), self._index_search, self.scan_limit))
+            if subset is None and tuner.searched(q, k, len(records), walked) and self._tuners.schedule(collection):
+                check_later(self._tuners, collection, self._queue_on_worker, self._cache.get, self._index_search,
+                            self.scan_limit)
             return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in found
                     if min_score is None or s >= min_score for r in (records[key],)]
 
