@@ -160,6 +160,14 @@ async def test_a_failing_check_stops_the_checks_and_says_so(monkeypatch: pytest.
             raise RuntimeError("a check that fails")
 
         monkeypatch.setattr(_recall, "reference_top", broken)
+        tuner = _recall.DepthTuner(0.98)  # (first, without the store: a failed check leaves nothing waiting)
+        tuners = _recall.Tuners(0.98)
+        tuners._by_collection["x"] = tuner
+        for q in matrix[600:603]:
+            tuner.searched(q, 5, 600, walked=True)
+        c = _index(matrix[:600])
+        assert not tuners.check("x", c, SEARCH, 0) and tuner.waiting == 0 and tuner.target is None
+        caplog.clear()
         searches = [store.vector_search("notes", q.tolist(), k=5) for q in matrix[600:]]
         for hits in await asyncio.gather(*searches):  # (concurrent: checks wait while searches go on)
             assert len(hits) == 5  # searches answer as ever
@@ -181,3 +189,8 @@ def test_a_collection_has_one_check_job_queued_at_most() -> None:
     assert tuners.check("notes", c, SEARCH, 0)  # one checked, one waits: the job goes on
     assert not tuners.check("notes", c, SEARCH, 0) and tuners["notes"].stats(c, 0).checked == 2
     assert tuners.schedule("notes")  # none queued any more
+    assert tuners["notes"].searched(q[0], 5, 300, walked=False) is False  # (a scan is never checked)
+    tuners["notes"]._found.clear()
+    assert tuners["notes"].searched(q[0], 5, 300, walked=True)
+    tuners.drain("notes", c, SEARCH, 0)  # stats' drain checks what waits, and leaves the job's schedule alone
+    assert tuners["notes"].waiting == 0 and not tuners.schedule("notes")

@@ -242,8 +242,8 @@ class Tuners:
     def drain(self, collection: str, cached: CollectionIndex | None, search: IndexSearch,
               scan_limit: int | None) -> None:
         """Check every query `collection`'s tuner still holds (before `stats` answers)."""
-        while self.check(collection, cached, search, scan_limit):
-            pass
+        while self._check_one(collection, cached, search, scan_limit):
+            pass  # (the job queued, if one is, clears the schedule itself when it finds nothing left)
 
     def __getitem__(self, collection: str) -> DepthTuner:
         tuner = self._by_collection.get(collection)
@@ -258,6 +258,14 @@ class Tuners:
         Return True when more wait (the job checking them queues itself again, so other work gets ahead
         between checks); False once none does, and the collection can be scheduled again.
         """
+        if self._check_one(collection, cached, search, scan_limit):
+            return True
+        self._scheduled.discard(collection)
+        return False
+
+    def _check_one(self, collection: str, cached: CollectionIndex | None, search: IndexSearch,
+                   scan_limit: int | None) -> bool:
+        """Check the oldest query kept, or clear them all if none can be checked; return True if more wait."""
         tuner = self[collection]
         if cached is None or cached.index is None or tuner.target is None:
             tuner._waiting.clear()
@@ -269,10 +277,7 @@ class Tuners:
                                  collection)
                 tuner.target = None
                 tuner._waiting.clear()
-        if tuner.waiting:
-            return True
-        self._scheduled.discard(collection)
-        return False
+        return tuner.waiting > 0
 
 
 def check_later(tuners: Tuners, collection: str, later: Callable[[Callable[[Any], None]], None],
