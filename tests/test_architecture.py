@@ -36,7 +36,8 @@ SURFACES = {
         "SQLiteStore", "SessionDeletedHook", "SessionInfo", "SessionKey", "SessionListing", "SessionStore",
     ],
     "contextpipe.vectors": [
-        "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "LocalEmbedder", "MPNetEmbedder", "MemoryVectorStore",
+        "Chunk", "E5SmallEmbedder", "Embedder", "HashEmbedder", "IndexStats", "LocalEmbedder", "MPNetEmbedder",
+        "MemoryVectorStore",
         "OpenAIEmbedder", "PgVectorStore", "SQLiteVectorStore", "SearchHit", "SentenceTransformerEmbedder",
         "VectorRecord", "VectorStore", "Where", "chunk_markdown", "chunk_text", "embed_query", "embedder_for",
         "ingest_folder",

@@ -21,6 +21,7 @@ from . import _cxx
 from .base import Embedder, SearchHit, VectorRecord, VectorStore, Where, embed_query
 
 if TYPE_CHECKING:
+    from ._recall import IndexStats
     from .choice import embedder_for
     from .embedders import (
         E5SmallEmbedder,
@@ -40,6 +41,7 @@ __all__ = [
     "E5SmallEmbedder",
     "Embedder",
     "HashEmbedder",
+    "IndexStats",
     "LocalEmbedder",
     "MPNetEmbedder",
     "MemoryVectorStore",
@@ -62,7 +64,7 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "E5SmallEmbedder": ".embedders", "HashEmbedder": ".embedders", "LocalEmbedder": ".embedders",
     "MPNetEmbedder": ".embedders", "OpenAIEmbedder": ".embedders", "SentenceTransformerEmbedder": ".embedders",
-    "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite",
+    "MemoryVectorStore": ".memory", "SQLiteVectorStore": ".sqlite", "IndexStats": "._recall",
     "PgVectorStore": ".pgvector", "embedder_for": ".choice",
     "Chunk": ".ingest", "chunk_markdown": ".ingest", "chunk_text": ".ingest", "ingest_folder": ".ingest"})
 

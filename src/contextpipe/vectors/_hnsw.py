@@ -66,14 +66,19 @@ _ROWS = "SELECT key, id, dim, vector, text, metadata FROM cp_vectors WHERE colle
 _CHANGED_KEYS = "SELECT DISTINCT key FROM cp_vector_changes WHERE collection = ? AND seq > ? AND seq <= ?"
 
 
-def search_depth(size: int, k: int) -> tuple[int, int]:
+def search_depth(size: int, k: int, scale: float = 1.0) -> tuple[int, int]:
     """Return the search expansion and the number of candidates to re-score, for `size` records and top `k`.
 
     Both grow with the collection: the denser it is, the more of the true top k the 8-bit distances
-    rank below the first few dozen.
+    rank below the first few dozen. `scale` multiplies both (the depth a collection chose to hold its
+    target recall, `_recall.DepthTuner`); neither goes below `k`.
     """
     candidates = max(CANDIDATES, 2 * k, size // RECORDS_PER_CANDIDATE)
-    return max(EXPANSION_SEARCH, min(EXPANSION_MAX, size // RECORDS_PER_EXPANSION), candidates), candidates
+    expansion = max(EXPANSION_SEARCH, min(EXPANSION_MAX, size // RECORDS_PER_EXPANSION), candidates)
+    if scale == 1.0:
+        return expansion, candidates
+    deepest = 4 * EXPANSION_MAX  # (a deeper walk than this costs about what a scan does at 1,000,000)
+    return max(k, min(deepest, round(expansion * scale))), max(k, min(deepest, round(candidates * scale)))
 
 
 # --- asking usearch for keys: the public search, and the compiled shortcut ---------------------------
@@ -313,7 +318,7 @@ def exact_top(c: CollectionIndex, q: np.ndarray[Any, Any], k: int,
 
 
 def approximate_top(c: CollectionIndex, q: np.ndarray[Any, Any], k: int, subset: set[int] | None,
-                    search: IndexSearch, scan: bool = False) -> list[tuple[int, float]]:
+                    search: IndexSearch, scan: bool = False, scale: float = 1.0) -> list[tuple[int, float]]:
     """Return about what `exact_top` returns: candidates from the HNSW index (more while too few are in `subset`).
 
     The candidates are re-scored exactly, so every score is the exact cosine and the order exact; what
@@ -322,10 +327,10 @@ def approximate_top(c: CollectionIndex, q: np.ndarray[Any, Any], k: int, subset:
     collections; bench/results/vectors.md has 0.99 and more at 100,000 and 1,000,000 records). With
     `scan`, the candidates are the nearest by the 8-bit vectors over the whole index (no walk): at
     least `SCAN_RECALL` of the true top 10 (all of it in every such collection tried). A property test
-    holds both bounds on generated collections.
+    holds both bounds on generated collections. `scale` multiplies the default depth (`search_depth`).
     """
     total = len(c.records)
-    expansion, want = search_depth(total, k)
+    expansion, want = search_depth(total, k, scale)
     if subset is not None:  # about 2 k of the subset expected among the candidates
         want = min(total, max(want, k * max(2, 2 * total // len(subset)) + 16))
     if not scan and c.index.expansion_search != expansion:
@@ -341,18 +346,6 @@ def approximate_top(c: CollectionIndex, q: np.ndarray[Any, Any], k: int, subset:
         if len(keys) >= k or want >= indexed:
             return exact_top(c, q, k, keys + pending)
         want = min(indexed, want * 4)
-
-
-def nearest(c: CollectionIndex, q: np.ndarray[Any, Any], k: int, subset: set[int] | None, *, exact_limit: int,
-            scan_limit: int | None, search: IndexSearch) -> list[tuple[int, float]]:
-    """Return the `k` records (of `subset`) nearest to `q`: scored exactly when few, else through the index."""
-    if subset is not None and not subset:
-        return []
-    if subset is not None and len(subset) <= exact_limit:
-        return exact_top(c, q, k, subset)
-    limit = scan_limit if scan_limit is not None else SCAN_BYTES // max(1, c.dim)
-    # The index: top 10 of 50,000 x 384 in 0.65 ms where `exact_top` takes 251 ms (bench/results/vectors.md).
-    return approximate_top(c, q, k, subset, search, scan=len(c.records) <= limit)
 
 
 # --- a store's indexes: in step with the file, loaded and saved ---------------------------------------

@@ -37,6 +37,10 @@ few thousand records finds only about 90% of the true top 10 (clustered vectors:
 Metadata filters are answered from in-memory postings; a filter that keeps few records
 (``exact_limit``) is searched exactly over just those vectors, a larger one by searching the HNSW
 index deeper (or scanning it) until `k` of them are found.
+
+Each collection checks its own recall now and then, in the background (`target_recall`, 0.98 by
+default): it deepens or shallows its graph walk to hold the target, or scans where no affordable
+depth reaches it; `stats` reports the estimate and the depth (`_recall`).
 """
 
 from __future__ import annotations
@@ -64,8 +68,8 @@ from ._hnsw import (
     Indexes,
     IndexSearch,
     WorkerThread,
-    nearest,
 )
+from ._recall import TARGET_RECALL, IndexStats, Tuners, check_later, nearest, scan_records
 from ._sql import json_where, statements
 from .base import SearchHit, VectorRecord, VectorStore, Where, check_where, searched_terms
 
@@ -128,10 +132,11 @@ class SQLiteVectorStore(VectorStore):
     """Vectors in a SQLite file with an HNSW index (usearch) and FTS5 keyword search.
 
     Made by `SQLiteStore.vectors()` (same file as the sessions) or directly. `exact_limit`: a metadata
-    filter keeping at most this many records is searched exactly. `scan_limit`: a collection of at most
-    this many records is searched by scanning all its (8-bit) vectors instead of walking the HNSW graph,
-    then re-scoring the best exactly (default: as many as 4 MB holds, 10,416 of 384 dimensions; 0 always
-    walks the graph). `index_dir` is where the HNSW indexes
+    filter keeping at most this many records is searched exactly. `target_recall`: the share of the true
+    top k each collection holds its walks to, checking itself in the background (``None``: no checks).
+    `scan_limit`: a collection of at most this many records is searched by scanning all its (8-bit)
+    vectors instead of walking the HNSW graph, then re-scoring the best exactly (default: as many as
+    4 MB holds, 10,416 of 384 dimensions; 0 always walks the graph). `index_dir` is where the HNSW indexes
     are saved (default: ``<path>.vectors`` next to the database; ``None`` for a ``:memory:`` database).
     `synchronous` is SQLite's durability setting: ``NORMAL`` keeps every committed write through a
     process crash (WAL), ``FULL`` also through a power loss, at an fsync per write.
@@ -145,7 +150,8 @@ class SQLiteVectorStore(VectorStore):
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, exact_limit: int = 4096,
                  scan_limit: int | None = None, index_dir: str | Path | None = None,
-                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL", allow_other_tables: bool = False) -> None:
+                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL", allow_other_tables: bool = False,
+                 target_recall: float | None = TARGET_RECALL) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         self.synchronous = synchronous
@@ -154,6 +160,7 @@ class SQLiteVectorStore(VectorStore):
         """Whether the store may add its tables to a file that holds another application's tables."""
         self.exact_limit = exact_limit
         self.scan_limit = scan_limit
+        self._tuners = Tuners(target_recall)
         self._busy_ms = int(busy_timeout * 1000)
         self._conn: sqlite3.Connection | None = None
         self._file: OpenedFile | None = None  # the file opened (each commit checks it is still at the path)
@@ -457,9 +464,13 @@ class SQLiteVectorStore(VectorStore):
                 return []
             if q.shape[0] != c.dim:
                 raise UsageError(f"query vector has {q.shape[0]} dimensions, the collection {c.dim}")
-            records = c.records
+            records, tuner = c.records, self._tuners[collection]
+            walked = len(records) > scan_records(c, self.scan_limit)
             found = nearest(c, q, k, subset, exact_limit=self.exact_limit, scan_limit=self.scan_limit,
-                            search=self._index_search)
+                            search=self._index_search, scale=tuner.scale, scan=tuner.scan)
+            if subset is None and tuner.searched(q, k, len(records), walked) and self._tuners.schedule(collection):
+                check_later(self._tuners, collection, self._queue_on_worker, self._cache.get, self._index_search,
+                            self.scan_limit)
             return [SearchHit(r[0], s, r[1], r[2], vector_score=s) for key, s in found
                     if min_score is None or s >= min_score for r in (records[key],)]
 
@@ -477,6 +488,22 @@ class SQLiteVectorStore(VectorStore):
         if hits is None:
             hits = await self._run(op)
         return hits
+
+    async def stats(self, collection: str) -> IndexStats:
+        """Return how `collection` is searched and how much of the true top k its searches find.
+
+        The estimate comes from queries checked in the background since the store opened (those still
+        waiting are checked first); ``None`` until one was, and right after the depth changed. A check
+        scans the collection holding the store's lock (30 ms at 100,000 x 384): searches wait for it. Example:
+        docs/guides/memory.md, "How much of the true top k a search finds".
+        """
+        def op(conn: sqlite3.Connection) -> IndexStats:
+            cached = self._indexes.sync(conn, collection)
+            self._tuners.drain(collection, cached, self._index_search, self.scan_limit)
+            return self._tuners[collection].stats(cached, scan_records(cached, self.scan_limit))
+
+        stats: IndexStats = await self._run(op)
+        return stats
 
     @override
     async def keyword_search(self, collection: str, text: str, *, k: int = 5,
