@@ -207,13 +207,18 @@ def test_combmnz_ranks_every_record_once_and_whatever_k_first_the_same(
 
 
 async def settled(store: SQLiteVectorStore) -> None:
-    """Return once the store's worker thread has added the records of quick upserts to the HNSW graph.
+    """Return once the store's worker thread has added the records of quick upserts to the HNSW graph,
+    and has checked the recall of the searches kept for that (the worker thread is idle then).
 
     A quick upsert asks for that once the event loop gets control back (`asyncio.sleep(0)` gives it),
-    and a call queued on the worker thread after that runs after it.
+    and a call queued on the worker thread after that runs after it. A recall check holds the store's
+    lock and queues itself again while searches wait to be checked: a test stalling the worker thread
+    to keep the lock free waits for the checks first.
     """
     await asyncio.sleep(0)
     await store._run(lambda conn: None)
+    while store._tuners._scheduled:
+        await store._run(lambda conn: None)
 
 
 def exact_ids(rows: dict[str, np.ndarray], query: np.ndarray, k: int) -> list[str]:
@@ -261,6 +266,7 @@ async def test_index_matches_exact_search_through_any_sequence(tmp_path_factory:
             rng = np.random.default_rng(seed)
             cached = store._cache.get("c")
             if op == "held" and cached is not None and cached.version is not None and cached.records:
+                await settled(store)  # (no recall check holds the lock meanwhile)
                 gate = threading.Event()  # (the worker thread waits; the store's lock stays free)
                 store._executor.submit(gate.wait, 60)  # (a bound, so that a fallback to it fails, not hangs)
                 try:
@@ -782,6 +788,7 @@ async def test_records_waiting_for_the_graph_never_stop_a_filtered_search_before
     spread = {f"b{i}": rng.standard_normal(16).astype(np.float32) for i in range(800)}
     await store.upsert("c", near + [VectorRecord(i, v, "", {"tag": "b"}) for i, v in spread.items()])
     await store.search("c", query, k=1)
+    await settled(store)  # (the recall check that search queued is done: it holds the lock while it runs)
     gate = threading.Event()
     store._executor.submit(gate.wait, 60)  # (the worker thread waits; the store's lock stays free)
     try:
@@ -809,6 +816,7 @@ async def test_a_waiting_record_deleted_or_replaced_before_the_graph_takes_it(tm
     rng = np.random.default_rng(12)
     await store.upsert("c", [VectorRecord(f"a{i}", rng.standard_normal(8), "a") for i in range(20)])
     await store.search("c", [1.0] * 8, k=1)
+    await settled(store)  # (no recall check holds the lock meanwhile)
     cached = store._cache["c"]
     gate = threading.Event()
     store._executor.submit(gate.wait, 60)
@@ -893,6 +901,7 @@ async def test_a_search_filtered_to_few_records_runs_on_the_calling_thread(tmp_p
                              for i, v in data.items()])
     query = rng.standard_normal(8).astype(np.float32)
     await store.search("c", query, k=1)  # (the index is loaded and current)
+    await settled(store)  # (the recall check that search queued is done: it holds the lock while it runs)
     release = threading.Event()
     busy = store._executor.submit(release.wait)  # the worker thread is taken
     try:
