@@ -217,8 +217,11 @@ async def settled(store: SQLiteVectorStore) -> None:
     """
     await asyncio.sleep(0)
     await store._run(lambda conn: None)
-    while store._tuners._scheduled:
+    for _ in range(100):  # (a check job runs one kept search per turn, at most 64 of them)
+        if not store._tuners._scheduled and not store._worker.lock.locked():
+            return
         await store._run(lambda conn: None)
+    raise AssertionError("the store's recall checks never finished")
 
 
 def exact_ids(rows: dict[str, np.ndarray], query: np.ndarray, k: int) -> list[str]:
@@ -675,6 +678,7 @@ async def test_small_upserts_into_a_current_index_run_on_the_calling_thread_and_
     data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(40)}
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:20]])
     await store.search("c", data["v0"], k=1)
+    await settled(store)  # (the recall check that search queued holds the lock while it runs)
     ran = on_threads(store)
     await store.upsert("c", [VectorRecord("v20", data["v20"], "v20")])  # the index is current: done here
     assert inserts(ran) == [True]
@@ -747,6 +751,7 @@ async def test_records_waiting_for_the_graph_are_found_at_once_saved_whole_and_b
     data = {f"v{i}": rng.standard_normal(8).astype(np.float32) for i in range(400)}
     await store.upsert("c", [VectorRecord(i, v, i) for i, v in list(data.items())[:50]])
     await store.search("c", data["v0"], k=1)
+    await settled(store)  # (the recall check that search queued holds the lock while it runs)
     cached = store._cache["c"]
     queued: list[object] = []
     monkeypatch.setattr(store, "_queue_on_worker", queued.append)  # (the worker thread is left idle: never adds them)
