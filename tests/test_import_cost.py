@@ -21,9 +21,12 @@ HEAVY = ("asyncpg", "psycopg", "redis", "sqlite3", "openai", "anthropic", "httpx
          "importlib.resources", "tempfile", "gzip", "hashlib", "mimetypes", "urllib.parse")
 # Loaded by durable stores, compaction, a retried input or tools, never by an agent's import or its first run in
 # memory: the codec and orjson (the stores' rows), typing_extensions (`_compat.override` stands in), compaction,
-# the @tool machinery and the tool call's context (an agent given no tool never calls one).
+# the @tool machinery and the tool call's context (an agent given no tool never calls one), the media parts'
+# token counts and descriptions (a text-only run has none), the GenAI conventions' span attributes (telemetry
+# without a tracer provider makes no span) and fnmatch (only an approval policy of tool-name patterns matches).
 DEFERRED = ("orjson", "typing_extensions", "contextpipe.codec", "contextpipe.stores._rows",
-            "contextpipe.stores._fastdecode", "contextpipe.compaction", "contextpipe.tools", "contextpipe.tool_context")
+            "contextpipe.stores._fastdecode", "contextpipe.compaction", "contextpipe.tools", "contextpipe.tool_context",
+            "contextpipe._media", "contextpipe._semconv", "fnmatch")
 
 FIRST_RUN = """
 import asyncio, json, sys

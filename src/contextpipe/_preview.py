@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 
-from ._media import describe
 from .errors import UsageError
 from .messages import FunctionCall, FunctionResult, Message, Part, ReasoningPart, TextPart
 
@@ -73,6 +72,8 @@ def _pieces(parts: tuple[Part, ...]) -> list[str]:
         if isinstance(part, ReasoningPart):
             continue  # left out, and it does not part the texts around it
         after_text = False
+        from ._media import describe  # here: importing the agent (which imports this module) need not load it
+
         if isinstance(part, FunctionCall):
             pieces.append(f"call {part.name}({part.arguments})")
         elif isinstance(part, FunctionResult):

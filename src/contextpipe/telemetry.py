@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from . import _semconv
 from .messages import FunctionCall, FunctionResult
 from .models.base import ChatModel, ModelRequest, ModelResponse, ModelStreamEvent, ResponseComplete
 
@@ -79,6 +78,8 @@ class Spans:
 
     def start_run(self, session_id: str | None, model: ChatModel) -> None:
         """Start the run's root ``invoke_agent`` span."""
+        from . import _semconv  # here: an agent without telemetry never loads the conventions' mapping
+
         attributes: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.agent_name,
                                       "gen_ai.request.model": model.name, **_semconv.agent_attributes(model)}
         if session_id is not None:
@@ -95,6 +96,8 @@ class Spans:
                 span.set_attribute(key, value)
         if error is not None:
             from opentelemetry.trace import Status, StatusCode
+
+            from . import _semconv
 
             span.set_attribute("error.type", _semconv.error_type(error))
             span.record_exception(error)
@@ -117,6 +120,8 @@ class Spans:
 
     def content(self, messages: Any) -> str:
         """Return `messages` as the JSON text recorded on spans when content capture is on."""
+        from . import _semconv
+
         return _semconv.input_messages(messages)
 
 
@@ -125,12 +130,16 @@ class Spans:
 
 def chat_request_attributes(model: ChatModel, request: ModelRequest, spans: Spans) -> dict[str, Any]:
     """Attributes of a ``chat`` span when the request is sent."""
+    from . import _semconv
+
     return _semconv.chat_request_attributes(model, model.name, request.settings, request.messages,
                                             request.instructions, spans.capture)
 
 
 def chat_response_attributes(response: ModelResponse, spans: Spans) -> dict[str, Any]:
     """Attributes of a ``chat`` span when the response is complete (None values are left out)."""
+    from . import _semconv
+
     return _semconv.chat_response_attributes(response, spans.capture)
 
 

@@ -25,12 +25,14 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from ._media import media_tokens
 from ._tool_spec import ToolSpec
 from .errors import UsageError
 from .messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
+
+if TYPE_CHECKING:
+    from ._media import Media
 
 __all__ = [
     "CALIBRATION_KEY",
@@ -139,6 +141,13 @@ class Tokenizer(Protocol):
         ...
 
 
+def _media_tokens(part: Media) -> int:
+    """`contextpipe._media.media_tokens`, imported on first use: a text-only run never loads the media module."""
+    from ._media import media_tokens
+
+    return media_tokens(part)
+
+
 def _message_text_tokens(tokenizer: Tokenizer, message: Message) -> int:
     parts = message.parts
     if len(parts) == 1 and type(parts[0]) is TextPart and not message.author_name:
@@ -153,11 +162,11 @@ def _message_text_tokens(tokenizer: Tokenizer, message: Message) -> int:
         elif isinstance(part, FunctionResult):
             total += count(part.result) + MESSAGE_OVERHEAD
             for media in part.parts:
-                total += media_tokens(media)
+                total += _media_tokens(media)
         elif isinstance(part, ReasoningPart):
             total += count(part.text)
         elif isinstance(part, DataPart | UriPart):
-            total += media_tokens(part)
+            total += _media_tokens(part)
         elif isinstance(part, UnknownPart):
             total += count(json.dumps(dict(part.payload), default=str))
     return total

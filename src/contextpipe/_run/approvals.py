@@ -35,7 +35,6 @@ import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ..approvals import (
@@ -86,6 +85,8 @@ def agent_policy(policy: AgentApprovalPolicy | None) -> ApprovalCheck | None:
                          f"(fnmatch patterns such as 'git_*'), got {shorten(policy)}")
     if not patterns:  # no tool named: no call is checked
         return None
+
+    from fnmatch import fnmatchcase  # here: an agent without a policy of tool names never loads it
 
     def covers(ctx: ToolContext[Any], arguments: dict[str, Any]) -> bool | str:
         for pattern in patterns:
