@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -122,3 +127,26 @@ def test_history_shows_the_view_and_marks_where_rewound_messages_are_left_out() 
                        "… 3-5 rewound (undone or retried; not seen by the model)", "6 user      Third",
                        "7 assistant Three."]
     assert not any("[rewound:" in line for line in shown)  # the marker is not shown as a system message
+
+
+def test_sessions_show_marks_rewound_messages_and_rewind_markers(tmp_path: Path) -> None:
+    db = tmp_path / "chat.db"
+
+    async def write() -> None:
+        async with SQLiteStore(db) as store:
+            agent = agent_on(store, ["A dull answer.", "A better answer."])
+            session = await agent.session("s")
+            await agent.run("Tell me a joke.", session=session)
+            await agent.regenerate("s")
+
+    asyncio.run(write())
+    cli = [sys.executable, "-m", "contextpipe.cli", "sessions", "show", "s", "--db", str(db)]
+    shown = subprocess.run(cli, capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"})
+    assert [" ".join(line.split()) for line in shown.stdout.splitlines()] == [
+        "1 user Tell me a joke.", "2 assistant (rewound) A dull answer.",
+        "3 rewind the messages after 1 up to here are rewound (undone or retried; not seen by the model)",
+        "4 assistant A better answer."]
+    listed = json.loads(subprocess.run([*cli, "--json", "--last", "3"], capture_output=True, text=True,
+                                       check=True).stdout)["messages"]
+    assert [(e["seq"], e.get("rewound", False), e.get("rewind_to")) for e in listed] == [
+        (2, True, None), (3, True, 1), (4, False, None)]
