@@ -3,48 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from contextpipe import Agent
-from contextpipe.cli._lines import LineReader
-from contextpipe.cli._repl import COMMANDS, ChatRepl
 from contextpipe.providers import History
 from contextpipe.rewind import read_log
 from contextpipe.stores import MemoryStore, SessionStore
 from contextpipe.stores.sqlite import SQLiteStore
 from contextpipe.testing import ScriptedModel
-
-
-def chat(agent: Agent, typed: list[str], session: str = "s") -> tuple[list[str], str, str]:
-    """Run the chat on `typed` lines; return the screen's lines, the error console's text and the last session's id."""
-    screen, errors = io.StringIO(), io.StringIO()
-    out = Console(file=screen, width=200, highlight=False, soft_wrap=True)
-    err = Console(file=errors, width=200, highlight=False, soft_wrap=True)
-    lines: Iterator[str] = iter(typed)
-
-    def read(prompt: str) -> str:
-        line = next(lines, None)
-        if line is None:
-            raise EOFError
-        screen.write(f"{prompt}{line}\n")
-        return line
-
-    with asyncio.Runner() as runner:
-        repl = ChatRepl(runner, agent, runner.run(agent.session(session)), "memory", out, err,
-                        render_trace=lambda number, trace: None, wait_notice_after=60)
-        repl.lines = LineReader(err, COMMANDS, read=read)
-        assert repl.run() == 0, errors.getvalue()
-    shown = [line.rstrip() for line in screen.getvalue().splitlines() if line.strip()]
-    return shown, errors.getvalue(), repl.session.id
+from helpers import chat
 
 
 def texts(agent: Agent, session: str) -> tuple[list[str], list[tuple[str, bool]]]:
