@@ -1,5 +1,6 @@
 """Shared pieces for the agent tests: the seed's weather tools, a history that records saves, a provider
-that adds tool middleware, vector stores, and what a fact extraction model answers."""
+that adds tool middleware, vector stores, what a fact extraction model answers, and the chat driven
+line by line (`chat`)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,39 @@ def pay(invoice: str, amount: int) -> str:
 def balance() -> str:
     """Return the account's balance."""
     return "1200 EUR"
+
+
+def chat(agent: Agent, typed: list[str], session: str = "s", *, code: int = 0) -> tuple[list[str], str, str]:
+    """Run the CLI's chat on `typed` lines (then end of input), checking it exits with `code`.
+
+    Returns the screen's lines (each prompt with the line typed at it), the error console's text and
+    the id of the session the chat ended in.
+    """
+    import asyncio
+    import io
+    from collections.abc import Iterator
+
+    from rich.console import Console
+
+    from contextpipe.cli._lines import LineReader  # here: most tests importing this module drive no chat
+    from contextpipe.cli._repl import COMMANDS, ChatRepl
+
+    screen, errors = io.StringIO(), io.StringIO()
+    out = Console(file=screen, width=200, highlight=False, soft_wrap=True)
+    err = Console(file=errors, width=200, highlight=False, soft_wrap=True)
+    lines: Iterator[str] = iter(typed)
+
+    def read(prompt: str) -> str:
+        line = next(lines, None)
+        if line is None:
+            raise EOFError
+        screen.write(f"{prompt}{line}\n")
+        return line
+
+    with asyncio.Runner() as runner:
+        repl = ChatRepl(runner, agent, runner.run(agent.session(session)), "memory", out, err,
+                        render_trace=lambda number, trace: None, wait_notice_after=60)
+        repl.lines = LineReader(err, COMMANDS, read=read)
+        assert repl.run() == code, errors.getvalue()
+    shown = [line.rstrip() for line in screen.getvalue().splitlines() if line.strip()]
+    return shown, errors.getvalue(), repl.session.id

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-from rich.console import Console
-
 from contextpipe import Agent, ModelServerError, tool
-from contextpipe.cli._lines import LineReader
-from contextpipe.cli._repl import COMMANDS, ChatRepl
 from contextpipe.exchanges import exchange_problem as broken_exchange
 from contextpipe.providers import History
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import FakeOpenAIServer, FakeReply, ScriptedModel, tool_call
+from helpers import chat
 
 PAID: list[str] = []
 
@@ -30,34 +25,12 @@ def pay(invoice: str) -> str:
     return f"paid {invoice}"
 
 
-def chat(agent: Agent, typed: list[str]) -> tuple[list[str], str]:
-    """Run the chat on `typed` lines (then end of input); return the screen's lines and the error console's text."""
-    screen, errors = io.StringIO(), io.StringIO()
-    out = Console(file=screen, width=200, highlight=False, soft_wrap=True)
-    err = Console(file=errors, width=200, highlight=False, soft_wrap=True)
-    lines: Iterator[str] = iter(typed)
-
-    def read(prompt: str) -> str:
-        line = next(lines, None)
-        if line is None:
-            raise EOFError
-        screen.write(f"{prompt}{line}\n")
-        return line
-
-    with asyncio.Runner() as runner:
-        repl = ChatRepl(runner, agent, runner.run(agent.session("s")), "memory", out, err,
-                        render_trace=lambda number, trace: None, wait_notice_after=60)
-        repl.lines = LineReader(err, COMMANDS, read=read)
-        repl.run()
-    return [line.rstrip() for line in screen.getvalue().splitlines() if line.strip()], errors.getvalue()
-
-
 def test_the_chat_asks_before_a_call_that_needs_approval_and_goes_on_with_the_answer() -> None:
     PAID.clear()
     store = MemoryStore()
     agent = Agent(ScriptedModel([tool_call("pay", invoice="A") + tool_call("pay", invoice="B"), "Paid A only."]),
                   tools=[pay], providers=[History(store)], store=store)
-    shown, errors = chat(agent, ["Pay A and B.", "maybe", "y", "n"])
+    shown, errors, _ = chat(agent, ["Pay A and B.", "maybe", "y", "n"])
     assert shown == [
         "you> Pay A and B.", "assistant>",
         "run pay({\"invoice\": \"A\"})? tool 'pay' needs approval for every call",
@@ -75,7 +48,7 @@ def test_a_message_waits_while_calls_of_the_session_await_a_decision_then_is_sen
                     store=store)
     asyncio.run(earlier.run("Pay A.", session=asyncio.run(earlier.session("s"))))  # another process stopped here
     agent = Agent(ScriptedModel(["Paid A.", "Hello!"]), tools=[pay], providers=[History(store)], store=store)
-    shown, errors = chat(agent, ["Hi.", "a"])
+    shown, errors, _ = chat(agent, ["Hi.", "a"])
     assert "await your decision first; your message is sent once they are decided" in errors
     assert shown == ["you> Hi.", "assistant>",
                      "run pay({\"invoice\": \"A\"})? tool 'pay' needs approval for every call",
@@ -95,7 +68,7 @@ def test_a_held_message_is_not_kept_when_the_run_deciding_the_calls_fails() -> N
     asyncio.run(earlier.run("Pay A.", session=asyncio.run(earlier.session("s"))))
     down = ModelServerError("the model server failed; retry later", provider="scripted", status_code=503)
     agent = Agent(ScriptedModel([down, "Hello!"]), tools=[pay], providers=[History(store)], store=store)
-    shown, errors = chat(agent, ["Hi.", "y", "Hi again."])
+    shown, errors, _ = chat(agent, ["Hi.", "y", "Hi again."], code=1)  # a failed run: the chat goes on, exits 1
     assert "the model server failed; retry later; your message was not sent (send it again)" in errors, errors
     assert shown[-1] == "assistant> Hello!" and PAID == ["A"]  # the approved call ran before the model failed
     log = asyncio.run(store.load("default", "s")).messages
@@ -107,7 +80,7 @@ def test_at_the_end_of_input_the_calls_still_await_a_decision() -> None:
     PAID.clear()
     store = MemoryStore()
     agent = Agent(ScriptedModel([tool_call("pay", invoice="A")]), tools=[pay], providers=[History(store)], store=store)
-    _, errors = chat(agent, ["Pay A."])
+    _, errors, _ = chat(agent, ["Pay A."])
     assert "no answer: the calls still await a decision" in errors and PAID == []
     assert [m.role for m in asyncio.run(store.load("default", "s")).messages] == ["user", "assistant"]
 

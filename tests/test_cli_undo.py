@@ -3,43 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import io
-from collections.abc import Iterator
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from contextpipe import Agent
-from contextpipe.cli._lines import LineReader
-from contextpipe.cli._repl import COMMANDS, ChatRepl
 from contextpipe.providers import History
 from contextpipe.rewind import read_log
 from contextpipe.stores import MemoryStore, SessionStore
 from contextpipe.stores.sqlite import SQLiteStore
 from contextpipe.testing import ScriptedModel
-
-
-def chat(agent: Agent, typed: list[str], session: str = "s") -> tuple[list[str], str, str]:
-    """Run the chat on `typed` lines; return the screen's lines, the error console's text and the last session's id."""
-    screen, errors = io.StringIO(), io.StringIO()
-    out = Console(file=screen, width=200, highlight=False, soft_wrap=True)
-    err = Console(file=errors, width=200, highlight=False, soft_wrap=True)
-    lines: Iterator[str] = iter(typed)
-
-    def read(prompt: str) -> str:
-        line = next(lines, None)
-        if line is None:
-            raise EOFError
-        screen.write(f"{prompt}{line}\n")
-        return line
-
-    with asyncio.Runner() as runner:
-        repl = ChatRepl(runner, agent, runner.run(agent.session(session)), "memory", out, err,
-                        render_trace=lambda number, trace: None, wait_notice_after=60)
-        repl.lines = LineReader(err, COMMANDS, read=read)
-        assert repl.run() == 0, errors.getvalue()
-    shown = [line.rstrip() for line in screen.getvalue().splitlines() if line.strip()]
-    return shown, errors.getvalue(), repl.session.id
+from helpers import chat
 
 
 def texts(agent: Agent, session: str) -> tuple[list[str], list[tuple[str, bool]]]:
@@ -122,3 +100,26 @@ def test_history_shows_the_view_and_marks_where_rewound_messages_are_left_out() 
                        "… 3-5 rewound (undone or retried; not seen by the model)", "6 user      Third",
                        "7 assistant Three."]
     assert not any("[rewound:" in line for line in shown)  # the marker is not shown as a system message
+
+
+def test_sessions_show_marks_rewound_messages_and_rewind_markers(tmp_path: Path) -> None:
+    db = tmp_path / "chat.db"
+
+    async def write() -> None:
+        async with SQLiteStore(db) as store:
+            agent = agent_on(store, ["A dull answer.", "A better answer."])
+            session = await agent.session("s")
+            await agent.run("Tell me a joke.", session=session)
+            await agent.regenerate("s")
+
+    asyncio.run(write())
+    cli = [sys.executable, "-m", "contextpipe.cli", "sessions", "show", "s", "--db", str(db)]
+    shown = subprocess.run(cli, capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"})
+    assert [" ".join(line.split()) for line in shown.stdout.splitlines()] == [
+        "1 user Tell me a joke.", "2 assistant (rewound) A dull answer.",
+        "3 rewind the messages after 1 up to here are rewound (undone or retried; not seen by the model)",
+        "4 assistant A better answer."]
+    listed = json.loads(subprocess.run([*cli, "--json", "--last", "3"], capture_output=True, text=True,
+                                       check=True).stdout)["messages"]
+    assert [(e["seq"], e.get("rewound", False), e.get("rewind_to")) for e in listed] == [
+        (2, True, None), (3, True, 1), (4, False, None)]

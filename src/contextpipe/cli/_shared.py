@@ -81,9 +81,10 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
-def message_line(seq: int, message: Message) -> str:
-    """One stored message as ``sessions show`` and the chat's ``/history`` print it: number, role, `preview`."""
-    return f"[dim]{seq:>5}[/dim] [bold]{message.role:<9}[/bold] {shown(preview(message, width=None, one_line=False))}"
+def message_line(seq: int, message: Message, *, tag: str = "") -> str:
+    """One stored message as ``sessions show`` and the chat's ``/history`` print it: number, role, `tag`, `preview`."""
+    text = shown(preview(message, width=None, one_line=False))
+    return f"[dim]{seq:>5}[/dim] [bold]{message.role:<9}[/bold] {f'[dim]{tag}[/dim] ' if tag else ''}{text}"
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -1,18 +1,21 @@
 """The chat's ``/undo``, ``/retry``, ``/fork`` and ``/history``: the session's view, over `contextpipe.rewind`.
 
 Nothing is deleted: ``/undo`` and ``/retry`` append a rewind marker (`Agent.rewind`), ``/fork`` copies the view
-into a new session (`Agent.fork`); ``/history`` shows the view and where it leaves rewound messages out.
+into a new session (`Agent.fork`); ``/history`` shows the view and where it leaves rewound messages out, and
+``sessions show`` the whole log with its rewound messages and markers marked (`log_line`).
 """
 
 from __future__ import annotations
 
 from ..agent import Agent
 from ..errors import UsageError
-from ..rewind import last_user_seq, rewound_ranges, view_messages
+from ..rewind import MARKER_KEY, LogEntry, is_marker, last_user_seq, rewound_ranges, view_messages
 from ..session import Session
 from ._shared import message_line
 
-__all__ = ["NothingToDo", "fork_here", "history_lines", "undo", "unreply"]
+__all__ = ["NothingToDo", "fork_here", "history_lines", "log_line", "undo", "unreply"]
+
+_NOT_SEEN = "undone or retried; not seen by the model"
 
 
 class NothingToDo(Exception):
@@ -68,6 +71,14 @@ async def history_lines(agent: Agent, session: Session, last: int) -> list[str]:
     for lo, hi in rewound.ranges:
         if hi > start:
             gap = f"{lo}" if lo == hi else f"{lo}-{hi}"
-            entries.append((lo, f"[dim]{'':>5} … {gap} rewound (undone or retried; not seen by the model)[/dim]"))
+            entries.append((lo, f"[dim]{'':>5} … {gap} rewound ({_NOT_SEEN})[/dim]"))
     entries.sort(key=lambda entry: entry[0])
     return [line for _, line in entries] or ["[dim]no messages yet[/dim]"]
+
+
+def log_line(entry: LogEntry) -> str:
+    """Return one message of the raw log (`contextpipe.rewind.read_log`) as a line: rewound ones and markers marked."""
+    if is_marker(entry.message):
+        to = entry.message.metadata[MARKER_KEY]["to"]
+        return f"[dim]{entry.seq:>5} {'rewind':<9} the messages after {to} up to here are rewound ({_NOT_SEEN})[/dim]"
+    return message_line(entry.seq, entry.message, tag="(rewound)" if entry.rewound else "")

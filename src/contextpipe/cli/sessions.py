@@ -16,8 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..codec import message_to_dict
+from ..rewind import MARKER_KEY, LogEntry, is_marker, read_log
 from ..session import DEFAULT_TENANT, Session
-from ..stores.base import MessagePage, SessionListing
+from ..stores.base import SessionListing
 from ._shared import (
     DEFAULT_DB,
     DbOption,
@@ -27,11 +28,11 @@ from ._shared import (
     err,
     existing_session,
     fail,
-    message_line,
     open_store,
     out,
     print_json,
 )
+from ._undo import log_line
 
 __all__ = ["app"]
 
@@ -77,20 +78,29 @@ def sessions_list(db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENA
 def sessions_show(session: SessionArgument, db: DbOption = DEFAULT_DB, tenant: TenantOption = DEFAULT_TENANT,
                   last: Annotated[int | None, typer.Option(min=1, help="Only the newest N messages.")] = None,
                   as_json: JsonOption = False) -> None:
-    """Show a session's messages."""
+    """Show a session's messages, rewound ones (undone or retried) and rewind markers marked."""
 
-    async def run() -> tuple[Session, MessagePage]:
+    async def run() -> tuple[Session, list[LogEntry]]:
         async with open_store(db) as store:
             record = await existing_session(store, db, tenant, session)
-            return record, await store.load(tenant, session, limit=last)
+            return record, await read_log(store, tenant, session, limit=last)
 
-    record, page = asyncio.run(run())
+    record, entries = asyncio.run(run())
     if as_json:
-        print_json({"session": record.to_dict(), "messages": [
-            {"seq": seq, "message": message_to_dict(m)} for seq, m in enumerate(page.messages, page.first_seq)]})
+        print_json({"session": record.to_dict(), "messages": [_entry_json(e) for e in entries]})
         return
-    for seq, m in enumerate(page.messages, page.first_seq):
-        out.print(message_line(seq, m))
+    for entry in entries:
+        out.print(log_line(entry))
+
+
+def _entry_json(entry: LogEntry) -> dict[str, object]:
+    """One log entry as ``--json`` lists it: marked as ``GET .../messages`` marks it (``rewound``, ``rewind_to``)."""
+    item: dict[str, object] = {"seq": entry.seq, "message": message_to_dict(entry.message)}
+    if entry.rewound:
+        item["rewound"] = True
+    if is_marker(entry.message):
+        item["rewind_to"] = entry.message.metadata[MARKER_KEY]["to"]
+    return item
 
 
 @app.command("export")
