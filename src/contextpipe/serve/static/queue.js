@@ -1,0 +1,35 @@
+// The session's queue: user messages waiting for a run (GET .../queue). An `asap` message goes in at the next
+// step of the run holding the session (its stream says `message_delivered`); a `next` one gets a run of its own.
+import { el, fmtTime, $ } from "./dom.js";
+import { api, sessionPath } from "./api.js";
+import { state } from "./state.js";
+
+const MODES = {
+  asap: "at the next step of the run in flight", next: "in a run of its own once the session is free",
+};
+
+export function renderQueue() {
+  $("queue").hidden = state.queued.length === 0;
+  $("queued").replaceChildren(...state.queued.map((q) => el("li", { "data-id": q.id, "data-when": q.when },
+    el("span", { class: `badge when ${q.when}`, title: MODES[q.when] || q.when, text: q.when }),
+    el("span", { class: "text", text: q.text }),
+    el("span", { class: "muted", text: ` queued ${fmtTime(q.created_at)}` }))));
+}
+
+/** Take a message the stream says a run delivered off the list (it is in the log now). */
+export function delivered(id) {
+  state.queued = state.queued.filter((q) => q.id !== id);
+  renderQueue();
+}
+
+/**
+ * Send `text` while a run holds the session: queued `when` ("asap" or "next"), listed at once. Returns false when
+ * the session was free by then and the server ran the input at once instead (the caller refreshes).
+ */
+export async function enqueue(text, when) {
+  const answer = await api(`${sessionPath(state.current)}/runs`, { method: "POST", body: { input: text, queue: when } });
+  if (answer.when === undefined) return false;
+  state.queued = [...state.queued.filter((q) => q.id !== answer.id), answer];
+  renderQueue();
+  return true;
+}
