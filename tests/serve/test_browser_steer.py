@@ -184,7 +184,8 @@ class PerRun(ContextProvider):
 async def test_a_model_call_whose_prompt_cache_collapsed_gets_a_badge_naming_the_cause(tmp_path: Path) -> None:
     cached = Usage(3000, 10, cache_read_tokens=2000)
     store = SQLiteStore(tmp_path / "ui.db")
-    model = ScriptedModel([Turn("one", usage=cached), tool_call("lookup_location_code", city="Suzhou") + Turn(usage=cached),
+    model = ScriptedModel([Turn("one", usage=cached),
+                           tool_call("lookup_location_code", city="Suzhou") + Turn(usage=cached),
                            Turn("two", usage=cached)])
     agent = Agent(model, tools=[lookup_location_code], providers=[History(store), PerRun()],
                   durability=Durability(store_traces=True))
