@@ -91,17 +91,19 @@ async def test_a_refused_rewind_shows_the_servers_message_and_writes_nothing(tmp
         await c.post("/v1/sessions", json={"id": "s1"})
         await c.post("/v1/sessions/s1/runs", json={"input": "Hello"})
         model.gated = True
-        running = asyncio.create_task(c.post("/v1/sessions/s1/runs", json={"input": "Take your time."}))
-        await model.entered.wait()  # another client's run holds the session
-        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
-        await page.locator("#transcript li.msg[data-seq='1'] button.rewind").click()
-        refused = await c.post("/v1/sessions/s1/rewind", json={"to": 1})
-        assert refused.status_code == 409
-        shown = page.locator("#session-error", has_text=refused.json()["error"]["message"])
-        await shown.wait_for()
-        assert (await shown.inner_text()).startswith("Could not rewind: ")
-        assert not any(is_marker(m) for m in (await store.load("acme", "s1")).messages)
-        model.release.set()
+        running = asyncio.create_task(c.post("/v1/sessions/s1/runs", json={"input": "Take your time."}, timeout=120))
+        try:
+            await model.entered.wait()  # another client's run holds the session
+            await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+            await page.locator("#transcript li.msg[data-seq='1'] button.rewind").click()
+            refused = await c.post("/v1/sessions/s1/rewind", json={"to": 1})
+            assert refused.status_code == 409
+            shown = page.locator("#session-error", has_text=refused.json()["error"]["message"])
+            await shown.wait_for()
+            assert (await shown.inner_text()).startswith("Could not rewind: ")
+            assert not any(is_marker(m) for m in (await store.load("acme", "s1")).messages)
+        finally:
+            model.release.set()
         assert (await running).status_code == 200
     await store.close()
 
