@@ -46,7 +46,8 @@ async def test_rewind_regenerate_and_fork_buttons_steer_the_log_and_rewound_mess
         await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
         transcript = page.locator("#transcript")
         await transcript.locator("li.msg").nth(3).wait_for()
-        assert await transcript.locator("button.rewind").count() == 3  # not on the view's last message
+        assert await transcript.locator("button.rewind:enabled").count() == 3  # not on the view's last message
+        assert await transcript.locator("li.msg[data-seq='4'] button.rewind").is_disabled()
         assert await transcript.locator("li.msg[data-seq='4'] button.regenerate").count() == 1
         assert await transcript.locator("button.regenerate").count() == 1
 
@@ -80,6 +81,44 @@ async def test_rewind_regenerate_and_fork_buttons_steer_the_log_and_rewound_mess
         assert await transcript.locator("li.msg").count() == 2 and await transcript.locator(".rewound").count() == 0
         assert f"session={forked}" in page.url
         await page.locator(f"#sessions li[data-session='{forked}']").wait_for()
+    await store.close()
+
+
+async def test_a_double_click_steers_once_and_the_buttons_keep_their_places(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel(["Paris.", "Rome.", "Lyon, then.", "Once more."])
+    app = create_app(Agent(model, providers=[History(store)]), keys=keys())
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        await c.post("/v1/sessions", json={"id": "s1"})
+        for text in ("A city?", "Another?"):
+            await c.post("/v1/sessions/s1/runs", json={"input": text})
+        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+        posted: list[str] = []  # the steering requests the page sent
+        page.on("request", lambda r: r.method == "POST" and posted.append(r.url.rsplit("/", 1)[-1]))
+        transcript = page.locator("#transcript")
+        idle = page.locator("#transcript:not(.steering)")  # no action in flight, no run streaming
+
+        async def markers() -> list[int]:
+            return [m.metadata[MARKER_KEY]["to"] for m in (await store.load("acme", "s1")).messages if is_marker(m)]
+
+        await transcript.locator("li.msg[data-seq='4'] button.regenerate").dblclick()
+        await transcript.locator("li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()
+        await idle.wait_for()
+        assert posted == ["rewind", "runs"]
+        assert await markers() == [3] and len(model.requests) == 3  # one rewind, one model call more
+
+        rewind = transcript.locator("li.msg[data-seq='1'] button.rewind")
+        box = await rewind.bounding_box()
+        assert box is not None
+        await rewind.dblclick()
+        await transcript.locator(".marker.rewind").nth(1).wait_for()
+        await idle.wait_for()
+        assert await rewind.is_disabled()  # #1 is the view's last now: its Rewind stays in its place, disabled
+        await page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # a late third click
+        await idle.wait_for()
+        assert posted == ["rewind", "runs", "rewind"] and await markers() == [3, 1]
+        assert [s["id"] for s in (await c.get("/v1/sessions")).json()["sessions"]] == ["s1"]  # no fork
+        assert await page.locator("#session-error").inner_text() == ""
     await store.close()
 
 

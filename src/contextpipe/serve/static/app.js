@@ -7,7 +7,7 @@ import { renderChart } from "./chart.js";
 import { renderCallDetail, selectCall } from "./calls.js";
 import { applyFind, jump } from "./find.js";
 import { delivered, enqueue, renderQueue } from "./queue.js";
-import { whenSteering } from "./steer.js";
+import { markSteering, whenSteering } from "./steer.js";
 
 const KEY_STORE = "contextpipe.key";
 
@@ -217,6 +217,7 @@ async function streamRun(route, body, shown, badge = "decision") {
   const id = state.current;
   let result = null;
   state.streaming = true;
+  markSteering();
   $("live").hidden = false;
   $("stop").hidden = state.info.read_only;
   $("chat-send").textContent = "Queue";  // while the run works, a message sent is queued (`queue.js`)
@@ -268,6 +269,7 @@ async function streamRun(route, body, shown, badge = "decision") {
     $("chat-error").textContent = kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`;
   } finally {
     state.streaming = false;
+    markSteering();
     $("live").hidden = true;
     $("stop").hidden = true;
     $("chat-send").textContent = "Send";

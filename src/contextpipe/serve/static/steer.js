@@ -14,15 +14,27 @@ function say(text) {
   $("run-result").hidden = false;
 }
 
+let busy = false;  // an action is in flight (until its end, Regenerate's run included): a second click does nothing
+
+/** Disable the buttons (the transcript's `steering` class) while an action is in flight or a run streams. */
+export function markSteering() {
+  $("transcript").classList.toggle("steering", busy || Boolean(state.streaming));
+}
+
 function act(what, action) {
   return async (event) => {
     event.stopPropagation();
-    if (state.streaming) return;
+    if (busy || state.streaming) return;
+    busy = true;
+    markSteering();
     $("session-error").textContent = "";
     try {
       await action();
     } catch (error) {
       $("session-error").textContent = `Could not ${what}: ${error.message}`;  // the server's own message
+    } finally {
+      busy = false;
+      markSteering();
     }
   };
 }
@@ -50,17 +62,17 @@ async function regenerate(reply, userSeq) {
 export function viewOf(messages) { return messages.filter((m) => !m.rewound); }
 
 /**
- * The buttons of a message of the view: Rewind to here (unless it is the view's last), Fork from here, and
- * Regenerate on the view's last message when it is an assistant reply to a user message. None when read-only.
+ * The buttons of a message of the view: Rewind to here (disabled on the view's last, so that the buttons keep
+ * their places when a rewind makes a message the last), Fork from here, and Regenerate on the view's last
+ * message when it is an assistant reply to a user message. None when read-only.
  */
 export function messageActions(message, view) {
   if (state.info.read_only || message.rewound) return null;
   const last = view[view.length - 1];
   const buttons = [];
-  if (message !== last) {
-    buttons.push(el("button", { type: "button", class: "plain rewind", title: `Leave the messages after #${message.seq} out of the view`,
-                                onclick: act("rewind", () => rewindTo(message.seq)), text: "Rewind to here" }));
-  }
+  const title = message === last ? "This is the view's last message" : `Leave the messages after #${message.seq} out of the view`;
+  buttons.push(el("button", { type: "button", class: "plain rewind", title, disabled: message === last,
+                              onclick: act("rewind", () => rewindTo(message.seq)), text: "Rewind to here" }));
   buttons.push(el("button", { type: "button", class: "plain fork", title: `Start a new session with the view up to #${message.seq}`,
                               onclick: act("fork", () => forkAt(message.seq)), text: "Fork from here" }));
   const user = view.filter((m) => m.role === "user" && m.seq < message.seq).pop();
