@@ -12,6 +12,8 @@ import httpx2 as httpx
 import pytest
 
 from contextpipe import Agent, Durability
+from contextpipe.exchanges import late_result
+from contextpipe.messages import FunctionCall, FunctionResult, Message
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.models.base import Usage
 from contextpipe.pipeline import RunContext
@@ -119,6 +121,27 @@ async def test_a_double_click_steers_once_and_the_buttons_keep_their_places(tmp_
         assert posted == ["rewind", "runs", "rewind"] and await markers() == [3, 1]
         assert [s["id"] for s in (await c.get("/v1/sessions")).json()["sessions"]] == ["s1"]  # no fork
         assert await page.locator("#session-error").inner_text() == ""
+    await store.close()
+
+
+async def test_regenerate_answers_the_users_message_not_a_late_tool_result(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel(["Paris.", "Lyon, then."])
+    app = create_app(Agent(model, providers=[History(store)]), keys=keys())
+    async with serving(app) as base, browser_page() as page:
+        async with httpx.AsyncClient(base_url=base, headers=auth()) as c:
+            await c.post("/v1/sessions", json={"id": "s1"})
+            await c.post("/v1/sessions/s1/runs", json={"input": "A city?"})
+        late = late_result(FunctionCall("c1", "build_report", "{}"), FunctionResult("c1", "report ready"))
+        await store.append("acme", "s1", [late, Message.assistant("Noted: the report is ready.")])
+        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+        regenerate = page.locator("#transcript li.msg[data-seq='4'] button.regenerate")
+        assert await regenerate.get_attribute("title") == "Rewind to #1 and run again"  # #3 is the tool's output
+        await regenerate.click()
+        await page.locator("#transcript li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()
+        log = (await store.load("acme", "s1")).messages
+        assert [m.metadata[MARKER_KEY]["to"] for m in log if is_marker(m)] == [1]
+        assert [m.text for m in model.requests[-1].messages] == ["A city?"]
     await store.close()
 
 

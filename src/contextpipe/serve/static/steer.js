@@ -58,6 +58,9 @@ async function regenerate(reply, userSeq) {
   await hooks.run("runs", { input: null, stream: true, wait: 5 }, `Regenerate the reply #${reply.seq}`, "regenerate");
 }
 
+/** Tell whether `message` is a tool's late result: a user message that is not the user's (`is_late_result`). */
+const isLateResult = (message) => Boolean(message.metadata && "late_result" in message.metadata);
+
 /** The messages the model sees: the view, without the rewound ones. */
 export function viewOf(messages) { return messages.filter((m) => !m.rewound); }
 
@@ -75,7 +78,8 @@ export function messageActions(message, view) {
                               onclick: act("rewind", () => rewindTo(message.seq)), text: "Rewind to here" }));
   buttons.push(el("button", { type: "button", class: "plain fork", title: `Start a new session with the view up to #${message.seq}`,
                               onclick: act("fork", () => forkAt(message.seq)), text: "Fork from here" }));
-  const user = view.filter((m) => m.role === "user" && m.seq < message.seq).pop();
+  // The user message it answers, as the server's `last_user_seq` picks it (a late result is a tool's output).
+  const user = view.filter((m) => m.role === "user" && !isLateResult(m) && m.seq < message.seq).pop();
   if (message === last && message.role === "assistant" && user) {
     buttons.push(el("button", { type: "button", class: "plain regenerate", title: `Rewind to #${user.seq} and run again`,
                                 onclick: act("regenerate", () => regenerate(message, user.seq)), text: "Regenerate" }));
