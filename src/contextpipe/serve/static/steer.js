@@ -50,11 +50,12 @@ async function forkAt(seq) {
   const forked = await api(`${sessionPath(from)}/fork`, { method: "POST", body: { at: seq } });
   await hooks.sessions();
   await hooks.open(forked.id);
-  say(`Forked from ${from} at #${seq}.`);
+  say(`Forked from ${from}.`);  // the server may move the point back to before a tool exchange
 }
 
 async function regenerate(reply, userSeq) {
   await api(`${sessionPath(state.current)}/rewind`, { method: "POST", body: { to: userSeq } });
+  await hooks.refresh();  // the old reply shows struck through while the new one streams
   await hooks.run("runs", { input: null, stream: true, wait: 5 }, `Regenerate the reply #${reply.seq}`, "regenerate");
 }
 
