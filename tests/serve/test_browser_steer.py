@@ -266,7 +266,7 @@ async def test_a_model_call_whose_prompt_cache_collapsed_gets_a_badge_naming_the
         await page.locator("#chart g.call").nth(2).wait_for()
         marks = page.locator("#transcript .marker.callmark")
         assert [await m.locator(".badge.cache").count() for m in await marks.all()] == [0, 1, 0]
-        badge = f"cache collapsed: instructions changed, {lost:,} cached tokens lost"
+        badge = f"cache collapsed: instructions changed, {lost:,} prefix tokens lost"
         assert await marks.nth(1).locator(".badge.cache").inner_text() == badge
         for call, shown in ((0, False), (1, True), (2, False)):
             await page.locator("#chart g.call").nth(call).click()

@@ -7,6 +7,8 @@ const CAUSES = {
   history_changed: "history changed",
 };
 
+const cause = (check) => CAUSES[check.cause] || check.cause;
+
 function warning(trace) {
   const change = (trace.changes || []).find((c) => c.action === "cache_collapsed");
   return change ? change.items.join("\n") : null;
@@ -18,16 +20,19 @@ export function cacheLoss(trace) {
   if (!(check && check.collapsed)) return warning(trace);
   const cached = check.previous_cached_tokens
     ? `; the ${check.against.replace("_", " ")} had ${fmtInt(check.previous_cached_tokens)} cached tokens (read + written)` : "";
-  return `${CAUSES[check.cause] || check.cause}: ${check.detail}. ${fmtInt(check.lost_tokens)} of ` +
+  return `${cause(check)}: ${check.detail}. ${fmtInt(check.lost_tokens)} of ` +
     `${fmtInt(check.previous_tokens)} prefix tokens no longer match${cached}.`;
 }
 
-/** A badge naming the cause and the cached tokens lost, for a call whose prompt cache collapsed; else null. */
+/**
+ * A badge naming the cause and the prefix tokens lost (`lost_tokens`: tokens of the previous call's prefix that
+ * no longer match, cached or not), for a call whose prompt cache collapsed; else null.
+ */
 export function cacheBadge(trace) {
   const loss = cacheLoss(trace);
   if (!loss) return null;
   const check = trace.cache && trace.cache.collapsed ? trace.cache : null;
-  const text = check ? `cache collapsed: ${CAUSES[check.cause] || check.cause}, ${fmtInt(check.lost_tokens)} cached tokens lost`
+  const text = check ? `cache collapsed: ${cause(check)}, ${fmtInt(check.lost_tokens)} prefix tokens lost`
     : "cache collapsed";
   return el("span", { class: "badge cache", title: warning(trace) || loss, text });
 }
