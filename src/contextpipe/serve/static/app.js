@@ -100,6 +100,7 @@ async function openSession(id) {
   $("session-error").textContent = "";
   $("run-result").hidden = true;
   $("delete-session").hidden = state.info.read_only;
+  chatMode();
   await refreshSession();
 }
 
@@ -212,16 +213,24 @@ function send(text) {
   return streamRun("runs", { input: text, stream: true, wait: 5 }, text, "input");
 }
 
+// While a run streams in the session shown, a message sent is queued (`queue.js`): Send becomes Queue. While it streams
+// in another session, Send waits (one streamed run at a time), so nothing goes to a session other than the one meant.
+function chatMode() {
+  const queueing = state.streaming !== null && state.streaming === state.current;
+  $("chat-send").textContent = queueing ? "Queue" : "Send";
+  $("chat-send").disabled = state.streaming !== null && !queueing;
+  $("chat-queue").hidden = !queueing;
+}
+
 // Streams a run (POST sessions/{id}/`route` with `body`), showing `shown` as its first line; returns its result.
 async function streamRun(route, body, shown, badge = "decision") {
   const id = state.current;
   let result = null;
-  state.streaming = true;
+  state.streaming = id;
   markSteering();
+  chatMode();
   $("live").hidden = false;
   $("stop").hidden = state.info.read_only;
-  $("chat-send").textContent = "Queue";  // while the run works, a message sent is queued (`queue.js`)
-  $("chat-queue").hidden = false;
   $("chat-error").textContent = "";
   $("run-result").hidden = true;
   const list = $("transcript");
@@ -268,12 +277,11 @@ async function streamRun(route, body, shown, badge = "decision") {
     const kind = error.body && error.body.error ? error.body.error.type : null;
     $("chat-error").textContent = kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`;
   } finally {
-    state.streaming = false;
+    state.streaming = null;
     markSteering();
+    chatMode();
     $("live").hidden = true;
     $("stop").hidden = true;
-    $("chat-send").textContent = "Send";
-    $("chat-queue").hidden = true;
   }
   if (state.current === id) await refreshSession();
   loadSessions(true);
@@ -373,11 +381,15 @@ $("find").addEventListener("keydown", (event) => {
 $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
-  if (!text) return;
+  if (!text || (state.streaming && state.streaming !== state.current)) return;
   $("chat-input").value = "";
   if (!state.streaming) { send(text); return; }
-  enqueue(text, $("chat-queue").value).then((queued) => queued || refreshSession())
-    .catch((error) => { $("chat-error").textContent = `Could not queue: ${error.message}`; });
+  const session = state.streaming;
+  enqueue(session, text, $("chat-queue").value).then((queued) => queued || state.current !== session || refreshSession())
+    .catch((error) => {
+      $("chat-error").textContent = `Could not queue: ${error.message}`;
+      if (!$("chat-input").value) $("chat-input").value = text;  // the text is not lost: send it again
+    });
 });
 $("chat-input").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("chat").requestSubmit(); }

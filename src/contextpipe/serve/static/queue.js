@@ -16,20 +16,26 @@ export function renderQueue() {
     el("span", { class: "muted", text: ` queued ${fmtTime(q.created_at)}` }))));
 }
 
+const deliveredIds = new Set();  // so that a 202 answering after the stream said `message_delivered` adds nothing
+
 /** Take a message the stream says a run delivered off the list (it is in the log now). */
 export function delivered(id) {
+  deliveredIds.add(id);
   state.queued = state.queued.filter((q) => q.id !== id);
   renderQueue();
 }
 
 /**
- * Send `text` while a run holds the session: queued `when` ("asap" or "next"), listed at once. Returns false when
- * the session was free by then and the server ran the input at once instead (the caller refreshes).
+ * Send `text` to `session` while a run holds it: queued `when` ("asap" or "next"), listed at once (if the session is
+ * still the one shown). Returns false when the session was free by then and the server ran the input at once
+ * instead (the caller refreshes).
  */
-export async function enqueue(text, when) {
-  const answer = await api(`${sessionPath(state.current)}/runs`, { method: "POST", body: { input: text, queue: when } });
+export async function enqueue(session, text, when) {
+  const answer = await api(`${sessionPath(session)}/runs`, { method: "POST", body: { input: text, queue: when } });
   if (answer.when === undefined) return false;
-  state.queued = [...state.queued.filter((q) => q.id !== answer.id), answer];
-  renderQueue();
+  if (state.current === session && !deliveredIds.has(answer.id)) {
+    state.queued = [...state.queued.filter((q) => q.id !== answer.id), answer];
+    renderQueue();
+  }
   return true;
 }
