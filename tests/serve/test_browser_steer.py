@@ -207,28 +207,33 @@ async def test_messages_sent_during_a_run_are_listed_as_queued_until_the_stream_
         assert not await page.locator("#chat-queue").is_visible()
         await page.fill("#chat-input", "Code of Suzhou?")
         await page.press("#chat-input", "Enter")
-        await gate.entered.wait()  # the inspector's run holds the session, inside its tool call
-        for when, text in (("asap", "Use metric units."), ("next", "E-mail it to me.")):
-            await page.select_option("#chat-queue", when)
-            await page.fill("#chat-input", text)
-            await page.press("#chat-input", "Enter")
-            await page.locator(f"#queued li[data-when='{when}']", has_text=text).wait_for()
-        assert await page.locator("#queued .badge.when").all_inner_texts() == ["asap", "next"]
-        listed = (await c.get("/v1/sessions/s1/queue")).json()["queued"]
-        assert [(q["when"], q["text"]) for q in listed] == [("asap", "Use metric units."), ("next", "E-mail it to me.")]
-        assert {"Use metric units.", "E-mail it to me."}.isdisjoint(await texts(store, "s1"))  # not in the log yet
+        try:
+            await gate.entered.wait()  # the inspector's run holds the session, inside its tool call
+            for when, text in (("asap", "Use metric units."), ("next", "E-mail it to me.")):
+                await page.select_option("#chat-queue", when)
+                await page.fill("#chat-input", text)
+                await page.press("#chat-input", "Enter")
+                await page.locator(f"#queued li[data-when='{when}']", has_text=text).wait_for()
+            assert await page.locator("#queued .badge.when").all_inner_texts() == ["asap", "next"]
+            listed = (await c.get("/v1/sessions/s1/queue")).json()["queued"]
+            assert [(q["when"], q["text"]) for q in listed] == [("asap", "Use metric units."),
+                                                                ("next", "E-mail it to me.")]
+            assert {"Use metric units.", "E-mail it to me."}.isdisjoint(await texts(store, "s1"))  # not in the log yet
 
-        gate.release.set()
-        await model.entered.wait()  # the asap message went in; the run's next model call is held, the stream open
-        await page.locator("#queued li[data-when='asap']").wait_for(state="detached")
-        assert await page.locator("#queued li").all_inner_texts() != [] and \
-            await page.locator("#queued li[data-when='next']").count() == 1
-        model.release.set()
-        await page.locator("#transcript li.msg.assistant", has_text="in metric units").wait_for()
-        await asyncio.gather(*app.state.api.runs.background)  # the server's run of the next message
-        assert await texts(store, "s1") == ["Code of Suzhou?", "", "", "Use metric units.",  # (a call, its result)
-                                            "Suzhou is 0512, in metric units.", "E-mail it to me.", "Sent by e-mail."]
-        await page.locator("#transcript li.msg", has_text="Sent by e-mail.").wait_for()  # its poll saw the new run
+            gate.release.set()
+            await model.entered.wait()  # the asap message went in; the run's next model call is held, the stream open
+            await page.locator("#queued li[data-when='asap']").wait_for(state="detached")
+            assert await page.locator("#queued li[data-when='next']").count() == 1
+            model.release.set()
+            await page.locator("#transcript li.msg.assistant", has_text="in metric units").wait_for()
+            await asyncio.gather(*app.state.api.runs.background)  # the server's run of the next message
+            assert await texts(store, "s1") == [
+                "Code of Suzhou?", "", "", "Use metric units.",  # (a call, its result)
+                "Suzhou is 0512, in metric units.", "E-mail it to me.", "Sent by e-mail."]
+            await page.locator("#transcript li.msg", has_text="Sent by e-mail.").wait_for()  # its poll saw the new run
+        finally:  # a failed check must not leave the run held
+            gate.release.set()
+            model.release.set()
         await page.wait_for_selector("#queue", state="hidden")
     await store.close()
 
