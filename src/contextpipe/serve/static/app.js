@@ -6,6 +6,8 @@ import { renderTranscript } from "./transcript.js";
 import { renderChart } from "./chart.js";
 import { renderCallDetail, selectCall } from "./calls.js";
 import { applyFind, jump } from "./find.js";
+import { delivered, enqueue, renderQueue } from "./queue.js";
+import { markSteering, whenSteering } from "./steer.js";
 
 const KEY_STORE = "contextpipe.key";
 
@@ -98,17 +100,18 @@ async function openSession(id) {
   $("session-error").textContent = "";
   $("run-result").hidden = true;
   $("delete-session").hidden = state.info.read_only;
+  chatMode();
   await refreshSession();
 }
 
 async function refreshSession() {
   const id = state.current;
   if (!id) return;
-  let session, page, traces, approvals;
+  let session, page, traces, approvals, queue;
   try {
-    [session, page, traces, approvals] = await Promise.all([
+    [session, page, traces, approvals, queue] = await Promise.all([
       api(sessionPath(id)), api(`${sessionPath(id)}/messages?limit=200`), api(`${sessionPath(id)}/traces?limit=${TRACE_LIMIT}`),
-      api(`${sessionPath(id)}/approvals`),
+      api(`${sessionPath(id)}/approvals`), api(`${sessionPath(id)}/queue`),
     ]);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
@@ -116,7 +119,9 @@ async function refreshSession() {
       $("session-meta").textContent = "This session does not exist (any more).";
       $("transcript").replaceChildren();
       state.approvals = [];
+      state.queued = [];
       renderApprovals();
+      renderQueue();
       return;
     }
     throw error;
@@ -130,6 +135,7 @@ async function refreshSession() {
   const followLatest = state.selectedCall === null || state.selectedCall === state.traces.length - 1;
   state.traces = traces.traces;
   state.approvals = approvals.pending_approvals;
+  state.queued = queue.queued;
   if (followLatest || state.selectedCall >= state.traces.length) {
     state.selectedCall = state.traces.length ? state.traces.length - 1 : null;
   }
@@ -154,6 +160,7 @@ function render(scroll = true) {
   renderTranscript(scroll);
   applyFind();
   renderApprovals();
+  renderQueue();
   renderChart(selectCall);
   renderCallDetail();
 }
@@ -206,18 +213,28 @@ function send(text) {
   return streamRun("runs", { input: text, stream: true, wait: 5 }, text, "input");
 }
 
+// While a run streams in the session shown, a message sent is queued (`queue.js`): Send becomes Queue. While it streams
+// in another session, Send waits (one streamed run at a time), so nothing goes to a session other than the one meant.
+function chatMode() {
+  const queueing = state.streaming !== null && state.streaming === state.current;
+  $("chat-send").textContent = queueing ? "Queue" : "Send";
+  $("chat-send").disabled = state.streaming !== null && !queueing;
+  $("chat-queue").hidden = !queueing;
+}
+
 // Streams a run (POST sessions/{id}/`route` with `body`), showing `shown` as its first line; returns its result.
 async function streamRun(route, body, shown, badge = "decision") {
   const id = state.current;
   let result = null;
-  state.streaming = true;
+  state.streaming = id;
+  markSteering();
+  chatMode();
   $("live").hidden = false;
   $("stop").hidden = state.info.read_only;
-  $("chat-send").disabled = true;
   $("chat-error").textContent = "";
   $("run-result").hidden = true;
   const list = $("transcript");
-  const role = route === "runs" ? "user" : "decision";
+  const role = badge === "input" ? "user" : "decision";
   list.append(el("li", { class: `msg ${role} streaming` }, el("div", { class: "msg-head" }, el("span", { class: "role", text: role }),
     el("span", { class: "badge src", text: badge })), el("div", { class: "text", text: shown })));
   const live = el("li", { class: "msg assistant streaming", id: "streaming" },
@@ -247,6 +264,8 @@ async function streamRun(route, body, shown, badge = "decision") {
       } else if (event.name === "tool_call_finished") {
         live.append(el("div", { class: `result${event.data.is_error ? " is-error" : ""}` },
           el("span", { class: "muted", text: `${event.data.name} returned` }), el("pre", { class: "args", text: event.data.result })));
+      } else if (event.name === "message_delivered") {
+        delivered(event.data.message.id);
       } else if (event.name === "done") {
         result = event.data;
       } else if (event.name === "error") {
@@ -258,10 +277,11 @@ async function streamRun(route, body, shown, badge = "decision") {
     const kind = error.body && error.body.error ? error.body.error.type : null;
     $("chat-error").textContent = kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`;
   } finally {
-    state.streaming = false;
+    state.streaming = null;
+    markSteering();
+    chatMode();
     $("live").hidden = true;
     $("stop").hidden = true;
-    $("chat-send").disabled = false;
   }
   if (state.current === id) await refreshSession();
   loadSessions(true);
@@ -361,13 +381,20 @@ $("find").addEventListener("keydown", (event) => {
 $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
-  if (!text || state.streaming) return;
+  if (!text || (state.streaming && state.streaming !== state.current)) return;
   $("chat-input").value = "";
-  send(text);
+  if (!state.streaming) { send(text); return; }
+  const session = state.streaming;
+  enqueue(session, text, $("chat-queue").value).then((queued) => queued || state.current !== session || refreshSession())
+    .catch((error) => {
+      $("chat-error").textContent = `Could not queue: ${error.message}`;
+      if (!$("chat-input").value) $("chat-input").value = text;  // the text is not lost: send it again
+    });
 });
 $("chat-input").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("chat").requestSubmit(); }
 });
 whenUnauthorized(askForKey);
+whenSteering({ run: streamRun, open: openSession, refresh: refreshSession, sessions: () => loadSessions(true) });
 setInterval(poll, 3000);
 start();

@@ -4,6 +4,7 @@ import { state } from "./state.js";
 import { colorFor, describeKey, renderChart } from "./chart.js";
 import { renderDiff } from "./diff.js";
 import { loadMessagesFor, renderRequest } from "./request.js";
+import { cacheBadge, cacheLoss } from "./cache.js";
 
 export function selectCall(i) {
   state.selectedCall = i;
@@ -35,8 +36,10 @@ export function renderCallDetail() {
     ` — ${d.reason} (${fmtInt(d.tokens_before)} → ${fmtInt(d.tokens_after)} tokens)`));
   const timings = (trace.provider_timings || []).map((t) => el("tr", {},
     el("td", { text: `${t.source_id}.${t.hook}` }), el("td", { class: "num", text: `${(t.seconds * 1000).toFixed(2)} ms` })));
+  const loss = cacheLoss(trace);
   box.replaceChildren(
     el("h3", { text: `Model call ${i + 1}` }), el("div", { class: "stats" }, ...stats.map((s) => el("span", { text: s }))),
+    ...(loss ? [el("p", { class: "cache-note", id: "cache-note" }, cacheBadge(trace), ` ${loss}`)] : []),
     el("h3", { text: "Tokens by source" }),
     el("table", { class: "sources" }, el("tbody", {}, ...rows)),
     el("h3", { text: "Compaction" }),

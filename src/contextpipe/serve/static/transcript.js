@@ -2,6 +2,8 @@
 import { el, fmtInt, prettyArgs, $ } from "./dom.js";
 import { state } from "./state.js";
 import { selectCall } from "./calls.js";
+import { cacheBadge } from "./cache.js";
+import { messageActions, viewOf } from "./steer.js";
 
 export function traceEnd(trace) {
   const last = trace.messages[trace.messages.length - 1];
@@ -36,11 +38,16 @@ function isRepair(message, repaired) {
 }
 
 
-function renderMessage(message, marks, repaired) {
+function renderMessage(message, marks, repaired, view) {
+  if (message.rewind_to !== undefined) {  // a rewind marker of the log: shown as the rewind, not as text
+    return el("li", { class: "marker rewind", "data-seq": message.seq, "data-id": message.id },
+      el("strong", { text: "rewind" }), ` — the messages after #${message.rewind_to} were left out of the view here (#${message.seq}); they stay stored`);
+  }
   const source = message.source ? message.source.kind + (message.source.source_id ? `:${message.source.source_id}` : "") : "";
   const badges = [];
   if (source) badges.push(el("span", { class: "badge src", title: "where this message came from", text: source }));
   if (isRepair(message, repaired)) badges.push(el("span", { class: "badge repair", title: "recorded by the repair of an interrupted run", text: "repair" }));
+  if (message.rewound) badges.push(el("span", { class: "badge rewound", title: "left out of the view by a rewind: the model no longer sees it", text: "rewound" }));
   const compacted = marks.get(message.id) || [];
   if (compacted.length) {
     const calls = compacted.map((c) => `call ${c.call}`).join(", ");
@@ -65,9 +72,10 @@ function renderMessage(message, marks, repaired) {
     } else if (part.kind === "uri") body.push(el("div", { class: "text mono", text: `${part.media_type}: ${part.uri}` }));
     else if (part.kind === "data") body.push(el("div", { class: "text muted", text: `(${part.media_type} data)` }));
   }
-  return el("li", { class: `msg ${message.role}${compacted.length ? " dropped" : ""}`, "data-seq": message.seq, "data-id": message.id },
+  const kind = `${compacted.length ? " dropped" : ""}${message.rewound ? " rewound" : ""}`;
+  return el("li", { class: `msg ${message.role}${kind}`, "data-seq": message.seq, "data-id": message.id },
     el("div", { class: "msg-head" }, el("span", { class: "role", text: message.role }), ...badges,
-       el("span", { class: "seq", text: `#${message.seq}` })), ...body);
+       el("span", { class: "seq", text: `#${message.seq}` })), ...body, messageActions(message, view));
 }
 
 export function renderTranscript(scroll) {
@@ -83,8 +91,9 @@ export function renderTranscript(scroll) {
   });
   const checkpoint = state.session.checkpoint;
   const items = [];
+  const view = viewOf(state.messages);
   for (const message of state.messages) {
-    items.push(renderMessage(message, marks, repaired));
+    items.push(renderMessage(message, marks, repaired, view));
     if (checkpoint && checkpoint.seq === message.seq) {
       const summary = checkpoint.summary.parts.filter((p) => p.kind === "text").map((p) => p.text).join("\n");
       items.push(el("li", { class: "marker checkpoint" },
@@ -99,7 +108,8 @@ export function renderTranscript(scroll) {
       items.push(el("li", {
         class: `marker callmark${state.selectedCall === i ? " selected" : ""}`, "data-call": i + 1,
         onclick: () => selectCall(i),
-      }, `▸ model call ${i + 1} to ${trace.model}: ${fmtInt(trace.total_tokens)} tokens · ${(trace.latency_s * 1000).toFixed(0)} ms${usage}${compaction}`));
+      }, `▸ model call ${i + 1} to ${trace.model}: ${fmtInt(trace.total_tokens)} tokens · ${(trace.latency_s * 1000).toFixed(0)} ms${usage}${compaction} `,
+         cacheBadge(trace)));
     }
   }
   list.replaceChildren(...items);
