@@ -124,6 +124,40 @@ async def test_a_double_click_steers_once_and_the_buttons_keep_their_places(tmp_
     await store.close()
 
 
+async def test_nothing_is_sent_while_a_regenerate_waits_for_its_rewind(tmp_path: Path) -> None:
+    """Enter in the chat, between Regenerate's rewind and its run, starts no run of its own: the text stays typed."""
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel(["Paris.", "Lyon, then.", "Nice."])
+    app = create_app(Agent(model, providers=[History(store)]), keys=keys())
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        await c.post("/v1/sessions", json={"id": "s1"})
+        await c.post("/v1/sessions/s1/runs", json={"input": "A city?"})
+        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+        posted: list[str] = []
+        page.on("request", lambda r: r.method == "POST" and posted.append(r.url.rsplit("/", 1)[-1]))
+        reached, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(route: Any) -> None:  # the rewind waits here until the chat has been tried
+            reached.set()
+            await release.wait()
+            await route.continue_()
+
+        await page.route("**/rewind", hold)
+        transcript = page.locator("#transcript")
+        await transcript.locator("li.msg[data-seq='2'] button.regenerate").click()
+        await reached.wait()
+        await page.locator("#chat-input").fill("Another city?")
+        await page.locator("#chat-input").press("Enter")
+        await page.evaluate("() => new Promise((done) => setTimeout(done, 0))")  # (the submit handler has run)
+        assert posted == ["rewind"] and await page.locator("#chat-input").input_value() == "Another city?"
+        release.set()
+        await transcript.locator("li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()
+        await page.locator("#transcript:not(.steering)").wait_for()
+        assert posted == ["rewind", "runs"] and len(model.requests) == 2  # Regenerate's run only
+        assert await page.locator("#chat-error").inner_text() == ""
+    await store.close()
+
+
 async def test_regenerate_answers_the_users_message_not_a_late_tool_result(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "ui.db")
     model = ScriptedModel(["Paris.", "Lyon, then."])

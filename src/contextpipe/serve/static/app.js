@@ -7,7 +7,7 @@ import { renderChart } from "./chart.js";
 import { renderCallDetail, selectCall } from "./calls.js";
 import { applyFind, jump } from "./find.js";
 import { delivered, enqueue, renderQueue } from "./queue.js";
-import { markSteering, whenSteering } from "./steer.js";
+import { markSteering, steering, whenSteering } from "./steer.js";
 
 const KEY_STORE = "contextpipe.key";
 
@@ -191,7 +191,7 @@ function renderApprovals() {
 }
 
 async function resume(pending, decision) {
-  if (state.streaming) return;
+  if (state.streaming || steering()) return;
   for (const button of $("pending").querySelectorAll("button")) button.disabled = true;
   const verb = decision.decision === "approve" ? "Approved" : "Rejected";
   const result = await streamRun("approvals", { decisions: { [pending.call_id]: decision }, stream: true, wait: 5 },
@@ -381,12 +381,13 @@ $("find").addEventListener("keydown", (event) => {
 $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
-  if (!text || (state.streaming && state.streaming !== state.current)) return;
+  if (!text || steering() || (state.streaming && state.streaming !== state.current)) return;
   $("chat-input").value = "";
   if (!state.streaming) { send(text); return; }
   const session = state.streaming;
-  enqueue(session, text, $("chat-queue").value).then((queued) => queued || state.current !== session || refreshSession())
-    .catch((error) => {
+  // (only the enqueue's failure puts the text back: a refresh failing after the server took it must not invite a resend)
+  enqueue(session, text, $("chat-queue").value).then((queued) => queued || state.current !== session || refreshSession(),
+    (error) => {
       $("chat-error").textContent = `Could not queue: ${error.message}`;
       if (!$("chat-input").value) $("chat-input").value = text;  // the text is not lost: send it again
     });

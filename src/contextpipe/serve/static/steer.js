@@ -16,6 +16,11 @@ function say(text) {
 
 let busy = false;  // an action is in flight (until its end, Regenerate's run included): a second click does nothing
 
+/** Whether a steering action is in flight: the chat and the approvals start no run meanwhile (its rewind comes first). */
+export function steering() {
+  return busy;
+}
+
 /** Disable the buttons (the transcript's `steering` class) while an action is in flight or a run streams. */
 export function markSteering() {
   $("transcript").classList.toggle("steering", busy || Boolean(state.streaming));
