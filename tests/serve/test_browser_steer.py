@@ -124,10 +124,12 @@ async def test_a_double_click_steers_once_and_the_buttons_keep_their_places(tmp_
     await store.close()
 
 
-async def test_nothing_is_sent_while_a_regenerate_waits_for_its_rewind(tmp_path: Path) -> None:
-    """Enter in the chat, between Regenerate's rewind and its run, starts no run of its own: the text stays typed."""
+async def test_nothing_is_sent_while_a_regenerate_waits_for_its_rewind_and_its_run_takes_queued_messages(
+        tmp_path: Path) -> None:
+    """Enter in the chat between Regenerate's rewind and its run starts no run of its own (the text stays typed);
+    once Regenerate's run streams, Enter queues, as during any run."""
     store = SQLiteStore(tmp_path / "ui.db")
-    model = ScriptedModel(["Paris.", "Lyon, then.", "Nice."])
+    model = HeldModel("Paris.", "Lyon, then.", "Nice.")  # (the second call, Regenerate's, is held)
     app = create_app(Agent(model, providers=[History(store)]), keys=keys())
     async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
         await c.post("/v1/sessions", json={"id": "s1"})
@@ -144,16 +146,28 @@ async def test_nothing_is_sent_while_a_regenerate_waits_for_its_rewind(tmp_path:
 
         await page.route("**/rewind", hold)
         transcript = page.locator("#transcript")
-        await transcript.locator("li.msg[data-seq='2'] button.regenerate").click()
-        await reached.wait()
-        await page.locator("#chat-input").fill("Another city?")
-        await page.locator("#chat-input").press("Enter")
-        await page.evaluate("() => new Promise((done) => setTimeout(done, 0))")  # (the submit handler has run)
-        assert posted == ["rewind"] and await page.locator("#chat-input").input_value() == "Another city?"
-        release.set()
-        await transcript.locator("li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()
-        await page.locator("#transcript:not(.steering)").wait_for()
-        assert posted == ["rewind", "runs"] and len(model.requests) == 2  # Regenerate's run only
+        try:
+            await transcript.locator("li.msg[data-seq='2'] button.regenerate").click()
+            await reached.wait()
+            await page.locator("#chat-input").fill("Another city?")
+            await page.locator("#chat-input").press("Enter")
+            await page.evaluate("() => new Promise((done) => setTimeout(done, 0))")  # (the submit handler has run)
+            assert posted == ["rewind"] and await page.locator("#chat-input").input_value() == "Another city?"
+            release.set()
+            await model.entered.wait()  # Regenerate's run streams, its model call held
+            await page.locator("#chat-send", has_text="Queue").wait_for()
+            await page.select_option("#chat-queue", "next")
+            await page.locator("#chat-input").press("Enter")
+            await page.locator("#queued li[data-when='next']", has_text="Another city?").wait_for()
+            model.release.set()
+            await transcript.locator("li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()
+            await asyncio.gather(*app.state.api.runs.background)  # the server's run of the queued message
+        finally:  # a failed check must not leave the rewind or the run held
+            release.set()
+            model.release.set()
+        assert posted == ["rewind", "runs", "runs"] and len(model.requests) == 3  # Regenerate's run, the queued one
+        assert [m.text for m in (await store.load("acme", "s1")).messages if m.text][-3:] == [
+            "Lyon, then.", "Another city?", "Nice."]
         assert await page.locator("#chat-error").inner_text() == ""
     await store.close()
 

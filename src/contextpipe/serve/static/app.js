@@ -381,7 +381,8 @@ $("find").addEventListener("keydown", (event) => {
 $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
-  if (!text || steering() || (state.streaming && state.streaming !== state.current)) return;
+  // (a steering action before its run streams, e.g. Regenerate's rewind: no run of the chat's own meanwhile)
+  if (!text || (steering() && !state.streaming) || (state.streaming && state.streaming !== state.current)) return;
   $("chat-input").value = "";
   if (!state.streaming) { send(text); return; }
   const session = state.streaming;
