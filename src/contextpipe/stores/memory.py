@@ -19,6 +19,7 @@ from ..errors import ConcurrentUpdate
 from ..messages import Message
 from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
+from ._checks import not_empty
 from ._common import (
     bounded_expiry,
     check_lease,
@@ -194,6 +195,18 @@ class MemoryStore(SessionStore):
                 entry.outbox[k] = (next(self._order), outboxed)
         entry.updated_at = self._clock()
         return len(entry.log)
+
+    @override
+    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
+                         lease: Lease | None) -> int:
+        entry, into = await self._entry(source), await self._entry(target)
+        if into is not None and into.log:
+            raise not_empty(target, len(into.log))
+        log = entry.log if entry is not None else []
+        batch = [m for lo, hi in kept for m in log[lo - 1:hi]]  # the messages themselves: nothing to decode
+        if batch:
+            await self._append(target, batch, lease, True)
+        return len(batch)
 
     @override
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:

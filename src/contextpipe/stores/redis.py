@@ -28,6 +28,7 @@ from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
 from . import _rows as row_codec
+from ._checks import not_empty
 from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
@@ -178,6 +179,10 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8],
 redis.call('ZREM', KEYS[6], ARGV[1])
 return gone
 """
+
+
+_COPY_PAGE: Final = 1000
+"""Log entries per page of `RedisStore.copy_view`."""
 
 
 @functools.cache
@@ -444,6 +449,26 @@ class RedisStore(SessionStore):
         messages = [row_codec.decode_message(self.backend, key, start + i + 1, body) for i, body in enumerate(bodies)]
         first = start + 1
         return MessagePage(messages, first, first > 1)
+
+    @override
+    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
+                         lease: Lease | None) -> int:
+        # The raw entries, pushed by the append script a page at a time (each page fenced by the lease);
+        # the ids come from the source's id index, turned around, so no entry is decoded.
+        log, ids = self._keys(source)[1:3]
+        if last := int(await self._client.llen(self._keys(target)[1])):
+            raise not_empty(target, last)
+        id_at = {int(seq): mid for mid, seq in (await self._client.hgetall(ids)).items()} if kept else {}
+        copied = 0
+        for lo, hi in kept:
+            for start in range(lo, hi + 1, _COPY_PAGE):
+                bodies = await self._client.lrange(log, start - 1, min(hi, start + _COPY_PAGE - 1) - 1)
+                flat = [x for seq, body in enumerate(bodies, start) for x in (id_at[seq], body)]
+                result = await self._lua_append(keys=self._keys(target),
+                                                args=[target.id, *self._lease_args(lease), len(bodies), *flat])
+                self._raise(result, target, lease)
+                copied += len(bodies)
+        return copied
 
     @override
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:

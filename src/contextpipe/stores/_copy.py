@@ -1,0 +1,59 @@
+"""The SQL stores' `SessionStore.copy_view`: a session's log rows copied to another session by the database.
+
+One ``INSERT ... SELECT`` per kept range, inside the write transaction of the target session (so the
+lease check, the copy and the new ``last_seq`` commit together or not at all): the rows keep their id
+and body as stored, and ``ROW_NUMBER()`` numbers them on from the target's last sequence. Nothing is
+decoded or encoded in Python. The outbox is left as it is: its entries are unique by tenant and key,
+so the plain copy's appends (`contextpipe.rewind.copy_pages`) store none for a fork in the same
+tenant either (the source's entries hold their keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from ..session import SessionKey
+from ._checks import not_empty
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    import asyncpg
+
+__all__ = ["postgres_copy", "sqlite_copy"]
+
+_SQLITE_COPY: Final = (
+    "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) "
+    "SELECT ?, ?, ? + ROW_NUMBER() OVER (ORDER BY seq), message_id, body FROM cp_messages "
+    "WHERE tenant = ? AND session_id = ? AND seq >= ? AND seq <= ? ORDER BY seq")
+
+
+def sqlite_copy(conn: sqlite3.Connection, target: SessionKey, row: sqlite3.Row, now: float, source: SessionKey,
+                kept: list[tuple[int, int]], touch: Callable[[sqlite3.Connection, SessionKey, float], None]) -> int:
+    """Copy the `kept` ranges of `source` to `target` (in `SQLiteStore`'s write transaction); return the count."""
+    last = int(row["last_seq"])
+    if last:
+        raise not_empty(target, last)
+    for lo, hi in kept:
+        last += conn.execute(_SQLITE_COPY, (target.tenant, target.id, last, source.tenant, source.id, lo, hi)).rowcount
+    if last:
+        conn.execute("UPDATE cp_sessions SET last_seq = ? WHERE tenant = ? AND session_id = ?",
+                     (last, target.tenant, target.id))
+    touch(conn, target, now)
+    return last
+
+
+async def postgres_copy(conn: asyncpg.Connection, p: str, target: SessionKey, last: int, source: SessionKey,
+                        kept: list[tuple[int, int]]) -> int:
+    """Copy the `kept` ranges of `source` to `target` (in `PostgresStore`'s locked transaction); return the count."""
+    if last:
+        raise not_empty(target, last)
+    for lo, hi in kept:
+        status = await conn.execute(
+            f"INSERT INTO {p}messages (tenant, session_id, seq, message_id, body) "
+            "SELECT $1, $2, $3 + ROW_NUMBER() OVER (ORDER BY seq), message_id, body "
+            f"FROM {p}messages WHERE tenant = $4 AND session_id = $5 AND seq >= $6 AND seq <= $7",
+            target.tenant, target.id, last, source.tenant, source.id, lo, hi)
+        last += int(str(status).split()[-1])
+    return last
