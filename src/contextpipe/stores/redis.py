@@ -96,6 +96,22 @@ touch()
 return {'ok', tostring(last)}
 """
 
+# KEYS[10] the source's log; ARGV[4] the first sequence to copy, ARGV[5..] the ids of the entries from there
+_COPY: Final = _PROLOGUE + """
+local bad = check_lease()
+if bad then return bad end
+local base = redis.call('LLEN', KEYS[2])
+local first = tonumber(ARGV[4])
+local bodies = redis.call('LRANGE', KEYS[10], first - 1, first + #ARGV - 6)
+for i, body in ipairs(bodies) do
+  redis.call('RPUSH', KEYS[2], body)
+  redis.call('HSET', KEYS[3], ARGV[4 + i], base + i)
+end
+redis.call('HSET', KEYS[1], 'last_seq', base + #bodies)
+touch()
+return {'ok', tostring(#bodies)}
+"""
+
 # ARGV[4] expected version, ARGV[5] state, ARGV[6] ttl ('' for none), ARGV[7] created_at
 _SAVE: Final = _PROLOGUE + """
 local bad = check_lease()
@@ -181,7 +197,7 @@ return gone
 """
 
 
-_COPY_PAGE: Final = 1000
+_COPY_PAGE: Final = 2000
 """Log entries per page of `RedisStore.copy_view`."""
 
 
@@ -293,6 +309,7 @@ class RedisStore(SessionStore):
         self._lua_load = c.register_script(_LOAD)
         self._lua_delete = c.register_script(_DELETE)
         self._lua_traces = c.register_script(_TRACES)
+        self._lua_copy = c.register_script(_COPY)
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "cp") -> RedisStore:
@@ -453,8 +470,8 @@ class RedisStore(SessionStore):
     @override
     async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
                          lease: Lease | None) -> int:
-        # The raw entries, pushed by the append script a page at a time (each page fenced by the lease);
-        # the ids come from the source's id index, turned around, so no entry is decoded.
+        # Each page is copied inside Redis by one script, fenced by the lease: the entries never leave the
+        # server, and their ids come from the source's id index, turned around, so no entry is decoded.
         log, ids = self._keys(source)[1:3]
         if last := int(await self._client.llen(self._keys(target)[1])):
             raise not_empty(target, last)
@@ -462,12 +479,13 @@ class RedisStore(SessionStore):
         copied = 0
         for lo, hi in kept:
             for start in range(lo, hi + 1, _COPY_PAGE):
-                bodies = await self._client.lrange(log, start - 1, min(hi, start + _COPY_PAGE - 1) - 1)
-                flat = [x for seq, body in enumerate(bodies, start) for x in (id_at[seq], body)]
-                result = await self._lua_append(keys=self._keys(target),
-                                                args=[target.id, *self._lease_args(lease), len(bodies), *flat])
+                page = [id_at[seq] for seq in range(start, min(hi, start + _COPY_PAGE - 1) + 1) if seq in id_at]
+                if not page:
+                    break
+                result = await self._lua_copy(keys=[*self._keys(target), log],
+                                              args=[target.id, *self._lease_args(lease), start, *page])
                 self._raise(result, target, lease)
-                copied += len(bodies)
+                copied += int(result[1])
         return copied
 
     @override
