@@ -19,7 +19,7 @@ from message_strategies import messages as any_message
 Step = tuple[str, Any]
 
 plans = st.lists(st.one_of(
-    st.tuples(st.just("append"), st.lists(any_message, min_size=1, max_size=4, unique_by=lambda m: m.id)),
+    st.tuples(st.just("append"), st.lists(any_message, min_size=1, max_size=4)),
     st.tuples(st.just("exchange"), st.integers(1, 3)),
     st.tuples(st.just("rewind"), st.integers(0, 40))), min_size=1, max_size=10)
 
@@ -34,7 +34,7 @@ async def build(store: SessionStore, tenant: str, sid: str, plan: list[Step]) ->
                 await rewind(store, tenant, sid, min(arg, last), lease)
                 await store.release_lease(lease)
             continue
-        batch = [dataclasses.replace(m, id=f"{n}.{i}.{m.id}") for i, m in enumerate(arg)] if op == "append" else [
+        batch = [dataclasses.replace(m, id=f"{n}.{i}") for i, m in enumerate(arg)] if op == "append" else [
             Message("assistant", tuple(FunctionCall(f"c{n}.{i}", "f", "{}") for i in range(arg)), id=f"{n}.a"),
             *(Message("tool", (FunctionResult(f"c{n}.{i}", "r"),), id=f"{n}.r{i}") for i in range(arg))]
         await store.append(tenant, sid, batch)
