@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""What rewinding and forking cost, at 10,000 and 1,000,000 messages, on SQLite (or PostgreSQL, Redis).
+"""What rewinding and forking cost, at 10,000 and 1,000,000 messages, on SQLite (or PostgreSQL).
+
+Redis has no copy of its own (a fork copies page by page there: `RedisStore` says why), so it is not measured.
 
 For each size, one session holds a realistic log (`sqlite_log_bench.conversation`). Measured, in
 milliseconds (median of the rounds):
@@ -32,7 +34,7 @@ import _harness as h
 from contextpipe import Agent
 from contextpipe.providers import History
 from contextpipe.rewind import rewound_ranges, view_messages
-from contextpipe.stores import PostgresStore, RedisStore, SessionStore, SQLiteStore
+from contextpipe.stores import PostgresStore, SessionStore, SQLiteStore
 from contextpipe.testing import ScriptedModel
 from sqlite_log_bench import conversation
 
@@ -49,7 +51,7 @@ async def opened(kind: str, url: str | None) -> AsyncIterator[SessionStore]:
         return
     if url is None:
         raise SystemExit(f"--store {kind} needs --url (the server to measure against)")
-    async with (PostgresStore(url) if kind == "postgres" else RedisStore(url)) as server:
+    async with PostgresStore(url) as server:
         yield server
 
 
@@ -116,8 +118,8 @@ async def main_async(args: argparse.Namespace) -> h.Results:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", choices=["sqlite", "postgres", "redis"], default="sqlite")
-    parser.add_argument("--url", help="the server's URL (PostgreSQL DSN, redis://...) for --store postgres/redis")
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--url", help="the PostgreSQL DSN for --store postgres")
     parser.add_argument("--sizes", default="10000,1000000")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--fork-rounds", type=int, default=3, help="forks of each kind, interleaved")

@@ -28,7 +28,6 @@ from ..messages import Message
 from ..session import Session, SessionKey
 from . import _common as common
 from . import _rows as row_codec
-from ._checks import not_empty
 from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
 if TYPE_CHECKING:
@@ -94,22 +93,6 @@ local last = redis.call('LLEN', KEYS[2])
 redis.call('HSET', KEYS[1], 'last_seq', last)
 touch()
 return {'ok', tostring(last)}
-"""
-
-# KEYS[10] the source's log; ARGV[4] the first sequence to copy, ARGV[5..] the ids of the entries from there
-_COPY: Final = _PROLOGUE + """
-local bad = check_lease()
-if bad then return bad end
-local base = redis.call('LLEN', KEYS[2])
-local first = tonumber(ARGV[4])
-local bodies = redis.call('LRANGE', KEYS[10], first - 1, first + #ARGV - 6)
-for i, body in ipairs(bodies) do
-  redis.call('RPUSH', KEYS[2], body)
-  redis.call('HSET', KEYS[3], ARGV[4 + i], base + i)
-end
-redis.call('HSET', KEYS[1], 'last_seq', base + #bodies)
-touch()
-return {'ok', tostring(#bodies)}
 """
 
 # ARGV[4] expected version, ARGV[5] state, ARGV[6] ttl ('' for none), ARGV[7] created_at
@@ -195,10 +178,6 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8],
 redis.call('ZREM', KEYS[6], ARGV[1])
 return gone
 """
-
-
-_COPY_PAGE: Final = 2000
-"""Log entries per page of `RedisStore.copy_view`."""
 
 
 @functools.cache
@@ -309,7 +288,6 @@ class RedisStore(SessionStore):
         self._lua_load = c.register_script(_LOAD)
         self._lua_delete = c.register_script(_DELETE)
         self._lua_traces = c.register_script(_TRACES)
-        self._lua_copy = c.register_script(_COPY)
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "cp") -> RedisStore:
@@ -467,26 +445,11 @@ class RedisStore(SessionStore):
         first = start + 1
         return MessagePage(messages, first, first > 1)
 
-    @override
-    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
-                         lease: Lease | None) -> int:
-        # Each page is copied inside Redis by one script, fenced by the lease: the entries never leave the
-        # server, and their ids come from the source's id index, turned around, so no entry is decoded.
-        log, ids = self._keys(source)[1:3]
-        if last := int(await self._client.llen(self._keys(target)[1])):
-            raise not_empty(target, last)
-        id_at = {int(seq): mid for mid, seq in (await self._client.hgetall(ids)).items()} if kept else {}
-        copied = 0
-        for lo, hi in kept:
-            for start in range(lo, hi + 1, _COPY_PAGE):
-                page = [id_at[seq] for seq in range(start, min(hi, start + _COPY_PAGE - 1) + 1) if seq in id_at]
-                if not page:
-                    break
-                result = await self._lua_copy(keys=[*self._keys(target), log],
-                                              args=[target.id, *self._lease_args(lease), start, *page])
-                self._raise(result, target, lease)
-                copied += int(result[1])
-        return copied
+    # No `_copy_view`: a fork copies page by page here (`rewind.copy_pages`). A copy inside Redis would need each
+    # entry's id, and the only way to it without decoding is the id index turned around: reading all of it
+    # (HGETALL) costs the whole session's size even to fork at 10 (blocking the server meanwhile), and an index
+    # damaged, evicted or out of step with the log would drop or misnumber messages without a word. The plain
+    # copy reads the ids from the entries themselves.
 
     @override
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
