@@ -189,12 +189,18 @@ class MemoryStore(SessionStore):
         ids.update((m.id, seq) for seq, m in enumerate(fresh, len(log) + 1))
         log.extend(fresh)
         for mid, k, topic, body in entries:
-            if k not in entry.outbox and k not in entry.delivered:
+            if not self._outboxed(key.tenant, k):  # unique by tenant and key, as in the SQL stores
                 made = json.loads(body)
                 outboxed = OutboxEntry(k, key.tenant, key.id, ids[mid], made["call_id"], topic, made["payload"])
                 entry.outbox[k] = (next(self._order), outboxed)
         entry.updated_at = self._clock()
         return len(entry.log)
+
+    def _outboxed(self, tenant: str, entry_key: str) -> bool:
+        """Whether a live session of `tenant` holds the outbox entry `entry_key` (pending or delivered)."""
+        now = self._clock()
+        return any(k.tenant == tenant and not e.expired(now) and (entry_key in e.outbox or entry_key in e.delivered)
+                   for k, e in self._entries.items())
 
     @override
     async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
