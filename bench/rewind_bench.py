@@ -14,9 +14,10 @@ milliseconds (median of the rounds):
   appended again (``rewind.copy_pages``, the plain copy: the store's copy switched off). Each fork is
   deleted after it is timed. ``fork rows/s`` says how fast each copies.
 
-    python bench/rewind_bench.py --out bench/results/rewind.json
+    python bench/rewind_bench.py --sizes 10000 --fork-rounds 7 --out bench/results/rewind.json
+    python bench/rewind_bench.py --sizes 1000000 --out bench/results/rewind-1m.json
     python bench/rewind_bench.py --store postgres --url postgresql://... --sizes 10000 \\
-        --out bench/results/rewind-postgres.json
+        --fork-rounds 7 --out bench/results/rewind-postgres.json
     python bench/rewind_bench.py --sizes 10000 --rounds 5        # a quick look
 """
 
