@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Final
 from .errors import UsageError
 from .exchanges import is_late_result, unanswered_calls
 from .messages import Message, TextPart
-from .session import REWINDS_KEY
+from .session import REWINDS_KEY, Session
 
 if TYPE_CHECKING:
     from .stores.base import Lease, SessionStore
 
-__all__ = ["MARKER_KEY", "LogEntry", "Rewound", "fork", "is_marker", "last_user_seq", "leased", "read_log", "rewind",
-           "rewound_ids", "rewound_ranges", "view_messages", "view_tail"]
+__all__ = ["MARKER_KEY", "LogEntry", "Rewound", "copy_pages", "fork", "is_marker", "last_user_seq", "leased",
+           "read_log", "rewind", "rewound_ids", "rewound_ranges", "view_messages", "view_tail"]
 
 MARKER_KEY: Final = "contextpipe.rewind"
 """Metadata key of a rewind marker: ``{"to": seq}``, the last sequence kept."""
@@ -218,7 +218,9 @@ async def fork(store: SessionStore, tenant: str, session_id: str, at: int, new_i
     rewind or run of either session leaves the other as it was) and the session's state. It copies
     rather than shares: every store's log is numbered 1, 2, 3 ... per session, and the run, its
     replay of retried input and compaction's checkpoints all count on that; a shared prefix would
-    need a second numbering in all of them. The cost is measured in ``bench/results/rewind.json``.
+    need a second numbering in all of them. So the copy is cheap instead: the store copies the stored
+    rows on its side (`SessionStore.copy_view`), without decoding them. The cost is measured in
+    ``bench/results/rewind.json``.
     """
     if (await store.load(tenant, new_id, limit=1)).messages:
         raise UsageError(f"cannot fork into {tenant}/{new_id}: it has messages already; name a new session")
@@ -229,6 +231,27 @@ async def fork(store: SessionStore, tenant: str, session_id: str, at: int, new_i
     if at in rewound:
         raise UsageError(f"sequence {at} of {tenant}/{session_id} is rewound; fork at a sequence in the view")
     at = await _snapped(store, tenant, session_id, rewound, at) if at > 0 else 0
+    # The state first: a crash before the copy leaves a fork with state and no messages, which a retry takes.
+    target = await store.get_session(tenant, new_id) or Session(new_id, tenant)  # saved under the lease
+    target.state.update(source.state)
+    target.state.pop(REWINDS_KEY, None)  # the copied view holds no marker
+    await store.save_session(target, lease=lease)
+    # The store copies the rows on its side where it can: a 1,000,000-message fork on SQLite in 10.5 s instead
+    # of 52.4 s page by page, 10,000 in 54 ms instead of 160 (bench/results/rewind*.json); `copy_pages`, the
+    # plain copy, is the reference it is tested against (and what Redis uses).
+    copied = await store.copy_view(tenant, session_id, new_id, upto=at, skip=rewound.ranges, lease=lease)
+    if copied is None:
+        copied = await copy_pages(store, tenant, session_id, new_id, at, rewound, lease)
+    return copied
+
+
+async def copy_pages(store: SessionStore, tenant: str, session_id: str, new_id: str, at: int, rewound: Rewound,
+                     lease: Lease) -> int:
+    """Copy the view of `session_id` up to `at` into `new_id` page by page (decoded, appended again); return the count.
+
+    The plain copy, for a store whose `SessionStore.copy_view` offers none, and the reference the stores' copies
+    are tested against.
+    """
     copied, after = 0, 0
     while after < at:
         page = await store.load(tenant, session_id, after=after, before=min(at, after + _PAGE) + 1)
@@ -239,10 +262,6 @@ async def fork(store: SessionStore, tenant: str, session_id: str, at: int, new_i
         if not page.messages:
             break
         after = page.last_seq
-    target = await store.load_or_create(tenant, new_id)
-    target.state.update(source.state)
-    target.state.pop(REWINDS_KEY, None)  # the copied view holds no marker
-    await store.save_session(target, lease=lease)
     return copied
 
 

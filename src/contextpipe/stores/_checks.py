@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ContextPipeError, StoreError, UsageError, shorten
 from ..session import SessionKey
 
-__all__ = ["check_limit", "decode_cursor", "duplicate_in_batch", "encode_cursor", "key_and_limit", "key_of",
-           "to_store_error"]
+__all__ = ["check_limit", "decode_cursor", "duplicate_in_batch", "encode_cursor", "kept_ranges", "key_and_limit",
+           "key_of", "not_empty", "to_store_error"]
 
 _known_key = functools.lru_cache(maxsize=4096)(SessionKey)
 
@@ -57,6 +58,28 @@ def _bad_limit(limit: int) -> UsageError:
 
 def duplicate_in_batch(key: SessionKey) -> UsageError:
     return UsageError(f"{key}: the batch to append repeats a message id")
+
+
+def kept_ranges(upto: int, skip: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Return the inclusive ranges of 1 to `upto` outside the `skip` ranges, in order (`SessionStore.copy_view`)."""
+    if type(upto) is not int or upto < 0:
+        raise UsageError(f"upto must be a log sequence of 0 or more, got {upto!r}")
+    kept: list[tuple[int, int]] = []
+    start = 1
+    for lo, hi in sorted(skip):
+        if type(lo) is not int or type(hi) is not int or lo > hi:
+            raise UsageError(f"each range to skip must be (first, last) sequences with first <= last, got {(lo, hi)!r}")
+        if lo > start:
+            kept.append((start, min(lo - 1, upto)))
+        start = max(start, hi + 1)
+    kept.append((start, upto))
+    return [(lo, hi) for lo, hi in kept if lo <= hi]
+
+
+def not_empty(target: SessionKey, last: int) -> UsageError:
+    """Return the error of a copy (`SessionStore.copy_view`) into a log that has `last` messages already."""
+    return UsageError(f"cannot copy into {target.tenant}/{target.id}: its log has {last} messages already; "
+                      "copy into a new session")
 
 
 def encode_cursor(updated_at: float, session_id: str) -> str:

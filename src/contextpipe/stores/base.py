@@ -58,6 +58,7 @@ from ._checks import (
     decode_cursor,
     duplicate_in_batch,
     encode_cursor,
+    kept_ranges,
     key_and_limit,
     key_of,
     to_store_error,
@@ -332,6 +333,23 @@ class SessionStore(abc.ABC):
         except Exception as exc:
             raise self._store_error(exc) from exc
 
+    async def copy_view(self, tenant: str, source: str, target: str, *, upto: int,
+                        skip: Sequence[tuple[int, int]] = (), lease: Lease | None = None) -> int | None:
+        """Copy the messages 1 to `upto` of `source`, but those in the `skip` ranges, to the empty log of `target`.
+
+        The store copies the stored rows as they are, without decoding them; the copies are numbered
+        1, 2, 3 ... and keep their ids, and the write is fenced by `lease` (on `target`) as an append is.
+        Returns how many were copied, or None when the store offers no such copy: `contextpipe.rewind.fork`
+        then copies page by page (`copy_pages`, the reference each store's copy is tested against).
+        `skip` holds inclusive ``(first, last)`` ranges.
+        """
+        source_key, target_key = key_of(tenant, source), key_of(tenant, target)
+        kept = kept_ranges(upto, skip)
+        try:
+            return await self._copy_view(source_key, target_key, kept, lease)
+        except Exception as exc:
+            raise self._store_error(exc) from exc
+
     async def load_context(
         self, tenant: str, session_id: str, *, limit: int | None = None
     ) -> tuple[Checkpoint | None, MessagePage]:
@@ -511,6 +529,11 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
         """Return the sequence of the message with this id, None if none (`message_seq`)."""
+
+    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
+                         lease: Lease | None) -> int | None:
+        """Copy the `kept` ranges of `source`'s log to `target`'s (`copy_view`); None: not offered, by default."""
+        return None
 
     async def _load_context(self, key: SessionKey, limit: int | None) -> tuple[Checkpoint | None, MessagePage]:
         """Return the latest checkpoint and the messages after it (`load_context`): by default two calls."""

@@ -19,6 +19,7 @@ from ..errors import ConcurrentUpdate
 from ..messages import Message
 from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
+from ._checks import not_empty
 from ._common import (
     bounded_expiry,
     check_lease,
@@ -188,12 +189,30 @@ class MemoryStore(SessionStore):
         ids.update((m.id, seq) for seq, m in enumerate(fresh, len(log) + 1))
         log.extend(fresh)
         for mid, k, topic, body in entries:
-            if k not in entry.outbox and k not in entry.delivered:
+            if not self._outboxed(key.tenant, k):  # unique by tenant and key, as in the SQL stores
                 made = json.loads(body)
                 outboxed = OutboxEntry(k, key.tenant, key.id, ids[mid], made["call_id"], topic, made["payload"])
                 entry.outbox[k] = (next(self._order), outboxed)
         entry.updated_at = self._clock()
         return len(entry.log)
+
+    def _outboxed(self, tenant: str, entry_key: str) -> bool:
+        """Whether a live session of `tenant` holds the outbox entry `entry_key` (pending or delivered)."""
+        now = self._clock()
+        return any(k.tenant == tenant and not e.expired(now) and (entry_key in e.outbox or entry_key in e.delivered)
+                   for k, e in self._entries.items())
+
+    @override
+    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
+                         lease: Lease | None) -> int:
+        entry, into = await self._entry(source), await self._entry(target)
+        if into is not None and into.log:
+            raise not_empty(target, len(into.log))
+        log = entry.log if entry is not None else []
+        batch = [m for lo, hi in kept for m in log[lo - 1:hi]]  # the messages themselves: nothing to decode
+        if batch:
+            await self._append(target, batch, lease, True)
+        return len(batch)
 
     @override
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:

@@ -29,6 +29,7 @@ from ..messages import Message
 from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _copy as copy
 from . import _outbox as outbox
 from . import _queue as queue
 from . import _rows as row_codec
@@ -403,6 +404,17 @@ class PostgresStore(SessionStore):
                 stored = [i for i in ids if i in fresh]
                 await outbox.postgres_insert(conn, p, key, {i: last + n for n, i in enumerate(stored, 1)}, entries)
         return int(done["last_seq"])
+
+    @override
+    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
+                         lease: Lease | None) -> int:
+        async with self._transaction() as conn:
+            row = await self._locked_row(conn, target, lease)
+            last = await copy.postgres_copy(conn, self._p, target, int(row["last_seq"]), source, kept)
+            await conn.execute(f"UPDATE {self._p}sessions SET last_seq = $3, updated_at = {_NOW}, "
+                               f"expires_at = {_EXPIRY_AFTER_WRITE} WHERE tenant = $1 AND session_id = $2",
+                               target.tenant, target.id, last)
+        return last
 
     @override
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:

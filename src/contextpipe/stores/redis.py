@@ -445,6 +445,12 @@ class RedisStore(SessionStore):
         first = start + 1
         return MessagePage(messages, first, first > 1)
 
+    # No `_copy_view`: a fork copies page by page here (`rewind.copy_pages`). A copy inside Redis would need each
+    # entry's id, and the only way to it without decoding is the id index turned around: reading all of it
+    # (HGETALL) costs the whole session's size even to fork at 10 (blocking the server meanwhile), and an index
+    # damaged, evicted or out of step with the log would drop or misnumber messages without a word. The plain
+    # copy reads the ids from the entries themselves.
+
     @override
     async def _message_seq(self, key: SessionKey, message_id: str) -> int | None:
         seq = await self._client.hget(self._keys(key)[2], message_id)  # the ids expire with the session

@@ -32,6 +32,7 @@ from ..messages import Message
 from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
 from . import _common as common
+from . import _copy as copy
 from . import _outbox as outbox
 from . import _rows as row_codec
 from . import _sqlite_lease as lease_rows
@@ -251,15 +252,9 @@ class SQLiteStore(SessionStore):
         common.check_lease(self.backend, key, lease, row["lease_owner"], row["lease_token"], expires, now)
         return row
 
-    async def _write(
-        self,
-        key: SessionKey,
-        lease: Lease | None,
-        fn: Callable[Concatenate[sqlite3.Connection, SessionKey, sqlite3.Row, float, P], T],
-        /,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> T:
+    async def _write(self, key: SessionKey, lease: Lease | None,
+                     fn: Callable[Concatenate[sqlite3.Connection, SessionKey, sqlite3.Row, float, P], T], /,
+                     *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(conn, key, row, now, ...)`` in one durable write transaction, after the lease check."""
         return await self._run(self._write_now, key, lease, True, fn, *args, **kwargs)
 
@@ -411,6 +406,11 @@ class SQLiteStore(SessionStore):
                          (last, key.tenant, key.id))
         SQLiteStore._touch(conn, key, now)
         return last
+
+    @override
+    async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
+                         lease: Lease | None) -> int:
+        return await self._write(target, lease, copy.sqlite_copy, source, kept, self._touch)
 
     @override
     async def _load(self, key: SessionKey, limit: int | None, before: int | None, after: int | None) -> MessagePage:
