@@ -47,21 +47,23 @@ async def test_a_regenerate_runs_in_its_session_when_another_is_opened_during_it
         await page.route("**/rewind", hold)
         try:
             await page.locator("#transcript li.msg[data-seq='2'] button.regenerate").click()
-            await reached.wait()
+            async with asyncio.timeout(60):  # (a failure, not a hang, if the rewind never comes)
+                await reached.wait()
             await page.locator("[data-session='s2']").click()
             await page.locator("#transcript li.msg", has_text="Rome.").wait_for()
             async with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/runs")) as run:
                 release.set()
-            response = await run.value
-            await response.finished()  # the streamed run is over
+            response = await run.value  # (the run's lines, if any, were placed before its request went)
+            assert response.url.endswith("/sessions/s1/runs")
+            shown = page.locator("#transcript")
+            assert await shown.locator(".streaming").count() == 0 and "Lyon" not in await shown.inner_text()
+            await page.locator("[data-session='s1']").click()
+            await shown.locator("li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()  # stored, shown
         finally:  # a failed check must not leave the rewind held
             release.set()
-        assert response.url.endswith("/sessions/s1/runs")
         assert await texts(store, "s1") == ["A city?", "Paris.", "Lyon, then."]  # (Paris. is rewound, kept)
         assert await texts(store, "s2") == ["A capital?", "Rome."]
         assert [m.text for m in model.requests[-1].messages] == ["A city?"]
-        shown = page.locator("#transcript")
-        assert await shown.locator(".streaming").count() == 0 and "Lyon" not in await shown.inner_text()
         assert await page.locator("#chat-error").inner_text() == ""
     await store.close()
 
