@@ -6,7 +6,7 @@ import { renderTranscript } from "./transcript.js";
 import { renderChart } from "./chart.js";
 import { renderCallDetail, selectCall } from "./calls.js";
 import { applyFind, jump } from "./find.js";
-import { delivered, enqueue, renderQueue } from "./queue.js";
+import { delivered, enqueue, pollQueue, renderQueue } from "./queue.js";
 import { markSteering, steering, whenSteering } from "./steer.js";
 
 const KEY_STORE = "contextpipe.key";
@@ -222,9 +222,9 @@ function chatMode() {
   $("chat-queue").hidden = !queueing;
 }
 
-// Streams a run (POST sessions/{id}/`route` with `body`), showing `shown` as its first line; returns its result.
-async function streamRun(route, body, shown, badge = "decision") {
-  const id = state.current;
+// Streams a run (POST sessions/`id`/`route` with `body`), showing `shown` as its first line; returns its result.
+// The live lines go to the transcript only while it shows `id` (Regenerate's session may no longer be the one shown).
+async function streamRun(route, body, shown, badge = "decision", id = state.current) {
   let result = null;
   state.streaming = id;
   markSteering();
@@ -233,7 +233,7 @@ async function streamRun(route, body, shown, badge = "decision") {
   $("stop").hidden = state.info.read_only;
   $("chat-error").textContent = "";
   $("run-result").hidden = true;
-  const list = $("transcript");
+  const list = state.current === id ? $("transcript") : el("ol");  // (a detached list: another session is shown)
   const role = badge === "input" ? "user" : "decision";
   list.append(el("li", { class: `msg ${role} streaming` }, el("div", { class: "msg-head" }, el("span", { class: "role", text: role }),
     el("span", { class: "badge src", text: badge })), el("div", { class: "text", text: shown })));
@@ -327,7 +327,7 @@ async function deleteSession() {
 async function stopRun() {
   $("stop").disabled = true;
   try {
-    await api(`${sessionPath(state.current)}/cancel`, { method: "POST" });
+    await api(`${sessionPath(state.streaming || state.current)}/cancel`, { method: "POST" });  // the run streaming
     $("run-result").textContent = "Stopping the run…";
     $("run-result").hidden = false;
   } finally {
@@ -338,8 +338,10 @@ async function stopRun() {
 // --- live updates from other clients -------------------------------------------------------------
 
 async function poll() {
-  if (!state.current || state.streaming || document.visibilityState !== "visible" || !state.key) return;
+  if (!state.current || document.visibilityState !== "visible" || !state.key) return;
   try {
+    await pollQueue(state.current);  // (what other clients queued, during any run)
+    if (state.streaming) return;
     const page = await api(`${sessionPath(state.current)}/messages?limit=1&after=${state.lastSeq}`);
     if (page.messages.length) {
       $("live").hidden = false;
@@ -381,8 +383,14 @@ $("find").addEventListener("keydown", (event) => {
 $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
+  if (!text) return;
   // (a steering action before its run streams, e.g. Regenerate's rewind: no run of the chat's own meanwhile)
-  if (!text || (steering() && !state.streaming) || (state.streaming && state.streaming !== state.current)) return;
+  const wait = steering() && !state.streaming ? "the steering action's run comes first"
+    : state.streaming && state.streaming !== state.current ? `a run streams in ${state.streaming}` : null;
+  if (wait) {
+    $("chat-error").textContent = `Not sent: ${wait}. Your message stays here; send it once that run streams or ends.`;
+    return;
+  }
   $("chat-input").value = "";
   if (!state.streaming) { send(text); return; }
   const session = state.streaming;

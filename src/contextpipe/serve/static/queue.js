@@ -17,10 +17,12 @@ export function renderQueue() {
 }
 
 const deliveredIds = new Set();  // so that a 202 answering after the stream said `message_delivered` adds nothing
+let changes = 0;  // this page's own changes to the list: a poll answered from before one of them is dropped
 
 /** Take a message the stream says a run delivered off the list (it is in the log now). */
 export function delivered(id) {
   deliveredIds.add(id);
+  changes += 1;
   state.queued = state.queued.filter((q) => q.id !== id);
   renderQueue();
 }
@@ -34,8 +36,20 @@ export async function enqueue(session, text, when) {
   const answer = await api(`${sessionPath(session)}/runs`, { method: "POST", body: { input: text, queue: when } });
   if (answer.when === undefined) return false;
   if (state.current === session && !deliveredIds.has(answer.id)) {
+    changes += 1;
     state.queued = [...state.queued.filter((q) => q.id !== answer.id), answer];
     renderQueue();
   }
   return true;
+}
+
+/** Show what is queued for `session` now (the inspector's poll: messages other clients queue, whoever runs). */
+export async function pollQueue(session) {
+  const before = changes;
+  const { queued } = await api(`${sessionPath(session)}/queue`);
+  if (state.current !== session || changes !== before) return;
+  const shown = queued.filter((q) => !deliveredIds.has(q.id));
+  if (shown.map((q) => q.id).join() === state.queued.map((q) => q.id).join()) return;
+  state.queued = shown;
+  renderQueue();
 }

@@ -59,9 +59,10 @@ async function forkAt(seq) {
 }
 
 async function regenerate(reply, userSeq) {
-  await api(`${sessionPath(state.current)}/rewind`, { method: "POST", body: { to: userSeq } });
-  await hooks.refresh();  // the old reply shows struck through while the new one streams
-  await hooks.run("runs", { input: null, stream: true, wait: 5 }, `Regenerate the reply #${reply.seq}`, "regenerate");
+  const session = state.current;  // its run goes to this session, even if another is opened during the rewind
+  await api(`${sessionPath(session)}/rewind`, { method: "POST", body: { to: userSeq } });
+  if (state.current === session) await hooks.refresh();  // the old reply shows struck through while the new one streams
+  await hooks.run("runs", { input: null, stream: true, wait: 5 }, `Regenerate the reply #${reply.seq}`, "regenerate", session);
 }
 
 /** Tell whether `message` is a tool's late result: a user message that is not the user's (`is_late_result`). */

@@ -1,0 +1,92 @@
+"""Steering in the inspector across sessions, in a real browser (headless Chromium, driven by Playwright): a
+Regenerate's run goes to its own session whatever the page shows meanwhile, and the queue box shows what other
+clients queue."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from contextpipe import Agent
+from contextpipe.providers import History
+from contextpipe.rewind import is_marker
+from contextpipe.serve import create_app
+from contextpipe.stores import SQLiteStore
+from contextpipe.testing import ScriptedModel
+
+from .conftest import KEYS, GateModel, auth, keys, make_app, serving
+from .test_browser_views import browser_page
+
+pytestmark = pytest.mark.extra("browser")  # CONTEXTPIPE_TEST_EXTRAS=browser bash scripts/test.sh
+
+
+async def texts(store: SQLiteStore, session: str) -> list[str]:
+    return [m.text for m in (await store.load("acme", session)).messages if m.text and not is_marker(m)]
+
+
+async def test_a_regenerate_runs_in_its_session_when_another_is_opened_during_its_rewind(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel(["Paris.", "Rome.", "Lyon, then."])
+    app = create_app(Agent(model, providers=[History(store)]), keys=keys())
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        for session, question in (("s1", "A city?"), ("s2", "A capital?")):
+            await c.post("/v1/sessions", json={"id": session})
+            await c.post(f"/v1/sessions/{session}/runs", json={"input": question})
+        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+        reached, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(route: Any) -> None:  # s1's rewind waits here until the page shows s2
+            reached.set()
+            await release.wait()
+            await route.continue_()
+
+        await page.route("**/rewind", hold)
+        try:
+            await page.locator("#transcript li.msg[data-seq='2'] button.regenerate").click()
+            async with asyncio.timeout(60):  # (a failure, not a hang, if the rewind never comes)
+                await reached.wait()
+            await page.locator("[data-session='s2']").click()
+            await page.locator("#transcript li.msg", has_text="Rome.").wait_for()
+            async with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/runs")) as run:
+                release.set()
+            response = await run.value  # (the run's lines, if any, were placed before its request went)
+            assert response.url.endswith("/sessions/s1/runs")
+            shown = page.locator("#transcript")
+            assert await shown.locator(".streaming").count() == 0 and "Lyon" not in await shown.inner_text()
+            await page.locator("[data-session='s1']").click()
+            await shown.locator("li.msg:not(.streaming)", has_text="Lyon, then.").wait_for()  # stored, shown
+        finally:  # a failed check must not leave the rewind held
+            release.set()
+        assert await texts(store, "s1") == ["A city?", "Paris.", "Lyon, then."]  # (Paris. is rewound, kept)
+        assert await texts(store, "s2") == ["A capital?", "Rome."]
+        assert [m.text for m in model.requests[-1].messages] == ["A city?"]
+        assert await page.locator("#chat-error").inner_text() == ""
+    await store.close()
+
+
+async def test_the_queue_box_shows_what_another_client_queues_during_its_run(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = GateModel()
+    app = make_app(store, model)
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        await c.post("/v1/sessions", json={"id": "s1"})
+        model.gated = True
+        running = asyncio.create_task(c.post("/v1/sessions/s1/runs", json={"input": "Take your time."}, timeout=120))
+        try:
+            await model.entered.wait()  # another client's run holds the session
+            await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+            await page.wait_for_selector("#chat", state="visible")
+            queued = await c.post("/v1/sessions/s1/runs", json={"input": "In French, please.", "queue": "next"})
+            assert queued.status_code == 202
+            await page.locator("#queued li[data-when='next']", has_text="In French, please.").wait_for()  # its poll
+        finally:
+            model.release.set()
+        assert (await running).status_code == 200
+        await asyncio.gather(*app.state.api.runs.background)  # the server's run of the queued message
+        await page.locator("#queue").wait_for(state="hidden")  # delivered: off the list
+        assert "In French, please." in await texts(store, "s1")
+    await store.close()
