@@ -1,0 +1,117 @@
+"""AG-UI regenerate and edit: a resent history that drops the thread's last turn rewinds it, under the run's lease.
+
+The protocol has no regenerate message: a client regenerates the last answer by running again with
+its history minus that answer, and edits its last message by running with the history before it
+and the new message in its place. The route sees only the shape (`agui_plan`); the run's
+`AgUiRun.before_input` decides, under the run's own lease and before its input is looked up as a
+retry, whether the thread's log agrees (`settle`). It does only when the part of the view the
+request drops is the thread's last turn as this AG-UI thread itself had it:
+
+- the view's last user message came in through AG-UI (its metadata holds `INPUT_KEY`), it is the
+  only user message of the view past the request's last held message (nothing queued or sent over
+  REST since), and its run completed with an answer and nothing followed it (a failed or stopped
+  run is resumed, as before, never rewound);
+- the request's ``runId`` is not the thread's last run's (`AGUI_RUN_KEY`): that is a retry of it.
+
+Then the thread is rewound (`contextpipe.rewind`: nothing is deleted, the messages stay in the log
+marked rewound) to that user message, answered again (regenerate), or to before it, the request's
+new user message taking its place (edit). Anything else runs as before: a retry answered from the
+log, or a next turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from .._run.replay import answered_last, same_input
+from ..exchanges import is_late_result
+from ..rewind import rewind, rewound_ranges, view_messages
+from ..session import AGUI_RUN_KEY
+
+if TYPE_CHECKING:
+    from .._run.writer import StepWriter
+    from ..messages import Message
+    from ..rewind import Rewound
+    from ..session import Session
+    from ..stores import SessionStore
+
+__all__ = ["INPUT_KEY", "AgUiRewind", "agui_plan", "settle"]
+
+INPUT_KEY: Final = "ag-ui.input"
+"""Metadata key (value True) of a user message stored as the input of an AG-UI request."""
+_PAGE: Final = 64
+"""View messages read per page, from the end, looking for the user messages past the request's history."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgUiRewind:
+    """What a request's shape may be: a regenerate of its last (held) user message, or an edit after `held`."""
+
+    held: str
+    """The id of the request's last message the thread holds."""
+    regenerate: bool
+    """True: the request ends on that user message; False: one new user message follows it (an edit)."""
+
+
+def agui_plan(run_input: Any, at: int) -> AgUiRewind | None:
+    """Return what the request may regenerate or edit, given its last held message `at` (None: neither)."""
+    messages = run_input.messages
+    if at < 0:
+        return None
+    tail = messages[at + 1:]
+    if not tail:  # (ending on a held answer instead: a retry, answered from the log)
+        return AgUiRewind(messages[at].id, True) if getattr(messages[at], "role", None) == "user" else None
+    users = [i for i, m in enumerate(tail) if getattr(m, "role", None) == "user"]
+    return AgUiRewind(messages[at].id, False) if users == [len(tail) - 1] else None
+
+
+async def settle(writer: StepWriter, run_id: str, plan: AgUiRewind | None, input: list[Message]) -> list[Message]:
+    """Record the run's ``runId``, rewind the thread when `plan` holds (see the module); return the run's input."""
+    session, store, lease = writer.session, writer.store, writer.lease
+    assert session is not None
+    assert lease is not None
+    last = session.state.get(AGUI_RUN_KEY)
+    session.state[AGUI_RUN_KEY] = run_id  # saved with the session when the run ends
+    if plan is None or last == run_id or not input:
+        return input
+    to = await _rewind_point(store, session, plan, input[-1])
+    if to is None:
+        return input
+    await store.save_session(session, lease=lease)  # the runId first: a retry of this run is one, not a regenerate
+    await rewind(store, session.tenant, session.id, to, lease)
+    await writer.refresh()
+    return [] if plan.regenerate else input
+
+
+async def _rewind_point(store: SessionStore, session: Session, plan: AgUiRewind, resent: Message) -> int | None:
+    """Return the sequence to rewind to, or None when the log does not agree with the plan (see the module)."""
+    tenant, session_id = session.tenant, session.id
+    seq = await store.message_seq(tenant, session_id, plan.held)
+    rewound = await rewound_ranges(store, tenant, session_id, session.state)
+    if seq is None or seq in rewound:
+        return None  # a message the view left out: the client's history is older than the thread's
+    users = await _users_after(store, tenant, session_id, rewound, seq - 1 if plan.regenerate else seq)
+    if len(users) != 1 or users[0][1].metadata.get(INPUT_KEY) is not True:
+        return None  # more than the last turn, or a turn this thread did not bring
+    last, message = users[0]
+    if plan.regenerate and (last != seq or not same_input(message, resent)):
+        return None  # (other content under the id: the run refuses it, as before)
+    if not await answered_last(store, session, last, rewound):
+        return None  # a failed or stopped run, or a later run after it: resumed or answered from the log
+    return last if plan.regenerate else last - 1
+
+
+async def _users_after(store: SessionStore, tenant: str, session_id: str, rewound: Rewound,
+                       floor: int) -> list[tuple[int, Message]]:
+    """Return the view's user messages after sequence `floor`, newest first; two at most once there are more."""
+    found: list[tuple[int, Message]] = []
+    before: int | None = None
+    while len(found) < 2:
+        page = await view_messages(store, tenant, session_id, rewound=rewound, after=floor, before=before,
+                                   limit=_PAGE)
+        found += [(s, m) for s, m in reversed(page) if m.role == "user" and not is_late_result(m)]
+        if len(page) < _PAGE:
+            break
+        before = page[0][0]
+    return found[:2]

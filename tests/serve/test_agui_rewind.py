@@ -1,0 +1,200 @@
+"""AG-UI regenerate and edit: a resent history that drops the thread's last turn rewinds it, and only then."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contextpipe import (
+    Agent,
+    ContextProvider,
+    Durability,
+    FunctionCall,
+    Message,
+    ProviderState,
+    ToolContext,
+    Usage,
+    UsageError,
+    tool,
+)
+from contextpipe.models import ModelRequest, ModelResponse
+from contextpipe.providers import History
+from contextpipe.serve import create_app
+from contextpipe.session import AGUI_RUN_KEY
+from contextpipe.stores import MemoryStore, SessionStore, SQLiteStore
+
+from .conftest import GateModel, auth, client, keys, make_app
+from .test_agui import answer, assistant, events, run, user
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> SessionStore:
+    return MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "threads.db")
+
+
+async def log(c: Any) -> list[tuple[str, str, bool]]:
+    """The thread's whole log: each message's role, text and whether a rewind left it out of the view."""
+    messages = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"]
+    return [(m["role"], m["parts"][0].get("text", "") if m["parts"] else "", m.get("rewound", False))
+            for m in messages]
+
+
+async def post(c: Any, run_id: str, messages: list[dict[str, Any]]) -> str:
+    return answer(await c.post("/v1/ag-ui", json=run(run_id, messages), headers=auth()))
+
+
+async def test_regenerate_answers_the_last_message_again_and_edit_replaces_it(store: SessionStore) -> None:
+    model = GateModel()
+    async with client(make_app(store, model)) as c:
+        assert await post(c, "r1", [user("u1", "one")]) == "reply 1 to one"
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"  # the answer dropped: regenerate
+        follow_up = [user("u1", "one"), assistant("client-a", "reply 2 to one"), user("u2", "two")]
+        assert await post(c, "r3", follow_up) == "reply 3 to two"  # an ordinary next turn
+        edited = [*follow_up[:2], user("u2b", "two, edited")]  # the last message changed, what followed dropped
+        assert await post(c, "r4", edited) == "reply 4 to two, edited"
+        marker1, marker2 = "[rewound: messages after sequence 1 are left out]", \
+            "[rewound: messages after sequence 4 are left out]"
+        assert await log(c) == [
+            ("user", "one", False), ("assistant", "reply 1 to one", True), ("system", marker1, True),
+            ("assistant", "reply 2 to one", False), ("user", "two", True), ("assistant", "reply 3 to two", True),
+            ("system", marker2, True), ("user", "two, edited", False), ("assistant", "reply 4 to two, edited", False)]
+        # Each request again, its runId too, is a retry: answered from the view, not run again.
+        assert await post(c, "r4", edited) == "reply 4 to two, edited"
+        assert await post(c, "r5", [*edited, assistant("client-b", "reply 4 to two, edited")]) == \
+            "reply 4 to two, edited"
+        assert model.calls == 4
+
+
+async def test_a_turn_this_thread_did_not_bring_is_never_rewound(store: SessionStore) -> None:
+    # (a) A run over REST on the thread: the AG-UI client never saw it, so it is neither regenerated nor edited.
+    model = GateModel()
+    async with client(make_app(store, model)) as c:
+        assert await post(c, "r1", [user("u1", "one")]) == "reply 1 to one"
+        rest = await c.post("/v1/sessions/t1/runs", json={"input": "two"}, headers=auth())
+        assert rest.status_code == 200, rest.text
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 1 to one"  # answered from the log, as before
+        stale = [user("u1", "one"), assistant("client-a", "reply 1 to one"), user("u3", "three")]
+        assert await post(c, "r3", stale) == "reply 3 to three"  # a next turn, as before
+        assert await log(c) == [
+            ("user", "one", False), ("assistant", "reply 1 to one", False), ("user", "two", False),
+            ("assistant", "reply 2 to two", False), ("user", "three", False), ("assistant", "reply 3 to three", False)]
+
+
+class FailingOnce:
+    """Calls tool `note`, then fails once (the run errors after the tool ran), then answers."""
+
+    name = "failing"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        if self.calls == 1:
+            return ModelResponse([Message("assistant", (FunctionCall("c1", "note", "{}"),))], Usage(1, 1),
+                                 "tool_calls", self.name)
+        if self.calls == 2:
+            raise RuntimeError("the model is down")
+        return ModelResponse([Message.assistant("done")], Usage(1, 1), "stop", self.name)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        from contextpipe.models import ResponseComplete
+
+        yield ResponseComplete(await self.complete(request))
+
+
+async def test_a_retry_after_a_failed_run_resumes_it_and_keeps_its_tool_calls(store: SessionStore) -> None:
+    # (b) The client resends the same history because the run failed: no regenerate, the executed call stays.
+    notes: list[str] = []
+
+    @tool
+    def note() -> str:
+        """Take a note."""
+        notes.append("noted")
+        return "noted"
+
+    model = FailingOnce()
+    agent = Agent(model, tools=[note], providers=[History(store)], durability=Durability(store_traces=True))
+    async with client(create_app(agent, keys=keys())) as c:
+        failed = events(await c.post("/v1/ag-ui", json=run("r1", [user("u1", "one")]), headers=auth()))
+        assert failed[-1]["type"] == "RUN_ERROR"
+        resumed = events(await c.post("/v1/ag-ui", json=run("r2", [user("u1", "one")]), headers=auth()))
+        assert resumed[-1]["result"]["text"] == "done"
+        assert [(role, rewound) for role, _, rewound in await log(c)] == [
+            ("user", False), ("assistant", False), ("tool", False), ("assistant", False)]
+        assert notes == ["noted"] and model.calls == 3
+
+
+async def test_a_retry_of_a_regenerate_is_answered_from_the_view(store: SessionStore) -> None:
+    # (c) The regenerate's own request again: the regenerated answer, never the rewound one.
+    model = GateModel()
+    async with client(make_app(store, model)) as c:
+        await post(c, "r1", [user("u1", "one")])
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
+        assert model.calls == 2
+        # An edit, then the request from before it: its message was rewound, so it is refused, not replayed.
+        await post(c, "r3", [user("u1", "one"), assistant("a", "reply 2 to one"), user("u2", "two")])
+        await post(c, "r4", [user("u1", "one"), assistant("a", "reply 2 to one"), user("u2b", "too")])
+        stale = await c.post("/v1/ag-ui", json=run("r3", [user("u1", "one"), assistant("a", "reply 2 to one"),
+                                                           user("u2", "two")]), headers=auth())
+        assert (stale.status_code, stale.json()["error"]["type"]) == (409, "InputConflict")
+        assert "was rewound" in stale.json()["error"]["message"]
+        assert model.calls == 4
+
+
+async def test_the_rewind_is_written_under_the_run_s_own_lease(store: SessionStore) -> None:
+    # (d) No other request can come between the rewind and the run: both hold one lease.
+    tokens: list[tuple[str, str | None]] = []
+    real = store._append  # every write to a log goes through it, with the lease that fences it
+
+    async def recording(key: Any, messages: Any, lease: Any, durable: bool) -> int:
+        tokens.extend((m.id, lease.token if lease is not None else None) for m in messages)
+        return await real(key, messages, lease, durable)
+
+    store._append = recording  # type: ignore[method-assign]
+    async with client(make_app(store, GateModel())) as c:
+        await post(c, "r1", [user("u1", "one")])
+        tokens.clear()
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
+    (marker, marker_lease), (_, answer_lease) = tokens
+    assert marker == "rewind-1" and marker_lease is not None and marker_lease == answer_lease
+
+
+PROBE = ProviderState(AGUI_RUN_KEY, str, default=lambda _: "")
+
+
+@tool
+def forge(ctx: ToolContext) -> str:
+    """Claim a run id."""
+    ctx.set_state(PROBE, "r-forged")
+    return "forged"
+
+
+async def test_no_tool_or_provider_may_write_the_thread_s_run_id(store: SessionStore) -> None:
+    # (e) The key that tells a retry from a regenerate is the route's alone.
+    class Steps(GateModel):
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            if self.calls == 0:
+                self.calls += 1
+                return ModelResponse([Message("assistant", (FunctionCall("c1", "forge", "{}"),))], Usage(1, 1),
+                                     "tool_calls", self.name)
+            return await super().complete(request)
+
+    model = Steps()
+    agent = Agent(model, tools=[forge], providers=[History(store)])
+    async with client(create_app(agent, keys=keys())) as c:
+        await post(c, "r1", [user("u1", "one")])
+        messages = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"]
+        result = messages[2]["parts"][0]
+        assert result["is_error"] and "uses session state key 'ag-ui.run_id'" in result["result"]
+        assert (await c.get("/v1/sessions/t1", headers=auth())).json()["state"][AGUI_RUN_KEY] == "r1"
+
+    class Claims(ContextProvider):
+        state_keys = (AGUI_RUN_KEY,)
+
+    with pytest.raises(UsageError, match=r"ag-ui\.run_id"):
+        Agent(GateModel(), providers=[History(MemoryStore()), Claims("claims")])
