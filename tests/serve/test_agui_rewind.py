@@ -198,3 +198,20 @@ async def test_no_tool_or_provider_may_write_the_thread_s_run_id(store: SessionS
 
     with pytest.raises(UsageError, match=r"ag-ui\.run_id"):
         Agent(GateModel(), providers=[History(MemoryStore()), Claims("claims")])
+
+
+async def test_an_edit_rewinds_to_the_view_message_before_the_edited_one(store: SessionStore) -> None:
+    # (f) The log's message just before the edited one may itself be rewound (an earlier edit's or rewind's).
+    model = GateModel()
+    async with client(make_app(store, model)) as c:
+        base = [user("u1", "one"), assistant("a", "reply 1 to one")]
+        await post(c, "r1", base[:1])
+        await post(c, "r2", [*base, user("u2", "two")])
+        assert await post(c, "r3", [*base, user("u2b", "two b")]) == "reply 3 to two b"
+        assert await post(c, "r4", [*base, user("u2c", "two c")]) == "reply 4 to two c"  # an edit of the edit
+        rewound = await c.post("/v1/sessions/t1/rewind", json={"to": 2}, headers=auth())
+        assert rewound.status_code == 200, rewound.text
+        await post(c, "r5", [*base, user("u3", "three")])
+        assert await post(c, "r6", [*base, user("u3b", "three b")]) == "reply 6 to three b"  # after a REST rewind
+        assert [(role, text) for role, text, gone in await log(c) if not gone] == [
+            ("user", "one"), ("assistant", "reply 1 to one"), ("user", "three b"), ("assistant", "reply 6 to three b")]

@@ -99,7 +99,10 @@ async def _rewind_point(store: SessionStore, session: Session, plan: AgUiRewind,
         return None  # (other content under the id: the run refuses it, as before)
     if not await answered_last(store, session, last, rewound):
         return None  # a failed or stopped run, or a later run after it: resumed or answered from the log
-    return last if plan.regenerate else last - 1
+    if plan.regenerate:
+        return last
+    before = await view_messages(store, tenant, session_id, rewound=rewound, before=last, limit=1)
+    return before[0][0] if before else 0  # (the log's message before it may be rewound: an earlier edit's)
 
 
 async def _users_after(store: SessionStore, tenant: str, session_id: str, rewound: Rewound,
