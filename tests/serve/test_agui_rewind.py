@@ -20,9 +20,11 @@ from contextpipe import (
     UsageError,
     tool,
 )
+from contextpipe._run.replay import IGNORED_METADATA, same_input
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import History
 from contextpipe.serve import create_app
+from contextpipe.serve._agui_rewind import INPUT_KEY
 from contextpipe.session import AGUI_RUN_KEY
 from contextpipe.stores import MemoryStore, SessionStore, SQLiteStore
 
@@ -215,3 +217,17 @@ async def test_an_edit_rewinds_to_the_view_message_before_the_edited_one(store: 
         assert await post(c, "r6", [*base, user("u3b", "three b")]) == "reply 6 to three b"  # after a REST rewind
         assert [(role, text) for role, text, gone in await log(c) if not gone] == [
             ("user", "one"), ("assistant", "reply 1 to one"), ("user", "three b"), ("assistant", "reply 6 to three b")]
+
+
+async def test_a_message_stored_before_ag_ui_marked_its_input_is_the_same_input() -> None:
+    # (g) A thread stored by an earlier release: its user messages hold no INPUT_KEY, a retry is still one.
+    store = MemoryStore()
+    agent = Agent(GateModel(), providers=[History(store)])
+    await agent.run(Message.user("one", id="u1"), session=await agent.session("t1", tenant="acme"))
+    async with client(create_app(agent, keys=keys())) as c:
+        assert await post(c, "r2", [user("u1", "one"), assistant("a", "reply 1 to one")]) == "reply 1 to one"
+        assert await post(c, "r3", [user("u1", "one")]) == "reply 1 to one"  # not its turn to rewind: from the log
+    assert INPUT_KEY in IGNORED_METADATA
+    marked = Message.user("one", metadata={INPUT_KEY: True, "tag": 1})
+    assert same_input(marked, Message.user("one", metadata={"tag": 1}))
+    assert not same_input(Message.user("one", metadata={"tag": 1}), Message.user("one"))

@@ -44,9 +44,12 @@ if TYPE_CHECKING:
     from ..rewind import Rewound
     from ..session import Session
 
-__all__ = ["STOP_KEY", "EarlierRun", "answered_last", "find_earlier", "log_store", "marked_stopped", "replayed",
-           "same_input"]
+__all__ = ["IGNORED_METADATA", "STOP_KEY", "EarlierRun", "answered_last", "find_earlier", "log_store", "marked_stopped",
+           "replayed", "same_input"]
 
+IGNORED_METADATA: Final = frozenset({"ag-ui.input"})
+"""Metadata keys a route marks its input with (the AG-UI route's ``serve._agui_rewind.INPUT_KEY``): not part
+of what the input says, so a message stored before a route marked it is the same input as one marked."""
 STOP_KEY: Final = "stop_reason"
 """Metadata key of the last message of a run stopped at a limit: why the run stopped there."""
 
@@ -238,15 +241,21 @@ def _not_input(stored: Message) -> bool:
 
 
 def same_input(a: Message, b: Message) -> bool:
-    """Tell whether `a` and `b` are the same input: alike in everything but id, creation time and source."""
+    """Tell whether `a` and `b` are the same input: alike in everything but id, creation time, source and marks."""
     return _content(a) == _content(b)
 
 
 def _content(message: Message) -> str:
-    """Return what makes two messages the same input: everything but id, creation time and source."""
+    """Return what makes two messages the same input: everything but id, creation time, source and marks.
+
+    The marks are the `IGNORED_METADATA` keys.
+    """
     from ..codec import message_to_dict  # here: only a retry compares inputs, and a first run need not load the codec
 
     d = message_to_dict(message)
     for key in ("id", "created_at", "source"):
         d.pop(key, None)
+    metadata = {k: v for k, v in d.pop("metadata", {}).items() if k not in IGNORED_METADATA}
+    if metadata:
+        d["metadata"] = metadata
     return json.dumps(d, sort_keys=True, ensure_ascii=False, default=str)
