@@ -117,7 +117,7 @@ async def test_the_official_client_regenerates_and_edits_and_the_log_keeps_the_o
     assert NODE is not None, "CI must run every test: install node (and npm) for the official AG-UI client's test"
     model = GateModel()
     store = MemoryStore()
-    async with serving(make_app(store, model)) as url:
+    async with serving(make_app(store, model, agui_rewinds=True)) as url:
         out, err = await run_node("regenerate.mjs", url, "t-regen")
     assert err == b"", err.decode()
     seen = json.loads(out)

@@ -23,13 +23,16 @@ from contextpipe import (
 from contextpipe._run.replay import IGNORED_METADATA, same_input
 from contextpipe.models import ModelRequest, ModelResponse
 from contextpipe.providers import History
-from contextpipe.serve import create_app
+from contextpipe.serve import ServeSettings, create_app
 from contextpipe.serve._agui_rewind import INPUT_KEY
 from contextpipe.session import AGUI_RUN_KEY
 from contextpipe.stores import MemoryStore, SessionStore, SQLiteStore
 
 from .conftest import GateModel, auth, client, keys, make_app
 from .test_agui import answer, assistant, events, run, user
+
+REWINDS = ServeSettings(agui_rewinds=True)
+"""A server that takes regenerate and edit (off by default)."""
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -50,7 +53,7 @@ async def post(c: Any, run_id: str, messages: list[dict[str, Any]]) -> str:
 
 async def test_regenerate_answers_the_last_message_again_and_edit_replaces_it(store: SessionStore) -> None:
     model = GateModel()
-    async with client(make_app(store, model)) as c:
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
         assert await post(c, "r1", [user("u1", "one")]) == "reply 1 to one"
         assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"  # the answer dropped: regenerate
         follow_up = [user("u1", "one"), assistant("client-a", "reply 2 to one"), user("u2", "two")]
@@ -70,10 +73,20 @@ async def test_regenerate_answers_the_last_message_again_and_edit_replaces_it(st
         assert model.calls == 4
 
 
+async def test_by_default_a_regenerate_or_edit_is_a_retry_or_a_next_turn(store: SessionStore) -> None:
+    model = GateModel()
+    async with client(make_app(store, model)) as c:
+        assert await post(c, "r1", [user("u1", "one")]) == "reply 1 to one"
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 1 to one"  # answered from the log
+        edited = [user("u1b", "uno")]
+        assert await post(c, "r3", [user("u1", "one"), assistant("a", "x"), *edited]) == "reply 2 to uno"
+        assert [gone for _, _, gone in await log(c)] == [False] * 4 and model.calls == 2
+
+
 async def test_a_turn_this_thread_did_not_bring_is_never_rewound(store: SessionStore) -> None:
     # (a) A run over REST on the thread: the AG-UI client never saw it, so it is neither regenerated nor edited.
     model = GateModel()
-    async with client(make_app(store, model)) as c:
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
         assert await post(c, "r1", [user("u1", "one")]) == "reply 1 to one"
         rest = await c.post("/v1/sessions/t1/runs", json={"input": "two"}, headers=auth())
         assert rest.status_code == 200, rest.text
@@ -120,7 +133,7 @@ async def test_a_retry_after_a_failed_run_resumes_it_and_keeps_its_tool_calls(st
 
     model = FailingOnce()
     agent = Agent(model, tools=[note], providers=[History(store)], durability=Durability(store_traces=True))
-    async with client(create_app(agent, keys=keys())) as c:
+    async with client(create_app(agent, keys=keys(), settings=REWINDS)) as c:
         failed = events(await c.post("/v1/ag-ui", json=run("r1", [user("u1", "one")]), headers=auth()))
         assert failed[-1]["type"] == "RUN_ERROR"
         resumed = events(await c.post("/v1/ag-ui", json=run("r2", [user("u1", "one")]), headers=auth()))
@@ -133,7 +146,7 @@ async def test_a_retry_after_a_failed_run_resumes_it_and_keeps_its_tool_calls(st
 async def test_a_retry_of_a_regenerate_is_answered_from_the_view(store: SessionStore) -> None:
     # (c) The regenerate's own request again: the regenerated answer, never the rewound one.
     model = GateModel()
-    async with client(make_app(store, model)) as c:
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
         await post(c, "r1", [user("u1", "one")])
         assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
         assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
@@ -158,7 +171,7 @@ async def test_the_rewind_is_written_under_the_run_s_own_lease(store: SessionSto
         return await real(key, messages, lease, durable)
 
     store._append = recording  # type: ignore[method-assign]
-    async with client(make_app(store, GateModel())) as c:
+    async with client(make_app(store, GateModel(), agui_rewinds=True)) as c:
         await post(c, "r1", [user("u1", "one")])
         tokens.clear()
         assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
@@ -188,7 +201,7 @@ async def test_no_tool_or_provider_may_write_the_thread_s_run_id(store: SessionS
 
     model = Steps()
     agent = Agent(model, tools=[forge], providers=[History(store)])
-    async with client(create_app(agent, keys=keys())) as c:
+    async with client(create_app(agent, keys=keys(), settings=REWINDS)) as c:
         await post(c, "r1", [user("u1", "one")])
         messages = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"]
         result = messages[2]["parts"][0]
@@ -205,7 +218,7 @@ async def test_no_tool_or_provider_may_write_the_thread_s_run_id(store: SessionS
 async def test_an_edit_rewinds_to_the_view_message_before_the_edited_one(store: SessionStore) -> None:
     # (f) The log's message just before the edited one may itself be rewound (an earlier edit's or rewind's).
     model = GateModel()
-    async with client(make_app(store, model)) as c:
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
         base = [user("u1", "one"), assistant("a", "reply 1 to one")]
         await post(c, "r1", base[:1])
         await post(c, "r2", [*base, user("u2", "two")])
@@ -224,7 +237,7 @@ async def test_a_message_stored_before_ag_ui_marked_its_input_is_the_same_input(
     store = MemoryStore()
     agent = Agent(GateModel(), providers=[History(store)])
     await agent.run(Message.user("one", id="u1"), session=await agent.session("t1", tenant="acme"))
-    async with client(create_app(agent, keys=keys())) as c:
+    async with client(create_app(agent, keys=keys(), settings=REWINDS)) as c:
         assert await post(c, "r2", [user("u1", "one"), assistant("a", "reply 1 to one")]) == "reply 1 to one"
         assert await post(c, "r3", [user("u1", "one")]) == "reply 1 to one"  # not its turn to rewind: from the log
     assert INPUT_KEY in IGNORED_METADATA

@@ -1,5 +1,8 @@
 """AG-UI regenerate and edit: a resent history that drops the thread's last turn rewinds it, under the run's lease.
 
+Only on a server that opts in (``ServeSettings(agui_rewinds=True)``, ``contextpipe serve
+--agui-rewinds``): the protocol cannot tell two clients of one thread apart, nor a client's retry
+after a dropped stream (a new ``runId``) from a regenerate, so it is for one client per thread.
 The protocol has no regenerate message: a client regenerates the last answer by running again with
 its history minus that answer, and edits its last message by running with the history before it
 and the new message in its place. The route sees only the shape (`agui_plan`); the run's

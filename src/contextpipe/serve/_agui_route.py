@@ -1,7 +1,8 @@
 """``POST /v1/ag-ui``: a run through the AG-UI protocol (`serve._agui` translates it), streamed as AG-UI events.
 
-The thread is the session, made when new; the request's new user messages are the input (a history
-that drops the thread's last turn may regenerate or edit it: `serve._agui_rewind`), its
+The thread is the session, made when new; the request's new user messages are the input (with
+``ServeSettings.agui_rewinds``, a history that drops the thread's last turn may regenerate or edit
+it: `serve._agui_rewind`), its
 ``resume`` decides approvals, and its shared state and context entries go to the run through an
 `AgUiRun`. Everything a request can get wrong is answered before the stream starts.
 """
@@ -97,8 +98,8 @@ async def _what_to_run(api: _Api, run_input: Any, existing: Session | None, resu
                        ) -> tuple[list[Message], dict[str, Decision] | None, AgUiRewind | None]:
     """Return the run's input, its decisions (the `resumed` ones, and the results front-end tools gave), and plan.
 
-    The plan is what the request may regenerate or edit; the run itself decides, under its lease
-    (`serve._agui_rewind`).
+    The plan is what the request may regenerate or edit (only with ``ServeSettings.agui_rewinds``);
+    the run itself decides, under its lease (`serve._agui_rewind`).
     """
     from ._agui import agui_known, agui_new
     from ._agui_rewind import agui_plan
@@ -109,4 +110,5 @@ async def _what_to_run(api: _Api, run_input: Any, existing: Session | None, resu
     at = await agui_known(run_input, lambda i: api._holds(existing, i))
     approvals = await agui_approvals(run_input, at, api.agent, existing, resumed)
     new = agui_new(run_input, at, answering=len(approvals or {}) > len(resumed or {}))
-    return new, approvals, (agui_plan(run_input, at) if existing is not None and not approvals else None)
+    rewinds = api.settings.agui_rewinds and existing is not None and not approvals
+    return new, approvals, (agui_plan(run_input, at) if rewinds else None)

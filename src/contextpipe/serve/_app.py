@@ -110,6 +110,12 @@ class ServeSettings:
 
     Past it, a new connection closes the one idle the longest; with none idle, it is answered 503.
     """
+    agui_rewinds: bool = False
+    """Take an AG-UI history that drops the thread's last turn as a regenerate or an edit of it (a rewind).
+
+    For one client per thread (CopilotKit's regenerate and edit); off, such a history is a retry or
+    a next turn. See the serving guide for what a second tab, or a retry after a dropped stream, can do.
+    """
 
 
 Handler = Callable[["_Api", Request, str, list[str]], Awaitable[Response]]
