@@ -244,3 +244,40 @@ async def test_a_message_stored_before_ag_ui_marked_its_input_is_the_same_input(
     marked = Message.user("one", metadata={INPUT_KEY: True, "tag": 1})
     assert same_input(marked, Message.user("one", metadata={"tag": 1}))
     assert not same_input(Message.user("one", metadata={"tag": 1}), Message.user("one"))
+
+
+class Crashing(MemoryStore):
+    """A store whose next write `crash` picks fails, as a worker killed there would leave the thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.crash: Any = None
+
+    def _maybe(self, what: str, arg: Any) -> None:
+        if self.crash is not None and self.crash(what, arg):
+            self.crash = None
+            raise OSError(f"worker killed at {what}")
+
+    async def append(self, tenant: str, session_id: str, messages: Any, **kw: Any) -> Any:
+        self._maybe("append", messages)
+        return await super().append(tenant, session_id, messages, **kw)
+
+    async def save_session(self, session: Any, **kw: Any) -> Any:
+        self._maybe("save", session)
+        return await super().save_session(session, **kw)
+
+
+@pytest.mark.parametrize("at", ["marker", "run id"])
+async def test_a_regenerate_sent_again_after_a_crash_in_its_rewind_is_answered_anew(at: str) -> None:
+    # (h) Killed before the marker, or after it and before the runId is saved: the same request again regenerates.
+    store = Crashing()
+    model = GateModel()
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
+        await post(c, "r1", [user("u1", "one")])
+        store.crash = (lambda what, m: what == "append" and m[0].id.startswith("rewind-")) if at == "marker" else \
+            (lambda what, s: what == "save" and s.state.get(AGUI_RUN_KEY) == "r2")
+        crashed = await c.post("/v1/ag-ui", json=run("r2", [user("u1", "one")]), headers=auth())
+        assert crashed.status_code == 500 and store.crash is None
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
+        assert [(role, text) for role, text, gone in await log(c) if not gone] == [
+            ("user", "one"), ("assistant", "reply 2 to one")]

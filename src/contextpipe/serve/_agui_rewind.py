@@ -81,9 +81,12 @@ async def settle(writer: StepWriter, run_id: str, plan: AgUiRewind | None, input
     to = await _rewind_point(store, session, plan, input[-1])
     if to is None:
         return input
-    await store.save_session(session, lease=lease)  # the runId first: a retry of this run is one, not a regenerate
     await rewind(store, session.tenant, session.id, to, lease)
     await writer.refresh()
+    # The runId after the marker, before the run: a resend after a crash before it finds the turn rewound
+    # already (nothing to rewind, so it is answered anew), one after it is a retry of this run.
+    session.state[AGUI_RUN_KEY] = run_id
+    await store.save_session(session, lease=lease)
     return [] if plan.regenerate else input
 
 
