@@ -281,3 +281,16 @@ async def test_a_regenerate_sent_again_after_a_crash_in_its_rewind_is_answered_a
         assert await post(c, "r2", [user("u1", "one")]) == "reply 2 to one"
         assert [(role, text) for role, text, gone in await log(c) if not gone] == [
             ("user", "one"), ("assistant", "reply 2 to one")]
+
+
+async def test_a_message_queued_asap_keeps_the_turn_from_being_regenerated(store: SessionStore) -> None:
+    # (i) The queued message is the run's to deliver: the turn before it is no longer the thread's last.
+    model = GateModel()
+    agent = Agent(model, providers=[History(store)])
+    async with client(create_app(agent, keys=keys(), settings=REWINDS)) as c:
+        await post(c, "r1", [user("u1", "one")])
+        await agent.enqueue(await agent.session("t1", tenant="acme"), "queued", when="asap")
+        assert await post(c, "r2", [user("u1", "one")]) == "reply 1 to one"  # a retry, answered from the log
+        assert await log(c) == [("user", "one", False), ("assistant", "reply 1 to one", False)]
+        queue = (await c.get("/v1/sessions/t1/queue", headers=auth())).json()
+        assert [m["message"]["parts"][0]["text"] for m in queue["queued"]] == ["queued"]  # still waiting

@@ -11,8 +11,9 @@ retry, whether the thread's log agrees (`settle`). It does only when the part of
 request drops is the thread's last turn as this AG-UI thread itself had it:
 
 - the view's last user message came in through AG-UI (its metadata holds `INPUT_KEY`), it is the
-  only user message of the view past the request's last held message (nothing queued or sent over
-  REST since), and its run completed with an answer and nothing followed it (a failed or stopped
+  only user message of the view past the request's last held message (nothing sent over REST since,
+  and no ``asap`` message waits in the session's queue: one read, only for a request of that
+  shape), and its run completed with an answer and nothing followed it (a failed or stopped
   run is resumed, as before, never rewound);
 - the request's ``runId`` is not the thread's last run's (`AGUI_RUN_KEY`): that is a retry of it.
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._run.replay import answered_last, same_input
 from ..exchanges import is_late_result
+from ..queue import pending
 from ..rewind import rewind, rewound_ranges, view_messages
 from ..session import AGUI_RUN_KEY
 
@@ -79,8 +81,8 @@ async def settle(writer: StepWriter, run_id: str, plan: AgUiRewind | None, input
     if plan is None or last == run_id or not input:
         return input
     to = await _rewind_point(store, session, plan, input[-1])
-    if to is None:
-        return input
+    if to is None or any(q.when == "asap" for q in await pending(store, session.key)):
+        return input  # (a message queued for the session: the run delivers it, and the turn is no longer the last)
     await rewind(store, session.tenant, session.id, to, lease)
     await writer.refresh()
     # The runId after the marker, before the run: a resend after a crash before it finds the turn rewound
