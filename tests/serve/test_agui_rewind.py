@@ -294,3 +294,18 @@ async def test_a_message_queued_asap_keeps_the_turn_from_being_regenerated(store
         assert await log(c) == [("user", "one", False), ("assistant", "reply 1 to one", False)]
         queue = (await c.get("/v1/sessions/t1/queue", headers=auth())).json()
         assert [m["message"]["parts"][0]["text"] for m in queue["queued"]] == ["queued"]  # still waiting
+
+
+async def test_an_edit_of_the_first_message_rewinds_everything(store: SessionStore) -> None:
+    # (j) The history before the first message is empty: the request is the new message alone.
+    model = GateModel()
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
+        await post(c, "r1", [user("u1", "one")])
+        assert await post(c, "r2", [user("u1b", "uno")]) == "reply 2 to uno"
+        assert await log(c) == [("user", "one", True), ("assistant", "reply 1 to one", True),
+                                ("system", "[rewound: messages after sequence 0 are left out]", True),
+                                ("user", "uno", False), ("assistant", "reply 2 to uno", False)]
+        # With two user messages in the view, one new message alone is a next turn, as before.
+        await post(c, "r3", [user("u1b", "uno"), assistant("a", "reply 2 to uno"), user("u2", "two")])
+        assert await post(c, "r4", [user("u3", "three")]) == "reply 4 to three"
+        assert [gone for _, _, gone in await log(c)][5:] == [False] * 4

@@ -19,7 +19,8 @@ request drops is the thread's last turn as this AG-UI thread itself had it:
 
 Then the thread is rewound (`contextpipe.rewind`: nothing is deleted, the messages stay in the log
 marked rewound) to that user message, answered again (regenerate), or to before it, the request's
-new user message taking its place (edit). Anything else runs as before: a retry answered from the
+new user message taking its place (edit; a request of one new user message alone edits the
+thread's first, when the view holds no other user message). Anything else runs as before: a retry answered from the
 log, or a next turn.
 """
 
@@ -53,8 +54,8 @@ _PAGE: Final = 64
 class AgUiRewind:
     """What a request's shape may be: a regenerate of its last (held) user message, or an edit after `held`."""
 
-    held: str
-    """The id of the request's last message the thread holds."""
+    held: str | None
+    """The id of the request's last message the thread holds; None: it holds none (an edit of the first message)."""
     regenerate: bool
     """True: the request ends on that user message; False: one new user message follows it (an edit)."""
 
@@ -62,8 +63,8 @@ class AgUiRewind:
 def agui_plan(run_input: Any, at: int) -> AgUiRewind | None:
     """Return what the request may regenerate or edit, given its last held message `at` (None: neither)."""
     messages = run_input.messages
-    if at < 0:
-        return None
+    if at < 0:  # one new user message alone: the thread's first (and only) one edited
+        return AgUiRewind(None, False) if len(messages) == 1 and getattr(messages[0], "role", None) == "user" else None
     tail = messages[at + 1:]
     if not tail:  # (ending on a held answer instead: a retry, answered from the log)
         return AgUiRewind(messages[at].id, True) if getattr(messages[at], "role", None) == "user" else None
@@ -95,7 +96,7 @@ async def settle(writer: StepWriter, run_id: str, plan: AgUiRewind | None, input
 async def _rewind_point(store: SessionStore, session: Session, plan: AgUiRewind, resent: Message) -> int | None:
     """Return the sequence to rewind to, or None when the log does not agree with the plan (see the module)."""
     tenant, session_id = session.tenant, session.id
-    seq = await store.message_seq(tenant, session_id, plan.held)
+    seq = 0 if plan.held is None else await store.message_seq(tenant, session_id, plan.held)
     rewound = await rewound_ranges(store, tenant, session_id, session.state)
     if seq is None or seq in rewound:
         return None  # a message the view left out: the client's history is older than the thread's
