@@ -309,3 +309,13 @@ async def test_an_edit_of_the_first_message_rewinds_everything(store: SessionSto
         await post(c, "r3", [user("u1b", "uno"), assistant("a", "reply 2 to uno"), user("u2", "two")])
         assert await post(c, "r4", [user("u3", "three")]) == "reply 4 to three"
         assert [gone for _, _, gone in await log(c)][5:] == [False] * 4
+
+
+async def test_a_rest_message_may_not_claim_to_be_ag_ui_input(store: SessionStore) -> None:
+    # (k) Else a run over REST could be regenerated or edited by an AG-UI client that never saw it.
+    async with client(make_app(store, GateModel(), agui_rewinds=True)) as c:
+        await post(c, "r1", [user("u1", "one")])
+        forged = {"role": "user", "parts": [{"kind": "text", "text": "two"}], "metadata": {INPUT_KEY: True}}
+        refused = await c.post("/v1/sessions/t1/runs", json={"input": [forged]}, headers=auth())
+        assert refused.status_code == 400, refused.text
+        assert "metadata keys starting with 'ag-ui.' are the AG-UI route's own (ag-ui.input)" in refused.text

@@ -13,8 +13,8 @@ request drops is the thread's last turn as this AG-UI thread itself had it:
 - the view's last user message came in through AG-UI (its metadata holds `INPUT_KEY`), it is the
   only user message of the view past the request's last held message (nothing sent over REST since,
   and no ``asap`` message waits in the session's queue: one read, only for a request of that
-  shape), and its run completed with an answer and nothing followed it (a failed or stopped
-  run is resumed, as before, never rewound);
+  shape), and its run completed with an answer and nothing followed it (a failed run is resumed,
+  and one stopped at a limit answered from the log, as before: neither is rewound);
 - the request's ``runId`` is not the thread's last run's (`AGUI_RUN_KEY`): that is a retry of it.
 
 Then the thread is rewound (`contextpipe.rewind`: nothing is deleted, the messages stay in the log
@@ -107,7 +107,7 @@ async def _rewind_point(store: SessionStore, session: Session, plan: AgUiRewind,
     if plan.regenerate and (last != seq or not same_input(message, resent)):
         return None  # (other content under the id: the run refuses it, as before)
     if not await answered_last(store, session, last, rewound):
-        return None  # a failed or stopped run, or a later run after it: resumed or answered from the log
+        return None  # a failed run (resumed), one stopped at a limit or a later run after it (answered from the log)
     if plan.regenerate:
         return last
     before = await view_messages(store, tenant, session_id, rewound=rewound, before=last, limit=1)

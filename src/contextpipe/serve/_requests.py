@@ -111,6 +111,16 @@ class InputMessage(_Body):
     created_at: float | None = Field(None, description="When the message was written (seconds since the epoch); "
                                                        "the server's clock when absent.")
 
+    @pydantic.field_validator("metadata")
+    @classmethod
+    def _no_route_marks(cls, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+        # The AG-UI route marks its own input so (`serve._agui_rewind.INPUT_KEY`); a REST message may not claim it.
+        marks = sorted(k for k in metadata or {} if k.startswith("ag-ui."))
+        if marks:
+            raise ValueError(f"metadata keys starting with 'ag-ui.' are the AG-UI route's own ({', '.join(marks)}): "
+                             "use another key")
+        return metadata
+
 
 class ApproveDecision(_Body):
     """Run the call."""
