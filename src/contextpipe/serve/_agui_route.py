@@ -30,11 +30,21 @@ if TYPE_CHECKING:
 __all__ = ["agui"]
 
 
+class _Settings(Protocol):
+    """What the route reads of the server's settings (`serve._app.ServeSettings`)."""
+
+    @property
+    def agui_rewinds(self) -> bool: ...
+
+
 class _Api(Protocol):
     """What the route needs of the API (`serve._app._Api`)."""
 
     agent: Agent | None
     store: SessionStore
+
+    @property
+    def settings(self) -> _Settings: ...
 
     def _writable(self) -> RunManager: ...
 
