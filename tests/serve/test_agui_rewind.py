@@ -311,11 +311,19 @@ async def test_an_edit_of_the_first_message_rewinds_everything(store: SessionSto
         assert [gone for _, _, gone in await log(c)][5:] == [False] * 4
 
 
-async def test_a_rest_message_may_not_claim_to_be_ag_ui_input(store: SessionStore) -> None:
-    # (k) Else a run over REST could be regenerated or edited by an AG-UI client that never saw it.
-    async with client(make_app(store, GateModel(), agui_rewinds=True)) as c:
+async def test_rest_input_drops_the_ag_ui_marks(store: SessionStore) -> None:
+    # (k) A REST message may not claim to be AG-UI input (an AG-UI client that never saw it could rewind it), yet
+    # a message read back from GET .../messages, marked, may be posted again as it is: a retry.
+    model = GateModel()
+    async with client(make_app(store, model, agui_rewinds=True)) as c:
         await post(c, "r1", [user("u1", "one")])
-        forged = {"role": "user", "parts": [{"kind": "text", "text": "two"}], "metadata": {INPUT_KEY: True}}
-        refused = await c.post("/v1/sessions/t1/runs", json={"input": [forged]}, headers=auth())
-        assert refused.status_code == 400, refused.text
-        assert "metadata keys starting with 'ag-ui.' are the AG-UI route's own (ag-ui.input)" in refused.text
+        read = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"][0]
+        assert read["metadata"] == {INPUT_KEY: True}
+        again = {k: read[k] for k in ("role", "parts", "id", "metadata", "created_at", "v")}
+        replay = await c.post("/v1/sessions/t1/runs", json={"input": [again]}, headers=auth())
+        assert replay.status_code == 200 and replay.json()["replayed"] is True, replay.text
+        forged = {"role": "user", "parts": [{"kind": "text", "text": "two"}], "metadata": {INPUT_KEY: True, "tag": 1}}
+        assert (await c.post("/v1/sessions/t1/runs", json={"input": [forged]}, headers=auth())).status_code == 200
+        stored = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"]
+        assert stored[-2]["parts"][0]["text"] == "two" and stored[-2]["metadata"] == {"tag": 1}
+        assert model.calls == 2
