@@ -327,3 +327,44 @@ async def test_rest_input_drops_the_ag_ui_marks(store: SessionStore) -> None:
         stored = (await c.get("/v1/sessions/t1/messages", headers=auth())).json()["messages"]
         assert stored[-2]["parts"][0]["text"] == "two" and stored[-2]["metadata"] == {"tag": 1}
         assert model.calls == 2
+
+
+class FailsAfter(ContextProvider):
+    """Fails its after_run hook once, when told: the run's answer is stored, the run fails (`AfterRunError`)."""
+
+    fail = False
+
+    async def after_run(self, ctx: Any, outcome: Any) -> None:
+        if self.fail:
+            FailsAfter.fail = False
+            raise RuntimeError("memory extraction rate-limited")
+
+
+@pytest.mark.parametrize("at", ["after_run", "last save"])
+async def test_a_run_failing_after_its_answer_is_stored_is_retried_with_its_run_id(at: str) -> None:
+    # (l) The runId is saved before the run: the same request again is a retry (the tools do not run again).
+    store = Crashing()
+    model = GateModel()
+    agent = Agent(model, providers=[History(store), FailsAfter("fails")])
+    history = [user("u1", "one"), assistant("a", "reply 1 to one"), user("u2", "two")]
+    async with client(create_app(agent, keys=keys(), settings=REWINDS)) as c:
+        await post(c, "r1", [user("u1", "one")])
+        saves: list[str] = []
+        if at == "after_run":
+            FailsAfter.fail = True
+        else:  # the run's first save is settle's, before the run; its last one fails
+            store.crash = lambda what, s: what == "save" and s.state.get(AGUI_RUN_KEY) == "r2" and (
+                saves.append(what) or len(saves) == 2)
+        failed = await c.post("/v1/ag-ui", json=run("r2", history), headers=auth())
+        assert "RUN_ERROR" in failed.text or failed.status_code == 500, failed.text
+        assert store.crash is None and not FailsAfter.fail
+        assert await post(c, "r2", history) == "reply 2 to two" and model.calls == 2
+        assert [gone for _, _, gone in await log(c)] == [False] * 4
+
+
+async def test_off_the_run_id_is_not_recorded() -> None:
+    # (m) Without the setting the route writes nothing of its own to the session's state.
+    store = MemoryStore()
+    async with client(make_app(store, GateModel())) as c:
+        await post(c, "r1", [user("u1", "one")])
+        assert AGUI_RUN_KEY not in (await c.get("/v1/sessions/t1", headers=auth())).json()["state"]

@@ -302,7 +302,8 @@ class AgUiRun(ContextProvider, BeforeInput):
     """One AG-UI request's part in its run, given to it as one of the run's own providers (``Agent.run(providers=)``).
 
     Once the run holds the session's lease, before its input is looked up, it records the run's
-    ``runId`` and regenerates or edits when the request does (`rewind`; `serve._agui_rewind.settle`).
+    ``runId`` and regenerates or edits when the request does (`rewind`; `serve._agui_rewind.settle`;
+    only with ``ServeSettings.agui_rewinds``).
     Before the run, under the lease, it stores the client's shared `state` in the session
     (under `STATE_KEY`; None keeps the session's) and adds the request's `context` entries to the
     prompt, as context from source ``ag-ui`` (for this run only: they are not stored).
@@ -310,9 +311,12 @@ class AgUiRun(ContextProvider, BeforeInput):
 
     kind = "ag-ui"
 
-    def __init__(self, run_input: Any, stored: Session, rewind: AgUiRewind | None = None) -> None:
+    def __init__(self, run_input: Any, stored: Session, rewind: AgUiRewind | None = None, *,
+                 rewinds: bool = False) -> None:
         super().__init__("ag-ui")
         self.run_id: str = run_input.run_id
+        self.rewinds = rewinds
+        """``ServeSettings.agui_rewinds``: off, the run's ``runId`` is not recorded and nothing is rewound."""
         self.rewind = rewind
         """What the request may regenerate or edit (`serve._agui_rewind.agui_plan`); None: neither."""
         state = run_input.state
@@ -328,7 +332,7 @@ class AgUiRun(ContextProvider, BeforeInput):
 
     async def before_input(self, writer: StepWriter, input: list[Message]) -> list[Message]:
         """Record the run's ``runId`` and regenerate or edit when the request does; return the run's input."""
-        return await settle(writer, self.run_id, self.rewind, input)
+        return await settle(writer, self.run_id, self.rewind, input) if self.rewinds else input
 
     async def before_run(self, ctx: RunContext) -> None:
         """Store the client's state in the run's session, and add the context entries."""

@@ -79,18 +79,28 @@ async def settle(writer: StepWriter, run_id: str, plan: AgUiRewind | None, input
     assert lease is not None
     last = session.state.get(AGUI_RUN_KEY)
     session.state[AGUI_RUN_KEY] = run_id  # saved with the session when the run ends
-    if plan is None or last == run_id or not input:
+    if plan is None or last == run_id:
         return input
-    to = await _rewind_point(store, session, plan, input[-1])
-    if to is None or any(q.when == "asap" for q in await pending(store, session.key)):
-        return input  # (a message queued for the session: the run delivers it, and the turn is no longer the last)
-    await rewind(store, session.tenant, session.id, to, lease)
-    await writer.refresh()
-    # The runId after the marker, before the run: a resend after a crash before it finds the turn rewound
-    # already (nothing to rewind, so it is answered anew), one after it is a retry of this run.
+    rewound = bool(input) and await _rewind(writer, plan, input[-1])
+    # The runId saved now, not when the run ends (after the marker, when rewound): the same request sent again
+    # after the run stored its answer and failed (an `AfterRunError`, a crash in its last save) is a retry of it,
+    # not a regenerate; one sent after a crash before this finds the turn rewound already and is answered anew.
     session.state[AGUI_RUN_KEY] = run_id
     await store.save_session(session, lease=lease)
-    return [] if plan.regenerate else input
+    return [] if rewound and plan.regenerate else input
+
+
+async def _rewind(writer: StepWriter, plan: AgUiRewind, resent: Message) -> bool:
+    """Rewind the thread as `plan` says when the log agrees (see the module); return whether it did."""
+    session, store, lease = writer.session, writer.store, writer.lease
+    assert session is not None
+    assert lease is not None
+    to = await _rewind_point(store, session, plan, resent)
+    if to is None or any(q.when == "asap" for q in await pending(store, session.key)):
+        return False  # (a message queued for the session: the run delivers it, and the turn is no longer the last)
+    await rewind(store, session.tenant, session.id, to, lease)
+    await writer.refresh()
+    return True
 
 
 async def _rewind_point(store: SessionStore, session: Session, plan: AgUiRewind, resent: Message) -> int | None:

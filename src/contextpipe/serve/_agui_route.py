@@ -84,7 +84,7 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     if not visible(request.state.grant, session) and user_id(session) is not None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
     await claim(api.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
-    agui_run = AgUiRun(run_input, session, plan)
+    agui_run = AgUiRun(run_input, session, plan, rewinds=api.settings.agui_rewinds)
     run = runs.start(session, new or None, lease_wait=0.0, stream=True, approvals=approvals, providers=[agui_run],
                      tools=tools)
     refused = await api.admit(request, runs, run)  # a busy thread, or a resume that cannot apply: before the stream
