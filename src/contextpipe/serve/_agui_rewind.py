@@ -20,8 +20,8 @@ request drops is the thread's last turn as this AG-UI thread itself had it:
 Then the thread is rewound (`contextpipe.rewind`: nothing is deleted, the messages stay in the log
 marked rewound) to that user message, answered again (regenerate), or to before it, the request's
 new user message taking its place (edit; a request of one new user message alone edits the
-thread's first, when the view holds no other user message). Anything else runs as before: a retry answered from the
-log, or a next turn.
+thread's first, when the view holds no other user message). Anything else runs as before: a
+retry answered from the log, or a next turn.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INPUT_KEY", "AgUiRewind", "agui_plan", "settle"]
 
-INPUT_KEY: Final = "ag-ui.input"
+INPUT_KEY: Final = "ag-ui.input"  # in `_run.replay.IGNORED_METADATA` too: a marked message is the same input
 """Metadata key (value True) of a user message stored as the input of an AG-UI request."""
 _PAGE: Final = 64
 """View messages read per page, from the end, looking for the user messages past the request's history."""
@@ -97,7 +97,9 @@ async def _rewind(writer: StepWriter, plan: AgUiRewind, resent: Message) -> bool
     assert lease is not None
     to = await _rewind_point(store, session, plan, resent)
     if to is None or any(q.when == "asap" for q in await pending(store, session.key)):
-        return False  # (a message queued for the session: the run delivers it, and the turn is no longer the last)
+        # A message queued asap: the turn is no longer the thread's last. A declined regenerate is then a retry,
+        # answered from the log, and delivers nothing: the queued message waits for the next run.
+        return False
     await rewind(store, session.tenant, session.id, to, lease)
     await writer.refresh()
     return True

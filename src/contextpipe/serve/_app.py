@@ -113,8 +113,11 @@ class ServeSettings:
     agui_rewinds: bool = False
     """Take an AG-UI history that drops the thread's last turn as a regenerate or an edit of it (a rewind).
 
-    For one client per thread (CopilotKit's regenerate and edit); off, such a history is a retry or
-    a next turn. See the serving guide for what a second tab, or a retry after a dropped stream, can do.
+    For one client per thread (CopilotKit's regenerate and edit). Off, a regenerate-shaped request is
+    a retry and an edit-shaped one a next turn, and the route records no ``runId``. Either way the
+    route marks the user messages it stores (``ag-ui.input``), and a retry is answered from the
+    session's view: a retry of an input a rewind left out is refused (409 ``InputConflict``). See the
+    serving guide for what a second tab, or a retry after a dropped stream, can do.
     """
 
 
