@@ -1,9 +1,10 @@
 """`Agent`: the public face of contextpipe (`run`, `stream`, `session`).
 
 A run, in order: ``async with StepWriter.open(...)`` (the writer takes the session's lease and owns
-it until the run is over), look for an earlier run of the same input (a retry: its result is given
-back, or it is resumed; `_run.replay`), call the providers' `before_run` (`_run.hooks`), drive the
-`StepLoop` (`_run.loop`), save the run, call `after_run` in reverse and save the session's state.
+it until the run is over), let a run's own `BeforeInput` settle the input, look for an earlier run of
+the same input (a retry: its result is given back, or it is resumed; `_run.replay`), call the
+providers' `before_run` (`_run.hooks`), drive the `StepLoop` (`_run.loop`), save the run, call
+`after_run` in reverse and save the session's state.
 Everything the run records goes into one `RunJournal`.
 """
 
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 from ._agent_state import check_providers, provider_state_keys, stored_calibration
 from ._run.approvals import ApprovalGate, agent_policy, pending_in
 from ._run.calls import CallContexts
-from ._run.hooks import run_after, run_before
+from ._run.hooks import run_after, run_before, run_before_input
 from ._run.loop import StepLoop
 from ._run.output import OutputCheck, OutputLoop, output_check, with_output
 from ._run.repair import keep_input
@@ -429,6 +430,7 @@ class Agent:
         try:
             async with StepWriter.open(self.store, session, history_providers=self.history_providers,
                                        durability=self.durability, lease_wait=lease_wait) as writer:
+                input_messages = await run_before_input(providers, writer, input_messages)  # e.g. AG-UI's rewinds
                 earlier, input_messages = await self._earlier(session, input, input_messages)
                 gate = ApprovalGate(self._approval_check, session, writer)
                 await gate.decide(approvals, self._loader())

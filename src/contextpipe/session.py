@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     import pydantic
 
 __all__ = [
+    "AGUI_RUN_KEY",
     "DEFAULT_TENANT",
     "RESERVED_STATE_KEYS",
     "REWINDS_KEY",
@@ -272,10 +273,15 @@ REWINDS_KEY: Final = "rewinds"
 """Session state key counting the session's rewinds (`contextpipe.rewind`): a session without it was never
 rewound, so loading its history looks for no rewind marker."""
 
+AGUI_RUN_KEY: Final = "ag-ui.run_id"
+"""Session state key holding the ``runId`` of an AG-UI thread's last run (``contextpipe serve``): a
+request with that ``runId`` again is a retry of that run, never a regenerate or an edit."""
+
 RESERVED_STATE_KEYS: Final = {
     USER_ID_KEY: "the user the session belongs to",
     USER_NAME_KEY: "the user's name",
     REWINDS_KEY: "the session's rewinds (contextpipe.rewind)",
+    AGUI_RUN_KEY: "the runId of the AG-UI thread's last run (contextpipe serve)",
 }
 """Keys of ``session.state`` the session keeps for itself, with what each holds; no provider may use them."""
 

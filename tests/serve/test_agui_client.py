@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from contextpipe.rewind import is_marker, read_log
 from contextpipe.serve._agui import STATE_KEY
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
 
-from .conftest import KEYS, ThinkingModel, agent_app, make_app, serving
+from .conftest import KEYS, GateModel, ThinkingModel, agent_app, make_app, serving
 
 CLIENT = Path(__file__).parent / "agui_client"
 NODE = shutil.which("node")
@@ -108,3 +109,27 @@ async def test_the_official_client_runs_a_front_end_tool_and_the_next_run_contin
     assert stored[1].id == call_message["id"]  # the client's assistant message is the stored one (parentMessageId)
     assert stored[2].function_results[0].result == "Suzhou, 31.3N 120.6E"
     model.assert_done()
+
+
+@pytest.mark.skipif(NODE is None and not os.environ.get("CI"),
+                    reason="NO NODE: the official AG-UI client test runs under node, not installed")
+async def test_the_official_client_regenerates_and_edits_and_the_log_keeps_the_old_answers_rewound() -> None:
+    assert NODE is not None, "CI must run every test: install node (and npm) for the official AG-UI client's test"
+    model = GateModel()
+    store = MemoryStore()
+    async with serving(make_app(store, model, agui_rewinds=True)) as url:
+        out, err = await run_node("regenerate.mjs", url, "t-regen")
+    assert err == b"", err.decode()
+    seen = json.loads(out)
+    assert [[text.strip() for text in turn] for turn in seen["turns"]] == [
+        ["reply 1 to one"], ["reply 2 to two"], ["reply 3 to two"], ["reply 4 to two, edited"]]
+    assert [(role, text.strip()) for role, text in seen["messages"]] == [
+        ("user", "one"), ("assistant", "reply 1 to one"), ("user", "two, edited"),
+        ("assistant", "reply 4 to two, edited")]
+    log = await read_log(store, "acme", "t-regen")
+    assert [(e.message.role, e.message.text, e.rewound) for e in log if not is_marker(e.message)] == [
+        ("user", "one", False), ("assistant", "reply 1 to one", False), ("user", "two", True),
+        ("assistant", "reply 2 to two", True), ("assistant", "reply 3 to two", True),
+        ("user", "two, edited", False), ("assistant", "reply 4 to two, edited", False)]
+    assert [e.message.metadata["contextpipe.rewind"]["to"] for e in log if is_marker(e.message)] == [3, 2]
+    assert model.calls == 4

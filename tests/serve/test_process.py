@@ -467,3 +467,15 @@ def test_a_request_answered_before_its_body_ended_leaves_the_next_head_a_deadlin
     sock.sendall(b"\"id\": 1}\r\nGET /healthz HTTP/1.1\r\n")  # the rest of the body, and half the next head
     assert read_to_end(sock) == b""  # closed: the half head had a deadline (keep-alive's is far off)
     sock.close()
+
+
+def test_agui_rewinds_reaches_the_workers(tmp_path: Path, stop: list[subprocess.Popen[str]]) -> None:
+    # Only with the setting on does the AG-UI route record a thread's runId in its state.
+    (tmp_path / "open").touch()
+    _, port = serve_gate(tmp_path, stop, "--agui-rewinds")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    run = {"threadId": "t1", "runId": "r1", "state": None, "tools": [], "context": [], "forwardedProps": {},
+           "messages": [{"id": "u1", "role": "user", "content": "hi"}]}
+    assert "RUN_FINISHED" in httpx.post(f"http://127.0.0.1:{port}/v1/ag-ui", json=run, headers=headers).text
+    state = httpx.get(f"http://127.0.0.1:{port}/v1/sessions/t1", headers=headers).json()["state"]
+    assert state["ag-ui.run_id"] == "r1"

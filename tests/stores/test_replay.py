@@ -364,3 +364,40 @@ async def test_a_history_that_does_not_keep_every_answer_is_not_replayed(store: 
 
     assert not again.replayed and again.text == "A3"
     assert lookups == []
+
+
+async def test_after_a_regenerate_a_retry_gets_the_new_answer(store: SessionStore, tenant: str) -> None:
+    """A retry is answered from the view: the answer a rewind left out is never given back."""
+    agent = weather_agent(store, ScriptedModel(["Wear linen.", "Wear cotton."]))
+    session = await agent.session("replay-regenerated", tenant=tenant)
+    question = Message.user(QUESTION)
+    await agent.run(question, session=session)
+    regenerated = await agent.regenerate(session.id, tenant=tenant)
+    again = await agent.run(question, session=await agent.session(session.id, tenant=tenant))
+    assert again.replayed and again.text == regenerated.text == "Wear cotton."
+
+
+async def test_a_retry_of_a_rewound_input_is_refused(store: SessionStore, tenant: str) -> None:
+    agent = weather_agent(store, ScriptedModel(["Wear linen.", "Take an umbrella."]))
+    session = await agent.session("replay-edited", tenant=tenant)
+    question = Message.user(QUESTION)
+    await agent.run(question, session=session)
+    await agent.edit(session.id, 1, "Will it rain in Suzhou?", tenant=tenant)
+    log = await agent.history(session)
+    with pytest.raises(InputConflict, match="was rewound"):
+        await agent.run(question, session=await agent.session(session.id, tenant=tenant))
+    assert await agent.history(session) == log
+
+
+async def test_a_retry_past_a_rewound_range_longer_than_a_page_gets_the_new_answer(store: SessionStore,
+                                                                                  tenant: str) -> None:
+    """The rewound tool loop (81 messages) is longer than a page read: the replay pages over it to the answer."""
+    model = ScriptedModel([*[tool_call("lookup_location_code", city=f"c{i}") for i in range(40)], "Done.", "Again."])
+    agent = weather_agent(store, model, limits=RunLimits(max_steps=50))
+    session = await agent.session("replay-long-rewound", tenant=tenant)
+    question = Message.user(QUESTION)
+    first = await agent.run(question, session=session)
+    regenerated = await agent.regenerate(session.id, tenant=tenant)
+    again = await agent.run(question, session=await agent.session(session.id, tenant=tenant))
+    assert len(first.messages) == 81 and again.replayed
+    assert again.text == regenerated.text == "Again." and again.messages == regenerated.messages

@@ -1,12 +1,15 @@
-"""Calling the context providers' hooks: `before_run` in order, `after_run` always and in reverse.
+"""Calling the context providers' hooks: `before_input` first, `before_run` in order, `after_run` always and in reverse.
 
-Each hook runs inside its own span (when telemetry is on) and its time is written to the run's
-`RunJournal`, which the traces read.
+`before_input` is for a run's own provider that decides what the run's input is against the
+session's log, and may change the log first, under the run's lease (`BeforeInput`; the AG-UI route's
+regenerate and edit, `serve._agui_rewind`). Each of the other hooks runs inside its own span (when
+telemetry is on) and its time is written to the run's `RunJournal`, which the traces read.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -14,10 +17,40 @@ from ..telemetry import Spans, hook_span
 from ..trace import ProviderTiming
 
 if TYPE_CHECKING:
+    from ..messages import Message
     from ..pipeline import RunContext, RunOutcome
     from ..providers.base import ContextProvider
+    from .writer import StepWriter
 
-__all__ = ["run_after", "run_before"]
+__all__ = ["BeforeInput", "run_after", "run_before", "run_before_input"]
+
+
+class BeforeInput(ABC):
+    """A run's own provider (``Agent.run(providers=)``) that settles the run's input under the run's lease.
+
+    Its `before_input` is called once the run holds its session's lease and before anything else:
+    before the input is looked up as a retry (`_run.replay`) or stored. Whatever it writes is fenced
+    by the run's own lease, so no other run or rewind comes between it and the run.
+    """
+
+    @abstractmethod
+    async def before_input(self, writer: StepWriter, input: list[Message]) -> list[Message]:
+        """Return the run's input (`input`, or another), given the run's `writer` (its store, session and lease).
+
+        Writing to the session's state or log, it saves with ``writer.lease`` and brings the run's
+        session up to date after (``writer.refresh()``).
+        """
+
+
+async def run_before_input(providers: Sequence[ContextProvider], writer: StepWriter,
+                           input: list[Message]) -> list[Message]:
+    """Return the run's input as each `BeforeInput` of `providers` settles it, in order (no session: as given)."""
+    if writer.session is None:
+        return input
+    for provider in providers:
+        if isinstance(provider, BeforeInput):
+            input = await writer.guard(provider.before_input(writer, input))
+    return input
 
 
 Guard = Callable[[Awaitable[None]], Awaitable[None]]

@@ -41,10 +41,15 @@ from ..stores.base import SessionStore
 
 if TYPE_CHECKING:
     from ..providers.base import HistoryProvider
+    from ..rewind import Rewound
     from ..session import Session
 
-__all__ = ["STOP_KEY", "EarlierRun", "find_earlier", "log_store", "marked_stopped", "replayed"]
+__all__ = ["IGNORED_METADATA", "STOP_KEY", "EarlierRun", "answered_last", "find_earlier", "log_store", "marked_stopped",
+           "replayed", "same_input"]
 
+IGNORED_METADATA: Final = frozenset({"ag-ui.input"})
+"""Metadata keys a route marks its input with (the AG-UI route's ``serve._agui_rewind.INPUT_KEY``): not part
+of what the input says, so a message stored before a route marked it is the same input as one marked."""
 STOP_KEY: Final = "stop_reason"
 """Metadata key of the last message of a run stopped at a limit: why the run stopped there."""
 
@@ -112,18 +117,27 @@ def log_store(providers: Sequence[HistoryProvider]) -> SessionStore | None:
 async def find_earlier(store: SessionStore, session: Session, input: Sequence[Message]) -> EarlierRun | None:
     """Return the run of `session` that had this `input` (found by its last message's id), or None.
 
-    Raises `InputConflict` when the id is there with other content, or names an interrupted run
-    that later runs followed.
+    Only the session's view counts (`contextpipe.rewind`): what a rewind left out of it is no run's
+    answer. Raises `InputConflict` when the id is there with other content, is itself rewound, or
+    names an interrupted run that later runs followed.
     """
     tenant, session_id, last = session.tenant, session.id, input[-1]
     seq = await store.message_seq(tenant, session_id, last.id)
     if seq is None:
         return None
+    from ..rewind import rewound_ranges  # here: only a retry reads the view, and a first run need not load it
+
+    rewound = await rewound_ranges(store, tenant, session_id, session.state)  # never rewound: no lookup
+    if seq in rewound:
+        raise InputConflict(
+            f"message {shorten(last.id)} of session {shorten(session_id)} was rewound (undone), so its run is no "
+            "longer the session's; send the input again with a new message id")
     page = await store.load(tenant, session_id, after=max(seq - len(input), 0), before=seq + 1 + _PAGE)
     at = seq - page.first_seq  # where the input's last message is in the page
     given, stored = _stored_input(input, page.messages, at, session_id)
     before = await _stored_before(store, session, input[:given], seq - len(stored) + 1, last)
-    produced, ended = await _produced(store, session, page.messages[at + 1:], seq + _PAGE)
+    produced, ended = await _produced(store, session, list(enumerate(page.messages, page.first_seq))[at + 1:],
+                                      seq + _PAGE, rewound)
     stop = _stop_reason(produced)
     if stop is None and ended:
         raise InputConflict(
@@ -131,6 +145,14 @@ async def find_earlier(store: SessionStore, session: Session, input: Sequence[Me
             "interrupted before its answer and later runs followed it, so it cannot be resumed; send the input "
             "again with a new message id")
     return EarlierRun([*before, *stored], produced, stop)
+
+
+async def answered_last(store: SessionStore, session: Session, seq: int, rewound: Rewound) -> bool:
+    """Tell whether the run whose input ends at `seq` completed (with an answer) and nothing follows it in the view."""
+    page = await store.load(session.tenant, session.id, after=seq, before=seq + 1 + _PAGE)
+    produced, ended = await _produced(store, session, list(enumerate(page.messages, page.first_seq)),
+                                      seq + _PAGE, rewound)
+    return not ended and _stop_reason(produced) == "completed"
 
 
 def _stored_input(input: Sequence[Message], window: Sequence[Message], at: int,
@@ -152,21 +174,25 @@ def _stored_input(input: Sequence[Message], window: Sequence[Message], at: int,
     return given, stored
 
 
-async def _produced(store: SessionStore, session: Session, rest: Sequence[Message],
-                    end: int) -> tuple[list[Message], bool]:
-    """Return the earlier run's messages and whether a message of another run follows them.
+async def _produced(store: SessionStore, session: Session, rest: Sequence[tuple[int, Message]], end: int,
+                    rewound: Rewound) -> tuple[list[Message], bool]:
+    """Return the earlier run's messages in the view and whether a message of another run follows them.
 
-    They are read from `rest` (the page after its input, ending at sequence `end`), then page by page.
+    They are read from `rest` (the page after its input, with sequences, ending at sequence `end`),
+    then page by page; rewound messages (and the markers) are passed over.
     """
     produced: list[Message] = []
     while True:
-        for m in rest:
+        for s, m in rest:
+            if s in rewound:
+                continue
             if m.source is None or m.source.kind not in ("model", "tool") or _stop_reason(produced) is not None:
                 return produced, True  # another run's input or context, or a later run after this one's answer
             produced.append(m)
         if len(rest) < _PAGE:
             return produced, False
-        rest = (await store.load(session.tenant, session.id, after=end, before=end + 1 + _PAGE)).messages
+        page = await store.load(session.tenant, session.id, after=end, before=end + 1 + _PAGE)
+        rest = list(enumerate(page.messages, page.first_seq))
         end += _PAGE
 
 
@@ -214,11 +240,22 @@ def _not_input(stored: Message) -> bool:
     return stored.source is not None and stored.source.kind != "input"
 
 
+def same_input(a: Message, b: Message) -> bool:
+    """Tell whether `a` and `b` are the same input: alike in everything but id, creation time, source and marks."""
+    return _content(a) == _content(b)
+
+
 def _content(message: Message) -> str:
-    """Return what makes two messages the same input: everything but id, creation time and source."""
+    """Return what makes two messages the same input: everything but id, creation time, source and marks.
+
+    The marks are the `IGNORED_METADATA` keys.
+    """
     from ..codec import message_to_dict  # here: only a retry compares inputs, and a first run need not load the codec
 
     d = message_to_dict(message)
     for key in ("id", "created_at", "source"):
         d.pop(key, None)
+    metadata = {k: v for k, v in d.pop("metadata", {}).items() if k not in IGNORED_METADATA}
+    if metadata:
+        d["metadata"] = metadata
     return json.dumps(d, sort_keys=True, ensure_ascii=False, default=str)

@@ -43,6 +43,9 @@ def serve(
     max_connections: Annotated[int | None, typer.Option(help="Connections open at once per worker (past it the one "
                                                         "idle the longest is closed; none idle: 503). Default: the "
                                                         "open-files limit less a tenth.", show_default=False)] = None,
+    agui_rewinds: Annotated[bool, typer.Option("--agui-rewinds", help="Take an AG-UI history that drops the "
+                                               "thread's last turn as a regenerate or edit (one client per "
+                                               "thread; see the serving guide).")] = False,
     new_key: Annotated[str | None, typer.Option("--new-key", metavar="TENANT", help="Make an API key for TENANT "
                                                 "(appended to --keys FILE when given) and exit.")] = None,
     show_traceback: Annotated[bool, typer.Option("--traceback", help="When your code raises (importing the "
@@ -62,7 +65,7 @@ def serve(
                              app_dir=app_dir, log_level=log_level, cors_origins=tuple(cors_origin or ()),
                              header_timeout=header_timeout, body_timeout=body_timeout,
                              keep_alive_timeout=keep_alive_timeout, max_connections=max_connections,
-                             say=lambda line: print(line, file=sys.stderr, flush=True))
+                             agui_rewinds=agui_rewinds, say=lambda line: print(line, file=sys.stderr, flush=True))
     except ContextPipeError as exc:
         if exc.__cause__ is None:
             raise fail(str(exc)) from None

@@ -21,16 +21,19 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from .._run.hooks import BeforeInput
 from ..approvals import Decision, approve, reject
 from ..errors import UsageError
 from ..messages import DataPart, Message, Part, TextPart, UriPart
 from ..providers.base import ContextProvider
+from ._agui_rewind import INPUT_KEY, AgUiRewind, settle
 from ._agui_tools import TOOL_NAME, client_call_events
 from ._json import HTTPError
 from ._openai_requests import image_part
 from ._requests import BASE64, DIGEST, RULES, SESSION_ID, URI, validate
 
 if TYPE_CHECKING:
+    from .._run.writer import StepWriter
     from ..agent import Agent
     from ..pipeline import RunContext
     from ..session import Session
@@ -174,10 +177,13 @@ def _bad(problem: str) -> HTTPError:
 
 
 def _user(m: Any) -> Message:
-    """Return the contextpipe message of a user message (checked by `agui_input`): its text and images, in order."""
+    """Return the contextpipe message of a user message (checked by `agui_input`): its text and images, in order.
+
+    It is marked as AG-UI input (`INPUT_KEY`): only such a message may be regenerated or edited (`serve._agui_rewind`).
+    """
     content = m.content
     if isinstance(content, str):
-        return Message.user(content, id=m.id)
+        return Message.user(content, id=m.id, metadata={INPUT_KEY: True})
     parts: list[Part] = []
     for part in content:
         if part.type == "image":
@@ -186,7 +192,7 @@ def _user(m: Any) -> Message:
             parts[-1] = TextPart(parts[-1].text + part.text)
         else:
             parts.append(TextPart(part.text))
-    return Message("user", tuple(parts) or (TextPart(""),), id=m.id)
+    return Message("user", tuple(parts) or (TextPart(""),), id=m.id, metadata={INPUT_KEY: True})
 
 
 def _image(source: Any) -> DataPart | UriPart:
@@ -292,18 +298,27 @@ APPROVAL_ANSWER: Final = {"type": "object", "required": ["approved"], "propertie
 """The payload a ``resume`` entry answers a tool approval with (see `agui_decisions`)."""
 
 
-class AgUiRun(ContextProvider):
+class AgUiRun(ContextProvider, BeforeInput):
     """One AG-UI request's part in its run, given to it as one of the run's own providers (``Agent.run(providers=)``).
 
-    Before the run, under the session's lease, it stores the client's shared `state` in the session
+    Once the run holds the session's lease, before its input is looked up, it records the run's
+    ``runId`` and regenerates or edits when the request does (`rewind`; `serve._agui_rewind.settle`;
+    only with ``ServeSettings.agui_rewinds``).
+    Before the run, under the lease, it stores the client's shared `state` in the session
     (under `STATE_KEY`; None keeps the session's) and adds the request's `context` entries to the
     prompt, as context from source ``ag-ui`` (for this run only: they are not stored).
     """
 
     kind = "ag-ui"
 
-    def __init__(self, run_input: Any, stored: Session) -> None:
+    def __init__(self, run_input: Any, stored: Session, rewind: AgUiRewind | None = None, *,
+                 rewinds: bool = False) -> None:
         super().__init__("ag-ui")
+        self.run_id: str = run_input.run_id
+        self.rewinds = rewinds
+        """``ServeSettings.agui_rewinds``: off, the run's ``runId`` is not recorded and nothing is rewound."""
+        self.rewind = rewind
+        """What the request may regenerate or edit (`serve._agui_rewind.agui_plan`); None: neither."""
         state = run_input.state
         self.state: dict[str, Any] | None = state
         """The state the client sent; None when it sent none."""
@@ -314,6 +329,10 @@ class AgUiRun(ContextProvider):
         """The request's context entries, one message each."""
         self.session: Session | None = None
         """The session of the run, once it started (a retry answered from the log never does)."""
+
+    async def before_input(self, writer: StepWriter, input: list[Message]) -> list[Message]:
+        """Record the run's ``runId`` and regenerate or edit when the request does; return the run's input."""
+        return await settle(writer, self.run_id, self.rewind, input) if self.rewinds else input
 
     async def before_run(self, ctx: RunContext) -> None:
         """Store the client's state in the run's session, and add the context entries."""

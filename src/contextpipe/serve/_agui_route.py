@@ -1,6 +1,8 @@
 """``POST /v1/ag-ui``: a run through the AG-UI protocol (`serve._agui` translates it), streamed as AG-UI events.
 
-The thread is the session, made when new; the request's new user messages are the input, its
+The thread is the session, made when new; the request's new user messages are the input (with
+``ServeSettings.agui_rewinds``, a history that drops the thread's last turn may regenerate or edit
+it: `serve._agui_rewind`), its
 ``resume`` decides approvals, and its shared state and context entries go to the run through an
 `AgUiRun`. Everything a request can get wrong is answered before the stream starts.
 """
@@ -22,9 +24,17 @@ if TYPE_CHECKING:
     from ..approvals import Decision
     from ..messages import Message
     from ..stores import SessionStore
+    from ._agui_rewind import AgUiRewind
     from ._runs import LiveRun, RunManager
 
 __all__ = ["agui"]
+
+
+class _Settings(Protocol):
+    """What the route reads of the server's settings (`serve._app.ServeSettings`)."""
+
+    @property
+    def agui_rewinds(self) -> bool: ...
 
 
 class _Api(Protocol):
@@ -32,6 +42,9 @@ class _Api(Protocol):
 
     agent: Agent | None
     store: SessionStore
+
+    @property
+    def settings(self) -> _Settings: ...
 
     def _writable(self) -> RunManager: ...
 
@@ -61,7 +74,7 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     existing = await api.store.get_session(tenant, thread)
     if existing is not None and not visible(request.state.grant, existing):
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # another user's, or of no user
-    new, approvals = await _what_to_run(api, run_input, existing, approvals)
+    new, approvals, plan = await _what_to_run(api, run_input, existing, approvals)
     if approvals and existing is None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}: its resume answers no interrupt of it")
     if not new and not approvals and (existing is None or await api._empty(tenant, thread)):
@@ -71,7 +84,7 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     if not visible(request.state.grant, session) and user_id(session) is not None:
         raise HTTPError(404, "NotFound", f"no thread {thread!r}")  # made meanwhile, for another user
     await claim(api.store, session, request.state.grant.user)  # a user-bound key's new thread is its user's
-    agui_run = AgUiRun(run_input, session)
+    agui_run = AgUiRun(run_input, session, plan, rewinds=api.settings.agui_rewinds)
     run = runs.start(session, new or None, lease_wait=0.0, stream=True, approvals=approvals, providers=[agui_run],
                      tools=tools)
     refused = await api.admit(request, runs, run)  # a busy thread, or a resume that cannot apply: before the stream
@@ -91,14 +104,21 @@ async def agui(api: _Api, request: Request, tenant: str, params: list[str]) -> R
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
-async def _what_to_run(api: _Api, run_input: Any, existing: Session | None,
-                       resumed: dict[str, Decision] | None) -> tuple[list[Message], dict[str, Decision] | None]:
-    """Return the run's input and its decisions: the `resumed` ones, and the results front-end tools gave."""
+async def _what_to_run(api: _Api, run_input: Any, existing: Session | None, resumed: dict[str, Decision] | None
+                       ) -> tuple[list[Message], dict[str, Decision] | None, AgUiRewind | None]:
+    """Return the run's input, its decisions (the `resumed` ones, and the results front-end tools gave), and plan.
+
+    The plan is what the request may regenerate or edit (only with ``ServeSettings.agui_rewinds``);
+    the run itself decides, under its lease (`serve._agui_rewind`).
+    """
     from ._agui import agui_known, agui_new
+    from ._agui_rewind import agui_plan
     from ._agui_tools import agui_approvals
 
     assert api.agent is not None
     # The history the client resends: what the session holds is not input again.
     at = await agui_known(run_input, lambda i: api._holds(existing, i))
     approvals = await agui_approvals(run_input, at, api.agent, existing, resumed)
-    return agui_new(run_input, at, answering=len(approvals or {}) > len(resumed or {})), approvals
+    new = agui_new(run_input, at, answering=len(approvals or {}) > len(resumed or {}))
+    rewinds = api.settings.agui_rewinds and existing is not None and not approvals
+    return new, approvals, (agui_plan(run_input, at) if rewinds else None)

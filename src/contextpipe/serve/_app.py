@@ -110,6 +110,15 @@ class ServeSettings:
 
     Past it, a new connection closes the one idle the longest; with none idle, it is answered 503.
     """
+    agui_rewinds: bool = False
+    """Take an AG-UI history that drops the thread's last turn as a regenerate or an edit of it (a rewind).
+
+    For one client per thread (CopilotKit's regenerate and edit). Off, a regenerate-shaped request is
+    a retry and an edit-shaped one a next turn, and the route records no ``runId``. Either way the
+    route marks the user messages it stores (``ag-ui.input``), and a retry is answered from the
+    session's view: a retry of an input a rewind left out is refused (409 ``InputConflict``). See the
+    serving guide for what a second tab, or a retry after a dropped stream, can do.
+    """
 
 
 Handler = Callable[["_Api", Request, str, list[str]], Awaitable[Response]]

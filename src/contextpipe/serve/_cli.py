@@ -244,7 +244,7 @@ def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, worker
                drain_timeout: float = 30.0, max_body_bytes: int = 1 << 20, app_dir: str = ".",
                log_level: str = "info", cors_origins: tuple[str, ...] = (), header_timeout: float = 10.0,
                body_timeout: float = 60.0, keep_alive_timeout: float = 5.0, max_connections: int | None = None,
-               say: Callable[[str], None] = print) -> None:
+               agui_rewinds: bool = False, say: Callable[[str], None] = print) -> None:
     """Serve the agent `target` (``module:attribute``) until SIGTERM or Ctrl-C."""
     from . import ServeSettings
 
@@ -263,7 +263,8 @@ def run_server(target: str, *, host: str = "127.0.0.1", port: int = 8000, worker
     settings = ServeSettings(max_body_bytes=max_body_bytes, on_disconnect=on_disconnect,  # type: ignore[arg-type]
                              drain_timeout=drain_timeout, cors_origins=tuple(cors_origins),
                              header_timeout=header_timeout, body_timeout=body_timeout,
-                             keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
+                             keep_alive_timeout=keep_alive_timeout, max_connections=max_connections,
+                             agui_rewinds=agui_rewinds)
     config = {"mode": "serve", "target": target, "app_dir": str(Path(app_dir).resolve()), "keys_file": keys_file,
               "settings": asdict(settings)}
     _run(config, host=host, port=port, workers=workers, say=say, tenant=tenant, drain_timeout=drain_timeout,

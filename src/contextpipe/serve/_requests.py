@@ -39,6 +39,8 @@ URI: Final = r"^[A-Za-z][A-Za-z0-9+.-]*:[!-~]+$"
 NOT_BLANK: Final = r"[^ \t\n\r]"
 CURSOR: Final = r"^(?:|-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?~" + SESSION_ID[1:-1] + ")$"
 """A page cursor: the last listed session's update time and id (``1796218510.84~alice/trip``); empty: none."""
+ROUTE_MARKS: Final = "ag-ui."
+"""The metadata key prefix reserved for the AG-UI route's marks: dropped from REST input."""
 DIGEST: Final = r"^[0-9a-f]{64}$"
 """A pending call's digest (`contextpipe.approvals.arguments_digest`): 64 lowercase hex digits."""
 IDEMPOTENCY_KEY: Final = r"^[!-~](?:[ -~]{0,253}[!-~])?$"
@@ -105,7 +107,10 @@ class InputMessage(_Body):
     id: Annotated[str, Field(pattern=MESSAGE_ID)] | None = Field(
         None, description="The message's id: a retry with the same id and content returns the first result.")
     author_name: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        None, description="The message's metadata. Keys starting with `ag-ui.` are reserved for the AG-UI route's "
+                          "own marks: they are dropped from REST input (so a message read back from "
+                          "`GET .../messages` can be posted again as it is).")
     # What `contextpipe.codec.message_to_dict` writes besides: a client may send a message in that form.
     v: Literal[1] | None = Field(None, description="The version of contextpipe's message form (1).")
     created_at: float | None = Field(None, description="When the message was written (seconds since the epoch); "
@@ -323,8 +328,11 @@ def input_messages(raw: str | list[InputMessage] | None) -> str | list[Message] 
                                 "parts": [part.model_dump() for part in item.parts]}
         if item.author_name is not None:
             data["author_name"] = item.author_name
-        if item.metadata:
-            data["metadata"] = item.metadata
+        # The AG-UI route's marks (`serve._agui_rewind.INPUT_KEY`) dropped: a REST message without them can never
+        # be rewound by an AG-UI request, and a re-post of one read back is still a retry (`IGNORED_METADATA`).
+        metadata = {k: v for k, v in (item.metadata or {}).items() if not k.startswith(ROUTE_MARKS)}
+        if metadata:
+            data["metadata"] = metadata
         messages.append(message_from_dict(data))
     return messages
 
