@@ -81,7 +81,7 @@ LAYERS: list[tuple[str, ...]] = [
     # rewind: the view of a log its markers leave, over any store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
-    ("pipeline", "events", "_stream", "queue"),  # queue: messages for a session, kept by the stores
+    ("pipeline", "events", "_stream", "queue", "artifacts"),  # queue, artifacts: a session's, kept by the stores
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals", "_run.inbox",
      "_run.steps", "_run.cache_watch"),

@@ -2,8 +2,9 @@
 
 Each session is a handful of keys sharing one hash tag (``{tenant/session}``): a hash with the
 record, a list with the log (index = sequence - 1), a hash of message ids for idempotent appends, a
-sorted set of checkpoints, a lease key and the message queue (`_queue_redis`). Every write is one Lua
-script, so the checks (lease, version, known ids) and the write are atomic. TTLs are Redis's own key
+sorted set of checkpoints, a lease key, the message queue (`_queue_redis`) and artifacts
+(`_artifacts_redis`). Every write is one Lua script, so the checks (lease, version, known ids) and
+the write are atomic. TTLs are Redis's own key
 expiry, pushed forward on every write. Timestamps come from the Redis server's clock.
 
 A per-tenant sorted set indexes sessions by last update for listing; it lives outside the session's
@@ -48,11 +49,11 @@ local function expire_keys()
     local ms = math.floor(tonumber(ttl) * 1000)
     local held = redis.call('PTTL', KEYS[5])
     if held > ms then ms = held end
-    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9}) do
+    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9, 10, 11}) do
       if KEYS[i] and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ms) end
     end
   else
-    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9}) do
+    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9, 10, 11}) do
       if KEYS[i] then redis.call('PERSIST', KEYS[i]) end
     end
   end
@@ -173,8 +174,8 @@ return {'ok', ''}
 
 _DELETE: Final = """
 local gone = {redis.call('EXISTS', KEYS[1]), redis.call('LLEN', KEYS[2]), redis.call('ZCARD', KEYS[4]),
-              redis.call('LLEN', KEYS[7])}
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9])
+              redis.call('LLEN', KEYS[7]), redis.call('HLEN', KEYS[10])}
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11])
 redis.call('ZREM', KEYS[6], ARGV[1])
 return gone
 """
@@ -302,7 +303,8 @@ class RedisStore(SessionStore):
     def _keys(self, key: SessionKey) -> list[str]:
         tag = f"{self._prefix}:{{{key.tenant}/{key.id}}}"
         return [f"{tag}:meta", f"{tag}:log", f"{tag}:ids", f"{tag}:ckpt", f"{tag}:lease",
-                self._index(key.tenant), f"{tag}:traces", f"{tag}:queue", f"{tag}:queued"]
+                self._index(key.tenant), f"{tag}:traces", f"{tag}:queue", f"{tag}:queued", f"{tag}:artifacts",
+                f"{tag}:artbody"]  # artifacts: `_artifacts_redis`
 
     def _index(self, tenant: str) -> str:
         return f"{self._prefix}:index:{tenant}"
@@ -355,8 +357,8 @@ class RedisStore(SessionStore):
 
     @override
     async def _delete(self, key: SessionKey) -> Erased | None:
-        existed, messages, summaries, traces = await self._lua_delete(keys=self._keys(key), args=[key.id])
-        return Erased(int(messages), int(summaries), int(traces)) if existed else None
+        existed, messages, summaries, traces, artifacts = await self._lua_delete(keys=self._keys(key), args=[key.id])
+        return Erased(int(messages), int(summaries), int(traces), int(artifacts)) if existed else None
 
     @override
     async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:

@@ -1,0 +1,85 @@
+"""Artifacts: bytes kept beside a session's log (a tool result too big to send whole), read back by range.
+
+An artifact belongs to one session: it is named by the session's key and an id the writer chooses
+(`contextpipe.providers.Artifacts` uses the tool call's id and a digest of the bytes, so a step
+resumed after a crash that produces the same result stores nothing twice). Writing is idempotent by
+id: the first bytes written under an id stay, a second write returns what is there. A write creates
+the session's record when there is none and counts as its activity for its TTL, without the
+session's lease (as a queued message is written, `_queue`): a run that lost its lease may still add
+one, which no stored message names and which goes with the session. Deleting a session, or its
+expiry, deletes its artifacts (`Erased.artifacts` counts them).
+
+The tables' classes are in `_artifacts_sql` and `_artifacts_redis`; the memory store keeps
+`contextpipe.stores.memory.MemoryArtifacts` in each session's entry.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Protocol
+
+from ..errors import UsageError
+from ..session import SessionKey
+from ._records import Artifact
+
+__all__ = ["SQLITE_ARTIFACTS", "Artifact", "ArtifactTable", "check_artifact", "check_range", "postgres_migration"]
+
+
+SQLITE_ARTIFACTS: Final = """
+CREATE TABLE IF NOT EXISTS cp_artifacts (
+    id INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    artifact_id TEXT NOT NULL,
+    media_type TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS cp_artifacts_id ON cp_artifacts (tenant, session_id, artifact_id);
+"""
+"""The SQLite artifact table (created, when missing, whenever a store opens its file for writing)."""
+
+
+class ArtifactTable(Protocol):
+    """What each backend does for artifacts; every method is on a validated key and checked arguments."""
+
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
+        """Store `data` under `artifact_id` unless an artifact has that id; return the one stored."""
+
+    async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
+        """Return the artifact's record, None when the session has none of that id."""
+
+    async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
+        """Return up to `length` bytes from `offset` (fewer at the end), None when there is no such artifact."""
+
+
+def check_artifact(artifact_id: object, data: object, media_type: object) -> None:
+    """Raise `UsageError` unless the arguments of a write are an id, bytes and a media type."""
+    if not isinstance(artifact_id, str) or not artifact_id or len(artifact_id) > 200:
+        raise UsageError(f"an artifact id is a non-empty string of at most 200 characters, got {artifact_id!r:.80}")
+    if not isinstance(data, bytes):
+        raise UsageError(f"an artifact holds bytes, got {type(data).__name__}; encode text first "
+                         "(text.encode('utf-8'))")
+    if not isinstance(media_type, str) or "/" not in media_type:
+        raise UsageError(f"an artifact needs a media type such as 'text/plain; charset=utf-8', got {media_type!r:.80}")
+
+
+def check_range(offset: object, length: object) -> None:
+    """Raise `UsageError` unless `offset` and `length` are integers, `offset` >= 0 and `length` >= 1."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise UsageError(f"an artifact's offset is an integer >= 0 (a byte position), got {offset!r:.40}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise UsageError(f"an artifact read's length is an integer >= 1 (bytes), got {length!r:.40}")
+
+
+def postgres_migration(p: str) -> list[str]:
+    """Return the schema step that adds the artifact table (tables prefixed `p`).
+
+    The bodies are stored uncompressed out of line (``STORAGE EXTERNAL``), so reading a range reads
+    only the pages it covers instead of the whole value.
+    """
+    return [
+        f"""CREATE TABLE {p}artifacts (
+            tenant TEXT NOT NULL, session_id TEXT NOT NULL, artifact_id TEXT NOT NULL, media_type TEXT NOT NULL,
+            size BIGINT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (tenant, session_id, artifact_id))""",
+        f"ALTER TABLE {p}artifacts ALTER COLUMN body SET STORAGE EXTERNAL",
+    ]

@@ -1,0 +1,79 @@
+"""The artifacts (`contextpipe.stores._artifacts`) of Redis.
+
+Two keys in the session's hash tag (`RedisStore._keys` 10 and 11): a hash of every artifact's id to
+its record (media type and size, JSON) and a hash of its bytes in chunks of `CHUNK` bytes (field
+``<id>#<n>``), so a range read fetches only the chunks it covers. The write is one Lua script
+(idempotent by id); the keys expire and are deleted with the session's other keys.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Final
+
+from ..session import SessionKey
+from ._artifacts import Artifact
+
+if TYPE_CHECKING:
+    from .redis import RedisStore
+
+__all__ = ["CHUNK", "RedisArtifacts"]
+
+CHUNK: Final = 64 * 1024
+"""Bytes per stored chunk of an artifact."""
+
+# KEYS as `RedisStore._keys` (10: id -> record, 11: '<id>#<n>' -> chunk n); ARGV[4] the id, ARGV[5] its record,
+# ARGV[6...] its chunks.
+_PUT_TAIL: Final = """
+local kept = redis.call('HGET', KEYS[10], ARGV[4])
+if not kept then
+  for i = 6, #ARGV do redis.call('HSET', KEYS[11], ARGV[4] .. '#' .. (i - 6), ARGV[i]) end
+  redis.call('HSET', KEYS[10], ARGV[4], ARGV[5])
+  kept = ARGV[5]
+end
+touch()
+return kept
+"""
+
+
+class RedisArtifacts:
+    """`ArtifactTable` of `RedisStore`."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        script: Any = store.__dict__.get("_artifact_put")
+        if script is None:  # registered once per store
+            from .redis import _PROLOGUE
+
+            script = store.__dict__["_artifact_put"] = store._client.register_script(_PROLOGUE + _PUT_TAIL)
+        self._put = script
+
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
+        """Write the chunks and the record (idempotent by id) and touch the session, as a write does."""
+        record = json.dumps([media_type, len(data)])
+        chunks = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
+        kept = await self._put(keys=self._store._keys(key), args=[key.id, "", "0", artifact_id, record, *chunks])
+        media, size = json.loads(kept)
+        return Artifact(artifact_id, media, size)
+
+    async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
+        """Return the record, or None."""
+        raw = await self._store._client.hget(self._store._keys(key)[9], artifact_id)
+        if raw is None:
+            return None
+        media, size = json.loads(raw)
+        return Artifact(artifact_id, media, size)
+
+    async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
+        """Return the range from the chunks it covers, or None."""
+        found = await self.info(key, artifact_id)
+        if found is None:
+            return None
+        end = min(offset + length, found.size)
+        if offset >= end:
+            return b""
+        first, last = offset // CHUNK, (end - 1) // CHUNK
+        fields = [f"{artifact_id}#{n}" for n in range(first, last + 1)]
+        chunks = await self._store._client.hmget(self._store._keys(key)[10], fields)
+        joined = b"".join(c or b"" for c in chunks)
+        return joined[offset - first * CHUNK:end - first * CHUNK]

@@ -1,0 +1,127 @@
+"""The artifact tables (`contextpipe.stores._artifacts`) of SQLite and PostgreSQL, and `table_for`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..session import SessionKey
+from ._artifacts import Artifact, ArtifactTable
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from .base import SessionStore
+    from .postgres import PostgresStore
+    from .sqlite import SQLiteStore
+
+__all__ = ["table_for"]
+
+
+def table_for(store: SessionStore) -> ArtifactTable:
+    """Return the artifact table of `store`'s backend."""
+    match store.backend:
+        case "memory":
+            return store.artifact_table  # type: ignore[attr-defined, no-any-return]
+        case "sqlite":
+            return _SQLiteArtifacts(store)  # type: ignore[arg-type]
+        case "postgres":
+            return _PostgresArtifacts(store)  # type: ignore[arg-type]
+        case "redis":
+            from ._artifacts_redis import RedisArtifacts
+
+            return RedisArtifacts(store)  # type: ignore[arg-type]
+    from ..errors import UsageError
+
+    raise UsageError(f"the {store.backend} store keeps no artifacts; use MemoryStore, SQLiteStore, PostgresStore "
+                     "or RedisStore")
+
+
+_SQLITE_INFO = "SELECT id, media_type, size FROM cp_artifacts WHERE tenant = ? AND session_id = ? AND artifact_id = ?"
+
+
+class _SQLiteArtifacts:
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
+        store = self._store
+
+        def write(conn: sqlite3.Connection) -> Artifact:
+            with store._transaction(conn, durable=True):
+                now = store._clock()
+                if store._session_row(conn, key, now) is None:
+                    conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) "
+                                 "VALUES (?, ?, ?, ?)", (key.tenant, key.id, now, now))
+                conn.execute("INSERT OR IGNORE INTO cp_artifacts (tenant, session_id, artifact_id, media_type, size, "
+                             "body) VALUES (?, ?, ?, ?, ?, ?)",
+                             (key.tenant, key.id, artifact_id, media_type, len(data), data))
+                store._touch(conn, key, now)
+                row = conn.execute(_SQLITE_INFO, (key.tenant, key.id, artifact_id)).fetchone()
+            return Artifact(artifact_id, row["media_type"], row["size"])
+
+        return await store._run(write)
+
+    def _row(self, conn: sqlite3.Connection, key: SessionKey, artifact_id: str) -> sqlite3.Row | None:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cp_artifacts'").fetchone():
+            return None  # a file opened read-only that no writer of this release opened yet
+        live = conn.execute("SELECT expires_at FROM cp_sessions WHERE tenant = ? AND session_id = ?",
+                            (key.tenant, key.id)).fetchone()
+        if live is None or (live[0] is not None and live[0] <= self._store._clock()):
+            return None  # gone, or expired: its artifacts go with it
+        row: sqlite3.Row | None = conn.execute(_SQLITE_INFO, (key.tenant, key.id, artifact_id)).fetchone()
+        return row
+
+    async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
+        def read(conn: sqlite3.Connection) -> Artifact | None:
+            row = self._row(conn, key, artifact_id)
+            return None if row is None else Artifact(artifact_id, row["media_type"], row["size"])
+
+        return await self._store._run(read)
+
+    async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
+        def read(conn: sqlite3.Connection) -> bytes | None:
+            row = self._row(conn, key, artifact_id)
+            if row is None:
+                return None
+            if offset >= row["size"]:
+                return b""
+            with conn.blobopen("cp_artifacts", "body", row["id"], readonly=True) as blob:  # reads only the range
+                blob.seek(offset)
+                return blob.read(length)
+
+        return await self._store._run(read)
+
+
+class _PostgresArtifacts:
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
+        store, p = self._store, self._store._p
+        async with store._transaction() as conn:
+            await store._locked_row(conn, key, None, check=False)  # created when missing; serialised with deletes
+            await conn.execute(f"INSERT INTO {p}artifacts (tenant, session_id, artifact_id, media_type, size, body) "
+                               "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, session_id, artifact_id) "
+                               "DO NOTHING", key.tenant, key.id, artifact_id, media_type, len(data), data)
+            await store._touch(conn, key)
+            row = await conn.fetchrow(f"SELECT media_type, size FROM {p}artifacts WHERE tenant = $1 AND "
+                                      "session_id = $2 AND artifact_id = $3", key.tenant, key.id, artifact_id)
+        assert row is not None
+        return Artifact(artifact_id, row["media_type"], row["size"])
+
+    def _live(self) -> str:
+        p = self._store._p
+        return (f"FROM {p}artifacts a JOIN {p}sessions s ON s.tenant = a.tenant AND s.session_id = a.session_id "
+                "WHERE a.tenant = $1 AND a.session_id = $2 AND a.artifact_id = $3 "
+                "AND (s.expires_at IS NULL OR s.expires_at > extract(epoch from clock_timestamp())::float8)")
+
+    async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
+        async with self._store._connection() as conn:
+            row = await conn.fetchrow(f"SELECT a.media_type, a.size {self._live()}", key.tenant, key.id, artifact_id)
+        return None if row is None else Artifact(artifact_id, row["media_type"], row["size"])
+
+    async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
+        async with self._store._connection() as conn:
+            row = await conn.fetchrow(f"SELECT substring(a.body from $4 for $5) AS part {self._live()}",
+                                      key.tenant, key.id, artifact_id, offset + 1, length)
+        return None if row is None else bytes(row["part"])
