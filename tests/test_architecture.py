@@ -26,7 +26,7 @@ SURFACES = {
         "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
     ],
     "contextpipe.providers": [
-        "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
+        "Artifacts", "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
         "LoadedHistory", "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest",
         "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch",
         "ToolSearch", "external_input",

@@ -1,0 +1,161 @@
+"""`Artifacts`: a tool result too big to send whole is stored beside the session and read back by range.
+
+Without it, a tool that returns 50 MB puts 50 MB into the session's log and into every later model
+call. With `Artifacts(store)` among the providers, a tool result whose text is longer than `limit`
+characters is stored whole as an artifact of the session (`contextpipe.artifacts`, in the same
+store as the log), and the result the model sees and the log keeps holds its first `head` and last
+`tail` characters, its size and its handle. The model reads any part with the ``read_artifact``
+tool (at most `max_read` bytes a call), which the provider offers in every run that has a session,
+spill or not, so the tools a model is offered do not change part way (which would also break a
+prompt cache).
+
+The artifact is written before the tool's result is returned to the loop, so before the step's
+messages are saved: a stored result never names an artifact that is not there. Its id is the
+call's id and a digest of the text, so a call run again after a crash with the same result stores
+nothing twice (one with another result gets an artifact of its own; the first, named by no stored
+message, goes with the session). Spilling sees the result as the tool middleware of providers
+registered before it returned it (the first provider's middleware is outermost): register
+`Artifacts` first to spill what the model would otherwise have been sent.
+
+Not yet: images and files a tool returns (``ToolOutcome.parts``) are passed on as they are, and
+compaction, traces and the inspector do not know artifacts (a spilled result is an ordinary message
+to them).
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final
+
+from ..errors import UsageError
+from ..session import SessionKey
+from ..tools import Tool, ToolOutcome  # the reader's hints are resolved at run time; every run offers it
+from .base import ContextProvider
+
+if TYPE_CHECKING:
+    from ..pipeline import RunContext
+    from ..stores.base import SessionStore
+    from ..tools import CallTool, ToolInvocation
+
+__all__ = ["READ_TOOL", "TEXT", "Artifacts"]
+
+READ_TOOL: Final = "read_artifact"
+"""The name of the tool the model reads artifacts with."""
+TEXT: Final = "text/plain; charset=utf-8"
+"""The media type of a spilled tool result."""
+
+
+class Artifacts(ContextProvider):
+    """Spills tool results longer than `limit` characters to artifacts in `store`; offers ``read_artifact``.
+
+    `store` is where the artifacts are kept: the agent's store, so they go with its sessions (erased,
+    expired, forgotten). The model sees the first `head` and the last `tail` characters of a spilled
+    result; ``read_artifact`` returns at most `max_read` bytes a call.
+    """
+
+    kind = "tools"
+
+    def __init__(self, store: SessionStore, *, limit: int = 20_000, head: int = 2_000, tail: int = 2_000,
+                 max_read: int = 10_000, source_id: str = "artifacts") -> None:
+        super().__init__(source_id)
+        if head < 0 or tail < 0 or limit < head + tail or max_read < 1:
+            raise UsageError(f"Artifacts needs head >= 0, tail >= 0, limit >= head + tail and max_read >= 1, got "
+                             f"limit={limit}, head={head}, tail={tail}, max_read={max_read}")
+        self.store = store
+        """Where the artifacts are kept."""
+        self.limit = limit
+        """A tool result longer than this many characters is spilled."""
+        self.head = head
+        """Characters of a spilled result's start the model sees."""
+        self.tail = tail
+        """Characters of a spilled result's end the model sees."""
+        self.max_read = max_read
+        """Bytes one ``read_artifact`` call returns at most."""
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """With a session: add the spilling tool middleware and the ``read_artifact`` tool."""
+        if ctx.session is None:
+            return  # nowhere to keep an artifact: results pass whole
+        run = _Run(self, SessionKey(ctx.session.tenant, ctx.session.id))
+        ctx.add_tool_middleware(run.spill)
+        ctx.add_tools([Tool(run.read_artifact, name=READ_TOOL, idempotent=True, run_in_thread=False)])
+
+
+@dataclass(slots=True)
+class _Run:
+    """One run's spilling and reading, on its session."""
+
+    artifacts: Artifacts
+    key: SessionKey
+
+    async def spill(self, call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        outcome = await call_next(call)
+        text = outcome.result
+        if len(text) <= self.artifacts.limit or call.name == READ_TOOL:  # a read is bounded by max_read
+            return outcome
+        from ..artifacts import put_artifact
+
+        data = text.encode("utf-8", "surrogatepass")  # any str the tool returned is stored, unchanged
+        handle = f"{call.call_id[:120]}-{hashlib.sha256(data).hexdigest()[:16]}"
+        await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, TEXT)
+        return replace(outcome, result=self._preview(text, len(data), handle))
+
+    def _preview(self, text: str, size: int, handle: str) -> str:
+        a = self.artifacts
+        head, tail = text[:a.head], text[len(text) - a.tail:] if a.tail else ""
+        tail_at = size - len(tail.encode("utf-8", "surrogatepass"))
+        return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. It is "
+                f"stored as artifact {handle!r}. Shown: its first {len(head):,} and its last {len(tail):,} "
+                f"characters. Read any part with {READ_TOOL}(handle={handle!r}, offset=<byte>, "
+                f"length=<bytes, at most {a.max_read:,}>).]\n"
+                f"--- first {len(head):,} characters ---\n{head}\n"
+                f"--- last {len(tail):,} characters, from byte {tail_at:,} ---\n{tail}")
+
+    async def read_artifact(self, handle: str, offset: int = 0, length: int = 4_000) -> ToolOutcome:
+        """Read part of a stored artifact (a tool result too long to show whole), by byte range.
+
+        Args:
+            handle: The artifact's handle, as the spilled tool result gave it.
+            offset: The first byte to read (0 is the start).
+            length: How many bytes to read (fewer come back at the end, or above the limit).
+        """
+        from ..artifacts import artifact_info, read_artifact
+
+        store, key, most = self.artifacts.store, self.key, self.artifacts.max_read
+        found = await artifact_info(store, key.tenant, key.id, handle)
+        if found is None:
+            return ToolOutcome(f"Error: this session has no artifact {handle!r}; use the handle a spilled tool "
+                               "result gave.", is_error=True)
+        if not found.media_type.startswith("text/"):
+            return ToolOutcome(f"Error: artifact {handle!r} is {found.media_type}, not text; it cannot be read "
+                               "here.", is_error=True)
+        if offset < 0 or offset >= max(found.size, 1) or length < 1:
+            return ToolOutcome(f"Error: artifact {handle!r} has {found.size:,} bytes; give an offset from 0 to "
+                               f"{max(found.size - 1, 0):,} and a length of at least 1.", is_error=True)
+        data = await read_artifact(store, key.tenant, key.id, handle, offset=offset, length=min(length, most) + 6)
+        start, text = _utf8_window(data or b"", offset, min(length, most), found.size)
+        end = start + len(text.encode("utf-8", "surrogatepass"))
+        more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
+        return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
+
+
+def _utf8_window(data: bytes, offset: int, length: int, size: int) -> tuple[int, str]:
+    """Return where the whole characters of a `length`-byte range read from `offset` start, and their text.
+
+    A range that begins inside a character skips that character's remaining bytes; one that ends
+    inside a character ends before it, unless the range is too short for even one character, which
+    then comes back whole. `data` holds 6 bytes more than `length` for both. Lone surrogates come
+    back as they were stored.
+    """
+    skip = 0
+    if offset > 0:
+        while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+            skip += 1
+    def whole(stop: int) -> str:
+        window = data[skip:stop]
+        return codecs.getincrementaldecoder("utf-8")("surrogatepass").decode(
+            window, final=offset + skip + len(window) >= size)
+
+    return offset + skip, whole(length) or whole(skip + 4)[:1]

@@ -1,0 +1,133 @@
+"""Big tool results spill to artifacts (`contextpipe.providers.Artifacts`), through `Agent.run` on the memory and
+SQLite stores: what the model and the log get, reading back by range, errors, and the write before the save."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contextpipe import Agent, UsageError, tool
+from contextpipe.artifacts import artifact_info, read_artifact
+from contextpipe.messages import FunctionResult
+from contextpipe.models import ModelRequest
+from contextpipe.providers import Artifacts
+from contextpipe.providers.artifacts import _utf8_window
+from contextpipe.stores import MemoryStore, SessionStore, SQLiteStore
+from contextpipe.testing import ScriptedModel, tool_call
+
+BIG = "".join(f"line {i:06d}: Zürich → 北京 ✓\n" for i in range(60_000))  # 2 MB of text, multi-byte characters
+DATA = BIG.encode()
+
+
+@tool
+def dump() -> str:
+    """Return the whole log."""
+    return BIG
+
+
+@tool
+def small() -> str:
+    """Return a short answer."""
+    return "short and sweet"
+
+
+def results(request: ModelRequest) -> list[FunctionResult]:
+    return [r for m in request.messages for r in m.function_results]
+
+
+def handle_of(request: ModelRequest) -> str:
+    found = re.search(r"stored as artifact '([^']+)'", results(request)[-1].result)
+    assert found is not None, results(request)[-1].result[:300]
+    return found.group(1)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> SessionStore:
+    return MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "spill.db")
+
+
+async def test_a_big_result_is_stored_whole_and_the_model_reads_a_range(store: SessionStore) -> None:
+    offset = DATA.index(b"line 031000")
+    model = ScriptedModel([
+        tool_call("dump"),
+        lambda request: tool_call("read_artifact", handle=handle_of(request), offset=offset, length=200),
+        "done"])
+    agent = Agent(model, store=store, tools=[dump], providers=[Artifacts(store)])
+    session = await agent.session("s")
+    await agent.run("show me the log", session=session)
+    seen = results(model.requests[1])[0].result
+    assert len(seen) < 5_000 and BIG[:2_000] in seen and BIG[-2_000:] in seen and f"{len(DATA):,} bytes" in seen
+    handle = handle_of(model.requests[1])
+    assert await read_artifact(store, "default", "s", handle, length=len(DATA) + 1) == DATA
+    stored = [r.result for m in await agent.history(session) for r in m.function_results]
+    assert stored[0] == seen  # the log keeps what the model saw, not the 2 MB
+    read = results(model.requests[2])[1]
+    assert not read.is_error
+    assert read.result == (f"[artifact {handle!r}, bytes {offset:,} to {offset + 200:,} of {len(DATA):,}; "
+                           f"{len(DATA) - offset - 200:,} more after it]\n" + DATA[offset:offset + 200].decode())
+    assert "read_artifact" in [t.name for t in model.requests[0].tools]
+
+
+async def test_a_small_result_passes_whole_and_the_reader_is_offered_anyway(store: SessionStore) -> None:
+    model = ScriptedModel([tool_call("small"), "ok"])
+    agent = Agent(model, store=store, tools=[small], providers=[Artifacts(store)])
+    await agent.run("hi", session=await agent.session("s"))
+    assert results(model.requests[1])[0].result == "short and sweet"
+    assert [t.name for t in model.requests[1].tools] == ["small", "read_artifact"]  # the same tools every call
+
+
+async def test_bad_handles_and_ranges_are_errors_the_model_can_act_on(store: SessionStore) -> None:
+    model = ScriptedModel([
+        tool_call("dump"),
+        lambda r: tool_call("read_artifact", handle="nope", offset=0, length=10),
+        lambda r: tool_call("read_artifact", handle=handle_of(model.requests[1]), offset=len(DATA), length=10),
+        lambda r: tool_call("read_artifact", handle=handle_of(model.requests[1]), offset=0, length=10**9),
+        "done"])
+    agent = Agent(model, store=store, tools=[dump], providers=[Artifacts(store, max_read=1_000)])
+    await agent.run("go", session=await agent.session("s"))
+    unknown, past, clamped = (results(model.requests[i])[-1] for i in (2, 3, 4))
+    assert unknown.is_error and "no artifact 'nope'" in unknown.result
+    assert past.is_error and f"has {len(DATA):,} bytes; give an offset from 0 to {len(DATA) - 1:,}" in past.result
+    assert not clamped.is_error and "bytes 0 to 1,000 of" in clamped.result
+    assert clamped.result.endswith(DATA[:1_000].decode(errors="ignore"))
+
+
+async def test_the_artifact_is_saved_before_the_result_that_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    store = SQLiteStore(path)
+    model = ScriptedModel([tool_call("dump"), RuntimeError("the model's server went away")])
+    agent = Agent(model, store=store, tools=[dump], providers=[Artifacts(store)])
+    with pytest.raises(RuntimeError):
+        await agent.run("go", session=await agent.session("s"))
+    await store.close()
+    reopened = SQLiteStore(path)  # what a new process finds
+    log = await reopened.load("default", "s")
+    spilled = [r.result for m in log.messages for r in m.function_results]
+    assert len(spilled) == 1
+    handle = re.search(r"stored as artifact '([^']+)'", spilled[0])
+    assert handle is not None
+    assert (await artifact_info(reopened, "default", "s", handle.group(1))) is not None
+    assert await read_artifact(reopened, "default", "s", handle.group(1), length=len(DATA)) == DATA
+    await reopened.close()
+
+
+def test_bad_limits_are_refused() -> None:
+    with pytest.raises(UsageError, match="limit >= head \\+ tail"):
+        Artifacts(MemoryStore(), limit=100, head=80, tail=80)
+
+
+@given(st.text(max_size=60), st.integers(0, 250), st.integers(1, 40))
+def test_a_window_is_whole_characters_where_the_bytes_are(text: str, offset: int, length: int) -> None:
+    data = text.encode("utf-8", "surrogatepass")
+    if offset >= max(len(data), 1):
+        return
+    start, got = _utf8_window(data[offset:offset + length + 6], offset, length, len(data))
+    end = start + len(got.encode("utf-8", "surrogatepass"))
+    assert data[start:end].decode("utf-8", "surrogatepass") == got
+    assert offset <= start <= offset + 3
+    assert end <= max(offset + length, start) or len(got) == 1  # too short for its one character: gets it whole
+    assert got or start >= len(data)
