@@ -3,6 +3,15 @@ tenancy, and deletion with the session (erase, TTL, forget_user)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
 import pytest
 
 from contextpipe import UsageError
@@ -12,7 +21,7 @@ from contextpipe.session import Session, set_user_id
 from contextpipe.stores import SessionStore
 from contextpipe.stores._artifacts_redis import CHUNK
 
-from .backends import elapse
+from .backends import DURABLE, elapse, open_spec, store_spec
 
 DATA = bytes(range(256)) * (3 * CHUNK // 256 + 7)  # over three Redis chunks, not a whole number of them
 
@@ -95,3 +104,43 @@ async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) 
     with pytest.raises(UsageError, match="length is an integer >= 1"):
         await read_artifact(store, tenant, "s", "a", length=0)
     assert await artifact_info(store, tenant, "s", "a") is None  # nothing was written
+
+
+@pytest.mark.parametrize("backend", DURABLE)
+def test_a_process_killed_after_spilling_resumes_onto_the_same_artifact(backend: str, tmp_path: Path) -> None:
+    """SIGKILL between the artifact's write and the step's save: the resumed run re-runs the idempotent tool,
+    finds the artifact already there (same call, same bytes: stored once), and its saved result names it."""
+    spec, tenant = store_spec(backend, tmp_path), f"t{uuid.uuid4().hex[:12]}"
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("artifact_worker.py")), spec, tenant, "s"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "p spilled", proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    asyncio.run(_resume(spec, tenant))
+
+
+async def _resume(spec: str, tenant: str) -> None:
+    from contextpipe import Agent
+    from contextpipe.providers import Artifacts
+    from contextpipe.testing import ScriptedModel
+
+    from .artifact_worker import BIG, export
+
+    store = open_spec(spec)
+    try:
+        handle = f"call_1-{hashlib.sha256(BIG.encode()).hexdigest()[:16]}"
+        assert await artifact_info(store, tenant, "s", handle) == Artifact(handle, "text/plain; charset=utf-8",
+                                                                           len(BIG))
+        assert [r for m in (await store.load(tenant, "s")).messages for r in m.function_results] == []  # not saved
+        agent = Agent(ScriptedModel(["done"]), store=store, tools=[export], providers=[Artifacts(store)])
+        await agent.run(None, session=await agent.session("s", tenant=tenant), lease_wait=60)
+        saved = [r.result for m in (await store.load(tenant, "s")).messages for r in m.function_results]
+        assert len(saved) == 1 and f"stored as artifact {handle!r}" in saved[0]
+        assert await read_artifact(store, tenant, "s", handle, length=len(BIG)) == BIG.encode()
+        erased = await store.erase_session(tenant, "s")
+        assert erased is not None and erased.artifacts == 1  # stored once, by the killed run
+    finally:
+        await store.close()
