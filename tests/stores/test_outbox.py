@@ -174,16 +174,18 @@ async def test_a_postgres_database_of_schema_2_is_migrated_keeping_its_sessions(
     try:
         async with PostgresStore(dsn, prefix=prefix) as store:
             await store.append(tenant, "s", [Message.user("written at schema 2")])
-        # What a database of an earlier release holds: today's tables but the outbox and the queue, at version 2.
+        # What a database of an earlier release holds: today's tables but the outbox, the queue and the artifacts,
+        # at version 2.
         await conn.execute(f"DROP TABLE {prefix}outbox")
         await conn.execute(f"DROP TABLE {prefix}queue")
+        await conn.execute(f"DROP TABLE {prefix}artifacts")
         await conn.execute(f"UPDATE {prefix}schema SET version = 2")
         async with PostgresStore(dsn, prefix=prefix) as store:
             assert [m.text for m in (await store.load(tenant, "s")).messages] == ["written at schema 2"]
             await store.append(tenant, "s", [carrying("c1", ("emails", 1))])
             assert [e.payload for e in await store.outbox(tenant)] == [1]
-        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 4
+        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 5
     finally:
-        for table in ("messages", "checkpoints", "traces", "outbox", "queue", "sessions", "schema"):
+        for table in ("messages", "checkpoints", "traces", "outbox", "queue", "artifacts", "sessions", "schema"):
             await conn.execute(f"DROP TABLE IF EXISTS {prefix}{table} CASCADE")
         await conn.close()
