@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextpipe import Agent, UsageError, tool
+from contextpipe import Agent, LeaseLost, UsageError, tool
 from contextpipe.artifacts import artifact_info, read_artifact
 from contextpipe.messages import FunctionResult
 from contextpipe.models import ModelRequest
@@ -113,6 +113,21 @@ async def test_the_artifact_is_saved_before_the_result_that_names_it(tmp_path: P
     assert (await artifact_info(reopened, "default", "s", handle.group(1))) is not None
     assert await read_artifact(reopened, "default", "s", handle.group(1), length=len(DATA)) == DATA
     await reopened.close()
+
+
+async def test_a_run_whose_session_was_erased_meanwhile_spills_nothing(store: SessionStore) -> None:
+    @tool
+    async def forgotten() -> str:
+        """Return an export after the user was forgotten."""
+        assert await store.erase_session("default", "s") is not None  # forget_user, while the tool ran
+        return BIG
+
+    agent = Agent(ScriptedModel([tool_call("forgotten"), "done"]), store=store, tools=[forgotten],
+                  providers=[Artifacts(store)])
+    with pytest.raises(LeaseLost):
+        await agent.run("go", session=await agent.session("s"))
+    assert await store.get_session("default", "s") is None  # not brought back, holding the export
+    assert await store.erase_session("default", "s") is None
 
 
 def test_bad_limits_are_refused() -> None:

@@ -502,7 +502,7 @@ class Agent:
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
             tokens=self.token_counter(session), journal=RunJournal(history=self._history_id(session)),
             checkpoints=writer.save_checkpoint,
-            lease_token=writer.lease.token if writer.lease is not None else None, run_tools=run_tools,
+            lease=(writer.store, writer.lease) if writer.lease is not None else None, run_tools=run_tools,
         )
 
     def _history_id(self, session: Session | None) -> str | None:

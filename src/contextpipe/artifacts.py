@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .stores._artifacts import Artifact, ArtifactTable, check_artifact, check_range
 from .stores._checks import key_of
-from .stores.base import SessionStore
+from .stores.base import Lease, SessionStore
 
 __all__ = ["Artifact", "artifact_info", "put_artifact", "read_artifact"]
 
@@ -35,17 +35,19 @@ def _table(store: SessionStore) -> ArtifactTable:
 
 
 async def put_artifact(store: SessionStore, tenant: str, session_id: str, artifact_id: str, data: bytes,
-                       media_type: str) -> Artifact:
+                       media_type: str, *, lease: Lease | None = None) -> Artifact:
     """Store `data` as artifact `artifact_id` of the session; return its record.
 
     Idempotent by id: when the session already has an artifact of that id, nothing is written and
-    that artifact's record is returned. Raises `UsageError` for a bad key, id, data or media type and
-    `StoreError` when the store fails.
+    that artifact's record is returned. Fenced as the session's other writes are: with `lease`, a
+    lease that was lost (the session taken over, erased or expired) raises `LeaseLost` and writes
+    nothing; without one, a session another run holds raises `SessionBusy`. Raises `UsageError` for a
+    bad key, id, data or media type and `StoreError` when the store fails.
     """
     key = key_of(tenant, session_id)
     check_artifact(artifact_id, data, media_type)
     try:
-        return await _table(store).put(key, artifact_id, data, media_type)
+        return await _table(store).put(key, artifact_id, data, media_type, lease)
     except Exception as exc:
         raise store._store_error(exc) from exc
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from contextpipe import UsageError
+from contextpipe import LeaseLost, UsageError
 from contextpipe.artifacts import Artifact, artifact_info, put_artifact, read_artifact
 from contextpipe.erasure import forget_user
 from contextpipe.session import Session, set_user_id
@@ -90,6 +90,21 @@ async def test_forget_user_removes_and_counts_the_artifacts(store: SessionStore,
     report = await forget_user(tenant, "alice", run_store=store, stores=[store], providers=[])
     assert (report.session_ids, report.artifacts) == (("chat",), 2)
     assert await artifact_info(store, tenant, "chat", "a") is None
+
+
+async def test_a_write_with_a_lost_lease_writes_nothing(store: SessionStore, tenant: str) -> None:
+    """The spill of a run whose session was erased meanwhile must not bring the session back holding it."""
+    await store.save_session(Session("s", tenant))
+    lease = await store.try_acquire_lease(tenant, "s", "run-1", 30)
+    assert lease is not None
+    await put_artifact(store, tenant, "s", "before", b"kept", "text/plain", lease=lease)
+    assert await store.erase_session(tenant, "s") is not None  # forget_user, meanwhile
+    with pytest.raises(LeaseLost):
+        await put_artifact(store, tenant, "s", "after", b"alice's export", "text/plain", lease=lease)
+    assert await store.get_session(tenant, "s") is None
+    assert [i.session_id for i in (await store.list_sessions(tenant)).sessions] == []
+    assert await artifact_info(store, tenant, "s", "after") is None
+    assert await store.erase_session(tenant, "s") is None  # no row was made: nothing left to erase
 
 
 async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) -> None:

@@ -10,7 +10,9 @@ spill or not, so the tools a model is offered do not change part way (which woul
 prompt cache).
 
 The artifact is written before the tool's result is returned to the loop, so before the step's
-messages are saved: a stored result never names an artifact that is not there. Its id is the
+messages are saved: a stored result never names an artifact that is not there. The write is fenced
+by the run's lease (`RunContext.lease_for`): a run that lost it (its session erased meanwhile) gets
+`LeaseLost` and stores nothing. Its id is the
 call's id and a digest of the text, so a call run again after a crash with the same result stores
 nothing twice (one with another result gets an artifact of its own; the first, named by no stored
 message, goes with the session). Spilling sees the result as the tool middleware of providers
@@ -36,7 +38,7 @@ from .base import ContextProvider
 
 if TYPE_CHECKING:
     from ..pipeline import RunContext
-    from ..stores.base import SessionStore
+    from ..stores.base import Lease, SessionStore
     from ..tools import CallTool, ToolInvocation
 
 __all__ = ["READ_TOOL", "TEXT", "Artifacts"]
@@ -78,7 +80,7 @@ class Artifacts(ContextProvider):
         """With a session: add the spilling tool middleware and the ``read_artifact`` tool."""
         if ctx.session is None:
             return  # nowhere to keep an artifact: results pass whole
-        run = _Run(self, SessionKey(ctx.session.tenant, ctx.session.id))
+        run = _Run(self, SessionKey(ctx.session.tenant, ctx.session.id), ctx.lease_for(self.store))
         ctx.add_tool_middleware(run.spill)
         ctx.add_tools([Tool(run.read_artifact, name=READ_TOOL, idempotent=True, run_in_thread=False)])
 
@@ -89,6 +91,7 @@ class _Run:
 
     artifacts: Artifacts
     key: SessionKey
+    lease: Lease | None  # the run's, when `artifacts.store` holds it: a run that lost it writes nothing
 
     async def spill(self, call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
@@ -99,7 +102,7 @@ class _Run:
 
         data = text.encode("utf-8", "surrogatepass")  # any str the tool returned is stored, unchanged
         handle = f"{call.call_id[:120]}-{hashlib.sha256(data).hexdigest()[:16]}"
-        await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, TEXT)
+        await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, TEXT, lease=self.lease)
         return replace(outcome, result=self._preview(text, len(data), handle))
 
     def _preview(self, text: str, size: int, handle: str) -> str:

@@ -4,9 +4,9 @@ An artifact belongs to one session: it is named by the session's key and an id t
 (`contextpipe.providers.Artifacts` uses the tool call's id and a digest of the bytes, so a step
 resumed after a crash that produces the same result stores nothing twice). Writing is idempotent by
 id: the first bytes written under an id stay, a second write returns what is there. A write creates
-the session's record when there is none and counts as its activity for its TTL, without the
-session's lease (as a queued message is written, `_queue`): a run that lost its lease may still add
-one, which no stored message names and which goes with the session. Deleting a session, or its
+the session's record when there is none and counts as its activity for its TTL; it is fenced by the
+session's lease as a checkpoint is (a run that lost its lease gets `LeaseLost` and writes nothing, so
+it cannot bring an erased session back holding an artifact). Deleting a session, or its
 expiry, deletes its artifacts (`Erased.artifacts` counts them).
 
 The tables' classes are in `_artifacts_sql` and `_artifacts_redis`; the memory store keeps
@@ -19,7 +19,7 @@ from typing import Final, Protocol
 
 from ..errors import UsageError
 from ..session import SessionKey
-from ._records import Artifact
+from ._records import Artifact, Lease
 
 __all__ = ["SQLITE_ARTIFACTS", "Artifact", "ArtifactTable", "check_artifact", "check_range", "postgres_migration"]
 
@@ -42,8 +42,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS cp_artifacts_id ON cp_artifacts (tenant, sessi
 class ArtifactTable(Protocol):
     """What each backend does for artifacts; every method is on a validated key and checked arguments."""
 
-    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
-        """Store `data` under `artifact_id` unless an artifact has that id; return the one stored."""
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str,
+                  lease: Lease | None) -> Artifact:
+        """Store `data` under `artifact_id` unless an artifact has that id; return the one stored (lease-fenced)."""
 
     async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
         """Return the artifact's record, None when the session has none of that id."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..session import SessionKey
 from ._artifacts import Artifact
+from ._records import Lease
 
 if TYPE_CHECKING:
     from .redis import RedisStore
@@ -22,9 +23,12 @@ __all__ = ["CHUNK", "RedisArtifacts"]
 CHUNK: Final = 64 * 1024
 """Bytes per stored chunk of an artifact."""
 
-# KEYS as `RedisStore._keys` (10: id -> record, 11: '<id>#<n>' -> chunk n); ARGV[4] the id, ARGV[5] its record,
+# KEYS as `RedisStore._keys` (10: id -> record, 11: '<id>#<n>' -> chunk n); ARGV[2], ARGV[3] the lease (owner, token),
+# ARGV[4] the id, ARGV[5] its record,
 # ARGV[6...] its chunks.
 _PUT_TAIL: Final = """
+local bad = check_lease()
+if bad then return bad end
 local kept = redis.call('HGET', KEYS[10], ARGV[4])
 if not kept then
   for i = 6, #ARGV do redis.call('HSET', KEYS[11], ARGV[4] .. '#' .. (i - 6), ARGV[i]) end
@@ -32,7 +36,7 @@ if not kept then
   kept = ARGV[5]
 end
 touch()
-return kept
+return {'ok', kept}
 """
 
 
@@ -48,12 +52,15 @@ class RedisArtifacts:
             script = store.__dict__["_artifact_put"] = store._client.register_script(_PROLOGUE + _PUT_TAIL)
         self._put = script
 
-    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
-        """Write the chunks and the record (idempotent by id) and touch the session, as a write does."""
-        record = json.dumps([media_type, len(data)])
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str,
+                  lease: Lease | None) -> Artifact:
+        """Write the chunks and the record (idempotent by id, lease-fenced) and touch the session, as a write does."""
+        store, record = self._store, json.dumps([media_type, len(data)])
         chunks = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
-        kept = await self._put(keys=self._store._keys(key), args=[key.id, "", "0", artifact_id, record, *chunks])
-        media, size = json.loads(kept)
+        result = await self._put(keys=store._keys(key), args=[key.id, *store._lease_args(lease), artifact_id, record,
+                                                               *chunks])
+        store._raise(result, key, lease)
+        media, size = json.loads(result[1])
         return Artifact(artifact_id, media, size)
 
     async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:

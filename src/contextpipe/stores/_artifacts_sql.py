@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..session import SessionKey
 from ._artifacts import Artifact, ArtifactTable
+from ._records import Lease
 
 if TYPE_CHECKING:
     import sqlite3
@@ -43,23 +44,17 @@ class _SQLiteArtifacts:
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
 
-    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
-        store = self._store
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str,
+                  lease: Lease | None) -> Artifact:
+        return await self._store._write(key, lease, self._put, artifact_id, data, media_type)  # lease-fenced
 
-        def write(conn: sqlite3.Connection) -> Artifact:
-            with store._transaction(conn, durable=True):
-                now = store._clock()
-                if store._session_row(conn, key, now) is None:
-                    conn.execute("INSERT INTO cp_sessions (tenant, session_id, created_at, updated_at) "
-                                 "VALUES (?, ?, ?, ?)", (key.tenant, key.id, now, now))
-                conn.execute("INSERT OR IGNORE INTO cp_artifacts (tenant, session_id, artifact_id, media_type, size, "
-                             "body) VALUES (?, ?, ?, ?, ?, ?)",
-                             (key.tenant, key.id, artifact_id, media_type, len(data), data))
-                store._touch(conn, key, now)
-                row = conn.execute(_SQLITE_INFO, (key.tenant, key.id, artifact_id)).fetchone()
-            return Artifact(artifact_id, row["media_type"], row["size"])
-
-        return await store._run(write)
+    def _put(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float, artifact_id: str,
+             data: bytes, media_type: str) -> Artifact:
+        conn.execute("INSERT OR IGNORE INTO cp_artifacts (tenant, session_id, artifact_id, media_type, size, body) "
+                     "VALUES (?, ?, ?, ?, ?, ?)", (key.tenant, key.id, artifact_id, media_type, len(data), data))
+        self._store._touch(conn, key, now)
+        kept = conn.execute(_SQLITE_INFO, (key.tenant, key.id, artifact_id)).fetchone()
+        return Artifact(artifact_id, kept["media_type"], kept["size"])
 
     def _row(self, conn: sqlite3.Connection, key: SessionKey, artifact_id: str) -> sqlite3.Row | None:
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cp_artifacts'").fetchone():
@@ -96,10 +91,11 @@ class _PostgresArtifacts:
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
 
-    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str,
+                  lease: Lease | None) -> Artifact:
         store, p = self._store, self._store._p
         async with store._transaction() as conn:
-            await store._locked_row(conn, key, None, check=False)  # created when missing; serialised with deletes
+            await store._locked_row(conn, key, lease)  # lease-fenced; created when missing; serialised with deletes
             await conn.execute(f"INSERT INTO {p}artifacts (tenant, session_id, artifact_id, media_type, size, body) "
                                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, session_id, artifact_id) "
                                "DO NOTHING", key.tenant, key.id, artifact_id, media_type, len(data), data)

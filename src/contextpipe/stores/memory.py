@@ -336,10 +336,10 @@ class MemoryArtifacts:
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
 
-    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str) -> Artifact:
-        """Keep the bytes (idempotent by id) and touch the session."""
-        entry = await self._store._entry(key, create=True)
-        assert entry is not None
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str,
+                  lease: Lease | None) -> Artifact:
+        """Keep the bytes (idempotent by id, lease-fenced) and touch the session."""
+        entry = await self._store._writable(key, lease)
         kept = entry.artifacts.setdefault(artifact_id, (Artifact(artifact_id, media_type, len(data)), data))
         entry.updated_at = self._store._clock()
         return kept[0]
