@@ -17,6 +17,7 @@ import pytest
 from contextpipe import LeaseLost, UsageError
 from contextpipe.artifacts import Artifact, artifact_info, put_artifact, read_artifact
 from contextpipe.erasure import forget_user
+from contextpipe.models import ModelRequest
 from contextpipe.session import Session, set_user_id
 from contextpipe.stores import SessionStore
 from contextpipe.stores._artifacts_redis import CHUNK
@@ -105,6 +106,36 @@ async def test_a_write_with_a_lost_lease_writes_nothing(store: SessionStore, ten
     assert [i.session_id for i in (await store.list_sessions(tenant)).sessions] == []
     assert await artifact_info(store, tenant, "s", "after") is None
     assert await store.erase_session(tenant, "s") is None  # no row was made: nothing left to erase
+
+
+async def test_a_fork_reads_the_artifacts_its_copied_results_name(store: SessionStore, tenant: str) -> None:
+    from contextpipe import Agent, tool
+    from contextpipe.providers import Artifacts
+    from contextpipe.testing import ScriptedModel, Turn, tool_call
+
+    text = "row of the export\n" * 2_000
+
+    @tool
+    def dump() -> str:
+        """Return the export."""
+        return text
+
+    def read_in_fork(request: ModelRequest) -> Turn:
+        spilled = next(r.result for m in request.messages for r in m.function_results)
+        handle = spilled.split("stored as artifact '")[1].split("'")[0]
+        return tool_call("read_artifact", handle=handle, offset=18, length=17)
+
+    model = ScriptedModel([tool_call("dump"), "ok", read_in_fork, "done"])
+    agent = Agent(model, store=store, tools=[dump], providers=[Artifacts(store, limit=1_000, head=10, tail=10)])
+    await agent.run("go", session=await agent.session("orig", tenant=tenant))
+    await agent.fork("orig", at=len((await store.load(tenant, "orig")).messages), new_id="branch", tenant=tenant)
+    await agent.run("read it", session=await agent.session("branch", tenant=tenant))
+    read = [r for m in (await store.load(tenant, "branch")).messages for r in m.function_results][-1]
+    assert not read.is_error and read.result.endswith("\nrow of the export"), read.result
+    erased = await store.erase_session(tenant, "branch")
+    assert erased is not None and erased.artifacts == 1  # its own copy: the original keeps its artifact
+    original = await store.erase_session(tenant, "orig")
+    assert original is not None and original.artifacts == 1
 
 
 async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) -> None:

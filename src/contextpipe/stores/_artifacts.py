@@ -46,6 +46,9 @@ class ArtifactTable(Protocol):
                   lease: Lease | None) -> Artifact:
         """Store `data` under `artifact_id` unless an artifact has that id; return the one stored (lease-fenced)."""
 
+    async def copy(self, source: SessionKey, target: SessionKey, lease: Lease | None) -> int:
+        """Copy every artifact of `source` into `target` (ids kept, lease-fenced on `target`); return how many."""
+
     async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
         """Return the artifact's record, None when the session has none of that id."""
 

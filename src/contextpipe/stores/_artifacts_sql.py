@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .postgres import PostgresStore
     from .sqlite import SQLiteStore
 
-__all__ = ["table_for"]
+__all__ = ["copy_artifacts", "table_for"]
 
 
 def table_for(store: SessionStore) -> ArtifactTable:
@@ -37,6 +37,16 @@ def table_for(store: SessionStore) -> ArtifactTable:
                      "or RedisStore")
 
 
+async def copy_artifacts(store: SessionStore, tenant: str, source: str, target: str, lease: Lease | None) -> int:
+    """Copy the artifacts of session `source` into `target` (`rewind.fork`); 0 for a store that keeps none."""
+    if store.backend not in ("memory", "sqlite", "postgres", "redis"):
+        return 0
+    try:
+        return await table_for(store).copy(SessionKey(tenant, source), SessionKey(tenant, target), lease)
+    except Exception as exc:
+        raise store._store_error(exc) from exc
+
+
 _SQLITE_INFO = "SELECT id, media_type, size FROM cp_artifacts WHERE tenant = ? AND session_id = ? AND artifact_id = ?"
 
 
@@ -55,6 +65,17 @@ class _SQLiteArtifacts:
         self._store._touch(conn, key, now)
         kept = conn.execute(_SQLITE_INFO, (key.tenant, key.id, artifact_id)).fetchone()
         return Artifact(artifact_id, kept["media_type"], kept["size"])
+
+    async def copy(self, source: SessionKey, target: SessionKey, lease: Lease | None) -> int:
+        return await self._store._write(target, lease, self._copy, source)
+
+    def _copy(self, conn: sqlite3.Connection, key: SessionKey, row: sqlite3.Row, now: float, source: SessionKey) -> int:
+        copied: int = conn.execute(
+            "INSERT OR IGNORE INTO cp_artifacts (tenant, session_id, artifact_id, media_type, size, body) "
+            "SELECT tenant, ?, artifact_id, media_type, size, body FROM cp_artifacts WHERE tenant = ? AND "
+            "session_id = ?", (key.id, source.tenant, source.id)).rowcount
+        self._store._touch(conn, key, now)
+        return copied
 
     def _row(self, conn: sqlite3.Connection, key: SessionKey, artifact_id: str) -> sqlite3.Row | None:
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cp_artifacts'").fetchone():
@@ -104,6 +125,18 @@ class _PostgresArtifacts:
                                       "session_id = $2 AND artifact_id = $3", key.tenant, key.id, artifact_id)
         assert row is not None
         return Artifact(artifact_id, row["media_type"], row["size"])
+
+    async def copy(self, source: SessionKey, target: SessionKey, lease: Lease | None) -> int:
+        store, p = self._store, self._store._p
+        async with store._transaction() as conn:
+            await store._locked_row(conn, target, lease)
+            status = await conn.execute(
+                f"INSERT INTO {p}artifacts (tenant, session_id, artifact_id, media_type, size, body) "
+                f"SELECT tenant, $3, artifact_id, media_type, size, body FROM {p}artifacts WHERE tenant = $1 AND "
+                "session_id = $2 ON CONFLICT (tenant, session_id, artifact_id) DO NOTHING",
+                source.tenant, source.id, target.id)
+            await store._touch(conn, target)
+        return int(str(status).split()[-1])
 
     def _live(self) -> str:
         p = self._store._p

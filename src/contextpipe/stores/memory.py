@@ -344,6 +344,15 @@ class MemoryArtifacts:
         entry.updated_at = self._store._clock()
         return kept[0]
 
+    async def copy(self, source: SessionKey, target: SessionKey, lease: Lease | None) -> int:
+        """Copy the source's artifacts into the target's entry (lease-fenced) and touch it."""
+        kept = await self._store._entry(source)
+        entry = await self._store._writable(target, lease)
+        for artifact_id, artifact in (kept.artifacts if kept is not None else {}).items():
+            entry.artifacts.setdefault(artifact_id, artifact)
+        entry.updated_at = self._store._clock()
+        return len(kept.artifacts) if kept is not None else 0
+
     async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
         """Return the record, or None."""
         entry = await self._store._entry(key)
