@@ -130,6 +130,21 @@ async def test_a_run_whose_session_was_erased_meanwhile_spills_nothing(store: Se
     assert await store.erase_session("default", "s") is None
 
 
+async def test_forget_user_erases_the_artifacts_kept_in_another_store(store: SessionStore) -> None:
+    from contextpipe.session import set_user_id
+
+    sessions = MemoryStore()  # the agent's sessions here, its artifacts in `store`
+    model = ScriptedModel([tool_call("dump"), "ok"])
+    agent = Agent(model, store=sessions, tools=[dump], providers=[Artifacts(store)])
+    session = await agent.session("chat")
+    set_user_id(session, "alice")
+    await agent.run("go", session=session)
+    handle = handle_of(model.requests[1])
+    report = await agent.forget_user("default", "alice")
+    assert report.artifacts == 1
+    assert await artifact_info(store, "default", "chat", handle) is None
+
+
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(UsageError, match="limit >= head \\+ tail"):
         Artifacts(MemoryStore(), limit=100, head=80, tail=80)

@@ -266,12 +266,11 @@ class Agent:
         >>> report = asyncio.run(main()); (report.session_ids, report.messages)
         (('alice-1',), 2)
         """
-        from .erasure import forget_user  # here: importing the agent need not load it
+        from .erasure import forget_user, session_stores  # here: importing the agent need not load it
 
-        stores = dict.fromkeys([self.store, *(p.store for p in self.history_providers
-                                              if isinstance(p.store, SessionStore))])
-        return await forget_user(tenant, user_id, run_store=self.store, stores=list(stores),
-                                 providers=self.providers, wait=wait)
+        stores = session_stores(self.store, self.providers)
+        return await forget_user(tenant, user_id, run_store=self.store, stores=stores, providers=self.providers,
+                                 wait=wait)
 
     async def pending_approvals(self, session: Session) -> list[PendingApproval]:
         """Return the tool calls of `session` awaiting a person's decision (an empty list when none does).

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ContextPipeError, SessionBusy, StoreError, UsageError, shorten
-from .providers.base import ContextProvider
+from .providers.base import ContextProvider, HistoryProvider
 from .session import SessionKey, validate_tenant
 from .stores.base import Lease, SessionStore
 
@@ -131,6 +131,19 @@ async def _forget_memories(providers: Sequence[ContextProvider], tenant: str, us
         elif isinstance(provider, SemanticMemory):
             memories += await provider.forget_user(tenant, user_id, ids)
     return memories, facts
+
+
+def session_stores(run_store: SessionStore, providers: Sequence[ContextProvider]) -> list[SessionStore]:
+    """Return the session stores an agent writes a user's data to (`Agent.forget_user` erases it in each).
+
+    They are the agent's own (`run_store`), those of its history providers and those its `Artifacts`
+    providers keep artifacts in, each once, in that order.
+    """
+    from .providers.artifacts import Artifacts  # here: an agent without artifacts never loads them
+
+    kept = [p.store for p in providers
+            if isinstance(p, HistoryProvider | Artifacts) and isinstance(p.store, SessionStore)]
+    return list(dict.fromkeys([run_store, *kept]))
 
 
 def _forget_cached(providers: Sequence[ContextProvider], tenant: str, ids: list[str]) -> None:
