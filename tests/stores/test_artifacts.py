@@ -138,6 +138,25 @@ async def test_a_fork_reads_the_artifacts_its_copied_results_name(store: Session
     assert original is not None and original.artifacts == 1
 
 
+async def test_artifacts_an_earlier_release_left_do_not_reach_a_new_session_of_the_id(store: SessionStore,
+                                                                                     tenant: str) -> None:
+    backend = store.backend
+    if backend not in ("sqlite", "postgres"):
+        pytest.skip("an earlier release's erase left artifact rows only in the SQL stores")
+    await store.save_session(Session("chat", tenant))
+    await put_artifact(store, tenant, "chat", "call_1-x", b"alice's export", "text/plain")
+    if backend == "sqlite":  # an earlier release's erase: the session's row, not its artifacts (it knew none)
+        await store._run(lambda conn: conn.execute(  # type: ignore[attr-defined]
+            "DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", (tenant, "chat")))
+    else:
+        async with store._transaction() as conn:  # type: ignore[attr-defined]
+            table = f"{store._p}sessions"  # type: ignore[attr-defined]
+            await conn.execute(f"DELETE FROM {table} WHERE tenant = $1 AND session_id = $2", tenant, "chat")
+    await store.save_session(Session("chat", tenant))  # another user's new chat, of the same id
+    assert await artifact_info(store, tenant, "chat", "call_1-x") is None
+    assert await read_artifact(store, tenant, "chat", "call_1-x", length=100) is None
+
+
 async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) -> None:
     with pytest.raises(UsageError, match="holds bytes, got str"):
         await put_artifact(store, tenant, "s", "a", "text", "text/plain")  # type: ignore[arg-type]

@@ -188,4 +188,5 @@ async def test_a_postgres_database_of_schema_2_is_migrated_keeping_its_sessions(
     finally:
         for table in ("messages", "checkpoints", "traces", "outbox", "queue", "artifacts", "sessions", "schema"):
             await conn.execute(f"DROP TABLE IF EXISTS {prefix}{table} CASCADE")
+        await conn.execute(f"DROP FUNCTION IF EXISTS {prefix}artifacts_fresh()")
         await conn.close()

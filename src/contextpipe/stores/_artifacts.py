@@ -21,7 +21,8 @@ from ..errors import UsageError
 from ..session import SessionKey
 from ._records import Artifact, Lease
 
-__all__ = ["SQLITE_ARTIFACTS", "Artifact", "ArtifactTable", "check_artifact", "check_range", "postgres_migration"]
+__all__ = ["SQLITE_ARTIFACTS", "SQLITE_FRESH", "Artifact", "ArtifactTable", "check_artifact", "check_range",
+           "postgres_migration"]
 
 
 SQLITE_ARTIFACTS: Final = """
@@ -37,6 +38,18 @@ CREATE TABLE IF NOT EXISTS cp_artifacts (
 CREATE UNIQUE INDEX IF NOT EXISTS cp_artifacts_id ON cp_artifacts (tenant, session_id, artifact_id);
 """
 """The SQLite artifact table (created, when missing, whenever a store opens its file for writing)."""
+
+SQLITE_FRESH: Final = """
+CREATE TRIGGER IF NOT EXISTS cp_artifacts_fresh AFTER INSERT ON cp_sessions BEGIN
+    DELETE FROM cp_artifacts WHERE tenant = NEW.tenant AND session_id = NEW.session_id;
+END
+"""
+"""A session row made afresh starts without artifacts (one statement: run whole, not split at ``;``).
+
+An earlier release's erase deleted the session's row but not its artifacts (it knew none); without
+this, a new session of that id, of any user, would read them. The trigger lives in the file, so it
+also fires for rows an earlier release's writer makes.
+"""
 
 
 class ArtifactTable(Protocol):
@@ -86,4 +99,12 @@ def postgres_migration(p: str) -> list[str]:
             tenant TEXT NOT NULL, session_id TEXT NOT NULL, artifact_id TEXT NOT NULL, media_type TEXT NOT NULL,
             size BIGINT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (tenant, session_id, artifact_id))""",
         f"ALTER TABLE {p}artifacts ALTER COLUMN body SET STORAGE EXTERNAL",
+        # A session row made afresh starts without artifacts (`SQLITE_FRESH`; the trigger also fires for rows an
+        # earlier release, whose erase left artifacts behind, makes).
+        f"""CREATE OR REPLACE FUNCTION {p}artifacts_fresh() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+            DELETE FROM {p}artifacts WHERE tenant = NEW.tenant AND session_id = NEW.session_id; RETURN NULL;
+            END $$""",
+        f"DROP TRIGGER IF EXISTS {p.replace('.', '_')}artifacts_fresh ON {p}sessions",
+        f"CREATE TRIGGER {p.replace('.', '_')}artifacts_fresh AFTER INSERT ON {p}sessions FOR EACH ROW "
+        f"EXECUTE FUNCTION {p}artifacts_fresh()",
     ]

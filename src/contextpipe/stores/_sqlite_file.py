@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from .._sqlite import refuse_other_applications, use_wal
 from ..errors import StoreError, shorten
-from ._artifacts import SQLITE_ARTIFACTS
+from ._artifacts import SQLITE_ARTIFACTS, SQLITE_FRESH
 from ._outbox import SQLITE_OUTBOX
 from ._queue import SQLITE_QUEUE
 
@@ -109,6 +109,7 @@ def create_tables(conn: sqlite3.Connection, path: str) -> None:
     for statement in (_SCHEMA + SQLITE_OUTBOX + SQLITE_QUEUE + SQLITE_ARTIFACTS).split(";"):
         if statement.strip():
             conn.execute(statement)
+    conn.execute(SQLITE_FRESH)
     version = schema_version(conn, path)
     if version == _UPGRADABLE_VERSION:  # leases written before it have no ttl (0: unbounded) until renewed
         conn.execute("ALTER TABLE cp_sessions ADD COLUMN lease_ttl REAL NOT NULL DEFAULT 0")
