@@ -157,6 +157,20 @@ async def test_artifacts_an_earlier_release_left_do_not_reach_a_new_session_of_t
     assert await read_artifact(store, tenant, "chat", "call_1-x", length=100) is None
 
 
+async def test_a_missing_redis_chunk_is_a_corrupt_record_not_shifted_bytes(store: SessionStore, tenant: str) -> None:
+    if store.backend != "redis":
+        pytest.skip("Redis keeps an artifact in chunks")
+    from contextpipe.errors import CorruptRecord
+    from contextpipe.session import SessionKey
+
+    await put_artifact(store, tenant, "s", "big", DATA, "application/octet-stream")
+    await store._client.hdel(store._keys(SessionKey(tenant, "s"))[10], "big#1")  # type: ignore[attr-defined]
+    assert await read_artifact(store, tenant, "s", "big", length=10) == DATA[:10]  # chunk 0 is whole
+    named = f"artifact 'big' of session 's' \\(tenant '{tenant}'\\).*chunk 1 is missing"
+    with pytest.raises(CorruptRecord, match=named):
+        await read_artifact(store, tenant, "s", "big", offset=CHUNK - 5, length=2 * CHUNK)
+
+
 async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) -> None:
     with pytest.raises(UsageError, match="holds bytes, got str"):
         await put_artifact(store, tenant, "s", "a", "text", "text/plain")  # type: ignore[arg-type]

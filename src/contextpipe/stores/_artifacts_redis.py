@@ -2,8 +2,9 @@
 
 Two keys in the session's hash tag (`RedisStore._keys` 10 and 11): a hash of every artifact's id to
 its record (media type and size, JSON) and a hash of its bytes in chunks of `CHUNK` bytes (field
-``<id>#<n>``), so a range read fetches only the chunks it covers. The write is one Lua script
-(idempotent by id); the keys expire and are deleted with the session's other keys.
+``<id>#<n>``), so a range read fetches only the chunks it covers. The write (idempotent by id, fenced
+by the lease) and the read are each one Lua script; the keys expire and are deleted with the
+session's other keys.
 """
 
 from __future__ import annotations
@@ -37,6 +38,25 @@ if not kept then
 end
 touch()
 return {'ok', kept}
+"""
+
+
+# KEYS[1] id -> record, KEYS[2] chunks; ARGV: the id, offset, length, chunk size. One script: no write between the
+# record and its chunks, and a missing chunk is said, not skipped (the bytes after it would come back shifted).
+_READ: Final = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return {'none'} end
+local size = cjson.decode(raw)[2]
+local offset, chunk = tonumber(ARGV[2]), tonumber(ARGV[4])
+local stop = math.min(offset + tonumber(ARGV[3]), size)
+local out = {'ok', raw}
+if offset >= stop then return out end
+for n = math.floor(offset / chunk), math.floor((stop - 1) / chunk) do
+  local part = redis.call('HGET', KEYS[2], ARGV[1] .. '#' .. n)
+  if not part then return {'missing', raw, tostring(n)} end
+  out[#out + 1] = part
+end
+return out
 """
 
 
@@ -85,15 +105,20 @@ class RedisArtifacts:
         return Artifact(artifact_id, media, size)
 
     async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
-        """Return the range from the chunks it covers, or None."""
-        found = await self.info(key, artifact_id)
-        if found is None:
+        """Return the range from the chunks it covers, read with the record in one script, or None."""
+        store, keys = self._store, self._store._keys(key)
+        script: Any = store.__dict__.get("_artifact_read")
+        if script is None:
+            script = store.__dict__["_artifact_read"] = store._client.register_script(_READ)
+        result = await script(keys=keys[9:11], args=[artifact_id, offset, min(length, 2**50), CHUNK])
+        if result[0] == b"none":
             return None
-        end = min(offset + length, found.size)
-        if offset >= end:
-            return b""
-        first, last = offset // CHUNK, (end - 1) // CHUNK
-        fields = [f"{artifact_id}#{n}" for n in range(first, last + 1)]
-        chunks = await self._store._client.hmget(self._store._keys(key)[10], fields)
-        joined = b"".join(c or b"" for c in chunks)
-        return joined[offset - first * CHUNK:end - first * CHUNK]
+        if result[0] == b"missing":
+            from ..errors import CorruptRecord
+
+            raise CorruptRecord.unreadable(store.backend, key, f"artifact {artifact_id!r}",
+                                           f"its chunk {int(result[2])} is missing (the record says "
+                                           f"{json.loads(result[1])[1]:,} bytes)")
+        first = offset // CHUNK
+        size = json.loads(result[1])[1]
+        return b"".join(result[2:])[offset - first * CHUNK:min(offset + length, size) - first * CHUNK]
