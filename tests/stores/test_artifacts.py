@@ -171,6 +171,18 @@ async def test_a_missing_redis_chunk_is_a_corrupt_record_not_shifted_bytes(store
         await read_artifact(store, tenant, "s", "big", offset=CHUNK - 5, length=2 * CHUNK)
 
 
+async def test_an_sqlite_artifact_row_id_is_never_reused(store: SessionStore, tenant: str) -> None:
+    if store.backend != "sqlite":
+        pytest.skip("SQLite reads an artifact's blob by its row id")
+    ids = "SELECT id FROM cp_artifacts WHERE session_id = 's' AND tenant = ?"
+    await put_artifact(store, tenant, "s", "a", b"this tenant's", "text/plain")
+    first = await store._run(lambda conn: conn.execute(ids, (tenant,)).fetchone()[0])  # type: ignore[attr-defined]
+    await store.erase_session(tenant, "s")
+    await put_artifact(store, tenant + "x", "s", "a", b"another tenant's", "text/plain")
+    again = await store._run(lambda conn: conn.execute(ids, (tenant + "x",)).fetchone()[0])  # type: ignore[attr-defined]
+    assert again != first  # a read of the first tenant's row id, raced by the erase, finds nothing of the other's
+
+
 async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) -> None:
     with pytest.raises(UsageError, match="holds bytes, got str"):
         await put_artifact(store, tenant, "s", "a", "text", "text/plain")  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ __all__ = ["SQLITE_ARTIFACTS", "SQLITE_FRESH", "Artifact", "ArtifactTable", "che
 
 SQLITE_ARTIFACTS: Final = """
 CREATE TABLE IF NOT EXISTS cp_artifacts (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a blob read by rowid finds no other tenant's bytes
     tenant TEXT NOT NULL,
     session_id TEXT NOT NULL,
     artifact_id TEXT NOT NULL,

@@ -89,21 +89,29 @@ class _SQLiteArtifacts:
 
     async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
         def read(conn: sqlite3.Connection) -> Artifact | None:
-            row = self._row(conn, key, artifact_id)
+            conn.execute("BEGIN")  # one snapshot for the session and its artifact
+            try:
+                row = self._row(conn, key, artifact_id)
+            finally:
+                conn.execute("COMMIT")
             return None if row is None else Artifact(artifact_id, row["media_type"], row["size"])
 
         return await self._store._run(read)
 
     async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
         def read(conn: sqlite3.Connection) -> bytes | None:
-            row = self._row(conn, key, artifact_id)
-            if row is None:
-                return None
-            if offset >= row["size"]:
-                return b""
-            with conn.blobopen("cp_artifacts", "body", row["id"], readonly=True) as blob:  # reads only the range
-                blob.seek(offset)
-                return blob.read(length)
+            conn.execute("BEGIN")  # one snapshot: the row found is the row whose blob is read
+            try:
+                row = self._row(conn, key, artifact_id)
+                if row is None:
+                    return None
+                if offset >= row["size"]:
+                    return b""
+                with conn.blobopen("cp_artifacts", "body", row["id"], readonly=True) as blob:  # reads only the range
+                    blob.seek(offset)
+                    return blob.read(min(length, row["size"] - offset))
+            finally:
+                conn.execute("COMMIT")
 
         return await self._store._run(read)
 
