@@ -32,7 +32,8 @@ async def test_an_artifact_reads_back_by_range(store: SessionStore, tenant: str)
     assert kept == Artifact("big", "application/octet-stream", len(DATA))
     assert await artifact_info(store, tenant, "s", "big") == kept
     for offset, length in [(0, 10), (CHUNK - 3, 6), (CHUNK, CHUNK), (5, 3 * CHUNK), (len(DATA) - 4, 100),
-                           (0, len(DATA) + 1), (len(DATA), 5), (len(DATA) + 10, 1)]:
+                           (0, len(DATA) + 1), (len(DATA), 5), (len(DATA) + 10, 1),
+                           (3, 2**40), (2**31, 5), (2**31 + 7, 2**40), (2**40, 2**62), (2**70, 2**70)]:  # clamped
         assert await read_artifact(store, tenant, "s", "big", offset=offset, length=length) == \
             DATA[offset:offset + length], (offset, length)
     await put_artifact(store, tenant, "s", "empty", b"", "text/plain")

@@ -159,6 +159,8 @@ class _PostgresArtifacts:
 
     async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
         async with self._store._connection() as conn:
-            row = await conn.fetchrow(f"SELECT substring(a.body from $4 for $5) AS part {self._live()}",
-                                      key.tenant, key.id, artifact_id, offset + 1, length)
+            row = await conn.fetchrow(  # clamped to the artifact in bigint: substring takes int4 positions
+                "SELECT substring(a.body from least($4::bigint, a.size + 1)::int "
+                f"for greatest(least($5::bigint, a.size + 1 - $4::bigint), 0)::int) AS part {self._live()}",
+                key.tenant, key.id, artifact_id, min(offset, 2**62) + 1, min(length, 2**62))
         return None if row is None else bytes(row["part"])
