@@ -80,6 +80,8 @@ async def test_artifacts_expire_with_their_session(store: SessionStore, tenant: 
     assert await artifact_info(store, tenant, "short", "a") is None
     assert await read_artifact(store, tenant, "short", "b", length=10) is None
     await store.purge_expired()
+    await store.save_session(Session("short", tenant))  # made afresh: the expired one's artifacts are gone
+    assert await artifact_info(store, tenant, "short", "a") is None
     assert await artifact_info(store, tenant, "short", "b") is None
 
 
