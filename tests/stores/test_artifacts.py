@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from contextpipe import LeaseLost, UsageError
 from contextpipe.artifacts import Artifact, artifact_info, put_artifact, read_artifact
@@ -38,6 +41,23 @@ async def test_an_artifact_reads_back_by_range(store: SessionStore, tenant: str)
             DATA[offset:offset + length], (offset, length)
     await put_artifact(store, tenant, "s", "empty", b"", "text/plain")
     assert await read_artifact(store, tenant, "s", "empty", length=10) == b""
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.one_of(st.integers(0, 3 * CHUNK + 9), st.sampled_from([0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK])),
+       offset=st.one_of(st.integers(0, 4 * CHUNK), st.sampled_from([CHUNK - 1, CHUNK + 1, 2 * CHUNK, 2**31, 2**40])),
+       length=st.one_of(st.integers(0, 2 * CHUNK + 3), st.sampled_from([0, 1, CHUNK - 1, CHUNK, 2**31, 2**62])))
+async def test_any_range_reads_exactly_those_bytes(store: SessionStore, size: int, offset: int, length: int) -> None:
+    """Any range, inside, across chunks, past the end or of no length: exactly `data[offset:offset + length]`."""
+    tenant, data = f"t{uuid.uuid4().hex[:12]}", random.Random(size).randbytes(size)  # no period: a shifted read shows
+    await put_artifact(store, tenant, "s", "a", data, "application/octet-stream")
+    if length == 0:
+        with pytest.raises(UsageError, match="length is an integer >= 1"):
+            await read_artifact(store, tenant, "s", "a", offset=offset, length=length)
+    else:
+        assert await read_artifact(store, tenant, "s", "a", offset=offset, length=length) == \
+            data[offset:offset + length]
+    await store.erase_session(tenant, "s")
 
 
 async def test_a_second_write_of_an_id_keeps_the_first(store: SessionStore, tenant: str) -> None:
