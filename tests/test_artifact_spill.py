@@ -61,6 +61,9 @@ async def test_a_big_result_is_stored_whole_and_the_model_reads_a_range(store: S
     await agent.run("show me the log", session=session)
     seen = results(model.requests[1])[0].result
     assert len(seen) < 5_000 and BIG[:2_000] in seen and BIG[-2_000:] in seen and f"{len(DATA):,} bytes" in seen
+    head_end, tail_at = len(BIG[:2_000].encode()), len(DATA) - len(BIG[-2_000:].encode())  # where the middle is
+    assert f"(bytes 0 to {head_end:,})" in seen and f"(bytes {tail_at:,} to {len(DATA):,})" in seen
+    assert f"not shown: bytes {head_end:,} to {tail_at:,}" in seen
     handle = handle_of(model.requests[1])
     assert await read_artifact(store, "default", "s", handle, length=len(DATA) + 1) == DATA
     stored = [r.result for m in await agent.history(session) for r in m.function_results]

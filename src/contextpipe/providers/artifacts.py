@@ -108,12 +108,14 @@ class _Run:
     def _preview(self, text: str, size: int, handle: str) -> str:
         a = self.artifacts
         head, tail = text[:a.head], text[len(text) - a.tail:] if a.tail else ""
+        head_end = len(head.encode("utf-8", "surrogatepass"))
         tail_at = size - len(tail.encode("utf-8", "surrogatepass"))
         return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. It is "
-                f"stored as artifact {handle!r}. Shown: its first {len(head):,} and its last {len(tail):,} "
-                f"characters. Read any part with {READ_TOOL}(handle={handle!r}, offset=<byte>, "
+                f"stored as artifact {handle!r}. Shown: its first {len(head):,} characters (bytes 0 to {head_end:,}) "
+                f"and its last {len(tail):,} (bytes {tail_at:,} to {size:,}); not shown: bytes {head_end:,} to "
+                f"{tail_at:,}. Read any part with {READ_TOOL}(handle={handle!r}, offset=<byte>, "
                 f"length=<bytes, at most {a.max_read:,}>).]\n"
-                f"--- first {len(head):,} characters ---\n{head}\n"
+                f"--- first {len(head):,} characters, bytes 0 to {head_end:,} ---\n{head}\n"
                 f"--- last {len(tail):,} characters, from byte {tail_at:,} ---\n{tail}")
 
     async def read_artifact(self, handle: str, offset: int = 0, length: int = 4_000) -> ToolOutcome:
