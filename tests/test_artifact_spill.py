@@ -148,6 +148,30 @@ async def test_forget_user_erases_the_artifacts_kept_in_another_store(store: Ses
     assert await artifact_info(store, "default", "chat", handle) is None
 
 
+async def test_a_result_that_is_not_utf8_text_is_stored_whole_as_binary(store: SessionStore) -> None:
+    raw = b"\x89PNG\r\n\x1a\n" + bytes(range(256))  # small, but no model can read it as text
+
+    @tool
+    def snapshot() -> str:
+        """Return the screen, as the bytes a file held."""
+        return raw.decode("utf-8", "surrogateescape")  # how Python keeps undecodable bytes in a str
+
+    model = ScriptedModel([
+        tool_call("snapshot"),
+        lambda request: tool_call("read_artifact", handle=handle_of(request), offset=0, length=10),
+        "done"])
+    agent = Agent(model, store=store, tools=[snapshot], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    seen = results(model.requests[1])[0].result
+    handle = handle_of(model.requests[1])
+    assert seen.startswith(f"[This tool result is not UTF-8 text: {len(raw):,} bytes of application/octet-stream.")
+    seen.encode("utf-8")  # what the model gets is text: no lone surrogates for its provider's JSON to choke on
+    assert await artifact_info(store, "default", "s", handle) is not None
+    assert await read_artifact(store, "default", "s", handle, length=1_000) == raw  # the bytes, exactly
+    read = results(model.requests[2])[1]
+    assert read.is_error and f"is binary (application/octet-stream, {len(raw):,} bytes), not text" in read.result
+
+
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(UsageError, match="limit >= head \\+ tail"):
         Artifacts(MemoryStore(), limit=100, head=80, tail=80)

@@ -4,7 +4,10 @@ Without it, a tool that returns 50 MB puts 50 MB into the session's log and into
 call. With `Artifacts(store)` among the providers, a tool result whose text is longer than `limit`
 characters is stored whole as an artifact of the session (`contextpipe.artifacts`, in the same
 store as the log), and the result the model sees and the log keeps holds its first `head` and last
-`tail` characters, its size and its handle. The model reads any part with the ``read_artifact``
+`tail` characters, its size, its handle and the byte offsets where the head ends and the tail
+starts. A result that is not UTF-8 text (undecodable bytes a tool kept with
+``errors="surrogateescape"``) is stored whole as binary whatever its size, and the model is told
+its size and media type, not shown garbage. The model reads text by range with the ``read_artifact``
 tool (at most `max_read` bytes a call), which the provider offers in every run that has a session,
 spill or not, so the tools a model is offered do not change part way (which would also break a
 prompt cache).
@@ -41,12 +44,14 @@ if TYPE_CHECKING:
     from ..stores.base import Lease, SessionStore
     from ..tools import CallTool, ToolInvocation
 
-__all__ = ["READ_TOOL", "TEXT", "Artifacts"]
+__all__ = ["BINARY", "READ_TOOL", "TEXT", "Artifacts"]
 
 READ_TOOL: Final = "read_artifact"
 """The name of the tool the model reads artifacts with."""
 TEXT: Final = "text/plain; charset=utf-8"
 """The media type of a spilled tool result."""
+BINARY: Final = "application/octet-stream"
+"""The media type of a tool result that is not UTF-8 text (its media type is not known)."""
 
 
 class Artifacts(ContextProvider):
@@ -96,20 +101,33 @@ class _Run:
     async def spill(self, call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
         text = outcome.result
-        if len(text) <= self.artifacts.limit or call.name == READ_TOOL:  # a read is bounded by max_read
+        if call.name == READ_TOOL:  # a read is bounded by max_read
             return outcome
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes (lone surrogates): binary, stored whole whatever its size
+            data = _bytes_of(text)
+            handle = await self._put(call, data, BINARY)
+            return replace(outcome, result=f"[This tool result is not UTF-8 text: {len(data):,} bytes of {BINARY}. "
+                                           f"It is stored as artifact {handle!r}, whole; it cannot be shown as text, "
+                                           f"and {READ_TOOL} reads text only.]")
+        if len(text) <= self.artifacts.limit:
+            return outcome
+        return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT)))
+
+    async def _put(self, call: ToolInvocation, data: bytes, media_type: str) -> str:
+        """Store `data` as the call's artifact (lease-fenced); return its handle."""
         from ..artifacts import put_artifact
 
-        data = text.encode("utf-8", "surrogatepass")  # any str the tool returned is stored, unchanged
         handle = f"{call.call_id[:120]}-{hashlib.sha256(data).hexdigest()[:16]}"
-        await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, TEXT, lease=self.lease)
-        return replace(outcome, result=self._preview(text, len(data), handle))
+        await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, media_type,
+                           lease=self.lease)
+        return handle
 
     def _preview(self, text: str, size: int, handle: str) -> str:
         a = self.artifacts
         head, tail = text[:a.head], text[len(text) - a.tail:] if a.tail else ""
-        head_end = len(head.encode("utf-8", "surrogatepass"))
-        tail_at = size - len(tail.encode("utf-8", "surrogatepass"))
+        head_end, tail_at = len(head.encode()), size - len(tail.encode())
         return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. It is "
                 f"stored as artifact {handle!r}. Shown: its first {len(head):,} characters (bytes 0 to {head_end:,}) "
                 f"and its last {len(tail):,} (bytes {tail_at:,} to {size:,}); not shown: bytes {head_end:,} to "
@@ -134,8 +152,8 @@ class _Run:
             return ToolOutcome(f"Error: this session has no artifact {handle!r}; use the handle a spilled tool "
                                "result gave.", is_error=True)
         if not found.media_type.startswith("text/"):
-            return ToolOutcome(f"Error: artifact {handle!r} is {found.media_type}, not text; it cannot be read "
-                               "here.", is_error=True)
+            return ToolOutcome(f"Error: artifact {handle!r} is binary ({found.media_type}, {found.size:,} bytes), "
+                               f"not text: {READ_TOOL} returns text only, so it cannot be shown here.", is_error=True)
         if offset < 0 or offset >= max(found.size, 1) or length < 1:
             return ToolOutcome(f"Error: artifact {handle!r} has {found.size:,} bytes; give an offset from 0 to "
                                f"{max(found.size - 1, 0):,} and a length of at least 1.", is_error=True)
@@ -144,6 +162,18 @@ class _Run:
         end = start + len(text.encode("utf-8", "surrogatepass"))
         more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
         return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
+
+
+def _bytes_of(text: str) -> bytes:
+    """Return the bytes of a result that is not UTF-8 text.
+
+    Those a tool decoded with ``errors="surrogateescape"`` (how Python keeps undecodable bytes in a
+    str) come back exactly; other lone surrogates are kept as they are.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
 
 
 def _utf8_window(data: bytes, offset: int, length: int, size: int) -> tuple[int, str]:
