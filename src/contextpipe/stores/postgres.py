@@ -292,6 +292,9 @@ class PostgresStore(SessionStore):
     async def _delete_rows(self, conn: asyncpg.Connection, key: SessionKey, *,
                            keep_row: bool = False) -> Erased | None:
         p = self._p
+        if not keep_row:  # wait for a write holding the row: the DELETEs below then see what it committed
+            await conn.execute(f"SELECT 1 FROM {p}sessions WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
+                               key.tenant, key.id)
         counts = [int(str(await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2",
                                              key.tenant, key.id)).split()[-1])
                   for table in ("messages", "checkpoints", "traces", "artifacts", "outbox", "queue")]
