@@ -65,13 +65,19 @@ local function touch()
   redis.call('ZADD', KEYS[6], now, ARGV[1])
   expire_keys()
 end
+-- A lease is current when its token is the session's and meta's 'lease_holder' (set by the acquire, cleared by the
+-- release, gone with an erase) names its owner and token: an erased session's token restarts, its owner differs.
+local function stale_lease(owner, token)
+  local mine = owner .. '|' .. token
+  local holder = redis.call('GET', KEYS[5])
+  return token ~= (redis.call('HGET', KEYS[1], 'lease_token') or '0') or (holder and holder ~= mine)
+    or redis.call('HGET', KEYS[1], 'lease_holder') ~= mine
+end
 local function check_lease()
   local holder = redis.call('GET', KEYS[5])
   local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
   if ARGV[2] ~= '' then
-    if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
-      return {'lost', token, tostring(now)}
-    end
+    if stale_lease(ARGV[2], ARGV[3]) then return {'lost', token, tostring(now)} end
   elseif holder then
     return {'busy', holder}
   end
@@ -127,24 +133,25 @@ local holder = redis.call('GET', KEYS[5])
 if holder and string.sub(holder, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. '|' then return {'busy', holder} end
 local token = redis.call('HINCRBY', KEYS[1], 'lease_token', 1)
 redis.call('SET', KEYS[5], ARGV[2] .. '|' .. token, 'PX', ARGV[3])
+redis.call('HSET', KEYS[1], 'lease_holder', ARGV[2] .. '|' .. token)
 touch()
 return {'ok', tostring(token), tostring(now + tonumber(ARGV[3]) / 1000)}
 """
 
 # ARGV[2] owner, ARGV[3] token, ARGV[4] ttl in ms
 _RENEW: Final = _PROLOGUE + """
-local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
-local holder = redis.call('GET', KEYS[5])
-if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
-  return {'lost', token, tostring(now)}
+if stale_lease(ARGV[2], ARGV[3]) then
+  return {'lost', redis.call('HGET', KEYS[1], 'lease_token') or '0', tostring(now)}
 end
 redis.call('SET', KEYS[5], ARGV[2] .. '|' .. ARGV[3], 'PX', ARGV[4])
 expire_keys()
 return {'ok', tostring(now + tonumber(ARGV[4]) / 1000)}
 """
 
+# KEYS[1] lease, KEYS[2] meta; ARGV[1] 'owner|token'
 _RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[2], 'lease_holder') == ARGV[1] then redis.call('HDEL', KEYS[2], 'lease_holder') end
 return 1
 """
 
@@ -506,7 +513,8 @@ class RedisStore(SessionStore):
 
     @override
     async def _release_lease(self, lease: Lease) -> None:
-        await self._lua_release(keys=[self._keys(lease.key)[4]], args=[f"{lease.owner}|{lease.token}"])
+        keys = self._keys(lease.key)
+        await self._lua_release(keys=[keys[4], keys[0]], args=[f"{lease.owner}|{lease.token}"])
 
     @override
     async def close(self) -> None:
