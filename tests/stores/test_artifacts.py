@@ -24,6 +24,7 @@ from contextpipe.models import ModelRequest
 from contextpipe.session import Session, SessionKey, set_user_id
 from contextpipe.stores import SessionStore
 from contextpipe.stores._artifacts_redis import CHUNK
+from contextpipe.stores._artifacts_sql import copy_artifacts
 
 from .backends import CLOCKS, DURABLE, open_spec, store_spec
 
@@ -216,6 +217,8 @@ async def test_a_missing_redis_chunk_is_a_corrupt_record_not_shifted_bytes(store
     named = f"artifact 'big' of session 's' \\(tenant '{tenant}'\\).*chunk 1 is missing"
     with pytest.raises(CorruptRecord, match=named):
         await read_artifact(store, tenant, "s", "big", offset=CHUNK - 5, length=2 * CHUNK)
+    with pytest.raises(CorruptRecord, match=named):  # a fork's copy says so too, it does not skip the artifact
+        await copy_artifacts(store, tenant, "s", "fork", None)
 
 
 async def test_an_sqlite_artifact_row_id_is_never_reused(store: SessionStore, tenant: str) -> None:

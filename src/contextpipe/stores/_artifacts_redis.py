@@ -85,14 +85,13 @@ class RedisArtifacts:
 
     async def copy(self, source: SessionKey, target: SessionKey, lease: Lease | None) -> int:
         """Copy one artifact at a time (the sessions' keys are in different hash tags: no one script for both)."""
-        keys, copied = self._store._keys(source), 0
-        for raw_id, raw in (await self._store._client.hgetall(keys[9])).items():
+        copied = 0
+        for raw_id, raw in (await self._store._client.hgetall(self._store._keys(source)[9])).items():
             media, size = json.loads(raw)
-            fields = [f"{raw_id.decode()}#{n}" for n in range(-(-size // CHUNK))]
-            chunks = await self._store._client.hmget(keys[10], fields) if fields else []
-            if any(c is None for c in chunks):
-                continue  # the source went meanwhile (erased or expired): nothing whole to copy
-            await self.put(target, raw_id.decode(), b"".join(chunks), media, lease)
+            data = await self.read(source, raw_id.decode(), 0, max(size, 1))  # a missing chunk: CorruptRecord
+            if data is None:
+                continue  # the source went meanwhile (erased or expired): nothing to copy
+            await self.put(target, raw_id.decode(), data, media, lease)
             copied += 1
         return copied
 
