@@ -36,11 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisStore"]
 
-# Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index, traces; reads the clock and checks
-# the lease. The session's keys expire `ttl` after the last write, and never before the lease key does
-# (`expire_keys`), so a session never expires while a run holds it.
+# Shared Lua prologue: KEYS as `_keys` (meta, log, ids, ckpt, lease, index, traces, ..., artifacts); clears the
+# artifact keys of a session made afresh, reads the clock and checks the lease. The session's keys expire `ttl`
+# after the last write, and never before the lease key does (`expire_keys`): never while a run holds the session.
 # ARGV[1] session id, ARGV[2] lease owner ('' for none), ARGV[3] lease token.
 _PROLOGUE: Final = """
+if KEYS[11] and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[10], KEYS[11])  -- a session made afresh starts without artifacts (none left by its past)
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function expire_keys()
