@@ -21,7 +21,7 @@ keeps them.
 
 from __future__ import annotations
 
-from .stores._artifacts import Artifact, ArtifactTable, check_artifact, check_range
+from .stores._artifacts import Artifact, ArtifactTable, check_artifact, check_artifact_id, check_range
 from .stores._checks import key_of
 from .stores.base import Lease, SessionStore
 
@@ -42,7 +42,9 @@ async def put_artifact(store: SessionStore, tenant: str, session_id: str, artifa
     that artifact's record is returned. Fenced as the session's other writes are: with `lease`, a
     lease that was lost (the session taken over, erased or expired) raises `LeaseLost` and writes
     nothing; without one, a session another run holds raises `SessionBusy`. Raises `UsageError` for a
-    bad key, id, data or media type and `StoreError` when the store fails.
+    bad key, id (1 to 200 characters of UTF-8 text, no NUL), data (bytes, at most 512 MiB:
+    `MAX_ARTIFACT_BYTES`) or media type (printable ASCII with a ``/``, at most 200 characters), and
+    `StoreError` when the store fails.
     """
     key = key_of(tenant, session_id)
     check_artifact(artifact_id, data, media_type)
@@ -53,8 +55,13 @@ async def put_artifact(store: SessionStore, tenant: str, session_id: str, artifa
 
 
 async def artifact_info(store: SessionStore, tenant: str, session_id: str, artifact_id: str) -> Artifact | None:
-    """Return the record of the session's artifact `artifact_id` (None: the session has none of that id)."""
+    """Return the record of the session's artifact `artifact_id` (None: the session has none of that id).
+
+    An id no artifact can have (empty, over 200 characters, with NUL or lone surrogates) returns None.
+    """
     key = key_of(tenant, session_id)
+    if not check_artifact_id(artifact_id, reading=True):
+        return None
     try:
         return await _table(store).info(key, artifact_id)
     except Exception as exc:
@@ -70,6 +77,8 @@ async def read_artifact(store: SessionStore, tenant: str, session_id: str, artif
     """
     key = key_of(tenant, session_id)
     check_range(offset, length)
+    if not check_artifact_id(artifact_id, reading=True):
+        return None
     try:
         return await _table(store).read(key, artifact_id, offset, length)
     except Exception as exc:

@@ -241,13 +241,33 @@ async def test_bad_arguments_say_what_to_give(store: SessionStore, tenant: str) 
         await put_artifact(store, tenant, "s", "a", "text", "text/plain")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="media type"):
         await put_artifact(store, tenant, "s", "a", b"x", "plain")
-    with pytest.raises(UsageError, match="non-empty string"):
-        await put_artifact(store, tenant, "s", "", b"x", "text/plain")
+    for bad_id in ("", "x" * 201, "a\x00b", "\ud800"):  # each said, never a StoreError from the store's encoding
+        with pytest.raises(UsageError, match=r"an artifact id is (1 to 200 characters, no NUL|UTF-8 text)"):
+            await put_artifact(store, tenant, "s", bad_id, b"x", "text/plain")
+        assert await artifact_info(store, tenant, "s", bad_id) is None  # a made-up handle reads as missing
+        assert await read_artifact(store, tenant, "s", bad_id, length=3) is None
+    with pytest.raises(UsageError, match="an artifact id is a string, got int"):
+        await read_artifact(store, tenant, "s", 7, length=3)  # type: ignore[arg-type]
+    for bad_media in ("text/\x00plain", "text/" + "x" * 200, "text/plaín", "text/\udc80"):
+        with pytest.raises(UsageError, match="printable ASCII"):
+            await put_artifact(store, tenant, "s", "a", b"x", bad_media)
     with pytest.raises(UsageError, match="offset is an integer >= 0"):
         await read_artifact(store, tenant, "s", "a", offset=-1, length=3)
     with pytest.raises(UsageError, match="length is an integer >= 1"):
         await read_artifact(store, tenant, "s", "a", length=0)
     assert await artifact_info(store, tenant, "s", "a") is None  # nothing was written
+
+
+async def test_an_artifact_past_the_maximum_size_is_refused(store: SessionStore, tenant: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextpipe.stores import _artifacts
+
+    assert _artifacts.MAX_ARTIFACT_BYTES == 512 * 1024 * 1024  # the documented maximum
+    monkeypatch.setattr(_artifacts, "MAX_ARTIFACT_BYTES", 10)  # the same check, without 512 MiB in a test
+    await put_artifact(store, tenant, "s", "fits", b"x" * 10, "text/plain")
+    with pytest.raises(UsageError, match=r"an artifact holds at most 10 bytes .*got 11"):
+        await put_artifact(store, tenant, "s", "too-big", b"x" * 11, "text/plain")
+    assert await artifact_info(store, tenant, "s", "too-big") is None
 
 
 @pytest.mark.parametrize("backend", DURABLE)

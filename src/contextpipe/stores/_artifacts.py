@@ -21,8 +21,8 @@ from ..errors import UsageError
 from ..session import SessionKey
 from ._records import Artifact, Lease
 
-__all__ = ["SQLITE_ARTIFACTS", "SQLITE_FRESH", "Artifact", "ArtifactTable", "check_artifact", "check_range",
-           "postgres_migration"]
+__all__ = ["MAX_ARTIFACT_BYTES", "SQLITE_ARTIFACTS", "SQLITE_FRESH", "Artifact", "ArtifactTable", "check_artifact",
+           "check_artifact_id", "check_range", "postgres_migration"]
 
 
 SQLITE_ARTIFACTS: Final = """
@@ -69,15 +69,48 @@ class ArtifactTable(Protocol):
         """Return up to `length` bytes from `offset` (fewer at the end), None when there is no such artifact."""
 
 
+MAX_ARTIFACT_BYTES: Final = 512 * 1024 * 1024
+"""The largest artifact a store keeps (512 MiB, within every backend's own limit); a bigger one is a `UsageError`."""
+
+
+def artifact_id_problem(artifact_id: str) -> str | None:
+    """Say why the string `artifact_id` cannot name an artifact (None: it can)."""
+    if not artifact_id or len(artifact_id) > 200 or "\x00" in artifact_id:
+        return "1 to 200 characters, no NUL"
+    try:
+        artifact_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return "UTF-8 text (no lone surrogates)"
+    return None
+
+
+def check_artifact_id(artifact_id: object, *, reading: bool = False) -> bool:
+    """Check an id: raise `UsageError` for one that is not a string or, writing, names no possible artifact.
+
+    Reading (`reading`), return False for a string no artifact can have (the caller answers "none"),
+    so a handle a model made up reads as missing rather than failing in the store.
+    """
+    if not isinstance(artifact_id, str):
+        raise UsageError(f"an artifact id is a string, got {type(artifact_id).__name__}")
+    problem = artifact_id_problem(artifact_id)
+    if problem is not None and not reading:
+        raise UsageError(f"an artifact id is {problem}, got {artifact_id!r:.80}")
+    return problem is None
+
+
 def check_artifact(artifact_id: object, data: object, media_type: object) -> None:
     """Raise `UsageError` unless the arguments of a write are an id, bytes and a media type."""
-    if not isinstance(artifact_id, str) or not artifact_id or len(artifact_id) > 200:
-        raise UsageError(f"an artifact id is a non-empty string of at most 200 characters, got {artifact_id!r:.80}")
+    check_artifact_id(artifact_id)
     if not isinstance(data, bytes):
         raise UsageError(f"an artifact holds bytes, got {type(data).__name__}; encode text first "
                          "(text.encode('utf-8'))")
-    if not isinstance(media_type, str) or "/" not in media_type:
-        raise UsageError(f"an artifact needs a media type such as 'text/plain; charset=utf-8', got {media_type!r:.80}")
+    if len(data) > MAX_ARTIFACT_BYTES:
+        raise UsageError(f"an artifact holds at most {MAX_ARTIFACT_BYTES:,} bytes (512 MiB), got {len(data):,}; "
+                         "store it elsewhere and keep a reference")
+    if (not isinstance(media_type, str) or "/" not in media_type or len(media_type) > 200
+            or not all(" " <= c <= "~" for c in media_type)):
+        raise UsageError("an artifact needs a media type such as 'text/plain; charset=utf-8' (printable ASCII, "
+                         f"at most 200 characters), got {media_type!r:.80}")
 
 
 def check_range(offset: object, length: object) -> None:
