@@ -85,7 +85,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals", "_run.inbox",
      "_run.steps", "_run.cache_watch"),
-    ("providers", "providers.*", "erasure", "_agent_state"),  # erasure: what providers and stores keep of a user
+    ("providers", "providers.*", "erasure", "_agent_state", "_fork"),  # erasure: what providers, stores keep of a user
     ("_run.loop", "_run", "_run.output"),  # _run.output: the loop of a run with an output type
     ("agent",),
 ]

@@ -148,6 +148,19 @@ async def test_forget_user_erases_the_artifacts_kept_in_another_store(store: Ses
     assert await artifact_info(store, "default", "chat", handle) is None
 
 
+async def test_a_fork_copies_the_artifacts_kept_in_another_store(store: SessionStore) -> None:
+    sessions = MemoryStore()  # the agent's sessions here, its artifacts in `store`
+    model = ScriptedModel([tool_call("dump"), "ok"])
+    agent = Agent(model, store=sessions, tools=[dump], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("orig"))
+    handle = handle_of(model.requests[1])
+    await agent.fork("orig", at=len((await sessions.load("default", "orig")).messages), new_id="branch")
+    assert await read_artifact(store, "default", "branch", handle, length=30) == DATA[:30]
+    erased = await store.erase_session("default", "branch")
+    assert erased is not None and erased.artifacts == 1  # its own copy: the original keeps its artifact
+    assert await artifact_info(store, "default", "orig", handle) is not None
+
+
 async def test_a_result_that_is_not_utf8_text_is_stored_whole_as_binary(store: SessionStore) -> None:
     raw = b"\x89PNG\r\n\x1a\n" + bytes(range(256))  # small, but no model can read it as text
 

@@ -220,12 +220,14 @@ class Agent:
         return cast("RunResult[Any]", await self.run(text, session=session, **run))
 
     async def fork(self, session_id: str, *, at: int, new_id: str, tenant: str = DEFAULT_TENANT) -> Session:
-        """Start session `new_id` with the view of `session_id` up to sequence `at` (copied; see `fork`)."""
+        """Start session `new_id` with the view of `session_id` up to `at` (copied, its artifacts too; see `fork`)."""
+        from ._fork import copy_provider_artifacts
         from .rewind import fork, leased
 
         validate_session_id(new_id)
         async with leased(self.store, tenant, new_id, 0.0) as lease:
             await fork(self.store, tenant, session_id, at, new_id, lease)
+        await copy_provider_artifacts(self.store, self.providers, tenant, session_id, new_id)  # in their own stores
         return await self.session(new_id, tenant=tenant)
 
     async def enqueue(self, session: Session | str, message: str | Message, *, when: When = "asap",
