@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from contextpipe import LeaseLost, UsageError
 from contextpipe.artifacts import Artifact, artifact_info, put_artifact, read_artifact
 from contextpipe.erasure import forget_user
+from contextpipe.messages import Message
 from contextpipe.models import ModelRequest
 from contextpipe.session import Session, SessionKey, set_user_id
 from contextpipe.stores import SessionStore
@@ -224,6 +226,33 @@ async def test_a_missing_redis_chunk_is_a_corrupt_record_not_shifted_bytes(store
         await copy_artifacts(store, tenant, "s", "fork", None)
 
 
+async def test_redis_artifact_keys_live_as_long_as_the_session(store: SessionStore, tenant: str) -> None:
+    if store.backend != "redis":
+        pytest.skip("Redis expires each of a session's keys")
+    client, keys = store._client, store._keys(SessionKey(tenant, "s"))  # type: ignore[attr-defined]
+
+    async def meta_ttl() -> int:  # the artifacts' first: read later, the meta key's can only have gone down
+        artifacts = [await client.pttl(keys[9]), await client.pttl(keys[10])]
+        meta = int(await client.pttl(keys[0]))
+        assert min(artifacts) >= meta > 0, (artifacts, meta)
+        return meta
+
+    await store.save_session(Session("s", tenant, ttl=100))
+    await put_artifact(store, tenant, "s", "a", DATA, "text/plain")
+    assert await meta_ttl() <= 100_000
+    session = await store.get_session(tenant, "s")
+    assert session is not None
+    session.ttl = 5000
+    await store.save_session(session)  # a save
+    assert await meta_ttl() > 100_000
+    await store.append(tenant, "s", [Message.user("hi")])  # an append
+    await meta_ttl()
+    lease = await store.try_acquire_lease(tenant, "s", "run-1", 9000)
+    assert lease is not None
+    await store.renew_lease(lease)  # a renewal: the session outlives the lease
+    assert await meta_ttl() > 5_000_000
+
+
 async def test_an_sqlite_artifact_row_id_is_never_reused(store: SessionStore, tenant: str) -> None:
     if store.backend != "sqlite":
         pytest.skip("SQLite reads an artifact's blob by its row id")
@@ -279,6 +308,8 @@ def test_a_process_killed_after_spilling_resumes_onto_the_same_artifact(backend:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 300)  # a bounded wait: a stuck worker fails the test
+        assert ready, "the worker did not say 'p spilled' within 300 s"
         assert proc.stdout.readline().strip() == "p spilled", proc.stderr.read() if proc.stderr else ""
     finally:
         os.kill(proc.pid, signal.SIGKILL)
