@@ -208,3 +208,18 @@ def test_a_window_is_the_whole_characters_of_the_range(text: str, offset: int, l
         last = min([e for e in edges if e > first], default=first)
     assert start == first
     assert got.encode("utf-8", "surrogatepass") == data[first:last]  # the whole window, not just a part of it
+
+
+@pytest.mark.parametrize("call_id", ["call\x00one", "call\ud800two", "call'\"three", "call\nfour"])
+async def test_a_call_id_no_artifact_id_may_hold_still_spills(store: SessionStore, call_id: str) -> None:
+    model = ScriptedModel([
+        tool_call("dump", call_id=call_id),
+        lambda request: tool_call("read_artifact", handle=handle_of(request), offset=0, length=30),
+        "done"])
+    agent = Agent(model, store=store, tools=[dump], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    handle = handle_of(model.requests[1])
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", handle), handle  # a handle the model can repeat exactly
+    assert await read_artifact(store, "default", "s", handle, length=len(DATA)) == DATA
+    read = results(model.requests[2])[1]
+    assert not read.is_error and read.result.endswith(DATA[:30].decode(errors="ignore"))

@@ -15,10 +15,10 @@ prompt cache).
 The artifact is written before the tool's result is returned to the loop, so before the step's
 messages are saved: a stored result never names an artifact that is not there. The write is fenced
 by the run's lease (`RunContext.lease_for`): a run that lost it (its session erased meanwhile) gets
-`LeaseLost` and stores nothing. Its id is the
-call's id and a digest of the text, so a call run again after a crash with the same result stores
-nothing twice (one with another result gets an artifact of its own; the first, named by no stored
-message, goes with the session). Spilling sees the result as the tool middleware of providers
+`LeaseLost` and stores nothing. Its id is the call's id (its letters, digits, ``_``, ``.`` and
+``-``) and a digest of the id and the text, so a call run again after a crash with the same result
+stores nothing twice (one with another result gets an artifact of its own; the first, named by no
+stored message, goes with the session). Spilling sees the result as the tool middleware of providers
 registered before it returned it (the first provider's middleware is outermost): register
 `Artifacts` first to spill what the model would otherwise have been sent.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
@@ -119,7 +120,7 @@ class _Run:
         """Store `data` as the call's artifact (lease-fenced); return its handle."""
         from ..artifacts import put_artifact
 
-        handle = f"{call.call_id[:120]}-{hashlib.sha256(data).hexdigest()[:16]}"
+        handle = _handle(call.call_id, data)
         await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, media_type,
                            lease=self.lease)
         return handle
@@ -162,6 +163,21 @@ class _Run:
         end = start + len(text.encode("utf-8", "surrogatepass"))
         more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
         return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
+
+
+def _handle(call_id: str, data: bytes) -> str:
+    """Return the artifact id of a call's result: the call id in a safe alphabet and a digest of both.
+
+    A model sends any call id (NUL, lone surrogates, quotes, newlines): the handle keeps only letters,
+    digits, ``_``, ``.`` and ``-`` of it, so it is a valid artifact id the model can repeat exactly,
+    and the digest keeps call ids that differ only in what was replaced apart. The same call and
+    result give the same handle, so a call run again after a crash stores nothing twice.
+    """
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass") + b"\0" + data).hexdigest()[:16]
+    return f"{_UNSAFE.sub('_', call_id)[:100]}-{digest}"
+
+
+_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def _bytes_of(text: str) -> bytes:
