@@ -30,14 +30,22 @@ async def pg(tmp_path: Path) -> AsyncIterator[SessionStore]:
     await store.close()
 
 
-async def waiting_on(mon: Any, holder: int) -> int:
-    """Return the pid of a backend waiting on a lock `holder` holds, once there is one (a state polled, no time)."""
-    while True:
-        pid = await mon.fetchval("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                 "AND $1 = ANY(pg_blocking_pids(pid))", holder)
-        if pid is not None:
-            return int(pid)
-        await asyncio.sleep(0.01)
+async def waiting_on(mon: Any, holder: int, what: str, task: asyncio.Future[Any]) -> int:
+    """Return the pid of a backend waiting on a lock `holder` holds, once there is one (a state polled, no time).
+
+    Bounded: fails naming `what` when `task`, the one that should wait, ends first, or after 60 s.
+    """
+    try:
+        async with asyncio.timeout(60):
+            while not task.done():
+                pid = await mon.fetchval("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                         "AND $1 = ANY(pg_blocking_pids(pid))", holder)
+                if pid is not None:
+                    return int(pid)
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        pytest.fail(f"{what} did not wait on the lock within 60 s")
+    pytest.fail(f"{what} ended without waiting on the lock: {task.exception() or task.result()!r}")
 
 
 async def race(store: SessionStore, tenant: str, blocking_insert: str, args: tuple[Any, ...],
@@ -52,9 +60,10 @@ async def race(store: SessionStore, tenant: str, blocking_insert: str, args: tup
         await blocker.execute("BEGIN")
         await blocker.execute(blocking_insert.format(p=p), *args)
         written = asyncio.ensure_future(write)
-        writer = await waiting_on(mon, blocker.get_server_pid())  # the write waits on its insert, holding the row
+        # the write waits on its insert, holding the row
+        writer = await waiting_on(mon, blocker.get_server_pid(), "the write", written)
         erase = asyncio.ensure_future(store.erase_session(tenant, "s"))
-        await waiting_on(mon, writer)  # the erase waits on the session's row
+        await waiting_on(mon, writer, "the erase", erase)  # the erase waits on the session's row
         await blocker.execute("ROLLBACK")
         return await written, await erase
     finally:
@@ -88,3 +97,16 @@ async def test_an_erase_racing_an_append_removes_the_message(pg: SessionStore, t
     await pg.append(tenant, "s", [Message.user("the new user's first message")])
     assert [m.text for m in (await pg.load(tenant, "s")).messages] == ["the new user's first message"]
     await pg.erase_session(tenant, "s")
+
+
+async def test_a_wait_for_a_lock_fails_at_once_when_the_waiter_ended(pg: SessionStore) -> None:
+    import asyncpg
+
+    mon = await asyncpg.connect(server_address("postgres"))
+    try:
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ended.set_result(None)
+        with pytest.raises(pytest.fail.Exception, match="the write ended without waiting on the lock"):
+            await waiting_on(mon, mon.get_server_pid(), "the write", ended)
+    finally:
+        await mon.close()
