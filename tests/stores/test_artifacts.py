@@ -251,6 +251,8 @@ async def test_redis_artifact_keys_live_as_long_as_the_session(store: SessionSto
     assert lease is not None
     await store.renew_lease(lease)  # a renewal: the session outlives the lease
     assert await meta_ttl() > 5_000_000
+    assert await store.erase_session(tenant, "s") is not None  # no 9000 s lease nor keys left in the test Redis
+    assert not [k for k in keys if await client.exists(k)]
 
 
 async def test_an_sqlite_artifact_row_id_is_never_reused(store: SessionStore, tenant: str) -> None:
