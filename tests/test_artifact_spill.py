@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -223,3 +224,26 @@ async def test_a_call_id_no_artifact_id_may_hold_still_spills(store: SessionStor
     assert await read_artifact(store, "default", "s", handle, length=len(DATA)) == DATA
     read = results(model.requests[2])[1]
     assert not read.is_error and read.result.endswith(DATA[:30].decode(errors="ignore"))
+
+
+async def test_a_fork_whose_artifact_copy_fails_says_it_is_half_done(store: SessionStore,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextpipe import StoreError
+    from contextpipe.stores import _artifacts_sql
+
+    sessions = MemoryStore()  # the agent's sessions here, its artifacts in `store`
+    agent = Agent(ScriptedModel([tool_call("dump"), "ok"]), store=sessions, tools=[dump], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("orig"))
+    cause, copy = StoreError("sqlite store: disk full"), _artifacts_sql.copy_artifacts
+
+    async def copy_fails(into: SessionStore, *args: Any) -> int:  # in the provider's store only
+        if into is store:
+            raise cause
+        return await copy(into, *args)
+
+    monkeypatch.setattr(_artifacts_sql, "copy_artifacts", copy_fails)
+    with pytest.raises(StoreError, match="fork 'branch' of 'orig' is half done") as failed:
+        await agent.fork("orig", at=2, new_id="branch")
+    assert "erase_session('default', 'branch')" in str(failed.value) and "fork again" in str(failed.value)
+    assert failed.value.__cause__ is cause and failed.value.session_id == "branch"
+    assert await sessions.get_session("default", "branch") is not None  # the half the message speaks of
