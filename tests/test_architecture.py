@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
 # --- public surfaces -------------------------------------------------------------------------------------
 
 SURFACES = {
+    "contextpipe.artifacts": ["MAX_ARTIFACT_BYTES", "Artifact", "artifact_info", "put_artifact", "read_artifact"],
     "contextpipe.models": [
         "AnthropicChatModel", "CallModel", "ChatModel", "DescribedModel", "ModelInfo", "ModelMiddleware",
         "ModelRequest", "ModelResponse", "ModelSettings", "ModelStreamEvent", "OpenAIChatModel", "OpenAIResponsesModel",

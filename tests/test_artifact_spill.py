@@ -247,3 +247,46 @@ async def test_a_fork_whose_artifact_copy_fails_says_it_is_half_done(store: Sess
     assert "erase_session('default', 'branch')" in str(failed.value) and "fork again" in str(failed.value)
     assert failed.value.__cause__ is cause and failed.value.session_id == "branch"
     assert await sessions.get_session("default", "branch") is not None  # the half the message speaks of
+
+
+async def test_a_result_over_what_an_artifact_may_hold_is_shown_in_part_as_an_error(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextpipe.providers import artifacts
+
+    monkeypatch.setattr(artifacts, "MAX_ARTIFACT_BYTES", len(DATA) - 1)  # the same check, without 512 MiB in a test
+    model = ScriptedModel([tool_call("dump"), "done"])
+    agent = Agent(model, store=store, tools=[dump], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    seen = results(model.requests[1])[0]
+    assert seen.is_error and BIG[:2_000] in seen.result and BIG[-2_000:] in seen.result
+    assert (f"({len(DATA):,} bytes), too long to show whole. It is over the {len(DATA) - 1:,} bytes an artifact may "
+            "hold: only the head and tail are shown, nothing is stored.") in seen.result
+    assert f"(bytes 0 to {len(BIG[:2_000].encode()):,})" in seen.result and "read_artifact(" not in seen.result
+    assert (await store.erase_session("default", "s")).artifacts == 0  # type: ignore[union-attr]
+
+
+def test_the_documented_maximum_is_the_one_the_provider_checks() -> None:
+    from contextpipe import artifacts
+    from contextpipe.providers.artifacts import _over
+
+    assert artifacts.MAX_ARTIFACT_BYTES == 512 * 1024 * 1024
+    assert _over() == "over the 536,870,912 bytes (512 MiB) an artifact may hold"
+
+
+async def test_a_binary_result_over_what_an_artifact_may_hold_is_an_error(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextpipe.providers import artifacts
+
+    monkeypatch.setattr(artifacts, "MAX_ARTIFACT_BYTES", 100)
+
+    @tool
+    def snapshot() -> str:
+        """Return the screen, as the bytes a file held."""
+        return bytes(range(256)).decode("utf-8", "surrogateescape")
+
+    model = ScriptedModel([tool_call("snapshot"), "done"])
+    agent = Agent(model, store=store, tools=[snapshot], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    seen = results(model.requests[1])[0]
+    assert seen.is_error and "256 bytes of application/octet-stream, over the 100 bytes an artifact may hold: " \
+        "nothing is stored" in seen.result

@@ -21,11 +21,18 @@ keeps them.
 
 from __future__ import annotations
 
-from .stores._artifacts import Artifact, ArtifactTable, check_artifact, check_artifact_id, check_range
+from .stores._artifacts import (
+    MAX_ARTIFACT_BYTES,
+    Artifact,
+    ArtifactTable,
+    check_artifact,
+    check_artifact_id,
+    check_range,
+)
 from .stores._checks import key_of
 from .stores.base import Lease, SessionStore
 
-__all__ = ["Artifact", "artifact_info", "put_artifact", "read_artifact"]
+__all__ = ["MAX_ARTIFACT_BYTES", "Artifact", "artifact_info", "put_artifact", "read_artifact"]
 
 
 def _table(store: SessionStore) -> ArtifactTable:

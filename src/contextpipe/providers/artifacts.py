@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..errors import UsageError
 from ..session import SessionKey
+from ..stores._artifacts import MAX_ARTIFACT_BYTES
 from ..tools import Tool, ToolOutcome  # the reader's hints are resolved at run time; every run offers it
 from .base import ContextProvider
 
@@ -108,12 +109,17 @@ class _Run:
             data = text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes (lone surrogates): binary, stored whole whatever its size
             data = _bytes_of(text)
+            if len(data) > MAX_ARTIFACT_BYTES:
+                return replace(outcome, is_error=True, result=f"[This tool result is not UTF-8 text: {len(data):,} "
+                               f"bytes of {BINARY}, {_over()}: nothing is stored and it cannot be shown as text.]")
             handle = await self._put(call, data, BINARY)
             return replace(outcome, result=f"[This tool result is not UTF-8 text: {len(data):,} bytes of {BINARY}. "
                                            f"It is stored as artifact {handle!r}, whole; it cannot be shown as text, "
                                            f"and {READ_TOOL} reads text only.]")
         if len(text) <= self.artifacts.limit:
             return outcome
+        if len(data) > MAX_ARTIFACT_BYTES:  # the preview, as an error: not a run failed and the result lost
+            return replace(outcome, result=self._preview(text, len(data), None), is_error=True)
         return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT)))
 
     async def _put(self, call: ToolInvocation, data: bytes, media_type: str) -> str:
@@ -125,15 +131,18 @@ class _Run:
                            lease=self.lease)
         return handle
 
-    def _preview(self, text: str, size: int, handle: str) -> str:
+    def _preview(self, text: str, size: int, handle: str | None) -> str:
+        """Return the head and tail of a spilled result, where they are, and how to read the rest (if `handle`)."""
         a = self.artifacts
         head, tail = text[:a.head], text[len(text) - a.tail:] if a.tail else ""
         head_end, tail_at = len(head.encode()), size - len(tail.encode())
-        return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. It is "
-                f"stored as artifact {handle!r}. Shown: its first {len(head):,} characters (bytes 0 to {head_end:,}) "
+        kept, read = (f"It is stored as artifact {handle!r}.", f" Read any part with {READ_TOOL}(handle={handle!r}, "
+                      f"offset=<byte>, length=<bytes, at most {a.max_read:,}>).") if handle is not None else (
+                      f"It is {_over()}: only the head and tail are shown, nothing is stored.", "")
+        return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. {kept} "
+                f"Shown: its first {len(head):,} characters (bytes 0 to {head_end:,}) "
                 f"and its last {len(tail):,} (bytes {tail_at:,} to {size:,}); not shown: bytes {head_end:,} to "
-                f"{tail_at:,}. Read any part with {READ_TOOL}(handle={handle!r}, offset=<byte>, "
-                f"length=<bytes, at most {a.max_read:,}>).]\n"
+                f"{tail_at:,}.{read}]\n"
                 f"--- first {len(head):,} characters, bytes 0 to {head_end:,} ---\n{head}\n"
                 f"--- last {len(tail):,} characters, from byte {tail_at:,} ---\n{tail}")
 
@@ -163,6 +172,12 @@ class _Run:
         end = start + len(text.encode("utf-8", "surrogatepass"))
         more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
         return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
+
+
+def _over() -> str:
+    """Say what an artifact may hold at most (`MAX_ARTIFACT_BYTES`), for a result over it."""
+    mib = f" ({MAX_ARTIFACT_BYTES // 2**20:,} MiB)" if MAX_ARTIFACT_BYTES % 2**20 == 0 else ""
+    return f"over the {MAX_ARTIFACT_BYTES:,} bytes{mib} an artifact may hold"
 
 
 def _handle(call_id: str, data: bytes) -> str:
