@@ -201,13 +201,13 @@ def test_a_window_is_the_whole_characters_of_the_range(text: str, offset: int, l
     data = text.encode("utf-8", "surrogatepass")
     if offset >= max(len(data), 1):
         return
-    start, got = _utf8_window(data[offset:offset + length + 6], offset, length, len(data))
+    start, end, got = _utf8_window(data[offset:offset + length + 6], offset, length, len(data))
     edges = char_edges(data)
     first = min(e for e in edges if e >= offset)  # a range starting inside a character skips its rest
     last = max(e for e in edges if e <= min(offset + length, len(data)))  # one ending inside it ends before it
     if last <= first:  # too short for even one character: that character comes back whole
         last = min([e for e in edges if e > first], default=first)
-    assert start == first
+    assert (start, end) == (first, last)
     assert got.encode("utf-8", "surrogatepass") == data[first:last]  # the whole window, not just a part of it
 
 
@@ -290,3 +290,43 @@ async def test_a_binary_result_over_what_an_artifact_may_hold_is_an_error(
     seen = results(model.requests[1])[0]
     assert seen.is_error and "256 bytes of application/octet-stream, over the 100 bytes an artifact may hold: " \
         "nothing is stored" in seen.result
+
+
+async def test_a_short_result_with_a_byte_that_is_not_utf8_passes_as_text(store: SessionStore) -> None:
+    @tool
+    def menu() -> str:
+        """Return the menu, as a Latin-1 file read as UTF-8."""
+        return b"caf\xe9 au lait".decode("utf-8", "surrogateescape")
+
+    model = ScriptedModel([tool_call("menu"), "done"])
+    agent = Agent(model, store=store, tools=[menu], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    seen = results(model.requests[1])[0]
+    assert not seen.is_error and seen.result == "caf\N{REPLACEMENT CHARACTER} au lait"  # nothing stored, no note
+    assert (await store.erase_session("default", "s")).artifacts == 0  # type: ignore[union-attr]
+
+
+async def test_a_long_result_that_is_mostly_text_is_stored_as_text_and_read_back(store: SessionStore) -> None:
+    raw = DATA[:30_000] + b"\xe9\xff" + DATA[30_000:60_000]  # two bytes that are not UTF-8 among 60 KB of text
+
+    @tool
+    def export() -> str:
+        """Return an export with a stray Latin-1 byte."""
+        return raw.decode("utf-8", "surrogateescape")
+
+    model = ScriptedModel([
+        tool_call("export"),
+        lambda request: tool_call("read_artifact", handle=handle_of(request), offset=29_990, length=20),
+        "done"])
+    agent = Agent(model, store=store, tools=[export], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    seen = results(model.requests[1])[0].result
+    assert f"({len(raw):,} bytes)" in seen and "2 of its bytes are not UTF-8" in seen
+    seen.encode("utf-8")  # text a model's provider can send
+    handle = handle_of(model.requests[1])
+    assert (await artifact_info(store, "default", "s", handle)).media_type == "text/plain; charset=utf-8"  # type: ignore[union-attr]
+    assert await read_artifact(store, "default", "s", handle, length=len(raw)) == raw  # the bytes, exactly
+    read = results(model.requests[2])[1]
+    assert not read.is_error and read.result == (
+        f"[artifact {handle!r}, bytes 29,990 to 30,010 of {len(raw):,}; {len(raw) - 30_010:,} more after it]\n"
+        + raw[29_990:30_010].decode("utf-8", "replace"))

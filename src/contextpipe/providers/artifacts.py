@@ -5,9 +5,11 @@ call. With `Artifacts(store)` among the providers, a tool result whose text is l
 characters is stored whole as an artifact of the session (`contextpipe.artifacts`, in the same
 store as the log), and the result the model sees and the log keeps holds its first `head` and last
 `tail` characters, its size, its handle and the byte offsets where the head ends and the tail
-starts. A result that is not UTF-8 text (undecodable bytes a tool kept with
-``errors="surrogateescape"``) is stored whole as binary whatever its size, and the model is told
-its size and media type, not shown garbage. The model reads text by range with the ``read_artifact``
+starts. A result that looks binary (undecodable bytes a tool kept with
+``errors="surrogateescape"``, and a NUL or more than 10% of its bytes undecodable) is stored whole
+as binary whatever its size, and the model is told its size and media type, not shown garbage; in
+a result that is mostly text, the model sees each undecodable byte as U+FFFD (the artifact keeps
+the bytes). The model reads text by range with the ``read_artifact``
 tool (at most `max_read` bytes a call), which the provider offers in every run that has a session,
 spill or not, so the tools a model is offered do not change part way (which would also break a
 prompt cache).
@@ -105,22 +107,23 @@ class _Run:
         text = outcome.result
         if call.name == READ_TOOL:  # a read is bounded by max_read
             return outcome
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:  # undecodable bytes (lone surrogates): binary, stored whole whatever its size
-            data = _bytes_of(text)
-            if len(data) > MAX_ARTIFACT_BYTES:
-                return replace(outcome, is_error=True, result=f"[This tool result is not UTF-8 text: {len(data):,} "
-                               f"bytes of {BINARY}, {_over()}: nothing is stored and it cannot be shown as text.]")
-            handle = await self._put(call, data, BINARY)
-            return replace(outcome, result=f"[This tool result is not UTF-8 text: {len(data):,} bytes of {BINARY}. "
-                                           f"It is stored as artifact {handle!r}, whole; it cannot be shown as text, "
-                                           f"and {READ_TOOL} reads text only.]")
+        data, bad = _bytes_of(text), len(_SURROGATE.findall(text))  # bad: the bytes that are not UTF-8
+        if bad and (b"\0" in data or bad * 10 > len(data)):  # looks binary: stored whole whatever its size
+            return await self._binary(call, outcome, data)
         if len(text) <= self.artifacts.limit:
-            return outcome
+            return replace(outcome, result=_readable(data)) if bad else outcome
         if len(data) > MAX_ARTIFACT_BYTES:  # the preview, as an error: not a run failed and the result lost
-            return replace(outcome, result=self._preview(text, len(data), None), is_error=True)
-        return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT)))
+            return replace(outcome, result=self._preview(text, len(data), None, bad), is_error=True)
+        return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT), bad))
+
+    async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
+        if len(data) > MAX_ARTIFACT_BYTES:
+            return replace(outcome, is_error=True, result=f"[This tool result is not UTF-8 text: {len(data):,} "
+                           f"bytes of {BINARY}, {_over()}: nothing is stored and it cannot be shown as text.]")
+        handle = await self._put(call, data, BINARY)
+        return replace(outcome, result=f"[This tool result is not UTF-8 text: {len(data):,} bytes of {BINARY}. "
+                                       f"It is stored as artifact {handle!r}, whole; it cannot be shown as text, "
+                                       f"and {READ_TOOL} reads text only.]")
 
     async def _put(self, call: ToolInvocation, data: bytes, media_type: str) -> str:
         """Store `data` as the call's artifact (lease-fenced); return its handle."""
@@ -131,14 +134,17 @@ class _Run:
                            lease=self.lease)
         return handle
 
-    def _preview(self, text: str, size: int, handle: str | None) -> str:
+    def _preview(self, text: str, size: int, handle: str | None, bad: int) -> str:
         """Return the head and tail of a spilled result, where they are, and how to read the rest (if `handle`)."""
         a = self.artifacts
         head, tail = text[:a.head], text[len(text) - a.tail:] if a.tail else ""
-        head_end, tail_at = len(head.encode()), size - len(tail.encode())
+        head_end, tail_at = len(_bytes_of(head)), size - len(_bytes_of(tail))
+        head, tail = _readable(_bytes_of(head)), _readable(_bytes_of(tail))
         kept, read = (f"It is stored as artifact {handle!r}.", f" Read any part with {READ_TOOL}(handle={handle!r}, "
                       f"offset=<byte>, length=<bytes, at most {a.max_read:,}>).") if handle is not None else (
                       f"It is {_over()}: only the head and tail are shown, nothing is stored.", "")
+        if bad:
+            kept += f" {bad:,} of its bytes are not UTF-8: they are shown as \N{REPLACEMENT CHARACTER}."
         return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. {kept} "
                 f"Shown: its first {len(head):,} characters (bytes 0 to {head_end:,}) "
                 f"and its last {len(tail):,} (bytes {tail_at:,} to {size:,}); not shown: bytes {head_end:,} to "
@@ -168,9 +174,9 @@ class _Run:
             return ToolOutcome(f"Error: artifact {handle!r} has {found.size:,} bytes; give an offset from 0 to "
                                f"{max(found.size - 1, 0):,} and a length of at least 1.", is_error=True)
         data = await read_artifact(store, key.tenant, key.id, handle, offset=offset, length=min(length, most) + 6)
-        start, text = _utf8_window(data or b"", offset, min(length, most), found.size)
-        end = start + len(text.encode("utf-8", "surrogatepass"))
+        start, end, text = _utf8_window(data or b"", offset, min(length, most), found.size)
         more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
+        text = _SURROGATE.sub("\N{REPLACEMENT CHARACTER}", text)  # bytes that are not UTF-8 text
         return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
 
 
@@ -196,32 +202,56 @@ _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def _bytes_of(text: str) -> bytes:
-    """Return the bytes of a result that is not UTF-8 text.
+    """Return the bytes of a result, character by character.
 
-    Those a tool decoded with ``errors="surrogateescape"`` (how Python keeps undecodable bytes in a
-    str) come back exactly; other lone surrogates are kept as they are.
+    Undecodable bytes a tool kept with ``errors="surrogateescape"`` (how Python keeps them in a str)
+    come back exactly; other lone surrogates are kept as they are (3 bytes each).
     """
+    return text.encode("utf-8", "contextpipe.bytes")
+
+
+def _readable(data: bytes) -> str:
+    """Return `data` as text a model can be sent: each byte that is not UTF-8 as U+FFFD."""
+    return data.decode("utf-8", "replace")
+
+
+def _escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """Encode an escaped byte as that byte and other lone surrogates as they are; decode what is not UTF-8 so too."""
+    if isinstance(exc, UnicodeEncodeError):
+        return b"".join(bytes([ord(c) - 0xDC00]) if "\udc80" <= c <= "\udcff" else c.encode("utf-8", "surrogatepass")
+                        for c in exc.object[exc.start:exc.end]), exc.end
     try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass")
+        return codecs.lookup_error("surrogatepass")(exc)
+    except UnicodeError:
+        return codecs.lookup_error("surrogateescape")(exc)
 
 
-def _utf8_window(data: bytes, offset: int, length: int, size: int) -> tuple[int, str]:
-    """Return where the whole characters of a `length`-byte range read from `offset` start, and their text.
+codecs.register_error("contextpipe.bytes", _escape)
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_window(data: bytes, offset: int, length: int, size: int) -> tuple[int, int, str]:
+    """Return where the whole characters of a `length`-byte range read from `offset` start and end, and their text.
 
     A range that begins inside a character skips that character's remaining bytes; one that ends
     inside a character ends before it, unless the range is too short for even one character, which
     then comes back whole. `data` holds 6 bytes more than `length` for both. Lone surrogates come
-    back as they were stored.
+    back as they were stored, and bytes that are not UTF-8 as their ``surrogateescape`` escapes.
     """
     skip = 0
     if offset > 0:
         while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
             skip += 1
-    def whole(stop: int) -> str:
-        window = data[skip:stop]
-        return codecs.getincrementaldecoder("utf-8")("surrogatepass").decode(
-            window, final=offset + skip + len(window) >= size)
 
-    return offset + skip, whole(length) or whole(skip + 4)[:1]
+    def whole(stop: int) -> tuple[str, int]:
+        window = data[skip:stop]
+        decoder = codecs.getincrementaldecoder("utf-8")("contextpipe.bytes")
+        text = decoder.decode(window, final=offset + skip + len(window) >= size)
+        return text, offset + skip + len(window) - len(decoder.getstate()[0])
+
+    text, end = whole(length)
+    for stop in range(skip + 1, skip + 5):  # too short for one character: the first, whole
+        if text:
+            break
+        text, end = whole(stop)
+    return offset + skip, end, text
