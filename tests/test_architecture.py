@@ -20,13 +20,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
 # --- public surfaces -------------------------------------------------------------------------------------
 
 SURFACES = {
+    "contextpipe.artifacts": ["MAX_ARTIFACT_BYTES", "Artifact", "artifact_info", "put_artifact", "read_artifact"],
     "contextpipe.models": [
         "AnthropicChatModel", "CallModel", "ChatModel", "DescribedModel", "ModelInfo", "ModelMiddleware",
         "ModelRequest", "ModelResponse", "ModelSettings", "ModelStreamEvent", "OpenAIChatModel", "OpenAIResponsesModel",
         "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
     ],
     "contextpipe.providers": [
-        "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
+        "Artifacts", "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
         "LoadedHistory", "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest",
         "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch",
         "ToolSearch", "external_input",
@@ -81,11 +82,11 @@ LAYERS: list[tuple[str, ...]] = [
     # rewind: the view of a log its markers leave, over any store
     ("_run.invariants", "compaction", "models", "models.*", "testing.scripted"),
     ("trace", "telemetry", "_semconv"),
-    ("pipeline", "events", "_stream", "queue"),  # queue: messages for a session, kept by the stores
+    ("pipeline", "events", "_stream", "queue", "artifacts"),  # queue, artifacts: a session's, kept by the stores
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals", "_run.inbox",
      "_run.steps", "_run.cache_watch"),
-    ("providers", "providers.*", "erasure", "_agent_state"),  # erasure: what providers and stores keep of a user
+    ("providers", "providers.*", "erasure", "_agent_state", "_fork"),  # erasure: what providers, stores keep of a user
     ("_run.loop", "_run", "_run.output"),  # _run.output: the loop of a run with an output type
     ("agent",),
 ]

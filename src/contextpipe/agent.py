@@ -221,12 +221,14 @@ class Agent:
         return cast("RunResult[Any]", await self.run(text, session=session, **run))
 
     async def fork(self, session_id: str, *, at: int, new_id: str, tenant: str = DEFAULT_TENANT) -> Session:
-        """Start session `new_id` with the view of `session_id` up to sequence `at` (copied; see `fork`)."""
+        """Start session `new_id` with the view of `session_id` up to `at` (copied, its artifacts too; see `fork`)."""
+        from ._fork import copy_provider_artifacts
         from .rewind import fork, leased
 
         validate_session_id(new_id)
         async with leased(self.store, tenant, new_id, 0.0) as lease:
             await fork(self.store, tenant, session_id, at, new_id, lease)
+        await copy_provider_artifacts(self.store, self.providers, tenant, session_id, new_id)  # in their own stores
         return await self.session(new_id, tenant=tenant)
 
     async def enqueue(self, session: Session | str, message: str | Message, *, when: When = "asap",
@@ -267,12 +269,11 @@ class Agent:
         >>> report = asyncio.run(main()); (report.session_ids, report.messages)
         (('alice-1',), 2)
         """
-        from .erasure import forget_user  # here: importing the agent need not load it
+        from .erasure import forget_user, session_stores  # here: importing the agent need not load it
 
-        stores = dict.fromkeys([self.store, *(p.store for p in self.history_providers
-                                              if isinstance(p.store, SessionStore))])
-        return await forget_user(tenant, user_id, run_store=self.store, stores=list(stores),
-                                 providers=self.providers, wait=wait)
+        stores = session_stores(self.store, self.providers)
+        return await forget_user(tenant, user_id, run_store=self.store, stores=stores, providers=self.providers,
+                                 wait=wait)
 
     async def pending_approvals(self, session: Session) -> list[PendingApproval]:
         """Return the tool calls of `session` awaiting a person's decision (an empty list when none does).
@@ -504,7 +505,7 @@ class Agent:
             settings=self.settings | settings if settings else self.settings, model_name=self.model.name,
             tokens=self.token_counter(session), journal=RunJournal(history=self._history_id(session)),
             checkpoints=writer.save_checkpoint,
-            lease_token=writer.lease.token if writer.lease is not None else None, run_tools=run_tools,
+            lease=(writer.store, writer.lease) if writer.lease is not None else None, run_tools=run_tools,
         )
 
     def _history_id(self, session: Session | None) -> str | None:

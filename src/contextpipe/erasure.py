@@ -2,7 +2,7 @@
 
 A user's data is spread over the agent's stores: the sessions whose state names the user
 (``session.state["user_id"]``, `contextpipe.session.set_user_id`) with their logs, summary
-checkpoints and traces in every session store the agent writes to, and the records its
+checkpoints, traces and artifacts in every session store the agent writes to, and the records its
 `SemanticMemory` and `FactMemory` providers keep in their vector stores (by user, and by session).
 `forget_user` removes them all and says what it removed in a `ForgetReport`.
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ContextPipeError, SessionBusy, StoreError, UsageError, shorten
-from .providers.base import ContextProvider
+from .providers.base import ContextProvider, HistoryProvider
 from .session import SessionKey, validate_tenant
 from .stores.base import Lease, SessionStore
 
@@ -46,6 +46,8 @@ class ForgetReport:
     """Records of `SemanticMemory` providers (the user's, and those of the user's sessions)."""
     facts: int
     """Versions of facts of `FactMemory` providers."""
+    artifacts: int = 0
+    """Artifacts kept beside their logs (`contextpipe.artifacts`), over every session store of the agent."""
 
     @property
     def sessions(self) -> int:
@@ -71,7 +73,7 @@ async def forget_user(tenant: str, user_id: str, *, run_store: SessionStore, sto
     ids = sorted(found)
     leases = await _lease_all(run_store, tenant, ids, wait)
     erased: set[str] = set()
-    counts = [0, 0, 0]
+    counts = [0, 0, 0, 0]
     try:
         memories, facts = await _forget_memories(providers, tenant, user_id, ids)
         for store in stores:
@@ -79,14 +81,16 @@ async def forget_user(tenant: str, user_id: str, *, run_store: SessionStore, sto
                 gone = await store.erase_session(tenant, sid)
                 if gone is not None:
                     erased.add(sid)
-                    counts = [counts[0] + gone.messages, counts[1] + gone.summaries, counts[2] + gone.traces]
+                    counts = [counts[0] + gone.messages, counts[1] + gone.summaries, counts[2] + gone.traces,
+                              counts[3] + gone.artifacts]
     except ContextPipeError as exc:
         await _release(run_store, [lease for lease in leases if lease.session_id not in erased])
         raise StoreError(f"forget_user({tenant!r}, {user_id!r}) stopped part way ({len(erased)} of {len(ids)} "
                          f"session(s) removed): {exc}; call it again to finish (it removes only what is left)",
                          tenant=tenant) from exc
     _forget_cached(providers, tenant, ids)
-    return ForgetReport(tenant, user_id, tuple(sorted(erased)), counts[0], counts[1], counts[2], memories, facts)
+    return ForgetReport(tenant, user_id, tuple(sorted(erased)), counts[0], counts[1], counts[2], memories, facts,
+                        counts[3])
 
 
 async def _lease_all(store: SessionStore, tenant: str, ids: list[str], wait: float) -> list[Lease]:
@@ -127,6 +131,19 @@ async def _forget_memories(providers: Sequence[ContextProvider], tenant: str, us
         elif isinstance(provider, SemanticMemory):
             memories += await provider.forget_user(tenant, user_id, ids)
     return memories, facts
+
+
+def session_stores(run_store: SessionStore, providers: Sequence[ContextProvider]) -> list[SessionStore]:
+    """Return the session stores an agent writes a user's data to (`Agent.forget_user` erases it in each).
+
+    They are the agent's own (`run_store`), those of its history providers and those its `Artifacts`
+    providers keep artifacts in, each once, in that order.
+    """
+    from .providers.artifacts import Artifacts  # here: an agent without artifacts never loads them
+
+    kept = [p.store for p in providers
+            if isinstance(p, HistoryProvider | Artifacts) and isinstance(p.store, SessionStore)]
+    return list(dict.fromkeys([run_store, *kept]))
 
 
 def _forget_cached(providers: Sequence[ContextProvider], tenant: str, ids: list[str]) -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .compaction import CompactionDecision
     from .models.base import ChatModel
     from .session import Session
+    from .stores.base import Lease, SessionStore
     from .tokens import TokenCounter
     from .tools import Tool, ToolMiddleware
 
@@ -229,6 +230,7 @@ class RunContext:
         checkpoints: CheckpointSink | None = None,
         lease_token: int | None = None,
         run_tools: Mapping[str, Tool] | None = None,
+        lease: tuple[SessionStore, Lease] | None = None,
     ) -> None:
         self.agent = agent
         """The agent that is running (its name, instructions, tools and model)."""
@@ -255,9 +257,18 @@ class RunContext:
         self._tool_middleware: list[tuple[str, ToolMiddleware]] = []
         self._current: str | None = None
         self._checkpoints = checkpoints
-        self.lease_token = lease_token
+        self._lease = lease
+        self.lease_token = lease[1].token if lease is not None else lease_token
         """The fencing token of the run's lease on its session (None without a session). A history
         provider can tell from it that no other run held the session since its own previous run."""
+
+    def lease_for(self, store: SessionStore) -> Lease | None:
+        """Return the run's lease on its session when `store` holds it (the agent's store), else None.
+
+        A provider writing to the session in `store` passes it, so a run that lost its lease (the session
+        taken over, erased or expired meanwhile) writes nothing there: the write raises `LeaseLost`.
+        """
+        return self._lease[1] if self._lease is not None and self._lease[0] is store else None
 
     def contributing(self, source_id: str) -> _Contributing:
         """Attribute contributions made inside the ``with`` block to provider `source_id` (used by the run)."""

@@ -215,7 +215,8 @@ async def fork(store: SessionStore, tenant: str, session_id: str, at: int, new_i
     """Copy the view of `session_id` up to sequence `at` into the empty session `new_id` (under its `lease`).
 
     Returns how many messages were copied. The fork keeps the messages' ids (its own log, so a later
-    rewind or run of either session leaves the other as it was) and the session's state. It copies
+    rewind or run of either session leaves the other as it was), the session's state and its artifacts
+    (`contextpipe.artifacts`: the handles copied tool results name read the same there). It copies
     rather than shares: every store's log is numbered 1, 2, 3 ... per session, and the run, its
     replay of retried input and compaction's checkpoints all count on that; a shared prefix would
     need a second numbering in all of them. So the copy is cheap instead: the store copies the stored
@@ -242,6 +243,9 @@ async def fork(store: SessionStore, tenant: str, session_id: str, at: int, new_i
     copied = await store.copy_view(tenant, session_id, new_id, upto=at, skip=rewound.ranges, lease=lease)
     if copied is None:
         copied = await copy_pages(store, tenant, session_id, new_id, at, rewound, lease)
+    from .stores._artifacts_sql import copy_artifacts  # here: a store without artifacts never loads them
+
+    await copy_artifacts(store, tenant, session_id, new_id, lease)  # the handles the copied messages name
     return copied
 
 

@@ -6,6 +6,7 @@ append that stores the message writes the entry in the same transaction, and onl
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import Agent, FunctionResult, Message, ToolContext, UsageError, tool
+from contextpipe.artifacts import put_artifact, read_artifact
 from contextpipe.outbox import OUTBOX_KEY
 from contextpipe.providers import History
 from contextpipe.stores import SessionStore, SQLiteStore
@@ -174,16 +176,31 @@ async def test_a_postgres_database_of_schema_2_is_migrated_keeping_its_sessions(
     try:
         async with PostgresStore(dsn, prefix=prefix) as store:
             await store.append(tenant, "s", [Message.user("written at schema 2")])
-        # What a database of an earlier release holds: today's tables but the outbox and the queue, at version 2.
-        await conn.execute(f"DROP TABLE {prefix}outbox")
-        await conn.execute(f"DROP TABLE {prefix}queue")
+        # What a database of an earlier release holds: today's tables but the outbox, the queue and the artifacts
+        # (their table, the trigger on the sessions and its function), at version 2.
+        await conn.execute(f"DROP TRIGGER {prefix}artifacts_fresh ON {prefix}sessions")
+        await conn.execute(f"DROP FUNCTION {prefix}artifacts_fresh()")
+        for table in ("outbox", "queue", "artifacts"):
+            await conn.execute(f"DROP TABLE {prefix}{table}")
         await conn.execute(f"UPDATE {prefix}schema SET version = 2")
-        async with PostgresStore(dsn, prefix=prefix) as store:
-            assert [m.text for m in (await store.load(tenant, "s")).messages] == ["written at schema 2"]
-            await store.append(tenant, "s", [carrying("c1", ("emails", 1))])
-            assert [e.payload for e in await store.outbox(tenant)] == [1]
-        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 4
+        first, second = PostgresStore(dsn, prefix=prefix), PostgresStore(dsn, prefix=prefix)
+        try:  # two processes opening it at once: one migrates, the other waits for it
+            loaded = await asyncio.gather(first.load(tenant, "s"), second.load(tenant, "s"))
+            assert [[m.text for m in log.messages] for log in loaded] == [["written at schema 2"]] * 2
+            await first.append(tenant, "s", [carrying("c1", ("emails", 1))])
+            assert [e.payload for e in await second.outbox(tenant)] == [1]
+            await put_artifact(first, tenant, "s", "x", b"abc" * 1000, "text/plain")
+            assert await read_artifact(second, tenant, "s", "x", offset=2997, length=10) == b"abc"
+        finally:
+            await first.close()
+            await second.close()
+        assert await conn.fetchval(f"SELECT version FROM {prefix}schema") == 5
+        assert await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = $1", prefix + "artifacts_fresh") == 1
+        # stored uncompressed: a range reads its pages
+        assert await conn.fetchval("SELECT attstorage FROM pg_attribute WHERE attrelid = $1::regclass "
+                                   "AND attname = 'body'", prefix + "artifacts") == b"e"
     finally:
-        for table in ("messages", "checkpoints", "traces", "outbox", "queue", "sessions", "schema"):
+        for table in ("messages", "checkpoints", "traces", "outbox", "queue", "artifacts", "sessions", "schema"):
             await conn.execute(f"DROP TABLE IF EXISTS {prefix}{table} CASCADE")
+        await conn.execute(f"DROP FUNCTION IF EXISTS {prefix}artifacts_fresh()")
         await conn.close()

@@ -12,6 +12,7 @@ from .._lazy import lazy_exports
 from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter, external_input
 
 if TYPE_CHECKING:
+    from .artifacts import Artifacts
     from .compaction import Compaction
     from .facts import Fact, FactMemory
     from .history import History
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .tool_search import ToolSearch
 
 __all__ = [
+    "Artifacts",
     "Compaction",
     "ContextProvider",
     "Fact",
@@ -49,6 +51,7 @@ __all__ = [
 
 
 __getattr__ = lazy_exports(__name__, {
+    "Artifacts": ".artifacts",
     "Compaction": ".compaction",
     "Fact": ".facts", "FactMemory": ".facts",
     "History": ".history",

@@ -15,10 +15,10 @@ from ..errors import CorruptRecord, LeaseLost, SessionBusy, UsageError
 from ..session import Session, SessionKey
 from .base import Lease
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """Version of the durable layout (tables, keys) written by this release (SQLite has its own, see `SQLiteStore`).
 
-3 adds the outbox table (`contextpipe.stores._outbox`)."""
+3 adds the outbox table (`contextpipe.stores._outbox`), 5 the artifact table (`contextpipe.stores._artifacts`)."""
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 

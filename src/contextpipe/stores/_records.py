@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..messages import Message
 from ..session import SessionKey
 
-__all__ = ["Checkpoint", "Erased", "Lease", "MessagePage", "SessionInfo", "SessionListing"]
+__all__ = ["Artifact", "Checkpoint", "Erased", "Lease", "MessagePage", "SessionInfo", "SessionListing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +97,17 @@ class Erased:
     """Summary checkpoints."""
     traces: int
     """Stored prompt traces."""
+    artifacts: int = 0
+    """Artifacts kept beside its log (`contextpipe.artifacts`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """What a store knows of one artifact without reading it."""
+
+    id: str
+    """The artifact's id in its session (the handle a model reads it by)."""
+    media_type: str
+    """Its media type (``text/plain; charset=utf-8`` for a spilled tool result)."""
+    size: int
+    """Its length in bytes."""

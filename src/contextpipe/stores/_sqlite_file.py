@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from .._sqlite import refuse_other_applications, use_wal
 from ..errors import StoreError, shorten
+from ._artifacts import SQLITE_ARTIFACTS, SQLITE_FRESH
 from ._outbox import SQLITE_OUTBOX
 from ._queue import SQLITE_QUEUE
 
@@ -25,9 +26,9 @@ ttl (``lease_ttl``), which bounds a lease however the clock moved. A file of ver
 upgraded in place when opened for writing (one added column; an older contextpipe then refuses to open the
 file and says to upgrade, but one that already had it open goes on writing leases without their ttl, which
 may leave another lease's ttl on them: the guide says to stop those processes first). A file of another
-version is refused with a `StoreError` saying what to do; nothing in it is changed. The outbox and queue
-tables (``cp_outbox``, ``cp_queue``: `contextpipe.stores._outbox`, `._queue`) are additions, not a new
-layout: a writer creates them in a file that has none.
+version is refused with a `StoreError` saying what to do; nothing in it is changed. The outbox, queue and
+artifact tables (``cp_outbox``, ``cp_queue``, ``cp_artifacts``: `contextpipe.stores._outbox`, `._queue`,
+`._artifacts`) are additions, not a new layout: a writer creates them in a file that has none.
 """
 
 _UPGRADABLE_VERSION: Final = 3
@@ -105,9 +106,10 @@ def open_for_writing(path: str, busy_ms: int, synchronous: Literal["FULL", "NORM
 
 def create_tables(conn: sqlite3.Connection, path: str) -> None:
     """Create the tables that are missing and mark a new file with this release's schema (in a transaction)."""
-    for statement in (_SCHEMA + SQLITE_OUTBOX + SQLITE_QUEUE).split(";"):
+    for statement in (_SCHEMA + SQLITE_OUTBOX + SQLITE_QUEUE + SQLITE_ARTIFACTS).split(";"):
         if statement.strip():
             conn.execute(statement)
+    conn.execute(SQLITE_FRESH)
     version = schema_version(conn, path)
     if version == _UPGRADABLE_VERSION:  # leases written before it have no ttl (0: unbounded) until renewed
         conn.execute("ALTER TABLE cp_sessions ADD COLUMN lease_ttl REAL NOT NULL DEFAULT 0")

@@ -29,9 +29,10 @@ from ._common import (
     lease_is_free,
     lease_lost,
 )
+from ._records import Artifact
 from .base import Checkpoint, Erased, Lease, MessagePage, SessionInfo, SessionStore
 
-__all__ = ["MemoryQueue", "MemoryStore"]
+__all__ = ["MemoryArtifacts", "MemoryQueue", "MemoryStore"]
 
 
 @dataclass
@@ -49,6 +50,7 @@ class _Entry:
     """Outbox entries not marked delivered, by key, with their place in the store's order of writes."""
     delivered: set[str] = field(default_factory=set)
     queue: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # `MemoryQueue`
+    artifacts: dict[str, tuple[Artifact, bytes]] = field(default_factory=dict)  # `MemoryArtifacts`
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires: float = 0.0
@@ -108,6 +110,8 @@ class MemoryStore(SessionStore):
         self._clock = clock if clock is not None else steady_clock()
         self.queue_table = MemoryQueue(self)
         """The store's message queue (`contextpipe.queue`)."""
+        self.artifact_table = MemoryArtifacts(self)
+        """The store's artifacts (`contextpipe.artifacts`)."""
 
     async def _entry(self, key: SessionKey, *, create: bool = False) -> _Entry | None:
         entry = self._entries.get(key)
@@ -156,7 +160,8 @@ class MemoryStore(SessionStore):
     @override
     async def _delete(self, key: SessionKey) -> Erased | None:
         entry = self._entries.pop(key, None)
-        return None if entry is None else Erased(len(entry.log), len(entry.checkpoints), len(entry.traces))
+        return None if entry is None else Erased(len(entry.log), len(entry.checkpoints), len(entry.traces),
+                                                 len(entry.artifacts))
 
     @override
     async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:
@@ -342,3 +347,39 @@ class MemoryQueue:
         for i in entry_ids:
             if (kept := queue.get(i)) is not None:
                 queue[i] = (kept[0], kept[1], True)
+
+
+class MemoryArtifacts:
+    """The artifacts of a `MemoryStore` (`stores._artifacts.ArtifactTable`), kept in each session's entry."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    async def put(self, key: SessionKey, artifact_id: str, data: bytes, media_type: str,
+                  lease: Lease | None) -> Artifact:
+        """Keep the bytes (idempotent by id, lease-fenced) and touch the session."""
+        entry = await self._store._writable(key, lease)
+        kept = entry.artifacts.setdefault(artifact_id, (Artifact(artifact_id, media_type, len(data)), data))
+        entry.updated_at = self._store._clock()
+        return kept[0]
+
+    async def copy(self, source: SessionKey, target: SessionKey, lease: Lease | None) -> int:
+        """Copy the source's artifacts into the target's entry (lease-fenced) and touch it."""
+        kept = await self._store._entry(source)
+        entry = await self._store._writable(target, lease)
+        for artifact_id, artifact in (kept.artifacts if kept is not None else {}).items():
+            entry.artifacts.setdefault(artifact_id, artifact)
+        entry.updated_at = self._store._clock()
+        return len(kept.artifacts) if kept is not None else 0
+
+    async def info(self, key: SessionKey, artifact_id: str) -> Artifact | None:
+        """Return the record, or None."""
+        entry = await self._store._entry(key)
+        kept = None if entry is None else entry.artifacts.get(artifact_id)
+        return None if kept is None else kept[0]
+
+    async def read(self, key: SessionKey, artifact_id: str, offset: int, length: int) -> bytes | None:
+        """Return the range, or None."""
+        entry = await self._store._entry(key)
+        kept = None if entry is None else entry.artifacts.get(artifact_id)
+        return None if kept is None else kept[1][offset:offset + length]

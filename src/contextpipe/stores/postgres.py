@@ -28,6 +28,7 @@ from ..errors import ConcurrentUpdate, ContextPipeError, StoreError, UsageError,
 from ..messages import Message
 from ..outbox import OutboxEntry, outbox_rows
 from ..session import Session, SessionKey
+from . import _artifacts as artifacts
 from . import _common as common
 from . import _copy as copy
 from . import _outbox as outbox
@@ -73,7 +74,7 @@ def _migrations(p: str) -> list[list[str]]:
         f"""CREATE TABLE {p}traces (
             tenant TEXT NOT NULL, session_id TEXT NOT NULL, n BIGINT NOT NULL, body TEXT NOT NULL,
             PRIMARY KEY (tenant, session_id, n))""",
-    ], outbox.postgres_migration(p), queue.postgres_migration(p)]
+    ], outbox.postgres_migration(p), queue.postgres_migration(p), artifacts.postgres_migration(p)]
 
 
 class PostgresStore(SessionStore):
@@ -292,9 +293,12 @@ class PostgresStore(SessionStore):
     async def _delete_rows(self, conn: asyncpg.Connection, key: SessionKey, *,
                            keep_row: bool = False) -> Erased | None:
         p = self._p
+        if not keep_row:  # wait for a write holding the row: the DELETEs below then see what it committed
+            await conn.execute(f"SELECT 1 FROM {p}sessions WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
+                               key.tenant, key.id)
         counts = [int(str(await conn.execute(f"DELETE FROM {p}{table} WHERE tenant = $1 AND session_id = $2",
                                              key.tenant, key.id)).split()[-1])
-                  for table in ("messages", "checkpoints", "traces", "outbox", "queue")]
+                  for table in ("messages", "checkpoints", "traces", "artifacts", "outbox", "queue")]
         if keep_row:
             status = await conn.execute(
                 f"UPDATE {p}sessions SET state = '{{}}', version = 0, ttl = NULL, expires_at = NULL, last_seq = 0, "
@@ -303,7 +307,7 @@ class PostgresStore(SessionStore):
         else:
             status = await conn.execute(f"DELETE FROM {p}sessions WHERE tenant = $1 AND session_id = $2",
                                         key.tenant, key.id)
-        return None if str(status).split()[-1] == "0" else Erased(*counts[:3])
+        return None if str(status).split()[-1] == "0" else Erased(*counts[:4])
 
     async def _touch(self, conn: asyncpg.Connection, key: SessionKey) -> None:
         await conn.execute(

@@ -2,8 +2,9 @@
 
 Each session is a handful of keys sharing one hash tag (``{tenant/session}``): a hash with the
 record, a list with the log (index = sequence - 1), a hash of message ids for idempotent appends, a
-sorted set of checkpoints, a lease key and the message queue (`_queue_redis`). Every write is one Lua
-script, so the checks (lease, version, known ids) and the write are atomic. TTLs are Redis's own key
+sorted set of checkpoints, a lease key, the message queue (`_queue_redis`) and artifacts
+(`_artifacts_redis`). Every write is one Lua script, so the checks (lease, version, known ids) and
+the write are atomic. TTLs are Redis's own key
 expiry, pushed forward on every write. Timestamps come from the Redis server's clock.
 
 A per-tenant sorted set indexes sessions by last update for listing; it lives outside the session's
@@ -35,11 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisStore"]
 
-# Shared Lua prologue: KEYS = meta, log, ids, ckpt, lease, index, traces; reads the clock and checks
-# the lease. The session's keys expire `ttl` after the last write, and never before the lease key does
-# (`expire_keys`), so a session never expires while a run holds it.
+# Shared Lua prologue: KEYS as `_keys` (meta, log, ids, ckpt, lease, index, traces, ..., artifacts); clears the
+# artifact keys of a session made afresh, reads the clock and checks the lease. The session's keys expire `ttl`
+# after the last write, and never before the lease key does (`expire_keys`): never while a run holds the session.
 # ARGV[1] session id, ARGV[2] lease owner ('' for none), ARGV[3] lease token.
 _PROLOGUE: Final = """
+if KEYS[11] and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[10], KEYS[11])  -- a session made afresh starts without artifacts (none left by its past)
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function expire_keys()
@@ -48,11 +52,11 @@ local function expire_keys()
     local ms = math.floor(tonumber(ttl) * 1000)
     local held = redis.call('PTTL', KEYS[5])
     if held > ms then ms = held end
-    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9}) do
+    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9, 10, 11}) do
       if KEYS[i] and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIRE', KEYS[i], ms) end
     end
   else
-    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9}) do
+    for _, i in ipairs({1, 2, 3, 4, 7, 8, 9, 10, 11}) do
       if KEYS[i] then redis.call('PERSIST', KEYS[i]) end
     end
   end
@@ -64,13 +68,19 @@ local function touch()
   redis.call('ZADD', KEYS[6], now, ARGV[1])
   expire_keys()
 end
+-- A lease is current when its token is the session's and meta's 'lease_holder' (set by the acquire, cleared by the
+-- release, gone with an erase) names its owner and token: an erased session's token restarts, its owner differs.
+local function stale_lease(owner, token)
+  local mine = owner .. '|' .. token
+  local holder = redis.call('GET', KEYS[5])
+  return token ~= (redis.call('HGET', KEYS[1], 'lease_token') or '0') or (holder and holder ~= mine)
+    or redis.call('HGET', KEYS[1], 'lease_holder') ~= mine
+end
 local function check_lease()
   local holder = redis.call('GET', KEYS[5])
   local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
   if ARGV[2] ~= '' then
-    if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
-      return {'lost', token, tostring(now)}
-    end
+    if stale_lease(ARGV[2], ARGV[3]) then return {'lost', token, tostring(now)} end
   elseif holder then
     return {'busy', holder}
   end
@@ -126,24 +136,25 @@ local holder = redis.call('GET', KEYS[5])
 if holder and string.sub(holder, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. '|' then return {'busy', holder} end
 local token = redis.call('HINCRBY', KEYS[1], 'lease_token', 1)
 redis.call('SET', KEYS[5], ARGV[2] .. '|' .. token, 'PX', ARGV[3])
+redis.call('HSET', KEYS[1], 'lease_holder', ARGV[2] .. '|' .. token)
 touch()
 return {'ok', tostring(token), tostring(now + tonumber(ARGV[3]) / 1000)}
 """
 
 # ARGV[2] owner, ARGV[3] token, ARGV[4] ttl in ms
 _RENEW: Final = _PROLOGUE + """
-local token = redis.call('HGET', KEYS[1], 'lease_token') or '0'
-local holder = redis.call('GET', KEYS[5])
-if token ~= ARGV[3] or (holder and holder ~= ARGV[2] .. '|' .. ARGV[3]) then
-  return {'lost', token, tostring(now)}
+if stale_lease(ARGV[2], ARGV[3]) then
+  return {'lost', redis.call('HGET', KEYS[1], 'lease_token') or '0', tostring(now)}
 end
 redis.call('SET', KEYS[5], ARGV[2] .. '|' .. ARGV[3], 'PX', ARGV[4])
 expire_keys()
 return {'ok', tostring(now + tonumber(ARGV[4]) / 1000)}
 """
 
+# KEYS[1] lease, KEYS[2] meta; ARGV[1] 'owner|token'
 _RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[2], 'lease_holder') == ARGV[1] then redis.call('HDEL', KEYS[2], 'lease_holder') end
 return 1
 """
 
@@ -173,8 +184,8 @@ return {'ok', ''}
 
 _DELETE: Final = """
 local gone = {redis.call('EXISTS', KEYS[1]), redis.call('LLEN', KEYS[2]), redis.call('ZCARD', KEYS[4]),
-              redis.call('LLEN', KEYS[7])}
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9])
+              redis.call('LLEN', KEYS[7]), redis.call('HLEN', KEYS[10])}
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11])
 redis.call('ZREM', KEYS[6], ARGV[1])
 return gone
 """
@@ -302,7 +313,8 @@ class RedisStore(SessionStore):
     def _keys(self, key: SessionKey) -> list[str]:
         tag = f"{self._prefix}:{{{key.tenant}/{key.id}}}"
         return [f"{tag}:meta", f"{tag}:log", f"{tag}:ids", f"{tag}:ckpt", f"{tag}:lease",
-                self._index(key.tenant), f"{tag}:traces", f"{tag}:queue", f"{tag}:queued"]
+                self._index(key.tenant), f"{tag}:traces", f"{tag}:queue", f"{tag}:queued", f"{tag}:artifacts",
+                f"{tag}:artbody"]  # artifacts: `_artifacts_redis`
 
     def _index(self, tenant: str) -> str:
         return f"{self._prefix}:index:{tenant}"
@@ -355,8 +367,8 @@ class RedisStore(SessionStore):
 
     @override
     async def _delete(self, key: SessionKey) -> Erased | None:
-        existed, messages, summaries, traces = await self._lua_delete(keys=self._keys(key), args=[key.id])
-        return Erased(int(messages), int(summaries), int(traces)) if existed else None
+        existed, messages, summaries, traces, artifacts = await self._lua_delete(keys=self._keys(key), args=[key.id])
+        return Erased(int(messages), int(summaries), int(traces), int(artifacts)) if existed else None
 
     @override
     async def _list(self, tenant: str, limit: int, after: tuple[float, str]) -> list[SessionInfo]:
@@ -510,7 +522,8 @@ class RedisStore(SessionStore):
 
     @override
     async def _release_lease(self, lease: Lease) -> None:
-        await self._lua_release(keys=[self._keys(lease.key)[4]], args=[f"{lease.owner}|{lease.token}"])
+        keys = self._keys(lease.key)
+        await self._lua_release(keys=[keys[4], keys[0]], args=[f"{lease.owner}|{lease.token}"])
 
     @override
     async def close(self) -> None:

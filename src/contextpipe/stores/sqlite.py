@@ -292,11 +292,11 @@ class SQLiteStore(SessionStore):
         """Delete everything of the session (its `on_session_deleted` hooks run after the operation)."""
         k = (key.tenant, key.id)
         counts = [conn.execute(f"DELETE FROM cp_{table} WHERE tenant = ? AND session_id = ?", k).rowcount
-                  for table in ("messages", "checkpoints", "traces", "outbox", "queue")]
+                  for table in ("messages", "checkpoints", "traces", "artifacts", "outbox", "queue")]
         if conn.execute("DELETE FROM cp_sessions WHERE tenant = ? AND session_id = ?", k).rowcount == 0:
             return None
         self._dropped.append(key)
-        return Erased(*counts[:3])
+        return Erased(*counts[:4])
 
     # --- session records ---------------------------------------------------------------------------
 

@@ -1,0 +1,257 @@
+"""`Artifacts`: a tool result too big to send whole is stored beside the session and read back by range.
+
+Without it, a tool that returns 50 MB puts 50 MB into the session's log and into every later model
+call. With `Artifacts(store)` among the providers, a tool result whose text is longer than `limit`
+characters is stored whole as an artifact of the session (`contextpipe.artifacts`, in the same
+store as the log), and the result the model sees and the log keeps holds its first `head` and last
+`tail` characters, its size, its handle and the byte offsets where the head ends and the tail
+starts. A result that looks binary (undecodable bytes a tool kept with
+``errors="surrogateescape"``, and a NUL or more than 10% of its bytes undecodable) is stored whole
+as binary whatever its size, and the model is told its size and media type, not shown garbage; in
+a result that is mostly text, the model sees each undecodable byte as U+FFFD (the artifact keeps
+the bytes). The model reads text by range with the ``read_artifact``
+tool (at most `max_read` bytes a call), which the provider offers in every run that has a session,
+spill or not, so the tools a model is offered do not change part way (which would also break a
+prompt cache).
+
+The artifact is written before the tool's result is returned to the loop, so before the step's
+messages are saved: a stored result never names an artifact that is not there. The write is fenced
+by the run's lease (`RunContext.lease_for`): a run that lost it (its session erased meanwhile) gets
+`LeaseLost` and stores nothing. Its id is the call's id (its letters, digits, ``_``, ``.`` and
+``-``) and a digest of the id and the text, so a call run again after a crash with the same result
+stores nothing twice (one with another result gets an artifact of its own; the first, named by no
+stored message, goes with the session). Spilling sees the result as the tool middleware of providers
+registered before it returned it (the first provider's middleware is outermost): register
+`Artifacts` first to spill what the model would otherwise have been sent.
+
+Not yet: images and files a tool returns (``ToolOutcome.parts``) are passed on as they are, and
+compaction, traces and the inspector do not know artifacts (a spilled result is an ordinary message
+to them).
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final
+
+from ..errors import UsageError
+from ..session import SessionKey
+from ..stores._artifacts import MAX_ARTIFACT_BYTES
+from ..tools import Tool, ToolOutcome  # the reader's hints are resolved at run time; every run offers it
+from .base import ContextProvider
+
+if TYPE_CHECKING:
+    from ..pipeline import RunContext
+    from ..stores.base import Lease, SessionStore
+    from ..tools import CallTool, ToolInvocation
+
+__all__ = ["BINARY", "READ_TOOL", "TEXT", "Artifacts"]
+
+READ_TOOL: Final = "read_artifact"
+"""The name of the tool the model reads artifacts with."""
+TEXT: Final = "text/plain; charset=utf-8"
+"""The media type of a spilled tool result."""
+BINARY: Final = "application/octet-stream"
+"""The media type of a tool result that is not UTF-8 text (its media type is not known)."""
+
+
+class Artifacts(ContextProvider):
+    """Spills tool results longer than `limit` characters to artifacts in `store`; offers ``read_artifact``.
+
+    `store` is where the artifacts are kept: the agent's store, so they go with its sessions (erased,
+    expired, forgotten). The model sees the first `head` and the last `tail` characters of a spilled
+    result; ``read_artifact`` returns at most `max_read` bytes a call.
+    """
+
+    kind = "tools"
+
+    def __init__(self, store: SessionStore, *, limit: int = 20_000, head: int = 2_000, tail: int = 2_000,
+                 max_read: int = 10_000, source_id: str = "artifacts") -> None:
+        super().__init__(source_id)
+        if head < 0 or tail < 0 or limit < head + tail or max_read < 1:
+            raise UsageError(f"Artifacts needs head >= 0, tail >= 0, limit >= head + tail and max_read >= 1, got "
+                             f"limit={limit}, head={head}, tail={tail}, max_read={max_read}")
+        self.store = store
+        """Where the artifacts are kept."""
+        self.limit = limit
+        """A tool result longer than this many characters is spilled."""
+        self.head = head
+        """Characters of a spilled result's start the model sees."""
+        self.tail = tail
+        """Characters of a spilled result's end the model sees."""
+        self.max_read = max_read
+        """Bytes one ``read_artifact`` call returns at most."""
+
+    async def before_run(self, ctx: RunContext) -> None:
+        """With a session: add the spilling tool middleware and the ``read_artifact`` tool."""
+        if ctx.session is None:
+            return  # nowhere to keep an artifact: results pass whole
+        run = _Run(self, SessionKey(ctx.session.tenant, ctx.session.id), ctx.lease_for(self.store))
+        ctx.add_tool_middleware(run.spill)
+        ctx.add_tools([Tool(run.read_artifact, name=READ_TOOL, idempotent=True, run_in_thread=False)])
+
+
+@dataclass(slots=True)
+class _Run:
+    """One run's spilling and reading, on its session."""
+
+    artifacts: Artifacts
+    key: SessionKey
+    lease: Lease | None  # the run's, when `artifacts.store` holds it: a run that lost it writes nothing
+
+    async def spill(self, call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
+        outcome = await call_next(call)
+        text = outcome.result
+        if call.name == READ_TOOL:  # a read is bounded by max_read
+            return outcome
+        data, bad = _bytes_of(text), len(_SURROGATE.findall(text))  # bad: the bytes that are not UTF-8
+        if bad and (b"\0" in data or bad * 10 > len(data)):  # looks binary: stored whole whatever its size
+            return await self._binary(call, outcome, data)
+        if len(text) <= self.artifacts.limit:
+            return replace(outcome, result=_readable(data)) if bad else outcome
+        if len(data) > MAX_ARTIFACT_BYTES:  # the preview, as an error: not a run failed and the result lost
+            return replace(outcome, result=self._preview(text, len(data), None, bad), is_error=True)
+        return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT), bad))
+
+    async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
+        if len(data) > MAX_ARTIFACT_BYTES:
+            return replace(outcome, is_error=True, result=f"[This tool result is not UTF-8 text: {len(data):,} "
+                           f"bytes of {BINARY}, {_over()}: nothing is stored and it cannot be shown as text.]")
+        handle = await self._put(call, data, BINARY)
+        return replace(outcome, result=f"[This tool result is not UTF-8 text: {len(data):,} bytes of {BINARY}. "
+                                       f"It is stored as artifact {handle!r}, whole; it cannot be shown as text, "
+                                       f"and {READ_TOOL} reads text only.]")
+
+    async def _put(self, call: ToolInvocation, data: bytes, media_type: str) -> str:
+        """Store `data` as the call's artifact (lease-fenced); return its handle."""
+        from ..artifacts import put_artifact
+
+        handle = _handle(call.call_id, data)
+        await put_artifact(self.artifacts.store, self.key.tenant, self.key.id, handle, data, media_type,
+                           lease=self.lease)
+        return handle
+
+    def _preview(self, text: str, size: int, handle: str | None, bad: int) -> str:
+        """Return the head and tail of a spilled result, where they are, and how to read the rest (if `handle`)."""
+        a = self.artifacts
+        head, tail = text[:a.head], text[len(text) - a.tail:] if a.tail else ""
+        head_end, tail_at = len(_bytes_of(head)), size - len(_bytes_of(tail))
+        head, tail = _readable(_bytes_of(head)), _readable(_bytes_of(tail))
+        kept, read = (f"It is stored as artifact {handle!r}.", f" Read any part with {READ_TOOL}(handle={handle!r}, "
+                      f"offset=<byte>, length=<bytes, at most {a.max_read:,}>).") if handle is not None else (
+                      f"It is {_over()}: only the head and tail are shown, nothing is stored.", "")
+        if bad:
+            kept += f" {bad:,} of its bytes are not UTF-8: they are shown as \N{REPLACEMENT CHARACTER}."
+        return (f"[This tool result is {len(text):,} characters ({size:,} bytes), too long to show whole. {kept} "
+                f"Shown: its first {len(head):,} characters (bytes 0 to {head_end:,}) "
+                f"and its last {len(tail):,} (bytes {tail_at:,} to {size:,}); not shown: bytes {head_end:,} to "
+                f"{tail_at:,}.{read}]\n"
+                f"--- first {len(head):,} characters, bytes 0 to {head_end:,} ---\n{head}\n"
+                f"--- last {len(tail):,} characters, from byte {tail_at:,} ---\n{tail}")
+
+    async def read_artifact(self, handle: str, offset: int = 0, length: int = 4_000) -> ToolOutcome:
+        """Read part of a stored artifact (a tool result too long to show whole), by byte range.
+
+        Args:
+            handle: The artifact's handle, as the spilled tool result gave it.
+            offset: The first byte to read (0 is the start).
+            length: How many bytes to read (fewer come back at the end, or above the limit).
+        """
+        from ..artifacts import artifact_info, read_artifact
+
+        store, key, most = self.artifacts.store, self.key, self.artifacts.max_read
+        found = await artifact_info(store, key.tenant, key.id, handle)
+        if found is None:
+            return ToolOutcome(f"Error: this session has no artifact {handle!r}; use the handle a spilled tool "
+                               "result gave.", is_error=True)
+        if not found.media_type.startswith("text/"):
+            return ToolOutcome(f"Error: artifact {handle!r} is binary ({found.media_type}, {found.size:,} bytes), "
+                               f"not text: {READ_TOOL} returns text only, so it cannot be shown here.", is_error=True)
+        if offset < 0 or offset >= max(found.size, 1) or length < 1:
+            return ToolOutcome(f"Error: artifact {handle!r} has {found.size:,} bytes; give an offset from 0 to "
+                               f"{max(found.size - 1, 0):,} and a length of at least 1.", is_error=True)
+        data = await read_artifact(store, key.tenant, key.id, handle, offset=offset, length=min(length, most) + 6)
+        start, end, text = _utf8_window(data or b"", offset, min(length, most), found.size)
+        more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
+        text = _SURROGATE.sub("\N{REPLACEMENT CHARACTER}", text)  # bytes that are not UTF-8 text
+        return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
+
+
+def _over() -> str:
+    """Say what an artifact may hold at most (`MAX_ARTIFACT_BYTES`), for a result over it."""
+    mib = f" ({MAX_ARTIFACT_BYTES // 2**20:,} MiB)" if MAX_ARTIFACT_BYTES % 2**20 == 0 else ""
+    return f"over the {MAX_ARTIFACT_BYTES:,} bytes{mib} an artifact may hold"
+
+
+def _handle(call_id: str, data: bytes) -> str:
+    """Return the artifact id of a call's result: the call id in a safe alphabet and a digest of both.
+
+    A model sends any call id (NUL, lone surrogates, quotes, newlines): the handle keeps only letters,
+    digits, ``_``, ``.`` and ``-`` of it, so it is a valid artifact id the model can repeat exactly,
+    and the digest keeps call ids that differ only in what was replaced apart. The same call and
+    result give the same handle, so a call run again after a crash stores nothing twice.
+    """
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass") + b"\0" + data).hexdigest()[:16]
+    return f"{_UNSAFE.sub('_', call_id)[:100]}-{digest}"
+
+
+_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _bytes_of(text: str) -> bytes:
+    """Return the bytes of a result, character by character.
+
+    Undecodable bytes a tool kept with ``errors="surrogateescape"`` (how Python keeps them in a str)
+    come back exactly; other lone surrogates are kept as they are (3 bytes each).
+    """
+    return text.encode("utf-8", "contextpipe.bytes")
+
+
+def _readable(data: bytes) -> str:
+    """Return `data` as text a model can be sent: each byte that is not UTF-8 as U+FFFD."""
+    return data.decode("utf-8", "replace")
+
+
+def _escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """Encode an escaped byte as that byte and other lone surrogates as they are; decode what is not UTF-8 so too."""
+    if isinstance(exc, UnicodeEncodeError):
+        return b"".join(bytes([ord(c) - 0xDC00]) if "\udc80" <= c <= "\udcff" else c.encode("utf-8", "surrogatepass")
+                        for c in exc.object[exc.start:exc.end]), exc.end
+    try:
+        return codecs.lookup_error("surrogatepass")(exc)
+    except UnicodeError:
+        return codecs.lookup_error("surrogateescape")(exc)
+
+
+codecs.register_error("contextpipe.bytes", _escape)
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_window(data: bytes, offset: int, length: int, size: int) -> tuple[int, int, str]:
+    """Return where the whole characters of a `length`-byte range read from `offset` start and end, and their text.
+
+    A range that begins inside a character skips that character's remaining bytes; one that ends
+    inside a character ends before it, unless the range is too short for even one character, which
+    then comes back whole. `data` holds 6 bytes more than `length` for both. Lone surrogates come
+    back as they were stored, and bytes that are not UTF-8 as their ``surrogateescape`` escapes.
+    """
+    skip = 0
+    if offset > 0:
+        while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+            skip += 1
+
+    def whole(stop: int) -> tuple[str, int]:
+        window = data[skip:stop]
+        decoder = codecs.getincrementaldecoder("utf-8")("contextpipe.bytes")
+        text = decoder.decode(window, final=offset + skip + len(window) >= size)
+        return text, offset + skip + len(window) - len(decoder.getstate()[0])
+
+    text, end = whole(length)
+    for stop in range(skip + 1, skip + 5):  # too short for one character: the first, whole
+        if text:
+            break
+        text, end = whole(stop)
+    return offset + skip, end, text
