@@ -4,8 +4,7 @@ A run, in order: ``async with StepWriter.open(...)`` (the writer takes the sessi
 it until the run is over), let a run's own `BeforeInput` settle the input, look for an earlier run of
 the same input (a retry: its result is given back, or it is resumed; `_run.replay`), call the
 providers' `before_run` (`_run.hooks`), drive the `StepLoop` (`_run.loop`), save the run, call
-`after_run` in reverse and save the session's state.
-Everything the run records goes into one `RunJournal`.
+`after_run` in reverse and save the session's state. Everything the run records goes into one `RunJournal`.
 """
 
 from __future__ import annotations
