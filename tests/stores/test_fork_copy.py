@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import uuid
 from typing import Any
@@ -200,6 +201,29 @@ async def refused_when_damaged(store: SessionStore, tenant: str, bad: int) -> No
     lease = await store.acquire_lease(tenant, "around", "fork")
     copied = await store.copy_view(tenant, "s", "around", upto=8, skip=[(bad, bad)], lease=lease)
     assert copied in (None, 7)
+
+
+async def test_a_row_sql_does_not_read_as_json_hands_the_fork_to_the_plain_copy(durable_store: SessionStore,
+                                                                                tenant: str) -> None:
+    # A message holding NaN (the codec writes and reads it; SQL's JSON does not) forks as elsewhere, and a damaged
+    # row further back than the fork's snapping reads is the plain copy's CorruptRecord, not a fork copied whole.
+    store = durable_store
+    messages = [Message.user(f"m{i}", id=f"m{i}") for i in range(200)]
+    messages[3] = Message.user("scored", id="m3", metadata={"score": float("nan"), "big": float("inf")})
+    await store.append(tenant, "s", messages)
+    await store.load_or_create(tenant, "s")
+    lease = await store.acquire_lease(tenant, "nan", "fork")
+    assert await store.copy_view(tenant, "s", "nan", upto=200, lease=lease) is None  # nothing copied that way
+    assert await fork(store, tenant, "s", 200, "nan", lease) == 200
+    copied = (await store.load(tenant, "nan")).messages
+    assert [m.id for m in copied] == [m.id for m in messages] and math.isnan(copied[3].metadata["score"])
+    await store.release_lease(lease)
+    await corrupt_message(store, tenant, "s", 10)
+    lease = await store.acquire_lease(tenant, "damaged", "fork")
+    with pytest.raises(CorruptRecord) as info:
+        await fork(store, tenant, "s", 200, "damaged", lease)
+    assert (info.value.session_id, info.value.sequence) == ("s", 10)
+    await store.release_lease(lease)
 
 
 async def test_a_fork_that_failed_before_or_during_the_copy_is_retried(store: SessionStore, tenant: str,

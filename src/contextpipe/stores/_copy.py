@@ -3,9 +3,11 @@
 One ``INSERT ... SELECT`` per kept range, inside the write transaction of the target session (so the
 lease check, the copy and the new ``last_seq`` commit together or not at all): the rows keep their id
 and body as stored, and ``ROW_NUMBER()`` numbers them on from the target's last sequence. Nothing is
-decoded or encoded in Python; the database checks first that each row copied is JSON, so a damaged
-row is the `CorruptRecord` the plain copy would raise (naming the source and the sequence), and
-nothing is copied. The outbox is left as it is: its entries are unique by tenant and key,
+decoded or encoded in Python. The database checks first that it reads each row copied as JSON: when
+one is not (a damaged row, or a message holding ``NaN`` or ``Infinity``, which the codec writes and
+reads but SQL's JSON does not), nothing is copied and the copy returns None, so `rewind.fork` copies
+page by page: that copy takes the NaN, and names a damaged row (`CorruptRecord`, its sequence).
+The outbox is left as it is: its entries are unique by tenant and key,
 so the plain copy's appends (`contextpipe.rewind.copy_pages`) store none for a fork in the same
 tenant either (the source's entries hold their keys).
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from ..errors import CorruptRecord
 from ..session import SessionKey
 from ._checks import not_empty
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["postgres_copy", "sqlite_copy"]
 
-_NOT_JSON: Final = "its body is not JSON"
-
 _SQLITE_COPY: Final = (
     "INSERT INTO cp_messages (tenant, session_id, seq, message_id, body) "
     "SELECT ?, ?, ? + ROW_NUMBER() OVER (ORDER BY seq), message_id, body FROM cp_messages "
@@ -37,14 +36,18 @@ _SQLITE_DAMAGED: Final = ("SELECT seq FROM cp_messages WHERE tenant = ? AND sess
 
 
 def sqlite_copy(conn: sqlite3.Connection, target: SessionKey, row: sqlite3.Row, now: float, source: SessionKey,
-                kept: list[tuple[int, int]], touch: Callable[[sqlite3.Connection, SessionKey, float], None]) -> int:
-    """Copy the `kept` ranges of `source` to `target` (in `SQLiteStore`'s write transaction); return the count."""
+                kept: list[tuple[int, int]], touch: Callable[[sqlite3.Connection, SessionKey, float], None]
+                ) -> int | None:
+    """Copy the `kept` ranges of `source` to `target` (in `SQLiteStore`'s write transaction); return the count.
+
+    None, with nothing written, when a row copied is not JSON to SQLite (see the module).
+    """
     last = int(row["last_seq"])
     if last:
         raise not_empty(target, last)
     for lo, hi in kept:
-        if bad := conn.execute(_SQLITE_DAMAGED, (source.tenant, source.id, lo, hi)).fetchone():
-            raise CorruptRecord.unreadable("sqlite", source, f"message {bad[0]}", _NOT_JSON, int(bad[0]))
+        if conn.execute(_SQLITE_DAMAGED, (source.tenant, source.id, lo, hi)).fetchone():
+            return None
     for lo, hi in kept:
         last += conn.execute(_SQLITE_COPY, (target.tenant, target.id, last, source.tenant, source.id, lo, hi)).rowcount
     if last:
@@ -55,12 +58,16 @@ def sqlite_copy(conn: sqlite3.Connection, target: SessionKey, row: sqlite3.Row, 
 
 
 async def postgres_copy(conn: asyncpg.Connection, p: str, target: SessionKey, last: int, source: SessionKey,
-                        kept: list[tuple[int, int]]) -> int:
-    """Copy the `kept` ranges of `source` to `target` (in `PostgresStore`'s locked transaction); return the count."""
+                        kept: list[tuple[int, int]]) -> int | None:
+    """Copy the `kept` ranges of `source` to `target` (in `PostgresStore`'s locked transaction); return the count.
+
+    None, with nothing written, when a row copied is not JSON to PostgreSQL (see the module).
+    """
     if last:
         raise not_empty(target, last)
     for lo, hi in kept:
-        await _postgres_check(conn, p, source, lo, hi)
+        if not await _postgres_json(conn, p, source, lo, hi):
+            return None
     for lo, hi in kept:
         status = await conn.execute(
             f"INSERT INTO {p}messages (tenant, session_id, seq, message_id, body) "
@@ -71,21 +78,13 @@ async def postgres_copy(conn: asyncpg.Connection, p: str, target: SessionKey, la
     return last
 
 
-async def _postgres_check(conn: asyncpg.Connection, p: str, source: SessionKey, lo: int, hi: int) -> None:
-    """Raise `CorruptRecord` for the first row of `source` from `lo` to `hi` whose body is not JSON."""
+async def _postgres_json(conn: asyncpg.Connection, p: str, source: SessionKey, lo: int, hi: int) -> bool:
+    """Whether PostgreSQL reads every body of `source` from `lo` to `hi` as JSON."""
     where = f"FROM {p}messages WHERE tenant = $1 AND session_id = $2 AND seq >= $3 AND seq <= $4"
     if conn.get_server_version().major >= 16:  # pg_input_is_valid came with PostgreSQL 16
-        bad = await conn.fetchval(f"SELECT seq {where} AND NOT pg_input_is_valid(body, 'json') ORDER BY seq LIMIT 1",
-                                  source.tenant, source.id, lo, hi)
-    elif await _casts(conn, where, source, lo, hi):
-        bad = None
-    else:  # PostgreSQL 15: the first damaged row found by halving the range, each half cast again
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if await _casts(conn, where, source, lo, mid) else (lo, mid)
-        bad = lo
-    if bad is not None:
-        raise CorruptRecord.unreadable("postgres", source, f"message {bad}", _NOT_JSON, int(bad))
+        return not await conn.fetchval(f"SELECT EXISTS (SELECT 1 {where} AND NOT pg_input_is_valid(body, 'json'))",
+                                       source.tenant, source.id, lo, hi)
+    return await _casts(conn, where, source, lo, hi)
 
 
 async def _casts(conn: asyncpg.Connection, where: str, source: SessionKey, lo: int, hi: int) -> bool:
@@ -97,6 +96,7 @@ async def _casts(conn: asyncpg.Connection, where: str, source: SessionKey, lo: i
         await conn.fetchval(f"SELECT count(body::json) {where}", source.tenant, source.id, lo, hi)
     except asyncpg.DataError:
         await conn.execute("ROLLBACK TO SAVEPOINT cp_copy_check")
+        await conn.execute("RELEASE SAVEPOINT cp_copy_check")
         return False
     await conn.execute("RELEASE SAVEPOINT cp_copy_check")
     return True

@@ -411,10 +411,12 @@ class PostgresStore(SessionStore):
 
     @override
     async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
-                         lease: Lease | None) -> int:
+                         lease: Lease | None) -> int | None:
         async with self._transaction() as conn:
             row = await self._locked_row(conn, target, lease)
             last = await copy.postgres_copy(conn, self._p, target, int(row["last_seq"]), source, kept)
+            if last is None:
+                return None  # a row not JSON to PostgreSQL: `rewind.fork` copies page by page
             await conn.execute(f"UPDATE {self._p}sessions SET last_seq = $3, updated_at = {_NOW}, "
                                f"expires_at = {_EXPIRY_AFTER_WRITE} WHERE tenant = $1 AND session_id = $2",
                                target.tenant, target.id, last)

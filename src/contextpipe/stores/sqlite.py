@@ -409,7 +409,7 @@ class SQLiteStore(SessionStore):
 
     @override
     async def _copy_view(self, source: SessionKey, target: SessionKey, kept: list[tuple[int, int]],
-                         lease: Lease | None) -> int:
+                         lease: Lease | None) -> int | None:
         return await self._write(target, lease, copy.sqlite_copy, source, kept, self._touch)
 
     @override
