@@ -328,7 +328,8 @@ async def _resume(spec: str, tenant: str) -> None:
 
     store = open_spec(spec)
     try:
-        handle = f"call_1-{hashlib.sha256(BIG.encode()).hexdigest()[:16]}"
+        digest = hashlib.sha256(b"call_1\0" + BIG.encode()).hexdigest()  # of the call id and the data
+        handle = f"call_1-{digest[:16]}"
         assert await artifact_info(store, tenant, "s", handle) == Artifact(handle, "text/plain; charset=utf-8",
                                                                            len(BIG))
         assert [r for m in (await store.load(tenant, "s")).messages for r in m.function_results] == []  # not saved
