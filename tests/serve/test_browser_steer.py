@@ -153,7 +153,8 @@ async def test_nothing_is_sent_while_a_regenerate_waits_for_its_rewind_and_its_r
             await page.locator("#chat-input").press("Enter")
             await page.evaluate("() => new Promise((done) => setTimeout(done, 0))")  # (the submit handler has run)
             assert posted == ["rewind"] and await page.locator("#chat-input").input_value() == "Another city?"
-            assert (await page.locator("#chat-error").inner_text()).startswith("Not sent: the steering action's run")
+            notice = await page.locator("#chat-error").inner_text()
+            assert notice.startswith("Not sent: a rewind, fork or regenerate is in progress.")
             release.set()
             await model.entered.wait()  # Regenerate's run streams, its model call held
             await page.locator("#chat-send", has_text="Queue").wait_for()

@@ -90,3 +90,57 @@ async def test_the_queue_box_shows_what_another_client_queues_during_its_run(tmp
         await page.locator("#queue").wait_for(state="hidden")  # delivered: off the list
         assert "In French, please." in await texts(store, "s1")
     await store.close()
+
+
+class FailingGate(GateModel):
+    """GateModel whose calls fail, once past the gate, while `failing` is set."""
+
+    failing = False
+
+    async def complete(self, request: Any) -> Any:
+        response = await super().complete(request)
+        if self.failing:
+            raise RuntimeError("the model went away")
+        return response
+
+
+async def test_while_a_run_streams_in_another_session_stop_names_it_and_the_chat_says_why_it_sends_nothing(
+        tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = FailingGate(gated=True)
+    app = make_app(store, model)
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        for session in ("s1", "s2"):
+            await c.post("/v1/sessions", json={"id": session})
+        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+        chat, notice, stop = page.locator("#chat-input"), page.locator("#chat-error"), page.locator("#stop")
+        for failing in (False, True):
+            model.failing, model.entered, model.release = failing, asyncio.Event(), asyncio.Event()
+            try:
+                await page.locator("[data-session='s1']").click()
+                await page.locator("#session-title", has_text="s1").wait_for()
+                await chat.fill("Take your time.")
+                await chat.press("Enter")
+                async with asyncio.timeout(60):  # (a failure, not a hang, if the run never reaches the model)
+                    await model.entered.wait()
+                await stop.wait_for()
+                assert await stop.inner_text() == "Stop"
+                await page.locator("[data-session='s2']").click()
+                await page.locator("#session-title", has_text="s2").wait_for()
+                assert await stop.inner_text() == "Stop the run in s1"
+                await chat.fill("And here?")
+                await chat.press("Enter")
+                assert await notice.inner_text() == ("Not sent: a run streams in s1. Your message stays here; "
+                                                     "send it once that ends.")
+                assert await chat.input_value() == "And here?"
+            finally:  # a failed check must not leave the run held
+                model.release.set()
+            await stop.wait_for(state="hidden")  # (hidden in the same step that settles the chat's notice)
+            # The notice goes with its reason; the failed run's error, shown over it, stays and names its session.
+            assert await notice.inner_text() == ("In s1: The run failed: the run failed; see the server log"
+                                                 if failing else "")
+            assert await chat.input_value() == "And here?"
+        assert await stop.inner_text() == "Stop"
+    assert await texts(store, "s2") == []  # nothing went to the session shown
+    assert (await texts(store, "s1"))[:2] == ["Take your time.", "reply 1 to Take your time."]
+    await store.close()

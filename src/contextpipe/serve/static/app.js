@@ -215,17 +215,45 @@ function send(text) {
 
 // While a run streams in the session shown, a message sent is queued (`queue.js`): Send becomes Queue. While it streams
 // in another session, Send waits (one streamed run at a time), so nothing goes to a session other than the one meant.
+// Stop names the session whose run it cancels when another one is shown.
 function chatMode() {
   const queueing = state.streaming !== null && state.streaming === state.current;
+  const elsewhere = state.streaming !== null && !queueing;
   $("chat-send").textContent = queueing ? "Queue" : "Send";
-  $("chat-send").disabled = state.streaming !== null && !queueing;
+  $("chat-send").disabled = elsewhere;
   $("chat-queue").hidden = !queueing;
+  $("stop").textContent = elsewhere ? `Stop the run in ${state.streaming}` : "Stop";
+  if (waitReason() === null) clearNotice();
+}
+
+// Why the chat sends nothing now, or null: a steering action before its run streams (e.g. Regenerate's rewind: no
+// run of the chat's own meanwhile), or a run streaming in another session.
+function waitReason() {
+  if (steering() && !state.streaming) return "a rewind, fork or regenerate is in progress";
+  if (state.streaming && state.streaming !== state.current) return `a run streams in ${state.streaming}`;
+  return null;
+}
+
+// The chat's "Not sent" notice (the text stays in the box). It is cleared once its reason ends, but only while it is
+// what the box shows: `dataset.notice` holds its text, so an error shown since stays.
+function notSent(reason) {
+  const box = $("chat-error");
+  box.textContent = `Not sent: ${reason}. Your message stays here; send it once that ends.`;
+  box.dataset.notice = box.textContent;
+}
+
+function clearNotice() {
+  const box = $("chat-error");
+  if (box.dataset.notice !== undefined && box.textContent === box.dataset.notice) box.textContent = "";
+  delete box.dataset.notice;
 }
 
 // Streams a run (POST sessions/`id`/`route` with `body`), showing `shown` as its first line; returns its result.
-// The live lines go to the transcript only while it shows `id` (Regenerate's session may no longer be the one shown).
+// The live lines go to the transcript only while it shows `id` (Regenerate's session may no longer be the one shown);
+// an error is said in the chat of whichever session is shown, prefixed "In `id`:" when that is another one.
 async function streamRun(route, body, shown, badge = "decision", id = state.current) {
   let result = null;
+  const fail = (text) => { $("chat-error").textContent = state.current === id ? text : `In ${id}: ${text}`; };
   state.streaming = id;
   markSteering();
   chatMode();
@@ -269,13 +297,13 @@ async function streamRun(route, body, shown, badge = "decision", id = state.curr
       } else if (event.name === "done") {
         result = event.data;
       } else if (event.name === "error") {
-        $("chat-error").textContent = `The run failed: ${event.data.error.message}`;
+        fail(`The run failed: ${event.data.error.message}`);
       }
       list.scrollTop = list.scrollHeight;
     }
   } catch (error) {
     const kind = error.body && error.body.error ? error.body.error.type : null;
-    $("chat-error").textContent = kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`;
+    fail(kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`);
   } finally {
     state.streaming = null;
     markSteering();
@@ -384,13 +412,8 @@ $("chat").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("chat-input").value.trim();
   if (!text) return;
-  // (a steering action before its run streams, e.g. Regenerate's rewind: no run of the chat's own meanwhile)
-  const wait = steering() && !state.streaming ? "the steering action's run comes first"
-    : state.streaming && state.streaming !== state.current ? `a run streams in ${state.streaming}` : null;
-  if (wait) {
-    $("chat-error").textContent = `Not sent: ${wait}. Your message stays here; send it once that run streams or ends.`;
-    return;
-  }
+  const wait = waitReason();
+  if (wait) { notSent(wait); return; }
   $("chat-input").value = "";
   if (!state.streaming) { send(text); return; }
   const session = state.streaming;
@@ -405,6 +428,6 @@ $("chat-input").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("chat").requestSubmit(); }
 });
 whenUnauthorized(askForKey);
-whenSteering({ run: streamRun, open: openSession, refresh: refreshSession, sessions: () => loadSessions(true) });
+whenSteering({ run: streamRun, open: openSession, refresh: refreshSession, sessions: () => loadSessions(true), done: chatMode });
 setInterval(poll, 3000);
 start();

@@ -5,8 +5,11 @@ import { el, $ } from "./dom.js";
 import { api, sessionPath } from "./api.js";
 import { state } from "./state.js";
 
-let hooks = { run: async () => null, open: async () => {}, refresh: async () => {}, sessions: async () => {} };
-/** Set what the actions call back into: the app's streamed run, opening and refreshing a session, the list. */
+let hooks = { run: async () => null, open: async () => {}, refresh: async () => {}, sessions: async () => {}, done: () => {} };
+/**
+ * Set what the actions call back into: the app's streamed run, opening and refreshing a session, the list, and
+ * what to do once an action ends (the chat's mode).
+ */
 export function whenSteering(given) { hooks = given; }
 
 function say(text) {
@@ -40,6 +43,7 @@ function act(what, action) {
     } finally {
       busy = false;
       markSteering();
+      hooks.done();
     }
   };
 }
