@@ -1,6 +1,7 @@
 """Steering in the inspector across sessions, in a real browser (headless Chromium, driven by Playwright): a
-Regenerate's run goes to its own session whatever the page shows meanwhile, and the queue box shows what other
-clients queue."""
+Regenerate's run goes to its own session whatever the page shows meanwhile, the queue box shows what other
+clients queue, and while a run streams in another session than the one shown, Stop names it, its errors say
+its session and the chat says why it sends nothing until the reason ends."""
 
 from __future__ import annotations
 
@@ -143,4 +144,53 @@ async def test_while_a_run_streams_in_another_session_stop_names_it_and_the_chat
         assert await stop.inner_text() == "Stop"
     assert await texts(store, "s2") == []  # nothing went to the session shown
     assert (await texts(store, "s1"))[:2] == ["Take your time.", "reply 1 to Take your time."]
+    await store.close()
+
+
+async def test_a_notice_during_a_regenerate_in_another_session_follows_its_reason_and_goes_at_its_end(
+        tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel(["Paris.", "Rome.", "Lyon, then."])
+    app = create_app(Agent(model, providers=[History(store)]), keys=keys())
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        for session, question in (("s1", "A city?"), ("s2", "A capital?")):
+            await c.post("/v1/sessions", json={"id": session})
+            await c.post(f"/v1/sessions/{session}/runs", json={"input": question})
+        await page.goto(f"{base}/ui/?session=s1#key={KEYS['acme']}")
+        held = {route: (asyncio.Event(), asyncio.Event()) for route in ("rewind", "runs")}  # (reached, release)
+
+        def holding(name: str) -> Any:
+            async def hold(route: Any) -> None:  # the request waits here until the test releases it
+                reached, release = held[name]
+                reached.set()
+                await release.wait()
+                await route.continue_()
+            return hold
+
+        for name in held:
+            await page.route(f"**/{name}", holding(name))
+        chat, notice = page.locator("#chat-input"), page.locator("#chat-error")
+        said = "Not sent: {}. Your message stays here; send it once that ends."
+        try:
+            await page.locator("#transcript li.msg[data-seq='2'] button.regenerate").click()
+            async with asyncio.timeout(60):  # (a failure, not a hang, if the request never comes)
+                await held["rewind"][0].wait()
+            await page.locator("[data-session='s2']").click()
+            await page.locator("#transcript li.msg", has_text="Rome.").wait_for()
+            await chat.fill("And here?")
+            await chat.press("Enter")
+            assert await notice.inner_text() == said.format("a rewind, fork or regenerate is in progress")
+            held["rewind"][1].set()
+            async with asyncio.timeout(60):
+                await held["runs"][0].wait()  # (the page said its run streams before its request went)
+            assert await notice.inner_text() == said.format("a run streams in s1")  # the reason changed
+            held["runs"][1].set()
+            await page.locator("#transcript:not(.steering)").wait_for()  # (the action's end settles the notice)
+            assert await notice.inner_text() == ""
+            assert await chat.input_value() == "And here?"
+        finally:  # a failed check must not leave a request held
+            for _, release in held.values():
+                release.set()
+    assert await texts(store, "s1") == ["A city?", "Paris.", "Lyon, then."]
+    assert await texts(store, "s2") == ["A capital?", "Rome."]
     await store.close()

@@ -339,10 +339,11 @@ class SessionStore(abc.ABC):
 
         The store copies the stored rows as they are, without decoding them; the copies are numbered
         1, 2, 3 ... and keep their ids, and the write is fenced by `lease` (on `target`) as an append is.
-        Returns how many were copied, or None when the store offers no such copy or declines this one
-        (SQLite and PostgreSQL decline when a row does not read as JSON there, a damaged one say, and
-        write nothing): `contextpipe.rewind.fork` then copies page by page (`copy_pages`, the reference
-        each store's copy is tested against).
+        Returns how many were copied, or None when the store offers no such copy or declines this one,
+        copying nothing (SQLite and PostgreSQL decline when a row does not read as JSON there: a
+        damaged one, or one holding NaN or Infinity, which the codec writes but SQL's JSON does not):
+        `contextpipe.rewind.fork` then copies page by page (`copy_pages`, the reference each store's
+        copy is tested against).
         `skip` holds inclusive ``(first, last)`` ranges.
         """
         source_key, target_key = key_of(tenant, source), key_of(tenant, target)

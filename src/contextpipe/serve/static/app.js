@@ -192,18 +192,21 @@ function renderApprovals() {
 
 async function resume(pending, decision) {
   if (state.streaming || steering()) return;
+  const id = state.current;
   for (const button of $("pending").querySelectorAll("button")) button.disabled = true;
   const verb = decision.decision === "approve" ? "Approved" : "Rejected";
   const result = await streamRun("approvals", { decisions: { [pending.call_id]: decision }, stream: true, wait: 5 },
-                                 `${verb} ${pending.tool_name} (${pending.call_id})`);
-  if (result) showResult(result);
+                                 `${verb} ${pending.tool_name} (${pending.call_id})`, "decision", id);
+  if (result) showResult(result, id);
 }
 
-function showResult(result) {
+// Says how the run in session `id` ended, prefixed "In `id`:" when another session is shown by then.
+function showResult(result, id) {
   const waiting = result.pending_approvals.length;
-  $("run-result").textContent = result.stop_reason === "approval_required"
+  const said = result.stop_reason === "approval_required"
     ? `The run stopped again: ${waiting} call${waiting === 1 ? "" : "s"} await approval.`
     : `The run ${result.stop_reason === "completed" ? "completed" : `stopped (${result.stop_reason})`}: ${result.text}`;
+  $("run-result").textContent = state.current === id ? said : `In ${id}: ${said}`;
   $("run-result").hidden = false;
 }
 
@@ -223,7 +226,9 @@ function chatMode() {
   $("chat-send").disabled = elsewhere;
   $("chat-queue").hidden = !queueing;
   $("stop").textContent = elsewhere ? `Stop the run in ${state.streaming}` : "Stop";
-  if (waitReason() === null) clearNotice();
+  const why = waitReason();
+  if (why === null) clearNotice();
+  else if (showsNotice()) notSent(why);  // (its reason changed: Regenerate's rewind became its run, say)
 }
 
 // Why the chat sends nothing now, or null: a steering action before its run streams (e.g. Regenerate's rewind: no
@@ -242,10 +247,14 @@ function notSent(reason) {
   box.dataset.notice = box.textContent;
 }
 
-function clearNotice() {
+function showsNotice() {
   const box = $("chat-error");
-  if (box.dataset.notice !== undefined && box.textContent === box.dataset.notice) box.textContent = "";
-  delete box.dataset.notice;
+  return box.dataset.notice !== undefined && box.textContent === box.dataset.notice;
+}
+
+function clearNotice() {
+  if (showsNotice()) $("chat-error").textContent = "";
+  delete $("chat-error").dataset.notice;
 }
 
 // Streams a run (POST sessions/`id`/`route` with `body`), showing `shown` as its first line; returns its result.
@@ -254,12 +263,12 @@ function clearNotice() {
 async function streamRun(route, body, shown, badge = "decision", id = state.current) {
   let result = null;
   const fail = (text) => { $("chat-error").textContent = state.current === id ? text : `In ${id}: ${text}`; };
+  if (!showsNotice()) $("chat-error").textContent = "";  // (a notice stays while its reason does: chatMode says)
   state.streaming = id;
   markSteering();
   chatMode();
   $("live").hidden = false;
   $("stop").hidden = state.info.read_only;
-  $("chat-error").textContent = "";
   $("run-result").hidden = true;
   const list = state.current === id ? $("transcript") : el("ol");  // (a detached list: another session is shown)
   const role = badge === "input" ? "user" : "decision";
@@ -303,7 +312,7 @@ async function streamRun(route, body, shown, badge = "decision", id = state.curr
     }
   } catch (error) {
     const kind = error.body && error.body.error ? error.body.error.type : null;
-    fail(kind === "SessionBusy" ? "This session is busy with another run; try again in a moment." : `Could not run: ${error.message}`);
+    fail(kind === "SessionBusy" ? "The session is busy with another run; try again in a moment." : `Could not run: ${error.message}`);
   } finally {
     state.streaming = null;
     markSteering();

@@ -33,13 +33,15 @@ function act(what, action) {
   return async (event) => {
     event.stopPropagation();
     if (busy || state.streaming) return;
+    const session = state.current;  // (named in an error shown while another session is)
     busy = true;
     markSteering();
     $("session-error").textContent = "";
     try {
       await action();
     } catch (error) {
-      $("session-error").textContent = `Could not ${what}: ${error.message}`;  // the server's own message
+      const said = `Could not ${what}: ${error.message}`;  // the server's own message
+      $("session-error").textContent = state.current === session ? said : `In ${session}: ${said}`;
     } finally {
       busy = false;
       markSteering();
