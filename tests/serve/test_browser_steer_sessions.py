@@ -17,7 +17,8 @@ from contextpipe.providers import History
 from contextpipe.rewind import is_marker
 from contextpipe.serve import create_app
 from contextpipe.stores import SQLiteStore
-from contextpipe.testing import ScriptedModel
+from contextpipe.testing import ScriptedModel, tool_call
+from helpers import PAID, pay
 
 from .conftest import KEYS, GateModel, auth, keys, make_app, serving
 from .test_browser_views import browser_page
@@ -193,4 +194,57 @@ async def test_a_notice_during_a_regenerate_in_another_session_follows_its_reaso
                 release.set()
     assert await texts(store, "s1") == ["A city?", "Paris.", "Lyon, then."]
     assert await texts(store, "s2") == ["A capital?", "Rome."]
+    await store.close()
+
+
+async def test_a_result_or_refusal_that_answers_once_another_session_is_shown_names_its_own(tmp_path: Path) -> None:
+    PAID.clear()
+    store = SQLiteStore(tmp_path / "ui.db")
+    model = ScriptedModel([tool_call("pay", invoice="INV-7", amount=120), "Noted.", "Paid INV-7."])
+    app = create_app(Agent(model, tools=[pay], providers=[History(store)]), keys=keys())
+    async with serving(app) as base, browser_page() as page, httpx.AsyncClient(base_url=base, headers=auth()) as c:
+        for session, text in (("alice", "Pay INV-7."), ("bob", "Hello.")):
+            await c.post("/v1/sessions", json={"id": session})
+            await c.post(f"/v1/sessions/{session}/runs", json={"input": text})
+        reached, release = asyncio.Event(), asyncio.Event()
+        refuse = False
+
+        async def hold(route: Any) -> None:  # a POST waits here until the page shows another session
+            if route.request.method != "POST":  # (the page's own reads of the session go on)
+                await route.continue_()
+                return
+            reached.set()
+            await release.wait()
+            if refuse:
+                await route.fulfill(status=409, json={"error": {"type": "BadSequence", "message": "moved on"}})
+            else:
+                await route.continue_()
+
+        async def answered_elsewhere(click: Any, other: str) -> None:
+            reached.clear()
+            release.clear()
+            await click()
+            async with asyncio.timeout(60):  # (a failure, not a hang, if the request never comes)
+                await reached.wait()
+            await page.locator(f"[data-session='{other}']").click()
+            await page.locator("#session-title", has_text=other).wait_for()
+            release.set()
+
+        await page.route("**/approvals", hold)
+        await page.route("**/rewind", hold)
+        try:
+            await page.goto(f"{base}/ui/?session=alice#key={KEYS['acme']}")
+            approve = page.locator("#pending li[data-call-id='call_1'] button.approve")
+            await answered_elsewhere(approve.click, "bob")
+            await page.locator("#run-result", has_text="In alice: The run completed: Paid INV-7.").wait_for()
+            rewind = page.locator("#transcript li.msg[data-seq='1'] button.rewind")
+            await answered_elsewhere(rewind.click, "alice")
+            await page.locator("#run-result", has_text="In bob: Rewound: the messages after #1").wait_for()
+            refuse = True
+            await answered_elsewhere(rewind.click, "bob")  # (alice's first message: its rewind is refused)
+            await page.locator("#session-error", has_text="In alice: Could not rewind: moved on").wait_for()
+        finally:  # a failed check must not leave a request held
+            release.set()
+    assert PAID == ["INV-7"]
+    assert await texts(store, "bob") == ["Hello.", "Noted."]  # (its rewind leaves them stored)
     await store.close()

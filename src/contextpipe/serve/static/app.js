@@ -231,8 +231,8 @@ function chatMode() {
   else if (showsNotice()) notSent(why);  // (its reason changed: Regenerate's rewind became its run, say)
 }
 
-// Why the chat sends nothing now, or null: a steering action before its run streams (e.g. Regenerate's rewind: no
-// run of the chat's own meanwhile), or a run streaming in another session.
+// Why the chat sends nothing now, or null: a steering action while no run of it streams (e.g. Regenerate's rewind:
+// no run of the chat's own meanwhile), or a run streaming in another session.
 function waitReason() {
   if (steering() && !state.streaming) return "a rewind, fork or regenerate is in progress";
   if (state.streaming && state.streaming !== state.current) return `a run streams in ${state.streaming}`;
@@ -362,10 +362,11 @@ async function deleteSession() {
 }
 
 async function stopRun() {
+  const id = state.streaming || state.current;  // the run streaming
   $("stop").disabled = true;
   try {
-    await api(`${sessionPath(state.streaming || state.current)}/cancel`, { method: "POST" });  // the run streaming
-    $("run-result").textContent = "Stopping the run…";
+    await api(`${sessionPath(id)}/cancel`, { method: "POST" });
+    $("run-result").textContent = state.current === id ? "Stopping the run…" : `Stopping the run in ${id}…`;
     $("run-result").hidden = false;
   } finally {
     $("stop").disabled = false;
@@ -429,6 +430,10 @@ $("chat").addEventListener("submit", (event) => {
   // (only the enqueue's failure puts the text back: a refresh failing after the server took it must not invite a resend)
   enqueue(session, text, $("chat-queue").value).then((queued) => queued || state.current !== session || refreshSession(),
     (error) => {
+      if (state.current !== session) {  // (the box now sends to the session shown: the text is said, not put back)
+        $("chat-error").textContent = `In ${session}: Could not queue “${text}”: ${error.message}`;
+        return;
+      }
       $("chat-error").textContent = `Could not queue: ${error.message}`;
       if (!$("chat-input").value) $("chat-input").value = text;  // the text is not lost: send it again
     });

@@ -12,8 +12,9 @@ let hooks = { run: async () => null, open: async () => {}, refresh: async () => 
  */
 export function whenSteering(given) { hooks = given; }
 
-function say(text) {
-  $("run-result").textContent = text;
+// Says `text` of `session`, prefixed "In `session`:" when another one is shown by then.
+function say(text, session = state.current) {
+  $("run-result").textContent = state.current === session ? text : `In ${session}: ${text}`;
   $("run-result").hidden = false;
 }
 
@@ -51,9 +52,10 @@ function act(what, action) {
 }
 
 async function rewindTo(seq) {
-  const kept = await api(`${sessionPath(state.current)}/rewind`, { method: "POST", body: { to: seq } });
-  await hooks.refresh();
-  say(`Rewound: the messages after #${kept.to} are left out of what the model sees (they stay stored).`);
+  const session = state.current;
+  const kept = await api(`${sessionPath(session)}/rewind`, { method: "POST", body: { to: seq } });
+  if (state.current === session) await hooks.refresh();
+  say(`Rewound: the messages after #${kept.to} are left out of what the model sees (they stay stored).`, session);
 }
 
 async function forkAt(seq) {
