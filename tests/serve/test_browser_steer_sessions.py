@@ -1,7 +1,8 @@
 """Steering in the inspector across sessions, in a real browser (headless Chromium, driven by Playwright): a
 Regenerate's run goes to its own session whatever the page shows meanwhile, the queue box shows what other
 clients queue, and while a run streams in another session than the one shown, Stop names it, its errors say
-its session and the chat says why it sends nothing until the reason ends."""
+its session and the chat says why it sends nothing until the reason ends, and a result or refusal answered once
+another session is shown names its own."""
 
 from __future__ import annotations
 

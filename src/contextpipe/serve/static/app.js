@@ -368,6 +368,8 @@ async function stopRun() {
     await api(`${sessionPath(id)}/cancel`, { method: "POST" });
     $("run-result").textContent = state.current === id ? "Stopping the run…" : `Stopping the run in ${id}…`;
     $("run-result").hidden = false;
+  } catch (error) {
+    $("session-error").textContent = state.current === id ? error.message : `In ${id}: ${error.message}`;
   } finally {
     $("stop").disabled = false;
   }

@@ -63,7 +63,7 @@ async function forkAt(seq) {
   const forked = await api(`${sessionPath(from)}/fork`, { method: "POST", body: { at: seq } });
   await hooks.sessions();
   await hooks.open(forked.id);
-  say(`Forked from ${from}.`);  // the server may move the point back to before a tool exchange
+  say(`Forked from ${from}.`, forked.id);  // the server may move the point back to before a tool exchange
 }
 
 async function regenerate(reply, userSeq) {
