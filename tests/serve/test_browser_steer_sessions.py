@@ -1,8 +1,8 @@
 """Steering in the inspector across sessions, in a real browser (headless Chromium, driven by Playwright): a
 Regenerate's run goes to its own session whatever the page shows meanwhile, the queue box shows what other
 clients queue, and while a run streams in another session than the one shown, Stop names it, its errors say
-its session and the chat says why it sends nothing until the reason ends, and a result or refusal answered once
-another session is shown names its own."""
+its session and the chat says why it sends nothing until the reason ends. A result or refusal answered once
+another session is shown names its session."""
 
 from __future__ import annotations
 
@@ -136,6 +136,11 @@ async def test_while_a_run_streams_in_another_session_stop_names_it_and_the_chat
                 assert await notice.inner_text() == ("Not sent: a run streams in s1. Your message stays here; "
                                                      "send it once that ends.")
                 assert await chat.input_value() == "And here?"
+                if failing:  # a refused Stop says whose run it was
+                    await page.route("**/cancel", lambda route: route.fulfill(status=404, json={
+                        "error": {"type": "NoRunInFlight", "message": "no run in flight"}}))
+                    await stop.click()
+                    await page.locator("#session-error", has_text="In s1: no run in flight").wait_for()
             finally:  # a failed check must not leave the run held
                 model.release.set()
             await stop.wait_for(state="hidden")  # (hidden in the same step that settles the chat's notice)
