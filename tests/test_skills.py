@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contextpipe import Agent, UsageError
+from contextpipe.messages import DataPart
 from contextpipe.models import ModelRequest
 from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills, name_problem
 from contextpipe.testing import ScriptedModel, tool_call
@@ -153,11 +154,20 @@ async def test_binary_resources_are_listed_as_what_they_are(collection: Path) ->
     skills = Skills(collection)
     listing = (await invoke(skills, "load_skill", name="canvas-design")).result
     assert "- canvas-fonts/WorkSans-Regular.ttf (font/ttf, 588 B; binary, not readable as text)" in listing
-    assert "- assets/sample.pdf (application/pdf, 148 B; binary, not readable as text)" in listing
+    assert "- assets/sample.pdf (application/pdf, 148 B; read_skill_resource attaches it)" in listing
     assert "- assets/palettes.json.gz (application/gzip, " in listing
     assert "- assets/notes.md (text, 23 B)" in listing and "- canvas-fonts/OFL.txt (text, " in listing
     pdf = await invoke(skills, "read_skill_resource", skill="canvas-design", path="assets/sample.pdf")
-    assert pdf.is_error and "binary file (application/pdf, 148 B)" in pdf.result
+    data = (collection / "canvas-design" / "assets" / "sample.pdf").read_bytes()
+    assert not pdf.is_error and pdf.parts == (DataPart(data, "application/pdf"),)
+    assert pdf.result == "[file 'assets/sample.pdf': application/pdf, 148 bytes, attached]"
+    font = await invoke(skills, "read_skill_resource", skill="canvas-design", path="canvas-fonts/WorkSans-Regular.ttf")
+    assert font.is_error and "binary file (font/ttf, 588 B), not text nor an image or a PDF" in font.result
+    small = Skills(collection, max_media_bytes=100)
+    assert "- assets/sample.pdf (application/pdf, 148 B; over the 100 B limit for files)" in (
+        await invoke(small, "load_skill", name="canvas-design")).result
+    too_big = await invoke(small, "read_skill_resource", skill="canvas-design", path="assets/sample.pdf")
+    assert too_big.is_error and too_big.parts == () and "over the 100 B limit" in too_big.result
     notes = await invoke(skills, "read_skill_resource", skill="canvas-design", path="assets/notes.md")
     assert notes.result == "Keep margins generous.\n"
 

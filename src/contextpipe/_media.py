@@ -29,8 +29,8 @@ from typing import Final, TypeAlias
 
 from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriPart
 
-__all__ = ["UNKNOWN_IMAGE_TOKENS", "Media", "describe", "image_size", "image_tokens", "left_out_note", "media_tokens",
-           "only_readable", "with_left_out"]
+__all__ = ["ATTACHABLE", "MAX_MEDIA_BYTES", "UNKNOWN_IMAGE_TOKENS", "Media", "attachment_note", "describe",
+           "image_size", "image_tokens", "left_out_note", "media_tokens", "only_readable", "sniff", "with_left_out"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -40,6 +40,69 @@ UNKNOWN_IMAGE_TOKENS: Final = 1600
 AUDIO_TOKENS_PER_SECOND: Final = 10
 PDF_TOKENS_PER_PAGE: Final = 2000
 _PDF_PAGE: Final = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
+ATTACHABLE: Final = ("image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf")
+"""What a skill's file, a tool's bytes or an artifact is sent to a model as (a media part), not as text:
+the images and the file type every vendor client here takes in a tool result."""
+MAX_MEDIA_BYTES: Final = 3_750_000
+"""The default bound on one attached file: the largest image Claude takes (5 MiB once base64-encoded)."""
+
+
+def sniff(data: bytes) -> str | None:
+    """Return the media type in `ATTACHABLE` that `data` starts like (its magic bytes), or None.
+
+    >>> sniff(b"%PDF-1.7 ..."), sniff(b"GIF89a..."), sniff(b"plain text")
+    ('application/pdf', 'image/gif', None)
+    """
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data.startswith(b"%PDF-"):
+        return "application/pdf"
+    return None
+
+
+def returned(value: bytes | bytearray | memoryview | DataPart | UriPart) -> tuple[str, tuple[DataPart | UriPart, ...]]:
+    """Return the text and the parts of a tool result that is bytes or a media part, byte for byte.
+
+    Bytes that start like an image or a PDF (`sniff`) are that media; other UTF-8 bytes (no NUL) are
+    text; the rest are an ``application/octet-stream`` part, which no model reads but the session
+    (or an artifact) keeps exactly.
+
+    >>> text, parts = returned(b"%PDF-1.7 ...")
+    >>> print(text, parts[0].media_type)
+    [the tool's result: application/pdf, 12 bytes, attached] application/pdf
+    >>> returned(b"plain text")
+    ('plain text', ())
+    """
+    if isinstance(value, UriPart):
+        return f"[the tool's result: {value.media_type} at {value.uri}, attached]", (value,)
+    if isinstance(value, DataPart):
+        return attachment_note("the tool's result", value), (value,)
+    data = bytes(value)
+    media_type = sniff(data)
+    if media_type is None and b"\0" not in data:
+        try:
+            return data.decode("utf-8"), ()
+        except UnicodeDecodeError:
+            pass
+    part = DataPart(data, media_type or "application/octet-stream")
+    if media_type is None:
+        return f"[the tool's result: {len(data):,} bytes of application/octet-stream, not text]", (part,)
+    return attachment_note("the tool's result", part), (part,)
+
+
+def attachment_note(what: str, part: DataPart) -> str:
+    """Return the text of a result that attaches `part`: what, its type and size (whether the model reads it or not).
+
+    >>> attachment_note("file 'logo.png'", DataPart(b"12345", "image/png"))
+    "[file 'logo.png': image/png, 5 bytes, attached]"
+    """
+    return f"[{what}: {part.media_type}, {len(part.data):,} bytes, attached]"
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:

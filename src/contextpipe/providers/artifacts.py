@@ -24,9 +24,16 @@ stored message, goes with the session). Spilling sees the result as the tool mid
 registered before it returned it (the first provider's middleware is outermost): register
 `Artifacts` first to spill what the model would otherwise have been sent.
 
-Not yet: images and files a tool returns (``ToolOutcome.parts``) are passed on as they are, and
-compaction, traces and the inspector do not know artifacts (a spilled result is an ordinary message
-to them).
+Images and files a tool returns (``ToolOutcome.parts``, bytes) stay in its result, and so in the
+log and in every later request that holds the result, up to `max_media_bytes` each; a bigger one,
+or bytes no model reads (``application/octet-stream``), is stored as an artifact instead and named
+in the result's text. ``read_artifact`` on an image or a PDF (PNG, JPEG, GIF, WebP; by its media
+type, or its first bytes for ``application/octet-stream``) attaches it whole, up to
+`max_media_bytes`, for the model client to send as a media part (or name as left out, for a model
+that does not take it).
+
+Not yet: compaction, traces and the inspector do not know artifacts (a spilled result is an
+ordinary message to them).
 """
 
 from __future__ import annotations
@@ -37,14 +44,18 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
+from .._media import ATTACHABLE, MAX_MEDIA_BYTES, attachment_note, describe, sniff
 from ..errors import UsageError
+from ..messages import DataPart
 from ..session import SessionKey
 from ..stores._artifacts import MAX_ARTIFACT_BYTES
 from ..tools import Tool, ToolOutcome  # the reader's hints are resolved at run time; every run offers it
 from .base import ContextProvider
 
 if TYPE_CHECKING:
+    from ..messages import UriPart
     from ..pipeline import RunContext
+    from ..stores._artifacts import Artifact
     from ..stores.base import Lease, SessionStore
     from ..tools import CallTool, ToolInvocation
 
@@ -63,13 +74,15 @@ class Artifacts(ContextProvider):
 
     `store` is where the artifacts are kept: the agent's store, so they go with its sessions (erased,
     expired, forgotten). The model sees the first `head` and the last `tail` characters of a spilled
-    result; ``read_artifact`` returns at most `max_read` bytes a call.
+    result; ``read_artifact`` returns at most `max_read` bytes of text a call, and attaches an image
+    or a PDF of at most `max_media_bytes` whole (a result's file bigger than that is spilled).
     """
 
     kind = "tools"
 
     def __init__(self, store: SessionStore, *, limit: int = 20_000, head: int = 2_000, tail: int = 2_000,
-                 max_read: int = 10_000, source_id: str = "artifacts") -> None:
+                 max_read: int = 10_000, max_media_bytes: int = MAX_MEDIA_BYTES,
+                 source_id: str = "artifacts") -> None:
         super().__init__(source_id)
         if head < 0 or tail < 0 or limit < head + tail or max_read < 1:
             raise UsageError(f"Artifacts needs head >= 0, tail >= 0, limit >= head + tail and max_read >= 1, got "
@@ -83,7 +96,9 @@ class Artifacts(ContextProvider):
         self.tail = tail
         """Characters of a spilled result's end the model sees."""
         self.max_read = max_read
-        """Bytes one ``read_artifact`` call returns at most."""
+        """Bytes of text one ``read_artifact`` call returns at most."""
+        self.max_media_bytes = max_media_bytes
+        """Bytes of one image or file a result keeps (a bigger one is spilled) and ``read_artifact`` attaches."""
 
     async def before_run(self, ctx: RunContext) -> None:
         """With a session: add the spilling tool middleware and the ``read_artifact`` tool."""
@@ -105,8 +120,10 @@ class _Run:
     async def spill(self, call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
         text = outcome.result
-        if call.name == READ_TOOL:  # a read is bounded by max_read
+        if call.name == READ_TOOL:  # a read is bounded by max_read and max_media_bytes
             return outcome
+        if outcome.parts:
+            outcome = await self._spill_parts(call, outcome)
         data, bad = _bytes_of(text), len(_SURROGATE.findall(text))  # bad: the bytes that are not UTF-8
         if bad and (b"\0" in data or bad * 10 > len(data)):  # looks binary: stored whole whatever its size
             return await self._binary(call, outcome, data)
@@ -115,6 +132,27 @@ class _Run:
         if len(data) > MAX_ARTIFACT_BYTES:  # the preview, as an error: not a run failed and the result lost
             return replace(outcome, result=self._preview(text, len(data), None, bad), is_error=True)
         return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT), bad))
+
+    async def _spill_parts(self, call: ToolInvocation, outcome: ToolOutcome) -> ToolOutcome:
+        """Store each file of `outcome` over `max_media_bytes` (or no model reads) as an artifact, named instead."""
+        kept: list[DataPart | UriPart] = []
+        notes: list[str] = []
+        most = self.artifacts.max_media_bytes
+        for part in outcome.parts:
+            if not isinstance(part, DataPart) or (len(part.data) <= most and part.media_type != BINARY):
+                kept.append(part)
+            elif len(part.data) > MAX_ARTIFACT_BYTES:
+                notes.append(f"[{describe(part)}: {_over()}; nothing is stored and it is not attached]")
+            else:
+                media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
+                handle = await self._put(call, part.data, media_type)
+                why = ("it is not text, nor an image or a PDF" if part.media_type == BINARY else
+                       f"it is over the {most:,}-byte limit for attached files")
+                notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
+        if not notes:
+            return outcome
+        return replace(outcome, result="\n".join([outcome.result, *notes] if outcome.result else notes),
+                       parts=tuple(kept))
 
     async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
         if len(data) > MAX_ARTIFACT_BYTES:
@@ -155,6 +193,8 @@ class _Run:
     async def read_artifact(self, handle: str, offset: int = 0, length: int = 4_000) -> ToolOutcome:
         """Read part of a stored artifact (a tool result too long to show whole), by byte range.
 
+        An image or a PDF comes back whole, attached (the range is not used).
+
         Args:
             handle: The artifact's handle, as the spilled tool result gave it.
             offset: The first byte to read (0 is the start).
@@ -168,8 +208,7 @@ class _Run:
             return ToolOutcome(f"Error: this session has no artifact {handle!r}; use the handle a spilled tool "
                                "result gave.", is_error=True)
         if not found.media_type.startswith("text/"):
-            return ToolOutcome(f"Error: artifact {handle!r} is binary ({found.media_type}, {found.size:,} bytes), "
-                               f"not text: {READ_TOOL} returns text only, so it cannot be shown here.", is_error=True)
+            return await self._attach(handle, found)
         if offset < 0 or offset >= max(found.size, 1) or length < 1:
             return ToolOutcome(f"Error: artifact {handle!r} has {found.size:,} bytes; give an offset from 0 to "
                                f"{max(found.size - 1, 0):,} and a length of at least 1.", is_error=True)
@@ -178,6 +217,24 @@ class _Run:
         more = f"; {found.size - end:,} more after it" if end < found.size else "; the end"
         text = _SURROGATE.sub("\N{REPLACEMENT CHARACTER}", text)  # bytes that are not UTF-8 text
         return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
+
+    async def _attach(self, handle: str, found: Artifact) -> ToolOutcome:
+        """Return an image or PDF artifact whole, as a media part; an error for other binary or a bigger one."""
+        from ..artifacts import read_artifact
+
+        store, key, most = self.artifacts.store, self.key, self.artifacts.max_media_bytes
+        media_type = found.media_type.split(";", 1)[0].strip().lower()
+        if media_type == BINARY:  # a result stored as bytes of no known type: what do they start like?
+            media_type = sniff(await read_artifact(store, key.tenant, key.id, handle, length=16) or b"") or BINARY
+        if media_type not in ATTACHABLE:
+            return ToolOutcome(f"Error: artifact {handle!r} is binary ({found.media_type}, {found.size:,} bytes), "
+                               f"neither text nor an image or a PDF: {READ_TOOL} cannot show it.", is_error=True)
+        if found.size > most:
+            return ToolOutcome(f"Error: artifact {handle!r} ({media_type}, {found.size:,} bytes) is over the {most:,}-"
+                               "byte limit for attached files, so it cannot be attached.", is_error=True)
+        data = await read_artifact(store, key.tenant, key.id, handle, length=max(found.size, 1))
+        part = DataPart(data or b"", media_type)
+        return ToolOutcome(attachment_note(f"artifact {handle!r}", part), parts=(part,))
 
 
 def _over() -> str:
@@ -199,6 +256,7 @@ def _handle(call_id: str, data: bytes) -> str:
 
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
+_MEDIA_TYPE: Final = re.compile(r"(?=.*/)[ -~]{1,200}")  # a media type an artifact may have (`check_artifact`)
 
 
 def _bytes_of(text: str) -> bytes:
