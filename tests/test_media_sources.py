@@ -1,0 +1,229 @@
+"""Images and PDFs from a tool's bytes, a skill's file and an artifact reach the model as media parts.
+
+Each runs through `Agent.run` with each official SDK against its local fake server (which checks what
+the real API checks): the request carries the file's exact bytes where the API takes them, a model
+that does not take them gets the text and a note naming what was left out, the trace counts them,
+and the stored session keeps them for a later run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contextpipe import Agent, tool
+from contextpipe.artifacts import put_artifact, read_artifact
+from contextpipe.messages import DataPart, FunctionResult, UriPart
+from contextpipe.models import ChatModel
+from contextpipe.models.anthropic import AnthropicChatModel
+from contextpipe.models.openai import OpenAIChatModel
+from contextpipe.models.openai_responses import OpenAIResponsesModel
+from contextpipe.providers import Artifacts, History, Skills
+from contextpipe.stores import MemoryStore, SQLiteStore
+from contextpipe.testing import (
+    AnthropicReply,
+    FakeAnthropicServer,
+    FakeOpenAIServer,
+    FakeReply,
+    ScriptedModel,
+    tool_call,
+)
+from contextpipe.testing.wire import assert_chat_request, assert_messages_request, assert_responses_request
+from contextpipe.trace import PromptTrace
+from test_tool_media import png
+
+PDF = (b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n2 0 obj << /Type /Pages /Kids [3 0 R] /Count 1 >>"
+       b" endobj\n3 0 obj << /Type /Page /Parent 2 0 R >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n")
+PNG = png(4, 3)
+
+
+class Client:
+    """One official SDK's client against its fake server."""
+
+    def __init__(self, kind: str, fake: FakeOpenAIServer, model: ChatModel) -> None:
+        self.kind, self.fake, self.model = kind, fake, model
+
+    def call_then_answer(self, name: str, **arguments: Any) -> None:
+        reply: Any = AnthropicReply if self.kind == "anthropic" else FakeReply
+        self.fake.enqueue(reply(tool_calls=((name, json.dumps(arguments)),)), reply("Here it is."))
+
+    def check(self, body: dict[str, Any]) -> None:
+        {"chat": assert_chat_request, "responses": assert_responses_request,
+         "anthropic": assert_messages_request}[self.kind](body)
+
+
+@pytest.fixture(params=["chat", "responses", "anthropic"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    kind = request.param
+    fake: FakeOpenAIServer = FakeAnthropicServer() if kind == "anthropic" else FakeOpenAIServer()
+    with fake:
+        model: Any = {"anthropic": AnthropicChatModel, "responses": OpenAIResponsesModel, "chat": OpenAIChatModel}[kind]
+        async with model("model-test", base_url=fake.base_url, api_key="k", max_retries=0) as opened:
+            yield Client(kind, fake, opened)
+
+
+def decoded(url: str) -> tuple[str, bytes]:
+    head, data = url.split(",", 1)
+    return head.removeprefix("data:").removesuffix(";base64"), base64.b64decode(data)
+
+
+def attachments(kind: str, body: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """Every image or file a request carries, as (media type, bytes), wherever its API puts a tool's media."""
+    found: list[tuple[str, bytes]] = []
+    if kind == "anthropic":
+        for message in body["messages"]:
+            for block in message["content"] if isinstance(message["content"], list) else ():
+                content = block.get("content") if block["type"] == "tool_result" else None
+                for item in content if isinstance(content, list) else ():
+                    if item["type"] in ("image", "document"):
+                        found.append((item["source"]["media_type"], base64.b64decode(item["source"]["data"])))
+    elif kind == "responses":
+        for item in body["input"]:
+            for out in item["output"] if item.get("type") == "function_call_output" and isinstance(
+                    item["output"], list) else ():
+                if out["type"] in ("input_image", "input_file"):
+                    found.append(decoded(out.get("image_url") or out["file_data"]))
+    else:  # chat completions: a user message after the tool messages (which take text only)
+        for message in body["messages"]:
+            content = message["content"]
+            for part in content if message["role"] == "user" and isinstance(content, list) else ():
+                if part["type"] == "image_url":
+                    found.append(decoded(part["image_url"]["url"]))
+                elif part["type"] == "file":
+                    found.append(decoded(part["file"]["file_data"]))
+    return found
+
+
+async def test_a_tool_returning_bytes_sends_them_and_a_later_run_sends_them_again(client: Client,
+                                                                                    tmp_path: Path) -> None:
+    @tool
+    def brochure() -> bytes:
+        """Return the brochure, a PDF."""
+        return PDF
+
+    client.call_then_answer("brochure")
+    store = SQLiteStore(tmp_path / "media.db")
+    agent = Agent(client.model, tools=[brochure], providers=[History(store)])
+    session = await agent.session("s")
+    result = await agent.run("Show me the brochure.", session=session)
+    second = client.fake.requests[1]
+    client.check(second)
+    assert attachments(client.kind, second) == [("application/pdf", PDF)]
+    assert media_counted(result.traces[1])  # a PDF of one page: 2,000 tokens, not its text's 15
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    assert stored.parts == (DataPart(PDF, "application/pdf"),)
+    assert stored.result == f"[the tool's result: application/pdf, {len(PDF)} bytes, attached]"
+    client.fake.enqueue(AnthropicReply("Again.") if client.kind == "anthropic" else FakeReply("Again."))
+    await agent.run("Once more?", session=session)  # the history holds the PDF: it is sent again
+    assert attachments(client.kind, client.fake.requests[2]) == [("application/pdf", PDF)]
+    await store.close()
+
+
+async def test_a_skill_pdf_is_given_to_the_model(client: Client, tmp_path: Path) -> None:
+    folder = tmp_path / "skills" / "theme-factory"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: theme-factory\ndescription: Themes for slides.\n---\n"
+                                     "Display `theme-showcase.pdf` to the user first.\n")
+    (folder / "theme-showcase.pdf").write_bytes(PDF)
+    client.call_then_answer("read_skill_resource", skill="theme-factory", path="theme-showcase.pdf")
+    await Agent(client.model, providers=[Skills(tmp_path / "skills")]).run("Which themes are there?")
+    second = client.fake.requests[1]
+    client.check(second)
+    assert attachments(client.kind, second) == [("application/pdf", PDF)]
+
+
+async def test_an_artifact_image_is_given_to_the_model(client: Client) -> None:
+    store = MemoryStore()
+    agent = Agent(client.model, store=store, providers=[Artifacts(store)])
+    session = await agent.session("s")
+    await put_artifact(store, "default", "s", "floor-plan", PNG, "image/png")
+    client.call_then_answer("read_artifact", handle="floor-plan")
+    result = await agent.run("What does the floor plan show?", session=session)
+    second = client.fake.requests[1]
+    client.check(second)
+    assert attachments(client.kind, second) == [("image/png", PNG)]
+    assert media_counted(result.traces[1])  # an image of 4 x 3 pixels: 255 tokens
+
+
+async def test_a_model_that_does_not_take_the_media_gets_the_text_and_a_note(client: Client) -> None:
+    @tool
+    def floor_plan() -> bytes:
+        """Return the floor plan, an image."""
+        return PNG
+
+    client.model.media_types = ("application/pdf",)  # type: ignore[attr-defined]  # reads PDFs, not images
+    client.call_then_answer("floor_plan")
+    result = await Agent(client.model, tools=[floor_plan]).run("Show me the floor plan.")
+    second = client.fake.requests[1]
+    client.check(second)
+    assert attachments(client.kind, second) == []
+    note = (f"[the tool's result: image/png, {len(PNG)} bytes, attached]\n[left out of this result: image/png "
+            f"({len(PNG)} bytes); model 'model-test' cannot take this content here]")
+    assert json.dumps(note)[1:-1] in json.dumps(second)
+    assert any(n.startswith("left out of tool result") for n in result.traces[1].notes)
+
+
+async def test_artifacts_keep_a_file_too_big_to_attach_out_of_the_log() -> None:
+    big = PDF + b"%" + b"x" * 5_000
+
+    @tool
+    def report() -> bytes:
+        """Return the report."""
+        return big
+
+    @tool
+    def dump() -> bytes:
+        """Return a core dump."""
+        return b"\x7fELF\x00" + bytes(100)
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("report"), tool_call("dump"), lambda r: tool_call("read_artifact", handle=_h(r)),
+                           "done"])
+    agent = Agent(model, store=store, tools=[report, dump], providers=[Artifacts(store, max_media_bytes=1_000)])
+    await agent.run("go", session=await agent.session("s"))
+    report_result, dump_result = _results(model.requests[2])
+    assert report_result.parts == () and dump_result.parts == ()  # neither is in the log, nor sent again
+    assert f"application/pdf ({len(big)} bytes) is stored as artifact " in report_result.result
+    assert "over the 1,000-byte limit for attached files" in report_result.result
+    assert "application/octet-stream (105 bytes) is stored as artifact" in dump_result.result
+    assert await read_artifact(store, "default", "s", _h(model.requests[1]), length=len(big)) == big  # exactly
+    read = _results(model.requests[3])[-1]
+    assert read.is_error and read.parts == () and "over the 1,000-byte limit for attached files" in read.result
+
+
+def media_counted(trace: PromptTrace) -> bool:
+    """Whether the tool result's media dominate the call's tokens (the trace scales estimates by the usage reported)."""
+    [result] = [m for m in trace.messages if m.role == "tool"]
+    return result.tokens * 2 > trace.total_tokens
+
+
+def _results(request: Any) -> list[FunctionResult]:
+    return [r for m in request.messages for r in m.function_results]
+
+
+def _h(request: Any) -> str:
+    return str(_results(request)[0].result.split("stored as artifact '", 1)[1].split("'", 1)[0])
+
+
+@given(st.binary(max_size=64) | st.sampled_from([PDF, PNG, b"GIF89a\x01\x00\x01\x00", b"\xff\xd8\xff\xe0"]))
+def test_bytes_a_tool_returns_are_kept_exactly(data: bytes) -> None:
+    import asyncio
+
+    @tool
+    def raw() -> bytes:
+        """Return bytes."""
+        return data
+
+    outcome = asyncio.run(raw.invoke("{}"))
+    if outcome.parts:
+        [part] = outcome.parts
+        assert isinstance(part, DataPart) and part.data == data and not isinstance(part, UriPart)
+    else:
+        assert outcome.result.encode() == data
