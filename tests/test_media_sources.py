@@ -37,11 +37,11 @@ from contextpipe.testing import (
 )
 from contextpipe.testing.wire import assert_chat_request, assert_messages_request, assert_responses_request
 from contextpipe.trace import PromptTrace
-from test_tool_media import png
 
 PDF = (b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n2 0 obj << /Type /Pages /Kids [3 0 R] /Count 1 >>"
        b" endobj\n3 0 obj << /Type /Page /Parent 2 0 R >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n")
-PNG = png(4, 3)
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5Er"
+                       "kJggg==")  # 1 x 1 pixel
 
 
 class Client:
@@ -149,7 +149,7 @@ async def test_an_artifact_image_is_given_to_the_model(client: Client) -> None:
     second = client.fake.requests[1]
     client.check(second)
     assert attachments(client.kind, second) == [("image/png", PNG)]
-    assert media_counted(result.traces[1])  # an image of 4 x 3 pixels: 255 tokens
+    assert media_counted(result.traces[1])  # an image of 1 x 1 pixel: 255 tokens
 
 
 async def test_a_model_that_does_not_take_the_media_gets_the_text_and_a_note(client: Client) -> None:
