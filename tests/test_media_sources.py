@@ -171,7 +171,7 @@ async def test_a_model_that_does_not_take_the_media_gets_the_text_and_a_note(cli
 
 
 async def test_artifacts_keep_a_file_too_big_to_attach_out_of_the_log() -> None:
-    big = PDF + b"%" + b"x" * 5_000
+    big = PDF.replace(b"trailer", b"%" + b"x" * 5_000 + b"\ntrailer")
 
     @tool
     def report() -> bytes:
@@ -227,3 +227,44 @@ def test_bytes_a_tool_returns_are_kept_exactly(data: bytes) -> None:
         assert isinstance(part, DataPart) and part.data == data and not isinstance(part, UriPart)
     else:
         assert outcome.result.encode() == data
+
+
+TEXT_LIKE_MEDIA = [b"GIF89a is the format of the old banner; keep it;", b"%PDF-1.7 is the version we write.",
+                   b"RIFF....WEBP is a container", b"GIF87a: the first GIF, 1987."]
+
+
+@pytest.mark.parametrize("data", TEXT_LIKE_MEDIA)
+async def test_text_that_starts_like_a_gif_or_a_pdf_stays_text(data: bytes, tmp_path: Path) -> None:
+    @tool
+    def notes() -> bytes:
+        """Return the notes."""
+        return data
+
+    @tool
+    def notes_str() -> str:
+        """Return the notes as text."""
+        return data.decode()
+
+    assert (await notes.invoke("{}")).parts == () and (await notes.invoke("{}")).result == data.decode()
+    assert (await notes_str.invoke("{}")).result == data.decode()
+    folder = tmp_path / "skills" / "notes"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: notes\ndescription: Notes.\n---\nRead notes.txt.\n")
+    (folder / "notes.txt").write_bytes(data)
+    model = ScriptedModel([tool_call("load_skill", name="notes"),
+                           tool_call("read_skill_resource", skill="notes", path="notes.txt"), "done"])
+    await Agent(model, providers=[Skills(tmp_path / "skills")]).run("go")
+    listing, read = (_results(model.requests[i])[-1] for i in (1, 2))
+    assert "notes.txt (text," in listing.result
+    assert read.parts == () and read.result == data.decode()
+
+
+async def test_an_artifact_of_bytes_that_start_like_a_pdf_is_not_attached() -> None:
+    store = MemoryStore()
+    await put_artifact(store, "default", "s", "notes", b"%PDF-1.7 is the version we write, \x00 not a PDF",
+                       "application/octet-stream")
+    model = ScriptedModel([tool_call("read_artifact", handle="notes"), "done"])
+    agent = Agent(model, store=store, providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    read = _results(model.requests[1])[-1]
+    assert read.is_error and read.parts == () and "neither text nor an image or a PDF" in read.result

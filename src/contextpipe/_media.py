@@ -29,8 +29,9 @@ from typing import Final, TypeAlias
 
 from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriPart
 
-__all__ = ["ATTACHABLE", "MAX_MEDIA_BYTES", "UNKNOWN_IMAGE_TOKENS", "Media", "attachment_note", "describe",
-           "image_size", "image_tokens", "left_out_note", "media_tokens", "only_readable", "sniff", "with_left_out"]
+__all__ = ["ATTACHABLE", "BINARY", "MAX_MEDIA_BYTES", "UNKNOWN_IMAGE_TOKENS", "UNKNOWN_TEXT", "Media",
+           "attachment_note", "describe", "image_size", "image_tokens", "left_out_note", "magic", "media_tokens",
+           "only_readable", "returned", "returned_note", "sniff", "with_left_out"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -44,15 +45,50 @@ ATTACHABLE: Final = ("image/png", "image/jpeg", "image/gif", "image/webp", "appl
 """What a skill's file, a tool's bytes or an artifact is sent to a model as (a media part), not as text:
 the images and the file type every vendor client here takes in a tool result."""
 MAX_MEDIA_BYTES: Final = 3_750_000
-"""The default bound on one attached file: the largest image Claude takes (5 MiB once base64-encoded)."""
+"""The default bound on one attached file: the largest image Claude takes (5 MB once base64-encoded)."""
+BINARY: Final = "application/octet-stream"
+UNKNOWN_TEXT: Final = "text/plain; charset=unknown-8bit"
+"""The media type of a tool's bytes that are mostly text but not all UTF-8 (`returned`)."""
+SENT: Final = ("application/pdf", "text/plain")
+"""Besides images and audio, the media types a model client may send (others it leaves out, naming them)."""
+RESULT: Final = "the tool's result"
+_TAIL: Final = 1024
+_ESCAPED: Final = re.compile("[\udc80-\udcff]")
 
 
-def sniff(data: bytes) -> str | None:
-    """Return the media type in `ATTACHABLE` that `data` starts like (its magic bytes), or None.
+def sniff(data: bytes, *, size: int | None = None, tail: bytes | None = None) -> str | None:
+    r"""Return the media type in `ATTACHABLE` that `data` is, or None: by its magic bytes and its structure.
 
-    >>> sniff(b"%PDF-1.7 ..."), sniff(b"GIF89a..."), sniff(b"plain text")
-    ('application/pdf', 'image/gif', None)
+    GIF, PDF and WebP magic bytes are plain text, so a text may start like one: an image's header
+    must give its size (a GIF's first block and trailer must be in place, a WebP's RIFF length must be
+    the file's), and a PDF must end with ``%%EOF`` (in its last KiB). `data` is the whole file, or its
+    start (64 KiB is enough) with the file's `size` and its last KiB, `tail`.
+
+    >>> sniff(b"%PDF-1.7 ...\n%%EOF\n"), sniff(b"%PDF-1.7 is the version we use"), sniff(b"plain text")
+    ('application/pdf', None, None)
+    >>> sniff(b"GIF89a is the format of the old banner;")
     """
+    kind = magic(data)
+    if kind is None:
+        return None
+    size = len(data) if size is None else size
+    tail = data[-_TAIL:] if tail is None else tail
+    if kind == "application/pdf":
+        return kind if b"%%EOF" in tail else None
+    if image_size(data[:65536]) is None:
+        return None
+    if kind == "image/webp" and int.from_bytes(data[4:8], "little") + 8 != size:
+        return None
+    if kind == "image/gif":
+        flags = data[10] if len(data) > 10 else 0
+        first = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)  # after the header and global colour table
+        if len(data) <= first or data[first] not in (0x21, 0x2C) or not tail.endswith(b";"):
+            return None
+    return kind
+
+
+def magic(data: bytes) -> str | None:
+    """Return the media type in `ATTACHABLE` whose magic bytes `data` starts with, or None (see `sniff`)."""
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "image/png"
     if data.startswith(b"\xff\xd8\xff"):
@@ -67,22 +103,24 @@ def sniff(data: bytes) -> str | None:
 
 
 def returned(value: bytes | bytearray | memoryview | DataPart | UriPart) -> tuple[str, tuple[DataPart | UriPart, ...]]:
-    """Return the text and the parts of a tool result that is bytes or a media part, byte for byte.
+    r"""Return the text and the parts of a tool result that is bytes or a media part, byte for byte.
 
-    Bytes that start like an image or a PDF (`sniff`) are that media; other UTF-8 bytes (no NUL) are
-    text; the rest are an ``application/octet-stream`` part, which no model reads but the session
-    (or an artifact) keeps exactly.
+    Bytes that are an image or a PDF (`sniff`) are that media; UTF-8 bytes without a NUL are text;
+    mostly text (no NUL, at most 10% of the bytes not UTF-8) is shown with U+FFFD for each byte that
+    is not UTF-8, the exact bytes kept as a ``text/plain; charset=unknown-8bit`` part; the rest are an
+    ``application/octet-stream`` part. No model reads those two parts (they are named as left out),
+    but the session, or an artifact, keeps them exactly.
 
-    >>> text, parts = returned(b"%PDF-1.7 ...")
+    >>> text, parts = returned(b"%PDF-1.7 ...\n%%EOF\n")
     >>> print(text, parts[0].media_type)
-    [the tool's result: application/pdf, 12 bytes, attached] application/pdf
+    [the tool's result: application/pdf, 19 bytes, attached] application/pdf
     >>> returned(b"plain text")
     ('plain text', ())
     """
     if isinstance(value, UriPart):
-        return f"[the tool's result: {value.media_type} at {value.uri}, attached]", (value,)
+        return f"[{RESULT}: {value.media_type} at {value.uri}, attached]", (value,)
     if isinstance(value, DataPart):
-        return attachment_note("the tool's result", value), (value,)
+        return returned_note(value), (value,)
     data = bytes(value)
     media_type = sniff(data)
     if media_type is None and b"\0" not in data:
@@ -90,10 +128,18 @@ def returned(value: bytes | bytearray | memoryview | DataPart | UriPart) -> tupl
             return data.decode("utf-8"), ()
         except UnicodeDecodeError:
             pass
-    part = DataPart(data, media_type or "application/octet-stream")
-    if media_type is None:
-        return f"[the tool's result: {len(data):,} bytes of application/octet-stream, not text]", (part,)
-    return attachment_note("the tool's result", part), (part,)
+    part = DataPart(data, media_type or BINARY)
+    return returned_note(part), (part,)
+
+
+def returned_note(part: DataPart, bad: int = 0) -> str:
+    """Return the note `returned` gives for `part` (`bad`: its bytes that are not UTF-8, for `UNKNOWN_TEXT`)."""
+    if part.media_type == BINARY:
+        return f"[{RESULT}: {len(part.data):,} bytes of {BINARY}, not text]"
+    if part.media_type == UNKNOWN_TEXT:
+        return (f"[{bad:,} of the {len(part.data):,} bytes of {RESULT} are not UTF-8: they are shown as "
+                f"\N{REPLACEMENT CHARACTER}; the exact bytes are kept as {UNKNOWN_TEXT}]")
+    return attachment_note(RESULT, part)
 
 
 def attachment_note(what: str, part: DataPart) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from .._media import ATTACHABLE, attachment_note, sniff
+from .._media import ATTACHABLE, attachment_note, magic, sniff
 from ..messages import DataPart
 from ..tools import ToolOutcome
 
@@ -249,7 +249,9 @@ def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> tupl
                 with opened(file_fd):
                     size = os.fstat(file_fd).st_size
                     head = read_limited(file_fd, SNIFF_BYTES - 1)
-                kind, text = sniff(head), looks_like_text(head)
+                    kind = sniff(os.pread(file_fd, 1 << 16, 0), size=size,  # the first bytes may be text: check more
+                                 tail=os.pread(file_fd, 1024, max(0, size - 1024))) if magic(head) else None
+                text = looks_like_text(head)
                 found.append(FileInfo(rel, size, kind or media_type(name, text), text and kind is None))
 
     walk(dir_fd, "", 0)

@@ -224,15 +224,21 @@ class _Run:
 
         store, key, most = self.artifacts.store, self.key, self.artifacts.max_media_bytes
         media_type = found.media_type.split(";", 1)[0].strip().lower()
-        if media_type == BINARY:  # a result stored as bytes of no known type: what do they start like?
-            media_type = sniff(await read_artifact(store, key.tenant, key.id, handle, length=16) or b"") or BINARY
+        data = None
+        if media_type == BINARY:  # a result stored as bytes of no known type: are they an image or a PDF?
+            first = max(1, min(found.size, max(most, 1 << 16)))  # all of it when it may be attached
+            data = await read_artifact(store, key.tenant, key.id, handle, length=first)
+            tail = await read_artifact(store, key.tenant, key.id, handle, offset=max(0, found.size - 1024),
+                                       length=1024) if data is not None and len(data) < found.size else data
+            media_type = sniff(data or b"", size=found.size, tail=(tail or b"")[-1024:]) or BINARY
         if media_type not in ATTACHABLE:
             return ToolOutcome(f"Error: artifact {handle!r} is binary ({found.media_type}, {found.size:,} bytes), "
                                f"neither text nor an image or a PDF: {READ_TOOL} cannot show it.", is_error=True)
         if found.size > most:
             return ToolOutcome(f"Error: artifact {handle!r} ({media_type}, {found.size:,} bytes) is over the {most:,}-"
                                "byte limit for attached files, so it cannot be attached.", is_error=True)
-        data = await read_artifact(store, key.tenant, key.id, handle, length=max(found.size, 1))
+        if data is None or len(data) < found.size:
+            data = await read_artifact(store, key.tenant, key.id, handle, length=max(found.size, 1))
         part = DataPart(data or b"", media_type)
         return ToolOutcome(attachment_note(f"artifact {handle!r}", part), parts=(part,))
 
