@@ -172,6 +172,15 @@ async def test_binary_resources_are_listed_as_what_they_are(collection: Path) ->
     assert notes.result == "Keep margins generous.\n"
 
 
+async def test_a_file_named_like_an_image_that_is_not_one_is_not_offered_as_an_attachment(collection: Path) -> None:
+    (collection / "canvas-design" / "assets" / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))  # no IHDR
+    skills = Skills(collection)
+    listing = (await invoke(skills, "load_skill", name="canvas-design")).result
+    assert "- assets/photo.png (image/png, 48 B; binary, not readable as text)" in listing
+    read = await invoke(skills, "read_skill_resource", skill="canvas-design", path="assets/photo.png")
+    assert read.is_error and read.parts == () and "binary file (image/png, 48 B)" in read.result
+
+
 async def test_nested_resources_are_listed_and_read(collection: Path) -> None:
     skills = Skills(collection)
     listing = (await invoke(skills, "load_skill", name="claude-api")).result

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from .._media import ATTACHABLE, attachment_note, magic, sniff
+from .._media import attachment_note, magic, sniff
 from ..messages import DataPart
 from ..tools import ToolOutcome
 
@@ -175,11 +175,13 @@ class FileInfo:
     """Guessed media type (``application/octet-stream`` when unknown)."""
     is_text: bool
     """Whether the file is UTF-8 text that `read_skill_resource` can return."""
+    attachable: bool = False
+    """Whether the file is an image or a PDF (`sniff`, not its name) that `read_skill_resource` attaches."""
 
     def describe(self, limit: int, media_limit: int) -> str:
         """One listing line: path, type, size, and why it cannot be read when it cannot."""
         size = human_size(self.size)
-        if not self.is_text and self.media_type in ATTACHABLE:
+        if self.attachable:
             if self.size > media_limit:
                 return f"{self.path} ({self.media_type}, {size}; over the {human_size(media_limit)} limit for files)"
             return f"{self.path} ({self.media_type}, {size}; read_skill_resource attaches it)"
@@ -252,7 +254,8 @@ def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> tupl
                     kind = sniff(os.pread(file_fd, 1 << 16, 0), size=size,  # the first bytes may be text: check more
                                  tail=os.pread(file_fd, 1024, max(0, size - 1024))) if magic(head) else None
                 text = looks_like_text(head)
-                found.append(FileInfo(rel, size, kind or media_type(name, text), text and kind is None))
+                found.append(FileInfo(rel, size, kind or media_type(name, text), text and kind is None,
+                                      attachable=kind is not None))
 
     walk(dir_fd, "", 0)
     return found, more
