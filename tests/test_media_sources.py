@@ -25,7 +25,7 @@ from contextpipe.models import ChatModel
 from contextpipe.models.anthropic import AnthropicChatModel
 from contextpipe.models.openai import OpenAIChatModel
 from contextpipe.models.openai_responses import OpenAIResponsesModel
-from contextpipe.providers import Artifacts, History, Skills
+from contextpipe.providers import Artifacts, Compaction, History, Skills
 from contextpipe.stores import MemoryStore, SQLiteStore
 from contextpipe.testing import (
     AnthropicReply,
@@ -268,3 +268,21 @@ async def test_an_artifact_of_bytes_that_start_like_a_pdf_is_not_attached() -> N
     await agent.run("go", session=await agent.session("s"))
     read = _results(model.requests[1])[-1]
     assert read.is_error and read.parts == () and "neither text nor an image or a PDF" in read.result
+
+
+async def test_bytes_no_model_reads_cost_only_their_note_so_compaction_keeps_the_earlier_turn() -> None:
+    @tool
+    def dump() -> bytes:
+        """Return a core dump."""
+        return b"\x7fELF\x00" + bytes(400_000)
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("dump"), "It is a core dump.", "Yes, the dump from before."])
+    agent = Agent(model, store=store, tools=[dump],
+                  providers=[History(store), Compaction(max_input_tokens=50_000)])
+    session = await agent.session("s")
+    await agent.run("What is in the dump?", session=session)
+    result = await agent.run("Is that the same dump?", session=session)
+    assert "What is in the dump?" in [m.text for m in model.requests[2].messages]  # not dropped for its size
+    [tool_message] = [m for m in result.traces[0].messages if m.role == "tool"]
+    assert tool_message.tokens < 200  # the octet-stream's note, not 100,000 tokens of bytes sent nowhere

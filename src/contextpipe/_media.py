@@ -10,6 +10,8 @@ high side elsewhere so that a context budget is not overrun:
 - Audio costs 10 tokens a second (OpenAI's 1 token per 100 ms), the length read from a WAV header or
   estimated at 16,000 bytes a second (128 kbit/s) for other formats.
 - A PDF costs 2,000 tokens a page (Anthropic documents 1,500 to 3,000).
+- Bytes no model client sends (``application/octet-stream``, a zip) cost the note that names them
+  as left out, as that is all a model receives of them.
 
 >>> image_size(b"GIF89a\x02\x00\x03\x00")
 (2, 3)
@@ -223,6 +225,8 @@ def media_tokens(part: Media) -> int:
         return image_tokens(*size) if size else UNKNOWN_IMAGE_TOKENS
     if not isinstance(part, DataPart):
         return max(1, len(part.uri) // 4)
+    if major != "audio" and part.media_type not in SENT:  # no client sends it: the note naming it left out
+        return max(1, len(left_out_note((part,), "this model")) // 4)
     if major == "audio":
         return max(1, math.ceil(_audio_seconds(part.data) * AUDIO_TOKENS_PER_SECOND))
     if part.media_type == "application/pdf":
