@@ -189,6 +189,8 @@ async def test_a_result_that_is_not_utf8_text_is_stored_whole_as_binary(store: S
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(UsageError, match="limit >= head \\+ tail"):
         Artifacts(MemoryStore(), limit=100, head=80, tail=80)
+    with pytest.raises(UsageError, match="max_media_bytes=-1"):
+        Artifacts(MemoryStore(), max_media_bytes=-1)
 
 
 def char_edges(data: bytes) -> list[int]:

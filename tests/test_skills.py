@@ -310,6 +310,8 @@ async def test_scripts_are_off_by_default_and_need_approval(skills_dir: Path) ->
     assert "run_skill_script" not in [t.name for t in agent_model.requests[0].tools]
     with pytest.raises(UsageError, match="approve"):
         Skills(skills_dir, allow_scripts=True)
+    with pytest.raises(UsageError, match="max_media_bytes=-1"):
+        Skills(skills_dir, max_media_bytes=-1)
     asked: list[ScriptRequest] = []
 
     def approve(request: ScriptRequest) -> bool:

@@ -84,9 +84,10 @@ class Artifacts(ContextProvider):
                  max_read: int = 10_000, max_media_bytes: int = MAX_MEDIA_BYTES,
                  source_id: str = "artifacts") -> None:
         super().__init__(source_id)
-        if head < 0 or tail < 0 or limit < head + tail or max_read < 1:
-            raise UsageError(f"Artifacts needs head >= 0, tail >= 0, limit >= head + tail and max_read >= 1, got "
-                             f"limit={limit}, head={head}, tail={tail}, max_read={max_read}")
+        if head < 0 or tail < 0 or limit < head + tail or max_read < 1 or max_media_bytes < 0:
+            raise UsageError(f"Artifacts needs head >= 0, tail >= 0, limit >= head + tail, max_read >= 1 and "
+                             f"max_media_bytes >= 0, got limit={limit}, head={head}, tail={tail}, max_read={max_read}, "
+                             f"max_media_bytes={max_media_bytes}")
         self.store = store
         """Where the artifacts are kept."""
         self.limit = limit

@@ -315,6 +315,11 @@ class Skills(ContextProvider):
         follow_symlinks: bool = False,
     ) -> None:
         super().__init__(source_id)
+        limits = {"max_resource_bytes": max_resource_bytes, "max_skill_bytes": max_skill_bytes,
+                  "max_output_bytes": max_output_bytes, "max_script_folder_bytes": max_script_folder_bytes,
+                  "max_media_bytes": max_media_bytes}
+        if bad := {k: v for k, v in limits.items() if v < 0}:
+            raise UsageError(f"Skills needs byte limits >= 0, got {', '.join(f'{k}={v}' for k, v in bad.items())}")
         if allow_scripts and approve is None:
             raise UsageError("allow_scripts=True needs approve=<callback> deciding which script runs may go ahead")
         self.paths = [Path(p) for p in paths]
