@@ -190,9 +190,10 @@ async def test_artifacts_keep_a_file_too_big_to_attach_out_of_the_log() -> None:
     await agent.run("go", session=await agent.session("s"))
     report_result, dump_result = _results(model.requests[2])
     assert report_result.parts == () and dump_result.parts == ()  # neither is in the log, nor sent again
-    assert f"application/pdf ({len(big)} bytes) is stored as artifact " in report_result.result
+    assert report_result.result.startswith(f"[application/pdf ({len(big):,} bytes) is stored as artifact ")
     assert "over the 1,000-byte limit for attached files" in report_result.result
-    assert "application/octet-stream (105 bytes) is stored as artifact" in dump_result.result
+    assert dump_result.result.startswith("[application/octet-stream (105 bytes) is stored as artifact")
+    assert "attached]" not in report_result.result + dump_result.result  # one note each: not "attached", then not
     assert await read_artifact(store, "default", "s", _h(model.requests[1]), length=len(big)) == big  # exactly
     read = _results(model.requests[3])[-1]
     assert read.is_error and read.parts == () and "over the 1,000-byte limit for attached files" in read.result

@@ -287,7 +287,7 @@ async def test_a_model_told_what_it_reads_gets_only_that(side: Side) -> None:
     side.check(body)
     text, media = sent_media(side.kind, body) if side.kind != "chat" else chat_media(body, "Image")
     assert len(media) == 1 and "image" in media[0]["type"]  # the PNG; the WAV was left out for this model
-    note = (f"[left out of this result: audio/wav (32044 bytes); model {side.model.name!r} cannot take this "
+    note = (f"[left out of this result: audio/wav (32,044 bytes); model {side.model.name!r} cannot take this "
             "content here]")
     assert text.splitlines()[1] == note
     assert any("reads only image/*" in n for n in response.notes)

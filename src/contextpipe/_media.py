@@ -247,7 +247,7 @@ def describe(part: Media) -> str:
     if isinstance(part, UnknownPart):
         return f"content of kind {part.kind!r}"
     if isinstance(part, DataPart):
-        return f"{part.media_type} ({len(part.data)} bytes)"
+        return f"{part.media_type} ({len(part.data):,} bytes)"
     return f"{part.media_type} at {part.uri}"
 
 

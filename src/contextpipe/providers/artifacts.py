@@ -44,7 +44,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from .._media import ATTACHABLE, MAX_MEDIA_BYTES, attachment_note, describe, sniff
+from .._media import ATTACHABLE, MAX_MEDIA_BYTES, attachment_note, describe, returned_note, sniff
 from ..errors import UsageError
 from ..messages import DataPart
 from ..session import SessionKey
@@ -138,11 +138,14 @@ class _Run:
         """Store each file of `outcome` over `max_media_bytes` (or no model reads) as an artifact, named instead."""
         kept: list[DataPart | UriPart] = []
         notes: list[str] = []
+        said: set[str] = set()  # what `returned` wrote of a part that is not attached after all
         most = self.artifacts.max_media_bytes
         for part in outcome.parts:
             if not isinstance(part, DataPart) or (len(part.data) <= most and part.media_type != BINARY):
                 kept.append(part)
-            elif len(part.data) > MAX_ARTIFACT_BYTES:
+                continue
+            said.add(returned_note(part))
+            if len(part.data) > MAX_ARTIFACT_BYTES:
                 notes.append(f"[{describe(part)}: {_over()}; nothing is stored and it is not attached]")
             else:
                 media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
@@ -152,8 +155,8 @@ class _Run:
                 notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
         if not notes:
             return outcome
-        return replace(outcome, result="\n".join([outcome.result, *notes] if outcome.result else notes),
-                       parts=tuple(kept))
+        lines = [line for line in outcome.result.split("\n") if line not in said] if outcome.result else []
+        return replace(outcome, result="\n".join([*lines, *notes]), parts=tuple(kept))
 
     async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
         if len(data) > MAX_ARTIFACT_BYTES:
