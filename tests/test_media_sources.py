@@ -287,3 +287,22 @@ async def test_bytes_no_model_reads_cost_only_their_note_so_compaction_keeps_the
     assert "What is in the dump?" in [m.text for m in model.requests[2].messages]  # not dropped for its size
     [tool_message] = [m for m in result.traces[0].messages if m.role == "tool"]
     assert tool_message.tokens < 200  # the octet-stream's note, not 100,000 tokens of bytes sent nowhere
+
+
+async def test_a_file_too_big_for_an_artifact_is_an_error_and_logged(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr("contextpipe.providers.artifacts.MAX_ARTIFACT_BYTES", 100)
+
+    @tool
+    def photo() -> DataPart:
+        """Return the photo."""
+        return DataPart(PNG + bytes(200), "image/png")
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("photo"), "done"])
+    agent = Agent(model, store=store, tools=[photo], providers=[Artifacts(store, max_media_bytes=50)])
+    with caplog.at_level("WARNING", logger="contextpipe.artifacts"):
+        await agent.run("go", session=await agent.session("s"))
+    [result] = _results(model.requests[1])
+    assert result.is_error and result.parts == () and "nothing is stored and it is not attached" in result.result
+    assert any("photo" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import logging
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
@@ -65,6 +66,7 @@ READ_TOOL: Final = "read_artifact"
 """The name of the tool the model reads artifacts with."""
 TEXT: Final = "text/plain; charset=utf-8"
 """The media type of a spilled tool result."""
+logger = logging.getLogger("contextpipe.artifacts")
 BINARY: Final = "application/octet-stream"
 """The media type of a tool result that is not UTF-8 text (its media type is not known)."""
 
@@ -139,6 +141,7 @@ class _Run:
         kept: list[DataPart | UriPart] = []
         notes: list[str] = []
         said: set[str] = set()  # what `returned` wrote of a part that is not attached after all
+        lost = False  # a part neither kept nor stored: the result is an error
         most = self.artifacts.max_media_bytes
         for part in outcome.parts:
             if not isinstance(part, DataPart) or (len(part.data) <= most and part.media_type != BINARY):
@@ -147,6 +150,9 @@ class _Run:
             said.add(returned_note(part))
             if len(part.data) > MAX_ARTIFACT_BYTES:
                 notes.append(f"[{describe(part)}: {_over()}; nothing is stored and it is not attached]")
+                lost = True
+                logger.warning("tool %r returned %s, %s: it is dropped from the result (call %s)", call.name,
+                               describe(part), _over(), call.call_id)
             else:
                 media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
                 handle = await self._put(call, part.data, media_type)
@@ -156,7 +162,8 @@ class _Run:
         if not notes:
             return outcome
         lines = [line for line in outcome.result.split("\n") if line not in said] if outcome.result else []
-        return replace(outcome, result="\n".join([*lines, *notes]), parts=tuple(kept))
+        return replace(outcome, result="\n".join([*lines, *notes]), parts=tuple(kept),
+                       is_error=outcome.is_error or lost)
 
     async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
         if len(data) > MAX_ARTIFACT_BYTES:
