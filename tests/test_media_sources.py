@@ -306,3 +306,32 @@ async def test_a_file_too_big_for_an_artifact_is_an_error_and_logged(monkeypatch
     [result] = _results(model.requests[1])
     assert result.is_error and result.parts == () and "nothing is stored and it is not attached" in result.result
     assert any("photo" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
+
+
+async def test_reading_an_image_artifact_again_from_an_offset_attaches_no_second_copy() -> None:
+    store = MemoryStore()
+    await put_artifact(store, "default", "s", "plan", PNG, "image/png")
+    model = ScriptedModel([tool_call("read_artifact", handle="plan"),
+                           tool_call("read_artifact", handle="plan", offset=40, length=40), "done"])
+    agent = Agent(model, store=store, providers=[Artifacts(store)])
+    session = await agent.session("s")
+    await agent.run("go", session=session)
+    first, second = (r for m in await agent.history(session) for r in m.function_results)
+    assert first.parts == (DataPart(PNG, "image/png"),)
+    assert second.is_error and second.parts == () and "attaches it whole with offset 0" in second.result
+
+
+async def test_an_artifact_gone_before_it_is_read_is_an_error_not_an_empty_attachment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextpipe.artifacts import Artifact
+
+    async def there_a_moment_ago(store: Any, tenant: str, session_id: str, artifact_id: str) -> Artifact:
+        return Artifact(artifact_id, "image/png", len(PNG))
+
+    monkeypatch.setattr("contextpipe.artifacts.artifact_info", there_a_moment_ago)
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("read_artifact", handle="plan"), "done"])
+    agent = Agent(model, store=store, providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    [read] = _results(model.requests[1])
+    assert read.is_error and read.parts == () and "no longer in this session" in read.result

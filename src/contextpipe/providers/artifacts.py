@@ -204,7 +204,7 @@ class _Run:
     async def read_artifact(self, handle: str, offset: int = 0, length: int = 4_000) -> ToolOutcome:
         """Read part of a stored artifact (a tool result too long to show whole), by byte range.
 
-        An image or a PDF comes back whole, attached (the range is not used).
+        An image or a PDF comes back whole, attached, with offset 0 (length is not used).
 
         Args:
             handle: The artifact's handle, as the spilled tool result gave it.
@@ -219,7 +219,7 @@ class _Run:
             return ToolOutcome(f"Error: this session has no artifact {handle!r}; use the handle a spilled tool "
                                "result gave.", is_error=True)
         if not found.media_type.startswith("text/"):
-            return await self._attach(handle, found)
+            return await self._attach(handle, found, offset)
         if offset < 0 or offset >= max(found.size, 1) or length < 1:
             return ToolOutcome(f"Error: artifact {handle!r} has {found.size:,} bytes; give an offset from 0 to "
                                f"{max(found.size - 1, 0):,} and a length of at least 1.", is_error=True)
@@ -229,8 +229,11 @@ class _Run:
         text = _SURROGATE.sub("\N{REPLACEMENT CHARACTER}", text)  # bytes that are not UTF-8 text
         return ToolOutcome(f"[artifact {handle!r}, bytes {start:,} to {end:,} of {found.size:,}{more}]\n{text}")
 
-    async def _attach(self, handle: str, found: Artifact) -> ToolOutcome:
-        """Return an image or PDF artifact whole, as a media part; an error for other binary or a bigger one."""
+    async def _attach(self, handle: str, found: Artifact, offset: int) -> ToolOutcome:
+        """Return an image or PDF artifact whole, as a media part; an error for other binary or a bigger one.
+
+        Only from `offset` 0: a model paging through a PDF would get (and the log keep) a copy a call.
+        """
         from ..artifacts import read_artifact
 
         store, key, most = self.artifacts.store, self.key, self.artifacts.max_media_bytes
@@ -248,8 +251,15 @@ class _Run:
         if found.size > most:
             return ToolOutcome(f"Error: artifact {handle!r} ({media_type}, {found.size:,} bytes) is over the {most:,}-"
                                "byte limit for attached files, so it cannot be attached.", is_error=True)
+        if offset != 0:
+            return ToolOutcome(f"Error: artifact {handle!r} is {media_type} ({found.size:,} bytes): {READ_TOOL} "
+                               "attaches it whole with offset 0 (offset and length apply to text), and a result "
+                               "that attached it already has it all.", is_error=True)
         if data is None or len(data) < found.size:
             data = await read_artifact(store, key.tenant, key.id, handle, length=max(found.size, 1))
+        if data is None or len(data) != found.size:  # erased (or changed) since artifact_info
+            return ToolOutcome(f"Error: artifact {handle!r} could not be read whole: it is no longer in this "
+                               "session.", is_error=True)
         part = DataPart(data or b"", media_type)
         return ToolOutcome(attachment_note(f"artifact {handle!r}", part), parts=(part,))
 
