@@ -335,3 +335,19 @@ async def test_an_artifact_gone_before_it_is_read_is_an_error_not_an_empty_attac
     await agent.run("go", session=await agent.session("s"))
     [read] = _results(model.requests[1])
     assert read.is_error and read.parts == () and "no longer in this session" in read.result
+
+
+async def test_a_text_result_holding_an_image_is_stored_and_read_back_attached() -> None:
+    @tool
+    def screenshot() -> str:
+        """Return the screenshot, its bytes kept in a str."""
+        return PNG.decode("utf-8", "surrogateescape")
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("screenshot"), lambda r: tool_call("read_artifact", handle=_h(r)), "done"])
+    agent = Agent(model, store=store, tools=[screenshot], providers=[Artifacts(store)])
+    await agent.run("go", session=await agent.session("s"))
+    [told] = _results(model.requests[1])
+    assert "it is image/png: read_artifact(handle=" in told.result and "attaches it" in told.result
+    read = _results(model.requests[2])[-1]
+    assert not read.is_error and read.parts == (DataPart(PNG, "image/png"),)

@@ -170,9 +170,13 @@ class _Run:
             return replace(outcome, is_error=True, result=f"[This tool result is not UTF-8 text: {len(data):,} "
                            f"bytes of {BINARY}, {_over()}: nothing is stored and it cannot be shown as text.]")
         handle = await self._put(call, data, BINARY)
+        kind, most = sniff(data), self.artifacts.max_media_bytes
+        read = (f"{READ_TOOL} cannot show it either (it is not an image or a PDF)" if kind is None else
+                f"it is {kind}, over the {most:,}-byte limit for attached files, so {READ_TOOL} cannot attach it"
+                if len(data) > most else f"it is {kind}: {READ_TOOL}(handle={handle!r}) attaches it")
         return replace(outcome, result=f"[This tool result is not UTF-8 text: {len(data):,} bytes of {BINARY}. "
                                        f"It is stored as artifact {handle!r}, whole; it cannot be shown as text, "
-                                       f"and {READ_TOOL} reads text only.]")
+                                       f"and {read}.]")
 
     async def _put(self, call: ToolInvocation, data: bytes, media_type: str) -> str:
         """Store `data` as the call's artifact (lease-fenced); return its handle."""
