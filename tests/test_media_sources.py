@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextpipe import Agent, tool
+from contextpipe import Agent, ToolOutcome, tool
 from contextpipe.artifacts import put_artifact, read_artifact
 from contextpipe.messages import DataPart, FunctionResult, UriPart
 from contextpipe.models import ChatModel
@@ -351,3 +351,18 @@ async def test_a_text_result_holding_an_image_is_stored_and_read_back_attached()
     assert "it is image/png: read_artifact(handle=" in told.result and "attaches it" in told.result
     read = _results(model.requests[2])[-1]
     assert not read.is_error and read.parts == (DataPart(PNG, "image/png"),)
+
+
+async def test_artifacts_keep_any_file_no_model_reads_out_of_the_log() -> None:
+    @tool
+    def bundle() -> ToolOutcome:
+        """Return the bundle."""
+        return ToolOutcome("The bundle.", parts=(DataPart(b"PK\x03\x04" + bytes(60), "application/zip"),))
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("bundle"), "done"])
+    agent = Agent(model, store=store, tools=[bundle], providers=[Artifacts(store)])
+    session = await agent.session("s")
+    await agent.run("go", session=session)
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    assert stored.parts == () and stored.result.startswith("The bundle.\n[application/zip (64 bytes) is stored as")

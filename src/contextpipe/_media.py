@@ -33,7 +33,7 @@ from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriP
 
 __all__ = ["ATTACHABLE", "BINARY", "MAX_MEDIA_BYTES", "UNKNOWN_IMAGE_TOKENS", "UNKNOWN_TEXT", "Media",
            "attachment_note", "describe", "image_size", "image_tokens", "left_out_note", "magic", "media_tokens",
-           "only_readable", "returned", "returned_note", "sniff", "with_left_out"]
+           "only_readable", "returned", "returned_note", "sent", "sniff", "with_left_out"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -225,13 +225,18 @@ def media_tokens(part: Media) -> int:
         return image_tokens(*size) if size else UNKNOWN_IMAGE_TOKENS
     if not isinstance(part, DataPart):
         return max(1, len(part.uri) // 4)
-    if major != "audio" and part.media_type not in SENT:  # no client sends it: the note naming it left out
+    if not sent(part.media_type):  # no client sends it: the note naming it left out
         return max(1, len(left_out_note((part,), "this model")) // 4)
     if major == "audio":
         return max(1, math.ceil(_audio_seconds(part.data) * AUDIO_TOKENS_PER_SECOND))
     if part.media_type == "application/pdf":
         return PDF_TOKENS_PER_PAGE * max(1, len(_PDF_PAGE.findall(part.data)))
     return max(1, len(part.data) // 4)
+
+
+def sent(media_type: str) -> bool:
+    """Whether a model client may send a part of `media_type` (an image, audio, a PDF, plain text) or leaves it out."""
+    return media_type.split("/", 1)[0] in ("image", "audio") or media_type in SENT
 
 
 def _audio_seconds(data: bytes) -> float:

@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from .._media import ATTACHABLE, MAX_MEDIA_BYTES, attachment_note, describe, returned_note, sniff
+from .._media import ATTACHABLE, MAX_MEDIA_BYTES, attachment_note, describe, returned_note, sent, sniff
 from ..errors import UsageError
 from ..messages import DataPart
 from ..session import SessionKey
@@ -144,7 +144,7 @@ class _Run:
         lost = False  # a part neither kept nor stored: the result is an error
         most = self.artifacts.max_media_bytes
         for part in outcome.parts:
-            if not isinstance(part, DataPart) or (len(part.data) <= most and part.media_type != BINARY):
+            if not isinstance(part, DataPart) or (len(part.data) <= most and sent(part.media_type)):
                 kept.append(part)
                 continue
             said.add(returned_note(part))
@@ -156,8 +156,8 @@ class _Run:
             else:
                 media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
                 handle = await self._put(call, part.data, media_type)
-                why = ("it is not text, nor an image or a PDF" if part.media_type == BINARY else
-                       f"it is over the {most:,}-byte limit for attached files")
+                why = (f"it is over the {most:,}-byte limit for attached files" if sent(part.media_type) else
+                       "no model reads it: it is not text, nor an image, audio or a PDF")
                 notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
         if not notes:
             return outcome
