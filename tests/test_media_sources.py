@@ -366,3 +366,34 @@ async def test_artifacts_keep_any_file_no_model_reads_out_of_the_log() -> None:
     await agent.run("go", session=session)
     [stored] = [r for m in await agent.history(session) for r in m.function_results]
     assert stored.parts == () and stored.result.startswith("The bundle.\n[application/zip (64 bytes) is stored as")
+
+
+LATIN1 = "Café au lait, crème brûlée: the menu of the café, served daily from eight to noon.".encode("cp1252")
+
+
+@pytest.mark.parametrize("spill", [False, True])
+async def test_text_that_is_not_utf8_is_shown_and_its_bytes_kept(spill: bool) -> None:
+    @tool
+    def menu() -> bytes:
+        """Return the menu, as the old system wrote it."""
+        return LATIN1
+
+    store = MemoryStore()
+    steps: list[Any] = [tool_call("menu"), "done"]
+    if spill:
+        steps.insert(1, lambda r: tool_call("read_artifact", handle=_h(r)))
+    model = ScriptedModel(steps)
+    agent = Agent(model, store=store, tools=[menu], providers=[History(store)] + ([Artifacts(store)] if spill else []))
+    session = await agent.session("s")
+    await agent.run("What is on the menu?", session=session)
+    told = _results(model.requests[1])[0]
+    assert told.result.startswith("Caf\N{REPLACEMENT CHARACTER} au lait, cr\N{REPLACEMENT CHARACTER}me")
+    assert f"5 of the {len(LATIN1)} bytes of the tool's result are not UTF-8" in told.result
+    [stored] = [r for m in await agent.history(session) for r in m.function_results][:1]
+    if spill:
+        assert stored.parts == () and await read_artifact(store, "default", "s", _h(model.requests[1]),
+                                                          length=1000) == LATIN1
+        read = _results(model.requests[2])[-1]
+        assert not read.is_error and "Caf\N{REPLACEMENT CHARACTER} au lait" in read.result
+    else:
+        assert stored.parts == (DataPart(LATIN1, "text/plain; charset=unknown-8bit"),)  # exactly, for your code

@@ -126,19 +126,22 @@ def returned(value: bytes | bytearray | memoryview | DataPart | UriPart) -> tupl
     data = bytes(value)
     media_type = sniff(data)
     if media_type is None and b"\0" not in data:
-        try:
+        bad = len(_ESCAPED.findall(data.decode("utf-8", "surrogateescape")))
+        if not bad:
             return data.decode("utf-8"), ()
-        except UnicodeDecodeError:
-            pass
+        if bad * 10 <= len(data):  # mostly text (`Artifacts`' rule): shown, and kept exactly
+            part = DataPart(data, UNKNOWN_TEXT)
+            return f"{data.decode('utf-8', 'replace')}\n{returned_note(part)}", (part,)
     part = DataPart(data, media_type or BINARY)
     return returned_note(part), (part,)
 
 
-def returned_note(part: DataPart, bad: int = 0) -> str:
-    """Return the note `returned` gives for `part` (`bad`: its bytes that are not UTF-8, for `UNKNOWN_TEXT`)."""
+def returned_note(part: DataPart) -> str:
+    """Return the note `returned` gives for `part`."""
     if part.media_type == BINARY:
         return f"[{RESULT}: {len(part.data):,} bytes of {BINARY}, not text]"
     if part.media_type == UNKNOWN_TEXT:
+        bad = len(_ESCAPED.findall(part.data.decode("utf-8", "surrogateescape")))
         return (f"[{bad:,} of the {len(part.data):,} bytes of {RESULT} are not UTF-8: they are shown as "
                 f"\N{REPLACEMENT CHARACTER}; the exact bytes are kept as {UNKNOWN_TEXT}]")
     return attachment_note(RESULT, part)

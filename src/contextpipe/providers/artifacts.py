@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from .._media import ATTACHABLE, MAX_MEDIA_BYTES, attachment_note, describe, returned_note, sent, sniff
+from .._media import ATTACHABLE, MAX_MEDIA_BYTES, UNKNOWN_TEXT, attachment_note, describe, returned_note, sent, sniff
 from ..errors import UsageError
 from ..messages import DataPart
 from ..session import SessionKey
@@ -147,7 +147,8 @@ class _Run:
             if not isinstance(part, DataPart) or (len(part.data) <= most and sent(part.media_type)):
                 kept.append(part)
                 continue
-            said.add(returned_note(part))
+            if part.media_type != UNKNOWN_TEXT:  # its note says how much is not UTF-8: kept
+                said.add(returned_note(part))
             if len(part.data) > MAX_ARTIFACT_BYTES:
                 notes.append(f"[{describe(part)}: {_over()}; nothing is stored and it is not attached]")
                 lost = True
@@ -157,6 +158,7 @@ class _Run:
                 media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
                 handle = await self._put(call, part.data, media_type)
                 why = (f"it is over the {most:,}-byte limit for attached files" if sent(part.media_type) else
+                       f"{READ_TOOL} shows it by range" if part.media_type == UNKNOWN_TEXT else
                        "no model reads it: it is not text, nor an image, audio or a PDF")
                 notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
         if not notes:
