@@ -397,3 +397,25 @@ async def test_text_that_is_not_utf8_is_shown_and_its_bytes_kept(spill: bool) ->
         assert not read.is_error and "Caf\N{REPLACEMENT CHARACTER} au lait" in read.result
     else:
         assert stored.parts == (DataPart(LATIN1, "text/plain; charset=unknown-8bit"),)  # exactly, for your code
+
+
+@pytest.mark.parametrize("artifacts", [False, True])
+async def test_a_big_file_kept_in_a_result_is_warned_of(artifacts: bool, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr("contextpipe._media.MAX_MEDIA_BYTES", 50)
+
+    @tool
+    def plan() -> bytes:
+        """Return the floor plan."""
+        return PNG  # 70 bytes
+
+    store = MemoryStore()
+    model = ScriptedModel([tool_call("plan"), "done"])
+    agent = Agent(model, store=store, tools=[plan],
+                  providers=[Artifacts(store, max_media_bytes=50)] if artifacts else [])
+    with caplog.at_level("WARNING", logger="contextpipe.tools"):
+        await agent.run("go", session=await agent.session("s"))
+    warned = [r.getMessage() for r in caplog.records if r.name == "contextpipe.tools"]
+    assert warned == ([] if artifacts else [f"tool 'plan' (call call_1) returned image/png ({len(PNG)} bytes), over 50 "
+                      "bytes: the session keeps it and every later request sends it (an API may refuse them all); "
+                      "Artifacts(store) keeps such files as artifacts"])

@@ -22,6 +22,7 @@ high side elsewhere so that a context budget is not overrun:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import struct
@@ -33,7 +34,7 @@ from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriP
 
 __all__ = ["ATTACHABLE", "BINARY", "MAX_MEDIA_BYTES", "UNKNOWN_IMAGE_TOKENS", "UNKNOWN_TEXT", "Media",
            "attachment_note", "describe", "image_size", "image_tokens", "left_out_note", "magic", "media_tokens",
-           "only_readable", "returned", "returned_note", "sent", "sniff", "with_left_out"]
+           "only_readable", "returned", "returned_note", "sent", "sniff", "warn_kept", "with_left_out"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -55,6 +56,7 @@ SENT: Final = ("application/pdf", "text/plain")
 """Besides images and audio, the media types a model client may send (others it leaves out, naming them)."""
 RESULT: Final = "the tool's result"
 _TAIL: Final = 1024
+_logger: Final = logging.getLogger("contextpipe.tools")
 _ESCAPED: Final = re.compile("[\udc80-\udcff]")
 
 
@@ -145,6 +147,15 @@ def returned_note(part: DataPart) -> str:
         return (f"[{bad:,} of the {len(part.data):,} bytes of {RESULT} are not UTF-8: they are shown as "
                 f"\N{REPLACEMENT CHARACTER}; the exact bytes are kept as {UNKNOWN_TEXT}]")
     return attachment_note(RESULT, part)
+
+
+def warn_kept(tool: str, call_id: str, parts: Iterable[Media]) -> None:
+    """Log a warning for each file over `MAX_MEDIA_BYTES` a tool result keeps: every later request re-sends it."""
+    for part in parts:
+        if isinstance(part, DataPart) and len(part.data) > MAX_MEDIA_BYTES:
+            _logger.warning("tool %r (call %s) returned %s, over %s bytes: the session keeps it and every later "
+                            "request sends it (an API may refuse them all); Artifacts(store) keeps such files as "
+                            "artifacts", tool, call_id, describe(part), f"{MAX_MEDIA_BYTES:,}")
 
 
 def attachment_note(what: str, part: DataPart) -> str:

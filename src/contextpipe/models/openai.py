@@ -273,13 +273,12 @@ def _media_part(part: DataPart | UriPart) -> dict[str, Any] | None:
     if part.media_type in IMAGE_TYPES:
         url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
         return {"type": "image_url", "image_url": {"url": url}}
+    if part.media_type not in _AUDIO_FORMATS and part.media_type != "application/pdf":
+        return None  # not encoded: a part no model reads may be big
     encoded = base64.b64encode(part.data).decode()
     if part.media_type in _AUDIO_FORMATS:
         return {"type": "input_audio", "input_audio": {"data": encoded, "format": _AUDIO_FORMATS[part.media_type]}}
-    if part.media_type == "application/pdf":
-        return {"type": "file", "file": {"filename": "document.pdf",
-                                         "file_data": f"data:application/pdf;base64,{encoded}"}}
-    return None
+    return {"type": "file", "file": {"filename": "document.pdf", "file_data": f"data:application/pdf;base64,{encoded}"}}
 
 
 def _content_part(part: Part, role: str) -> dict[str, Any] | None:
