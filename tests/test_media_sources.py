@@ -187,9 +187,11 @@ async def test_artifacts_keep_a_file_too_big_to_attach_out_of_the_log() -> None:
     model = ScriptedModel([tool_call("report"), tool_call("dump"), lambda r: tool_call("read_artifact", handle=_h(r)),
                            "done"])
     agent = Agent(model, store=store, tools=[report, dump], providers=[Artifacts(store, max_media_bytes=1_000)])
-    await agent.run("go", session=await agent.session("s"))
+    session = await agent.session("s")
+    await agent.run("go", session=session)
     report_result, dump_result = _results(model.requests[2])
-    assert report_result.parts == () and dump_result.parts == ()  # neither is in the log, nor sent again
+    assert report_result.parts == () and dump_result.parts == ()  # neither is sent again
+    assert [r.parts for m in await agent.history(session) for r in m.function_results][:2] == [(), ()]  # nor logged
     assert report_result.result.startswith(f"[application/pdf ({len(big):,} bytes) is stored as artifact ")
     assert "over the 1,000-byte limit for attached files" in report_result.result
     assert dump_result.result.startswith("[application/octet-stream (105 bytes) is stored as artifact")
@@ -419,3 +421,29 @@ async def test_a_big_file_kept_in_a_result_is_warned_of(artifacts: bool, monkeyp
     assert warned == ([] if artifacts else [f"tool 'plan' (call call_1) returned image/png ({len(PNG)} bytes), over 50 "
                       "bytes: the session keeps it and every later request sends it (an API may refuse them all); "
                       "Artifacts(store) keeps such files as artifacts"])
+
+
+async def test_bytes_no_model_reads_are_stored_named_and_not_sent(client: Client) -> None:
+    dump = b"\x7fELF\x00" + bytes(20_000)
+
+    @tool
+    def core() -> bytes:
+        """Return the core dump."""
+        return dump
+
+    client.call_then_answer("core")
+    store = MemoryStore()
+    agent = Agent(client.model, store=store, tools=[core], providers=[History(store)])
+    session = await agent.session("s")
+    result = await agent.run("What crashed?", session=session)
+    second = client.fake.requests[1]
+    client.check(second)
+    assert attachments(client.kind, second) == []
+    assert base64.b64encode(dump[:30]).decode()[:20] not in json.dumps(second)
+    note = (f"[the tool's result: {len(dump):,} bytes of application/octet-stream, not text]\n[left out of this "
+            f"result: application/octet-stream ({len(dump):,} bytes);")
+    assert json.dumps(note)[1:-1] in json.dumps(second)
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    assert stored.parts == (DataPart(dump, "application/octet-stream"),)  # kept exactly, for your code
+    [tool_message] = [m for m in result.traces[1].messages if m.role == "tool"]
+    assert tool_message.tokens < 200  # its notes, not 5,000 tokens of bytes no model receives
