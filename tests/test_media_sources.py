@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from contextpipe import Agent, ToolOutcome, tool
 from contextpipe.artifacts import put_artifact, read_artifact
-from contextpipe.messages import DataPart, FunctionResult, UriPart
+from contextpipe.messages import DataPart, FunctionResult
 from contextpipe.models import ChatModel
 from contextpipe.models.anthropic import AnthropicChatModel
 from contextpipe.models.openai import OpenAIChatModel
@@ -227,7 +227,7 @@ def test_bytes_a_tool_returns_are_kept_exactly(data: bytes) -> None:
     outcome = asyncio.run(raw.invoke("{}"))
     if outcome.parts:
         [part] = outcome.parts
-        assert isinstance(part, DataPart) and part.data == data and not isinstance(part, UriPart)
+        assert isinstance(part, DataPart) and part.data == data
     else:
         assert outcome.result.encode() == data
 
@@ -447,3 +447,13 @@ async def test_bytes_no_model_reads_are_stored_named_and_not_sent(client: Client
     assert stored.parts == (DataPart(dump, "application/octet-stream"),)  # kept exactly, for your code
     [tool_message] = [m for m in result.traces[1].messages if m.role == "tool"]
     assert tool_message.tokens < 200  # its notes, not 5,000 tokens of bytes no model receives
+
+
+def test_a_pdf_whose_pages_are_compressed_is_counted_by_its_size_or_page_count() -> None:
+    from contextpipe._media import media_tokens
+
+    hidden = b"%PDF-1.7\n" + bytes(500_000) + b"\n%%EOF\n"  # page objects in compressed object streams: unseen
+    assert media_tokens(DataPart(hidden, "application/pdf")) == 5 * 2000
+    counted = PDF.replace(b"/Count 1", b"/Count 30") + bytes(5_000)
+    assert media_tokens(DataPart(counted, "application/pdf")) == 30 * 2000
+    assert media_tokens(DataPart(PDF, "application/pdf")) == 2000

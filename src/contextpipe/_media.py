@@ -9,7 +9,9 @@ high side elsewhere so that a context budget is not overrun:
   768 px). Other images (a URI, an unreadable header) cost `UNKNOWN_IMAGE_TOKENS`.
 - Audio costs 10 tokens a second (OpenAI's 1 token per 100 ms), the length read from a WAV header or
   estimated at 16,000 bytes a second (128 kbit/s) for other formats.
-- A PDF costs 2,000 tokens a page (Anthropic documents 1,500 to 3,000).
+- A PDF costs 2,000 tokens a page (Anthropic documents 1,500 to 3,000), its pages counted from its
+  page objects or page tree, and at least one a 100 KB (a PDF 1.5 may hide both in compressed
+  object streams).
 - Bytes no model client sends (``application/octet-stream``, a zip) cost the note that names them
   as left out, as that is all a model receives of them.
 
@@ -44,6 +46,8 @@ UNKNOWN_IMAGE_TOKENS: Final = 1600
 AUDIO_TOKENS_PER_SECOND: Final = 10
 PDF_TOKENS_PER_PAGE: Final = 2000
 _PDF_PAGE: Final = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
+_PDF_COUNT: Final = re.compile(rb"/Count\s+(\d{1,7})")
+PDF_BYTES_PER_PAGE: Final = 100_000
 ATTACHABLE: Final = ("image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf")
 """What a skill's file, a tool's bytes or an artifact is sent to a model as (a media part), not as text:
 the images and the file type every vendor client here takes in a tool result."""
@@ -244,8 +248,19 @@ def media_tokens(part: Media) -> int:
     if major == "audio":
         return max(1, math.ceil(_audio_seconds(part.data) * AUDIO_TOKENS_PER_SECOND))
     if part.media_type == "application/pdf":
-        return PDF_TOKENS_PER_PAGE * max(1, len(_PDF_PAGE.findall(part.data)))
+        return PDF_TOKENS_PER_PAGE * _pdf_pages(part.data)
     return max(1, len(part.data) // 4)
+
+
+def _pdf_pages(data: bytes) -> int:
+    """Count a PDF's pages: the most of its page objects, its page tree's ``/Count``, one a `PDF_BYTES_PER_PAGE`.
+
+    A PDF 1.5 or later may keep its page objects in compressed object streams, where neither the
+    objects nor the count can be seen: its size is then the bound.
+    """
+    counts = (int(c) for c in _PDF_COUNT.findall(data))
+    return max(1, len(_PDF_PAGE.findall(data)), min(max(counts, default=0), len(data) // 100),
+               len(data) // PDF_BYTES_PER_PAGE)
 
 
 def sent(media_type: str) -> bool:

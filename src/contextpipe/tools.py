@@ -7,8 +7,8 @@ type hints (pydantic), with per-argument descriptions from the docstring (Google
 ``Annotated[..., Field(description=...)]``.
 
 A tool returns text (anything else but bytes is turned into JSON text), bytes or a `DataPart` /
-`UriPart` (an image or a PDF goes to the model as one; see `contextpipe._media.returned`), or a
-`ToolOutcome` to send images, audio or files to the model along with the text.
+`UriPart` (an image or a PDF goes to the model as one; the Tools guide says how bytes are read), or
+a `ToolOutcome` to send images, audio or files to the model along with the text.
 
 A parameter annotated with `ToolContext` (``ctx: ToolContext[Deps]``) is not an argument the model
 sends: the run fills it in with the call's context (session, user, idempotency key, deps, state;
