@@ -45,7 +45,17 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from .._media import ATTACHABLE, MAX_MEDIA_BYTES, UNKNOWN_TEXT, attachment_note, describe, returned_note, sent, sniff
+from .._media import (
+    ATTACHABLE,
+    BINARY,
+    MAX_MEDIA_BYTES,
+    UNKNOWN_TEXT,
+    attachment_note,
+    describe,
+    returned_note,
+    sent,
+    sniff,
+)
 from ..errors import UsageError
 from ..messages import DataPart
 from ..session import SessionKey
@@ -66,9 +76,9 @@ READ_TOOL: Final = "read_artifact"
 """The name of the tool the model reads artifacts with."""
 TEXT: Final = "text/plain; charset=utf-8"
 """The media type of a spilled tool result."""
+
+
 logger = logging.getLogger("contextpipe.artifacts")
-BINARY: Final = "application/octet-stream"
-"""The media type of a tool result that is not UTF-8 text (its media type is not known)."""
 
 
 class Artifacts(ContextProvider):
@@ -122,26 +132,46 @@ class _Run:
 
     async def spill(self, call: ToolInvocation, call_next: CallTool) -> ToolOutcome:
         outcome = await call_next(call)
-        text = outcome.result
         if call.name == READ_TOOL:  # a read is bounded by max_read and max_media_bytes
             return outcome
+        notes: list[str] = []
+        exact: tuple[bytes, str] | None = None
         if outcome.parts:
-            outcome = await self._spill_parts(call, outcome)
+            outcome, notes, exact = await self._spill_parts(call, outcome)
+        outcome = await self._spill_text(call, outcome, exact)
+        if not notes:  # each stored (or lost) file is named after the text, so a preview cannot cut its note
+            return outcome
+        return replace(outcome, result="\n".join([outcome.result, *notes] if outcome.result else notes))
+
+    async def _spill_text(self, call: ToolInvocation, outcome: ToolOutcome,
+                          exact: tuple[bytes, str] | None) -> ToolOutcome:
+        """Spill the text of `outcome` if it is too long or binary; `exact`: the stored bytes it shows, their handle."""
+        text = outcome.result
         data, bad = _bytes_of(text), len(_SURROGATE.findall(text))  # bad: the bytes that are not UTF-8
         if bad and (b"\0" in data or bad * 10 > len(data)):  # looks binary: stored whole whatever its size
             return await self._binary(call, outcome, data)
         if len(text) <= self.artifacts.limit:
             return replace(outcome, result=_readable(data)) if bad else outcome
+        if exact is not None:  # the text shows bytes already stored (`returned`): preview them, by their offsets
+            data, handle = exact
+            text = data.decode("utf-8", "surrogateescape")
+            return replace(outcome, result=self._preview(text, len(data), handle, len(_SURROGATE.findall(text))))
         if len(data) > MAX_ARTIFACT_BYTES:  # the preview, as an error: not a run failed and the result lost
             return replace(outcome, result=self._preview(text, len(data), None, bad), is_error=True)
         return replace(outcome, result=self._preview(text, len(data), await self._put(call, data, TEXT), bad))
 
-    async def _spill_parts(self, call: ToolInvocation, outcome: ToolOutcome) -> ToolOutcome:
-        """Store each file of `outcome` over `max_media_bytes` (or no model reads) as an artifact, named instead."""
+    async def _spill_parts(self, call: ToolInvocation,
+                           outcome: ToolOutcome) -> tuple[ToolOutcome, list[str], tuple[bytes, str] | None]:
+        """Store each file of `outcome` over `max_media_bytes` (or no model reads) as an artifact.
+
+        Returns the outcome without them, the notes naming them (the caller adds them after the text),
+        and the bytes and handle of the stored part the text shows (`returned`'s mostly-text bytes).
+        """
         kept: list[DataPart | UriPart] = []
         notes: list[str] = []
         said: set[str] = set()  # what `returned` wrote of a part that is not attached after all
         lost = False  # a part neither kept nor stored: the result is an error
+        exact: tuple[bytes, str] | None = None
         most = self.artifacts.max_media_bytes
         for part in outcome.parts:
             if not isinstance(part, DataPart) or (len(part.data) <= most and sent(part.media_type)):
@@ -154,18 +184,21 @@ class _Run:
                 lost = True
                 logger.warning("tool %r returned %s, %s: it is dropped from the result (call %s)", call.name,
                                describe(part), _over(), call.call_id)
-            else:
-                media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
-                handle = await self._put(call, part.data, media_type)
-                why = (f"it is over the {most:,}-byte limit for attached files" if sent(part.media_type) else
-                       f"{READ_TOOL} shows it by range" if part.media_type == UNKNOWN_TEXT else
-                       "no model reads it: it is not text, nor an image, audio or a PDF")
-                notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
+                continue
+            media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
+            handle = await self._put(call, part.data, media_type)
+            if part.media_type == UNKNOWN_TEXT and outcome.result == (
+                    f"{part.data.decode('utf-8', 'replace')}\n{returned_note(part)}"):
+                exact = (part.data, handle)
+            why = (f"it is over the {most:,}-byte limit for attached files" if sent(part.media_type) else
+                   f"no model client takes {part.media_type} in a tool result"
+                   + (f"; {READ_TOOL} shows it by range" if part.media_type.startswith("text/") else ""))
+            notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
         if not notes:
-            return outcome
+            return outcome, notes, None
         lines = [line for line in outcome.result.split("\n") if line not in said] if outcome.result else []
-        return replace(outcome, result="\n".join([*lines, *notes]), parts=tuple(kept),
-                       is_error=outcome.is_error or lost)
+        return (replace(outcome, result="\n".join(lines), parts=tuple(kept), is_error=outcome.is_error or lost),
+                notes, exact)
 
     async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
         if len(data) > MAX_ARTIFACT_BYTES:

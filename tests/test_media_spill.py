@@ -1,0 +1,91 @@
+"""Every file a spilled tool result stores is named where the model and the user find it, through each SDK.
+
+`Artifacts` may store a result's text (too long), its bytes (binary) and each of its files (too big,
+or of a type no model client takes) in one call: each stored handle must be in the result the session
+keeps and in the request the model gets, and a file neither kept nor stored must be said to be lost.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from contextpipe import Agent, ToolOutcome, tool
+from contextpipe.artifacts import read_artifact
+from contextpipe.messages import DataPart
+from contextpipe.providers import Artifacts, History
+from contextpipe.stores import MemoryStore
+from test_media_sources import PNG, Client, attachments, client  # noqa: F401 (the fixture)
+
+LATIN1 = "Café au lait, crème brûlée: the menu of the café, served daily from eight to noon.\n".encode("cp1252")
+LONG_LATIN1 = LATIN1 * 300  # 25,500 bytes: over the 20,000-character limit, 1,500 of them not UTF-8
+
+
+def stored_handles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the handle of every artifact a run stores (the real store still stores it)."""
+    import contextpipe.artifacts as artifacts
+
+    handles: list[str] = []
+    put = artifacts.put_artifact
+
+    async def recording(store: Any, tenant: str, session_id: str, artifact_id: str, *args: Any, **kw: Any) -> Any:
+        handles.append(artifact_id)
+        return await put(store, tenant, session_id, artifact_id, *args, **kw)
+
+    monkeypatch.setattr(artifacts, "put_artifact", recording)
+    return handles
+
+
+@pytest.mark.parametrize("kind", ["long text and a big image", "long mostly-text bytes", "binary text and an image"])
+async def test_every_stored_file_is_named_in_the_session_and_the_request(client: Client, kind: str,  # noqa: F811
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    image = DataPart(PNG + bytes(200), "image/png")
+
+    @tool
+    def report() -> ToolOutcome | bytes:
+        """Return the report."""
+        if kind == "long mostly-text bytes":
+            return LONG_LATIN1
+        text = "line\n" * 10_000 if kind == "long text and a big image" else "caf\udce9 ok"
+        return ToolOutcome(text, parts=(image,))
+
+    handles = stored_handles(monkeypatch)
+    client.call_then_answer("report")
+    store = MemoryStore()
+    agent = Agent(client.model, store=store, tools=[report],
+                  providers=[Artifacts(store, max_media_bytes=50), History(store)])
+    session = await agent.session("s")
+    await agent.run("Show me the report.", session=session)
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    sent = client.fake.requests[1]
+    client.check(sent)
+    assert handles and all(repr(h) in stored.result and repr(h) in json.dumps(sent) for h in handles)
+    assert stored.parts == () and attachments(client.kind, sent) == []
+    if kind == "long mostly-text bytes":  # stored once, exactly; the preview's offsets are the bytes'
+        [handle] = handles
+        assert await read_artifact(store, "default", "s", handle, length=10**6) == LONG_LATIN1
+        assert f"({len(LONG_LATIN1):,} bytes)" in stored.result and "1,500 of its bytes are not UTF-8" in stored.result
+    if kind != "long mostly-text bytes":
+        assert f"image/png ({len(image.data)} bytes) is stored as artifact" in stored.result
+
+
+async def test_a_lost_file_is_named_after_a_long_text(client: Client,  # noqa: F811
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("contextpipe.providers.artifacts.MAX_ARTIFACT_BYTES", 100_000)
+
+    @tool
+    def report() -> ToolOutcome:
+        """Return the report."""
+        return ToolOutcome("line\n" * 10_000, parts=(DataPart(PNG + bytes(200_000), "image/png"),))
+
+    client.call_then_answer("report")
+    store = MemoryStore()
+    agent = Agent(client.model, store=store, tools=[report], providers=[Artifacts(store, tail=0, max_media_bytes=50)])
+    session = await agent.session("s")
+    await agent.run("Show me the report.", session=session)
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    assert stored.is_error and stored.parts == ()
+    assert stored.result.endswith("bytes): over the 100,000 bytes an artifact may hold; nothing is stored and it is "
+                                  "not attached]")
