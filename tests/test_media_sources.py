@@ -457,3 +457,5 @@ def test_a_pdf_whose_pages_are_compressed_is_counted_by_its_size_or_page_count()
     counted = PDF.replace(b"/Count 1", b"/Count 30") + bytes(5_000)
     assert media_tokens(DataPart(counted, "application/pdf")) == 30 * 2000
     assert media_tokens(DataPart(PDF, "application/pdf")) == 2000
+    photo = PDF.replace(b"trailer", b"4 0 obj << /Type /Page >> endobj\n" + bytes(3_700_000) + b"\ntrailer")
+    assert media_tokens(DataPart(photo, "application/pdf")) == 2 * 2000  # its pages are seen: not 37 by its size

@@ -10,8 +10,8 @@ high side elsewhere so that a context budget is not overrun:
 - Audio costs 10 tokens a second (OpenAI's 1 token per 100 ms), the length read from a WAV header or
   estimated at 16,000 bytes a second (128 kbit/s) for other formats.
 - A PDF costs 2,000 tokens a page (Anthropic documents 1,500 to 3,000), its pages counted from its
-  page objects or page tree, and at least one a 100 KB (a PDF 1.5 may hide both in compressed
-  object streams).
+  page objects or page tree, or where neither is seen (a PDF 1.5 may hide both in compressed object
+  streams) one a 100 KB.
 - Bytes no model client sends (``application/octet-stream``, a zip) cost the note that names them
   as left out, as that is all a model receives of them.
 
@@ -69,8 +69,9 @@ def sniff(data: bytes, *, size: int | None = None, tail: bytes | None = None) ->
 
     GIF, PDF and WebP magic bytes are plain text, so a text may start like one: an image's header
     must give its size (a GIF's first block and trailer must be in place, a WebP's RIFF length must be
-    the file's), and a PDF must end with ``%%EOF`` (in its last KiB). `data` is the whole file, or its
-    start (64 KiB is enough) with the file's `size` and its last KiB, `tail`.
+    the file's), and a PDF must end with ``%%EOF`` (in its last KiB); a JPEG's segments must be well
+    formed up to its frame header, or to the end of `data` when it is a start. `data` is the whole file,
+    or its start (64 KiB is enough) with the file's `size` and its last KiB, `tail`.
 
     >>> sniff(b"%PDF-1.7 ...\n%%EOF\n"), sniff(b"%PDF-1.7 is the version we use"), sniff(b"plain text")
     ('application/pdf', None, None)
@@ -83,7 +84,9 @@ def sniff(data: bytes, *, size: int | None = None, tail: bytes | None = None) ->
     tail = data[-_TAIL:] if tail is None else tail
     if kind == "application/pdf":
         return kind if b"%%EOF" in tail else None
-    if image_size(data[:65536]) is None:
+    if kind == "image/jpeg":  # no text starts with its magic bytes: its segments are walked, to the end of `data`
+        return kind if _jpeg_walk(data) is not False and (image_size(data) or size > len(data)) else None
+    if image_size(data) is None:
         return None
     if kind == "image/webp" and int.from_bytes(data[4:8], "little") + 8 != size:
         return None
@@ -204,20 +207,28 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    walked = _jpeg_walk(data)
+    return walked if isinstance(walked, tuple) else None
+
+
+def _jpeg_walk(data: bytes) -> tuple[int, int] | bool:
+    """Walk a JPEG's segments to its frame header: its size; True if `data` ends first, False at a bad marker."""
     index = 2
     while index + 9 < len(data):
         if data[index] != 0xFF:
-            return None
+            return False
         marker = data[index + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            index += 2
+        if marker in (0xD8, 0x01, 0xFF) or 0xD0 <= marker <= 0xD7:
+            index += 1 if marker == 0xFF else 2  # fill bytes, and markers without a length
             continue
         length = int.from_bytes(data[index + 2:index + 4], "big")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
             height, width = struct.unpack(">HH", data[index + 5:index + 9])
             return int(width), int(height)
+        if length < 2:
+            return False
         index += 2 + length
-    return None
+    return True
 
 
 def image_tokens(width: int, height: int) -> int:
@@ -239,7 +250,7 @@ def media_tokens(part: Media) -> int:
         return max(1, len(json.dumps(dict(part.payload), default=str)) // 4)
     major = part.media_type.split("/", 1)[0]
     if major == "image":
-        size = image_size(part.data[:65536]) if isinstance(part, DataPart) else None
+        size = image_size(part.data) if isinstance(part, DataPart) else None
         return image_tokens(*size) if size else UNKNOWN_IMAGE_TOKENS
     if not isinstance(part, DataPart):
         return max(1, len(part.uri) // 4)
@@ -253,14 +264,14 @@ def media_tokens(part: Media) -> int:
 
 
 def _pdf_pages(data: bytes) -> int:
-    """Count a PDF's pages: the most of its page objects, its page tree's ``/Count``, one a `PDF_BYTES_PER_PAGE`.
+    """Count a PDF's pages: the more of its page objects and its page tree's ``/Count``, else by its size.
 
     A PDF 1.5 or later may keep its page objects in compressed object streams, where neither the
-    objects nor the count can be seen: its size is then the bound.
+    objects nor the count can be seen: its size is then the bound, one page a `PDF_BYTES_PER_PAGE`.
     """
     counts = (int(c) for c in _PDF_COUNT.findall(data))
-    return max(1, len(_PDF_PAGE.findall(data)), min(max(counts, default=0), len(data) // 100),
-               len(data) // PDF_BYTES_PER_PAGE)
+    pages = max(len(_PDF_PAGE.findall(data)), min(max(counts, default=0), len(data) // 100))
+    return pages or max(1, len(data) // PDF_BYTES_PER_PAGE)
 
 
 def sent(media_type: str) -> bool:
