@@ -17,6 +17,7 @@ from contextpipe.artifacts import read_artifact
 from contextpipe.messages import DataPart
 from contextpipe.providers import Artifacts, History
 from contextpipe.stores import MemoryStore
+from contextpipe.testing import ScriptedModel, tool_call
 from test_media_sources import PNG, Client, attachments, client  # noqa: F401 (the fixture)
 
 LATIN1 = "Café au lait, crème brûlée: the menu of the café, served daily from eight to noon.\n".encode("cp1252")
@@ -89,3 +90,24 @@ async def test_a_lost_file_is_named_after_a_long_text(client: Client,  # noqa: F
     assert stored.is_error and stored.parts == ()
     assert stored.result.endswith("bytes): over the 100,000 bytes an artifact may hold; nothing is stored and it is "
                                   "not attached]")
+
+
+async def test_only_what_a_client_sends_is_counted_as_sent_and_kept_in_the_log() -> None:
+    from contextpipe._media import media_tokens
+
+    assert media_tokens(DataPart(bytes(1_000_000), "audio/ogg")) < 100  # its note: no client sends audio/ogg
+    assert media_tokens(DataPart(bytes(16_000), "audio/mpeg")) == 10  # a second, which OpenAI's chat sends
+
+    @tool
+    def recording() -> ToolOutcome:
+        """Return the recording and its waveform."""
+        return ToolOutcome("The call.", parts=(DataPart(bytes(300), "audio/ogg"),
+                                               DataPart(b"BM" + bytes(60), "image/bmp")))
+
+    store = MemoryStore()
+    agent = Agent(ScriptedModel([tool_call("recording"), "done"]), store=store, tools=[recording],
+                  providers=[Artifacts(store), History(store)])
+    session = await agent.session("s")
+    await agent.run("go", session=session)
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    assert stored.parts == () and stored.result.count("no model client takes") == 2

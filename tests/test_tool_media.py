@@ -247,8 +247,8 @@ def test_real_files_are_recognised_whole_and_from_their_first_64_kib() -> None:
     # EXIF (60 KB) and a 200 KB ICC profile in four APP2 segments: the frame header is past 64 KiB
     jpeg = (b"\xff\xd8" + segment(0xE1, 60_000) + segment(0xE2, 65_535) * 3 + segment(0xE2, 3_400) + frame
             + b"\xff\xda" + bytes(100) + b"\xff\xd9")
-    gif = (b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0x80, 0, 0) + bytes(6) + b"\x2c" + struct.pack("<HHHHB", 0, 0, 2, 2, 0)
-           + b"\x02\x02\x44\x01\x00;")
+    gif = (b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0x80, 0, 0) + bytes(6)
+           + b"\x2c" + struct.pack("<HHHHB", 0, 0, 2, 2, 0) + b"\x02\x02\x44\x01\x00;")
     vp8l = b"VP8L" + struct.pack("<I", 5) + b"\x2f" + ((63) | (47 << 14)).to_bytes(4, "little") + b"\x00"
     webp = b"RIFF" + struct.pack("<I", 4 + len(vp8l)) + b"WEBP" + vp8l
     pdf = b"%PDF-1.4\n1 0 obj << /Type /Page >> endobj\n" + bytes(80_000) + b"\ntrailer << >>\n%%EOF\n"

@@ -12,8 +12,8 @@ high side elsewhere so that a context budget is not overrun:
 - A PDF costs 2,000 tokens a page (Anthropic documents 1,500 to 3,000), its pages counted from its
   page objects or page tree, or where neither is seen (a PDF 1.5 may hide both in compressed object
   streams) one a 100 KB.
-- Bytes no model client sends (``application/octet-stream``, a zip) cost the note that names them
-  as left out, as that is all a model receives of them.
+- Bytes no model client sends (`SENT`: ``application/octet-stream``, a zip, ``audio/ogg``) cost the
+  note that names them as left out, as that is all a model receives of them.
 
 >>> image_size(b"GIF89a\x02\x00\x03\x00")
 (2, 3)
@@ -34,9 +34,10 @@ from typing import Final, TypeAlias
 
 from .messages import DataPart, FunctionResult, Message, Part, UnknownPart, UriPart
 
-__all__ = ["ATTACHABLE", "BINARY", "MAX_MEDIA_BYTES", "UNKNOWN_IMAGE_TOKENS", "UNKNOWN_TEXT", "Media",
-           "attachment_note", "describe", "image_size", "image_tokens", "left_out_note", "magic", "media_tokens",
-           "only_readable", "returned", "returned_note", "sent", "sniff", "warn_kept", "with_left_out"]
+__all__ = ["ATTACHABLE", "AUDIO_FORMATS", "BINARY", "IMAGE_TYPES", "MAX_MEDIA_BYTES", "SENT", "UNKNOWN_IMAGE_TOKENS",
+           "UNKNOWN_TEXT", "Media", "attachment_note", "describe", "image_size", "image_tokens", "left_out_note",
+           "magic", "media_tokens", "only_readable", "returned", "returned_note", "sent", "sniff", "warn_kept",
+           "with_left_out"]
 
 Media: TypeAlias = DataPart | UriPart | UnknownPart
 """What a function result carries besides its text (`UnknownPart`: a kind of a newer contextpipe)."""
@@ -56,8 +57,14 @@ MAX_MEDIA_BYTES: Final = 3_750_000
 BINARY: Final = "application/octet-stream"
 UNKNOWN_TEXT: Final = "text/plain; charset=unknown-8bit"
 """The media type of a tool's bytes that are mostly text but not all UTF-8 (`returned`)."""
-SENT: Final = ("application/pdf", "text/plain")
-"""Besides images and audio, the media types a model client may send (others it leaves out, naming them)."""
+IMAGE_TYPES: Final = ("image/png", "image/jpeg", "image/gif", "image/webp")
+"""Image types every vendor's API reads inline (an image by URL is fetched by the service, whatever its type)."""
+AUDIO_FORMATS: Final = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+"""Audio OpenAI's chat completions take after a tool result, and the format it names each."""
+SENT: Final = frozenset((*IMAGE_TYPES, *AUDIO_FORMATS, "application/pdf", "text/plain"))
+"""What some model client here sends of a tool result's file (Claude: text/plain; OpenAI's chat: the audio).
+
+Every client leaves other types out, naming them, and `media_tokens` counts them as that note."""
 RESULT: Final = "the tool's result"
 _TAIL: Final = 1024
 _logger: Final = logging.getLogger("contextpipe.tools")
@@ -82,20 +89,31 @@ def sniff(data: bytes, *, size: int | None = None, tail: bytes | None = None) ->
         return None
     size = len(data) if size is None else size
     tail = data[-_TAIL:] if tail is None else tail
-    if kind == "application/pdf":
-        return kind if b"%%EOF" in tail else None
-    if kind == "image/jpeg":  # no text starts with its magic bytes: its segments are walked, to the end of `data`
-        return kind if _jpeg_walk(data) is not False and (image_size(data) or size > len(data)) else None
-    if image_size(data) is None:
-        return None
-    if kind == "image/webp" and int.from_bytes(data[4:8], "little") + 8 != size:
-        return None
-    if kind == "image/gif":
-        flags = data[10] if len(data) > 10 else 0
-        first = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)  # after the header and global colour table
-        if len(data) <= first or data[first] not in (0x21, 0x2C) or not tail.endswith(b";"):
-            return None
-    return kind
+    return kind if _WELL_FORMED[kind](data, size, tail) else None
+
+
+def _jpeg_ok(data: bytes, size: int, tail: bytes) -> bool:
+    """No text starts with a JPEG's magic bytes: its segments are walked to its frame, or the end of `data`."""
+    walked = _jpeg_walk(data)
+    return isinstance(walked, tuple) or (walked and size > len(data))
+
+
+def _webp_ok(data: bytes, size: int, tail: bytes) -> bool:
+    return image_size(data) is not None and int.from_bytes(data[4:8], "little") + 8 == size
+
+
+def _gif_ok(data: bytes, size: int, tail: bytes) -> bool:
+    flags = data[10] if len(data) > 10 else 0
+    first = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)  # after the header and global colour table
+    return (image_size(data) is not None and len(data) > first and data[first] in (0x21, 0x2C)
+            and tail.endswith(b";"))
+
+
+_WELL_FORMED: Final = {
+    "application/pdf": lambda data, size, tail: b"%%EOF" in tail,
+    "image/png": lambda data, size, tail: image_size(data) is not None,
+    "image/jpeg": _jpeg_ok, "image/webp": _webp_ok, "image/gif": _gif_ok,
+}
 
 
 def magic(data: bytes) -> str | None:
@@ -275,8 +293,8 @@ def _pdf_pages(data: bytes) -> int:
 
 
 def sent(media_type: str) -> bool:
-    """Whether a model client may send a part of `media_type` (an image, audio, a PDF, plain text) or leaves it out."""
-    return media_type.split("/", 1)[0] in ("image", "audio") or media_type in SENT
+    """Whether some model client sends a tool result's part of `media_type` (`SENT`), or every one leaves it out."""
+    return media_type in SENT
 
 
 def _audio_seconds(data: bytes) -> float:

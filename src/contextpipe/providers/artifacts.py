@@ -179,26 +179,31 @@ class _Run:
                 continue
             if part.media_type != UNKNOWN_TEXT:  # its note says how much is not UTF-8: kept
                 said.add(returned_note(part))
-            if len(part.data) > MAX_ARTIFACT_BYTES:
-                notes.append(f"[{describe(part)}: {_over()}; nothing is stored and it is not attached]")
-                lost = True
-                logger.warning("tool %r returned %s, %s: it is dropped from the result (call %s)", call.name,
-                               describe(part), _over(), call.call_id)
-                continue
-            media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
-            handle = await self._put(call, part.data, media_type)
-            if part.media_type == UNKNOWN_TEXT and outcome.result == (
+            note, handle = await self._store(call, part)
+            notes.append(note)
+            lost = lost or handle is None
+            if handle is not None and part.media_type == UNKNOWN_TEXT and outcome.result == (
                     f"{part.data.decode('utf-8', 'replace')}\n{returned_note(part)}"):
                 exact = (part.data, handle)
-            why = (f"it is over the {most:,}-byte limit for attached files" if sent(part.media_type) else
-                   f"no model client takes {part.media_type} in a tool result"
-                   + (f"; {READ_TOOL} shows it by range" if part.media_type.startswith("text/") else ""))
-            notes.append(f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]")
         if not notes:
             return outcome, notes, None
         lines = [line for line in outcome.result.split("\n") if line not in said] if outcome.result else []
         return (replace(outcome, result="\n".join(lines), parts=tuple(kept), is_error=outcome.is_error or lost),
                 notes, exact)
+
+    async def _store(self, call: ToolInvocation, part: DataPart) -> tuple[str, str | None]:
+        """Store a result's file as an artifact: the note naming it, and its handle (None: too big, lost)."""
+        if len(part.data) > MAX_ARTIFACT_BYTES:
+            logger.warning("tool %r returned %s, %s: it is dropped from the result (call %s)", call.name,
+                           describe(part), _over(), call.call_id)
+            return f"[{describe(part)}: {_over()}; nothing is stored and it is not attached]", None
+        media_type = part.media_type if _MEDIA_TYPE.fullmatch(part.media_type) else BINARY
+        handle = await self._put(call, part.data, media_type)
+        most = self.artifacts.max_media_bytes
+        why = (f"it is over the {most:,}-byte limit for attached files" if sent(part.media_type) else
+               f"no model client takes {part.media_type} in a tool result"
+               + (f"; {READ_TOOL} shows it by range" if part.media_type.startswith("text/") else ""))
+        return f"[{describe(part)} is stored as artifact {handle!r}, not attached: {why}]", handle
 
     async def _binary(self, call: ToolInvocation, outcome: ToolOutcome, data: bytes) -> ToolOutcome:
         if len(data) > MAX_ARTIFACT_BYTES:
