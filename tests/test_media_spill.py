@@ -8,6 +8,7 @@ keeps and in the request the model gets, and a file neither kept nor stored must
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from contextpipe import Agent, ToolOutcome, tool
 from contextpipe.artifacts import read_artifact
 from contextpipe.messages import DataPart
-from contextpipe.providers import Artifacts, History
+from contextpipe.providers import Artifacts, History, Skills
 from contextpipe.stores import MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
 from test_media_sources import PNG, Client, attachments, client  # noqa: F401 (the fixture)
@@ -111,3 +112,17 @@ async def test_only_what_a_client_sends_is_counted_as_sent_and_kept_in_the_log()
     await agent.run("go", session=session)
     [stored] = [r for m in await agent.history(session) for r in m.function_results]
     assert stored.parts == () and stored.result.count("no model client takes") == 2
+
+
+async def test_a_skill_pdf_over_the_media_limit_is_refused_for_that_limit(tmp_path: Path) -> None:
+    pdf = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\n%" + b"x" * 20_000 + b"\ntrailer << >>\n%%EOF\n"
+    folder = tmp_path / "skills" / "theme"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: theme\ndescription: The theme.\n---\nShow theme.pdf.\n")
+    (folder / "theme.pdf").write_bytes(pdf)
+    model = ScriptedModel([tool_call("read_skill_resource", skill="theme", path="theme.pdf"), "done"])
+    await Agent(model, providers=[Skills(tmp_path / "skills", max_media_bytes=10_000, max_resource_bytes=5_000)]).run(
+        "go")
+    [read] = [r for m in model.requests[1].messages for r in m.function_results]
+    assert read.is_error and read.result == ("Error: 'theme.pdf' is application/pdf, 20.1 KB, over the 10.0 KB limit "
+                                             "for skill files sent as attachments.")

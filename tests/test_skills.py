@@ -250,7 +250,7 @@ async def test_odd_but_harmless_paths_just_miss(skills_dir: Path) -> None:
 async def test_size_limits_and_unknown_skills(skills_dir: Path) -> None:
     small = Skills(skills_dir, max_resource_bytes=1000)
     outcome = await invoke(small, "read_skill_resource", skill="weather-advice", path="big.txt")
-    assert outcome.is_error and "5000 bytes, over the 1000-byte limit" in outcome.result
+    assert outcome.is_error and "5,000 bytes, over the 1,000-byte limit" in outcome.result
     listing = (await invoke(small, "load_skill", name="weather-advice")).result
     assert "- big.txt (text, 5.0 KB; over the 1.0 KB read limit)" in listing
     outcome = await invoke(small, "load_skill", name="nope")

@@ -147,6 +147,8 @@ def resource(rel: str, data: bytes, size: int, max_text: int, max_media: int) ->
     `data` is at most one byte more than the larger limit; `size` is the file's size.
     """
     kind = sniff(data)
+    if kind is None and len(data) > max_media and (len(data) > max_text or decode_text(data) is None):
+        kind = magic(data)  # cut short at the larger limit, its end unread: it is over the media limit
     if kind is not None:
         if len(data) > max_media:
             return ToolOutcome(f"Error: {rel!r} is {kind}, {human_size(size)}, over the {human_size(max_media)} limit "
@@ -154,7 +156,7 @@ def resource(rel: str, data: bytes, size: int, max_text: int, max_media: int) ->
         part = DataPart(data, kind)
         return ToolOutcome(attachment_note(f"file {rel!r}", part), parts=(part,))
     if len(data) > max_text:
-        return ToolOutcome(f"Error: {rel!r} is {size} bytes, over the {max_text}-byte limit for skill files.",
+        return ToolOutcome(f"Error: {rel!r} is {size:,} bytes, over the {max_text:,}-byte limit for skill files.",
                            is_error=True)
     text = decode_text(data)
     if text is None:
