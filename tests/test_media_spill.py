@@ -7,6 +7,7 @@ keeps and in the request the model gets, and a file neither kept nor stored must
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,33 @@ async def test_a_skill_pdf_over_the_media_limit_is_refused_for_that_limit(tmp_pa
     [read] = [r for m in model.requests[1].messages for r in m.function_results]
     assert read.is_error and read.result == ("Error: 'theme.pdf' is application/pdf, 20.1 KB, over the 10.0 KB limit "
                                              "for skill files sent as attachments.")
+
+
+@pytest.mark.parametrize("spill", [False, True])
+async def test_what_each_client_sends_of_text_that_is_not_utf8(client: Client, spill: bool) -> None:  # noqa: F811
+    @tool
+    def menu() -> bytes:
+        """Return the menu, as the old system wrote it."""
+        return LATIN1
+
+    client.call_then_answer("menu")
+    store = MemoryStore()
+    agent = Agent(client.model, store=store, tools=[menu],
+                  providers=([Artifacts(store)] if spill else []) + [History(store)])
+    session = await agent.session("s")
+    await agent.run("What is on the menu?", session=session)
+    sent = client.fake.requests[1]
+    client.check(sent)
+    body = json.dumps(sent, ensure_ascii=False)
+    assert "Caf\N{REPLACEMENT CHARACTER} au lait, cr\N{REPLACEMENT CHARACTER}me" in body
+    assert f"5 of the {len(LATIN1)} bytes of the tool's result are not UTF-8" in body
+    assert attachments(client.kind, sent) == [] and base64.b64encode(LATIN1[:30]).decode() not in body
+    [stored] = [r for m in await agent.history(session) for r in m.function_results]
+    if spill:  # stored, and named where the model reads it
+        handle = stored.result.split("is stored as artifact '", 1)[1].split("'", 1)[0]
+        assert stored.parts == () and repr(handle) in body
+        assert await read_artifact(store, "default", "s", handle, length=1000) == LATIN1
+        assert "no model client takes text/plain; charset=unknown-8bit in a tool result" in body
+    else:  # kept exactly in the session; each client names it as left out
+        assert stored.parts == (DataPart(LATIN1, "text/plain; charset=unknown-8bit"),)
+        assert f"[left out of this result: text/plain; charset=unknown-8bit ({len(LATIN1)} bytes);" in body
