@@ -26,9 +26,9 @@ registered before it returned it (the first provider's middleware is outermost):
 
 Images and files a tool returns (``ToolOutcome.parts``, bytes) stay in its result, and so in the
 log and in every later request that holds the result, up to `max_media_bytes` each; a bigger one,
-or bytes no model reads (``application/octet-stream``), is stored as an artifact instead and named
-in the result's text. ``read_artifact`` on an image or a PDF (PNG, JPEG, GIF, WebP; by its media
-type, or its first bytes for ``application/octet-stream``) attaches it whole, up to
+or one of a type no model client takes in a tool result (`contextpipe._media.SENT`), is stored as
+an artifact instead and named after the result's text. ``read_artifact`` on an image or a PDF (PNG,
+JPEG, GIF, WebP; by its media type, or its structure for ``application/octet-stream``) attaches it whole, up to
 `max_media_bytes`, for the model client to send as a media part (or name as left out, for a model
 that does not take it).
 
