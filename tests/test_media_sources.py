@@ -419,8 +419,8 @@ async def test_a_big_file_kept_in_a_result_is_warned_of(artifacts: bool, monkeyp
         await agent.run("go", session=await agent.session("s"))
     warned = [r.getMessage() for r in caplog.records if r.name == "contextpipe.tools"]
     assert warned == ([] if artifacts else [f"tool 'plan' (call call_1) returned image/png ({len(PNG)} bytes), over 50 "
-                      "bytes: the session keeps it and every later request sends it (an API may refuse them all); "
-                      "Artifacts(store) keeps such files as artifacts"])
+                      "bytes each: the session keeps them and every later request sends them (an API may refuse "
+                      "them all); Artifacts(store) with max_media_bytes at most 50 keeps such files as artifacts"])
 
 
 async def test_bytes_no_model_reads_are_stored_named_and_not_sent(client: Client) -> None:

@@ -175,12 +175,13 @@ def returned_note(part: DataPart) -> str:
 
 
 def warn_kept(tool: str, call_id: str, parts: Iterable[Media]) -> None:
-    """Log a warning for each file over `MAX_MEDIA_BYTES` a tool result keeps: every later request re-sends it."""
-    for part in parts:
-        if isinstance(part, DataPart) and len(part.data) > MAX_MEDIA_BYTES:
-            _logger.warning("tool %r (call %s) returned %s, over %s bytes: the session keeps it and every later "
-                            "request sends it (an API may refuse them all); Artifacts(store) keeps such files as "
-                            "artifacts", tool, call_id, describe(part), f"{MAX_MEDIA_BYTES:,}")
+    """Log one warning naming the files over `MAX_MEDIA_BYTES` a tool result keeps: later requests re-send them."""
+    big = [describe(p) for p in parts if isinstance(p, DataPart) and len(p.data) > MAX_MEDIA_BYTES]
+    if big:
+        _logger.warning("tool %r (call %s) returned %s, over %s bytes each: the session keeps them and every later "
+                        "request sends them (an API may refuse them all); Artifacts(store) with max_media_bytes at "
+                        "most %s keeps such files as artifacts", tool, call_id, ", ".join(big),
+                        f"{MAX_MEDIA_BYTES:,}", f"{MAX_MEDIA_BYTES:,}")
 
 
 def attachment_note(what: str, part: DataPart) -> str:

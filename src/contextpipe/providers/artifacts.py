@@ -284,7 +284,7 @@ class _Run:
         media_type = found.media_type.split(";", 1)[0].strip().lower()
         data = None
         if media_type == BINARY:  # a result stored as bytes of no known type: are they an image or a PDF?
-            first = max(1, min(found.size, max(most, 1 << 16)))  # all of it when it may be attached
+            first = max(1, found.size if found.size <= most else min(found.size, 1 << 16))  # all, if attachable
             data = await read_artifact(store, key.tenant, key.id, handle, length=first)
             tail = await read_artifact(store, key.tenant, key.id, handle, offset=max(0, found.size - 1024),
                                        length=1024) if data is not None and len(data) < found.size else data
@@ -304,7 +304,7 @@ class _Run:
         if data is None or len(data) != found.size:  # erased (or changed) since artifact_info
             return ToolOutcome(f"Error: artifact {handle!r} could not be read whole: it is no longer in this "
                                "session.", is_error=True)
-        part = DataPart(data or b"", media_type)
+        part = DataPart(data, media_type)
         return ToolOutcome(attachment_note(f"artifact {handle!r}", part), parts=(part,))
 
 
