@@ -99,6 +99,7 @@ async def test_only_what_a_client_sends_is_counted_as_sent_and_kept_in_the_log()
 
     assert media_tokens(DataPart(bytes(1_000_000), "audio/ogg")) < 100  # its note: no client sends audio/ogg
     assert media_tokens(DataPart(bytes(16_000), "audio/mpeg")) == 10  # a second, which OpenAI's chat sends
+    assert media_tokens(DataPart(b"BM" + bytes(60), "image/bmp")) < 100  # an image type no client sends
 
     @tool
     def recording() -> ToolOutcome:
@@ -157,3 +158,28 @@ async def test_what_each_client_sends_of_text_that_is_not_utf8(client: Client, s
     else:  # kept exactly in the session; each client names it as left out
         assert stored.parts == (DataPart(LATIN1, "text/plain; charset=unknown-8bit"),)
         assert f"[left out of this result: text/plain; charset=unknown-8bit ({len(LATIN1)} bytes);" in body
+
+
+def test_a_crafted_jpeg_is_walked_in_few_steps_and_refused() -> None:
+    from contextpipe import _media
+
+    steps = 0
+    real = _media._FILL.match
+
+    class Counting:  # counts the walk's steps (one fill match each), not its time
+        @staticmethod
+        def match(data: bytes, index: int) -> object:
+            nonlocal steps
+            steps += 1
+            return real(data, index)
+
+    _media._FILL, saved = Counting, _media._FILL  # type: ignore[assignment]
+    try:
+        assert _media.sniff(b"\xff\xd8" + b"\xff" * 5_000_000 + b"\xe0\x00\x02" * 10) is None  # fill bytes
+        assert steps <= 2  # one step over the whole run of fill bytes
+        steps = 0
+        assert _media.sniff(b"\xff\xd8" + b"\xff\xe0\x00\x02" * 1_000_000) is None  # a million empty segments
+        assert steps == _media._JPEG_MAX_SEGMENTS
+    finally:
+        _media._FILL = saved
+    assert _media.sniff(b"\xff\xd8\xff\xe0\x00\x01" + bytes(20)) is None  # a segment length below 2

@@ -230,15 +230,29 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return walked if isinstance(walked, tuple) else None
 
 
+_FILL = re.compile(rb"\xff+")
+_JPEG_MAX_SEGMENTS: Final = 1_000  # (a real JPEG reaches its frame header within a few dozen)
+
+
 def _jpeg_walk(data: bytes) -> tuple[int, int] | bool:
-    """Walk a JPEG's segments to its frame header: its size; True if `data` ends first, False at a bad marker."""
+    """Walk a JPEG's segments to its frame header: its size; True if `data` ends first, False at a bad marker.
+
+    At most `_JPEG_MAX_SEGMENTS` segments are walked, a run of fill bytes in one step, so crafted input
+    costs little.
+    """
     index = 2
-    while index + 9 < len(data):
+    for _ in range(_JPEG_MAX_SEGMENTS):
+        if index + 9 >= len(data):
+            return True
         if data[index] != 0xFF:
             return False
+        fill = _FILL.match(data, index)
+        index = (fill.end() if fill else index + 1) - 1  # (the last 0xFF of a run starts the marker)
+        if index + 9 >= len(data):
+            return True
         marker = data[index + 1]
-        if marker in (0xD8, 0x01, 0xFF) or 0xD0 <= marker <= 0xD7:
-            index += 1 if marker == 0xFF else 2  # fill bytes, and markers without a length
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            index += 2  # markers without a length
             continue
         length = int.from_bytes(data[index + 2:index + 4], "big")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
@@ -247,7 +261,7 @@ def _jpeg_walk(data: bytes) -> tuple[int, int] | bool:
         if length < 2:
             return False
         index += 2 + length
-    return True
+    return False
 
 
 def image_tokens(width: int, height: int) -> int:
@@ -268,13 +282,13 @@ def media_tokens(part: Media) -> int:
     if isinstance(part, UnknownPart):
         return max(1, len(json.dumps(dict(part.payload), default=str)) // 4)
     major = part.media_type.split("/", 1)[0]
+    if isinstance(part, DataPart) and not sent(part.media_type):  # no client sends it: the note naming it left out
+        return max(1, len(left_out_note((part,), "this model")) // 4)
     if major == "image":
         size = image_size(part.data) if isinstance(part, DataPart) else None
         return image_tokens(*size) if size else UNKNOWN_IMAGE_TOKENS
     if not isinstance(part, DataPart):
         return max(1, len(part.uri) // 4)
-    if not sent(part.media_type):  # no client sends it: the note naming it left out
-        return max(1, len(left_out_note((part,), "this model")) // 4)
     if major == "audio":
         return max(1, math.ceil(_audio_seconds(part.data) * AUDIO_TOKENS_PER_SECOND))
     if part.media_type == "application/pdf":

@@ -35,7 +35,6 @@ __all__ = ["IMAGE_TYPES", "ClientModel", "Connection", "SDKClient", "Vendor", "d
            "model_name", "retry_after", "status_error", "stream_cut", "stream_unfinished"]
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Vendor:
     """What one vendor's API is called and says: its SDK, its environment variables, its errors' words."""
