@@ -163,7 +163,7 @@ async def test_a_fork_copies_the_artifacts_kept_in_another_store(store: SessionS
 
 
 async def test_a_result_that_is_not_utf8_text_is_stored_whole_as_binary(store: SessionStore) -> None:
-    raw = b"\x89PNG\r\n\x1a\n" + bytes(range(256))  # small, but no model can read it as text
+    raw = b"\x7fELF\x02\x01" + bytes(range(256))  # small, but no model can read it as text (nor as an image)
 
     @tool
     def snapshot() -> str:
@@ -183,12 +183,14 @@ async def test_a_result_that_is_not_utf8_text_is_stored_whole_as_binary(store: S
     assert await artifact_info(store, "default", "s", handle) is not None
     assert await read_artifact(store, "default", "s", handle, length=1_000) == raw  # the bytes, exactly
     read = results(model.requests[2])[1]
-    assert read.is_error and f"is binary (application/octet-stream, {len(raw):,} bytes), not text" in read.result
+    assert read.is_error and f"is binary (application/octet-stream, {len(raw):,} bytes), neither text" in read.result
 
 
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(UsageError, match="limit >= head \\+ tail"):
         Artifacts(MemoryStore(), limit=100, head=80, tail=80)
+    with pytest.raises(UsageError, match="max_media_bytes=-1"):
+        Artifacts(MemoryStore(), max_media_bytes=-1)
 
 
 def char_edges(data: bytes) -> list[int]:

@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contextpipe import Agent, UsageError
+from contextpipe.messages import DataPart
 from contextpipe.models import ModelRequest
 from contextpipe.providers.skills import ScriptRequest, Skill, SkillError, Skills, name_problem
 from contextpipe.testing import ScriptedModel, tool_call
@@ -153,13 +154,31 @@ async def test_binary_resources_are_listed_as_what_they_are(collection: Path) ->
     skills = Skills(collection)
     listing = (await invoke(skills, "load_skill", name="canvas-design")).result
     assert "- canvas-fonts/WorkSans-Regular.ttf (font/ttf, 588 B; binary, not readable as text)" in listing
-    assert "- assets/sample.pdf (application/pdf, 148 B; binary, not readable as text)" in listing
+    assert "- assets/sample.pdf (application/pdf, 148 B; read_skill_resource attaches it)" in listing
     assert "- assets/palettes.json.gz (application/gzip, " in listing
     assert "- assets/notes.md (text, 23 B)" in listing and "- canvas-fonts/OFL.txt (text, " in listing
     pdf = await invoke(skills, "read_skill_resource", skill="canvas-design", path="assets/sample.pdf")
-    assert pdf.is_error and "binary file (application/pdf, 148 B)" in pdf.result
+    data = (collection / "canvas-design" / "assets" / "sample.pdf").read_bytes()
+    assert not pdf.is_error and pdf.parts == (DataPart(data, "application/pdf"),)
+    assert pdf.result == "[file 'assets/sample.pdf': application/pdf, 148 bytes, attached]"
+    font = await invoke(skills, "read_skill_resource", skill="canvas-design", path="canvas-fonts/WorkSans-Regular.ttf")
+    assert font.is_error and "binary file (font/ttf, 588 B), not text nor an image or a PDF" in font.result
+    small = Skills(collection, max_media_bytes=100)
+    assert "- assets/sample.pdf (application/pdf, 148 B; over the 100 B limit for files)" in (
+        await invoke(small, "load_skill", name="canvas-design")).result
+    too_big = await invoke(small, "read_skill_resource", skill="canvas-design", path="assets/sample.pdf")
+    assert too_big.is_error and too_big.parts == () and "over the 100 B limit" in too_big.result
     notes = await invoke(skills, "read_skill_resource", skill="canvas-design", path="assets/notes.md")
     assert notes.result == "Keep margins generous.\n"
+
+
+async def test_a_file_named_like_an_image_that_is_not_one_is_not_offered_as_an_attachment(collection: Path) -> None:
+    (collection / "canvas-design" / "assets" / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))  # no IHDR
+    skills = Skills(collection)
+    listing = (await invoke(skills, "load_skill", name="canvas-design")).result
+    assert "- assets/photo.png (image/png, 48 B; binary, not readable as text)" in listing
+    read = await invoke(skills, "read_skill_resource", skill="canvas-design", path="assets/photo.png")
+    assert read.is_error and read.parts == () and "binary file (image/png, 48 B)" in read.result
 
 
 async def test_nested_resources_are_listed_and_read(collection: Path) -> None:
@@ -231,7 +250,7 @@ async def test_odd_but_harmless_paths_just_miss(skills_dir: Path) -> None:
 async def test_size_limits_and_unknown_skills(skills_dir: Path) -> None:
     small = Skills(skills_dir, max_resource_bytes=1000)
     outcome = await invoke(small, "read_skill_resource", skill="weather-advice", path="big.txt")
-    assert outcome.is_error and "5000 bytes, over the 1000-byte limit" in outcome.result
+    assert outcome.is_error and "5,000 bytes, over the 1,000-byte limit" in outcome.result
     listing = (await invoke(small, "load_skill", name="weather-advice")).result
     assert "- big.txt (text, 5.0 KB; over the 1.0 KB read limit)" in listing
     outcome = await invoke(small, "load_skill", name="nope")
@@ -291,6 +310,8 @@ async def test_scripts_are_off_by_default_and_need_approval(skills_dir: Path) ->
     assert "run_skill_script" not in [t.name for t in agent_model.requests[0].tools]
     with pytest.raises(UsageError, match="approve"):
         Skills(skills_dir, allow_scripts=True)
+    with pytest.raises(UsageError, match="max_media_bytes=-1"):
+        Skills(skills_dir, max_media_bytes=-1)
     asked: list[ScriptRequest] = []
 
     def approve(request: ScriptRequest) -> bool:

@@ -239,6 +239,29 @@ def test_image_sizes_are_read_from_headers() -> None:
     assert image_size(b"not an image") is None and image_size(b"\xff\xd8\xff") is None
 
 
+def test_real_files_are_recognised_whole_and_from_their_first_64_kib() -> None:
+    from contextpipe._media import sniff
+
+    segment = lambda marker, size: b"\xff" + bytes([marker]) + struct.pack(">H", size) + bytes(size - 2)  # noqa: E731
+    frame = b"\xff\xc0" + struct.pack(">HBHH", 17, 8, 480, 640) + b"\x03" + bytes(9)
+    # EXIF (60 KB) and a 200 KB ICC profile in four APP2 segments: the frame header is past 64 KiB
+    jpeg = (b"\xff\xd8" + segment(0xE1, 60_000) + segment(0xE2, 65_535) * 3 + segment(0xE2, 3_400) + frame
+            + b"\xff\xda" + bytes(100) + b"\xff\xd9")
+    gif = (b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0x80, 0, 0) + bytes(6)
+           + b"\x2c" + struct.pack("<HHHHB", 0, 0, 2, 2, 0) + b"\x02\x02\x44\x01\x00;")
+    vp8l = b"VP8L" + struct.pack("<I", 5) + b"\x2f" + ((63) | (47 << 14)).to_bytes(4, "little") + b"\x00"
+    webp = b"RIFF" + struct.pack("<I", 4 + len(vp8l)) + b"WEBP" + vp8l
+    pdf = b"%PDF-1.4\n1 0 obj << /Type /Page >> endobj\n" + bytes(80_000) + b"\ntrailer << >>\n%%EOF\n"
+    for data, kind in [(png(3, 2), "image/png"), (jpeg, "image/jpeg"), (gif, "image/gif"), (webp, "image/webp"),
+                       (pdf, "application/pdf")]:
+        assert sniff(data) == kind and sniff(data[:65536], size=len(data), tail=data[-1024:]) == kind
+    assert image_size(jpeg) == (640, 480) and media_tokens(DataPart(jpeg, "image/jpeg")) == image_tokens(640, 480)
+    assert image_size(webp) == (64, 48)
+    bad = jpeg[:60_004] + b"\x00" + jpeg[60_005:]  # the second segment's marker broken
+    assert sniff(bad) is None and sniff(bad[:65536], size=len(bad), tail=bad[-1024:]) is None
+    assert sniff(jpeg[:65536]) is None  # a whole file (no size given) must reach its frame header
+
+
 def test_image_tokens_follow_the_documented_rules() -> None:
     assert image_tokens(1092, 1092) == 1590  # Anthropic's table: 1092 x 1092 is about 1,590 tokens
     assert image_tokens(200, 200) == 255  # a small image: OpenAI's one tile (85 + 170) is the larger
@@ -287,7 +310,7 @@ async def test_a_model_told_what_it_reads_gets_only_that(side: Side) -> None:
     side.check(body)
     text, media = sent_media(side.kind, body) if side.kind != "chat" else chat_media(body, "Image")
     assert len(media) == 1 and "image" in media[0]["type"]  # the PNG; the WAV was left out for this model
-    note = (f"[left out of this result: audio/wav (32044 bytes); model {side.model.name!r} cannot take this "
+    note = (f"[left out of this result: audio/wav (32,044 bytes); model {side.model.name!r} cannot take this "
             "content here]")
     assert text.splitlines()[1] == note
     assert any("reads only image/*" in n for n in response.notes)

@@ -6,8 +6,9 @@ type hints (pydantic), with per-argument descriptions from the docstring (Google
 ``:param x:`` or NumPy ``Parameters`` sections, read by `docstring_parser`) or
 ``Annotated[..., Field(description=...)]``.
 
-A tool returns text (anything else is turned into JSON text), or a `ToolOutcome` to send images,
-audio or files to the model along with the text.
+A tool returns text (anything else but bytes is turned into JSON text), bytes or a `DataPart` /
+`UriPart` (an image or a PDF goes to the model as one; the Tools guide says how bytes are read), or
+a `ToolOutcome` to send images, audio or files to the model along with the text.
 
 A parameter annotated with `ToolContext` (``ctx: ToolContext[Deps]``) is not an argument the model
 sends: the run fills it in with the call's context (session, user, idempotency key, deps, state;
@@ -355,7 +356,7 @@ class Tool:
             )
         except Exception as exc:
             return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
-        return value if isinstance(value, ToolOutcome) else ToolOutcome(_to_text(value))
+        return _outcome(value)
 
     async def _invoke_handler(self, handler: ContextHandler, arguments: str,
                               context: ToolContext[Any] | None) -> ToolOutcome:
@@ -382,7 +383,7 @@ class Tool:
                 is_error=True)
         except Exception as exc:
             return ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", is_error=True)
-        return outcome if isinstance(outcome, ToolOutcome) else ToolOutcome(_to_text(outcome))
+        return _outcome(outcome)
 
     async def _run(self, kwargs: dict[str, Any], outbox: Outbox | None) -> Any:
         if not self._is_async:
@@ -426,7 +427,7 @@ class Tool:
             return
         try:
             value = done.result()
-            outcome.set_result(value if isinstance(value, ToolOutcome) else ToolOutcome(_to_text(value)))
+            outcome.set_result(_outcome(value))
         except Exception as exc:
             outcome.set_result(ToolOutcome(f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}",
                                            is_error=True))
@@ -567,6 +568,18 @@ def _describe_validation_error(name: str, arguments: str, exc: pydantic.Validati
             )
         problems.append(f"{loc}: {err['msg']}")
     return f"Error: invalid arguments for tool {name!r}: " + "; ".join(problems) + ". Fix them and call again."
+
+
+def _outcome(value: Any) -> ToolOutcome:
+    """Return what a tool function returned as its outcome: bytes and media parts as attachments, the rest as text."""
+    if isinstance(value, ToolOutcome):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview | DataPart | UriPart):
+        from ._media import returned
+
+        text, parts = returned(value)
+        return ToolOutcome(text, parts=parts)
+    return ToolOutcome(_to_text(value))
 
 
 def _to_text(value: Any) -> str:

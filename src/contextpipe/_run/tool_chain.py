@@ -63,7 +63,7 @@ class ToolChain:
             outcome = await self._invoke(call, call.arguments, context)
             self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error,
                                                           approval=approval))
-            return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
+            return _answer(call, outcome)
         from ..tools import ToolInvocation
 
         state = _Call([None] * len(self._middleware))
@@ -77,7 +77,7 @@ class ToolChain:
             outcome = self._failed(call, state, exc)
         seen = tuple(m for m in state.seen if m is not None)
         self._journal.record_tool_call(TracedToolCall(step, call.call_id, call.name, outcome.is_error, seen, approval))
-        return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)
+        return _answer(call, outcome)
 
     def raise_failure(self) -> None:
         """Raise the first `ToolMiddlewareError` of the calls run so far (call it once their results are saved)."""
@@ -172,3 +172,12 @@ def _actions(call: ToolInvocation, passed: ToolInvocation | None, got: ToolOutco
     if raised:
         actions.append("raised")
     return tuple(actions)
+
+
+def _answer(call: FunctionCall, outcome: ToolOutcome) -> FunctionResult:
+    """Return the result of `call`, warning of a file in it too big to re-send with every request."""
+    if outcome.parts:
+        from .._media import warn_kept
+
+        warn_kept(call.name, call.call_id, outcome.parts)
+    return FunctionResult(call.call_id, outcome.result, outcome.is_error, outcome.parts)

@@ -27,14 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from .. import errors
+from .._media import IMAGE_TYPES
 from ..errors import ModelError, UsageError
 from .base import ModelInfo, ModelRequest, ModelSettings
 
 __all__ = ["IMAGE_TYPES", "ClientModel", "Connection", "SDKClient", "Vendor", "dropped_notes", "error_detail",
            "model_name", "retry_after", "status_error", "stream_cut", "stream_unfinished"]
-
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
-"""Image types every vendor's API reads inline (an image by URL is fetched by the service, whatever its type)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

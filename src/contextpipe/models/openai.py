@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
 
-from .._media import Media, only_readable, with_left_out
+from .._media import AUDIO_FORMATS, Media, only_readable, with_left_out
 from ..errors import ModelResponseError, UsageError
 from ..exchanges import carries_results
 from ..messages import DataPart, FunctionCall, FunctionResult, Message, ReasoningPart, TextPart, UnknownPart, UriPart
@@ -263,9 +263,6 @@ def _assistant_entry(message: Message) -> dict[str, Any]:
     return entry
 
 
-_AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
-
-
 def _media_part(part: DataPart | UriPart) -> dict[str, Any] | None:
     """Return the user-message content part for a tool's image, audio or PDF, or None if the API takes none."""
     if isinstance(part, UriPart):
@@ -273,13 +270,12 @@ def _media_part(part: DataPart | UriPart) -> dict[str, Any] | None:
     if part.media_type in IMAGE_TYPES:
         url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
         return {"type": "image_url", "image_url": {"url": url}}
+    if part.media_type not in AUDIO_FORMATS and part.media_type != "application/pdf":
+        return None  # not encoded: a part no model reads may be big
     encoded = base64.b64encode(part.data).decode()
-    if part.media_type in _AUDIO_FORMATS:
-        return {"type": "input_audio", "input_audio": {"data": encoded, "format": _AUDIO_FORMATS[part.media_type]}}
-    if part.media_type == "application/pdf":
-        return {"type": "file", "file": {"filename": "document.pdf",
-                                         "file_data": f"data:application/pdf;base64,{encoded}"}}
-    return None
+    if part.media_type in AUDIO_FORMATS:
+        return {"type": "input_audio", "input_audio": {"data": encoded, "format": AUDIO_FORMATS[part.media_type]}}
+    return {"type": "file", "file": {"filename": "document.pdf", "file_data": f"data:application/pdf;base64,{encoded}"}}
 
 
 def _content_part(part: Part, role: str) -> dict[str, Any] | None:

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
+from .._media import attachment_note, magic, sniff
+from ..messages import DataPart
+from ..tools import ToolOutcome
+
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang the open
 SNIFF_BYTES: Final = 8192
@@ -137,6 +141,30 @@ def decode_text(data: bytes) -> str | None:
         return None
 
 
+def resource(rel: str, data: bytes, size: int, max_text: int, max_media: int) -> ToolOutcome:
+    """Return what ``read_skill_resource`` answers for a file's bytes: its text, an image or a PDF attached, or why not.
+
+    `data` is at most one byte more than the larger limit; `size` is the file's size.
+    """
+    kind = sniff(data)
+    if kind is None and len(data) > max_media and (len(data) > max_text or decode_text(data) is None):
+        kind = magic(data)  # cut short at the larger limit, its end unread: it is over the media limit
+    if kind is not None:
+        if len(data) > max_media:
+            return ToolOutcome(f"Error: {rel!r} is {kind}, {human_size(size)}, over the {human_size(max_media)} limit "
+                               "for skill files sent as attachments.", is_error=True)
+        part = DataPart(data, kind)
+        return ToolOutcome(attachment_note(f"file {rel!r}", part), parts=(part,))
+    if len(data) > max_text:
+        return ToolOutcome(f"Error: {rel!r} is {size:,} bytes, over the {max_text:,}-byte limit for skill files.",
+                           is_error=True)
+    text = decode_text(data)
+    if text is None:
+        return ToolOutcome(f"Error: {rel!r} is a binary file ({media_type(rel, False)}, {human_size(size)}), not text "
+                           "nor an image or a PDF; it cannot be read with read_skill_resource.", is_error=True)
+    return ToolOutcome(text)
+
+
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """What a skill's file is, as listed to the model."""
@@ -149,10 +177,16 @@ class FileInfo:
     """Guessed media type (``application/octet-stream`` when unknown)."""
     is_text: bool
     """Whether the file is UTF-8 text that `read_skill_resource` can return."""
+    attachable: bool = False
+    """Whether the file is an image or a PDF (`sniff`, not its name) that `read_skill_resource` attaches."""
 
-    def describe(self, limit: int) -> str:
+    def describe(self, limit: int, media_limit: int) -> str:
         """One listing line: path, type, size, and why it cannot be read when it cannot."""
         size = human_size(self.size)
+        if self.attachable:
+            if self.size > media_limit:
+                return f"{self.path} ({self.media_type}, {size}; over the {human_size(media_limit)} limit for files)"
+            return f"{self.path} ({self.media_type}, {size}; read_skill_resource attaches it)"
         if not self.is_text:
             return f"{self.path} ({self.media_type}, {size}; binary, not readable as text)"
         if self.size > limit:
@@ -218,8 +252,12 @@ def list_files(dir_fd: int, *, max_files: int = 200, max_depth: int = 8) -> tupl
                     continue
                 with opened(file_fd):
                     size = os.fstat(file_fd).st_size
-                    text = looks_like_text(read_limited(file_fd, SNIFF_BYTES - 1))
-                found.append(FileInfo(rel, size, media_type(name, text), text))
+                    head = read_limited(file_fd, SNIFF_BYTES - 1)
+                    kind = sniff(os.pread(file_fd, 1 << 16, 0), size=size,  # the first bytes may be text: check more
+                                 tail=os.pread(file_fd, 1024, max(0, size - 1024))) if magic(head) else None
+                text = looks_like_text(head)
+                found.append(FileInfo(rel, size, kind or media_type(name, text), text and kind is None,
+                                      attachable=kind is not None))
 
     walk(dir_fd, "", 0)
     return found, more

@@ -12,7 +12,9 @@ One bad skill never takes the others down: a skill that breaks a rule of the spe
 skipped, or loaded with the offending field trimmed or dropped where that is safe (a description
 over 1,024 characters, a ``compatibility`` over 500), and each case is logged as a warning and listed
 in `Skills.problems`. ``load_skill`` lists the skill's files with their type and size, and says which
-are binary or too big, so the model is never offered a read that fails.
+are binary or too big, so the model is never offered a read that fails. An image (PNG, JPEG, GIF,
+WebP) or a PDF of at most `max_media_bytes` is read as a file attached to the result, which the
+model client sends as a media part where its API takes one (and names as left out where not).
 
 Safety (POSIX): files are opened relative to the skill folder's directory handle one path component
 at a time without following symlinks, then checked (``fstat``) and read at most ``limit + 1`` bytes,
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from .._media import MAX_MEDIA_BYTES
 from ..errors import SkillError, UsageError
 from ..tool_context import ToolContext
 from ..tools import Tool, ToolOutcome
@@ -308,9 +311,15 @@ class Skills(ContextProvider):
         max_skill_bytes: int = 512_000,
         max_output_bytes: int = 64_000,
         max_script_folder_bytes: int = 32_000_000,
+        max_media_bytes: int = MAX_MEDIA_BYTES,
         follow_symlinks: bool = False,
     ) -> None:
         super().__init__(source_id)
+        limits = {"max_resource_bytes": max_resource_bytes, "max_skill_bytes": max_skill_bytes,
+                  "max_output_bytes": max_output_bytes, "max_script_folder_bytes": max_script_folder_bytes,
+                  "max_media_bytes": max_media_bytes}
+        if bad := {k: v for k, v in limits.items() if v < 0}:
+            raise UsageError(f"Skills needs byte limits >= 0, got {', '.join(f'{k}={v}' for k, v in bad.items())}")
         if allow_scripts and approve is None:
             raise UsageError("allow_scripts=True needs approve=<callback> deciding which script runs may go ahead")
         self.paths = [Path(p) for p in paths]
@@ -325,6 +334,7 @@ class Skills(ContextProvider):
         self.max_skill_bytes = max_skill_bytes
         self.max_output_bytes = max_output_bytes
         self.max_script_folder_bytes = max_script_folder_bytes
+        self.max_media_bytes = max_media_bytes
         self.follow_symlinks = follow_symlinks
         self._code_skills = list(skills)
         names: set[str] = set()
@@ -482,7 +492,8 @@ class Skills(ContextProvider):
                 return ToolOutcome(f"Error: skill {skill.name!r} has no file {rel!r}.", is_error=True)
             return await asyncio.to_thread(self._read_file, skill, rel)
 
-        return Tool.from_schema("read_skill_resource", "Read a text file that belongs to a skill.", {
+        return Tool.from_schema("read_skill_resource", "Read a file that belongs to a skill (an image or a PDF "
+                                "comes attached).", {
             "type": "object", "properties": {
                 "skill": {"type": "string", "description": "The skill's name."},
                 "path": {"type": "string", "description": "The file's path inside the skill's folder."}},
@@ -562,10 +573,11 @@ class Skills(ContextProvider):
             found, more = files.list_files(dir_fd)
         if not found:
             return ""
-        lines = [f"- {f.describe(self.max_resource_bytes)}" for f in found]
+        lines = [f"- {f.describe(self.max_resource_bytes, self.max_media_bytes)}" for f in found]
         if more:
             lines.append(f"- (more files not listed: only the first {len(found)} are shown)")
-        return "\n\nFiles of this skill (read the text ones with read_skill_resource):\n" + "\n".join(lines)
+        return ("\n\nFiles of this skill (read_skill_resource reads text, and attaches images and PDFs):\n"
+                + "\n".join(lines))
 
     def _read_file(self, skill: Skill, rel: str) -> ToolOutcome:
         try:
@@ -575,14 +587,6 @@ class Skills(ContextProvider):
         except files.Refused as exc:
             return ToolOutcome(str(exc), is_error=True)
         with files.opened(fd):
-            data = files.read_limited(fd, self.max_resource_bytes)
+            data = files.read_limited(fd, max(self.max_resource_bytes, self.max_media_bytes))
             size = max(os.fstat(fd).st_size, len(data))
-        if len(data) > self.max_resource_bytes:
-            return ToolOutcome(f"Error: {rel!r} is {size} bytes, over the {self.max_resource_bytes}-byte limit for "
-                               "skill files.", is_error=True)
-        text = files.decode_text(data)
-        if text is None:
-            kind = files.media_type(rel, False)
-            return ToolOutcome(f"Error: {rel!r} is a binary file ({kind}, {files.human_size(size)}), not text; "
-                               "it cannot be read with read_skill_resource.", is_error=True)
-        return ToolOutcome(text)
+        return files.resource(rel, data, size, self.max_resource_bytes, self.max_media_bytes)
