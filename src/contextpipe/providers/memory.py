@@ -390,8 +390,25 @@ class SemanticMemory(ContextProvider):
         query = "\n".join([*recent, *(m.text for m in given if m.text)])
         hits = await self.recall(query, ctx.session, exclude=[*(m.id for m in ctx.messages), *rewound])
         if hits:
-            ctx.add_messages([Message.user("Relevant memories from earlier conversations (may be outdated):\n"
-                                           + "\n".join(self.format(h) for h in hits), metadata={"memory": True})])
+            from ..budget import ranked_message  # (a budget drops the lowest-scored memories first)
+
+            ctx.add_messages([ranked_message("Relevant memories from earlier conversations (may be outdated):\n",
+                                             [(self.format(h), h.score) for h in hits], metadata={"memory": True})])
+
+    budget_share = "memory"
+    """The share of a `contextpipe.budget.ContextBudget` the recalled memories draw from."""
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of what this provider added to the run (memories, tool instructions)."""
+        from ..budget import contributed_tokens
+
+        return contributed_tokens(ctx, [self.source_id])
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Drop the lowest-scored memories until what this provider added fits `allowance` tokens."""
+        from ..budget import fit_ranked
+
+        await fit_ranked(ctx, self.source_id, allowance)
 
     def _tool(self, session: Session, rewound: Sequence[str] = ()) -> Tool:
         """Return the search tool of one run: the memories in `session`'s scope."""

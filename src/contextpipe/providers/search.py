@@ -71,11 +71,12 @@ def search_tool(name: str, description: str, search: Callable[[str, dict[str, An
 
 def format_results(results: Sequence[SearchResult]) -> str:
     """Format the results for citation: ``[1] text (source: name, link)``."""
-    lines = []
-    for n, r in enumerate(results, 1):
-        where = r.source + (f", {r.link}" if r.link else "")
-        lines.append(f"[{n}] {r.text}\n(source: {where})")
-    return "\n\n".join(lines)
+    return "\n\n".join(_cited(n, r) for n, r in enumerate(results, 1))
+
+
+def _cited(n: int, result: SearchResult) -> str:
+    where = result.source + (f", {result.link}" if result.link else "")
+    return f"[{n}] {result.text}\n(source: {where})"
 
 
 class TextSearch(ContextProvider):
@@ -162,8 +163,27 @@ class TextSearch(ContextProvider):
             return
         results = await self.search(query)
         if results:
-            ctx.add_messages([Message.user("Search results (cite them as [n] with their source when you use "
-                                           "them):\n\n" + format_results(results), metadata={"search": True})])
+            from ..budget import ranked_message  # (a budget drops the lowest-scored chunks first)
+
+            ctx.add_messages([ranked_message(
+                "Search results (cite them as [n] with their source when you use them):\n\n",
+                [(_cited(n, r), r.score) for n, r in enumerate(results, 1)], separator="\n\n",
+                metadata={"search": True})])
+
+    budget_share = "search"
+    """The share of a `contextpipe.budget.ContextBudget` the search results draw from."""
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of what this provider added to the run (results, tool instructions)."""
+        from ..budget import contributed_tokens
+
+        return contributed_tokens(ctx, [self.source_id])
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Drop the lowest-scored chunks (the last ones, when the search gives no scores) to fit `allowance` tokens."""
+        from ..budget import fit_ranked
+
+        await fit_ranked(ctx, self.source_id, allowance)
 
     def _tool(self) -> Tool:
         async def run(query: str, args: dict[str, Any]) -> str:

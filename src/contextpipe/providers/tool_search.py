@@ -222,15 +222,48 @@ class ToolSearch(ContextProvider):
         """Above the threshold: add ``search_tools``, the catalogue and the middleware that picks the tools offered."""
         if len(ctx.tools) <= self.threshold:
             return
+        self._defer(ctx, self.catalogue_tokens)
+
+    def _defer(self, ctx: RunContext, catalogue_tokens: int) -> None:
         from ..tools import Tool  # here: a run at or below the threshold loads nothing more
 
         offer = _Offer(self, ctx)
-        catalogue = self.catalogue(ctx.tools, ctx.tokens.text)
+        catalogue = self.catalogue(ctx.tools, ctx.tokens.text, catalogue_tokens)
         ctx.add_tools([Tool(offer.search_tools, name=SEARCH_TOOL, idempotent=True, run_in_thread=False)])
         ctx.add_instructions(catalogue)
         ctx.add_middleware(offer)
 
-    def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int]) -> str:
+    budget_share = "tools"
+    """With a `contextpipe.budget.ContextBudget`, this provider is the tools' rule: it defers the definitions."""
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of the tool definitions the first call is offered (with the catalogue, once deferred)."""
+        from ..budget import contributed_tokens
+
+        tools, counter = ctx.tools, ctx.tokens
+        if ctx.tool_sources.get(SEARCH_TOOL) == self.source_id:
+            found: dict[str, None] = {}
+            found_tools(ctx.messages, tools, set(), found)
+            tools = {n: tools[n] for n in [SEARCH_TOOL, *list(found)[-self.threshold:]]}
+        return contributed_tokens(ctx, [self.source_id]) + sum(counter.scale(counter.tools([t.spec]))
+                                                               for t in tools.values())
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Defer the definitions behind ``search_tools`` when they need more than `allowance` tokens.
+
+        The catalogue gets what the search tool's definition leaves of the allowance (at most `catalogue_tokens`).
+        """
+        if ctx.tool_sources.get(SEARCH_TOOL) == self.source_id or self.budget_tokens(ctx) <= allowance:
+            return
+        from ..tools import Tool
+
+        probe = Tool(_Offer(self, ctx).search_tools, name=SEARCH_TOOL)
+        counter = ctx.tokens
+        left = allowance - counter.scale(counter.tools([probe.spec]))
+        self._defer(ctx, max(0, min(self.catalogue_tokens, left)))
+
+    def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int],
+                  catalogue_tokens: int | None = None) -> str:
         """Return the instructions that tell the model to search, with a catalogue of the tools that fits.
 
         ``name: summary`` lines when all of them fit in `catalogue_tokens`; otherwise the names alone,
@@ -239,7 +272,7 @@ class ToolSearch(ContextProvider):
         head = (f"You have {len(tools)} tools; their definitions are not shown until you find them. Call "
                 f"{SEARCH_TOOL} with a few words of what you need: the tools it returns can be called from your "
                 "next step on.")
-        budget = self.catalogue_tokens - count(head)
+        budget = (self.catalogue_tokens if catalogue_tokens is None else catalogue_tokens) - count(head)
         lines = [f"- {n}: {_summary(t.description)}" if t.description else f"- {n}" for n, t in tools.items()]
         full = _fitting(lines, "\n", budget, count)
         if len(full) == len(lines):

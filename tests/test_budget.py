@@ -1,0 +1,264 @@
+"""`ContextBudget`: one budget split across tools, memory, search and history, through `Agent.run`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextpipe import Agent, HistoryProvider, Message, PromptTrace, Session, Tool, UsageError
+from contextpipe.models import ModelRequest
+from contextpipe.providers import (
+    Compaction,
+    ContextBudget,
+    History,
+    SearchResult,
+    SemanticMemory,
+    TextSearch,
+    ToolSearch,
+)
+from contextpipe.stores import Lease, MemoryStore
+from contextpipe.testing import ScriptedModel, tool_call
+from contextpipe.vectors import HashEmbedder, MemoryVectorStore
+from helpers import lookup_location_code
+
+WORDS = "word " * 40
+
+
+def searcher(scores: Sequence[float]):  # type: ignore[no-untyped-def]
+    async def search(query: str) -> list[SearchResult]:
+        return [SearchResult(f"passage {i} {WORDS}", f"doc{i}", score=s) for i, s in enumerate(scores)]
+
+    return search
+
+
+def search_message(request: ModelRequest) -> Message | None:
+    return next((m for m in request.messages if m.source and m.source.source_id == "search"), None)
+
+
+def by_source(trace: PromptTrace) -> dict[str, tuple[int, int, int]]:
+    return {b.source: (b.share, b.asked, b.got) for b in trace.budget}
+
+
+async def seeded(agent: Agent, turns: int, session_id: str = "s") -> None:
+    """Give the session `turns` runs of history, each a tool exchange and a long answer."""
+    session = await agent.session(session_id)
+    for i in range(turns):
+        model = agent.model
+        assert isinstance(model, ScriptedModel)
+        model.enqueue(tool_call("lookup_location_code", city="Suzhou"), f"answer {i} {WORDS}")
+        await agent.run(f"question {i} {WORDS}", session=session)
+
+
+# --- configuration -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"shares": {"history": 0.7, "search": 0.5}}, "add up to 1.2, over 1"),
+    ({"shares": {"history": 0.5}, "reserve": 1_000}, "must be larger than reserve"),
+    ({"shares": {"files": 0.5}}, "knows no source 'files'"),
+    ({"shares": {"history": 0.5}, "priorities": ["search"]}, "priority 'search' has no share: add it to shares"),
+    ({"shares": {"history": 1.5}}, "fractions from 0 to 1"),
+])
+def test_a_mistaken_budget_says_what_to_change(kwargs: dict[str, object], says: str) -> None:
+    with pytest.raises(UsageError, match=says):
+        ContextBudget(1_000, **kwargs)  # type: ignore[arg-type]
+
+
+# --- each source's rule ---------------------------------------------------------------------------------
+
+
+async def test_search_drops_its_lowest_scored_chunks_and_the_trace_shows_share_asked_got() -> None:
+    model = ScriptedModel(["ok"])
+    scores = [0.9, 0.2, 0.8, 0.1, 0.7]  # not in score order: the budget goes by score, not by place
+    agent = Agent(model, instructions="Be brief.", providers=[
+        TextSearch(searcher(scores)), ContextBudget(300, reserve=50, shares={"search": 0.9})])
+    result = await agent.run("what is in the documents?")
+    text = search_message(model.requests[0]).text  # type: ignore[union-attr]
+    kept = [i for i in range(len(scores)) if f"passage {i} " in text]
+    best = sorted(range(len(scores)), key=lambda i: -scores[i])
+    assert 0 < len(kept) < len(scores) and kept == sorted(best[:len(kept)])  # the best fit, in their places
+    assert "[1] passage 0" in text and "[3] passage 2" in text  # and keep their citation numbers
+    [line] = result.traces[0].budget
+    assert (line.source, line.asked > 250, line.got <= line.share) == ("search", True, True)
+    assert line.got == result.traces[0].tokens_by_source()["context:search"]
+    assert result.traces[0].total_tokens <= 250
+    assert "budget search: share" in result.traces[0].table() and result.traces[0].to_dict()["budget"][0]["got"]
+
+
+async def test_memory_drops_its_lowest_scored_memories() -> None:
+    memory = SemanticMemory(MemoryVectorStore(), HashEmbedder(), k=5, search="keywords")
+    model = ScriptedModel([f"Noted {i}: the pottery class {WORDS}" for i in range(5)] + ["ok"])
+    agent = Agent(model, providers=[memory, ContextBudget(500, shares={"memory": 1.0})])
+    earlier, now = await agent.session("m1"), await agent.session("m2")
+    earlier.state["user_id"] = now.state["user_id"] = "maya"
+    for i in range(5):
+        await agent.run(f"Pottery class note {i}: {'clay ' * (i + 1)}{WORDS}", session=earlier)
+    question = "What about the pottery class clay?"
+    hits = await memory.recall(question, now)  # what the run recalls, with the scores
+    result = await agent.run(question, session=now)
+    text = next(m for m in model.requests[-1].messages if m.metadata.get("memory")).text
+    kept = [h for h in hits if SemanticMemory.format(h) in text]
+    best = sorted(hits, key=lambda h: -h.score)
+    assert 1 < len(kept) < len(hits) == 5 and {h.id for h in kept} == {h.id for h in best[:len(kept)]}
+    [line] = result.traces[0].budget
+    assert line.asked > line.got and result.traces[0].total_tokens <= 500
+
+
+async def test_history_is_compacted_to_its_share_and_no_call_leaves_its_result() -> None:
+    model = ScriptedModel([])
+    agent = Agent(model, tools=[lookup_location_code], providers=[
+        History(MemoryStore()), ContextBudget(400, reserve=100, shares={"history": 1.0})])
+    await seeded(agent, 6)
+    model.enqueue("done")
+    result = await agent.run("the latest question", session=await agent.session("s"))
+    request = model.requests[-1]
+    calls = {c.call_id for m in request.messages for c in m.function_calls}
+    answered = {r.call_id for m in request.messages for r in m.function_results}
+    assert calls == answered and calls  # whole exchanges: kept together, or dropped together
+    assert request.messages[-1].text == "the latest question"
+    assert request.messages[-2].text.startswith("answer 5")  # the newest history stays, the oldest went
+    assert not any(m.text.startswith("question 0") for m in request.messages)
+    assert result.traces[0].compaction[0].strategy == "budget"
+    assert result.traces[0].total_tokens <= 300
+
+
+async def test_a_compaction_provider_is_the_historys_rule() -> None:
+    model = ScriptedModel([])
+    agent = Agent(model, tools=[lookup_location_code], providers=[
+        History(MemoryStore()), Compaction(max_input_tokens=100_000),
+        ContextBudget(400, shares={"history": 1.0})])
+    await seeded(agent, 6)
+    model.enqueue("done")
+    result = await agent.run("the latest question", session=await agent.session("s"))
+    assert [d.strategy for d in result.traces[0].compaction] == ["compaction (budget)"]
+    assert result.traces[0].total_tokens <= 400
+
+
+async def test_tool_definitions_are_deferred_behind_tool_search() -> None:
+    def make(i: int) -> Tool:
+        def run(query: str) -> str:
+            return query
+
+        return Tool(run, name=f"tool_{i}", description=f"Tool number {i}: does thing {i} with a query. {WORDS}")
+
+    tools = [make(i) for i in range(10)]
+    model = ScriptedModel(["ok", "ok"])
+    search = ToolSearch(threshold=30)  # 10 tools: under its own threshold, the budget is what defers them
+    result = await Agent(model, tools=tools, providers=[
+        search, ContextBudget(1_000, shares={"tools": 0.3})]).run("go")
+    assert [t.name for t in model.requests[0].tools] == ["search_tools"]
+    assert "tool_3" in (model.requests[0].instructions or "")  # the catalogue names them
+    [line] = result.traces[0].budget
+    assert line.asked > 1_000 > line.got
+    roomy = await Agent(model, tools=tools, providers=[search, ContextBudget(10_000, shares={"tools": 0.9})]).run("go")
+    assert len(model.requests[1].tools) == 10 and by_source(roomy.traces[0])["tools"][1:] == (line.asked,) * 2
+
+
+# --- flow and the protected parts -----------------------------------------------------------------------
+
+
+async def test_unused_share_flows_to_the_others_by_priority() -> None:
+    got: dict[str, dict[str, tuple[int, int, int]]] = {}
+    for first, other in (("history", "search"), ("search", "history")):
+        model = ScriptedModel([])
+        agent = Agent(model, tools=[lookup_location_code], providers=[
+            History(MemoryStore()), TextSearch(searcher([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])),
+            ContextBudget(900, shares={"history": 0.3, "search": 0.3, "memory": 0.4}, priorities=[first])])
+        await seeded(agent, 6)
+        model.enqueue("done")
+        result = await agent.run("the latest question", session=await agent.session("s"))
+        assert result.traces[0].total_tokens <= 900
+        got[first] = budget = by_source(result.traces[0])
+        assert budget["memory"][1:] == (0, 0)  # no memory provider: its whole share is spare
+        assert budget[first][2] > budget[first][0]  # the first in priority takes the spare share
+        assert budget[other][2] < budget[other][1]  # the other had to trim more
+
+    assert got["history"]["history"][2] > got["search"]["history"][2]
+    assert got["search"]["search"][2] > got["history"]["search"][2]
+
+
+async def test_what_a_source_leaves_after_trimming_flows_to_the_next() -> None:
+    model = ScriptedModel([])
+    big = [SearchResult(f"passage {i} " + "word " * 150, f"doc{i}", score=1 - i / 10) for i in range(3)]
+
+    async def search(query: str) -> list[SearchResult]:
+        return big
+
+    agent = Agent(model, providers=[History(MemoryStore()), TextSearch(search),
+                                    ContextBudget(600, shares={"search": 0.5, "history": 0.5})])
+    session = await agent.session("s")
+    for i in range(80):
+        model.enqueue(f"a{i}")
+        await agent.run(f"q{i}", session=session)
+    model.enqueue("done")
+    result = await agent.run("q", session=session)
+    budget = by_source(result.traces[0])
+    assert budget["search"][2] < budget["search"][0]  # a chunk is ~150 tokens: it cannot use all its share
+    assert budget["history"][2] > budget["history"][0]  # what it left went to the history, whose turns are small
+    assert 600 - result.traces[0].total_tokens < 12
+
+
+class _Loaded(HistoryProvider):
+    """A history that loads fixed messages (a system message first), for the pinning test."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        super().__init__("loaded")
+        self.messages = messages
+
+    async def load(self, session: Session) -> list[Message]:
+        return self.messages
+
+    async def save(self, session: Session, messages: Sequence[Message], *, lease: Lease | None = None,
+                   durable: bool = True) -> None:
+        pass
+
+
+async def test_history_keeps_its_system_messages() -> None:
+    system = Message.system("You are talking to a support agent for the Acme shop.")
+    turns = [Message.user(f"q{i} {WORDS}") if i % 2 == 0 else Message.assistant(f"a{i} {WORDS}") for i in range(10)]
+    model = ScriptedModel(["ok"])
+    agent = Agent(model, providers=[_Loaded([system, *turns]), ContextBudget(200, shares={"history": 1.0})])
+    await agent.run("the question", session=await agent.session("s"))
+    sent = [m.id for m in model.requests[0].messages]
+    assert sent[0] == system.id and turns[0].id not in sent and turns[-1].id in sent
+
+
+async def test_what_cannot_be_trimmed_over_the_total_is_said_on_the_trace() -> None:
+    model = ScriptedModel(["ok"])
+    agent = Agent(model, instructions="Answer in French.", providers=[
+        TextSearch(searcher([0.9])), ContextBudget(100, shares={"search": 1.0})])
+    question = "please read this: " + "word " * 200
+    result = await agent.run(question)
+    request = model.requests[0]
+    assert [m.text for m in request.messages] == [question]  # the search result went, the input stayed whole
+    assert request.instructions == "Answer in French."
+    [change] = [c for c in result.traces[0].changes if c.action == "over_budget"]
+    assert "may not trim" in change.items[0]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=st.integers(0, 5), scores=st.lists(st.floats(0, 1), max_size=6), total=st.integers(60, 1_500),
+       reserve=st.integers(0, 50), history=st.floats(0, 1), question=st.integers(1, 120))
+async def test_the_request_fits_when_it_can_and_never_loses_what_is_protected(
+        turns: int, scores: list[float], total: int, reserve: int, history: float, question: int) -> None:
+    model = ScriptedModel([])
+    agent = Agent(model, instructions="Be brief.", tools=[lookup_location_code], providers=[
+        History(MemoryStore()), TextSearch(searcher(scores)),
+        ContextBudget(total, reserve=reserve, shares={"history": history, "search": 1 - history})])
+    await seeded(agent, turns)
+    model.enqueue("done")
+    ask = "word " * question
+    result = await agent.run(ask, session=await agent.session("s"))
+    trace, request = result.traces[0], model.requests[-1]
+    assert request.messages[-1].text == ask and request.instructions == "Be brief."
+    calls = {c.call_id for m in request.messages for c in m.function_calls}
+    assert calls == {r.call_id for m in request.messages for r in m.function_results}
+    fixed = sum(v for k, v in trace.tokens_by_source().items() if not k.startswith(("history:", "context:")))
+    if fixed <= total - reserve:
+        assert trace.total_tokens <= total - reserve
+        assert all(b.got <= b.asked for b in trace.budget)
+    else:
+        assert any(c.action == "over_budget" for c in trace.changes)
