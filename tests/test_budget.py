@@ -67,6 +67,13 @@ def test_a_mistaken_budget_says_what_to_change(kwargs: dict[str, object], says: 
         ContextBudget(1_000, **kwargs)  # type: ignore[arg-type]
 
 
+async def test_a_budget_before_the_providers_it_budgets_is_refused() -> None:
+    agent = Agent(ScriptedModel(["ok"]), providers=[ContextBudget(1_000, shares={"search": 0.5}),
+                                                    TextSearch(searcher([0.5]))])
+    with pytest.raises(UsageError, match="move the budget to the end of the providers"):
+        await agent.run("hello")
+
+
 # --- each source's rule ---------------------------------------------------------------------------------
 
 

@@ -124,8 +124,13 @@ class ContextBudget(ContextProvider):
 
     def _participants(self, ctx: RunContext) -> dict[str, list[BudgetParticipant]]:
         found: dict[str, list[BudgetParticipant]] = {}
-        for provider in getattr(ctx.agent, "providers", ()):
+        providers = list(getattr(ctx.agent, "providers", ()))
+        after = providers[providers.index(self) + 1:] if self in providers else []
+        for provider in providers:
             if isinstance(provider, BudgetParticipant) and provider.budget_share in self.shares:
+                if provider in after:
+                    raise UsageError(f"{provider!r} is registered after ContextBudget {self.source_id!r}, which "
+                                     "budgets what came before it: move the budget to the end of the providers")
                 found.setdefault(provider.budget_share, []).append(provider)
         if "history" in self.shares and "history" not in found:
             found["history"] = [_OldestFirst(self.source_id)]
