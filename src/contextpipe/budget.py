@@ -16,9 +16,10 @@ Shares are fractions (0 to 1, adding up to at most 1) of the *room*: ``total - r
 the budget may not trim (the system instructions, the caller's input, the reply priming, and what
 non-participating providers added). A share a source does not use, and the part no share names,
 flows to the sources that want more, in `priorities` order. So when what may not be trimmed fits,
-the request never exceeds ``total - reserve``. When it does not fit, the run goes on with every
-source trimmed to nothing it may drop, and the first call's trace says so (an ``over_budget``
-change): the caller's input and the instructions are never cut to make room.
+the request never exceeds ``total - reserve`` (save the least a source cannot give up: a history's
+system messages, ``search_tools`` and its catalogue's first line). When it is still over, the run
+goes on with every source trimmed to what it may not drop, and the first call's trace says so (an
+``over_budget`` change): the caller's input and the instructions are never cut to make room.
 
 A provider takes part by implementing `BudgetParticipant`; the budget knows nothing of its items.
 
@@ -100,26 +101,27 @@ class ContextBudget(ContextProvider):
         owners = {p.source_id for group in participants.values() for p in group}
         asked = {s: sum(p.budget_tokens(ctx) for p in participants.get(s, ())) for s in self.shares}
         fixed = _fixed_tokens(ctx, owners, history="history" in participants, tools="tools" in participants)
-        room = self.total - self.reserve - fixed
-        if room < 0:
-            ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
-                f"what the budget may not trim (instructions, input, other providers) takes {fixed} tokens, over "
-                f"the {self.total - self.reserve} the budget allows: every source is trimmed to nothing it may drop",)))
-            room = 0
+        limit = self.total - self.reserve
+        room = max(0, limit - fixed)
         base = {s: math.floor(self.shares[s] * room) for s in self.shares}
         pool = room - sum(base.values()) + sum(max(0, base[s] - asked[s]) for s in self.shares)
         got: dict[str, int] = {}
         for source in self.priorities:
             allowed = min(asked[source], base[source])
             if asked[source] > allowed:
-                extra = min(pool, asked[source] - allowed)
-                allowed, pool = allowed + extra, pool - extra
+                extra = min(pool, asked[source] - allowed)  # (less than none when a source before took more)
+                allowed, pool = max(0, allowed + extra), pool - extra
                 for participant in participants.get(source, ()):
                     left = allowed - sum(p.budget_tokens(ctx) for p in participants[source] if p is not participant)
                     with ctx.contributing(participant.source_id):
                         await participant.fit_budget(ctx, max(0, left))
             got[source] = sum(p.budget_tokens(ctx) for p in participants.get(source, ()))
-            pool += max(0, allowed - got[source])
+            pool += allowed - got[source]  # what it left flows on; what it could not give up is taken from the rest
+        if fixed + sum(got.values()) > limit:
+            ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
+                f"the request takes {fixed + sum(got.values())} tokens, over the {limit} the budget allows: what it "
+                f"may not trim (instructions, input, other providers) takes {fixed}, and every source is trimmed "
+                "to what it may not drop",)))
         ctx.journal.budget = [BudgetShare(s, base[s], asked[s], got[s]) for s in self.shares]
 
     def _participants(self, ctx: RunContext) -> dict[str, list[BudgetParticipant]]:
