@@ -13,16 +13,18 @@ from contextpipe.models import ModelRequest
 from contextpipe.providers import (
     Compaction,
     ContextBudget,
+    FactMemory,
     History,
     SearchResult,
     SemanticMemory,
     TextSearch,
     ToolSearch,
 )
+from contextpipe.session import set_user_id
 from contextpipe.stores import Lease, MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.vectors import HashEmbedder, MemoryVectorStore
-from helpers import lookup_location_code
+from helpers import changes, lookup_location_code
 
 WORDS = "word " * 40
 
@@ -112,6 +114,24 @@ async def test_memory_drops_its_lowest_scored_memories() -> None:
     assert 1 < len(kept) < len(hits) == 5 and {h.id for h in kept} == {h.id for h in best[:len(kept)]}
     [line] = result.traces[0].budget
     assert line.asked > line.got and result.traces[0].total_tokens <= 500
+
+
+async def test_facts_drop_the_least_relevant_first() -> None:
+    facts = tuple(f"Maya's fact {i}: she {'likes pottery and clay ' if i % 2 else 'drives a bus '}{WORDS}"
+                  for i in range(6))
+    memory = FactMemory(ScriptedModel([changes(add=facts), changes()]), MemoryVectorStore(), HashEmbedder())
+    model = ScriptedModel(["Noted.", "ok"])
+    agent = Agent(model, instructions="Be brief.", providers=[memory, ContextBudget(250, shares={"memory": 1.0})])
+    session = await agent.session("f")
+    set_user_id(session, "maya")
+    await agent.run("Here is everything about me.", session=session)
+    question = "Does Maya like pottery?"
+    ranked = [text for _, text in await memory.facts(session, question)]
+    result = await agent.run(question, session=session)
+    sent = model.requests[-1].instructions or ""
+    kept = [text for text in ranked if f"- {text}" in sent]
+    assert sent.startswith("Be brief.") and 0 < len(kept) < len(ranked) and kept == ranked[:len(kept)]
+    assert result.traces[0].total_tokens <= 250
 
 
 async def test_history_is_compacted_to_its_share_and_no_call_leaves_its_result() -> None:

@@ -6,7 +6,8 @@ provider's `before_run`, what each source contributed (with the run's token coun
 the trace shows) and has each source trim itself to its share by its own rule, before the first
 request is built:
 
-- ``memory`` (`SemanticMemory`) and ``search`` (`TextSearch`) drop their lowest-scored items;
+- ``memory`` (`SemanticMemory`, `FactMemory`) and ``search`` (`TextSearch`) drop their lowest-scored
+  items (the least relevant facts);
 - ``history`` is compacted: the oldest groups go first, a tool call never leaves its results, a
   system message stays (the `Compaction` provider is the rule when it is among the providers, its
   summaries counted as history; else the budget drops the oldest groups itself);
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
     from .exchanges import Group
     from .pipeline import RunContext
 
-__all__ = ["SOURCES", "BudgetParticipant", "ContextBudget", "fit_history", "fit_ranked", "ranked_message"]
+__all__ = ["SOURCES", "BudgetParticipant", "ContextBudget", "fit_history", "fit_listed", "fit_ranked",
+           "ranked_message"]
 
 SOURCES: Final = ("tools", "memory", "search", "history")
 """The sources a budget can share between."""
@@ -279,6 +281,22 @@ def _trimmed(message: Message, allowance: int, ctx: RunContext) -> Message | Non
         if count(new) <= allowance:
             return new
     return None
+
+
+def fit_listed(ctx: RunContext, source_id: str, allowance: int, separator: str = "\n- ") -> None:
+    """Trim the instructions provider `source_id` added to `allowance` tokens, dropping their last items first.
+
+    Each block is a head, then items best first, each after `separator`; a block left with no item goes.
+    """
+    count, left, kept = ctx.tokens, allowance, []
+    for block in (text for sid, text in ctx.instruction_sources if sid == source_id):
+        items = block.split(separator)
+        while len(items) > 1 and count.scale(count.text(separator.join(items))) > left:
+            items.pop()
+        if len(items) > 1 and (tokens := count.scale(count.text(text := separator.join(items)))) <= left:
+            kept.append(text)
+            left -= tokens
+    ctx.replace_own_instructions(kept)
 
 
 async def fit_history(ctx: RunContext, allowance: int, source_ids: Iterable[str] = (), *,

@@ -297,6 +297,17 @@ class RunContext:
         if dropped:
             self.journal.changes.append(ContextChange(source_id, "replaced_instructions", tuple(dropped)))
 
+    def replace_own_instructions(self, texts: Iterable[str]) -> None:
+        """Put `texts` in place of the instructions this provider added so far (none: remove them); others' stay."""
+        source_id, placed, kept = self._source_id(), False, []
+        for sid, text in self._instructions:
+            if sid != source_id:
+                kept.append((sid, text))
+            elif not placed:
+                kept.extend((source_id, t) for t in texts if t)
+                placed = True
+        self._instructions = kept
+
     # --- messages -----------------------------------------------------------------------------------
 
     def add_messages(self, messages: Iterable[Message]) -> None:

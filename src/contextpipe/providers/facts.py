@@ -170,6 +170,21 @@ class FactMemory(ContextProvider):
             ctx.add_instructions("Known facts about the user (may be outdated):\n"
                                  + "\n".join(f"- {text}" for _, text in known))
 
+    budget_share = "memory"
+    """The share of a `contextpipe.budget.ContextBudget` the facts draw from."""
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of the facts this provider added to the instructions."""
+        from ..budget import contributed_tokens
+
+        return contributed_tokens(ctx, [self.source_id])
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Drop the least relevant facts (they are listed most relevant first) until they fit `allowance` tokens."""
+        from ..budget import fit_listed
+
+        fit_listed(ctx, self.source_id, allowance)
+
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
         """Extract facts from the turn's messages that pass the store filters, with the session's waiting turns."""
         session = ctx.session
