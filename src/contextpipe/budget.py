@@ -205,10 +205,10 @@ def _replace_in(ctx: RunContext, keep: set[str], owned: Iterable[Segment]) -> No
         if not kept:
             continue
         dropped = len(segment.messages) - len(kept)
-        suffix = segment.first_seq is not None and list(segment.messages[dropped:]) == kept
+        first = segment.first_seq
+        first = first + dropped if first is not None and list(segment.messages[dropped:]) == kept else None
         tagged = [m for m in segment._tagged if m.id in keep] if segment._tagged is not None else None
-        segments.append(Segment(segment.source, kept, segment.first_seq + dropped if suffix and segment.first_seq
-                                is not None else None, _tagged=tagged))
+        segments.append(Segment(segment.source, kept, first, _tagged=tagged))
     ctx.segments = segments
 
 
