@@ -69,11 +69,17 @@ def test_a_mistaken_budget_says_what_to_change(kwargs: dict[str, object], says: 
         ContextBudget(1_000, **kwargs)  # type: ignore[arg-type]
 
 
-async def test_a_budget_before_the_providers_it_budgets_is_refused() -> None:
-    agent = Agent(ScriptedModel(["ok"]), providers=[ContextBudget(1_000, shares={"search": 0.5}),
-                                                    TextSearch(searcher([0.5]))])
-    with pytest.raises(UsageError, match="move the budget to the end of the providers"):
-        await agent.run("hello")
+async def test_a_budget_runs_after_every_provider_the_agents_and_the_runs_own() -> None:
+    model = ScriptedModel(["ok", "ok"])
+    agent = Agent(model, providers=[ContextBudget(200, shares={"search": 1.0}), TextSearch(searcher([0.9, 0.8, 0.7]))])
+    result = await agent.run("hello")  # the budget first among the agent's providers: it still runs last
+    assert result.traces[0].budget[0].asked > result.traces[0].budget[0].got > 0
+    assert result.traces[0].total_tokens <= 200
+    agent = Agent(model, providers=[ContextBudget(200, shares={"search": 1.0})])
+    result = await agent.run("hello", providers=[TextSearch(searcher([0.9, 0.8, 0.7]))])  # a run's own (AG-UI's)
+    [line] = result.traces[0].budget
+    assert line.asked > line.got > 0 and result.traces[0].total_tokens <= 200
+    assert [t.source_id for t in result.traces[0].provider_timings if t.hook == "before_run"][-1] == "budget"
 
 
 # --- each source's rule ---------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """`ContextBudget`: one token budget for the request, split across the sources that fill it.
 
 Tool definitions, recalled memories, search results and history all compete for the same context
-window. A `ContextBudget` placed *last* in an agent's providers measures, after every other
-provider's `before_run`, what each source contributed (with the run's token counter, the numbers
-the trace shows) and has each source trim itself to its share by its own rule, before the first
-request is built:
+window. A `ContextBudget` among an agent's providers measures, after every other provider's
+`before_run` (the agent's and the run's own: it always runs last), what each source contributed
+(with the run's token counter, the numbers the trace shows) and has each source trim itself to its
+share by its own rule, before the first request is built:
 
 - ``memory`` (`SemanticMemory`, `FactMemory`) and ``search`` (`TextSearch`) drop their lowest-scored
   items (the least relevant facts);
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 from ._compaction_decision import CompactionDecision
 from .errors import UsageError
 from .messages import Message
+from ._run.hooks import AfterProviders
 from .pipeline import Segment
 from .providers.base import ContextProvider
 from .tokens import REPLY_PRIMING
@@ -73,12 +74,13 @@ class BudgetParticipant(Protocol):
         ...
 
 
-class ContextBudget(ContextProvider):
+class ContextBudget(ContextProvider, AfterProviders):
     """Splits ``total - reserve`` tokens of each request between tools, memory, search and history.
 
     `shares` maps a source to its fraction of the room (see the module docstring); a source not
     named is not trimmed (it counts against the total). `priorities` orders who gets the unused
-    share first (default: the order of `shares`). Put it after every provider it should budget.
+    share first (default: the order of `shares`). Wherever it is among the providers, it runs after
+    all of them, the agent's and the run's own (``Agent.run(providers=...)``), and budgets those.
     """
 
     kind = "budget"
@@ -97,9 +99,9 @@ class ContextBudget(ContextProvider):
         self.priorities: tuple[str, ...] = (*given, *(s for s in shares if s not in given))
         """Who takes unused share first, first first."""
 
-    async def before_run(self, ctx: RunContext) -> None:
-        """Measure every source, then have each trim itself to its share (plus what flows to it)."""
-        participants = self._participants(ctx)
+    async def after_providers(self, ctx: RunContext, providers: Sequence[ContextProvider]) -> None:
+        """Measure every source `providers` fill, then have each trim itself to its share (plus what flows to it)."""
+        participants = self._participants(providers)
         owners = {p.source_id for group in participants.values() for p in group}
         asked = {s: sum(p.budget_tokens(ctx) for p in participants.get(s, ())) for s in self.shares}
         fixed = _fixed_tokens(ctx, owners, history="history" in participants, tools="tools" in participants)
@@ -126,15 +128,10 @@ class ContextBudget(ContextProvider):
                 "to what it may not drop",)))
         ctx.journal.budget = [BudgetShare(s, base[s], asked[s], got[s]) for s in self.shares]
 
-    def _participants(self, ctx: RunContext) -> dict[str, list[BudgetParticipant]]:
+    def _participants(self, providers: Sequence[ContextProvider]) -> dict[str, list[BudgetParticipant]]:
         found: dict[str, list[BudgetParticipant]] = {}
-        providers = list(getattr(ctx.agent, "providers", ()))
-        after = providers[providers.index(self) + 1:] if self in providers else []
         for provider in providers:
             if isinstance(provider, BudgetParticipant) and provider.budget_share in self.shares:
-                if provider in after:
-                    raise UsageError(f"{provider!r} is registered after ContextBudget {self.source_id!r}, which "
-                                     "budgets what came before it: move the budget to the end of the providers")
                 found.setdefault(provider.budget_share, []).append(provider)
         if "history" in self.shares and "history" not in found:
             found["history"] = [_OldestFirst(self.source_id)]
