@@ -103,6 +103,25 @@ async def test_search_drops_its_lowest_scored_chunks_and_the_trace_shows_share_a
     assert "budget search: share" in result.traces[0].table() and result.traces[0].to_dict()["budget"][0]["got"]
 
 
+async def test_providers_sharing_a_share_split_it_by_their_asks() -> None:
+    def tagged(tag: str, scores: Sequence[float]):  # type: ignore[no-untyped-def]
+        async def search(query: str) -> list[SearchResult]:
+            return [SearchResult(f"{tag} passage {i} {WORDS}", f"{tag}{i}", score=s) for i, s in enumerate(scores)]
+
+        return search
+
+    model = ScriptedModel(["ok"])
+    agent = Agent(model, providers=[TextSearch(tagged("A", [0.99, 0.98, 0.97]), source_id="a"),
+                                    TextSearch(tagged("B", [0.1, 0.05, 0.01]), source_id="b"),
+                                    ContextBudget(300, shares={"search": 1.0})])
+    result = await agent.run("q")
+    sent = "\n".join(m.text for m in model.requests[0].messages)
+    assert "A passage 0" in sent and "B passage 0" in sent  # neither starves: each keeps its best
+    assert "A passage 2" not in sent and "B passage 2" not in sent
+    [line] = result.traces[0].budget
+    assert line.got <= line.share and line.share - line.got < 60  # what the first left went to the second
+
+
 async def test_memory_drops_its_lowest_scored_memories() -> None:
     memory = SemanticMemory(MemoryVectorStore(), HashEmbedder(), k=5, search="keywords")
     model = ScriptedModel([f"Noted {i}: the pottery class {WORDS}" for i in range(5)] + ["ok"])

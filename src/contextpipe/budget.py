@@ -115,10 +115,7 @@ class ContextBudget(ContextProvider, AfterProviders):
             if asked[source] > allowed:
                 extra = min(pool, asked[source] - allowed)  # (less than none when a source before took more)
                 allowed, pool = max(0, allowed + extra), pool - extra
-                for participant in participants.get(source, ()):
-                    left = allowed - sum(p.budget_tokens(ctx) for p in participants[source] if p is not participant)
-                    with ctx.contributing(participant.source_id):
-                        await participant.fit_budget(ctx, max(0, left))
+                await _split(ctx, participants[source], allowed)
             got[source] = sum(p.budget_tokens(ctx) for p in participants.get(source, ()))
             pool += allowed - got[source]  # what it left flows on; what it could not give up is taken from the rest
         if fixed + sum(got.values()) > limit:
@@ -136,6 +133,21 @@ class ContextBudget(ContextProvider, AfterProviders):
         if "history" in self.shares and "history" not in found:
             found["history"] = [_OldestFirst(self.source_id)]
         return found
+
+
+async def _split(ctx: RunContext, group: Sequence[BudgetParticipant], allowed: int) -> None:
+    """Have the providers of one share fit `allowed` between them, each in proportion to its ask.
+
+    What one leaves of its part (an item does not fit exactly) goes to the ones after it.
+    """
+    asks = [p.budget_tokens(ctx) for p in group]
+    for i, participant in enumerate(group):
+        rest = sum(asks[i:])
+        part = max(0, allowed) * asks[i] // rest if rest else 0
+        if asks[i] > part:
+            with ctx.contributing(participant.source_id):
+                await participant.fit_budget(ctx, part)
+        allowed -= participant.budget_tokens(ctx)
 
 
 def _check(total: int, reserve: int, shares: Mapping[str, float], priorities: Sequence[str]) -> None:
