@@ -141,6 +141,22 @@ async def test_memory_drops_its_lowest_scored_memories() -> None:
     assert line.asked > line.got and result.traces[0].total_tokens <= 500
 
 
+async def test_memory_with_its_tool_counts_its_instructions_against_its_share() -> None:
+    memory = SemanticMemory(MemoryVectorStore(), HashEmbedder(), k=5, search="keywords", mode="both")
+    model = ScriptedModel([f"Noted {i}: the pottery class {WORDS}" for i in range(5)] + ["ok"])
+    agent = Agent(model, providers=[memory, ContextBudget(420, shares={"memory": 1.0})])
+    earlier, now = await agent.session("m1"), await agent.session("m2")
+    earlier.state["user_id"] = now.state["user_id"] = "maya"
+    for i in range(5):
+        await agent.run(f"Pottery class note {i}: {'clay ' * (i + 1)}{WORDS}", session=earlier)
+    result = await agent.run("What about the pottery class clay?", session=now)
+    trace = result.traces[0]
+    [line] = trace.budget
+    assert trace.tokens_by_source()["instructions:memory"] > 0  # the tool's instructions: kept, and counted
+    assert line.asked > line.got and trace.total_tokens <= 420
+    assert not [c for c in trace.changes if c.action == "over_budget"]
+
+
 async def test_facts_drop_the_least_relevant_first() -> None:
     facts = tuple(f"Maya's fact {i}: she {'likes pottery and clay ' if i % 2 else 'drives a bus '}{WORDS}"
                   for i in range(6))

@@ -252,11 +252,13 @@ def _items(message: Message) -> tuple[str, str, list[tuple[str, float]]] | None:
 async def fit_ranked(ctx: RunContext, source_id: str, allowance: int) -> None:
     """Trim the ranked messages (`ranked_message`) provider `source_id` added to `allowance` tokens.
 
-    The lowest-scored items go first; a message left with no item goes; other messages stay.
+    The lowest-scored items go first; a message left with no item goes; what else the provider
+    added (its other messages, its instructions) stays and is counted against `allowance`.
     """
     counter = ctx.tokens
     owned = [s for s in ctx.segments if s.source.source_id == source_id]
-    left = allowance - sum(counter.message(m) for s in owned for m in s.messages if RANKED_KEY not in m.metadata)
+    ranked = sum(counter.message(m) for s in owned for m in s.messages if RANKED_KEY in m.metadata)
+    left = allowance - (contributed_tokens(ctx, [source_id]) - ranked)
     replaced: dict[str, Message | None] = {}
     for message in (m for s in owned for m in s.tagged if RANKED_KEY in m.metadata):
         new = _trimmed(message, left, ctx)
