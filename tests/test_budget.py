@@ -225,6 +225,29 @@ async def test_tool_definitions_are_deferred_behind_tool_search() -> None:
     assert len(model.requests[1].tools) == 10 and by_source(roomy.traces[0])["tools"][1:] == (line.asked,) * 2
 
 
+async def test_deferred_tools_are_not_counted_by_compaction_in_the_tool_loop() -> None:
+    def make(i: int) -> Tool:
+        def run(query: str) -> str:
+            return "result " * 400
+
+        return Tool(run, name=f"tool_{i}", description=f"Tool number {i}: does thing {i}. {WORDS}")
+
+    model = ScriptedModel([])
+    agent = Agent(model, tools=[make(i) for i in range(10)], providers=[
+        History(MemoryStore()), ToolSearch(threshold=30, max_results=5), Compaction(max_input_tokens=1_900),
+        ContextBudget(1_200, shares={"tools": 0.05, "history": 0.95})])
+    session = await agent.session("s")
+    for i in range(6):
+        model.enqueue(f"a{i} {WORDS}")
+        await agent.run(f"q{i} {WORDS}", session=session)
+    model.enqueue(tool_call("tool_1", query="x"), "done")
+    result = await agent.run("latest", session=session)
+    first, second = result.traces
+    assert sorted(t.name for t in model.requests[-1].tools) == ["search_tools", "tool_1"]
+    assert second.compaction == () and len(second.messages) == len(first.messages) + 2  # nothing dropped:
+    # the in-loop compaction counts the two tools sent, not the ten the budget deferred
+
+
 # --- flow and the protected parts -----------------------------------------------------------------------
 
 

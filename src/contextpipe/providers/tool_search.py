@@ -161,6 +161,8 @@ class _Offer:
     seen: set[str] = field(default_factory=set)
     found: dict[str, None] = field(default_factory=dict)
     index: _Index | None = None
+    active: bool = False
+    """Whether it picks the tools offered (the run defers them); until then the calls pass through."""
 
     def search_tools(self, query: str) -> str:
         """Search the tools you can use by keywords; the tools found are offered to you from your next step on.
@@ -179,7 +181,7 @@ class _Offer:
                            "note": "These tools are offered to you from your next step on."}, ensure_ascii=False)
 
     async def __call__(self, request: ModelRequest, call_next: CallModel) -> ModelResponse:
-        if not request.tools:  # a call at a limit: the tools were withdrawn
+        if not self.active or not request.tools:  # not deferred, or a call at a limit: the tools were withdrawn
             return await call_next(request)
         specs = {s.name: s for s in request.tools}
         found_tools(request.messages, specs, self.seen, self.found)
@@ -219,19 +221,24 @@ class ToolSearch(ContextProvider):
         """Tokens the catalogue in the instructions may take at most (0: no catalogue)."""
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Above the threshold: add ``search_tools``, the catalogue and the middleware that picks the tools offered."""
-        if len(ctx.tools) <= self.threshold:
-            return
-        self._defer(ctx, self.catalogue_tokens)
+        """Add the middleware that picks the tools offered; above the threshold, ``search_tools`` and the catalogue.
 
-    def _defer(self, ctx: RunContext, catalogue_tokens: int) -> None:
+        The middleware is added on every run, at this provider's place among the others' (a
+        `contextpipe.budget.ContextBudget` may defer the tools later): it passes the calls
+        through untouched until the tools are deferred.
+        """
+        offer = _Offer(self, ctx)
+        ctx.add_middleware(offer)
+        if len(ctx.tools) > self.threshold:
+            self._defer(ctx, offer, self.catalogue_tokens)
+
+    def _defer(self, ctx: RunContext, offer: _Offer, catalogue_tokens: int) -> None:
         from ..tools import Tool  # here: a run at or below the threshold loads nothing more
 
-        offer = _Offer(self, ctx)
         catalogue = self.catalogue(ctx.tools, ctx.tokens.text, catalogue_tokens)
         ctx.add_tools([Tool(offer.search_tools, name=SEARCH_TOOL, idempotent=True, run_in_thread=False)])
         ctx.add_instructions(catalogue)
-        ctx.add_middleware(offer)
+        offer.active = True
 
     budget_share = "tools"
     """With a `contextpipe.budget.ContextBudget`, this provider is the tools' rule: it defers the definitions."""
@@ -257,10 +264,11 @@ class ToolSearch(ContextProvider):
             return
         from ..tools import Tool
 
-        probe = Tool(_Offer(self, ctx).search_tools, name=SEARCH_TOOL)
+        offer = next(m for m in ctx.middleware if isinstance(m, _Offer) and m.search is self)  # its before_run's
+        probe = Tool(offer.search_tools, name=SEARCH_TOOL)
         counter = ctx.tokens
         left = allowance - counter.scale(counter.tools([probe.spec]))
-        self._defer(ctx, max(0, min(self.catalogue_tokens, left)))
+        self._defer(ctx, offer, max(0, min(self.catalogue_tokens, left)))
 
     def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int],
                   catalogue_tokens: int | None = None) -> str:
