@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextpipe import Agent, HistoryProvider, Message, PromptTrace, Session, Tool, UsageError
+from contextpipe import Agent, ApprovalError, HistoryProvider, Message, PromptTrace, Session, Tool, UsageError
 from contextpipe.models import ModelRequest
 from contextpipe.providers import (
     Compaction,
@@ -24,7 +24,7 @@ from contextpipe.session import set_user_id
 from contextpipe.stores import Lease, MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.vectors import HashEmbedder, MemoryVectorStore
-from helpers import changes, lookup_location_code
+from helpers import balance, changes, lookup_location_code, pay
 
 WORDS = "word " * 40
 
@@ -290,6 +290,20 @@ async def test_what_a_source_leaves_after_trimming_flows_to_the_next() -> None:
     assert budget["search"][2] < budget["search"][0]  # a chunk is ~150 tokens: it cannot use all its share
     assert budget["history"][2] > budget["history"][0]  # what it left went to the history, whose turns are small
     assert 600 - result.traces[0].total_tokens < 12
+
+
+@pytest.mark.parametrize("trim", ["budget", "compaction"])
+async def test_a_call_awaiting_approval_is_never_trimmed_away(trim: str) -> None:
+    model = ScriptedModel([])
+    rule = ContextBudget(150, shares={"history": 1.0}) if trim == "budget" else Compaction(max_input_tokens=150)
+    agent = Agent(model, tools=[pay, balance], providers=[History(MemoryStore()), rule])
+    session = await agent.session("s")
+    model.enqueue(tool_call("pay", invoice="INV-7", amount=120))
+    first = await agent.run(f"Pay INV-7. {WORDS}", session=session)
+    assert first.stop_reason == "approval_required"
+    model.enqueue("balance is fine")
+    with pytest.raises(ApprovalError):  # the pending call is still there: decide it first
+        await agent.run(f"Actually, what is my balance? {WORDS}", session=session)
 
 
 class _Loaded(HistoryProvider):

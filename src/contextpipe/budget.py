@@ -35,9 +35,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ._compaction_decision import CompactionDecision
-from .errors import UsageError
-from .messages import Message
 from ._run.hooks import AfterProviders
+from .errors import UsageError
+from .exchanges import open_groups
+from .messages import Message
 from .pipeline import Segment
 from .providers.base import ContextProvider
 from .tokens import REPLY_PRIMING
@@ -314,8 +315,9 @@ async def fit_history(ctx: RunContext, allowance: int, source_ids: Iterable[str]
                       strategy: str = "budget") -> None:
     """Drop the oldest groups of the loaded history (and of `source_ids`' messages) until they fit `allowance`.
 
-    A tool call stays with its results (groups are dropped whole), system messages stay, and on a
-    run with no new input (a resume) the newest group stays. The decision goes on the first call's trace.
+    A tool call stays with its results (groups are dropped whole), system messages and calls still
+    without a result (awaiting an approval) stay, and on a run with no new input (a resume) the
+    newest group stays. The decision goes on the first call's trace.
     """
     from .compaction import group_messages  # here: a run with nothing to compact never loads the strategies
 
@@ -338,8 +340,11 @@ async def fit_history(ctx: RunContext, allowance: int, source_ids: Iterable[str]
 
 def _oldest_groups(groups: Sequence[Group], messages: Sequence[Message], excess: int, *,
                    keep_newest: bool) -> tuple[list[str], int]:
-    """Return the ids of the oldest groups whose tokens cover `excess` (never a system one), and the tokens left."""
-    pinned = {id(g) for g in groups if g.kind == "system"}
+    """Return the ids of the oldest groups whose tokens cover `excess`, and the tokens left.
+
+    A system group, and an exchange with calls still to answer (an approval pending), are never dropped.
+    """
+    pinned = {id(g) for g in groups if g.kind == "system"} | open_groups(groups, messages)  # calls to answer
     if keep_newest and groups:
         pinned.add(id(groups[-1]))
     dropped: list[str] = []
