@@ -189,8 +189,10 @@ async def test_history_is_compacted_to_its_share_and_no_call_leaves_its_result()
     assert request.messages[-1].text == "the latest question"
     assert request.messages[-2].text.startswith("answer 5")  # the newest history stays, the oldest went
     assert not any(m.text.startswith("question 0") for m in request.messages)
-    assert result.traces[0].compaction[0].strategy == "budget"
-    assert result.traces[0].total_tokens <= 300
+    [decision], [line] = result.traces[0].compaction, result.traces[0].budget
+    assert decision.strategy == "budget" and result.traces[0].total_tokens <= 300
+    assert decision.tokens_after == result.traces[0].total_tokens  # the request's tokens, as documented
+    assert decision.tokens_before - decision.tokens_after == line.asked - line.got
 
 
 async def test_a_compaction_provider_is_the_historys_rule() -> None:

@@ -31,6 +31,7 @@ A provider takes part by implementing `BudgetParticipant`; the budget knows noth
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
@@ -111,13 +112,17 @@ class ContextBudget(ContextProvider, AfterProviders):
         base = {s: math.floor(self.shares[s] * room) for s in self.shares}
         pool = room - sum(base.values()) + sum(max(0, base[s] - asked[s]) for s in self.shares)
         got: dict[str, int] = {}
+        request = fixed + sum(asked.values())  # the request's tokens as the sources trim it, one after another
         for source in self.priorities:
             allowed = min(asked[source], base[source])
+            decided = len(ctx.journal.compaction)
             if asked[source] > allowed:
                 extra = min(pool, asked[source] - allowed)  # (less than none when a source before took more)
                 allowed, pool = max(0, allowed + extra), pool - extra
                 await _split(ctx, participants[source], allowed)
             got[source] = sum(p.budget_tokens(ctx) for p in participants.get(source, ()))
+            _as_request_tokens(ctx, decided, request, request - asked[source] + got[source])
+            request += got[source] - asked[source]
             pool += allowed - got[source]  # what it left flows on; what it could not give up is taken from the rest
         if fixed + sum(got.values()) > limit:
             ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
@@ -149,6 +154,13 @@ async def _split(ctx: RunContext, group: Sequence[BudgetParticipant], allowed: i
             with ctx.contributing(participant.source_id):
                 await participant.fit_budget(ctx, part)
         allowed -= participant.budget_tokens(ctx)
+
+
+def _as_request_tokens(ctx: RunContext, decided: int, before: int, after: int) -> None:
+    """Make the decisions a source's rule recorded from `decided` on give the request's tokens, as documented."""
+    journal = ctx.journal
+    journal.compaction[decided:] = [replace(d, tokens_before=before, tokens_after=after)
+                                    for d in journal.compaction[decided:]]
 
 
 def _check(total: int, reserve: int, shares: Mapping[str, float], priorities: Sequence[str]) -> None:
@@ -334,8 +346,9 @@ async def fit_history(ctx: RunContext, allowance: int, source_ids: Iterable[str]
     drop = set(dropped)
     _replace_in(ctx, {m.id for m in messages if m.id not in drop}, owned)
     ctx.record_compaction([CompactionDecision(strategy, "dropped", tuple(dropped),
-                                              f"over the history's share of the budget ({total} > {allowance})",
-                                              total, left)])
+                                              f"the history's {total} tokens are over its share of the budget "
+                                              f"({allowance})", total, left)])  # (the budget makes these the
+    # request's tokens, as the trace documents them: it knows the rest of the request)
 
 
 def _oldest_groups(groups: Sequence[Group], messages: Sequence[Message], excess: int, *,
