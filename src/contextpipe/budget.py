@@ -31,8 +31,8 @@ A provider takes part by implementing `BudgetParticipant`; the budget knows noth
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ._compaction_decision import CompactionDecision

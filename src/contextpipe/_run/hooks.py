@@ -51,7 +51,7 @@ class AfterProviders(ABC):
 
     @abstractmethod
     async def after_providers(self, ctx: RunContext, providers: Sequence[ContextProvider]) -> None:
-        """Called in place of `before_run`, once the run's other `providers` (in their order) contributed."""
+        """Contribute in place of `before_run`, once the run's other `providers` (in their order) contributed."""
 
 
 def in_order(providers: Sequence[ContextProvider]) -> list[ContextProvider]:
