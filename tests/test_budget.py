@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from contextpipe import Agent, ApprovalError, HistoryProvider, Message, PromptTrace, Session, Tool, UsageError
 from contextpipe.models import ModelRequest
+from contextpipe.models.base import Usage
 from contextpipe.providers import (
     Compaction,
     ContextBudget,
@@ -23,6 +24,7 @@ from contextpipe.providers import (
 from contextpipe.session import set_user_id
 from contextpipe.stores import Lease, MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
+from contextpipe.testing.scripted import Turn
 from contextpipe.vectors import HashEmbedder, MemoryVectorStore
 from helpers import balance, changes, lookup_location_code, pay
 
@@ -248,6 +250,30 @@ async def test_deferred_tools_are_not_counted_by_compaction_in_the_tool_loop() -
     assert sorted(t.name for t in model.requests[-1].tools) == ["search_tools", "tool_1"]
     assert second.compaction == () and len(second.messages) == len(first.messages) + 2  # nothing dropped:
     # the in-loop compaction counts the two tools sent, not the ten the budget deferred
+
+
+async def test_whether_tools_are_deferred_does_not_change_with_the_other_sources() -> None:
+    def make(i: int) -> Tool:
+        def run(query: str) -> str:
+            return query
+
+        return Tool(run, name=f"tool_{i}", description=f"Tool number {i}: does thing {i}. {WORDS}")
+
+    async def search(query: str) -> list[SearchResult]:  # results for one question, none for the other
+        return [SearchResult(f"refund policy {WORDS}", f"d{i}", score=1 - i / 10) for i in range(8)] if (
+            "refund" in query) else []
+
+    cached = Usage(3000, 10, cache_read_tokens=2000)
+    model = ScriptedModel([Turn("ok", usage=cached), Turn("ok", usage=cached)])
+    agent = Agent(model, tools=[make(i) for i in range(6)], providers=[
+        History(MemoryStore()), TextSearch(search), ToolSearch(),
+        ContextBudget(1_000, shares={"tools": 0.4, "search": 0.4, "history": 0.2})])
+    session = await agent.session("s")
+    await agent.run("hello", session=session)  # no search results: the tools could have had the spare share
+    result = await agent.run("what about a refund?", session=session)
+    assert [t.name for t in model.requests[0].tools] == [t.name for t in model.requests[1].tools]
+    check = result.traces[0].cache
+    assert check is not None and check.against == "previous_run" and check.broke_at is None  # the whole prefix
 
 
 # --- flow and the protected parts -----------------------------------------------------------------------

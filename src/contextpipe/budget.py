@@ -11,7 +11,9 @@ share by its own rule, before the first request is built:
 - ``history`` is compacted: the oldest groups go first, a tool call never leaves its results, a
   system message stays (the `Compaction` provider is the rule when it is among the providers, its
   summaries counted as history; else the budget drops the oldest groups itself);
-- ``tools``: the definitions are deferred behind `ToolSearch`'s ``search_tools`` and catalogue.
+- ``tools``: the definitions are deferred behind `ToolSearch`'s ``search_tools`` and catalogue
+  when they need more than the tools' own share (no spare share flows to them: the decision, and
+  so the prompt's cached prefix, does not change with what the other sources ask run to run).
 
 Shares are fractions (0 to 1, adding up to at most 1) of the *room*: ``total - reserve`` less what
 the budget may not trim (the system instructions, the caller's input, the reply priming, and what
@@ -113,11 +115,14 @@ class ContextBudget(ContextProvider, AfterProviders):
         pool = room - sum(base.values()) + sum(max(0, base[s] - asked[s]) for s in self.shares)
         got: dict[str, int] = {}
         request = fixed + sum(asked.values())  # the request's tokens as the sources trim it, one after another
-        for source in self.priorities:
+        for source in sorted(self.priorities, key=lambda s: s != "tools"):  # the tools first: see below
             allowed = min(asked[source], base[source])
             decided = len(ctx.journal.compaction)
             if asked[source] > allowed:
-                extra = min(pool, asked[source] - allowed)  # (less than none when a source before took more)
+                # The tools take no extra: whether they are deferred then depends on their share alone, not
+                # on what the other sources ask this run, so the prompt's first block stays the same run to run
+                # (and what their catalogue takes over their share is known before the others are trimmed).
+                extra = 0 if source == "tools" else min(pool, asked[source] - allowed)  # (< 0: others took more)
                 allowed, pool = max(0, allowed + extra), pool - extra
                 await _split(ctx, participants[source], allowed)
             got[source] = sum(p.budget_tokens(ctx) for p in participants.get(source, ()))

@@ -230,12 +230,17 @@ class ToolSearch(ContextProvider):
         offer = _Offer(self, ctx)
         ctx.add_middleware(offer)
         if len(ctx.tools) > self.threshold:
-            self._defer(ctx, offer, self.catalogue_tokens)
+            self._defer(ctx, offer)
 
-    def _defer(self, ctx: RunContext, offer: _Offer, catalogue_tokens: int) -> None:
+    def _defer(self, ctx: RunContext, offer: _Offer) -> None:
         from ..tools import Tool  # here: a run at or below the threshold loads nothing more
 
-        catalogue = self.catalogue(ctx.tools, ctx.tokens.text, catalogue_tokens)
+        counter = ctx.tokens
+
+        def count(text: str | None) -> int:  # calibrated, as the trace and a budget count
+            return counter.scale(counter.text(text))
+
+        catalogue = self.catalogue(ctx.tools, count)
         ctx.add_tools([Tool(offer.search_tools, name=SEARCH_TOOL, idempotent=True, run_in_thread=False)])
         ctx.add_instructions(catalogue)
         offer.active = True
@@ -258,20 +263,14 @@ class ToolSearch(ContextProvider):
     async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
         """Defer the definitions behind ``search_tools`` when they need more than `allowance` tokens.
 
-        The catalogue gets what the search tool's definition leaves of the allowance (at most `catalogue_tokens`).
+        The catalogue is the one `catalogue_tokens` bounds, whatever the allowance: the same in every
+        run, so the prompt's prefix stays the same (the budget decides against the tools' own share).
         """
-        if ctx.tool_sources.get(SEARCH_TOOL) == self.source_id or self.budget_tokens(ctx) <= allowance:
-            return
-        from ..tools import Tool
-
         offer = next(m for m in ctx.middleware if isinstance(m, _Offer) and m.search is self)  # its before_run's
-        probe = Tool(offer.search_tools, name=SEARCH_TOOL)
-        counter = ctx.tokens
-        left = allowance - counter.scale(counter.tools([probe.spec]))
-        self._defer(ctx, offer, max(0, min(self.catalogue_tokens, left)))
+        if not offer.active and self.budget_tokens(ctx) > allowance:
+            self._defer(ctx, offer)
 
-    def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int],
-                  catalogue_tokens: int | None = None) -> str:
+    def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int]) -> str:
         """Return the instructions that tell the model to search, with a catalogue of the tools that fits.
 
         ``name: summary`` lines when all of them fit in `catalogue_tokens`; otherwise the names alone,
@@ -280,7 +279,7 @@ class ToolSearch(ContextProvider):
         head = (f"You have {len(tools)} tools; their definitions are not shown until you find them. Call "
                 f"{SEARCH_TOOL} with a few words of what you need: the tools it returns can be called from your "
                 "next step on.")
-        budget = (self.catalogue_tokens if catalogue_tokens is None else catalogue_tokens) - count(head)
+        budget = self.catalogue_tokens - count(head)
         lines = [f"- {n}: {_summary(t.description)}" if t.description else f"- {n}" for n, t in tools.items()]
         full = _fitting(lines, "\n", budget, count)
         if len(full) == len(lines):
