@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     from .exchanges import Group
     from .pipeline import RunContext
 
-__all__ = ["SOURCES", "BudgetParticipant", "ContextBudget", "fit_history", "fit_listed", "fit_ranked",
-           "ranked_message"]
+__all__ = ["SOURCES", "BudgetParticipant", "ContextBudget", "contributed_tokens", "fit_history", "fit_listed",
+           "fit_ranked", "ranked_message"]
 
 SOURCES: Final = ("tools", "memory", "search", "history")
 """The sources a budget can share between."""
@@ -210,7 +210,11 @@ def _fixed_tokens(ctx: RunContext, owners: set[str], *, history: bool, tools: bo
 
 
 def contributed_tokens(ctx: RunContext, source_ids: Iterable[str], *, history: bool = False) -> int:
-    """Tokens of the messages and instructions the providers `source_ids` added (and the loaded history)."""
+    """Return the tokens of the messages and instructions the providers `source_ids` added (and the loaded history).
+
+    Counted with the run's calibrated counter, as the trace counts them: what a participant's
+    `BudgetParticipant.budget_tokens` returns for what it added to the run.
+    """
     ids = set(source_ids)
     counter = ctx.tokens
     total = sum(counter.scale(counter.text(text)) for sid, text in ctx.instruction_sources if sid in ids)
