@@ -26,7 +26,7 @@ from contextpipe.stores import Lease, MemoryStore
 from contextpipe.testing import ScriptedModel, tool_call
 from contextpipe.testing.scripted import Turn
 from contextpipe.vectors import HashEmbedder, MemoryVectorStore
-from helpers import balance, changes, lookup_location_code, pay
+from helpers import PAID, balance, changes, lookup_location_code, pay
 
 WORDS = "word " * 40
 
@@ -332,6 +332,40 @@ async def test_a_call_awaiting_approval_is_never_trimmed_away(trim: str) -> None
     model.enqueue("balance is fine")
     with pytest.raises(ApprovalError):  # the pending call is still there: decide it first
         await agent.run(f"Actually, what is my balance? {WORDS}", session=session)
+
+
+async def test_a_resume_keeps_the_approved_call_and_its_answer() -> None:
+    PAID.clear()
+    model = ScriptedModel([])
+    agent = Agent(model, tools=[pay, balance], providers=[
+        History(MemoryStore()), ContextBudget(150, shares={"history": 1.0})])
+    session = await agent.session("s")
+    for i in range(3):
+        model.enqueue(f"a{i} {WORDS}")
+        await agent.run(f"q{i} {WORDS}", session=session)
+    model.enqueue(tool_call("pay", invoice="INV-7", amount=120))
+    [pending] = (await agent.run("Pay INV-7.", session=session)).pending_approvals
+    model.enqueue("Paid.")
+    result = await agent.run(None, session=session, approvals={pending.call_id: pending.approve()})
+    assert result.stop_reason == "completed" and PAID == ["INV-7"]
+    assert [m.role for m in model.requests[-1].messages] == ["user", "assistant", "tool"]  # the oldest went
+    assert result.traces[0].compaction[0].strategy == "budget"
+
+
+async def test_a_calibrated_counter_is_what_the_budget_counts_with() -> None:
+    model = ScriptedModel([])
+    agent = Agent(model, tools=[lookup_location_code], providers=[
+        History(MemoryStore()), TextSearch(searcher([0.9, 0.8, 0.7, 0.6])),
+        ContextBudget(900, shares={"history": 0.5, "search": 0.5})])
+    await seeded(agent, 4)
+    session = await agent.session("s")
+    session.state["contextpipe.calibration"] = {"ratio": 1.6, "samples": 5}  # the model counts 60% more
+    model.enqueue("done")
+    result = await agent.run("the latest question", session=session)
+    trace = result.traces[0]
+    assert trace.total_tokens <= 900 and 900 - trace.total_tokens < 120
+    assert sum(b.got for b in trace.budget) == sum(v for k, v in trace.tokens_by_source().items()
+                                                   if k.startswith(("history:", "context:")))
 
 
 class _Loaded(HistoryProvider):
