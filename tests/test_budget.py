@@ -406,6 +406,16 @@ async def test_what_cannot_be_trimmed_over_the_total_is_said_on_the_trace() -> N
     assert "may not trim" in change.items[0]
 
 
+async def test_over_budget_names_the_source_that_could_not_go_lower() -> None:
+    system = Message.system("You are a support agent. " + "rule " * 200)  # history may not drop it
+    model = ScriptedModel(["ok"])
+    agent = Agent(model, providers=[_Loaded([system, Message.user("q"), Message.assistant("a")]),
+                                    ContextBudget(150, shares={"history": 1.0})])
+    result = await agent.run("the question", session=await agent.session("s"))
+    [change] = [c for c in result.traces[0].changes if c.action == "over_budget"]
+    assert "history could not go below" in change.items[0] and "may not trim" not in change.items[0]
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(turns=st.integers(0, 5), scores=st.lists(st.floats(0, 1), max_size=6), total=st.integers(60, 1_500),
        reserve=st.integers(0, 50), history=st.floats(0, 1), question=st.integers(1, 120))

@@ -114,6 +114,7 @@ class ContextBudget(ContextProvider, AfterProviders):
         base = {s: math.floor(self.shares[s] * room) for s in self.shares}
         pool = room - sum(base.values()) + sum(max(0, base[s] - asked[s]) for s in self.shares)
         got: dict[str, int] = {}
+        stuck: dict[str, int] = {}  # the sources that could not go down to what they were allowed
         request = fixed + sum(asked.values())  # the request's tokens as the sources trim it, one after another
         for source in sorted(self.priorities, key=lambda s: s != "tools"):  # the tools first: see below
             allowed = min(asked[source], base[source])
@@ -128,12 +129,12 @@ class ContextBudget(ContextProvider, AfterProviders):
             got[source] = sum(p.budget_tokens(ctx) for p in participants.get(source, ()))
             _as_request_tokens(ctx, decided, request, request - asked[source] + got[source])
             request += got[source] - asked[source]
+            if got[source] > allowed:
+                stuck[source] = got[source]
             pool += allowed - got[source]  # what it left flows on; what it could not give up is taken from the rest
         if fixed + sum(got.values()) > limit:
             ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
-                f"the request takes {fixed + sum(got.values())} tokens, over the {limit} the budget allows: what it "
-                f"may not trim (instructions, input, other providers) takes {fixed}, and every source is trimmed "
-                "to what it may not drop",)))
+                _over_budget(fixed + sum(got.values()), limit, fixed, stuck),)))
         ctx.journal.budget = [BudgetShare(s, base[s], asked[s], got[s]) for s in self.shares]
 
     def _participants(self, providers: Sequence[ContextProvider]) -> dict[str, list[BudgetParticipant]]:
@@ -159,6 +160,16 @@ async def _split(ctx: RunContext, group: Sequence[BudgetParticipant], allowed: i
             with ctx.contributing(participant.source_id):
                 await participant.fit_budget(ctx, part)
         allowed -= participant.budget_tokens(ctx)
+
+
+def _over_budget(request: int, limit: int, fixed: int, stuck: Mapping[str, int]) -> str:
+    """Say why the request is over `limit`: what may not be trimmed alone, or the sources that could not go lower."""
+    head = f"the request takes {request} tokens, over the {limit} the budget allows: "
+    if fixed > limit:
+        return head + (f"what it may not trim (instructions, input, other providers) alone takes {fixed}, and every "
+                       "source is trimmed to what it may not drop")
+    return head + ", ".join(f"{s} could not go below {n} tokens" for s, n in stuck.items()) + (
+        " (what it may not drop: a history's system messages or pending calls, search_tools and its catalogue)")
 
 
 def _as_request_tokens(ctx: RunContext, decided: int, before: int, after: int) -> None:
