@@ -20,9 +20,12 @@ the budget may not trim (the system instructions, the caller's input, the reply 
 non-participating providers added). A share a source does not use, and the part no share names,
 flows to the sources that want more, in `priorities` order. So when what may not be trimmed fits,
 the request never exceeds ``total - reserve`` (save the least a source cannot give up: a history's
-system messages, ``search_tools`` and its catalogue's first line). When it is still over, the run
-goes on with every source trimmed to what it may not drop, and the first call's trace says so (an
+system messages and calls awaiting an approval, ``search_tools`` and its catalogue; that much is
+taken from the spare share of the sources after it). When it is still over, the run goes on with
+every source trimmed to what it may not drop, and the first call's trace says so (an
 ``over_budget`` change): the caller's input and the instructions are never cut to make room.
+What the run itself adds after the providers, before its first call, is not budgeted: the answers
+to a resumed run's approved calls, late tool results held for it, and repairs of the log's view.
 
 A provider takes part by implementing `BudgetParticipant`; the budget knows nothing of its items.
 

@@ -83,7 +83,7 @@ class ContextChange:
     (``tool_search``, `contextpipe.providers.ToolSearch`) how many of the run's tools the call was offered
     and which were found by a search, or (``cache_collapsed``, source ``prompt-cache``) what broke the
     prompt cache and the tokens lost (`CacheCheck`), or (``over_budget``, `contextpipe.budget.ContextBudget`)
-    that what the budget may not trim alone exceeds it."""
+    that the request is over the budget, and why (what it may not trim, or the sources that could not go lower)."""
 
 
 @dataclass(frozen=True, slots=True)
