@@ -251,7 +251,8 @@ def _replace_in(ctx: RunContext, keep: set[str], owned: Iterable[Segment]) -> No
             continue
         dropped = len(segment.messages) - len(kept)
         first = segment.first_seq
-        first = first + dropped if first is not None and list(segment.messages[dropped:]) == kept else None
+        suffix = first is not None and [m.id for m in segment.messages[dropped:]] == [m.id for m in kept]
+        first = first + dropped if first is not None and suffix else None
         tagged = [m for m in segment._tagged if m.id in keep] if segment._tagged is not None else None
         segments.append(Segment(segment.source, kept, first, _tagged=tagged))
     ctx.segments = segments

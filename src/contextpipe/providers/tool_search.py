@@ -163,6 +163,8 @@ class _Offer:
     index: _Index | None = None
     active: bool = False
     """Whether it picks the tools offered (the run defers them); until then the calls pass through."""
+    spec_tokens: dict[str, int] = field(default_factory=dict)
+    """Each tool definition's tokens, counted once per run (a budget asks several times)."""
 
     def search_tools(self, query: str) -> str:
         """Search the tools you can use by keywords; the tools found are offered to you from your next step on.
@@ -252,13 +254,15 @@ class ToolSearch(ContextProvider):
         """Tokens of the tool definitions the first call is offered (with the catalogue, once deferred)."""
         from ..budget import contributed_tokens
 
-        tools, counter = ctx.tools, ctx.tokens
-        if ctx.tool_sources.get(SEARCH_TOOL) == self.source_id:
+        tools, counter, offer = ctx.tools, ctx.tokens, self._offer(ctx)
+        if offer.active:
             found: dict[str, None] = {}
-            found_tools(ctx.messages, tools, set(), found)
+            found_tools((m for s in ctx.segments for m in s.messages), tools, set(), found)  # (untagged: no copies)
             tools = {n: tools[n] for n in [SEARCH_TOOL, *list(found)[-self.threshold:]]}
-        return contributed_tokens(ctx, [self.source_id]) + sum(counter.scale(counter.tools([t.spec]))
-                                                               for t in tools.values())
+        counts = offer.spec_tokens
+        for name in tools.keys() - counts.keys():
+            counts[name] = counter.scale(counter.tools([tools[name].spec]))
+        return contributed_tokens(ctx, [self.source_id]) + sum(counts[n] for n in tools)
 
     async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
         """Defer the definitions behind ``search_tools`` when they need more than `allowance` tokens.
@@ -266,9 +270,13 @@ class ToolSearch(ContextProvider):
         The catalogue is the one `catalogue_tokens` bounds, whatever the allowance: the same in every
         run, so the prompt's prefix stays the same (the budget decides against the tools' own share).
         """
-        offer = next(m for m in ctx.middleware if isinstance(m, _Offer) and m.search is self)  # its before_run's
+        offer = self._offer(ctx)
         if not offer.active and self.budget_tokens(ctx) > allowance:
             self._defer(ctx, offer)
+
+    def _offer(self, ctx: RunContext) -> _Offer:
+        """Return this run's `_Offer`, the middleware its `before_run` added."""
+        return next(m for m in ctx.middleware if isinstance(m, _Offer) and m.search is self)
 
     def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int]) -> str:
         """Return the instructions that tell the model to search, with a catalogue of the tools that fits.
