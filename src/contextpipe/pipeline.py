@@ -194,17 +194,18 @@ class RunOutcome:
 class _Contributing:
     """The block inside which a provider's contributions are attributed to it (`RunContext.contributing`)."""
 
-    __slots__ = ("_ctx", "_source_id")
+    __slots__ = ("_ctx", "_previous", "_source_id")
 
     def __init__(self, ctx: RunContext, source_id: str) -> None:
         self._ctx = ctx
         self._source_id = source_id
+        self._previous: str | None = None
 
     def __enter__(self) -> None:
-        self._ctx._current = self._source_id
+        self._previous, self._ctx._current = self._ctx._current, self._source_id
 
     def __exit__(self, *exc_info: object) -> None:
-        self._ctx._current = None
+        self._ctx._current = self._previous  # (a budget's block inside its own: the budget's again)
 
 
 class RunContext:
@@ -298,15 +299,19 @@ class RunContext:
             self.journal.changes.append(ContextChange(source_id, "replaced_instructions", tuple(dropped)))
 
     def replace_own_instructions(self, texts: Iterable[str]) -> None:
-        """Put `texts` in place of the instructions this provider added so far (none: remove them); others' stay."""
+        """Put `texts` in place of the instructions this provider added so far; others' stay.
+
+        No texts removes them; a provider that added none yet has `texts` added after the others'.
+        """
         source_id, placed, kept = self._source_id(), False, []
+        new = [(source_id, t) for t in texts if t]
         for sid, text in self._instructions:
             if sid != source_id:
                 kept.append((sid, text))
             elif not placed:
-                kept.extend((source_id, t) for t in texts if t)
+                kept.extend(new)
                 placed = True
-        self._instructions = kept
+        self._instructions = kept if placed else [*kept, *new]
 
     # --- messages -----------------------------------------------------------------------------------
 
