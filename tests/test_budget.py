@@ -65,6 +65,9 @@ async def seeded(agent: Agent, turns: int, session_id: str = "s") -> None:
     ({"shares": {"files": 0.5}}, "knows no source 'files'"),
     ({"shares": {"history": 0.5}, "priorities": ["search"]}, "priority 'search' has no share: add it to shares"),
     ({"shares": {"history": 1.5}}, "fractions from 0 to 1"),
+    ({"shares": {"history": "half"}}, "fractions from 0 to 1"),
+    ({"shares": {}}, "needs at least one share"),
+    ({"shares": {"history": 0.5}, "priorities": "history"}, "write priorities=\\['history'\\]"),
 ])
 def test_a_mistaken_budget_says_what_to_change(kwargs: dict[str, object], says: str) -> None:
     with pytest.raises(UsageError, match=says):

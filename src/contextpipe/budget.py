@@ -184,6 +184,12 @@ def _as_request_tokens(ctx: RunContext, decided: int, before: int, after: int) -
 
 def _check(total: int, reserve: int, shares: Mapping[str, float], priorities: Sequence[str]) -> None:
     """Refuse a budget that cannot be what its caller meant, saying what to change."""
+    if isinstance(priorities, str):
+        raise UsageError(f"ContextBudget priorities is a list of sources, got the string {priorities!r}: "
+                         f"write priorities=[{priorities!r}]")
+    if not shares:
+        raise UsageError("ContextBudget needs at least one share, e.g. shares={'history': 0.5}: with none it "
+                         "would trim nothing")
     if total <= 0 or reserve < 0:
         raise UsageError(f"ContextBudget needs total > 0 and reserve >= 0, got total={total}, reserve={reserve}")
     if total <= reserve:
@@ -201,7 +207,8 @@ def _check_fractions(shares: Mapping[str, float], priorities: Sequence[str]) -> 
     if stray:
         raise UsageError(f"ContextBudget priority {stray[0]!r} has no share: add it to shares (0 gives it only "
                          "what others leave) or leave it out of priorities")
-    bad = {n: v for n, v in shares.items() if not 0 <= v <= 1}
+    bad = {n: v for n, v in shares.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1}
     if bad:
         raise UsageError(f"ContextBudget shares are fractions from 0 to 1 of the room, got {bad!r}")
     if sum(shares.values()) > 1 + 1e-9:
