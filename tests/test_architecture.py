@@ -21,8 +21,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
 
 SURFACES = {
     "contextpipe.artifacts": ["MAX_ARTIFACT_BYTES", "Artifact", "artifact_info", "put_artifact", "read_artifact"],
-    "contextpipe.budget": ["SOURCES", "BudgetParticipant", "ContextBudget", "contributed_tokens", "fit_history",
-                           "fit_listed", "fit_ranked", "ranked_message"],
+    "contextpipe.budget": ["SOURCES", "BudgetParticipant", "ContextBudget", "RankedItems", "contributed_tokens",
+                           "fit_history", "fit_listed", "fit_ranked", "ranked_message"],
     "contextpipe.models": [
         "AnthropicChatModel", "CallModel", "ChatModel", "DescribedModel", "ModelInfo", "ModelMiddleware",
         "ModelRequest", "ModelResponse", "ModelSettings", "ModelStreamEvent", "OpenAIChatModel", "OpenAIResponsesModel",

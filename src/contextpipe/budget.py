@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from .exchanges import Group
     from .pipeline import RunContext
 
-__all__ = ["SOURCES", "BudgetParticipant", "ContextBudget", "contributed_tokens", "fit_history", "fit_listed",
-           "fit_ranked", "ranked_message"]
+__all__ = ["SOURCES", "BudgetParticipant", "ContextBudget", "RankedItems", "contributed_tokens", "fit_history",
+           "fit_listed", "fit_ranked", "ranked_message"]
 
 SOURCES: Final = ("tools", "memory", "search", "history")
 """The sources a budget can share between."""
@@ -79,6 +79,25 @@ class BudgetParticipant(Protocol):
     async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
         """Trim this provider's contribution to at most `allowance` tokens, keeping the best of it."""
         ...
+
+
+class RankedItems:
+    """A `BudgetParticipant` whose contribution is `ranked_message` items: it drops the lowest-scored first.
+
+    For a provider class: set ``budget_share``; what it counts is everything it added (messages
+    and instructions), and only the ranked items are trimmed.
+    """
+
+    source_id: str
+    budget_share: str
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Return the tokens of what this provider added to the run (its ranked messages, its instructions)."""
+        return contributed_tokens(ctx, [self.source_id])
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Drop the lowest-scored items (the last ones, when they have no scores) to fit `allowance` tokens."""
+        await fit_ranked(ctx, self.source_id, allowance)
 
 
 class ContextBudget(ContextProvider, AfterProviders):

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..budget import RankedItems, ranked_message
 from ..errors import UsageError
 from ..messages import Message
 from ..tools import Tool, ToolOutcome
@@ -79,7 +80,7 @@ def _cited(n: int, result: SearchResult) -> str:
     return f"[{n}] {result.text}\n(source: {where})"
 
 
-class TextSearch(ContextProvider):
+class TextSearch(RankedItems, ContextProvider):
     """Searches with `search` and gives the model the results, with citations.
 
     ``mode="before_run"`` searches with the new input (plus the last `recent_messages` messages)
@@ -93,6 +94,8 @@ class TextSearch(ContextProvider):
     """
 
     kind = "search"
+    budget_share = "search"
+    """The share of a `contextpipe.budget.ContextBudget` the search results draw from."""
 
     def __init__(
         self,
@@ -162,28 +165,11 @@ class TextSearch(ContextProvider):
         if not query.strip():
             return
         results = await self.search(query)
-        if results:
-            from ..budget import ranked_message  # (a budget drops the lowest-scored chunks first)
-
+        if results:  # (ranked: a budget drops the lowest-scored chunks first, the kept keep their numbers)
             ctx.add_messages([ranked_message(
                 "Search results (cite them as [n] with their source when you use them):\n\n",
                 [(_cited(n, r), r.score) for n, r in enumerate(results, 1)], separator="\n\n",
                 metadata={"search": True})])
-
-    budget_share = "search"
-    """The share of a `contextpipe.budget.ContextBudget` the search results draw from."""
-
-    def budget_tokens(self, ctx: RunContext) -> int:
-        """Tokens of what this provider added to the run (results, tool instructions)."""
-        from ..budget import contributed_tokens
-
-        return contributed_tokens(ctx, [self.source_id])
-
-    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
-        """Drop the lowest-scored chunks (the last ones, when the search gives no scores) to fit `allowance` tokens."""
-        from ..budget import fit_ranked
-
-        await fit_ranked(ctx, self.source_id, allowance)
 
     def _tool(self) -> Tool:
         async def run(query: str, args: dict[str, Any]) -> str:
