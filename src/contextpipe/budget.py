@@ -361,6 +361,8 @@ def fit_listed(ctx: RunContext, source_id: str, allowance: int, separator: str =
     """Trim the instructions provider `source_id` added to `allowance` tokens, dropping their last items first.
 
     Each block is a head, then items best first, each after `separator`; a block left with no item goes.
+    The blocks are cut at `separator`: an item containing it is cut there too (`FactMemory` lists
+    each fact after ``"\n- "``; a fact with that in it loses its end first).
     """
     count, left, kept = ctx.tokens, allowance, []
     for block in (text for sid, text in ctx.instruction_sources if sid == source_id):
