@@ -9,11 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import Agent, ApprovalError, HistoryProvider, Message, PromptTrace, Session, Tool, UsageError
+from contextpipe.budget import RankedItems, ranked_message
 from contextpipe.models import ModelRequest
 from contextpipe.models.base import Usage
+from contextpipe.pipeline import RunContext
 from contextpipe.providers import (
     Compaction,
     ContextBudget,
+    ContextProvider,
     FactMemory,
     History,
     SearchResult,
@@ -266,7 +269,7 @@ async def test_whether_tools_are_deferred_does_not_change_with_the_other_sources
         return [SearchResult(f"refund policy {WORDS}", f"d{i}", score=1 - i / 10) for i in range(8)] if (
             "refund" in query) else []
 
-    cached = Usage(3000, 10, cache_read_tokens=2000)
+    cached = Usage(200, 10, cache_read_tokens=150)  # about what the run counts: a calibration near 1
     model = ScriptedModel([Turn("ok", usage=cached), Turn("ok", usage=cached)])
     agent = Agent(model, tools=[make(i) for i in range(6)], providers=[
         History(MemoryStore()), TextSearch(search), ToolSearch(),
@@ -419,25 +422,48 @@ async def test_over_budget_names_the_source_that_could_not_go_lower() -> None:
     assert "history could not go below" in change.items[0] and "may not trim" not in change.items[0]
 
 
+class _Noted(RankedItems, ContextProvider):
+    """A participant with instructions of its own and scored items (like SemanticMemory's ``both`` mode)."""
+
+    budget_share = "search"
+
+    def __init__(self, scores: Sequence[float]) -> None:
+        super().__init__("noted")
+        self.scores = scores
+
+    async def before_run(self, ctx: RunContext) -> None:
+        ctx.add_instructions("Use the notes tool when the notes below are not enough.")
+        if self.scores:
+            notes = [(f"note {i} {WORDS}", s) for i, s in enumerate(self.scores)]
+            ctx.add_messages([ranked_message("Notes:\n", notes)])
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(turns=st.integers(0, 5), scores=st.lists(st.floats(0, 1), max_size=6), total=st.integers(60, 1_500),
-       reserve=st.integers(0, 50), history=st.floats(0, 1), question=st.integers(1, 120))
+       reserve=st.integers(0, 50), history=st.floats(0, 1), question=st.integers(1, 120), system=st.booleans(),
+       notes=st.lists(st.floats(0, 1), max_size=4))
 async def test_the_request_fits_when_it_can_and_never_loses_what_is_protected(
-        turns: int, scores: list[float], total: int, reserve: int, history: float, question: int) -> None:
-    model = ScriptedModel([])
+        turns: int, scores: list[float], total: int, reserve: int, history: float, question: int, system: bool,
+        notes: list[float]) -> None:
+    model, store = ScriptedModel([]), MemoryStore()
     agent = Agent(model, instructions="Be brief.", tools=[lookup_location_code], providers=[
-        History(MemoryStore()), TextSearch(searcher(scores)),
+        History(store), TextSearch(searcher(scores)), _Noted(notes),
         ContextBudget(total, reserve=reserve, shares={"history": history, "search": 1 - history})])
+    if system:
+        await store.append("default", "s", [Message.system("You answer for the Acme shop. " + "rule " * 20)])
     await seeded(agent, turns)
     model.enqueue("done")
     ask = "word " * question
     result = await agent.run(ask, session=await agent.session("s"))
     trace, request = result.traces[0], model.requests[-1]
-    assert request.messages[-1].text == ask and request.instructions == "Be brief."
+    assert request.messages[-1].text == ask and (request.instructions or "").startswith("Be brief.")
+    assert "Use the notes tool" in (request.instructions or "")
+    assert [m.role for m in request.messages][:1] == ["system"] if system else True
     calls = {c.call_id for m in request.messages for c in m.function_calls}
     assert calls == {r.call_id for m in request.messages for r in m.function_results}
-    fixed = sum(v for k, v in trace.tokens_by_source().items() if not k.startswith(("history:", "context:")))
-    if fixed <= total - reserve:
+    least = sum(v for k, v in trace.tokens_by_source().items() if not k.startswith(("history:", "context:")))
+    least += sum(m.tokens for m in trace.messages if m.role == "system")  # what the history may not drop
+    if least <= total - reserve:
         assert trace.total_tokens <= total - reserve
         assert all(b.got <= b.asked for b in trace.budget)
     else:

@@ -21,9 +21,10 @@ non-participating providers added). A share a source does not use, and the part 
 flows to the sources that want more, in `priorities` order. So when what may not be trimmed fits,
 the request never exceeds ``total - reserve`` (save the least a source cannot give up: a history's
 system messages and calls awaiting an approval, ``search_tools`` and its catalogue; that much is
-taken from the spare share of the sources after it). When it is still over, the run goes on with
-every source trimmed to what it may not drop, and the first call's trace says so (an
-``over_budget`` change): the caller's input and the instructions are never cut to make room.
+taken from the others: the spare share of the sources after it, then the sources fitted before it,
+save the tools). When it is still over, the run goes on with every source trimmed to what it may
+not drop, and the first call's trace says so (an ``over_budget`` change): the caller's input and
+the instructions are never cut to make room.
 What the run itself adds after the providers, before its first call, is not budgeted: the answers
 to a resumed run's approved calls, late tool results held for it, and repairs of the log's view.
 
@@ -135,6 +136,18 @@ class ContextBudget(ContextProvider, AfterProviders):
         room = max(0, limit - fixed)
         base = {s: math.floor(self.shares[s] * room) for s in self.shares}
         pool = room - sum(base.values()) + sum(max(0, base[s] - asked[s]) for s in self.shares)
+        got, stuck = await self._fit(ctx, participants, asked, base, pool, fixed)
+        if stuck and fixed + sum(got.values()) > limit:  # what one could not give up, from those fitted before it
+            await _take_back(ctx, participants, self.priorities, got, stuck, fixed, fixed + sum(got.values()) - limit)
+        if fixed + sum(got.values()) > limit:
+            ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
+                _over_budget(fixed + sum(got.values()), limit, fixed, stuck),)))
+        ctx.journal.budget = [BudgetShare(s, base[s], asked[s], got[s]) for s in self.shares]
+
+    async def _fit(self, ctx: RunContext, participants: Mapping[str, Sequence[BudgetParticipant]],
+                   asked: Mapping[str, int], base: Mapping[str, int], pool: int,
+                   fixed: int) -> tuple[dict[str, int], dict[str, int]]:
+        """Have each source fit its share plus what flows to it; return what each got, and those that could not."""
         got: dict[str, int] = {}
         stuck: dict[str, int] = {}  # the sources that could not go down to what they were allowed
         request = fixed + sum(asked.values())  # the request's tokens as the sources trim it, one after another
@@ -154,10 +167,7 @@ class ContextBudget(ContextProvider, AfterProviders):
             if got[source] > allowed:
                 stuck[source] = got[source]
             pool += allowed - got[source]  # what it left flows on; what it could not give up is taken from the rest
-        if fixed + sum(got.values()) > limit:
-            ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
-                _over_budget(fixed + sum(got.values()), limit, fixed, stuck),)))
-        ctx.journal.budget = [BudgetShare(s, base[s], asked[s], got[s]) for s in self.shares]
+        return got, stuck
 
     def _participants(self, providers: Sequence[ContextProvider]) -> dict[str, list[BudgetParticipant]]:
         found: dict[str, list[BudgetParticipant]] = {}
@@ -182,6 +192,25 @@ async def _split(ctx: RunContext, group: Sequence[BudgetParticipant], allowed: i
             with ctx.contributing(participant.source_id):
                 await participant.fit_budget(ctx, part)
         allowed -= participant.budget_tokens(ctx)
+
+
+async def _take_back(ctx: RunContext, participants: Mapping[str, Sequence[BudgetParticipant]],
+                     order: Sequence[str], got: dict[str, int], stuck: Mapping[str, int], fixed: int,
+                     excess: int) -> None:
+    """Trim the sources fitted before one that could not go lower by its `excess`, first in `order` first.
+
+    Not the tools: whether they are deferred stays decided by their own share (the prompt cache).
+    """
+    for source in order:
+        if excess <= 0:
+            return
+        if source == "tools" or source in stuck or not got.get(source):
+            continue
+        decided, request = len(ctx.journal.compaction), fixed + sum(got.values())
+        await _split(ctx, participants[source], max(0, got[source] - excess))
+        now = sum(p.budget_tokens(ctx) for p in participants[source])
+        _as_request_tokens(ctx, decided, request, request - got[source] + now)
+        excess, got[source] = excess - (got[source] - now), now
 
 
 def _over_budget(request: int, limit: int, fixed: int, stuck: Mapping[str, int]) -> str:
@@ -362,7 +391,7 @@ def fit_listed(ctx: RunContext, source_id: str, allowance: int, separator: str =
 
     Each block is a head, then items best first, each after `separator`; a block left with no item goes.
     The blocks are cut at `separator`: an item containing it is cut there too (`FactMemory` lists
-    each fact after ``"\n- "``; a fact with that in it loses its end first).
+    each fact on a line after a dash; a fact with a line starting so in it loses its end first).
     """
     count, left, kept = ctx.tokens, allowance, []
     for block in (text for sid, text in ctx.instruction_sources if sid == source_id):
