@@ -235,6 +235,23 @@ async def test_tool_definitions_are_deferred_behind_tool_search() -> None:
     assert len(model.requests[1].tools) == 10 and by_source(roomy.traces[0])["tools"][1:] == (line.asked,) * 2
 
 
+async def test_a_deferred_catalogue_keeps_tool_searchs_place_among_the_instructions() -> None:
+    class Rules(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            ctx.add_instructions("House rules.")
+
+    def make(i: int) -> Tool:
+        def run(query: str) -> str:
+            return query
+
+        return Tool(run, name=f"tool_{i}", description=f"Tool number {i}: does thing {i}. {WORDS}")
+
+    model = ScriptedModel(["ok"])
+    result = await Agent(model, instructions="Be brief.", tools=[make(i) for i in range(10)], providers=[
+        ToolSearch(), Rules("rules"), ContextBudget(1_000, shares={"tools": 0.2})]).run("go")
+    assert [i.source_id for i in result.traces[0].instructions] == ["agent", "tool-search", "rules"]
+
+
 async def test_deferred_tools_are_not_counted_by_compaction_in_the_tool_loop() -> None:
     def make(i: int) -> Tool:
         def run(query: str) -> str:

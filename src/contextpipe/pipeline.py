@@ -282,10 +282,14 @@ class RunContext:
 
     # --- instructions -------------------------------------------------------------------------------
 
-    def add_instructions(self, text: str) -> None:
-        """Append instructions; they follow the agent's, in provider order, separated by blank lines."""
+    def add_instructions(self, text: str, *, at: int | None = None) -> None:
+        """Append instructions; they follow the agent's, in provider order, separated by blank lines.
+
+        `at` puts them at that index of `instruction_sources` instead (a provider that took its
+        place earlier in the run and contributes later, as `ToolSearch` under a budget).
+        """
         if text:
-            self._instructions.append((self._source_id(), text))
+            self._instructions.insert(len(self._instructions) if at is None else at, (self._source_id(), text))
 
     def replace_instructions(self, text: str | None) -> None:
         """Drop every instruction contributed so far (the agent's included) and use `text` instead.

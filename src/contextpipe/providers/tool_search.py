@@ -165,6 +165,8 @@ class _Offer:
     """Whether it picks the tools offered (the run defers them); until then the calls pass through."""
     spec_tokens: dict[str, int] = field(default_factory=dict)
     """Each tool definition's tokens, counted once per run (a budget asks several times)."""
+    place: int | None = None
+    """Where among the run's instructions the catalogue goes: where they ended when `ToolSearch` ran."""
 
     def search_tools(self, query: str) -> str:
         """Search the tools you can use by keywords; the tools found are offered to you from your next step on.
@@ -229,7 +231,7 @@ class ToolSearch(ContextProvider):
         `contextpipe.budget.ContextBudget` may defer the tools later): it passes the calls
         through untouched until the tools are deferred.
         """
-        offer = _Offer(self, ctx)
+        offer = _Offer(self, ctx, place=len(ctx.instruction_sources))
         ctx.add_middleware(offer)
         if len(ctx.tools) > self.threshold:
             self._defer(ctx, offer)
@@ -244,7 +246,7 @@ class ToolSearch(ContextProvider):
 
         catalogue = self.catalogue(ctx.tools, count)
         ctx.add_tools([Tool(offer.search_tools, name=SEARCH_TOOL, idempotent=True, run_in_thread=False)])
-        ctx.add_instructions(catalogue)
+        ctx.add_instructions(catalogue, at=offer.place)  # at its place, whoever defers: a stable prefix
         offer.active = True
 
     budget_share = "tools"
