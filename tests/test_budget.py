@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from contextpipe import Agent, ApprovalError, HistoryProvider, Message, PromptTrace, Session, Tool, UsageError
@@ -459,6 +459,7 @@ class _Noted(RankedItems, ContextProvider):
 @given(turns=st.integers(0, 5), scores=st.lists(st.floats(0, 1), max_size=6), total=st.integers(60, 1_500),
        reserve=st.integers(0, 50), history=st.floats(0, 1), question=st.integers(1, 120), system=st.booleans(),
        notes=st.lists(st.floats(0, 1), max_size=4))
+@example(turns=0, scores=[0.0, 0.0], total=191, reserve=0, history=0.0, question=1, system=True, notes=[])
 async def test_the_request_fits_when_it_can_and_never_loses_what_is_protected(
         turns: int, scores: list[float], total: int, reserve: int, history: float, question: int, system: bool,
         notes: list[float]) -> None:

@@ -138,10 +138,10 @@ class ContextBudget(ContextProvider, AfterProviders):
         pool = room - sum(base.values()) + sum(max(0, base[s] - asked[s]) for s in self.shares)
         got, stuck = await self._fit(ctx, participants, asked, base, pool, fixed)
         if stuck and fixed + sum(got.values()) > limit:  # what one could not give up, from those fitted before it
-            await _take_back(ctx, participants, self.priorities, got, stuck, fixed, fixed + sum(got.values()) - limit)
+            await _take_back(ctx, participants, self.priorities, got, fixed, fixed + sum(got.values()) - limit)
         if fixed + sum(got.values()) > limit:
             ctx.journal.changes.append(ContextChange(self.source_id, "over_budget", (
-                _over_budget(fixed + sum(got.values()), limit, fixed, stuck),)))
+                _over_budget(fixed + sum(got.values()), limit, fixed, {s: got[s] for s in stuck}),)))
         ctx.journal.budget = [BudgetShare(s, base[s], asked[s], got[s]) for s in self.shares]
 
     async def _fit(self, ctx: RunContext, participants: Mapping[str, Sequence[BudgetParticipant]],
@@ -182,20 +182,34 @@ class ContextBudget(ContextProvider, AfterProviders):
 async def _split(ctx: RunContext, group: Sequence[BudgetParticipant], allowed: int) -> None:
     """Have the providers of one share fit `allowed` between them, each in proportion to its ask.
 
-    What one leaves of its part (an item does not fit exactly) goes to the ones after it.
+    What one leaves of its part (an item does not fit exactly) goes to the ones after it; what one
+    could not give up of its part (its instructions) is then taken back from the ones before it, in order.
     """
     asks = [p.budget_tokens(ctx) for p in group]
+    left = allowed
     for i, participant in enumerate(group):
         rest = sum(asks[i:])
-        part = max(0, allowed) * asks[i] // rest if rest else 0
+        part = max(0, left) * asks[i] // rest if rest else 0
         if asks[i] > part:
             with ctx.contributing(participant.source_id):
                 await participant.fit_budget(ctx, part)
-        allowed -= participant.budget_tokens(ctx)
+        left -= participant.budget_tokens(ctx)
+    moved = True
+    while left < 0 and moved:  # over: refit the others with less, until it fits or none can go lower
+        moved = False
+        for participant in group:
+            if left >= 0:
+                break
+            own = participant.budget_tokens(ctx)
+            if own > 0:
+                with ctx.contributing(participant.source_id):
+                    await participant.fit_budget(ctx, max(0, own + left))
+                now = participant.budget_tokens(ctx)
+                moved, left = moved or now < own, left + own - now
 
 
 async def _take_back(ctx: RunContext, participants: Mapping[str, Sequence[BudgetParticipant]],
-                     order: Sequence[str], got: dict[str, int], stuck: Mapping[str, int], fixed: int,
+                     order: Sequence[str], got: dict[str, int], fixed: int,
                      excess: int) -> None:
     """Trim the sources fitted before one that could not go lower by its `excess`, first in `order` first.
 
@@ -204,7 +218,7 @@ async def _take_back(ctx: RunContext, participants: Mapping[str, Sequence[Budget
     for source in order:
         if excess <= 0:
             return
-        if source == "tools" or source in stuck or not got.get(source):
+        if source == "tools" or not got.get(source):  # (a stuck source may still have a participant to trim)
             continue
         decided, request = len(ctx.journal.compaction), fixed + sum(got.values())
         await _split(ctx, participants[source], max(0, got[source] - excess))
