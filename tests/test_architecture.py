@@ -21,16 +21,18 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "contextpipe"
 
 SURFACES = {
     "contextpipe.artifacts": ["MAX_ARTIFACT_BYTES", "Artifact", "artifact_info", "put_artifact", "read_artifact"],
+    "contextpipe.budget": ["SOURCES", "BudgetParticipant", "ContextBudget", "RankedItems", "contributed_tokens",
+                           "fit_history", "fit_listed", "fit_ranked", "ranked_message"],
     "contextpipe.models": [
         "AnthropicChatModel", "CallModel", "ChatModel", "DescribedModel", "ModelInfo", "ModelMiddleware",
         "ModelRequest", "ModelResponse", "ModelSettings", "ModelStreamEvent", "OpenAIChatModel", "OpenAIResponsesModel",
         "ReasoningDelta", "ResponseComplete", "TextDelta", "Usage",
     ],
     "contextpipe.providers": [
-        "Artifacts", "Compaction", "ContextProvider", "Fact", "FactMemory", "History", "HistoryProvider", "HttpServer",
-        "LoadedHistory", "McpTools", "MessageContext", "MessageFilter", "MessageProvider", "ScriptRequest",
-        "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills", "StdioServer", "TextSearch",
-        "ToolSearch", "external_input",
+        "Artifacts", "Compaction", "ContextBudget", "ContextProvider", "Fact", "FactMemory", "History",
+        "HistoryProvider", "HttpServer", "LoadedHistory", "McpTools", "MessageContext", "MessageFilter",
+        "MessageProvider", "ScriptRequest", "SearchResult", "SemanticMemory", "Skill", "SkillProblem", "Skills",
+        "StdioServer", "TextSearch", "ToolSearch", "external_input",
     ],
     "contextpipe.stores": [
         "Checkpoint", "Erased", "Lease", "MemoryStore", "MessagePage", "OutboxEntry", "PostgresStore", "RedisStore",
@@ -86,7 +88,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("providers.base", "_run.writer", "_run.heartbeat", "_run.hooks", "_run.threads", "_run.calls", "_run.replay",
      "_run.repair", "_run.model_chain", "_run.tool_chain", "_run.way_out", "_run.approvals", "_run.inbox",
      "_run.steps", "_run.cache_watch"),
-    ("providers", "providers.*", "erasure", "_agent_state", "_fork"),  # erasure: what providers, stores keep of a user
+    ("providers", "providers.*", "erasure", "_agent_state", "_fork", "budget"),  # erasure: what providers, stores keep
+    # of a user; budget: a provider over the other providers' contributions
     ("_run.loop", "_run", "_run.output"),  # _run.output: the loop of a run with an output type
     ("agent",),
 ]

@@ -95,6 +95,20 @@ async def test_instructions_messages_and_tools_merge_in_order() -> None:
     assert [t.name for t in request.tools] == ["agent_tool", "provider_tool"]
 
 
+async def test_replace_own_instructions_replaces_in_place_or_adds_and_attributes_back() -> None:
+    class Replaces(ContextProvider):
+        async def before_run(self, ctx: RunContext) -> None:
+            if self.source_id == "b":
+                ctx.add_instructions("old b")
+            with ctx.contributing("x"):  # another's block inside this one's: this one's again after it
+                ctx.replace_own_instructions(["from x"])
+            ctx.replace_own_instructions([f"new {self.source_id}"])
+
+    model = ScriptedModel(["ok"])
+    await Agent(model, instructions="Agent rules.", providers=[Replaces("a"), Replaces("b")]).run("q")
+    assert model.requests[0].instructions == "Agent rules.\n\nfrom x\n\nnew a\n\nnew b"
+
+
 async def test_tool_name_clash_is_an_error_not_an_override() -> None:
     @tool(name="lookup")
     def first() -> str:

@@ -11,8 +11,9 @@ works on groups, never on loose messages:
 - ``tool_exchange``: an assistant message with function calls plus every result for those calls
   (and anything between them), so a call is never separated from its result.
 
-The group holding the latest user message and the newest group are pinned: the latest input is
-never dropped and a request is never empty. Strategies, each run only when its trigger fires:
+The group holding the latest user message, the newest group and any tool exchange with a call
+still to answer (awaiting an approval) are pinned: the latest input is never dropped, a request is
+never empty and a pending call reaches its approval. Strategies, each run only when its trigger fires:
 
 - `SlidingWindow`: the newest messages or user turns;
 - `TokenBudget`: drop the oldest groups until the request fits ``max_input_tokens - output_reserve``;
@@ -48,7 +49,7 @@ from ._media import describe, media_tokens
 from ._preview import preview
 from ._tool_spec import ToolSpec
 from .errors import ModelResponseError, UsageError
-from .exchanges import Group, GroupKind
+from .exchanges import Group, GroupKind, open_groups
 from .exchanges import group_messages as _group
 from .messages import FunctionResult, Message, Part
 from .models.base import ChatModel, ModelRequest
@@ -139,7 +140,7 @@ class CompactionView:
         self.groups = group_messages(messages, self.counts)
         self._raw_total = sum(self.counts)
         last_user = next((g for g in reversed(self.groups) if g.kind == "user"), None)
-        self.pinned = {id(g) for g in self.groups if g.kind == "system"}
+        self.pinned = {id(g) for g in self.groups if g.kind == "system"} | open_groups(self.groups, messages)
         if last_user is not None:
             self.pinned.add(id(last_user))
         if self.groups:

@@ -47,6 +47,7 @@ __all__ = [
     "last_exchange",
     "late_result",
     "normalise_calls",
+    "open_groups",
     "repair_exchanges",
     "tool_message",
     "unanswered_calls",
@@ -136,6 +137,21 @@ def group_messages(messages: Sequence[Message], counts: Sequence[int] | None = N
                 open_by_call[cid] = group
             groups.append(group)
     return groups
+
+
+def open_groups(groups: Sequence[Group], messages: Sequence[Message]) -> set[int]:
+    """Return the ``id()`` of each tool exchange of `groups` with a call that has no result in it.
+
+    Such calls wait for an approval, or a crashed run left them: compaction must keep them so the
+    run answers or repairs them (an approval's resume finds them; the new input never comes before them).
+    """
+    found = set()
+    for group in groups:
+        if group.kind == "tool_exchange" and group.call_ids:
+            answered = {r.call_id for m in messages[group.start:group.end] for r in m.function_results}
+            if any(cid not in answered for cid in group.call_ids):
+                found.add(id(group))
+    return found
 
 
 def _plain_kind(message: Message, is_summary: Callable[[Message], bool] | None) -> GroupKind:

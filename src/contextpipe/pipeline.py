@@ -194,17 +194,18 @@ class RunOutcome:
 class _Contributing:
     """The block inside which a provider's contributions are attributed to it (`RunContext.contributing`)."""
 
-    __slots__ = ("_ctx", "_source_id")
+    __slots__ = ("_ctx", "_previous", "_source_id")
 
     def __init__(self, ctx: RunContext, source_id: str) -> None:
         self._ctx = ctx
         self._source_id = source_id
+        self._previous: str | None = None
 
     def __enter__(self) -> None:
-        self._ctx._current = self._source_id
+        self._previous, self._ctx._current = self._ctx._current, self._source_id
 
     def __exit__(self, *exc_info: object) -> None:
-        self._ctx._current = None
+        self._ctx._current = self._previous  # (a budget's block inside its own: the budget's again)
 
 
 class RunContext:
@@ -281,10 +282,14 @@ class RunContext:
 
     # --- instructions -------------------------------------------------------------------------------
 
-    def add_instructions(self, text: str) -> None:
-        """Append instructions; they follow the agent's, in provider order, separated by blank lines."""
+    def add_instructions(self, text: str, *, at: int | None = None) -> None:
+        """Append instructions; they follow the agent's, in provider order, separated by blank lines.
+
+        `at` puts them at that index of `instruction_sources` instead (a provider that took its
+        place earlier in the run and contributes later, as `ToolSearch` under a budget).
+        """
         if text:
-            self._instructions.append((self._source_id(), text))
+            self._instructions.insert(len(self._instructions) if at is None else at, (self._source_id(), text))
 
     def replace_instructions(self, text: str | None) -> None:
         """Drop every instruction contributed so far (the agent's included) and use `text` instead.
@@ -296,6 +301,21 @@ class RunContext:
         self._instructions = [(source_id, text)] if text else []
         if dropped:
             self.journal.changes.append(ContextChange(source_id, "replaced_instructions", tuple(dropped)))
+
+    def replace_own_instructions(self, texts: Iterable[str]) -> None:
+        """Put `texts` in place of the instructions this provider added so far; others' stay.
+
+        No texts removes them; a provider that added none yet has `texts` added after the others'.
+        """
+        source_id, placed, kept = self._source_id(), False, []
+        new = [(source_id, t) for t in texts if t]
+        for sid, text in self._instructions:
+            if sid != source_id:
+                kept.append((sid, text))
+            elif not placed:
+                kept.extend(new)
+                placed = True
+        self._instructions = kept if placed else [*kept, *new]
 
     # --- messages -----------------------------------------------------------------------------------
 

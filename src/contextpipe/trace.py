@@ -37,6 +37,7 @@ from .tokens import REPLY_PRIMING, TokenCounter
 __all__ = [
     "MIN_CACHEABLE_TOKENS",
     "ApprovalAction",
+    "BudgetShare",
     "CacheCheck",
     "ContextChange",
     "PromptTrace",
@@ -72,7 +73,7 @@ class ContextChange:
     """The provider that made the change (``repair`` for the run's own repairs)."""
     action: Literal["replaced_instructions", "removed_tools", "repaired_log", "normalised_output",
                     "adapted_request", "history_bound", "validated_output", "invalid_output", "tool_search",
-                    "cache_collapsed"]
+                    "cache_collapsed", "over_budget"]
     """What it did."""
     items: tuple[str, ...]
     """What was affected: the sources of replaced instructions, ``tool (source)`` of removed tools,
@@ -81,7 +82,22 @@ class ContextChange:
     or how the call's answer matched the run's output type (``output``: which attempt validated), or
     (``tool_search``, `contextpipe.providers.ToolSearch`) how many of the run's tools the call was offered
     and which were found by a search, or (``cache_collapsed``, source ``prompt-cache``) what broke the
-    prompt cache and the tokens lost (`CacheCheck`)."""
+    prompt cache and the tokens lost (`CacheCheck`), or (``over_budget``, `contextpipe.budget.ContextBudget`)
+    that the request is over the budget, and why (what it may not trim, or the sources that could not go lower)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetShare:
+    """What one source of a `contextpipe.budget.ContextBudget` was given of the request, before the first call."""
+
+    source: str
+    """The share's name: ``tools``, ``memory``, ``search`` or ``history``."""
+    share: int
+    """Tokens its share of the budget came to (before what other sources left unused flowed to it)."""
+    asked: int
+    """Tokens its providers contributed, before the budget trimmed them."""
+    got: int
+    """Tokens it has in the request, after trimming by its providers' own rules."""
 
 
 ToolMiddlewareAction: TypeAlias = Literal["changed_arguments", "blocked", "changed_result", "raised"]
@@ -153,6 +169,8 @@ class RunJournal:
     """How many providers' `before_run` was called (they, and only they, get `after_run`)."""
     history: str | None = None
     """The source_id of the history provider that loads the session's messages; None when none does."""
+    budget: list[BudgetShare] = field(default_factory=list)
+    """Each source's share, ask and take of a `contextpipe.budget.ContextBudget` (empty without one)."""
     _changes_taken: int = 0
     _calls_by_step: dict[int, list[TracedToolCall]] = field(default_factory=dict)
 
@@ -245,6 +263,11 @@ def _cache_dict(check: CacheCheck | None) -> dict[str, Any] | None:
     return check.to_dict() if check is not None else None
 
 
+def _budget_dict(budget: Sequence[BudgetShare]) -> dict[str, Any]:
+    """``{"budget": [...]}`` for a call a `contextpipe.budget.ContextBudget` split, else nothing (as before)."""
+    return {"budget": [asdict(b) for b in budget]} if budget else {}
+
+
 def _middleware_lines(calls: Sequence[TracedToolCall]) -> list[str]:
     """Return a line per tool call that an approval decided or middleware saw (each middleware, outermost first)."""
     lines = []
@@ -323,6 +346,11 @@ class PromptTrace:
     def provider_timings(self) -> tuple[ProviderTiming, ...]:
         """Provider hooks around this call (``before_run`` on the first call, ``after_run`` on the last)."""
         return self._journal.timings_for(self) if self._journal is not None else ()
+
+    @property
+    def budget(self) -> tuple[BudgetShare, ...]:
+        """A `contextpipe.budget.ContextBudget`'s split of the request, on the run's first call (else empty)."""
+        return tuple(self._journal.budget) if self._journal is not None and self.step == 1 else ()
 
     @property
     def history(self) -> str | None:
@@ -435,6 +463,8 @@ class PromptTrace:
         for d in self.compaction:
             lines.append(f"  compaction: {d.strategy} {d.action} {len(d.message_ids)} message(s): {d.reason} "
                          f"({d.tokens_before} -> {d.tokens_after} tokens)")
+        for b in self.budget:
+            lines.append(f"  budget {b.source}: share {b.share}, asked {b.asked}, got {b.got}")
         for c in self.changes:
             lines.append(f"  {c.source_id} {c.action.replace('_', ' ')}: {', '.join(c.items)}")
         lines.extend(_middleware_lines(self.tool_calls))
@@ -482,6 +512,7 @@ class PromptTrace:
             "provider_timings": [asdict(t) for t in self.provider_timings],
             "history": self.history,
             "cache": _cache_dict(self.cache),
+            **_budget_dict(self.budget),
         }
 
     def to_json(self, **kwargs: Any) -> str:

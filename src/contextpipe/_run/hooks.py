@@ -1,5 +1,9 @@
 """Calling the context providers' hooks: `before_input` first, `before_run` in order, `after_run` always and in reverse.
 
+The order is the agent's providers, then the run's own, save that an `AfterProviders` (a
+`contextpipe.budget.ContextBudget`) comes after all of them, wherever it was given: it works on
+what every other provider of the run contributed, and is told which providers those are.
+
 `before_input` is for a run's own provider that decides what the run's input is against the
 session's log, and may change the log first, under the run's lease (`BeforeInput`; the AG-UI route's
 regenerate and edit, `serve._agui_rewind`). Each of the other hooks runs inside its own span (when
@@ -22,7 +26,7 @@ if TYPE_CHECKING:
     from ..providers.base import ContextProvider
     from .writer import StepWriter
 
-__all__ = ["BeforeInput", "run_after", "run_before", "run_before_input"]
+__all__ = ["AfterProviders", "BeforeInput", "in_order", "run_after", "run_before", "run_before_input"]
 
 
 class BeforeInput(ABC):
@@ -40,6 +44,20 @@ class BeforeInput(ABC):
         Writing to the session's state or log, it saves with ``writer.lease`` and brings the run's
         session up to date after (``writer.refresh()``).
         """
+
+
+class AfterProviders(ABC):
+    """A provider whose turn comes after every other provider's `before_run`, the agent's and the run's own."""
+
+    @abstractmethod
+    async def after_providers(self, ctx: RunContext, providers: Sequence[ContextProvider]) -> None:
+        """Contribute in place of `before_run`, once the run's other `providers` (in their order) contributed."""
+
+
+def in_order(providers: Sequence[ContextProvider]) -> list[ContextProvider]:
+    """Return `providers` in the order their hooks run: each `AfterProviders` moved after the others."""
+    return [*(p for p in providers if not isinstance(p, AfterProviders)),
+            *(p for p in providers if isinstance(p, AfterProviders))]
 
 
 async def run_before_input(providers: Sequence[ContextProvider], writer: StepWriter,
@@ -63,13 +81,15 @@ async def _unguarded(hook: Awaitable[None]) -> None:
 
 async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, spans: Spans,
                      guard: Guard = _unguarded) -> None:
-    """Call `before_run` on each provider in order, each through `guard`.
+    """Call `before_run` on each provider in order (`in_order`), each through `guard`.
 
     A provider that raises stops the sequence (the run fails); ``ctx.journal.started`` counts it,
     so it still gets its `after_run`.
     """
     journal = ctx.journal
     traced = spans.tracer is not None
+    providers = in_order(providers)
+    others = [p for p in providers if not isinstance(p, AfterProviders)]
     for provider in providers:
         journal.started += 1
         span = hook_span(spans, provider.source_id, provider.kind, "before_run") if traced else None
@@ -77,7 +97,8 @@ async def run_before(providers: Sequence[ContextProvider], ctx: RunContext, span
         error: BaseException | None = None
         try:
             with ctx.contributing(provider.source_id):
-                await guard(provider.before_run(ctx))
+                await guard(provider.after_providers(ctx, others) if isinstance(provider, AfterProviders)
+                            else provider.before_run(ctx))
         except BaseException as exc:
             error = exc
             raise
@@ -94,7 +115,7 @@ async def run_after(
     errors: list[tuple[str, BaseException]] = []
     journal = ctx.journal
     traced = spans.tracer is not None
-    for provider in reversed(providers[:journal.started]):
+    for provider in reversed(in_order(providers)[:journal.started]):
         span = hook_span(spans, provider.source_id, provider.kind, "after_run") if traced else None
         t0 = time.perf_counter()
         failure: BaseException | None = None

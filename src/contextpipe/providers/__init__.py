@@ -12,6 +12,7 @@ from .._lazy import lazy_exports
 from .base import ContextProvider, HistoryProvider, LoadedHistory, MessageFilter, external_input
 
 if TYPE_CHECKING:
+    from ..budget import ContextBudget
     from .artifacts import Artifacts
     from .compaction import Compaction
     from .facts import Fact, FactMemory
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Artifacts",
     "Compaction",
+    "ContextBudget",
     "ContextProvider",
     "Fact",
     "FactMemory",
@@ -53,6 +55,7 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "Artifacts": ".artifacts",
     "Compaction": ".compaction",
+    "ContextBudget": "contextpipe.budget",  # (its own module: one budget over every provider)
     "Fact": ".facts", "FactMemory": ".facts",
     "History": ".history",
     **dict.fromkeys(("McpTools", "StdioServer", "HttpServer"), ".mcp"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..budget import contributed_tokens, fit_history
 from ..compaction import CompactionResult, CompactionStrategy, TokenBudget, compact, is_summary
 from ..errors import UsageError
 from ..messages import Message, Source
@@ -45,6 +46,8 @@ class Compaction(ContextProvider):
     """
 
     kind = "compaction"
+    budget_share = "history"
+    """With a `contextpipe.budget.ContextBudget`, this provider is the history's rule (its summaries count as it)."""
 
     def __init__(
         self,
@@ -103,6 +106,14 @@ class Compaction(ContextProvider):
         """Attribute a summary this provider wrote to it (other messages keep their source)."""
         return message.with_source(Source("context", self.source_id)) if is_summary(message) and (
             message.source is None) else message
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of the loaded history and of the summaries this provider put in its place."""
+        return contributed_tokens(ctx, [self.source_id], history=True)
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Drop the oldest groups (after this provider's own strategy ran) until the history fits `allowance`."""
+        await fit_history(ctx, allowance, [self.source_id], strategy=f"{self.source_id} (budget)")
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
         """Nothing to do: the calibration lives in session state, which the run saves."""

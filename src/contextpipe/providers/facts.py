@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from ..budget import contributed_tokens, fit_listed
 from ..exchanges import is_late_result
 from ..messages import Message
 from ..models.base import ChatModel, ModelRequest
@@ -73,6 +74,8 @@ class FactMemory(ContextProvider):
     """
 
     kind = "memory"
+    budget_share = "memory"
+    """The share of a `contextpipe.budget.ContextBudget` the facts draw from."""
 
     def __init__(
         self,
@@ -169,6 +172,14 @@ class FactMemory(ContextProvider):
         if known:
             ctx.add_instructions("Known facts about the user (may be outdated):\n"
                                  + "\n".join(f"- {text}" for _, text in known))
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of the facts this provider added to the instructions."""
+        return contributed_tokens(ctx, [self.source_id])
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Drop the least relevant facts (they are listed most relevant first) until they fit `allowance` tokens."""
+        fit_listed(ctx, self.source_id, allowance)
 
     async def after_run(self, ctx: RunContext, outcome: RunOutcome) -> None:
         """Extract facts from the turn's messages that pass the store filters, with the session's waiting turns."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ..budget import RankedItems, ranked_message
 from ..errors import UsageError
 from ..exchanges import is_late_result
 from ..messages import INPUT, Message, Source
@@ -125,7 +126,7 @@ def _clip(text: str, limit: int = _CONTEXT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-class SemanticMemory(ContextProvider):
+class SemanticMemory(RankedItems, ContextProvider):
     """Stores each turn's messages and recalls the most relevant ones in later runs.
 
     After a successful run the turn's messages (by default user and assistant text) are stored with
@@ -179,6 +180,8 @@ class SemanticMemory(ContextProvider):
     """
 
     kind = "memory"
+    budget_share = "memory"
+    """The share of a `contextpipe.budget.ContextBudget` the recalled memories draw from."""
 
     def __init__(
         self,
@@ -389,9 +392,9 @@ class SemanticMemory(ContextProvider):
             recent = [m.text for m in context[-self.query_messages:] if m.text and m.id not in ids]
         query = "\n".join([*recent, *(m.text for m in given if m.text)])
         hits = await self.recall(query, ctx.session, exclude=[*(m.id for m in ctx.messages), *rewound])
-        if hits:
-            ctx.add_messages([Message.user("Relevant memories from earlier conversations (may be outdated):\n"
-                                           + "\n".join(self.format(h) for h in hits), metadata={"memory": True})])
+        if hits:  # (ranked: a budget drops the lowest-scored memories first)
+            ctx.add_messages([ranked_message("Relevant memories from earlier conversations (may be outdated):\n",
+                                             [(self.format(h), h.score) for h in hits], metadata={"memory": True})])
 
     def _tool(self, session: Session, rewound: Sequence[str] = ()) -> Tool:
         """Return the search tool of one run: the memories in `session`'s scope."""

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..budget import RankedItems, ranked_message
 from ..errors import UsageError
 from ..messages import Message
 from ..tools import Tool, ToolOutcome
@@ -71,14 +72,15 @@ def search_tool(name: str, description: str, search: Callable[[str, dict[str, An
 
 def format_results(results: Sequence[SearchResult]) -> str:
     """Format the results for citation: ``[1] text (source: name, link)``."""
-    lines = []
-    for n, r in enumerate(results, 1):
-        where = r.source + (f", {r.link}" if r.link else "")
-        lines.append(f"[{n}] {r.text}\n(source: {where})")
-    return "\n\n".join(lines)
+    return "\n\n".join(_cited(n, r) for n, r in enumerate(results, 1))
 
 
-class TextSearch(ContextProvider):
+def _cited(n: int, result: SearchResult) -> str:
+    where = result.source + (f", {result.link}" if result.link else "")
+    return f"[{n}] {result.text}\n(source: {where})"
+
+
+class TextSearch(RankedItems, ContextProvider):
     """Searches with `search` and gives the model the results, with citations.
 
     ``mode="before_run"`` searches with the new input (plus the last `recent_messages` messages)
@@ -92,6 +94,8 @@ class TextSearch(ContextProvider):
     """
 
     kind = "search"
+    budget_share = "search"
+    """The share of a `contextpipe.budget.ContextBudget` the search results draw from."""
 
     def __init__(
         self,
@@ -161,9 +165,11 @@ class TextSearch(ContextProvider):
         if not query.strip():
             return
         results = await self.search(query)
-        if results:
-            ctx.add_messages([Message.user("Search results (cite them as [n] with their source when you use "
-                                           "them):\n\n" + format_results(results), metadata={"search": True})])
+        if results:  # (ranked: a budget drops the lowest-scored chunks first, the kept keep their numbers)
+            ctx.add_messages([ranked_message(
+                "Search results (cite them as [n] with their source when you use them):\n\n",
+                [(_cited(n, r), r.score) for n, r in enumerate(results, 1)], separator="\n\n",
+                metadata={"search": True})])
 
     def _tool(self) -> Tool:
         async def run(query: str, args: dict[str, Any]) -> str:

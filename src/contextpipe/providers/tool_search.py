@@ -161,6 +161,12 @@ class _Offer:
     seen: set[str] = field(default_factory=set)
     found: dict[str, None] = field(default_factory=dict)
     index: _Index | None = None
+    active: bool = False
+    """Whether it picks the tools offered (the run defers them); until then the calls pass through."""
+    spec_tokens: dict[str, int] = field(default_factory=dict)
+    """Each tool definition's tokens, counted once per run (a budget asks several times)."""
+    place: int | None = None
+    """Where among the run's instructions the catalogue goes: where they ended when `ToolSearch` ran."""
 
     def search_tools(self, query: str) -> str:
         """Search the tools you can use by keywords; the tools found are offered to you from your next step on.
@@ -179,7 +185,7 @@ class _Offer:
                            "note": "These tools are offered to you from your next step on."}, ensure_ascii=False)
 
     async def __call__(self, request: ModelRequest, call_next: CallModel) -> ModelResponse:
-        if not request.tools:  # a call at a limit: the tools were withdrawn
+        if not self.active or not request.tools:  # not deferred, or a call at a limit: the tools were withdrawn
             return await call_next(request)
         specs = {s.name: s for s in request.tools}
         found_tools(request.messages, specs, self.seen, self.found)
@@ -219,16 +225,60 @@ class ToolSearch(ContextProvider):
         """Tokens the catalogue in the instructions may take at most (0: no catalogue)."""
 
     async def before_run(self, ctx: RunContext) -> None:
-        """Above the threshold: add ``search_tools``, the catalogue and the middleware that picks the tools offered."""
-        if len(ctx.tools) <= self.threshold:
-            return
+        """Add the middleware that picks the tools offered; above the threshold, ``search_tools`` and the catalogue.
+
+        The middleware is added on every run, at this provider's place among the others' (a
+        `contextpipe.budget.ContextBudget` may defer the tools later): it passes the calls
+        through untouched until the tools are deferred.
+        """
+        offer = _Offer(self, ctx, place=len(ctx.instruction_sources))
+        ctx.add_middleware(offer)
+        if len(ctx.tools) > self.threshold:
+            self._defer(ctx, offer)
+
+    def _defer(self, ctx: RunContext, offer: _Offer) -> None:
         from ..tools import Tool  # here: a run at or below the threshold loads nothing more
 
-        offer = _Offer(self, ctx)
-        catalogue = self.catalogue(ctx.tools, ctx.tokens.text)
+        counter = ctx.tokens
+
+        def count(text: str | None) -> int:  # calibrated, as the trace and a budget count
+            return counter.scale(counter.text(text))
+
+        catalogue = self.catalogue(ctx.tools, count)
         ctx.add_tools([Tool(offer.search_tools, name=SEARCH_TOOL, idempotent=True, run_in_thread=False)])
-        ctx.add_instructions(catalogue)
-        ctx.add_middleware(offer)
+        ctx.add_instructions(catalogue, at=offer.place)  # at its place, whoever defers: a stable prefix
+        offer.active = True
+
+    budget_share = "tools"
+    """With a `contextpipe.budget.ContextBudget`, this provider is the tools' rule: it defers the definitions."""
+
+    def budget_tokens(self, ctx: RunContext) -> int:
+        """Tokens of the tool definitions the first call is offered (with the catalogue, once deferred)."""
+        from ..budget import contributed_tokens
+
+        tools, counter, offer = ctx.tools, ctx.tokens, self._offer(ctx)
+        if offer.active:
+            found: dict[str, None] = {}
+            found_tools((m for s in ctx.segments for m in s.messages), tools, set(), found)  # (untagged: no copies)
+            tools = {n: tools[n] for n in [SEARCH_TOOL, *list(found)[-self.threshold:]]}
+        counts = offer.spec_tokens
+        for name in tools.keys() - counts.keys():
+            counts[name] = counter.scale(counter.tools([tools[name].spec]))
+        return contributed_tokens(ctx, [self.source_id]) + sum(counts[n] for n in tools)
+
+    async def fit_budget(self, ctx: RunContext, allowance: int) -> None:
+        """Defer the definitions behind ``search_tools`` when they need more than `allowance` tokens.
+
+        The catalogue is the one `catalogue_tokens` bounds, whatever the allowance: the same in every
+        run, so the prompt's prefix stays the same (the budget decides against the tools' own share).
+        """
+        offer = self._offer(ctx)
+        if not offer.active and self.budget_tokens(ctx) > allowance:
+            self._defer(ctx, offer)
+
+    def _offer(self, ctx: RunContext) -> _Offer:
+        """Return this run's `_Offer`, the middleware its `before_run` added."""
+        return next(m for m in ctx.middleware if isinstance(m, _Offer) and m.search is self)
 
     def catalogue(self, tools: Mapping[str, Tool], count: Callable[[str | None], int]) -> str:
         """Return the instructions that tell the model to search, with a catalogue of the tools that fits.
